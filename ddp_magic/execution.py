@@ -1,0 +1,61 @@
+"""Running a cell's source the way IPython would: statements, then the last expression's value.
+
+Shared by the worker (which executes) and the kernel (which parses first, so a
+syntax error never reaches a worker).
+"""
+from __future__ import annotations
+
+import ast
+import linecache
+import traceback
+from typing import Any, Optional, Tuple
+
+
+def split_last_expression(source: str, filename: str) -> Tuple[ast.Module, Optional[ast.Expression]]:
+    """Parse the cell; peel off a final bare expression (a trailing ';' only hides it, in the kernel)."""
+    tree = ast.parse(source, filename=filename, mode="exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        node = tree.body.pop()
+        last = ast.Expression(body=node.value)
+        ast.copy_location(last, node)
+    return tree, last
+
+
+def remember_source(filename: str, source: str) -> None:
+    """Make tracebacks show the cell's lines (linecache is what traceback reads)."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+
+
+def run_source(source: str, filename: str, namespace: dict) -> Any:
+    """Execute the cell in namespace; return the last expression's value (or None)."""
+    tree, last = split_last_expression(source, filename)
+    remember_source(filename, source)
+    exec(compile(tree, filename, "exec"), namespace)
+    if last is None:
+        return None
+    return eval(compile(last, filename, "eval"), namespace)
+
+
+def format_user_traceback(exc: BaseException, cell_filename: str) -> str:
+    """The traceback from the cell's first frame on: our own machinery is not the user's concern."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != cell_filename:
+        tb = tb.tb_next
+    if tb is None:
+        tb = exc.__traceback__
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def syntax_error_text(err: SyntaxError) -> str:
+    """A short description of a syntax error in a cell, with the offending line."""
+    line = (err.text or "").rstrip("\n")
+    caret = ""
+    if line and err.offset:
+        caret = "\n    " + " " * (err.offset - 1 - (len(line) - len(line.lstrip()))) + "^"
+    where = f"line {err.lineno}" if err.lineno else "the cell"
+    hint = ""
+    stripped = line.lstrip()
+    if stripped.startswith(("%", "!")):
+        hint = "\nIPython magics and ! shell commands do not run on the workers; use plain Python in a %%ddp cell."
+    return f"{err.msg} ({where})\n    {line.strip()}{caret}{hint}"

@@ -1,0 +1,152 @@
+"""The template process: imports torch once, then forks ranks in milliseconds.
+
+Started by the kernel as a clean ``python -m ddp_magic.forkserver`` (the kernel
+itself is never forked, so CUDA initialised there cannot break a launch). It
+never touches CUDA and runs no parallel op, so forking it is safe. It is
+single-threaded on purpose: forking a process with threads can leave locks held
+in the child.
+
+Protocol, one JSON object a line: the kernel writes commands on our stdin
+(``spawn``, ``exit``); we write events on stdout (``ready``, ``spawned``,
+``exited``, ``error``). Our stdin closing means the kernel is gone: every child
+is killed and we exit; Linux's parent-death signal covers a SIGKILLed kernel too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+import traceback
+from typing import Dict
+
+
+def _emit(event: dict) -> None:
+    data = (json.dumps(event) + "\n").encode()
+    while data:
+        n = os.write(1, data)
+        data = data[n:]
+
+
+def _warm_imports() -> str:
+    t0 = time.perf_counter()
+    import cloudpickle  # noqa: F401
+    import torch
+    import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    from . import worker  # noqa: F401
+
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        pass
+    return f"torch {torch.__version__} imported in {time.perf_counter() - t0:.2f}s"
+
+
+def _child(cmd: dict, secret: bytes, wake_r: int, wake_w: int) -> None:
+    """In the forked child: become a worker. Never returns."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.close(wake_r)
+        os.close(wake_w)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.dup2(2, 1)  # until the worker captures fd 1, nothing may reach the event pipe
+        from .worker import die_with_parent, serve
+
+        die_with_parent(cmd["parent"])
+        os.environ.update(cmd["config"]["env"])
+        code = serve(cmd["config"], secret)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def main() -> None:
+    from .worker import die_with_parent
+
+    kernel_pid = os.getppid()
+    die_with_parent(kernel_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    first = json.loads(sys.stdin.readline())
+    secret = bytes.fromhex(first["secret"])
+    try:
+        info = _warm_imports()
+    except BaseException as e:
+        _emit({"event": "error", "message": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+        os._exit(1)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: Dict[int, int] = {}  # pid -> rank
+    _emit({"event": "ready", "pid": os.getpid(), "info": info})
+    stdin_buf = b""
+    while True:
+        try:
+            ready, _, _ = select.select([0, wake_r], [], [], 1.0)
+        except InterruptedError:
+            ready = []
+        if wake_r in ready:
+            try:
+                while os.read(wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        _reap(children)
+        if 0 in ready:
+            data = os.read(0, 65536)
+            if not data:
+                _kill_all(children)
+                os._exit(0)
+            stdin_buf += data
+            while b"\n" in stdin_buf:
+                line, stdin_buf = stdin_buf.split(b"\n", 1)
+                cmd = json.loads(line)
+                if cmd["op"] == "spawn":
+                    cmd["parent"] = os.getpid()
+                    pid = os.fork()
+                    if pid == 0:
+                        _child(cmd, secret, wake_r, wake_w)
+                    children[pid] = cmd["rank"]
+                    _emit({"event": "spawned", "rank": cmd["rank"], "pid": pid})
+                elif cmd["op"] == "exit":
+                    _kill_all(children)
+                    os._exit(0)
+
+
+def _reap(children: Dict[int, int]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        rank = children.pop(pid, None)
+        code = os.waitstatus_to_exitcode(status)
+        _emit({"event": "exited", "pid": pid, "rank": rank, "code": code})
+
+
+def _kill_all(children: Dict[int, int]) -> None:
+    for pid in list(children):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 2
+    while children and time.monotonic() < deadline:
+        _reap(children)
+        time.sleep(0.01)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Which notebook names a cell needs, and who owns each name.
+
+The rule (also in the README): a name assigned by a ``%%ddp`` cell lives on the
+workers from then on; any other name a cell uses is taken fresh from the
+notebook each time, pickled with cloudpickle (by value for what the notebook
+defined, by reference for importable modules and their contents).
+"""
+from __future__ import annotations
+
+import builtins
+import symtable
+import types
+from typing import Dict, Iterable, Set
+
+# Names IPython puts in every user namespace; never shipped.
+IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "_ih", "_oh", "_dh", "_", "__", "___", "_i", "_ii", "_iii"})
+BUILTIN_NAMES = frozenset(dir(builtins))
+
+
+def _walk(table: symtable.SymbolTable) -> Iterable[symtable.SymbolTable]:
+    yield table
+    for child in table.get_children():
+        yield from _walk(child)
+
+
+def used_globals(source: str, filename: str) -> Set[str]:
+    """Global names the cell reads anywhere, nested functions and classes included."""
+    top = symtable.symtable(source, filename, "exec")
+    names = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
+    for table in _walk(top):
+        if table is top:
+            continue
+        for s in table.get_symbols():
+            if s.is_referenced() and s.is_global():
+                names.add(s.get_name())
+    return names
+
+
+def assigned_globals(source: str, filename: str) -> Set[str]:
+    """Global names the cell binds (assignments, defs, classes, imports, `global` in functions)."""
+    top = symtable.symtable(source, filename, "exec")
+    names = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    for table in _walk(top):
+        if table is top:
+            continue
+        for s in table.get_symbols():
+            if s.is_declared_global() and s.is_assigned():
+                names.add(s.get_name())
+    return names
+
+
+def names_to_ship(source: str, filename: str, user_ns: Dict[str, object], worker_owned: Set[str]) -> Dict[str, object]:
+    """The notebook values this cell needs from the kernel, by the ownership rule."""
+    wanted = used_globals(source, filename) - worker_owned - IPYTHON_NAMES
+    out = {}
+    for name in sorted(wanted):
+        if name not in user_ns:
+            continue
+        if name.startswith("__") or (name in BUILTIN_NAMES and user_ns[name] is getattr(builtins, name, None)):
+            continue
+        value = user_ns[name]
+        if isinstance(value, types.ModuleType) and value.__name__ == "__main__":
+            continue
+        out[name] = value
+    return out

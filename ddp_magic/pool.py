@@ -1,0 +1,770 @@
+"""The kernel side of a pool: start, run cells on, watch and stop N worker processes.
+
+Plain Python with no IPython and no torch import: the magics, the widget, the
+benchmarks and the tests all drive it through ``Pool.run``. Everything happens
+on the calling thread in one poll loop over the workers' sockets and the
+launcher's exit events, so output is forwarded as it arrives and a dead or
+stuck rank is noticed within one poll interval.
+"""
+from __future__ import annotations
+
+import atexit
+import codecs
+import os
+import queue
+import select
+import signal
+import socket
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
+
+from . import protocol as P
+from . import transfer
+from .env import Plan, make_plan
+from .errors import RankFailure, StartError
+from .launcher import LaunchError, make_launcher
+
+POLL_S = 0.05
+
+
+class Listener:
+    """What a front end hears from a pool. Override what you need; all are called on the caller's thread."""
+
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        pass
+
+    def on_state(self, info: "RankInfo") -> None:
+        pass
+
+    def on_notice(self, text: str) -> None:
+        pass
+
+
+@dataclass
+class RankInfo:
+    """What the kernel knows of one rank right now."""
+
+    rank: int
+    state: str = "starting"  # starting, connecting, ready, running, done, failed, interrupted, dead, stopped
+    pid: Optional[int] = None
+    device: str = ""
+    host: str = ""
+    exit_code: Optional[int] = None
+    started: float = field(default_factory=time.monotonic)
+    finished: Optional[float] = None
+    memory: Optional[int] = None
+    last_line: str = ""
+    tail: Deque[str] = field(default_factory=lambda: deque(maxlen=20))
+
+    @property
+    def elapsed(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
+
+
+@dataclass
+class CellOutcome:
+    """What a cell produced: per-rank values, failures (root cause first) and notes for the user."""
+
+    values: List[Any]
+    failures: List[RankFailure]
+    notes: List[str]
+    elapsed: float
+    stacks: Dict[int, str] = field(default_factory=dict)
+    state_lost: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+class _Conn:
+    def __init__(self, rank: int, sock: socket.socket) -> None:
+        self.rank = rank
+        self.sock = sock
+        self.reader = P.FrameReader()
+        self.decoders = {s: codecs.getincrementaldecoder("utf-8")(errors="replace") for s in ("stdout", "stderr")}
+        self.partial = {"stdout": "", "stderr": ""}
+        self.closed = False
+
+
+class Pool:
+    """N ranks of a persistent worker pool, one per process, with torch.distributed's env.
+
+    >>> pool = Pool(2)                     # validates; starts nothing yet
+    >>> out = pool.run("import torch.distributed as d\\nd.get_rank()")
+    >>> out.values
+    [0, 1]
+    >>> pool.stop()
+    """
+
+    def __init__(
+        self,
+        nproc: int,
+        *,
+        backend: str = "auto",
+        master_addr: str = "127.0.0.1",
+        master_port: Optional[int] = None,
+        init: bool = True,
+        start_method: str = "auto",
+        listen_addr: str = "127.0.0.1",
+        extra_env: Optional[Dict[str, str]] = None,
+        start_timeout: float = 180.0,
+        grace: float = 1.0,
+    ) -> None:
+        self.request = dict(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port, init=init, extra_env=extra_env)
+        self.plan: Plan = make_plan(**self.request)  # raises PlanError before anything starts
+        self.start_method = start_method
+        self.listen_addr = listen_addr
+        self.start_timeout = start_timeout
+        self.grace = grace
+        self.secret = P.new_secret()
+        self.launcher = make_launcher(start_method, self.secret)
+        self.ranks: Dict[int, RankInfo] = {}
+        self._conns: Dict[int, _Conn] = {}
+        self._by_fd: Dict[int, _Conn] = {}
+        self._replies: Dict[str, Dict[int, Any]] = {}
+        self._done: Dict[int, dict] = {}
+        self._results: Dict[int, dict] = {}
+        self._on_ready: Optional[Callable[[int, Any], None]] = None
+        self._init_failures: List[RankFailure] = []
+        self._cell = 0
+        self.started = False
+        self.broken: Optional[str] = None  # why the next cell must restart the pool
+        self.generation = 0
+        self.template_info = ""
+        self.rejected_peers = 0
+        self._finalizer = weakref.finalize(self, _stop_quietly, self.launcher, self._conns)
+        atexit.register(self._finalizer)
+
+    # ------------------------------------------------------------ properties
+    @property
+    def nproc(self) -> int:
+        return self.plan.nproc
+
+    @property
+    def backend(self) -> str:
+        return self.plan.backend
+
+    @property
+    def pids(self) -> List[Optional[int]]:
+        return [self.ranks[r].pid for r in sorted(self.ranks)]
+
+    @property
+    def alive(self) -> bool:
+        return self.started and not self.broken
+
+    # ------------------------------------------------------------ start / stop
+    def start(self, listener: Optional[Listener] = None) -> None:
+        """Start the ranks and initialise the process group; on any failure, stop what started."""
+        listener = listener or Listener()
+        if self.started:
+            return
+        t0 = time.monotonic()
+        try:
+            self.template_info = self.launcher.start(timeout=self.start_timeout)
+        except LaunchError as e:
+            raise StartError(f"{e}\nIs torch installed for {os.sys.executable}? (pip install torch)") from None
+        lsock = socket.socket(socket.AF_INET6 if ":" in self.listen_addr else socket.AF_INET, socket.SOCK_STREAM)
+        lsock.bind((self.listen_addr, 0))
+        lsock.listen(max(64, self.nproc))
+        port = lsock.getsockname()[1]
+        joined: "queue.Queue[tuple]" = queue.Queue()
+        wake_r, wake_w = os.pipe()
+        stop_accepting = threading.Event()
+        threading.Thread(target=self._accept_loop, args=(lsock, joined, wake_w, stop_accepting), daemon=True, name="ddp-accept").start()
+        self.generation += 1
+        self.ranks = {r: RankInfo(rank=r) for r in range(self.nproc)}
+        for info in self.ranks.values():
+            listener.on_state(info)
+        try:
+            for r in range(self.nproc):
+                self.launcher.spawn(r, {"env": self.plan.rank_env(r), "kernel_addr": self.listen_addr, "kernel_port": port})
+            ready: Dict[int, bool] = {}
+            failures: List[RankFailure] = []
+
+            def on_wake() -> None:
+                try:
+                    os.read(wake_r, 4096)
+                except OSError:
+                    pass
+                while True:
+                    try:
+                        sock, hello = joined.get_nowait()
+                    except queue.Empty:
+                        return
+                    rank = hello.get("rank")
+                    if rank not in self.ranks or rank in self._conns:
+                        sock.close()
+                        continue
+                    self._add_conn(rank, sock)
+                    info = self.ranks[rank]
+                    info.pid, info.host, info.device, info.state = hello["pid"], hello["host"], hello["device"], "connecting"
+                    listener.on_state(info)
+
+            self._on_ready = lambda rank, dev: ready.__setitem__(rank, True)
+            self._init_failures = failures
+            deadline = t0 + self.start_timeout
+            self._pump(listener, lambda: len(ready) == self.nproc or bool(failures) or self._dead_ranks(), deadline, extra_fds={wake_r: on_wake})
+            dead = self._dead_ranks()
+            if failures or dead or len(ready) < self.nproc:
+                failures += [self._death_failure(r) for r in dead]
+                if not failures:
+                    missing = sorted(set(range(self.nproc)) - set(ready))
+                    failures = [RankFailure(rank=r, kind="init", message=f"did not start within {self.start_timeout:.0f}s") for r in missing]
+                raise StartError(self._start_failure_text(failures))
+        except BaseException:
+            stop_accepting.set()
+            lsock.close()
+            self._teardown(kill_template=False)
+            raise
+        finally:
+            stop_accepting.set()
+            try:
+                lsock.close()
+            except OSError:
+                pass
+            for fd in (wake_r, wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._on_ready = None
+        for info in self.ranks.values():
+            info.state = "ready"
+            info.finished = time.monotonic()
+            listener.on_state(info)
+        self.started = True
+        self.broken = None
+        self.start_seconds = time.monotonic() - t0
+
+    def _start_failure_text(self, failures: List[RankFailure]) -> str:
+        root = failures[0]
+        lines = [f"the pool of {self.nproc} could not start: {root.headline()}"]
+        if root.traceback:
+            lines += [root.traceback.rstrip()]
+        if root.last_lines:
+            lines += ["last lines it printed:"] + root.last_lines[-10:]
+        log = self.launcher.log_text(2000).strip()
+        if log:
+            lines += ["worker log:", log]
+        if "Address already in use" in "\n".join(lines) or "EADDRINUSE" in "\n".join(lines):
+            lines += [f"MASTER_PORT {self.plan.master_port} was taken; run %ddp restart (a free port is chosen) or pass another --master-port"]
+        return "\n".join(lines)
+
+    def _accept_loop(self, lsock: socket.socket, joined: "queue.Queue[tuple]", wake_w: int, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                sock, _ = lsock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._admit, args=(sock, joined, wake_w), daemon=True, name="ddp-admit").start()
+
+    def _admit(self, sock: socket.socket, joined: "queue.Queue[tuple]", wake_w: int) -> None:
+        """Authenticate a peer before reading one byte of payload; strangers are dropped."""
+        try:
+            sock.settimeout(10)
+            P.server_handshake(sock, self.secret)
+            hello = P.recv(sock)
+            if hello.get("op") != P.HELLO:
+                raise P.AuthenticationError("no hello")
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, P.AuthenticationError, ValueError, EOFError, KeyError):
+            self.rejected_peers += 1
+            sock.close()
+            return
+        except Exception:
+            self.rejected_peers += 1
+            sock.close()
+            return
+        joined.put((sock, hello))
+        try:
+            os.write(wake_w, b"x")
+        except OSError:
+            pass
+
+    def _add_conn(self, rank: int, sock: socket.socket) -> None:
+        conn = _Conn(rank, sock)
+        sock.setblocking(False)
+        self._conns[rank] = conn
+        self._by_fd[sock.fileno()] = conn
+
+    def stop(self, listener: Optional[Listener] = None) -> None:
+        """Stop every rank and the template. Only our own pids are signalled."""
+        self._teardown(kill_template=True)
+        self.started = False
+
+    def restart(self, listener: Optional[Listener] = None, **changes: Any) -> None:
+        """Stop the ranks (the template stays warm) and start again with a fresh free port."""
+        self._teardown(kill_template=False)
+        self.started = False
+        if changes:
+            self.request.update(changes)
+        self.plan = make_plan(**self.request)
+        self.start(listener)
+
+    def _teardown(self, kill_template: bool) -> None:
+        for conn in list(self._conns.values()):
+            try:
+                conn.sock.setblocking(True)
+                conn.sock.settimeout(0.2)
+                conn.sock.sendall(P.encode(P.message(P.SHUTDOWN)))
+            except OSError:
+                pass
+        pids = [pid for pid in self.launcher.pids]
+        deadline = time.monotonic() + 1.0
+        while self.launcher.pids and time.monotonic() < deadline:
+            self.launcher.poll(0.02)
+        for pid in list(self.launcher.pids):
+            _signal(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 2.0
+        while self.launcher.pids and time.monotonic() < deadline:
+            self.launcher.poll(0.02)
+        for conn in list(self._conns.values()):
+            try:
+                conn.sock.close()
+            except OSError:
+                pass
+        self._conns.clear()
+        self._by_fd.clear()
+        for info in self.ranks.values():
+            if info.state not in ("dead", "failed"):
+                info.state = "stopped"
+        del pids
+        if kill_template:
+            self.launcher.close()
+
+    # ------------------------------------------------------------ the poll loop
+    def _dead_ranks(self) -> List[int]:
+        return [r for r, info in self.ranks.items() if info.state == "dead"]
+
+    def _pump(
+        self,
+        listener: Listener,
+        until: Callable[[], bool],
+        deadline: Optional[float],
+        extra_fds: Optional[Dict[int, Callable[[], None]]] = None,
+        tick: Optional[Callable[[], None]] = None,
+    ) -> bool:
+        """Dispatch messages and exits until until() holds (True) or the deadline passes (False)."""
+        extra_fds = extra_fds or {}
+        poller = select.poll()
+        registered: set = set()
+        launcher_fd = self.launcher.fileno()
+        while True:
+            if until():
+                return True
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return False
+            fds = set(self._by_fd) | set(extra_fds) | ({launcher_fd} if launcher_fd is not None else set())
+            for fd in fds - registered:
+                poller.register(fd, select.POLLIN)
+            for fd in registered - fds:
+                poller.unregister(fd)
+            registered = fds
+            wait = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - now))
+            if fds:
+                events = poller.poll(wait * 1000)
+            else:
+                time.sleep(wait)
+                events = []
+            for fd, _ in events:
+                if fd in extra_fds:
+                    extra_fds[fd]()
+                elif fd in self._by_fd:
+                    self._read_conn(self._by_fd[fd], listener)
+            for rank, pid, code in self.launcher.poll(0):
+                self._on_exit(rank, pid, code, listener)
+            if tick is not None:
+                tick()
+
+    def _read_conn(self, conn: _Conn, listener: Listener) -> None:
+        try:
+            data = conn.sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop_conn(conn)
+            return
+        for msg in conn.reader.feed(data):
+            self._dispatch(conn.rank, msg, listener)
+
+    def _drop_conn(self, conn: _Conn) -> None:
+        conn.closed = True
+        self._by_fd.pop(conn.sock.fileno(), None)
+        self._conns.pop(conn.rank, None)
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    def _dispatch(self, rank: int, msg: dict, listener: Listener) -> None:
+        op = msg["op"]
+        info = self.ranks.get(rank)
+        if op == P.OUT:
+            self._output(rank, msg["stream"], msg["data"], listener)
+        elif op == P.DONE:
+            self._done[rank] = msg
+            if info is not None:
+                info.state = {"ok": "done", "interrupted": "interrupted"}.get(msg["status"], "failed")
+                info.finished = time.monotonic()
+                info.memory = msg.get("memory")
+                listener.on_state(info)
+        elif op == P.RESULT:
+            self._results[rank] = msg
+        elif op == P.READY:
+            if info is not None:
+                info.device = msg.get("device", info.device)
+            if self._on_ready:
+                self._on_ready(rank, msg.get("device"))
+        elif op == P.INIT_FAILED:
+            err = msg["error"]
+            self._init_failures.append(
+                RankFailure(rank=rank, kind="init", type=err["type"], message=err["message"], traceback=err["traceback"], pid=info.pid if info else None)
+            )
+        elif op in (P.STACK, P.ENV):
+            self._replies.setdefault(op, {})[rank] = msg
+
+    def _output(self, rank: int, stream: str, data: bytes, listener: Listener) -> None:
+        conn = self._conns.get(rank)
+        text = conn.decoders[stream].decode(data) if conn else data.decode(errors="replace")
+        info = self.ranks.get(rank)
+        if info is not None and text:
+            pieces = text.replace("\r", "\n").split("\n")
+            for piece in pieces[:-1]:
+                if piece.strip():
+                    info.tail.append(piece[-300:])
+            if pieces[-1].strip():
+                info.last_line = pieces[-1][-300:]
+            elif len(pieces) > 1 and info.tail:
+                info.last_line = info.tail[-1]
+        if text:
+            listener.on_output(rank, stream, text)
+
+    def _on_exit(self, rank: Optional[int], pid: int, code: int, listener: Listener) -> None:
+        if rank is None or rank not in self.ranks or self.ranks[rank].pid not in (None, pid):
+            return
+        info = self.ranks[rank]
+        if info.state == "stopped":
+            return
+        conn = self._conns.get(rank)
+        if conn is not None:  # whatever it wrote before dying is still in the socket
+            try:
+                while True:
+                    data = conn.sock.recv(1 << 20)
+                    if not data:
+                        break
+                    for msg in conn.reader.feed(data):
+                        self._dispatch(rank, msg, listener)
+            except (BlockingIOError, OSError):
+                pass
+        info.pid = info.pid or pid
+        info.state = "dead"
+        info.exit_code = code
+        info.finished = time.monotonic()
+        self.broken = f"rank {rank} {_describe(code)}"
+        listener.on_state(info)
+
+    def _death_failure(self, rank: int) -> RankFailure:
+        info = self.ranks[rank]
+        return RankFailure(rank=rank, kind="died", pid=info.pid, exit_code=info.exit_code, last_lines=list(info.tail)[-10:])
+
+    def _broadcast(self, msg: dict, ranks: Optional[Sequence[int]] = None) -> None:
+        frame = P.encode(msg)
+        for rank in list(ranks if ranks is not None else self._conns):
+            conn = self._conns.get(rank)
+            if conn is None:
+                continue
+            try:
+                _send_all_nonblocking(conn.sock, frame)
+            except OSError:
+                self._drop_conn(conn)
+
+    # ------------------------------------------------------------ cells
+    def ensure_started(self, listener: Optional[Listener] = None) -> Optional[str]:
+        """Start, or restart a broken pool. Returns a notice for the user when state was lost."""
+        listener = listener or Listener()
+        if self.started and not self.broken and self.launcher.alive():
+            return None
+        why = self.broken
+        if self.started:
+            self.restart(listener)
+            return f"restarted the pool ({why}); variables defined in earlier %%ddp cells are gone"
+        self.start(listener)
+        return None
+
+    def run(
+        self,
+        source: str,
+        names: Optional[Dict[str, bytes]] = None,
+        *,
+        listener: Optional[Listener] = None,
+        timeout: Optional[float] = None,
+        gather: str = "auto",
+        argv: Optional[List[str]] = None,
+        label: Optional[str] = None,
+    ) -> CellOutcome:
+        """Run source on every rank; names are cloudpickled notebook values to bind first.
+
+        Returns when every rank has finished, or, after a failure, once the
+        others finished, were interrupted, or were stopped (which breaks the pool;
+        the next run restarts it). KeyboardInterrupt interrupts every rank, then
+        propagates as a failed outcome.
+        """
+        listener = listener or Listener()
+        notes: List[str] = []
+        notice = self.ensure_started(listener)
+        if notice:
+            listener.on_notice(notice)
+        self._cell += 1
+        cell = self._cell
+        filename = f"<ddp-cell-{label if label is not None else cell}>"
+        self._done, self._results = {}, {}
+        self._replies = {}
+        t0 = time.monotonic()
+        for info in self.ranks.values():
+            info.state, info.started, info.finished, info.last_line = "running", t0, None, ""
+            info.tail.clear()
+            listener.on_state(info)
+        local_argv = argv
+        for rank in range(self.nproc):
+            a = list(local_argv) if local_argv is not None else ["ddp_cell", f"--local_rank={self.plan.rank_env(rank)['LOCAL_RANK']}"]
+            self._broadcast(P.message(P.RUN, cell=cell, source=source, filename=filename, names=names or {}, argv=a, gather=gather), [rank])
+        state = _CellWatch(self, listener, timeout, t0)
+        try:
+            self._pump(listener, state.finished, None, tick=state.tick)
+        except KeyboardInterrupt:
+            state.interrupted_by_user()
+            self._pump(listener, state.finished, None, tick=state.tick)
+        failures, stacks = state.failures(), state.stacks
+        notes += state.notes
+        values: List[Any] = [None] * self.nproc
+        if not state.cancelled:
+            self._collect_results(values, failures, notes, listener)
+        for rank, msg in self._done.items():
+            if msg.get("result") is not None:
+                try:
+                    values[rank] = transfer.unpack(msg["result"])
+                except Exception as e:
+                    values[rank] = transfer.Unpicklable(rank, "result", f"{type(e).__name__}: {e}")
+                    notes.append(f"the result of rank {rank} could not be unpickled in the kernel: {type(e).__name__}: {e}")
+            elif msg.get("result_error"):
+                err = msg["result_error"]
+                values[rank] = transfer.Unpicklable(rank, err["type"], err["reason"])
+                notes.append(f"rank {rank}'s result ({err['type']}) could not be pickled: {err['reason']}; the other ranks' results are returned")
+        return CellOutcome(values=values, failures=failures, notes=notes, elapsed=time.monotonic() - t0, stacks=stacks, state_lost=state.state_lost)
+
+    def _collect_results(self, values: List[Any], failures: List[RankFailure], notes: List[str], listener: Listener) -> None:
+        pending = {r: m["pending"] for r, m in self._done.items() if m.get("pending")}
+        if not pending:
+            return
+        metas = list(pending.values())
+        gather = not failures and len(pending) == self.nproc and all(m == metas[0] for m in metas)
+        self._broadcast(P.message(P.DECIDE, mode="gather" if gather else "send"), list(pending))
+        deadline = time.monotonic() + 600
+        self._pump(listener, lambda: all(r in self._results or self.ranks[r].state == "dead" for r in pending), deadline)
+        for r in pending:
+            msg = self._results.get(r)
+            if msg is None:
+                failures.append(self._death_failure(r))
+                continue
+            if msg.get("gather_failed"):
+                notes.append(f"all_gather of the results failed on rank {r} ({msg['gather_failed']}); results were sent rank by rank")
+            if msg.get("result") is not None:
+                self._done[r]["result"] = None
+                value = transfer.unpack(msg["result"])
+                if msg.get("gathered") and r == 0:
+                    values[:] = list(value)
+                elif not msg.get("gathered"):
+                    values[r] = value
+            elif msg.get("result_error"):
+                self._done[r]["result_error"] = msg["result_error"]
+
+    def ask(self, op: str, timeout: float = 5.0, listener: Optional[Listener] = None) -> Dict[int, dict]:
+        """Ask every live rank for its STACK or ENV; returns the replies that came in time."""
+        self._replies[op] = {}
+        ranks = [r for r in self._conns]
+        self._broadcast(P.message(op), ranks)
+        self._pump(listener or Listener(), lambda: all(r in self._replies[op] or r not in self._conns for r in ranks), time.monotonic() + timeout)
+        return dict(self._replies.get(op, {}))
+
+    def live_env(self, timeout: float = 5.0) -> Dict[int, dict]:
+        """What each rank actually sees: its os.environ and process-group state, read from the worker."""
+        if not self.alive:
+            return {}
+        return {r: m["env"] for r, m in self.ask(P.ENV, timeout).items()}
+
+
+class _CellWatch:
+    """The failure policy while a cell runs: who failed first, when to interrupt, when to stop ranks."""
+
+    def __init__(self, pool: Pool, listener: Listener, timeout: Optional[float], t0: float) -> None:
+        self.pool, self.listener, self.timeout, self.t0 = pool, listener, timeout, t0
+        self.first_failure: Optional[float] = None
+        self.order: List[int] = []  # ranks in the order they failed
+        self.interrupt_sent: Optional[float] = None
+        self.killed: List[int] = []
+        self.notes: List[str] = []
+        self.stacks: Dict[int, str] = {}
+        self.cancelled = False
+        self.user_interrupt = False
+        self.timed_out = False
+        self.state_lost = False
+
+    def running(self) -> List[int]:
+        return [r for r, i in self.pool.ranks.items() if i.state == "running"]
+
+    def finished(self) -> bool:
+        return not self.running()
+
+    def _note_failures(self) -> None:
+        for r, info in sorted(self.pool.ranks.items(), key=lambda kv: kv[1].finished or 0):
+            if r in self.order:
+                continue
+            if info.state in ("failed", "dead", "interrupted") and not (info.state == "interrupted" and self.interrupt_sent):
+                self.order.append(r)
+                if self.first_failure is None:
+                    self.first_failure = time.monotonic()
+
+    def tick(self) -> None:
+        self._note_failures()
+        now = time.monotonic()
+        running = self.running()
+        if not running:
+            return
+        if self.timeout is not None and not self.timed_out and now - self.t0 >= self.timeout:
+            self.timed_out = True
+            self.cancelled = True
+            self._capture_stacks(running)
+            self.notes.append(f"the cell ran past --timeout {self.timeout:g}s; where each rank was:")
+            self.notes += [f"--- rank {r} ---\n{self.stacks.get(r, '(no answer)').rstrip()}" for r in sorted(self.stacks)]
+            self._interrupt(running)
+            return
+        if self.first_failure is not None and self.interrupt_sent is None and now - self.first_failure >= self.pool.grace:
+            self.cancelled = True
+            self._capture_stacks(running)
+            where = ", ".join(f"rank {r} at {_last_cell_line(self.stacks.get(r, ''))}" for r in running)
+            self.notes.append(f"after rank {self.order[0]} failed, ranks {', '.join(map(str, running))} were still running ({where}); they were interrupted")
+            self._interrupt(running)
+            return
+        if self.interrupt_sent is not None and now - self.interrupt_sent >= self.pool.grace:
+            self._stop_ranks(running)
+
+    def _capture_stacks(self, ranks: List[int]) -> None:
+        replies = self.pool.ask(P.STACK, timeout=1.0, listener=self.listener)
+        for r in ranks:
+            if r in replies:
+                self.stacks[r] = replies[r]["text"]
+
+    def _interrupt(self, ranks: List[int]) -> None:
+        self.interrupt_sent = time.monotonic()
+        self.pool._broadcast(P.message(P.INTERRUPT), ranks)
+
+    def _stop_ranks(self, ranks: List[int]) -> None:
+        for r in ranks:
+            pid = self.pool.ranks[r].pid
+            if pid:
+                _signal(pid, signal.SIGKILL)
+            self.killed.append(r)
+        deadline = time.monotonic() + 3
+        while any(self.pool.ranks[r].state == "running" for r in ranks) and time.monotonic() < deadline:
+            for rank, pid, code in self.pool.launcher.poll(0.02):
+                self.pool._on_exit(rank, pid, code, self.listener)
+        for r in ranks:
+            info = self.pool.ranks[r]
+            if info.state in ("running", "dead"):
+                info.state = "dead"
+                info.finished = info.finished or time.monotonic()
+                self.listener.on_state(info)
+        self.state_lost = True
+        self.pool.broken = f"ranks {', '.join(map(str, ranks))} did not respond to the interrupt and were stopped"
+        self.notes.append(
+            f"ranks {', '.join(map(str, ranks))} did not respond to the interrupt (stuck in a collective or native code) and were stopped; "
+            "the pool restarts on the next cell and variables defined in earlier %%ddp cells are lost"
+        )
+
+    def interrupted_by_user(self) -> None:
+        """Ctrl-C in the kernel: interrupt every rank now; stragglers are stopped after the grace."""
+        self.user_interrupt = True
+        self.cancelled = True
+        running = self.running()
+        self.notes.append("interrupted by the user (Ctrl-C / kernel interrupt)")
+        if running:
+            self._interrupt(running)
+
+    def failures(self) -> List[RankFailure]:
+        self._note_failures()
+        out: List[RankFailure] = []
+        for r in self.order + [r for r, i in self.pool.ranks.items() if i.state == "interrupted" and r not in self.order]:
+            info = self.pool.ranks[r]
+            msg = self.pool._done.get(r)
+            if info.state == "dead":
+                f = self.pool._death_failure(r)
+                if r in self.killed:
+                    f.kind = "killed"
+                out.append(f)
+            elif msg is not None and msg["status"] != "ok":
+                err = msg["error"] or {}
+                out.append(
+                    RankFailure(rank=r, kind="interrupted" if msg["status"] == "interrupted" else "error", type=err.get("type", ""), message=err.get("message", ""), traceback=err.get("traceback", ""), pid=info.pid)
+                )
+        if self.user_interrupt and not out:
+            out.append(RankFailure(rank=0, kind="interrupted"))
+        if self.timed_out and not self.order:
+            out.insert(0, RankFailure(rank=min(self.stacks or {0: ""}), kind="error", type="TimeoutError", message=f"the cell ran past --timeout {self.timeout:g}s"))
+        return out
+
+
+def _last_cell_line(stack: str) -> str:
+    lines = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith('File "<ddp-cell')]
+    if not lines:
+        return "an unknown place"
+    last = lines[-1]
+    try:
+        lineno = last.split("line ", 1)[1].split(",", 1)[0]
+    except IndexError:
+        return last
+    code_lines = stack.splitlines()
+    idx = [i for i, ln in enumerate(code_lines) if ln.strip() == last][-1]
+    code = code_lines[idx + 1].strip() if idx + 1 < len(code_lines) else ""
+    return f"cell line {lineno}: {code}" if code else f"cell line {lineno}"
+
+
+def _describe(code: Optional[int]) -> str:
+    from .errors import describe_exit
+
+    return describe_exit(code)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _send_all_nonblocking(sock: socket.socket, frame: bytes) -> None:
+    view = memoryview(frame)
+    while view:
+        try:
+            n = sock.send(view)
+        except BlockingIOError:
+            select.select([], [sock], [], 1.0)
+            continue
+        view = view[n:]
+
+
+def _stop_quietly(launcher: Any, conns: Dict[int, _Conn]) -> None:
+    try:
+        for conn in list(conns.values()):
+            conn.sock.close()
+        launcher.close()
+    except Exception:
+        pass

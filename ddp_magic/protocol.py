@@ -1,0 +1,133 @@
+"""Framing, authentication and encoding of the kernel <-> worker control channel.
+
+This is the only module that turns bytes into objects. Nothing is unpickled
+before the peer has proved it knows the pool's secret (HMAC challenge in both
+directions), so a stranger who connects to the port can neither run code in a
+worker nor make the kernel unpickle anything.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import pickle
+import socket
+import struct
+from typing import Any, Optional
+
+MAGIC = b"DDPM1"
+NONCE_SIZE = 32
+DIGEST_SIZE = 32
+HEADER = struct.Struct("!Q")
+MAX_FRAME = 1 << 40  # a sanity bound: a corrupted length must not allocate the world
+
+# Message kinds (the "op" field of every message dict).
+HELLO = "hello"          # worker -> kernel: rank, pid, host, device, env
+READY = "ready"          # worker -> kernel: process group initialised (or skipped)
+INIT_FAILED = "init_failed"
+RUN = "run"              # kernel -> worker: execute a cell
+OUT = "out"              # worker -> kernel: a chunk of stdout/stderr
+DONE = "done"            # worker -> kernel: the cell finished on this rank
+DECIDE = "decide"        # kernel -> worker: how to return a pending result
+RESULT = "result"        # worker -> kernel: a result sent after DECIDE
+INTERRUPT = "interrupt"  # kernel -> worker: stop the running cell
+STACK = "stack"          # kernel -> worker (request) and back (reply): where is the main thread
+ENV = "env"              # kernel -> worker (request) and back (reply): the env as the rank sees it
+SHUTDOWN = "shutdown"    # kernel -> worker: exit cleanly
+
+
+class AuthenticationError(ConnectionError):
+    """The peer does not know the pool's secret."""
+
+
+def new_secret() -> bytes:
+    return os.urandom(32)
+
+
+def _digest(secret: bytes, role: bytes, nonce: bytes) -> bytes:
+    return hmac.new(secret, role + nonce, hashlib.sha256).digest()
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Read exactly n bytes or raise ConnectionError on EOF."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("connection closed by peer")
+        got += k
+    return bytes(buf)
+
+
+def server_handshake(sock: socket.socket, secret: bytes) -> None:
+    """Kernel side: challenge the peer, then prove ourselves. Raises AuthenticationError."""
+    nonce = os.urandom(NONCE_SIZE)
+    sock.sendall(MAGIC + nonce)
+    answer = recv_exact(sock, DIGEST_SIZE + NONCE_SIZE)
+    if not hmac.compare_digest(answer[:DIGEST_SIZE], _digest(secret, b"worker", nonce)):
+        raise AuthenticationError("peer failed the challenge")
+    sock.sendall(_digest(secret, b"kernel", answer[DIGEST_SIZE:]))
+
+
+def client_handshake(sock: socket.socket, secret: bytes) -> None:
+    """Worker side: answer the kernel's challenge and check the kernel's answer to ours."""
+    hello = recv_exact(sock, len(MAGIC) + NONCE_SIZE)
+    if hello[: len(MAGIC)] != MAGIC:
+        raise AuthenticationError("not a ddp_magic kernel")
+    nonce = os.urandom(NONCE_SIZE)
+    sock.sendall(_digest(secret, b"worker", hello[len(MAGIC):]) + nonce)
+    proof = recv_exact(sock, DIGEST_SIZE)
+    if not hmac.compare_digest(proof, _digest(secret, b"kernel", nonce)):
+        raise AuthenticationError("kernel failed the challenge")
+
+
+def encode(msg: dict) -> bytes:
+    """One frame: 8-byte length, then the pickled message (plain data only)."""
+    body = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(len(body)) + body
+
+
+def send(sock: socket.socket, msg: dict) -> None:
+    sock.sendall(encode(msg))
+
+
+def recv(sock: socket.socket) -> dict:
+    """Blocking read of one frame from an authenticated peer."""
+    (size,) = HEADER.unpack(recv_exact(sock, HEADER.size))
+    if size > MAX_FRAME:
+        raise ConnectionError(f"frame of {size} bytes is not credible")
+    return pickle.loads(recv_exact(sock, size))
+
+
+class FrameReader:
+    """Incremental decoder for a non-blocking socket: feed bytes, take whole messages."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._need: Optional[int] = None
+
+    def feed(self, data: bytes) -> list:
+        self._buf += data
+        out = []
+        while True:
+            if self._need is None:
+                if len(self._buf) < HEADER.size:
+                    break
+                (self._need,) = HEADER.unpack_from(self._buf)
+                if self._need > MAX_FRAME:
+                    raise ConnectionError("frame length is not credible")
+                del self._buf[: HEADER.size]
+            if len(self._buf) < self._need:
+                break
+            body = bytes(self._buf[: self._need])
+            del self._buf[: self._need]
+            self._need = None
+            out.append(pickle.loads(body))
+        return out
+
+
+def message(op: str, **fields: Any) -> dict:
+    fields["op"] = op
+    return fields

@@ -1,0 +1,145 @@
+"""Moving values between processes: cloudpickle, with tensors out of band.
+
+A tensor's bytes never go through torch's own pickling (which copies them
+through ``torch.save``) nor through torch.multiprocessing's fd-passing
+reductions (which need a multiprocessing connection at both ends). Instead the
+pickle stream carries the dtype and shape, and the bytes travel as pickle
+protocol-5 buffers: inline in the message when small, through one file in
+/dev/shm when large, which the receiver maps without copying.
+"""
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import pickle
+import secrets
+from typing import Any, List, Optional, Tuple
+
+import cloudpickle
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "ddp_magic-"
+SHM_THRESHOLD = 1 << 20  # buffers smaller than this in total travel inline
+
+
+class Unpicklable:
+    """Stands in a result list for a rank whose value could not be sent back."""
+
+    def __init__(self, rank: int, type_name: str, reason: str) -> None:
+        self.rank, self.type_name, self.reason = rank, type_name, reason
+
+    def __repr__(self) -> str:
+        return f"<unpicklable {self.type_name} from rank {self.rank}: {self.reason}>"
+
+
+def _rebuild_tensor(buf: Any, dtype: str, shape: Tuple[int, ...]) -> Any:
+    """Receiver side: a tensor over the buffer itself (a mapped shm slice or a bytearray)."""
+    import torch
+
+    dt = getattr(torch, dtype)
+    view = memoryview(buf).cast("B")
+    if view.nbytes == 0:
+        return torch.empty(shape, dtype=dt)
+    if view.readonly:
+        view = memoryview(bytearray(view))
+    return torch.frombuffer(view, dtype=torch.uint8).view(dt).reshape(shape)
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle that hands plain dense tensors' bytes out of band."""
+
+    def reducer_override(self, obj: Any) -> Any:  # noqa: D401 - pickle hook
+        torch = _torch_if_loaded()
+        if torch is not None and isinstance(obj, torch.Tensor) and type(obj) in (torch.Tensor, torch.nn.Parameter):
+            if obj.layout == torch.strided and not obj.is_quantized:
+                t = obj.detach()
+                if t.device.type != "cpu":
+                    t = t.cpu()
+                t = t.contiguous()
+                dtype = str(t.dtype).replace("torch.", "")
+                flat = t.reshape(-1)
+                if flat.numel() == 0:
+                    return _rebuild_tensor, (bytearray(), dtype, tuple(t.shape))
+                raw = flat.view(torch.uint8).numpy()
+                return _rebuild_tensor, (pickle.PickleBuffer(raw), dtype, tuple(t.shape))
+        return super().reducer_override(obj)
+
+
+def _torch_if_loaded() -> Any:
+    import sys
+
+    return sys.modules.get("torch")
+
+
+def dumps(value: Any) -> Tuple[bytes, List[pickle.PickleBuffer]]:
+    """Pickle value; tensors' bytes come back separately as buffers."""
+    buffers: List[pickle.PickleBuffer] = []
+    f = io.BytesIO()
+    _Pickler(f, protocol=5, buffer_callback=buffers.append).dump(value)
+    return f.getvalue(), buffers
+
+
+def pack(value: Any, shm_dir: Optional[str] = SHM_DIR) -> dict:
+    """A message-ready form of value: pickle bytes plus buffers inline or in one shm file."""
+    data, buffers = dumps(value)
+    views = [b.raw() for b in buffers]
+    sizes = [v.nbytes for v in views]
+    total = sum(sizes)
+    if total >= SHM_THRESHOLD and shm_dir and os.path.isdir(shm_dir):
+        path = os.path.join(shm_dir, SHM_PREFIX + secrets.token_hex(12))
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        try:
+            for v in views:
+                written = 0
+                while written < v.nbytes:
+                    written += os.write(fd, v[written:])
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        return {"pickle": data, "shm": path, "sizes": sizes}
+    return {"pickle": data, "buffers": [bytes(v) for v in views]}
+
+
+def unpack(packed: dict) -> Any:
+    """Inverse of pack. A shm file is mapped (no copy), then unlinked at once."""
+    if "shm" in packed:
+        path = packed["shm"]
+        if not (os.path.dirname(path) == SHM_DIR and os.path.basename(path).startswith(SHM_PREFIX)):
+            raise ValueError(f"refusing result file outside {SHM_DIR}: {path!r}")
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.unlink(path)
+            total = sum(packed["sizes"])
+            mm = mmap.mmap(fd, total) if total else None
+        finally:
+            os.close(fd)
+        buffers, offset = [], 0
+        for size in packed["sizes"]:
+            buffers.append(memoryview(mm)[offset : offset + size] if mm is not None else b"")
+            offset += size
+        return pickle.loads(packed["pickle"], buffers=buffers)
+    return pickle.loads(packed["pickle"], buffers=[bytearray(b) for b in packed["buffers"]])
+
+
+def discard(packed: dict) -> None:
+    """Free what pack() left in /dev/shm when the value will never be unpacked."""
+    path = packed.get("shm")
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def dumps_names(namespace: dict) -> Tuple[dict, Optional[Tuple[str, str]]]:
+    """Pickle each name on its own so a failure names the variable; returns (blobs, failure)."""
+    blobs = {}
+    for name, value in namespace.items():
+        try:
+            blobs[name] = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # pickling can raise nearly anything
+            return blobs, (name, f"{type(value).__name__}: {type(e).__name__}: {e}")
+    return blobs, None

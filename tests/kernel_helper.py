@@ -1,0 +1,95 @@
+"""Drive a real Jupyter kernel (jupyter_client) and collect what a notebook would show."""
+from __future__ import annotations
+
+import os
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+from jupyter_client.manager import start_new_kernel
+
+
+@dataclass
+class Execution:
+    code: str
+    stdout: str = ""
+    stderr: str = ""
+    results: List[str] = field(default_factory=list)  # text/plain of execute_result / display_data
+    displays: List[dict] = field(default_factory=list)  # full data bundles
+    error: Optional[Tuple[str, str, List[str]]] = None  # (ename, evalue, traceback)
+    messages: List[dict] = field(default_factory=list)  # every iopub message of this cell
+    stream_times: List[Tuple[float, str, str]] = field(default_factory=list)  # (seconds since execute, name, text)
+    elapsed: float = 0.0
+
+    @property
+    def result(self) -> Optional[str]:
+        return self.results[-1] if self.results else None
+
+    def ok(self) -> "Execution":
+        assert self.error is None, f"cell failed: {self.error[0]}: {self.error[1]}\nstderr: {self.stderr}"
+        return self
+
+
+class Kernel:
+    """One real IPython kernel; ``run`` executes a cell and waits for it to go idle."""
+
+    def __init__(self, extra_env: Optional[dict] = None) -> None:
+        env = dict(os.environ)
+        env.update(extra_env or {})
+        self.km, self.kc = start_new_kernel(kernel_name="python3", env=env)
+
+    @property
+    def pid(self) -> int:
+        return self.km.provisioner.process.pid  # type: ignore[union-attr]
+
+    def run(self, code: str, timeout: float = 120.0, interrupt_after: Optional[float] = None) -> Execution:
+        ex = Execution(code)
+        t0 = time.monotonic()
+        msg_id = self.kc.execute(code)
+        interrupted = False
+        while True:
+            if interrupt_after is not None and not interrupted and time.monotonic() - t0 >= interrupt_after:
+                self.km.interrupt_kernel()
+                interrupted = True
+            left = timeout - (time.monotonic() - t0)
+            if left <= 0:
+                raise TimeoutError(f"cell did not finish in {timeout}s: {code[:80]!r}\nstdout so far: {ex.stdout[-2000:]}\nstderr: {ex.stderr[-2000:]}")
+            try:
+                msg = self.kc.get_iopub_msg(timeout=min(left, 0.1 if interrupt_after is not None else left))
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            ex.messages.append(msg)
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                ex.stream_times.append((time.monotonic() - t0, content["name"], content["text"]))
+                if content["name"] == "stdout":
+                    ex.stdout += content["text"]
+                else:
+                    ex.stderr += content["text"]
+            elif kind in ("execute_result", "display_data"):
+                ex.displays.append(content["data"])
+                if "text/plain" in content["data"]:
+                    ex.results.append(content["data"]["text/plain"])
+            elif kind == "error":
+                ex.error = (content["ename"], content["evalue"], content["traceback"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        ex.elapsed = time.monotonic() - t0
+        return ex
+
+    def value(self, expr: str) -> Any:
+        """Evaluate an expression in the kernel and return its repr's literal value."""
+        import ast
+
+        ex = self.run(expr).ok()
+        assert ex.result is not None, f"no value for {expr!r}"
+        return ast.literal_eval(ex.result)
+
+    def shutdown(self) -> None:
+        try:
+            self.kc.stop_channels()
+        finally:
+            self.km.shutdown_kernel(now=True)
