@@ -61,6 +61,7 @@ def _child(cmd: dict, secret: bytes, wake_r: int, wake_w: int) -> None:
         from .worker import die_with_parent, serve
 
         die_with_parent(cmd["parent"])
+        os.environ.clear()
         os.environ.update(cmd["config"]["env"])
         code = serve(cmd["config"], secret)
     except BaseException:

@@ -180,8 +180,7 @@ class SpawnLauncher:
         return None
 
     def spawn(self, rank: int, config: dict) -> None:
-        env = worker_env()
-        env.update(config["env"])
+        env = config["env"]
         proc = subprocess.Popen(
             [self.python, "-m", "ddp_magic.worker"],
             stdin=subprocess.PIPE,

@@ -26,7 +26,7 @@ from . import protocol as P
 from . import transfer
 from .env import Plan, make_plan
 from .errors import RankFailure, StartError
-from .launcher import LaunchError, make_launcher
+from .launcher import LaunchError, make_launcher, worker_env
 
 POLL_S = 0.05
 
@@ -181,8 +181,10 @@ class Pool:
         for info in self.ranks.values():
             listener.on_state(info)
         try:
+            base_env = worker_env()  # the kernel's env now, not when the template started
             for r in range(self.nproc):
-                self.launcher.spawn(r, {"env": self.plan.rank_env(r), "kernel_addr": self.listen_addr, "kernel_port": port})
+                env = dict(base_env, **self.plan.rank_env(r))
+                self.launcher.spawn(r, {"env": env, "kernel_addr": self.listen_addr, "kernel_port": port})
             ready: Dict[int, bool] = {}
             failures: List[RankFailure] = []
 
