@@ -47,7 +47,7 @@ def describe_exit(code: Optional[int]) -> str:
 @dataclass
 class RankFailure:
     rank: int
-    kind: str  # "error", "interrupted", "died", "killed", "init"
+    kind: str  # "error", "interrupted", "died", "killed", "init", "timeout"
     type: str = ""
     message: str = ""
     traceback: str = ""
@@ -59,7 +59,10 @@ class RankFailure:
         if self.kind == "died":
             return f"rank {self.rank} (pid {self.pid}) {describe_exit(self.exit_code)}"
         if self.kind == "killed":
-            return f"rank {self.rank} (pid {self.pid}) was stopped by ddp_magic"
+            how = {-15: "SIGTERM", -9: "SIGKILL"}.get(self.exit_code or 0, describe_exit(self.exit_code))
+            return f"rank {self.rank} (pid {self.pid}) did not respond to the interrupt and was stopped ({how})"
+        if self.kind == "timeout":
+            return self.message
         if self.kind == "interrupted":
             return f"rank {self.rank} was interrupted"
         return f"rank {self.rank} raised {self.type}: {self.message}".rstrip(": ")
@@ -92,7 +95,7 @@ class CellError(DDPError):
         if same:
             lines += ["", f"{'ranks' if len(same) > 1 else 'rank'} {', '.join(str(f.rank) for f in same)} failed the same way"]
         for f in others:
-            if f in same:
+            if f in same or f.kind == "killed":  # stopped ranks are summed up in the notes
                 continue
             lines += ["", f.headline()]
             if f.kind == "died" and f.last_lines:

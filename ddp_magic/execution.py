@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import linecache
+import os
 import traceback
 from typing import Any, Optional, Tuple
 
@@ -37,14 +38,23 @@ def run_source(source: str, filename: str, namespace: dict) -> Any:
     return eval(compile(last, filename, "eval"), namespace)
 
 
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
 def format_user_traceback(exc: BaseException, cell_filename: str) -> str:
-    """The traceback from the cell's first frame on: our own machinery is not the user's concern."""
+    """The traceback from the cell's first frame on, without ddp_magic's own frames.
+
+    Our machinery (the runner above the cell, the SIGINT handler below it) is
+    not the user's concern; library frames between cell frames stay.
+    """
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != cell_filename:
         tb = tb.tb_next
     if tb is None:
         tb = exc.__traceback__
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    te = traceback.TracebackException(type(exc), exc, tb)
+    te.stack = traceback.StackSummary.from_list([f for f in te.stack if os.path.dirname(os.path.abspath(f.filename)) != _OWN_DIR])
+    return "".join(te.format())
 
 
 def syntax_error_text(err: SyntaxError) -> str:

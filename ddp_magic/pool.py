@@ -24,6 +24,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 
 from . import protocol as P
 from . import transfer
+from .capture import MarkerScanner
 from .env import Plan, make_plan
 from .errors import RankFailure, StartError
 from .launcher import LaunchError, make_launcher, worker_env
@@ -82,13 +83,25 @@ class CellOutcome:
 
 
 class _Conn:
+    """A rank's control socket: framed messages."""
+
     def __init__(self, rank: int, sock: socket.socket) -> None:
         self.rank = rank
         self.sock = sock
         self.reader = P.FrameReader()
-        self.decoders = {s: codecs.getincrementaldecoder("utf-8")(errors="replace") for s in ("stdout", "stderr")}
-        self.partial = {"stdout": "", "stderr": ""}
-        self.closed = False
+
+
+class _OutConn:
+    """A rank's raw stdout or stderr socket (its fd 1 or 2), with sync markers in the bytes."""
+
+    def __init__(self, rank: int, stream: str, sock: socket.socket) -> None:
+        self.rank = rank
+        self.stream = stream
+        self.sock = sock
+        self.scanner = MarkerScanner()
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.synced = -1  # the last cell whose marker has been read
+        self.eof = False
 
 
 class Pool:
@@ -125,7 +138,9 @@ class Pool:
         self.launcher = make_launcher(start_method, self.secret)
         self.ranks: Dict[int, RankInfo] = {}
         self._conns: Dict[int, _Conn] = {}
-        self._by_fd: Dict[int, _Conn] = {}
+        self._outs: Dict[tuple, _OutConn] = {}  # (rank, stream) -> socket
+        self._by_fd: Dict[int, Any] = {}
+        self._unsynced: Dict[int, dict] = {}  # DONE messages waiting for their output markers
         self._replies: Dict[str, Dict[int, Any]] = {}
         self._done: Dict[int, dict] = {}
         self._results: Dict[int, dict] = {}
@@ -137,6 +152,7 @@ class Pool:
         self.generation = 0
         self.template_info = ""
         self.rejected_peers = 0
+        self.control_port: Optional[int] = None
         self._finalizer = weakref.finalize(self, _stop_quietly, self.launcher, self._conns)
         atexit.register(self._finalizer)
 
@@ -172,6 +188,7 @@ class Pool:
         lsock.bind((self.listen_addr, 0))
         lsock.listen(max(64, self.nproc))
         port = lsock.getsockname()[1]
+        self.control_port = port  # open only until every rank has joined
         joined: "queue.Queue[tuple]" = queue.Queue()
         wake_r, wake_w = os.pipe()
         stop_accepting = threading.Event()
@@ -199,6 +216,15 @@ class Pool:
                     except queue.Empty:
                         return
                     rank = hello.get("rank")
+                    if hello["op"] == P.HELLO_OUT:
+                        key = (rank, hello.get("stream"))
+                        if rank not in self.ranks or key in self._outs or key[1] not in ("stdout", "stderr"):
+                            sock.close()
+                            continue
+                        out = self._outs[key] = _OutConn(rank, key[1], sock)
+                        sock.setblocking(False)
+                        self._by_fd[sock.fileno()] = out
+                        continue
                     if rank not in self.ranks or rank in self._conns:
                         sock.close()
                         continue
@@ -210,9 +236,10 @@ class Pool:
             self._on_ready = lambda rank, dev: ready.__setitem__(rank, True)
             self._init_failures = failures
             deadline = t0 + self.start_timeout
-            self._pump(listener, lambda: len(ready) == self.nproc or bool(failures) or self._dead_ranks(), deadline, extra_fds={wake_r: on_wake})
+            all_in = lambda: len(ready) == self.nproc and len(self._outs) == 2 * self.nproc  # noqa: E731
+            self._pump(listener, lambda: all_in() or bool(failures) or bool(self._dead_ranks()), deadline, extra_fds={wake_r: on_wake})
             dead = self._dead_ranks()
-            if failures or dead or len(ready) < self.nproc:
+            if failures or dead or not all_in():
                 failures += [self._death_failure(r) for r in dead]
                 if not failures:
                     missing = sorted(set(range(self.nproc)) - set(ready))
@@ -271,7 +298,7 @@ class Pool:
             sock.settimeout(10)
             P.server_handshake(sock, self.secret)
             hello = P.recv(sock)
-            if hello.get("op") != P.HELLO:
+            if hello.get("op") not in (P.HELLO, P.HELLO_OUT):
                 raise P.AuthenticationError("no hello")
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -326,13 +353,15 @@ class Pool:
         deadline = time.monotonic() + 2.0
         while self.launcher.pids and time.monotonic() < deadline:
             self.launcher.poll(0.02)
-        for conn in list(self._conns.values()):
+        for conn in list(self._conns.values()) + list(self._outs.values()):
             try:
                 conn.sock.close()
             except OSError:
                 pass
         self._conns.clear()
+        self._outs.clear()
         self._by_fd.clear()
+        self._unsynced.clear()
         for info in self.ranks.values():
             if info.state not in ("dead", "failed"):
                 info.state = "stopped"
@@ -379,7 +408,11 @@ class Pool:
                 if fd in extra_fds:
                     extra_fds[fd]()
                 elif fd in self._by_fd:
-                    self._read_conn(self._by_fd[fd], listener)
+                    conn = self._by_fd[fd]
+                    if isinstance(conn, _OutConn):
+                        self._read_out(conn, listener)
+                    else:
+                        self._read_conn(conn, listener)
             for rank, pid, code in self.launcher.poll(0):
                 self._on_exit(rank, pid, code, listener)
             if tick is not None:
@@ -399,7 +432,6 @@ class Pool:
             self._dispatch(conn.rank, msg, listener)
 
     def _drop_conn(self, conn: _Conn) -> None:
-        conn.closed = True
         self._by_fd.pop(conn.sock.fileno(), None)
         self._conns.pop(conn.rank, None)
         try:
@@ -407,18 +439,61 @@ class Pool:
         except OSError:
             pass
 
+    def _read_out(self, out: _OutConn, listener: Listener, limit: int = 1 << 20) -> bool:
+        """Forward what a rank wrote to fd 1/2; returns False at EOF or when nothing was there."""
+        try:
+            data = out.sock.recv(limit)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            out.eof = True
+            self._by_fd.pop(out.sock.fileno(), None)
+            self._emit_text(out, out.scanner.rest(), listener, final=True)
+            self._release_done(out.rank, listener)
+            return False
+        text, tokens = out.scanner.feed(data)
+        self._emit_text(out, text, listener)
+        if tokens:
+            out.synced = max(out.synced, *tokens)
+            self._release_done(out.rank, listener)
+        return True
+
+    def _emit_text(self, out: _OutConn, data: bytes, listener: Listener, final: bool = False) -> None:
+        text = out.decoder.decode(data, final=final)
+        if text:
+            self._output(out.rank, out.stream, text, listener)
+
+    def _release_done(self, rank: int, listener: Listener) -> None:
+        """A DONE counts once both streams have shown everything printed before it."""
+        msg = self._unsynced.get(rank)
+        if msg is None:
+            return
+        cell = msg["cell"]
+        for stream in ("stdout", "stderr"):
+            out = self._outs.get((rank, stream))
+            if out is not None and not out.eof and out.synced < cell:
+                return
+        del self._unsynced[rank]
+        self._finish_rank(rank, msg, listener)
+
+    def _drain_outs(self, rank: int, listener: Listener, timeout: float = 0.5) -> None:
+        """Read what a (dead) rank left in its output sockets, until EOF or a quiet moment."""
+        deadline = time.monotonic() + timeout
+        for stream in ("stdout", "stderr"):
+            out = self._outs.get((rank, stream))
+            while out is not None and not out.eof and time.monotonic() < deadline:
+                r, _, _ = select.select([out.sock], [], [], min(0.05, max(0.0, deadline - time.monotonic())))
+                if not r or not self._read_out(out, listener):
+                    break
+
     def _dispatch(self, rank: int, msg: dict, listener: Listener) -> None:
         op = msg["op"]
         info = self.ranks.get(rank)
-        if op == P.OUT:
-            self._output(rank, msg["stream"], msg["data"], listener)
-        elif op == P.DONE:
-            self._done[rank] = msg
-            if info is not None:
-                info.state = {"ok": "done", "interrupted": "interrupted"}.get(msg["status"], "failed")
-                info.finished = time.monotonic()
-                info.memory = msg.get("memory")
-                listener.on_state(info)
+        if op == P.DONE:
+            self._unsynced[rank] = msg
+            self._release_done(rank, listener)
         elif op == P.RESULT:
             self._results[rank] = msg
         elif op == P.READY:
@@ -434,9 +509,16 @@ class Pool:
         elif op in (P.STACK, P.ENV):
             self._replies.setdefault(op, {})[rank] = msg
 
-    def _output(self, rank: int, stream: str, data: bytes, listener: Listener) -> None:
-        conn = self._conns.get(rank)
-        text = conn.decoders[stream].decode(data) if conn else data.decode(errors="replace")
+    def _finish_rank(self, rank: int, msg: dict, listener: Listener) -> None:
+        self._done[rank] = msg
+        info = self.ranks.get(rank)
+        if info is not None:
+            info.state = {"ok": "done", "interrupted": "interrupted"}.get(msg["status"], "failed")
+            info.finished = time.monotonic()
+            info.memory = msg.get("memory")
+            listener.on_state(info)
+
+    def _output(self, rank: int, stream: str, text: str, listener: Listener) -> None:
         info = self.ranks.get(rank)
         if info is not None and text:
             pieces = text.replace("\r", "\n").split("\n")
@@ -457,7 +539,7 @@ class Pool:
         if info.state == "stopped":
             return
         conn = self._conns.get(rank)
-        if conn is not None:  # whatever it wrote before dying is still in the socket
+        if conn is not None:  # whatever it sent before dying is still in the sockets
             try:
                 while True:
                     data = conn.sock.recv(1 << 20)
@@ -467,6 +549,11 @@ class Pool:
                         self._dispatch(rank, msg, listener)
             except (BlockingIOError, OSError):
                 pass
+        self._drain_outs(rank, listener)
+        pending = self._unsynced.pop(rank, None)
+        if pending is not None and info.state == "running":
+            self._finish_rank(rank, pending, listener)
+            return
         info.pid = info.pid or pid
         info.state = "dead"
         info.exit_code = code
@@ -544,7 +631,10 @@ class Pool:
             self._pump(listener, state.finished, None, tick=state.tick)
         except KeyboardInterrupt:
             state.interrupted_by_user()
-            self._pump(listener, state.finished, None, tick=state.tick)
+            try:
+                self._pump(listener, state.finished, None, tick=state.tick)
+            except KeyboardInterrupt:  # a second Ctrl-C: no more grace
+                state._stop_ranks(state.running())
         failures, stacks = state.failures(), state.stacks
         notes += state.notes
         values: List[Any] = [None] * self.nproc
@@ -561,7 +651,10 @@ class Pool:
                 err = msg["result_error"]
                 values[rank] = transfer.Unpicklable(rank, err["type"], err["reason"])
                 notes.append(f"rank {rank}'s result ({err['type']}) could not be pickled: {err['reason']}; the other ranks' results are returned")
-        return CellOutcome(values=values, failures=failures, notes=notes, elapsed=time.monotonic() - t0, stacks=stacks, state_lost=state.state_lost)
+        lost = state.state_lost or bool(self.broken)
+        if self.broken and not state.state_lost:
+            notes.append(f"the pool restarts on the next cell ({self.broken}); variables defined in earlier %%ddp cells will be lost")
+        return CellOutcome(values=values, failures=failures, notes=notes, elapsed=time.monotonic() - t0, stacks=stacks, state_lost=lost)
 
     def _collect_results(self, values: List[Any], failures: List[RankFailure], notes: List[str], listener: Listener) -> None:
         pending = {r: m["pending"] for r, m in self._done.items() if m.get("pending")}
@@ -670,15 +763,21 @@ class _CellWatch:
         self.pool._broadcast(P.message(P.INTERRUPT), ranks)
 
     def _stop_ranks(self, ranks: List[int]) -> None:
-        for r in ranks:
-            pid = self.pool.ranks[r].pid
-            if pid:
-                _signal(pid, signal.SIGKILL)
-            self.killed.append(r)
-        deadline = time.monotonic() + 3
-        while any(self.pool.ranks[r].state == "running" for r in ranks) and time.monotonic() < deadline:
-            for rank, pid, code in self.pool.launcher.poll(0.02):
-                self.pool._on_exit(rank, pid, code, self.listener)
+        """Escalate: SIGTERM, then SIGKILL for whoever is still there a moment later."""
+        for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0)):
+            alive = [r for r in ranks if self.pool.ranks[r].state == "running"]
+            if not alive:
+                break
+            for r in alive:
+                pid = self.pool.ranks[r].pid
+                if pid:
+                    _signal(pid, sig)
+                if r not in self.killed:
+                    self.killed.append(r)
+            deadline = time.monotonic() + wait
+            while any(self.pool.ranks[r].state == "running" for r in alive) and time.monotonic() < deadline:
+                for rank, pid, code in self.pool.launcher.poll(0.02):
+                    self.pool._on_exit(rank, pid, code, self.listener)
         for r in ranks:
             info = self.pool.ranks[r]
             if info.state in ("running", "dead"):
@@ -717,11 +816,25 @@ class _CellWatch:
                 out.append(
                     RankFailure(rank=r, kind="interrupted" if msg["status"] == "interrupted" else "error", type=err.get("type", ""), message=err.get("message", ""), traceback=err.get("traceback", ""), pid=info.pid)
                 )
+        out.sort(key=_root_cause_rank)  # stable: arrival order within each kind
         if self.user_interrupt and not out:
             out.append(RankFailure(rank=0, kind="interrupted"))
         if self.timed_out and not self.order:
-            out.insert(0, RankFailure(rank=min(self.stacks or {0: ""}), kind="error", type="TimeoutError", message=f"the cell ran past --timeout {self.timeout:g}s"))
+            out.insert(0, RankFailure(rank=min(self.stacks or {0: ""}), kind="timeout", type="TimeoutError", message=f"the cell ran past --timeout {self.timeout:g}s"))
         return out
+
+
+_PEER_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "connection closed")
+
+
+def _root_cause_rank(f: RankFailure) -> int:
+    """Which failure explains the others: a rank that died, then a real error, then the
+    collectives that broke because a peer went away, then ranks we interrupted or stopped."""
+    if f.kind == "died":
+        return 0
+    if f.kind == "error":
+        return 2 if any(e in f.message for e in _PEER_ERRORS) else 1
+    return 3
 
 
 def _last_cell_line(stack: str) -> str:

@@ -22,11 +22,11 @@ HEADER = struct.Struct("!Q")
 MAX_FRAME = 1 << 40  # a sanity bound: a corrupted length must not allocate the world
 
 # Message kinds (the "op" field of every message dict).
-HELLO = "hello"          # worker -> kernel: rank, pid, host, device, env
+HELLO = "hello"          # worker -> kernel: rank, pid, host, device (first frame of the control socket)
+HELLO_OUT = "hello_out"  # worker -> kernel: first frame of a raw stdout/stderr socket
 READY = "ready"          # worker -> kernel: process group initialised (or skipped)
 INIT_FAILED = "init_failed"
 RUN = "run"              # kernel -> worker: execute a cell
-OUT = "out"              # worker -> kernel: a chunk of stdout/stderr
 DONE = "done"            # worker -> kernel: the cell finished on this rank
 DECIDE = "decide"        # kernel -> worker: how to return a pending result
 RESULT = "result"        # worker -> kernel: a result sent after DECIDE

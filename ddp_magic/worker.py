@@ -70,13 +70,25 @@ class Worker:
         self.device = "cpu"
 
     # ------------------------------------------------------------ start-up
-    def connect(self) -> None:
+    def _dial(self) -> socket.socket:
+        """An authenticated connection to the kernel's control port."""
         host, port = self.config["kernel_addr"], int(self.config["kernel_port"])
         sock = socket.create_connection((host, port), timeout=30)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         P.client_handshake(sock, self.secret)
         sock.settimeout(None)
-        self.chan = Channel(sock)
+        return sock
+
+    def connect(self) -> None:
+        """The control channel, then one raw socket per output stream that becomes fd 1 or 2."""
+        self.chan = Channel(self._dial())
+        self.chan.send(P.HELLO, rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=self._planned_device())
+        streams = {}
+        for name in ("stdout", "stderr"):
+            sock = self._dial()
+            P.send(sock, P.message(P.HELLO_OUT, rank=self.rank, stream=name))
+            streams[name] = sock
+        self.capture = FdCapture(streams)
 
     def setup_torch(self) -> None:
         import torch
@@ -164,10 +176,11 @@ class Worker:
         self.shutdown(1)
 
     def shutdown(self, code: int) -> None:
-        try:
-            self.capture.sync(timeout=0.5)
-        except Exception:
-            pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
         os._exit(code)
 
     def main_stack(self) -> str:
@@ -195,15 +208,13 @@ class Worker:
     # ------------------------------------------------------------ cells
     def serve(self) -> int:
         self.connect()
-        self.capture = FdCapture(lambda stream, data: self.chan.send(P.OUT, rank=self.rank, stream=stream, data=data))
         signal.signal(signal.SIGINT, self._on_sigint)
-        self.chan.send(P.HELLO, rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=self._planned_device())
         threading.Thread(target=self.reader, name="ddp-reader", daemon=True).start()
         try:
             self.setup_torch()
             self.init_process_group()
         except BaseException as e:
-            self.capture.sync()
+            self.capture.sync(0)
             self.chan.send(P.INIT_FAILED, rank=self.rank, error=_error_data(e, traceback.format_exc()))
             return 1
         self.chan.send(P.READY, rank=self.rank, device=self.device)
@@ -236,7 +247,7 @@ class Worker:
                 status, error = "error", _error_data(e, format_user_traceback(e, filename))
             finally:
                 self.running_user_code = False
-        self.capture.sync()
+        self.capture.sync(msg["cell"])
         fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status, "error": error, "memory": _gpu_memory()}
         if status != "ok" or value is None:
             self.chan.send(P.DONE, result=None, **fields)
