@@ -10,7 +10,7 @@ from __future__ import annotations
 import builtins
 import symtable
 import types
-from typing import Dict, Iterable, Set
+from typing import Dict, Iterable, Optional, Set
 
 # Names IPython puts in every user namespace; never shipped.
 IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "_ih", "_oh", "_dh", "_", "__", "___", "_i", "_ii", "_iii"})
@@ -63,3 +63,40 @@ def names_to_ship(source: str, filename: str, user_ns: Dict[str, object], worker
             continue
         out[name] = value
     return out
+
+
+def adopt(value: object, ns: Dict[str, object], owned: Set[str], _memo: Optional[Dict[int, object]] = None) -> object:
+    """Worker side: make a function or class from the notebook look names up in the worker's globals.
+
+    cloudpickle gives a notebook function a private globals dict holding only the
+    notebook values it referenced. On a rank it must see the rank's own names
+    too (``dist``, ``model`` defined by an earlier %%ddp cell), as if it had been
+    defined there. So its code is rebound to the worker namespace, and the
+    notebook values it carried are put there, except names the workers own.
+    """
+    memo = _memo if _memo is not None else {}
+    if id(value) in memo:
+        return memo[id(value)]
+    if isinstance(value, types.FunctionType) and value.__module__ == "__main__" and value.__globals__ is not ns:
+        new = types.FunctionType(value.__code__, ns, value.__name__, value.__defaults__, value.__closure__)
+        new.__kwdefaults__ = value.__kwdefaults__
+        new.__qualname__ = value.__qualname__
+        new.__doc__ = value.__doc__
+        new.__annotations__ = dict(getattr(value, "__annotations__", {}) or {})
+        new.__dict__.update(value.__dict__)
+        memo[id(value)] = new
+        for name, carried in list(value.__globals__.items()):
+            if name.startswith("__") or name in owned:
+                continue
+            ns[name] = adopt(carried, ns, owned, memo)
+        return new
+    if isinstance(value, type) and value.__module__ == "__main__":
+        memo[id(value)] = value
+        for attr, member in list(vars(value).items()):
+            raw = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+            if isinstance(raw, types.FunctionType):
+                adopted = adopt(raw, ns, owned, memo)
+                if adopted is not raw:
+                    setattr(value, attr, type(member)(adopted) if raw is not member else adopted)
+        return value
+    return value

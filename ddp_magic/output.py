@@ -57,13 +57,13 @@ class RankPrinter:
         for piece in _PIECES.findall(buf):
             if piece == "\r":
                 continue  # a bare carriage return: the next piece redraws the line anyway
+            while len(piece) > MAX_PARTIAL + 2:
+                out.append(piece[:MAX_PARTIAL] + "\n")
+                piece = piece[MAX_PARTIAL:]
             if piece.endswith(("\n", "\r")):
                 out.append(piece)
-            else:
-                if len(piece) > MAX_PARTIAL:
-                    out.append(piece + "\n")
-                else:
-                    self._partial[key] = piece
+            elif piece:
+                self._partial[key] = piece
         if out:
             self._emit(rank, stream, out)
 

@@ -599,9 +599,12 @@ class Pool:
         gather: str = "auto",
         argv: Optional[List[str]] = None,
         label: Optional[str] = None,
+        owned: Sequence[str] = (),
     ) -> CellOutcome:
         """Run source on every rank; names are cloudpickled notebook values to bind first.
 
+        ``owned`` are the names the workers own (assigned by earlier cells): a notebook
+        function that refers to one of them sees the rank's value, not the notebook's.
         Returns when every rank has finished, or, after a failure, once the
         others finished, were interrupted, or were stopped (which breaks the pool;
         the next run restarts it). KeyboardInterrupt interrupts every rank, then
@@ -625,7 +628,7 @@ class Pool:
         local_argv = argv
         for rank in range(self.nproc):
             a = list(local_argv) if local_argv is not None else ["ddp_cell", f"--local_rank={self.plan.rank_env(rank)['LOCAL_RANK']}"]
-            self._broadcast(P.message(P.RUN, cell=cell, source=source, filename=filename, names=names or {}, argv=a, gather=gather), [rank])
+            self._broadcast(P.message(P.RUN, cell=cell, source=source, filename=filename, names=names or {}, owned=sorted(owned), argv=a, gather=gather), [rank])
         state = _CellWatch(self, listener, timeout, t0)
         try:
             self._pump(listener, state.finished, None, tick=state.tick)

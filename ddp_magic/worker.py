@@ -23,6 +23,7 @@ from . import protocol as P
 from . import transfer
 from .capture import FdCapture
 from .execution import format_user_traceback, run_source
+from .namespace import adopt
 
 PR_SET_PDEATHSIG = 1
 
@@ -230,10 +231,11 @@ class Worker:
         filename = msg["filename"]
         status, error, value = "ok", None, None
         try:
-            for name, blob in msg.get("names", {}).items():
-                import cloudpickle
+            import cloudpickle
 
-                self.user_ns[name] = cloudpickle.loads(blob)
+            owned = set(msg.get("owned", ()))
+            for name, blob in msg.get("names", {}).items():
+                self.user_ns[name] = adopt(cloudpickle.loads(blob), self.user_ns, owned)
         except BaseException as e:
             status, error = "error", _error_data(e, f"could not load notebook variable {name!r} on the worker:\n" + traceback.format_exc())
         if status == "ok":

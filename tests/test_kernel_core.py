@@ -251,3 +251,17 @@ def test_kernel_sigkill_leaves_no_worker():
     except Exception:
         pass
     assert gone, [p for p in workers if pid_alive(p)]
+
+
+def test_notebook_function_sees_worker_globals_and_fresh_notebook_values(ddp2):
+    ddp2.run("%%ddp\nimport torch.distributed as dist\nweights = dist.get_rank() + 1").ok()
+    ddp2.run("bias = 10\ndef helper(v):\n    return v + bias\ndef score():\n    return helper(weights * 100) + dist.get_world_size()").ok()
+    ddp2.run("%%ddp\nscore()").ok()
+    assert ddp2.value("list(_)") == [112, 212]
+    ddp2.run("bias = 20").ok()
+    ddp2.run("%%ddp\nscore()").ok()
+    assert ddp2.value("list(_)") == [122, 222]
+    # A notebook variable named like a worker-owned one does not override the worker's.
+    ddp2.run("weights = -1").ok()
+    ddp2.run("%%ddp\nscore()").ok()
+    assert ddp2.value("list(_)") == [122, 222]
