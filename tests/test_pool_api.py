@@ -1,0 +1,52 @@
+"""The plain-Python API the magics sit on: Pool.run without a kernel, both start methods."""
+from __future__ import annotations
+
+import pytest
+
+from ddp_magic.pool import Listener, Pool
+
+
+class Recorder(Listener):
+    def __init__(self):
+        self.out, self.states, self.notices = [], [], []
+
+    def on_output(self, rank, stream, text):
+        self.out.append((rank, stream, text))
+
+    def on_state(self, info):
+        self.states.append((info.rank, info.state))
+
+    def on_notice(self, text):
+        self.notices.append(text)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_run_output_results_and_death(method):
+    pool = Pool(2, start_method=method)
+    rec = Recorder()
+    try:
+        out = pool.run("import os, sys, torch.distributed as dist\nprint('hi', dist.get_rank())\nprint('oops', file=sys.stderr)\ndist.get_rank() * 10", listener=rec)
+        assert out.ok and out.values == [0, 10]
+        text = {(r, s): "".join(t for rr, ss, t in rec.out if (rr, ss) == (r, s)) for r in (0, 1) for s in ("stdout", "stderr")}
+        assert text[(1, "stdout")] == "hi 1\n" and text[(0, "stderr")] == "oops\n"
+        assert (0, "running") in rec.states and (1, "done") in rec.states
+        out = pool.run("import os\nif dist.get_rank() == 1:\n    os._exit(4)\n1", listener=rec)
+        assert [f.headline() for f in out.failures][0].endswith("exited with code 4")
+        assert out.state_lost and pool.broken
+        out = pool.run("import torch.distributed as dist\ndist.get_rank()", listener=rec)
+        assert out.values == [0, 1]
+        assert any("restarted the pool" in n for n in rec.notices)
+    finally:
+        pool.stop()
+
+
+def test_live_env_and_ask():
+    pool = Pool(2)
+    try:
+        pool.start()
+        env = pool.live_env()
+        assert sorted(env) == [0, 1]
+        assert env[1]["env"]["RANK"] == "1" and env[0]["process_group"]["initialised"] is True
+        assert all("SECRET" not in k for k in env[0]["env"])
+    finally:
+        pool.stop()
