@@ -32,7 +32,7 @@ class ShipError(DDPError):
 
 def describe_exit(code: Optional[int]) -> str:
     if code is None:
-        return "exited"
+        return "lost its connection to the kernel (the rank, or its whole node, went away)"
     if code < 0:
         try:
             name = signal.Signals(-code).name

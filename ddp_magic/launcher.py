@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 Exit = Tuple[Optional[int], int, int]  # (rank, pid, exit code or -signal)
 
@@ -223,11 +223,124 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
-def make_launcher(method: str, secret: bytes) -> "ForkServerLauncher | SpawnLauncher":
+def make_launcher(method: str, secret: bytes) -> "ForkServerLauncher | SpawnLauncher | TorchrunLauncher":
+    if method == "torchrun":
+        return TorchrunLauncher(secret)
     if method == "auto":
         method = "fork" if sys.platform.startswith("linux") else "spawn"
     if method == "fork":
         return ForkServerLauncher(secret)
     if method == "spawn":
         return SpawnLauncher(secret)
-    raise ValueError(f"unknown start method {method!r}; use auto, fork or spawn")
+    raise ValueError(f"unknown start method {method!r}; use auto, fork, spawn or torchrun")
+
+
+class TorchrunLauncher:
+    """A pool across nodes: every node, this one included, runs its ranks under torchrun.
+
+    torchrun's c10d rendezvous (the engine PyTorch users already trust) assigns
+    node and global ranks; each rank then dials back to the kernel's control
+    port. This node's agent is our child; the other nodes' agents are started
+    by the user (or a scheduler) with the command ``launch`` returns.
+    """
+
+    name = "torchrun"
+
+    def __init__(self, secret: bytes, python: str = sys.executable) -> None:
+        self.secret = secret
+        self.python = python
+        self.agent: Optional[subprocess.Popen] = None
+        self.store: Optional[subprocess.Popen] = None
+        self.secret_file: Optional[str] = None
+        self.log = tempfile.TemporaryFile()
+        self.pids: Dict[int, int] = {}  # local rank pids, learnt from their HELLO
+
+    def start(self, timeout: float = 0) -> str:
+        return "torchrun (c10d rendezvous)"
+
+    def log_text(self, limit: int = 4000) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-limit:]
+
+    def fileno(self) -> Optional[int]:
+        return None
+
+    def _write_secret(self, run_id: str) -> str:
+        folder = os.path.join(os.path.expanduser("~"), ".ddp_magic")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+        path = os.path.join(folder, f"secret-{run_id}")
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.secret.hex())
+        return path
+
+    def launch(self, plan: Any, ctrl_addr: str, ctrl_port: int, env: Dict[str, str], timeout: float = 60) -> str:
+        """Start the rendezvous store and this node's agent; return the command for the other nodes."""
+        host, port = plan.master_addr, plan.master_port
+        self.secret_file = self._write_secret(plan.run_id)
+        self.store = subprocess.Popen(
+            [self.python, "-m", "ddp_magic.rendezvous", host, str(port)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env, start_new_session=True, close_fds=True,
+        )
+        assert self.store.stdout is not None
+        r, _, _ = select.select([self.store.stdout], [], [], timeout)
+        if not r or self.store.stdout.readline().strip() != b"ready":
+            raise LaunchError(f"the rendezvous store on {host}:{port} did not start:\n{self.log_text()}")
+        worker_args = ["-m", "ddp_magic.worker", "--connect", f"{ctrl_addr}:{ctrl_port}", "--secret-file", self.secret_file,
+                       "--backend", plan.backend] + ([] if plan.init else ["--no-init"])
+        rdzv = ["--nnodes", str(plan.nnodes), "--nproc-per-node", str(plan.nproc), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", plan.run_id, "--max-restarts", "0"]
+        self.agent = subprocess.Popen(
+            [self.python, "-m", "torch.distributed.run"] + rdzv + ["--rdzv-conf", "is_host=false"] + worker_args,
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env, start_new_session=True, close_fds=True,
+        )
+        return " ".join(["torchrun"] + rdzv + worker_args)
+
+    def spawn(self, rank: int, config: dict) -> None:
+        raise LaunchError("ranks of a multi-node pool are started by torchrun, not one by one")
+
+    def poll(self, timeout: float = 0.0) -> List[Exit]:
+        """Deaths are seen as lost control connections (a remote exit code is not ours to read)."""
+        if timeout:
+            time.sleep(min(timeout, 0.05))
+        return []
+
+    def alive(self) -> bool:
+        return self.agent is not None and self.agent.poll() is None
+
+    def close(self) -> None:
+        """Let the agent leave torchrun's exit barrier on its own, then make sure it is gone."""
+        if self.agent is not None:
+            try:
+                # Ranks that were told to shut down let the agent pass its exit barrier within
+                # moments; an agent with no ranks (still in rendezvous) has nothing to wait for.
+                self.agent.wait(timeout=10 if self.pids else 0.1)
+            except subprocess.TimeoutExpired:
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    try:
+                        os.killpg(self.agent.pid, sig)
+                    except ProcessLookupError:
+                        break
+                    try:
+                        self.agent.wait(timeout=3)
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
+            self.agent = None
+        if self.store is not None:
+            try:
+                assert self.store.stdin is not None
+                self.store.stdin.close()
+                self.store.wait(timeout=3)
+            except (OSError, subprocess.TimeoutExpired):
+                self.store.kill()
+                self.store.wait()
+            self.store = None
+        if self.secret_file:
+            try:
+                os.unlink(self.secret_file)
+            except OSError:
+                pass
+            self.secret_file = None
+        self.pids.clear()

@@ -25,9 +25,9 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 from . import protocol as P
 from . import transfer
 from .capture import MarkerScanner
-from .env import Plan, make_plan
+from .env import Plan, PlanError, make_plan
 from .errors import RankFailure, StartError
-from .launcher import LaunchError, make_launcher, worker_env
+from .launcher import LaunchError, TorchrunLauncher, make_launcher, worker_env
 
 POLL_S = 0.05
 
@@ -54,6 +54,8 @@ class RankInfo:
     pid: Optional[int] = None
     device: str = ""
     host: str = ""
+    node: int = 0
+    local_rank: Optional[int] = None
     exit_code: Optional[int] = None
     started: float = field(default_factory=time.monotonic)
     finished: Optional[float] = None
@@ -123,15 +125,26 @@ class Pool:
         master_port: Optional[int] = None,
         init: bool = True,
         start_method: str = "auto",
-        listen_addr: str = "127.0.0.1",
+        listen_addr: Optional[str] = None,
         extra_env: Optional[Dict[str, str]] = None,
         start_timeout: float = 180.0,
         grace: float = 1.0,
+        nnodes: int = 1,
     ) -> None:
-        self.request = dict(nproc=nproc, backend=backend, master_addr=master_addr, master_port=master_port, init=init, extra_env=extra_env)
-        self.plan: Plan = make_plan(**self.request)  # raises PlanError before anything starts
+        if not isinstance(nnodes, int) or nnodes < 1:
+            raise PlanError(f"--nnodes must be 1 or more (got {nnodes!r})")
+        if isinstance(nproc, int) and nproc % nnodes:
+            raise PlanError(f"-n {nproc} ranks do not split evenly over {nnodes} nodes; give a multiple of {nnodes}")
+        self.nnodes = nnodes
+        per_node = nproc // nnodes if isinstance(nproc, int) else nproc
+        self.request = dict(nproc=per_node, backend=backend, master_addr=master_addr, master_port=master_port, init=init, extra_env=extra_env)
+        self.plan: Plan = self._make_plan()  # raises PlanError before anything starts
+        if nnodes > 1:
+            start_method = "torchrun"
         self.start_method = start_method
-        self.listen_addr = listen_addr
+        # Loopback unless ranks on other nodes must reach us; never every interface.
+        self.listen_addr = listen_addr or ("127.0.0.1" if nnodes == 1 else master_addr)
+        self.node_command: Optional[str] = None
         self.start_timeout = start_timeout
         self.grace = grace
         self.secret = P.new_secret()
@@ -156,10 +169,16 @@ class Pool:
         self._finalizer = weakref.finalize(self, _stop_quietly, self.launcher, self._conns)
         atexit.register(self._finalizer)
 
+    def _make_plan(self) -> Plan:
+        plan = make_plan(**self.request)
+        plan.nnodes = self.nnodes
+        return plan
+
     # ------------------------------------------------------------ properties
     @property
     def nproc(self) -> int:
-        return self.plan.nproc
+        """Ranks in all (world size)."""
+        return self.plan.world_size
 
     @property
     def backend(self) -> str:
@@ -199,9 +218,13 @@ class Pool:
             listener.on_state(info)
         try:
             base_env = worker_env()  # the kernel's env now, not when the template started
-            for r in range(self.nproc):
-                env = dict(base_env, **self.plan.rank_env(r))
-                self.launcher.spawn(r, {"env": env, "kernel_addr": self.listen_addr, "kernel_port": port})
+            if isinstance(self.launcher, TorchrunLauncher):
+                self.node_command = self.launcher.launch(self.plan, self.listen_addr, port, base_env)
+                listener.on_notice(self._node_instructions())
+            else:
+                for r in range(self.nproc):
+                    env = dict(base_env, **self.plan.rank_env(r))
+                    self.launcher.spawn(r, {"env": env, "kernel_addr": self.listen_addr, "kernel_port": port})
             ready: Dict[int, bool] = {}
             failures: List[RankFailure] = []
 
@@ -231,6 +254,9 @@ class Pool:
                     self._add_conn(rank, sock)
                     info = self.ranks[rank]
                     info.pid, info.host, info.device, info.state = hello["pid"], hello["host"], hello["device"], "connecting"
+                    info.node, info.local_rank = hello.get("node", 0), hello.get("local_rank", rank)
+                    if isinstance(self.launcher, TorchrunLauncher) and info.host == socket.gethostname():
+                        self.launcher.pids[info.pid] = rank
                     listener.on_state(info)
 
             self._on_ready = lambda rank, dev: ready.__setitem__(rank, True)
@@ -243,6 +269,8 @@ class Pool:
                 failures += [self._death_failure(r) for r in dead]
                 if not failures:
                     missing = sorted(set(range(self.nproc)) - set(ready))
+                    if self.nnodes > 1:
+                        raise StartError(self._missing_nodes_text(missing))
                     failures = [RankFailure(rank=r, kind="init", message=f"did not start within {self.start_timeout:.0f}s") for r in missing]
                 raise StartError(self._start_failure_text(failures))
         except BaseException:
@@ -269,6 +297,34 @@ class Pool:
         self.started = True
         self.broken = None
         self.start_seconds = time.monotonic() - t0
+
+    def _node_instructions(self) -> str:
+        return (
+            f"pool of {self.nproc} ranks on {self.nnodes} nodes: this node runs {self.plan.nproc} of them under torchrun.\n"
+            f"On each of the other {self.nnodes - 1} node(s), run (node ranks are given in the order nodes join):\n"
+            f"  {self.node_command}\n"
+            f"The secret file {self.launcher.secret_file} must be readable there with mode 0600: on a shared home it already is,\n"
+            f"otherwise copy it (scp -p). Under Slurm: srun --nodes={self.nnodes - 1} --ntasks-per-node=1 {self.node_command}"
+        )
+
+    def _missing_nodes_text(self, missing: List[int]) -> str:
+        joined: Dict[int, tuple] = {}
+        for info in self.ranks.values():
+            if info.state != "starting":
+                joined.setdefault(info.node, (info.host, []))[1].append(info.rank)
+        if joined:
+            seen = "; ".join(f"node {n} on {h} (ranks {min(r)}-{max(r)})" for n, (h, r) in sorted(joined.items()))
+            head = f"{self.nnodes - len(joined)} of {self.nnodes} nodes never joined within {self.start_timeout:.0f}s (joined: {seen}); {len(missing)} rank(s) missing."
+        else:  # torchrun starts no rank anywhere until every node is in the rendezvous
+            head = (
+                f"the other {self.nnodes - 1} node(s) never joined the rendezvous at {self.plan.master_addr}:{self.plan.master_port} "
+                f"within {self.start_timeout:.0f}s, so no rank started (this node's torchrun was waiting for them)."
+            )
+        return (
+            f"{head} Run the command printed above on each other node, "
+            f"check that they can reach {self.plan.master_addr}:{self.plan.master_port} (rendezvous) and "
+            f"{self.listen_addr}:{self.control_port} (control), then run the cell again."
+        )
 
     def _start_failure_text(self, failures: List[RankFailure]) -> str:
         root = failures[0]
@@ -333,10 +389,11 @@ class Pool:
         self.started = False
         if changes:
             self.request.update(changes)
-        self.plan = make_plan(**self.request)
+        self.plan = self._make_plan()
         self.start(listener)
 
     def _teardown(self, kill_template: bool) -> None:
+        torchrun = isinstance(self.launcher, TorchrunLauncher)
         for conn in list(self._conns.values()):
             try:
                 conn.sock.setblocking(True)
@@ -348,6 +405,10 @@ class Pool:
         deadline = time.monotonic() + 1.0
         while self.launcher.pids and time.monotonic() < deadline:
             self.launcher.poll(0.02)
+        if torchrun:  # remote ranks exit on SHUTDOWN; wait until their connections close
+            deadline = time.monotonic() + 3.0
+            while any(_peer_open(c.sock) for c in self._conns.values()) and time.monotonic() < deadline:
+                time.sleep(0.02)
         for pid in list(self.launcher.pids):
             _signal(pid, signal.SIGKILL)
         deadline = time.monotonic() + 2.0
@@ -366,7 +427,7 @@ class Pool:
             if info.state not in ("dead", "failed"):
                 info.state = "stopped"
         del pids
-        if kill_template:
+        if kill_template or torchrun:  # torchrun agents end with their ranks; a restart relaunches
             self.launcher.close()
 
     # ------------------------------------------------------------ the poll loop
@@ -427,6 +488,10 @@ class Pool:
             data = b""
         if not data:
             self._drop_conn(conn)
+            if isinstance(self.launcher, TorchrunLauncher):  # no exit code to wait for: the rank is gone
+                info = self.ranks.get(conn.rank)
+                if info is not None and info.state not in ("stopped", "dead"):
+                    self._on_exit(conn.rank, info.pid or 0, None, listener)
             return
         for msg in conn.reader.feed(data):
             self._dispatch(conn.rank, msg, listener)
@@ -627,7 +692,8 @@ class Pool:
             listener.on_state(info)
         local_argv = argv
         for rank in range(self.nproc):
-            a = list(local_argv) if local_argv is not None else ["ddp_cell", f"--local_rank={self.plan.rank_env(rank)['LOCAL_RANK']}"]
+            local_rank = self.ranks[rank].local_rank if self.ranks[rank].local_rank is not None else rank
+            a = list(local_argv) if local_argv is not None else ["ddp_cell", f"--local_rank={local_rank}"]
             self._broadcast(P.message(P.RUN, cell=cell, source=source, filename=filename, names=names or {}, owned=sorted(owned), argv=a, gather=gather), [rank])
         state = _CellWatch(self, listener, timeout, t0)
         try:
@@ -767,13 +833,16 @@ class _CellWatch:
 
     def _stop_ranks(self, ranks: List[int]) -> None:
         """Escalate: SIGTERM, then SIGKILL for whoever is still there a moment later."""
+        torchrun = isinstance(self.pool.launcher, TorchrunLauncher)
         for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0)):
             alive = [r for r in ranks if self.pool.ranks[r].state == "running"]
             if not alive:
                 break
+            if torchrun:  # ranks on other nodes: their reader thread exits the process for us
+                self.pool._broadcast(P.message(P.KILL), alive)
             for r in alive:
                 pid = self.pool.ranks[r].pid
-                if pid:
+                if pid and (not torchrun or pid in self.pool.launcher.pids):
                     _signal(pid, sig)
                 if r not in self.killed:
                     self.killed.append(r)
@@ -859,6 +928,15 @@ def _describe(code: Optional[int]) -> str:
     from .errors import describe_exit
 
     return describe_exit(code)
+
+
+def _peer_open(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -34,6 +34,7 @@ INTERRUPT = "interrupt"  # kernel -> worker: stop the running cell
 STACK = "stack"          # kernel -> worker (request) and back (reply): where is the main thread
 ENV = "env"              # kernel -> worker (request) and back (reply): the env as the rank sees it
 SHUTDOWN = "shutdown"    # kernel -> worker: exit cleanly
+KILL = "kill"            # kernel -> worker: exit now, whatever the main thread is stuck in
 
 
 class AuthenticationError(ConnectionError):

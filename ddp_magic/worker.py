@@ -83,7 +83,10 @@ class Worker:
     def connect(self) -> None:
         """The control channel, then one raw socket per output stream that becomes fd 1 or 2."""
         self.chan = Channel(self._dial())
-        self.chan.send(P.HELLO, rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=self._planned_device())
+        self.chan.send(
+            P.HELLO, rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=self._planned_device(),
+            local_rank=self.local_rank, node=int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0"))),
+        )
         streams = {}
         for name in ("stdout", "stderr"):
             sock = self._dial()
@@ -172,6 +175,8 @@ class Worker:
                     self.chan.send(P.ENV, rank=self.rank, env=self.env_report())
                 elif op == P.SHUTDOWN:
                     self.shutdown(0)
+                elif op == P.KILL:
+                    os._exit(137)
         except (ConnectionError, OSError, EOFError):
             pass
         self.shutdown(1)
@@ -321,16 +326,40 @@ def serve(config: dict, secret: bytes) -> int:
     return Worker(config, secret).serve()
 
 
+def _connect_config(argv: list) -> "tuple[dict, bytes]":
+    """A rank started by torchrun on any node: env from torchrun, the kernel's address from argv."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m ddp_magic.worker", description="a ddp_magic rank started by torchrun")
+    ap.add_argument("--connect", required=True, metavar="HOST:PORT", help="the kernel's control channel")
+    ap.add_argument("--secret-file", default=os.environ.get("DDP_MAGIC_SECRET_FILE"), help="file holding the pool's secret (hex)")
+    ap.add_argument("--backend", default="gloo")
+    ap.add_argument("--no-init", action="store_true")
+    args = ap.parse_args(argv)
+    if not args.secret_file:
+        ap.error("--secret-file (or DDP_MAGIC_SECRET_FILE) is required: the kernel printed its path")
+    with open(os.path.expanduser(args.secret_file)) as f:
+        secret = bytes.fromhex(f.read().strip())
+    host, _, port = args.connect.rpartition(":")
+    os.environ["DDP_MAGIC_BACKEND"] = args.backend
+    os.environ["DDP_MAGIC_INIT"] = "0" if args.no_init else "1"
+    os.environ.setdefault("NODE_RANK", os.environ.get("GROUP_RANK", "0"))
+    return {"env": dict(os.environ), "kernel_addr": host.strip("[]"), "kernel_port": int(port)}, secret
+
+
 def main() -> None:
-    """`python -m ddp_magic.worker`: the config (with the secret) arrives as one JSON line on stdin."""
-    line = sys.stdin.readline()
-    config = json.loads(line)
-    secret = bytes.fromhex(config.pop("secret"))
+    """`python -m ddp_magic.worker`: config (with the secret) as one JSON line on stdin, or --connect under torchrun."""
+    if len(sys.argv) > 1:
+        config, secret = _connect_config(sys.argv[1:])
+        die_with_parent(os.getppid())
+    else:
+        config = json.loads(sys.stdin.readline())
+        secret = bytes.fromhex(config.pop("secret"))
+        if config.get("parent_pid"):
+            die_with_parent(int(config["parent_pid"]))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    if config.get("parent_pid"):
-        die_with_parent(int(config["parent_pid"]))
     os.environ.update(config["env"])
     code = 1
     try:

@@ -43,7 +43,8 @@ class Kernel:
     def pid(self) -> int:
         return self.km.provisioner.process.pid  # type: ignore[union-attr]
 
-    def run(self, code: str, timeout: float = 120.0, interrupt_after: Optional[float] = None) -> Execution:
+    def run(self, code: str, timeout: float = 120.0, interrupt_after: Optional[float] = None, on_stream: Any = None) -> Execution:
+        """Execute code; on_stream(name, text) is called as each stream message arrives."""
         ex = Execution(code)
         t0 = time.monotonic()
         msg_id = self.kc.execute(code)
@@ -65,6 +66,8 @@ class Kernel:
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
                 ex.stream_times.append((time.monotonic() - t0, content["name"], content["text"]))
+                if on_stream is not None:
+                    on_stream(content["name"], content["text"])
                 if content["name"] == "stdout":
                     ex.stdout += content["text"]
                 else:
