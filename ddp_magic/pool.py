@@ -130,12 +130,14 @@ class Pool:
         start_timeout: float = 180.0,
         grace: float = 1.0,
         nnodes: int = 1,
+        pg_timeout: float = 300.0,
     ) -> None:
         if not isinstance(nnodes, int) or nnodes < 1:
             raise PlanError(f"--nnodes must be 1 or more (got {nnodes!r})")
         if isinstance(nproc, int) and nproc % nnodes:
             raise PlanError(f"-n {nproc} ranks do not split evenly over {nnodes} nodes; give a multiple of {nnodes}")
         self.nnodes = nnodes
+        self.pg_timeout = pg_timeout
         per_node = nproc // nnodes if isinstance(nproc, int) else nproc
         self.request = dict(nproc=per_node, backend=backend, master_addr=master_addr, master_port=master_port, init=init, extra_env=extra_env)
         self.plan: Plan = self._make_plan()  # raises PlanError before anything starts
@@ -172,6 +174,7 @@ class Pool:
     def _make_plan(self) -> Plan:
         plan = make_plan(**self.request)
         plan.nnodes = self.nnodes
+        plan.pg_timeout = self.pg_timeout
         return plan
 
     # ------------------------------------------------------------ properties
@@ -218,6 +221,10 @@ class Pool:
             listener.on_state(info)
         try:
             base_env = worker_env()  # the kernel's env now, not when the template started
+            if self.plan.backend == "nccl":
+                # A broken NCCL collective errors out (and the rank exits) instead of spinning
+                # the GPU forever; a value set in the kernel's env wins.
+                base_env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
             if isinstance(self.launcher, TorchrunLauncher):
                 self.node_command = self.launcher.launch(self.plan, self.listen_addr, port, base_env)
                 listener.on_notice(self._node_instructions())
@@ -815,7 +822,8 @@ class _CellWatch:
             self.cancelled = True
             self._capture_stacks(running)
             where = ", ".join(f"rank {r} at {_last_cell_line(self.stacks.get(r, ''))}" for r in running)
-            self.notes.append(f"after rank {self.order[0]} failed, ranks {', '.join(map(str, running))} were still running ({where}); they were interrupted")
+            who = f"rank {running[0]} was" if len(running) == 1 else f"ranks {', '.join(map(str, running))} were"
+            self.notes.append(f"after rank {self.order[0]} failed, {who} still running ({where}); interrupted")
             self._interrupt(running)
             return
         if self.interrupt_sent is not None and now - self.interrupt_sent >= self.pool.grace:

@@ -141,7 +141,14 @@ class Worker:
         if os.environ.get("DDP_MAGIC_INIT", "1") != "1":
             return
         backend = os.environ.get("DDP_MAGIC_BACKEND", "gloo")
-        kwargs = {}
+        kwargs: dict = {}
+        timeout = os.environ.get("DDP_MAGIC_PG_TIMEOUT")
+        if timeout:
+            from datetime import timedelta
+
+            # Short by default in a notebook: a collective whose peer is gone fails in
+            # minutes, not torch's 10 (nccl) or 30 (gloo) minutes.
+            kwargs["timeout"] = timedelta(seconds=float(timeout))
         if backend == "nccl":
             import torch
 
@@ -149,7 +156,8 @@ class Worker:
         try:
             dist.init_process_group(backend=backend, **kwargs)
         except TypeError:  # torch without device_id
-            dist.init_process_group(backend=backend)
+            kwargs.pop("device_id", None)
+            dist.init_process_group(backend=backend, **kwargs)
 
     # ------------------------------------------------------------ control
     def _on_sigint(self, signum: int, frame: Any) -> None:
