@@ -206,6 +206,7 @@ class Pool:
             self.template_info = self.launcher.start(timeout=self.start_timeout)
         except LaunchError as e:
             raise StartError(f"{e}\nIs torch installed for {os.sys.executable}? (pip install torch)") from None
+        _raise_fd_limit(3 * self.nproc + 64)  # three sockets per rank: control, stdout, stderr
         lsock = socket.socket(socket.AF_INET6 if ":" in self.listen_addr else socket.AF_INET, socket.SOCK_STREAM)
         lsock.bind((self.listen_addr, 0))
         lsock.listen(max(64, self.nproc))
@@ -698,10 +699,13 @@ class Pool:
             info.tail.clear()
             listener.on_state(info)
         local_argv = argv
+        here = socket.gethostname()
         for rank in range(self.nproc):
             local_rank = self.ranks[rank].local_rank if self.ranks[rank].local_rank is not None else rank
             a = list(local_argv) if local_argv is not None else ["ddp_cell", f"--local_rank={local_rank}"]
-            self._broadcast(P.message(P.RUN, cell=cell, source=source, filename=filename, names=names or {}, owned=sorted(owned), argv=a, gather=gather), [rank])
+            same_host = self.ranks[rank].host in ("", here)
+            msg = P.message(P.RUN, cell=cell, source=source, filename=filename, names=names or {}, owned=sorted(owned), argv=a, gather=gather, shm=same_host)
+            self._broadcast(msg, [rank])
         state = _CellWatch(self, listener, timeout, t0)
         try:
             self._pump(listener, state.finished, None, tick=state.tick)
@@ -936,6 +940,19 @@ def _describe(code: Optional[int]) -> str:
     from .errors import describe_exit
 
     return describe_exit(code)
+
+
+def _raise_fd_limit(needed: int) -> None:
+    """Hundreds of ranks need more sockets than the usual soft limit of 1024; the hard limit allows it."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = len(os.listdir("/proc/self/fd")) + needed if os.path.isdir("/proc/self/fd") else needed + 256
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(want * 2, hard) if hard != resource.RLIM_INFINITY else want * 2, hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 def _peer_open(sock: socket.socket) -> bool:

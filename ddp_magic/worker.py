@@ -69,6 +69,7 @@ class Worker:
         sys.modules["__main__"] = main
         self.user_ns = main.__dict__
         self.device = "cpu"
+        self.shm_ok = True
 
     # ------------------------------------------------------------ start-up
     def _dial(self) -> socket.socket:
@@ -242,6 +243,7 @@ class Worker:
 
     def run_cell(self, msg: dict) -> None:
         filename = msg["filename"]
+        self.shm_ok = bool(msg.get("shm", True))
         status, error, value = "ok", None, None
         try:
             import cloudpickle
@@ -276,7 +278,8 @@ class Worker:
 
     def _packed(self, value: Any) -> dict:
         try:
-            return {"result": transfer.pack(value)}
+            # /dev/shm is only a shortcut when the kernel runs on this same host.
+            return {"result": transfer.pack(value, shm_dir=transfer.SHM_DIR if self.shm_ok else None)}
         except BaseException as e:
             return {"result": None, "result_error": {"type": type(value).__module__ + "." + type(value).__qualname__, "reason": f"{type(e).__name__}: {e}"}}
 

@@ -228,3 +228,9 @@ def test_cell_error_renders_root_cause_first_and_groups_the_same():
     assert text.startswith("rank 1 raised ValueError: bad") and "ranks 2, 3 failed the same way" in text
     assert err.ranks == [1, 2, 3]
     assert err._render_traceback_()[0].startswith("CellError: rank 1")
+
+
+def test_results_from_another_host_travel_inline():
+    torch = pytest.importorskip("torch")
+    packed = transfer.pack(torch.ones(1 << 20), shm_dir=None)  # what a rank on another node does
+    assert "shm" not in packed and torch.equal(transfer.unpack(packed), torch.ones(1 << 20))
