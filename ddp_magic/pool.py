@@ -15,6 +15,7 @@ import queue
 import select
 import signal
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -205,7 +206,7 @@ class Pool:
         try:
             self.template_info = self.launcher.start(timeout=self.start_timeout)
         except LaunchError as e:
-            raise StartError(f"{e}\nIs torch installed for {os.sys.executable}? (pip install torch)") from None
+            raise StartError(f"{e}\nIs torch installed for {sys.executable}? (pip install torch)") from None
         _raise_fd_limit(3 * self.nproc + 64)  # three sockets per rank: control, stdout, stderr
         lsock = socket.socket(socket.AF_INET6 if ":" in self.listen_addr else socket.AF_INET, socket.SOCK_STREAM)
         lsock.bind((self.listen_addr, 0))
@@ -241,31 +242,7 @@ class Pool:
                     os.read(wake_r, 4096)
                 except OSError:
                     pass
-                while True:
-                    try:
-                        sock, hello = joined.get_nowait()
-                    except queue.Empty:
-                        return
-                    rank = hello.get("rank")
-                    if hello["op"] == P.HELLO_OUT:
-                        key = (rank, hello.get("stream"))
-                        if rank not in self.ranks or key in self._outs or key[1] not in ("stdout", "stderr"):
-                            sock.close()
-                            continue
-                        out = self._outs[key] = _OutConn(rank, key[1], sock)
-                        sock.setblocking(False)
-                        self._by_fd[sock.fileno()] = out
-                        continue
-                    if rank not in self.ranks or rank in self._conns:
-                        sock.close()
-                        continue
-                    self._add_conn(rank, sock)
-                    info = self.ranks[rank]
-                    info.pid, info.host, info.device, info.state = hello["pid"], hello["host"], hello["device"], "connecting"
-                    info.node, info.local_rank = hello.get("node", 0), hello.get("local_rank", rank)
-                    if isinstance(self.launcher, TorchrunLauncher) and info.host == socket.gethostname():
-                        self.launcher.pids[info.pid] = rank
-                    listener.on_state(info)
+                self._register_joined(joined, listener)
 
             self._on_ready = lambda rank, dev: ready.__setitem__(rank, True)
             self._init_failures = failures
@@ -347,6 +324,34 @@ class Pool:
         if "Address already in use" in "\n".join(lines) or "EADDRINUSE" in "\n".join(lines):
             lines += [f"MASTER_PORT {self.plan.master_port} was taken; run %ddp restart (a free port is chosen) or pass another --master-port"]
         return "\n".join(lines)
+
+    def _register_joined(self, joined: "queue.Queue[tuple]", listener: Listener) -> None:
+        """Take the authenticated sockets the accept thread queued: a control or an output socket each."""
+        while True:
+            try:
+                sock, hello = joined.get_nowait()
+            except queue.Empty:
+                return
+            rank = hello.get("rank")
+            if hello["op"] == P.HELLO_OUT:
+                key = (rank, hello.get("stream"))
+                if rank not in self.ranks or key in self._outs or key[1] not in ("stdout", "stderr"):
+                    sock.close()
+                    continue
+                out = self._outs[key] = _OutConn(rank, key[1], sock)
+                sock.setblocking(False)
+                self._by_fd[sock.fileno()] = out
+                continue
+            if rank not in self.ranks or rank in self._conns:
+                sock.close()
+                continue
+            self._add_conn(rank, sock)
+            info = self.ranks[rank]
+            info.pid, info.host, info.device, info.state = hello["pid"], hello["host"], hello["device"], "connecting"
+            info.node, info.local_rank = hello.get("node", 0), hello.get("local_rank", rank)
+            if isinstance(self.launcher, TorchrunLauncher) and info.host == socket.gethostname():
+                self.launcher.pids[info.pid] = rank
+            listener.on_state(info)
 
     def _accept_loop(self, lsock: socket.socket, joined: "queue.Queue[tuple]", wake_w: int, stop: threading.Event) -> None:
         while not stop.is_set():
