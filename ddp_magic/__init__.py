@@ -8,7 +8,7 @@ Imports stay lazy: loading the extension imports neither torch nor the pool.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict, List
 
 from ._version import __version__
 
@@ -16,16 +16,27 @@ __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", 
 
 
 def load_ipython_extension(ipython: Any) -> None:
+    from . import labcomm
     from .magics import DDPMagics
 
-    ipython.register_magics(DDPMagics(ipython))
+    magics = DDPMagics(ipython)
+    ipython.register_magics(magics)
+    labcomm.register(ipython, magics)  # the JupyterLab extension's comm target; nothing without a kernel
 
 
 def unload_ipython_extension(ipython: Any) -> None:
+    from . import labcomm
+
+    labcomm.unregister(ipython)
     magics = ipython.magics_manager.registry.get("DDPMagics")
     if magics is not None and magics.pool is not None:
         magics.pool.stop()
         magics.pool = None
+
+
+def _jupyter_labextension_paths() -> List[Dict[str, str]]:
+    """Where the prebuilt JupyterLab extension lives (``jupyter labextension develop``; the wheel installs it itself)."""
+    return [{"src": "labextension", "dest": "ddp-magic"}]
 
 
 def __getattr__(name: str) -> Any:

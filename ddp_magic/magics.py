@@ -8,7 +8,7 @@ from typing import Any, List, Optional, Set
 
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
-from . import namespace, transfer
+from . import labcomm, namespace, transfer
 from .env import BACKENDS, PlanError, make_plan
 from .errors import CellError, ShipError, UsageError
 from .execution import syntax_error_text
@@ -23,6 +23,7 @@ DDP_HELP = """Run the cell on N worker processes (ranks) with torch.distributed 
   %%ddp --ranks 0            show only rank 0's output (every rank still runs)
   %%ddp --timeout 60         stop the cell after 60 s, showing where every rank was
   %%ddp --out losses         also store the per-rank results in the notebook variable `losses`
+  %%ddp --no-widget          no status widget above the output (DDP_MAGIC_WIDGET=0 in the env: never)
   %ddp status                the pool's ranks, pids and states
   %ddp restart [-n N]        restart the pool (fresh port, state on the workers is lost)
   %ddp stop                  stop every worker
@@ -38,7 +39,7 @@ class _ArgParser(argparse.ArgumentParser):
     """argparse that raises a short UsageError instead of exiting the kernel."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}\nSee %ddp? for examples.")
+        raise UsageError(f"{self.prog}: {message}\nSee %ddp? for every option, with examples.")
 
     def exit(self, status: int = 0, message: Optional[str] = None) -> None:  # type: ignore[override]
         if message:
@@ -70,6 +71,10 @@ def _add_pool_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master-port", type=_port, help="MASTER_PORT (default: a free port)")
     p.add_argument("--no-init", action="store_true", help="do not call init_process_group before the first cell")
     p.add_argument("--start-method", choices=("auto", "fork", "spawn"), help="fork server (fast, Linux) or spawn")
+    p.add_argument("--nnodes", type=_positive_int, help="spread the -n ranks over this many nodes (torchrun c10d rendezvous)")
+    p.add_argument("--join-timeout", type=float, help="seconds to wait for every rank (and node) to join (default 180)")
+    p.add_argument("--pg-timeout", type=float, help="seconds before a collective with a missing peer fails (default 300)")
+    p.add_argument("--nccl-debug", choices=("WARN", "INFO", "TRACE"), help="set NCCL_DEBUG on the ranks (NCCL's own output appears per rank)")
 
 
 def _cell_parser() -> _ArgParser:
@@ -83,6 +88,7 @@ def _cell_parser() -> _ArgParser:
     p.add_argument("--gather", choices=("auto", "collective", "direct"), default="auto", help="how tensors come back")
     p.add_argument("--argv", help="sys.argv[1:] on the workers (default: --local_rank=LOCAL_RANK)")
     p.add_argument("--quiet", action="store_true", help="no notices from ddp_magic")
+    p.add_argument("--no-widget", action="store_true", help=argparse.SUPPRESS)  # in DDP_HELP; kept out of the short usage line
     p.add_argument("-h", "--help", action="store_true")
     return p
 
@@ -109,19 +115,28 @@ def _split(line: str) -> List[str]:
 
 
 class _MagicListener(Listener):
-    def __init__(self, printer: RankPrinter, quiet: bool) -> None:
+    def __init__(self, printer: RankPrinter, quiet: bool, view: Optional[Listener] = None) -> None:
         self.printer = printer
         self.quiet = quiet
+        self.view = view  # the status widget (widget.StatusView), when shown
 
     def on_output(self, rank: int, stream: str, text: str) -> None:
+        if self.view is not None:
+            self.view.on_output(rank, stream, text)
         self.printer.feed(rank, stream, text)
+        labcomm.changed()  # the JupyterLab extension's view, throttled; a no-op without it
 
     def on_notice(self, text: str) -> None:
+        if self.view is not None:
+            self.view.on_notice(text)
         if not self.quiet:
             print(f"ddp_magic: {text}", file=sys.stderr)
+        labcomm.notice(text)
 
     def on_state(self, info: RankInfo) -> None:
-        pass
+        if self.view is not None:
+            self.view.on_state(info)
+        labcomm.changed()
 
 
 @magics_class
@@ -137,9 +152,15 @@ class DDPMagics(Magics):
     # ------------------------------------------------------------ pool lifecycle
     def _pool_options(self, args: argparse.Namespace) -> dict:
         opts = {}
-        for key in ("backend", "master_addr", "master_port", "start_method"):
-            if getattr(args, key) is not None:
+        for key in ("backend", "master_addr", "master_port", "start_method", "nnodes"):
+            if getattr(args, key, None) is not None:
                 opts[key] = getattr(args, key)
+        if getattr(args, "join_timeout", None) is not None:
+            opts["start_timeout"] = args.join_timeout
+        if getattr(args, "pg_timeout", None) is not None:
+            opts["pg_timeout"] = args.pg_timeout
+        if getattr(args, "nccl_debug", None):
+            opts["extra_env"] = {"NCCL_DEBUG": args.nccl_debug}
         if args.no_init:
             opts["init"] = False
         return opts
@@ -153,9 +174,13 @@ class DDPMagics(Magics):
                 changes.append(f"-n {pool.nproc} → {args.nproc}")
             if "backend" in opts and opts["backend"] != "auto" and opts["backend"] != pool.backend:
                 changes.append(f"backend {pool.backend} → {opts['backend']}")
-            for key in ("master_addr", "master_port", "init"):
+            for key in ("master_addr", "master_port", "init", "extra_env"):
                 if key in opts and opts[key] != pool.request.get(key):
                     changes.append(f"{key.replace('_', '-')} {pool.request.get(key)} → {opts[key]}")
+            if opts.get("pg_timeout", pool.pg_timeout) != pool.pg_timeout:
+                changes.append(f"pg-timeout {pool.pg_timeout:g} → {opts['pg_timeout']:g}")
+            if opts.get("nnodes", pool.nnodes) != pool.nnodes:
+                changes.append(f"nodes {pool.nnodes} → {opts['nnodes']}")
             if "start_method" in opts and opts["start_method"] != pool.start_method:
                 changes.append(f"start method {pool.start_method} → {opts['start_method']}")
             if not changes:
@@ -175,9 +200,11 @@ class DDPMagics(Magics):
     @staticmethod
     def _new_pool(nproc: int, opts: dict) -> Pool:
         try:
-            return Pool(nproc, **opts)
+            pool = Pool(nproc, **opts)
         except PlanError as e:
             raise UsageError(str(e)) from None
+        _warm_torch_import()
+        return pool
 
     # ------------------------------------------------------------ %%ddp / %ddp
     @line_cell_magic
@@ -214,15 +241,26 @@ class DDPMagics(Magics):
                 parse_ranks(args.ranks, pool.nproc)
             except ValueError as e:
                 raise UsageError(str(e)) from None
-        if args.restart and pool.started:
-            pool.restart(listener)
-            self.worker_owned.clear()
-            listener.on_notice("restarted the pool; variables defined in earlier %%ddp cells are gone")
-        generation = pool.generation
+        from .widget import show_status  # lazy: ipywidgets is imported when a cell first runs
+
+        view = listener.view = show_status(pool, enabled=not args.no_widget)  # above any output of the ranks
+        outcome = None
         try:
-            outcome = pool.run(cell, blobs, listener=listener, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), label=str(self.shell.execution_count))
-        finally:
-            printer.flush()
+            if args.restart and pool.started:
+                pool.restart(listener)
+                self.worker_owned.clear()
+                listener.on_notice("restarted the pool; variables defined in earlier %%ddp cells are gone")
+            generation = pool.generation
+            try:
+                outcome = pool.run(cell, blobs, listener=listener, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), label=str(self.shell.execution_count), owned=self.worker_owned)
+            finally:
+                printer.flush()
+        except BaseException as e:
+            if view is not None:
+                view.finish(None, e)
+            raise
+        if view is not None:
+            view.finish(outcome)
         if pool.generation != generation:
             self.worker_owned.clear()
         if outcome.state_lost:
@@ -297,7 +335,7 @@ class DDPMagics(Magics):
             if nproc is None:
                 raise UsageError("no pool is running: give the number of ranks to plan for, e.g. %ddp_env -n 4")
             try:
-                plan = make_plan(nproc, **{k: v for k, v in self._pool_options(args).items() if k != "start_method"})
+                plan = make_plan(nproc, strict=False, **{k: v for k, v in self._pool_options(args).items() if k not in ("start_method", "nnodes", "start_timeout", "pg_timeout")})
             except PlanError as e:
                 raise UsageError(str(e)) from None
             report = plan_report(plan)
@@ -307,6 +345,22 @@ class DDPMagics(Magics):
         if args.json:
             return report.to_dict()
         return report
+
+
+def _warm_torch_import() -> None:
+    """Results (tensors) unpickle in the kernel, which then needs torch: import it in the
+    background while the ranks start, instead of making the first result wait ~2 s."""
+    if "torch" in sys.modules:
+        return
+    import threading
+
+    def _import() -> None:
+        try:
+            import torch  # noqa: F401
+        except Exception:
+            pass
+
+    threading.Thread(target=_import, name="ddp-warm-torch", daemon=True).start()
 
 
 def _argv(text: Optional[str]) -> Optional[List[str]]:

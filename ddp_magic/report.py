@@ -1,22 +1,105 @@
-"""What %ddp_env shows: the env each rank gets (or sees), and the checks, as text, HTML and data."""
+"""What %ddp_env shows: the env each rank gets (or sees), and the checks, as text, HTML and data.
+
+The checks themselves live in env.py; this module only renders them. The
+status widget (widget.py) uses the same rendering helpers for its env section.
+"""
 from __future__ import annotations
 
 import html
 import json
+import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from .env import DIST_VARS, Check, Plan, check_rank_envs, plan_checks
+from .env import DIST_VARS, Check, Plan, checks_verdict, live_checks, plan_checks
 
 SHOWN_VARS = DIST_VARS + ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+SEEN_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")  # shown too, as the ranks will see them
 SECRET_HINTS = ("SECRET", "TOKEN", "PASSWORD", "KEY")
+MARK_COLORS = {"✓": "#1a7f37", "✗": "#cf222e", "!": "#9a6700"}
 
 
 def _redact(env: Mapping[str, str]) -> Dict[str, str]:
     return {k: ("<hidden>" if any(h in k.upper() for h in SECRET_HINTS) else v) for k, v in env.items()}
 
 
+def _shown(key: str) -> bool:
+    return key in SHOWN_VARS or key.startswith(SEEN_PREFIXES)
+
+
+# ---------------------------------------------------------------- shared rendering
+def mark_html(mark: str) -> str:
+    return f"<span style='color:{MARK_COLORS.get(mark, 'inherit')};font-weight:bold'>{html.escape(mark)}</span>"
+
+
+def verdict_html(checks: Sequence[Check]) -> str:
+    verdict = checks_verdict(checks)
+    color = MARK_COLORS["✗"] if "✗" in verdict else MARK_COLORS["!"] if "!" in verdict else MARK_COLORS["✓"]
+    return f"<span style='color:{color};font-weight:bold'>{html.escape(verdict)}</span>"
+
+
+def checks_text(checks: Sequence[Check]) -> List[str]:
+    return [f"{c.mark} {c.name}: {c.detail}" for c in checks]
+
+
+def checks_html(checks: Sequence[Check]) -> str:
+    """Failures first, each with its mark and the reason in words."""
+    order = sorted(checks, key=lambda c: (c.ok, c.level != "error"))
+    items = "".join(
+        f"<li data-check='{html.escape(c.name)}' data-ok='{str(c.ok).lower()}'>{mark_html(c.mark)} <b>{html.escape(c.name)}</b>: {html.escape(c.detail)}</li>"
+        for c in order
+    )
+    return f"<ul style='list-style:none;padding-left:0;margin:2px 0;font-size:12px;line-height:1.5'>{items}</ul>"
+
+
+def env_columns(envs: Sequence[Mapping[str, str]], first: Sequence[str] = SHOWN_VARS) -> List[str]:
+    cols = [k for k in first if any(k in e for e in envs)]
+    extra = sorted({k for e in envs for k in e if _shown(k) and k not in cols})
+    return cols + extra
+
+
+def env_table_text(envs: Sequence[Mapping[str, str]], cols: Sequence[str]) -> List[str]:
+    rows = [list(cols)] + [[str(e.get(k, "")) for k in cols] for e in envs]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    return ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+
+
+ENV_TABLE_CSS = "div table.ddp-env-table.ddp-env-table th,div table.ddp-env-table.ddp-env-table td{text-align:left;padding:1px 8px 1px 0;border:none}"
+
+
+def env_table_html(envs: Sequence[Mapping[str, str]], cols: Sequence[str], max_height: str = "16em") -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(e.get(c, '')))}</td>" for c in cols) + "</tr>" for e in envs)
+    return (
+        f"<div style='max-height:{max_height};overflow:auto'><style>{ENV_TABLE_CSS}</style>"
+        f"<table class='ddp-env-table' style='font-family:monospace;font-size:12px;border-collapse:collapse'>"
+        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+    )
+
+
+def env_digest(envs: Sequence[Mapping[str, str]], cols: Sequence[str]) -> str:
+    """One line for many ranks: the values every rank shares, then how the others vary.
+
+    'MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=4 LOCAL_WORLD_SIZE=4 NODE_RANK=0 on every rank; RANK, LOCAL_RANK = rank (0..3)'
+    """
+    if not envs:
+        return "no rank env"
+    same = [c for c in cols if len({e.get(c) for e in envs}) == 1 and envs[0].get(c) is not None]
+    varying = [c for c in cols if c not in same and any(c in e for e in envs)]
+    parts = []
+    if same:
+        parts.append(" ".join(f"{c}={envs[0][c]}" for c in same) + (" on every rank" if len(envs) > 1 else ""))
+    indexed = [c for c in varying if [e.get(c) for e in envs] == [str(i) for i in range(len(envs))]]
+    if indexed:
+        parts.append(f"{', '.join(indexed)} = rank (0..{len(envs) - 1})")
+    others = [c for c in varying if c not in indexed]
+    if others:
+        parts.append("differ by rank: " + ", ".join(others))
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------- the report
 class EnvReport:
-    """Per-rank env table plus checks; renders as HTML in Jupyter and as text elsewhere."""
+    """Per-rank env table plus checks; renders as HTML in Jupyter and as text elsewhere; to_dict() for programs."""
 
     def __init__(self, title: str, envs: Sequence[Mapping[str, str]], checks: List[Check], extra: Optional[Dict[str, Any]] = None) -> None:
         self.title = title
@@ -26,80 +109,77 @@ class EnvReport:
 
     @property
     def ok(self) -> bool:
-        return all(c.ok or c.level != "error" for c in self.checks)
+        return not any(c.failed for c in self.checks)
+
+    @property
+    def verdict(self) -> str:
+        return checks_verdict(self.checks)
 
     def to_dict(self) -> Dict[str, Any]:
         return {
             "title": self.title,
             "ok": self.ok,
-            "ranks": [{k: e.get(k) for k in SHOWN_VARS if k in e} for e in self.envs],
-            "checks": [{"name": c.name, "ok": c.ok, "level": c.level, "detail": c.detail} for c in self.checks],
+            "verdict": self.verdict,
+            "ranks": [{k: e.get(k) for k in env_columns(self.envs) if k in e} for e in self.envs],
+            "checks": [c.to_dict() for c in self.checks],
             **self.extra,
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
 
     def _columns(self) -> List[str]:
-        return [k for k in SHOWN_VARS if any(k in e for e in self.envs)]
+        return env_columns(self.envs)
 
     def __repr__(self) -> str:
-        cols = self._columns()
-        rows = [cols] + [[e.get(k, "") for k in cols] for e in self.envs]
-        widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
-        lines = [f"{self.title} — {'env ✓' if self.ok else 'env ✗'}"]
-        for r in rows:
-            lines.append("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip())
+        lines = [f"{self.title} — {self.verdict}"]
+        lines += env_table_text(self.envs, self._columns())
         lines.append("")
-        for c in self.checks:
-            lines.append(f"{c.mark} {c.name}: {c.detail}")
+        lines += checks_text(self.checks)
         for k, v in self.extra.items():
             if isinstance(v, (str, int, float)):
                 lines.append(f"  {k}: {v}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        cols = self._columns()
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(e.get(c, '')))}</td>" for c in cols) + "</tr>" for e in self.envs)
-        color = {"✓": "#1a7f37", "✗": "#cf222e", "!": "#9a6700"}
-        checks = "".join(
-            f"<li><span style='color:{color[c.mark]};font-weight:bold'>{c.mark}</span> <b>{html.escape(c.name)}</b>: {html.escape(c.detail)}</li>"
-            for c in self.checks
-        )
-        status = "<span style='color:#1a7f37'>env ✓</span>" if self.ok else "<span style='color:#cf222e'>env ✗</span>"
         return (
-            f"<div class='ddp-env'><b>{html.escape(self.title)}</b> — {status}"
-            f"<table style='font-family:monospace;font-size:12px'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-            f"<ul style='list-style:none;padding-left:0;font-size:12px'>{checks}</ul></div>"
+            f"<div class='ddp-env'><b>{html.escape(self.title)}</b> — {verdict_html(self.checks)}"
+            f"{env_table_html(self.envs, self._columns(), max_height='24em')}"
+            f"{checks_html(self.checks)}</div>"
         )
 
 
-def plan_report(plan: Plan) -> EnvReport:
+def seen_env(plan: Plan, rank: int, environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
+    """The shown part of the env a rank will get: the plan's variables over what it inherits from the kernel."""
+    env = {k: v for k, v in environ.items() if _shown(k)}
+    env.update(plan.rank_env(rank))
+    return {k: v for k, v in env.items() if _shown(k)}
+
+
+def plan_report(plan: Plan, environ: Mapping[str, str] = os.environ, started: bool = False) -> EnvReport:
     title = f"planned env for {plan.nproc} rank(s), backend {plan.backend} ({plan.backend_reason})"
-    return EnvReport(title, plan.all_envs(), plan_checks(plan), {"backend": plan.backend, "state": "planned"})
+    envs = [seen_env(plan, r, environ) for r in range(plan.nproc)]
+    extra = {
+        "state": "planned",
+        "backend": plan.backend,
+        "backend_reason": plan.backend_reason,
+        "master_addr": plan.master_addr,
+        "master_port": plan.master_port,
+        "nproc": plan.nproc,
+    }
+    return EnvReport(title, envs, plan_checks(plan, environ, started=started), extra)
 
 
 def live_report(live: Dict[int, Dict[str, Any]], nproc: int, backend: str) -> EnvReport:
     """From each worker's own os.environ and process-group state."""
     envs = [live[r]["env"] if r in live else {} for r in range(nproc)]
-    checks = check_rank_envs([e for e in envs if e])
-    missing = [r for r in range(nproc) if r not in live]
-    checks.append(Check("every rank answered", not missing, "all ranks answered" if not missing else f"no answer from rank(s) {missing}"))
-    pgs = {r: live[r]["process_group"] for r in live}
-    init = [r for r, pg in pgs.items() if pg.get("initialised")]
-    if init:
-        sizes = {pg.get("world_size") for pg in pgs.values() if pg.get("initialised")}
-        backends = {pg.get("backend") for pg in pgs.values() if pg.get("initialised")}
-        consistent = len(init) == len(pgs) and sizes == {nproc} and len(backends) == 1
-        checks.append(
-            Check(
-                "process group",
-                consistent,
-                f"initialised on {len(init)}/{len(pgs)} ranks, backend {', '.join(sorted(map(str, backends)))}, world size {', '.join(map(str, sorted(sizes)))}",
-            )
-        )
-    else:
-        checks.append(Check("process group", True, "not initialised (started with --no-init, or destroyed by the cell)", level="info"))
-    extra = {"state": "live", "pids": {r: live[r].get("pid") for r in live}, "devices": {r: live[r].get("device") for r in live}}
+    checks = live_checks(live, nproc, backend)
+    extra = {
+        "state": "live",
+        "backend": backend,
+        "nproc": nproc,
+        "pids": {r: live[r].get("pid") for r in live},
+        "devices": {r: live[r].get("device") for r in live},
+        "process_group": {r: live[r].get("process_group") for r in live},
+    }
     return EnvReport(f"live env of {nproc} rank(s), backend {backend}", envs, checks, extra)

@@ -43,7 +43,7 @@ CHROMIUM_ARGS = [
 CELL = """%%ddp -n {n}
 import time, torch, torch.distributed as dist
 x = torch.ones(2) * dist.get_rank()
-for step in range(4):
+for step in range(3):
     dist.all_reduce(x)
     print(f"step {{step}}: sum", x.tolist())
     time.sleep(0.8)
@@ -87,7 +87,9 @@ def _wait_http(url: str, timeout: float) -> None:
     raise TimeoutError(f"JupyterLab did not answer at {url}")
 
 
-def take(out: str, n: int = 4, section: str = "ranks", timeout: float = 240.0, chromium: Optional[str] = None, live_out: Optional[str] = None) -> Dict[str, object]:
+def take(
+    out: str, n: int = 4, section: str = "ranks", timeout: float = 240.0, chromium: Optional[str] = None, live_out: Optional[str] = None
+) -> Dict[str, object]:
     """Run the cell in JupyterLab, screenshot it to ``out`` (and, while it runs, to ``live_out``); returns what the browser showed."""
     from playwright.sync_api import sync_playwright
 
@@ -127,7 +129,7 @@ def take(out: str, n: int = 4, section: str = "ranks", timeout: float = 240.0, c
                 timeout=90_000,
             )
             page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")  # do not wait for the run
             cell = page.locator(".jp-CodeCell").nth(1)
             live: Dict[str, object] = {}
             if live_out:  # the ipywidgets view while the ranks run: every rank running and printing

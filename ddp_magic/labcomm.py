@@ -1,0 +1,395 @@
+"""The kernel side of the JupyterLab extension (``labextension/``): a comm target.
+
+``%load_ext ddp_magic`` calls :func:`register`. In a kernel with a comm manager
+(ipykernel) it registers the comm target ``ddp_magic``; plain IPython has none,
+and then nothing happens here at all. The front end opens a comm of that target
+once it sees the target is there; it finds out with a ``comm_info_request`` for
+the target, so this module keeps one silent comm of the target registered (never
+opened towards any front end, never sent on) while the extension is loaded.
+Front ends without the extension (VS Code, Notebook 7 without it, nbclient,
+nbval) therefore never get a message from here, and the magics work the same.
+
+Kernel → front end, on every open comm:
+
+- ``{"type": "snapshot", "session", "seq", "version", "protocol", "pool", "notices", "final"}``
+  where ``pool`` is None (no pool) or the pool's world size, backend, start
+  state, per-rank :class:`~ddp_magic.pool.RankInfo` fields (state, pid, device,
+  exit code, elapsed, memory, last output line) and the env checks of
+  :func:`ddp_magic.env.plan_checks` with their verdict. While a cell runs,
+  snapshots follow the pool's events, at most one per ``MIN_INTERVAL`` (a
+  trailing timer sends the last change of a burst); when a cell ends one more
+  is sent if anything changed.
+- ``{"type": "reply", "id", "op", "ok", "message", "error"?, "report"?}`` for a request.
+
+Front end → kernel: ``{"type": "request", "id", "op", "args"}`` with op ``restart``
+(optional ``args.nproc``), ``stop``, ``env`` or ``status``. They run the same code as
+``%ddp restart``, ``%ddp stop``, ``%ddp_env --json`` and ``%ddp status``.
+
+Threads. A kernel handles comm messages on its shell channel: on the main thread
+between cells, or — JupyterLab ≥ 4.4 with ipykernel ≥ 7 sends comm messages over
+a kernel subshell by default — on a subshell's thread while a cell runs. The
+pool belongs to the main thread, so ``restart``, ``stop`` and ``env`` always run
+there: a request that arrives on another thread is handed to the main thread's
+event loop, which runs it as soon as no cell holds the thread (at once when the
+kernel is idle, else when the running cell ends); the front end first gets
+``{"type": "queued", "id", "op", "reason"}`` when a cell is running. ``status`` and
+snapshots only read, and are answered on whatever thread asks.
+
+Nothing here may break a cell: every hook swallows its own errors (the last one
+is kept in ``LabBridge.last_error``).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import io
+import json
+import threading
+import time
+import uuid
+import warnings
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional
+
+TARGET = "ddp_magic"
+PROTOCOL = 1  # labextension/src/model.ts PROTOCOL
+MIN_INTERVAL = 0.25  # seconds between snapshots while a cell runs (at most 4 a second)
+OPS = ("restart", "stop", "env", "status")
+
+_bridge: Optional["LabBridge"] = None
+
+
+# ---------------------------------------------------------------- hooks for magics.py (cheap when nothing listens)
+def changed() -> None:
+    """The pool changed (a rank's state, its output): publish a snapshot, throttled."""
+    bridge = _bridge
+    if bridge is not None and bridge.comms:
+        bridge.publish()
+
+
+def notice(text: str) -> None:
+    """A notice for the user (the magics print it too); the panel shows the last few."""
+    bridge = _bridge
+    if bridge is not None:
+        bridge.notices.append(text)
+        if bridge.comms:
+            bridge.publish()
+
+
+def bridge() -> Optional["LabBridge"]:
+    return _bridge
+
+
+# ---------------------------------------------------------------- registration
+def register(shell: Any, magics: Any) -> Optional["LabBridge"]:
+    """Register the comm target for ``shell``'s kernel; None (and nothing done) without a comm manager."""
+    global _bridge
+    kernel = getattr(shell, "kernel", None)
+    manager = getattr(kernel, "comm_manager", None) if kernel is not None else None
+    if manager is None or not hasattr(manager, "register_target"):
+        return None
+    if _bridge is not None:
+        _bridge.close()
+    _bridge = LabBridge(shell, magics, manager)
+    return _bridge
+
+
+def unregister(shell: Any = None) -> None:
+    global _bridge
+    if _bridge is not None:
+        _bridge.close()
+        _bridge = None
+
+
+# ---------------------------------------------------------------- the bridge
+def _jsonable(value: Any) -> Any:
+    """What json can carry (tuples, sets, numbers as keys, odd objects as their str)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+class LabBridge:
+    """The comms of one kernel's front ends, and what they are told."""
+
+    def __init__(self, shell: Any, magics: Any, manager: Any) -> None:
+        self.shell = shell
+        self.magics = magics
+        self.manager = manager
+        self.session = uuid.uuid4().hex[:12]
+        self.seq = 0
+        self.comms: Dict[str, Any] = {}
+        self.notices: Deque[str] = deque(maxlen=5)
+        self.sent = 0  # snapshots sent (to all comms); for tests
+        self.last_error: Optional[str] = None
+        self._lock = threading.RLock()
+        self._last_time = float("-inf")
+        self._last_key: Optional[str] = None
+        self._timer: Optional[threading.Timer] = None
+        self._checks_for: Optional[tuple] = None
+        self._checks: List[dict] = []
+        self._verdict = ""
+        self.cell_running = False  # a cell runs on the main thread (between pre_ and post_run_cell)
+        self._main = threading.main_thread()
+        self._loop = _main_loop()
+        manager.register_target(TARGET, self._on_open)
+        self._announce = self._make_announcement()
+        shell.events.register("pre_run_cell", self._pre_run_cell)
+        shell.events.register("post_run_cell", self._post_run_cell)
+
+    # ------------------------------------------------------------ lifecycle
+    def _make_announcement(self) -> Any:
+        """A registered comm of our target that no front end has: comm_info_request then lists the target."""
+        try:
+            from ipykernel.comm import Comm
+
+            comm = Comm(comm_id=f"ddp_magic-announce-{self.session}", primary=False, target_name=TARGET, show_warning=False)
+            self.manager.register_comm(comm)
+            return comm
+        except Exception as e:  # an ipykernel without it: the front end then finds us after %%ddp cells only
+            self.last_error = f"announce: {type(e).__name__}: {e}"
+            return None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        for comm in list(self.comms.values()):
+            with contextlib.suppress(Exception):
+                comm.close()
+        self.comms.clear()
+        with contextlib.suppress(Exception):
+            self.manager.unregister_target(TARGET, self._on_open)
+        if self._announce is not None:
+            with contextlib.suppress(Exception):
+                self.manager.unregister_comm(self._announce)
+            self._announce._closed = True  # it was never open on any front end: no comm_close to send
+            self._announce = None
+        for event, fn in (("pre_run_cell", self._pre_run_cell), ("post_run_cell", self._post_run_cell)):
+            with contextlib.suppress(Exception):
+                self.shell.events.unregister(event, fn)
+
+    # ------------------------------------------------------------ comms
+    def _on_open(self, comm: Any, msg: dict) -> None:
+        self.comms[comm.comm_id] = comm
+        comm.on_msg(lambda m, c=comm: self._on_msg(c, m))
+        comm.on_close(lambda m, cid=comm.comm_id: self.comms.pop(cid, None))
+        with self._lock:
+            self._send(comm, self.snapshot(final=True))
+
+    def _on_msg(self, comm: Any, msg: dict) -> None:
+        try:
+            data = msg.get("content", {}).get("data") or {}
+            if data.get("type") != "request":
+                return
+            op, rid, args = str(data.get("op")), data.get("id"), data.get("args") or {}
+            if op in ("restart", "stop", "env") and threading.current_thread() is not self._main and self._loop is not None:
+                # a subshell's thread: the pool belongs to the main thread (see the module's docstring)
+                if self.cell_running:
+                    self._send(comm, {"type": "queued", "id": rid, "op": op, "reason": "a cell is running; this runs when it ends"})
+                self._loop.call_soon_threadsafe(self._answer, comm, rid, op, args)
+                return
+            self._answer(comm, rid, op, args)
+        except Exception as e:
+            self.last_error = f"request: {type(e).__name__}: {e}"
+
+    def _answer(self, comm: Any, rid: Any, op: str, args: Dict[str, Any]) -> None:
+        try:
+            reply = self.handle(op, args)
+            reply.update(type="reply", id=rid, op=op)
+            self._send(comm, _jsonable(reply))
+        except Exception as e:
+            self.last_error = f"request: {type(e).__name__}: {e}"
+        self.publish(final=True)
+
+    def _send(self, comm: Any, data: dict) -> None:
+        try:
+            comm.send(data)
+        except Exception as e:
+            self.last_error = f"send: {type(e).__name__}: {e}"
+
+    # ------------------------------------------------------------ requests
+    def handle(self, op: str, args: Dict[str, Any]) -> Dict[str, Any]:
+        """Run a front-end request through the magics; returns ok, message, and error or report."""
+        if op not in OPS:
+            return {"ok": False, "message": "", "error": f"unknown request {op!r}; known: {', '.join(OPS)}"}
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                if op == "restart":
+                    line = "restart"
+                    if args.get("nproc") is not None:
+                        line += f" -n {int(args['nproc'])}"
+                    self.magics.ddp(line)
+                elif op == "stop":
+                    self.magics.ddp("stop")
+                elif op == "status":
+                    self.magics.ddp("status")
+                else:
+                    if self.magics.pool is None:
+                        return {"ok": False, "message": "", "error": "no pool is running: %ddp_env -n N in a cell shows a planned env"}
+                    report = self.magics.ddp_env("--json")
+                    text = out.getvalue().strip()
+                    return {"ok": True, "message": f"%ddp_env: {report.get('verdict', '')}".strip(), "report": report, "output": text}
+        except Exception as e:
+            from .errors import UsageError
+
+            why = str(e) if isinstance(e, UsageError) else f"{type(e).__name__}: {e}"
+            return {"ok": False, "message": _last_line(out.getvalue()), "error": why.strip(), "output": (out.getvalue() + err.getvalue()).strip()}
+        text = out.getvalue().strip()
+        return {"ok": True, "message": _last_line(text) or f"{op}: done", "output": (text + "\n" + err.getvalue()).strip()}
+
+    # ------------------------------------------------------------ snapshots
+    def publish(self, final: bool = False) -> None:
+        """Send a snapshot to every open comm: now if the interval allows (or final), else once it has passed."""
+        try:
+            with self._lock:
+                if not self.comms:
+                    return
+                now = time.monotonic()
+                if final:
+                    if self._timer is not None:
+                        self._timer.cancel()
+                        self._timer = None
+                    self._broadcast(final=True, only_if_changed=True)
+                    return
+                if self._timer is not None:
+                    return  # a send is already due; it will carry this change
+                wait = self._last_time + MIN_INTERVAL - now
+                if wait <= 0:
+                    self._broadcast(final=False)
+                    return
+                ctx = contextvars.copy_context()  # comm messages keep the cell as their parent
+                timer = threading.Timer(wait, ctx.run, args=(self._on_timer,))
+                timer.daemon = True
+                self._timer = timer
+                timer.start()
+        except Exception as e:
+            self.last_error = f"publish: {type(e).__name__}: {e}"
+
+    def _on_timer(self) -> None:
+        try:
+            with self._lock:
+                if self._timer is None:
+                    return
+                self._timer = None
+                self._broadcast(final=False)
+        except Exception as e:
+            self.last_error = f"timer: {type(e).__name__}: {e}"
+
+    def _broadcast(self, final: bool, only_if_changed: bool = False) -> None:
+        snap = self.snapshot(final=final)
+        key = json.dumps({k: v for k, v in snap.items() if k not in ("seq", "final")}, sort_keys=True, default=str)
+        if only_if_changed and key == self._last_key:
+            return
+        self._last_key = key
+        self._last_time = time.monotonic()
+        self.sent += 1
+        for comm in list(self.comms.values()):
+            self._send(comm, snap)
+
+    def _pre_run_cell(self, info: Any = None) -> None:
+        if threading.current_thread() is self._main:
+            self.cell_running = True
+
+    def _post_run_cell(self, result: Any = None) -> None:
+        if threading.current_thread() is self._main:
+            self.cell_running = False
+        if self.comms:
+            self.publish(final=True)
+
+    def snapshot(self, final: bool = False) -> Dict[str, Any]:
+        with self._lock:
+            self.seq += 1
+            seq = self.seq
+        from . import __version__
+
+        return {
+            "type": "snapshot",
+            "session": self.session,
+            "seq": seq,
+            "version": __version__,
+            "protocol": PROTOCOL,
+            "pool": self._pool_dict(),
+            "notices": list(self.notices),
+            "final": final,
+        }
+
+    def _pool_dict(self) -> Optional[Dict[str, Any]]:
+        pool = getattr(self.magics, "pool", None)
+        if pool is None:
+            return None
+        ranks = []
+        for r, info in sorted(dict(pool.ranks).items()):
+            ranks.append(
+                {
+                    "rank": r,
+                    "state": info.state,
+                    "pid": info.pid,
+                    "device": info.device,
+                    "host": info.host,
+                    "exit_code": info.exit_code,
+                    "elapsed": round(info.elapsed, 3),
+                    "memory": info.memory,
+                    "last_line": (info.last_line or "")[-300:],
+                }
+            )
+        plan = pool.plan
+        checks, verdict = self._env_checks(pool)
+        start_seconds = getattr(pool, "start_seconds", None)
+        return _jsonable(
+            {
+                "nproc": pool.nproc,
+                "world_size": plan.world_size,
+                "backend": pool.backend,
+                "started": bool(pool.started),
+                "broken": pool.broken,
+                "generation": pool.generation,
+                "master_addr": plan.master_addr,
+                "master_port": plan.master_port,
+                "start_method": getattr(pool, "start_method", ""),
+                "start_seconds": round(start_seconds, 3) if isinstance(start_seconds, (int, float)) else None,
+                "ranks": ranks,
+                "checks": checks,
+                "verdict": verdict,
+                "names": sorted(getattr(self.magics, "worker_owned", ()) or ()),
+            }
+        )
+
+    def _env_checks(self, pool: Any) -> "tuple[List[dict], str]":
+        """env.py's checks of the pool's plan, computed once per plan and start state."""
+        key = (pool.plan.run_id, bool(pool.started))
+        if key != self._checks_for:
+            try:
+                from .env import checks_verdict, plan_checks
+
+                checks = plan_checks(pool.plan, started=bool(pool.started))
+                self._checks = [c.to_dict() for c in checks]
+                self._verdict = checks_verdict(checks)
+            except Exception as e:  # a check must never break a cell
+                self._checks = [{"name": "env checks", "ok": False, "level": "warning", "mark": "!", "detail": f"could not run: {type(e).__name__}: {e}"}]
+                self._verdict = "env ! could not check"
+            self._checks_for = key
+        return self._checks, self._verdict
+
+
+def _main_loop() -> Optional[asyncio.AbstractEventLoop]:
+    """The event loop of the kernel's main thread (ipykernel ≥ 6 runs one), if we are on that thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+        return loop if loop.is_running() else None
+    except Exception:
+        return None
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""

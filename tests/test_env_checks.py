@@ -1,0 +1,410 @@
+"""Every env check of env.py, case by case: a case that makes it pass and one that makes it fail.
+
+The table CASES maps each check's name to a passing and a failing situation;
+test_every_check_is_covered makes sure no check produced by plan_checks or
+live_checks is missing from it. Pure unit tests: no kernel, no worker, no torch import.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import types
+from typing import Callable, Dict, List, Tuple
+
+import pytest
+
+from ddp_magic import env as E
+from ddp_magic.env import Check, GPUInfo, PlanError, make_plan
+from ddp_magic.report import live_report, plan_report
+
+NO_GPU = GPUInfo(count=0, cuda_built=False, source="test: no GPU", physical=0)
+FOUR_GPUS = GPUInfo(count=4, cuda_built=True, source="test: 4 GPUs", physical=4)
+TWO_GPUS = GPUInfo(count=2, cuda_built=True, source="test: 2 GPUs", physical=2)
+GLOO_ONLY = E.BackendInfo({"nccl": False, "gloo": True, "mpi": False}, "test")
+
+
+def plan(n: int = 2, **kw) -> E.Plan:
+    kw.setdefault("gpus", NO_GPU)
+    kw.setdefault("environ", {})
+    return make_plan(n, **kw)
+
+
+def envs(n: int = 2) -> List[Dict[str, str]]:
+    return plan(n).all_envs()
+
+
+def edit(es: List[Dict[str, str]], rank: int, **changes: str) -> List[Dict[str, str]]:
+    es = [dict(e) for e in es]
+    for k, v in changes.items():
+        if v is None:
+            es[rank].pop(k, None)
+        else:
+            es[rank][k] = v
+    return es
+
+
+def by_name(checks: List[Check], name: str) -> Check:
+    found = [c for c in checks if c.name == name]
+    assert found, f"no check named {name!r} in {[c.name for c in checks]}"
+    return found[0]
+
+
+def listening_socket() -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    return s
+
+
+def live(n: int = 2, **pg_overrides) -> Dict[int, dict]:
+    out = {}
+    for r, e in enumerate(envs(n)):
+        pg = {"initialised": True, "backend": "gloo", "world_size": n, "rank": r}
+        pg.update(pg_overrides.get(str(r), {}))
+        out[r] = {"env": dict(e, OMP_NUM_THREADS="1"), "process_group": pg, "pid": 1000 + r, "device": "cpu"}
+    return out
+
+
+def _port_taken() -> List[Check]:
+    s = listening_socket()
+    try:
+        return [E.check_port("127.0.0.1", s.getsockname()[1])]
+    finally:
+        s.close()
+
+
+# name -> (passing situation, failing situation); each returns the checks to look in
+CASES: Dict[str, Tuple[Callable[[], List[Check]], Callable[[], List[Check]]]] = {
+    "variables set": (lambda: E.check_rank_envs(envs()), lambda: E.check_rank_envs(edit(envs(), 1, RANK=None))),
+    "same MASTER_ADDR": (lambda: E.check_rank_envs(envs()), lambda: E.check_rank_envs(edit(envs(), 1, MASTER_ADDR="10.0.0.9"))),
+    "same MASTER_PORT": (lambda: E.check_rank_envs(envs()), lambda: E.check_rank_envs(edit(envs(), 0, MASTER_PORT="1234"))),
+    "same WORLD_SIZE": (lambda: E.check_rank_envs(envs()), lambda: E.check_rank_envs(edit(envs(), 1, WORLD_SIZE="3"))),
+    "WORLD_SIZE matches the ranks": (
+        lambda: E.check_rank_envs(envs()),
+        lambda: E.check_rank_envs(edit(edit(envs(), 0, WORLD_SIZE="3"), 1, WORLD_SIZE="3")),
+    ),
+    "ranks unique and complete": (lambda: E.check_rank_envs(envs(4)), lambda: E.check_rank_envs(edit(envs(4), 3, RANK="1", LOCAL_RANK="1"))),
+    "LOCAL_RANK consistent": (lambda: E.check_rank_envs(envs(4)), lambda: E.check_rank_envs(edit(envs(4), 2, LOCAL_RANK="7"))),
+    "MASTER_PORT valid": (
+        lambda: E.check_rank_envs(envs()),
+        lambda: E.check_rank_envs([dict(e, MASTER_PORT="70000") for e in envs()]),
+    ),
+    "master port free": (lambda: [E.check_port("127.0.0.1", E.free_port())], _port_taken),
+    "master address resolves": (lambda: [E.check_master_addr_resolves("localhost")], lambda: [E.check_master_addr_resolves("no-such-host.invalid")]),
+    "master address is local": (lambda: [E.check_master_addr_local("127.0.0.1")], lambda: [E.check_master_addr_local("192.0.2.1")]),
+    "GPUs for the backend": (lambda: [E.check_gpus("nccl", 4, FOUR_GPUS)], lambda: [E.check_gpus("nccl", 4, TWO_GPUS)]),
+    "backend available": (lambda: [E.check_backend_available("gloo", GLOO_ONLY)], lambda: [E.check_backend_available("mpi", GLOO_ONLY)]),
+    "no stale dist variables in the kernel": (
+        lambda: E.check_kernel_env({}, NO_GPU),
+        lambda: E.check_kernel_env({"RANK": "3", "WORLD_SIZE": "8"}, NO_GPU),
+    ),
+    "CUDA_VISIBLE_DEVICES": (
+        lambda: [E.check_visible_devices({"CUDA_VISIBLE_DEVICES": "0,1"}, FOUR_GPUS)],
+        lambda: [E.check_visible_devices({"CUDA_VISIBLE_DEVICES": "0,5"}, FOUR_GPUS)],
+    ),
+    "OMP_NUM_THREADS": (
+        lambda: [E.check_omp(None, 2, {"OMP_NUM_THREADS": "2"}, cpus=8)],
+        lambda: [E.check_omp(None, 2, {"OMP_NUM_THREADS": "many"}, cpus=8)],
+    ),
+    "NCCL settings": (
+        lambda: [E.check_nccl_env({"NCCL_DEBUG": "INFO"}, "nccl")],
+        lambda: [E.check_nccl_env({"NCCL_ASYNC_ERROR_HANDLING": "1"}, "nccl")],
+    ),
+    "socket interface": (
+        lambda: [E.check_socket_ifname({"GLOO_SOCKET_IFNAME": "lo"}, "gloo", ["lo", "eth0"])],
+        lambda: [E.check_socket_ifname({"GLOO_SOCKET_IFNAME": "ib7"}, "gloo", ["lo", "eth0"])],
+    ),
+    "every rank answered": (lambda: E.live_checks(live(), 2, "gloo"), lambda: E.live_checks({0: live()[0]}, 2, "gloo")),
+    "process group": (lambda: E.live_checks(live(), 2, "gloo"), lambda: E.live_checks(live(**{"1": {"initialised": False}}), 2, "gloo")),
+}
+# Checks that inform and cannot fail, by design (both of their states are tested below).
+INFORM_ONLY = {"CUDA in the kernel"}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_check_passes(name):
+    check = by_name(CASES[name][0](), name)
+    assert check.ok, check
+    assert check.mark == "✓"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_check_fails_with_a_reason(name):
+    check = by_name(CASES[name][1](), name)
+    assert not check.ok, check
+    assert check.mark in ("✗", "!")
+    assert len(check.detail) > 15, "a failure says why in words"
+
+
+def test_every_check_is_covered():
+    names = {c.name for c in E.plan_checks(plan(2), {}, NO_GPU, backends=GLOO_ONLY)}
+    names |= {c.name for c in E.live_checks(live(), 2, "gloo")}
+    missing = names - set(CASES) - INFORM_ONLY
+    assert not missing, f"checks without a pass/fail case: {missing}"
+
+
+# ---------------------------------------------------------------- details of single checks
+def test_rank_env_failures_name_the_problem():
+    dup = by_name(E.check_rank_envs(edit(envs(4), 3, RANK="1", LOCAL_RANK="1")), "ranks unique and complete")
+    assert "[1]" in dup.detail and "missing" in dup.detail and "[3]" in dup.detail
+    out = by_name(E.check_rank_envs(edit(envs(2), 1, RANK="5")), "ranks unique and complete")
+    assert "outside 0..1" in out.detail
+    bad = by_name(E.check_rank_envs(edit(envs(2), 1, RANK="one")), "ranks unique and complete")
+    assert not bad.ok and "as numbers" in bad.detail
+    missing = by_name(E.check_rank_envs(edit(envs(2), 1, RANK=None, MASTER_ADDR=None)), "variables set")
+    assert "MASTER_ADDR" in missing.detail and "RANK" in missing.detail
+    port = by_name(E.check_rank_envs([dict(e, MASTER_PORT="http") for e in envs()]), "MASTER_PORT valid")
+    assert not port.ok and "'http'" in port.detail
+    assert not by_name(E.check_rank_envs([]), "variables set").ok
+
+
+def test_local_rank_problems():
+    shifted = by_name(E.check_rank_envs(edit(envs(4), 1, RANK="1", LOCAL_RANK="2")), "LOCAL_RANK consistent")
+    assert "means RANK 2" in shifted.detail
+    dup = E.check_local_ranks(edit(edit(envs(2), 1, LOCAL_RANK="0"), 1, RANK="1"))
+    assert not dup.ok and "share a GPU" in dup.detail
+    sizes = E.check_local_ranks(edit(envs(2), 1, LOCAL_WORLD_SIZE="4"))
+    assert not sizes.ok and "LOCAL_WORLD_SIZE" in sizes.detail
+
+
+def test_port_holder_is_named():
+    s = listening_socket()
+    try:
+        port = s.getsockname()[1]
+        check = E.check_port("127.0.0.1", port)
+        assert not check.ok
+        assert f"pid {os.getpid()}" in check.detail, check.detail
+        assert "in use" in check.detail
+        chosen = E.check_port("127.0.0.1", port, given=False)
+        assert "chosen port" in chosen.detail
+        running = E.check_port("127.0.0.1", port, started=True)
+        assert running.ok and "running pool" in running.detail
+    finally:
+        s.close()
+
+
+def test_master_address_reachability_for_several_nodes(monkeypatch):
+    assert E.check_master_addr_local("127.0.0.1", nnodes=2).ok
+    monkeypatch.setattr(E, "_route_source", lambda family, ip: "10.1.2.3")
+    ok = E.check_master_addr_local("192.0.2.1", nnodes=2)
+    assert ok.ok and ok.name == "master address reachable" and "10.1.2.3" in ok.detail
+    monkeypatch.setattr(E, "_route_source", lambda family, ip: None)
+    bad = E.check_master_addr_local("192.0.2.1", nnodes=2)
+    assert not bad.ok and "no route" in bad.detail
+    unresolved = E.check_master_addr_local("no-such-host.invalid")
+    assert not unresolved.ok and "does not resolve" in unresolved.detail
+
+
+def test_gpu_checks():
+    assert not E.check_gpus("nccl", 2, NO_GPU).ok
+    assert "--backend gloo" in E.check_gpus("nccl", 2, NO_GPU).detail
+    assert "-n 2" in E.check_gpus("nccl", 4, TWO_GPUS).detail
+    gloo = E.check_gpus("gloo", 4, TWO_GPUS)
+    assert gloo.ok and gloo.level == "info" and "fewer" in gloo.detail
+
+
+def test_backend_availability_from_an_imported_torch_distributed():
+    fake = types.SimpleNamespace(is_available=lambda: True, is_nccl_available=lambda: True, is_gloo_available=lambda: True, is_mpi_available=lambda: False)
+    info = E.backend_availability({"torch.distributed": fake})
+    assert info.available == {"nccl": True, "gloo": True, "mpi": False}
+    assert "already imported" in info.source
+    off = types.SimpleNamespace(is_available=lambda: False)
+    assert E.backend_availability({"torch.distributed": off}).available == {"nccl": False, "gloo": False, "mpi": False}
+
+
+def _fake_torch(tmp_path, defs: str, cuda: str = "None", nccl_lib: bool = False) -> str:
+    torch_dir = tmp_path / "site" / "torch"
+    cmake = torch_dir / "share" / "cmake" / "Caffe2"
+    cmake.mkdir(parents=True)
+    (cmake / "Caffe2Targets.cmake").write_text(f'set_target_properties(torch_cpu PROPERTIES\n  INTERFACE_COMPILE_DEFINITIONS "{defs}"\n)\n')
+    (torch_dir / "version.py").write_text(f"__version__ = '2.13.0'\ncuda = {cuda}\n")
+    if nccl_lib:
+        lib = tmp_path / "site" / "nvidia" / "nccl" / "lib"
+        lib.mkdir(parents=True)
+        (lib / "libnccl.so.2").write_bytes(b"")
+    return str(torch_dir)
+
+
+def test_backend_availability_from_torch_build_files(tmp_path):
+    cpu = E.backend_availability({}, _fake_torch(tmp_path / "a", "USE_DISTRIBUTED;USE_C10D_GLOO"))
+    assert cpu.available == {"nccl": False, "gloo": True, "mpi": False}
+    assert "not imported" in cpu.source
+    gpu = E.backend_availability({}, _fake_torch(tmp_path / "b", "USE_DISTRIBUTED;USE_C10D_GLOO;USE_C10D_MPI", cuda="'12.4'", nccl_lib=True))
+    assert gpu.available == {"nccl": True, "gloo": True, "mpi": True}
+    nodist = E.backend_availability({}, _fake_torch(tmp_path / "c", "USE_RPC"))
+    assert not any(nodist.available.values())
+    empty = tmp_path / "d" / "torch"
+    empty.mkdir(parents=True)
+    unknown = E.backend_availability({}, str(empty))
+    assert unknown.available == {"nccl": None, "gloo": None, "mpi": None}
+    check = E.check_backend_available("gloo", unknown)
+    assert not check.ok and check.level == "warning" and check.mark == "!"
+    assert "built without nccl" in E.check_backend_available("nccl", cpu).detail
+
+
+def test_this_torch_reports_gloo_without_importing_torch():
+    code = (
+        "import sys\n"
+        "from ddp_magic.env import backend_availability, plan_checks, make_plan\n"
+        "info = backend_availability()\n"
+        "checks = plan_checks(make_plan(2))\n"
+        "assert 'torch' not in sys.modules, 'the checks imported torch'\n"
+        "print(info.available['gloo'], all(c.ok or c.level != 'error' for c in checks))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+
+
+def test_cuda_in_the_kernel_informs_in_both_states():
+    cold = E.check_cuda_in_kernel({"torch": types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: False))})
+    hot = E.check_cuda_in_kernel({"torch": types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))})
+    absent = E.check_cuda_in_kernel({})
+    assert cold.ok and hot.ok and absent.ok
+    assert "harmless" in hot.detail and "never forked" in hot.detail
+    assert "not initialised" in cold.detail and "not imported" in absent.detail
+
+
+def test_stale_variables_are_listed():
+    check = E.check_kernel_env({"RANK": "3", "LOCAL_RANK": "1"}, NO_GPU)[0]
+    assert check.level == "warning" and "RANK=3" in check.detail and "LOCAL_RANK=1" in check.detail
+
+
+@pytest.mark.parametrize(
+    "value,gpus,ok,words",
+    [
+        (None, FOUR_GPUS, True, "all 4"),
+        ("0,1", FOUR_GPUS, True, "inherits"),
+        ("", FOUR_GPUS, False, "hides all 4"),
+        ("-1", NO_GPU, True, "no GPU"),
+        ("0,5", FOUR_GPUS, False, "names device(s) 5"),
+        ("0,0", FOUR_GPUS, False, "twice"),
+        ("gpu0", FOUR_GPUS, False, "not a device index"),
+        ("GPU-8f2c", FOUR_GPUS, True, "inherits"),
+    ],
+)
+def test_cuda_visible_devices(value, gpus, ok, words):
+    environ = {} if value is None else {"CUDA_VISIBLE_DEVICES": value}
+    check = E.check_visible_devices(environ, gpus)
+    assert check.ok is ok, check
+    assert words in check.detail
+
+
+@pytest.mark.parametrize(
+    "planned,value,nproc,ok,words",
+    [
+        (1, None, 2, True, "cores / ranks"),
+        (None, "1", 2, True, "from the kernel"),
+        (None, "0", 2, False, "not a positive"),
+        (None, "abc", 2, False, "not a positive"),
+        (None, "4", 4, False, "oversubscribed"),
+    ],
+)
+def test_omp_num_threads(planned, value, nproc, ok, words):
+    environ = {} if value is None else {"OMP_NUM_THREADS": value}
+    check = E.check_omp(planned, nproc, environ, cpus=4)
+    assert check.ok is ok, check
+    assert words in check.detail
+
+
+def test_nccl_settings():
+    none = E.check_nccl_env({}, "gloo")
+    assert none.ok and "unused" in none.detail
+    bad_level = E.check_nccl_env({"NCCL_DEBUG": "LOUD"}, "nccl")
+    assert not bad_level.ok and "NCCL_DEBUG" in bad_level.detail
+    renamed = E.check_nccl_env({"NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "10"}, "nccl")
+    assert not renamed.ok and "TORCH_NCCL_BLOCKING_WAIT" in renamed.detail and "TORCH_NCCL_TRACE_BUFFER_SIZE=10" in renamed.detail
+
+
+def test_socket_interfaces():
+    have = ["lo", "eth0", "ib0"]
+    assert E.check_socket_ifname({}, "gloo", have).ok
+    assert E.check_socket_ifname({"NCCL_SOCKET_IFNAME": "eth"}, "nccl", have).ok  # a prefix
+    assert E.check_socket_ifname({"NCCL_SOCKET_IFNAME": "^docker,lo"}, "nccl", have).ok  # an exclusion
+    exact = E.check_socket_ifname({"NCCL_SOCKET_IFNAME": "=eth"}, "nccl", have)
+    assert not exact.ok and exact.level == "error"
+    other = E.check_socket_ifname({"NCCL_SOCKET_IFNAME": "wlan"}, "gloo", have)
+    assert not other.ok and other.level == "warning"  # not fatal: gloo does not read it
+    gloo = E.check_socket_ifname({"GLOO_SOCKET_IFNAME": "ib7"}, "gloo", have)
+    assert gloo.failed and "init_process_group fails" in gloo.detail
+
+
+def test_process_group_problems():
+    size = E.check_process_group(live(**{"0": {"world_size": 3}, "1": {"world_size": 3}}), 2, "gloo")
+    assert not size.ok and "world size 3" in size.detail
+    mixed = E.check_process_group(live(**{"1": {"backend": "nccl"}}), 2, "gloo")
+    assert not mixed.ok and "different backends" in mixed.detail
+    planned = E.check_process_group(live(), 2, "nccl")
+    assert not planned.ok and "planned nccl" in planned.detail
+    swapped = E.check_process_group(live(**{"0": {"rank": 1}, "1": {"rank": 0}}), 2, "gloo")
+    assert not swapped.ok
+    none = E.check_process_group(live(**{"0": {"initialised": False}, "1": {"initialised": False}}), 2, "gloo")
+    assert none.ok and none.level == "info" and "not initialised" in none.detail
+
+
+def test_seen_settings_are_compared_across_ranks():
+    same = E.check_seen_settings([{"OMP_NUM_THREADS": "2", "NCCL_DEBUG": "WARN"}] * 2)
+    assert all(c.ok for c in same)
+    differ = E.check_seen_settings([{"OMP_NUM_THREADS": "2", "NCCL_DEBUG": "WARN"}, {"OMP_NUM_THREADS": "1"}])
+    assert [c.ok for c in differ] == [False, False]
+
+
+def test_verdict():
+    assert E.checks_verdict([Check("a", True, "x")]) == "env ✓"
+    assert E.checks_verdict([Check("a", True, "x"), Check("b", False, "y", level="warning")]) == "env ! 1 warning"
+    assert E.checks_verdict([Check("a", False, "x"), Check("b", False, "y", level="warning")]) == "env ✗ 1 failed"
+
+
+# ---------------------------------------------------------------- plans and reports
+def test_lenient_plan_reports_what_a_strict_plan_refuses():
+    with pytest.raises(PlanError):
+        make_plan(4, backend="nccl", gpus=NO_GPU, environ={})
+    lenient = make_plan(4, backend="nccl", gpus=NO_GPU, environ={}, strict=False)
+    assert lenient.backend == "nccl"
+    checks = E.plan_checks(lenient, {}, NO_GPU, backends=GLOO_ONLY)
+    assert not by_name(checks, "GPUs for the backend").ok
+    assert not by_name(checks, "backend available").ok
+    s = listening_socket()
+    try:
+        port = s.getsockname()[1]
+        with pytest.raises(PlanError, match="in use"):
+            make_plan(2, master_port=port, gpus=NO_GPU, environ={})
+        taken = make_plan(2, master_port=port, gpus=NO_GPU, environ={}, strict=False)
+        assert not by_name(E.plan_checks(taken, {}, NO_GPU, backends=GLOO_ONLY), "master port free").ok
+    finally:
+        s.close()
+    with pytest.raises(PlanError, match="does not resolve"):
+        make_plan(2, master_addr="no-such-host.invalid", gpus=NO_GPU, environ={})
+    far = make_plan(2, master_addr="192.0.2.1", gpus=NO_GPU, environ={}, strict=False)
+    assert not by_name(E.plan_checks(far, {}, NO_GPU, backends=GLOO_ONLY), "master address is local").ok
+
+
+def test_plan_report_text_html_and_json():
+    p = plan(2)
+    report = plan_report(p, environ={"NCCL_DEBUG": "WARN", "RANK": "7", "MY_TOKEN": "s3cret"})
+    text = repr(report)
+    assert "planned env for 2 rank(s)" in text and "env !" in text  # the stale RANK warns
+    assert "✓ ranks unique and complete" in text
+    assert "! no stale dist variables in the kernel" in text
+    html = report._repr_html_()
+    assert "<table" in html and "NCCL_DEBUG" in html and "s3cret" not in html
+    data = json.loads(report.to_json())
+    assert data["ok"] is True and data["state"] == "planned"
+    assert [r["RANK"] for r in data["ranks"]] == ["0", "1"]  # the plan's own values, not the kernel's stale RANK
+    assert data["ranks"][0]["NCCL_DEBUG"] == "WARN"
+    assert {c["name"] for c in data["checks"]} >= {"master port free", "backend available", "GPUs for the backend"}
+
+
+def test_live_report_checks_consistency():
+    good = live_report(live(), 2, "gloo")
+    assert good.ok and good.to_dict()["state"] == "live"
+    bad = live(3)
+    bad[2]["env"]["MASTER_PORT"] = "1"
+    report = live_report(bad, 3, "gloo")
+    assert not report.ok
+    assert "ranks disagree on MASTER_PORT" in repr(report)
+    missing = live_report({0: live()[0]}, 2, "gloo")
+    assert not missing.ok and "no answer from rank(s) [1]" in repr(missing)

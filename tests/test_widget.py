@@ -1,0 +1,480 @@
+"""The per-rank status widget (ddp_magic.widget.StatusView).
+
+Part 1 drives a real Pool in this process with the view as its listener, and a
+recording comm in place of the kernel's (ipywidgets' own testing approach, see
+ipywidgets/widgets/tests/utils.py): every widget message is kept, and the
+state transitions each rank showed are read back from the messages.
+Part 2 runs cells in a real kernel and inspects its iopub traffic.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import types
+import uuid
+from collections import defaultdict
+from typing import Any, Dict, List
+
+import pytest
+
+from kernel_helper import Kernel
+
+comm = pytest.importorskip("comm")
+pytest.importorskip("ipywidgets")
+
+from comm.base_comm import BaseComm  # noqa: E402
+
+from ddp_magic.env import Check, GPUInfo, make_plan  # noqa: E402
+from ddp_magic.pool import Pool, RankInfo  # noqa: E402
+from ddp_magic.widget import WIDGET_MIME, StatusView, choose_mode, state_label  # noqa: E402
+
+ROW = re.compile(r"data-rank='(\d+)' data-state='([a-z]+)'")
+
+
+def text_of(fragment: str) -> str:
+    """The words of an HTML fragment's first line (its header), as a reader sees them."""
+    import html as _html
+
+    header = re.sub(r"(?s)<style>.*?</style>", "", fragment).split("</div>", 1)[0]
+    return " ".join(_html.unescape(re.sub(r"<[^>]+>", " ", header)).split())
+
+
+# ---------------------------------------------------------------- a recording comm
+class RecordingComm(BaseComm):
+    """A comm that keeps every message a widget sends instead of publishing it."""
+
+    log: List[Dict[str, Any]] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("comm_id", uuid.uuid4().hex)
+        super().__init__(**kwargs)
+
+    def publish_msg(self, msg_type: str, data: Any = None, metadata: Any = None, buffers: Any = None, **keys: Any) -> None:
+        RecordingComm.log.append({"msg_type": msg_type, "comm_id": self.comm_id, "data": data or {}})
+
+
+class Comms:
+    """What the widgets sent: comm_open and update messages, per widget."""
+
+    def __init__(self, log: List[Dict[str, Any]]) -> None:
+        self.log = log
+
+    def updates(self) -> List[Dict[str, Any]]:
+        return [m for m in self.log if m["msg_type"] == "comm_msg" and m["data"].get("method") == "update"]
+
+    def opened(self) -> Dict[str, Dict[str, Any]]:
+        return {m["comm_id"]: m["data"]["state"] for m in self.log if m["msg_type"] == "comm_open"}
+
+    def values(self, marker: str) -> List[str]:
+        """Every value (opening state, then updates) of the HTML widget whose value contains marker."""
+        out: List[str] = []
+        ids = {cid for cid, st in self.opened().items() if marker in str(st.get("value", ""))}
+        for m in self.log:
+            if m["comm_id"] not in ids:
+                continue
+            state = m["data"].get("state", {})
+            if "value" in state:
+                out.append(state["value"])
+        return out
+
+    def transitions(self) -> Dict[int, List[str]]:
+        """rank -> the states it showed, in order, repeats collapsed."""
+        seq: Dict[int, List[str]] = defaultdict(list)
+        for value in self.values("ddp-status-ranks"):
+            for rank, state in ROW.findall(value):
+                s = seq[int(rank)]
+                if not s or s[-1] != state:
+                    s.append(state)
+        return dict(seq)
+
+
+class Displays:
+    def __init__(self) -> None:
+        self.shown: List[Dict[str, Any]] = []
+        self.updated: List[Dict[str, Any]] = []
+
+    def display(self, bundle: Dict[str, Any], raw: bool = True, display_id: Any = None) -> Any:
+        self.shown.append(bundle)
+        return types.SimpleNamespace(display_id="ddp-test-display")
+
+    def update(self, bundle: Dict[str, Any], raw: bool = True, display_id: Any = None) -> None:
+        assert display_id == "ddp-test-display"
+        self.updated.append(bundle)
+
+
+@pytest.fixture
+def comms(monkeypatch) -> Comms:
+    RecordingComm.log = []
+    monkeypatch.setattr(comm, "create_comm", lambda **kw: RecordingComm(**kw))
+    return Comms(RecordingComm.log)
+
+
+@pytest.fixture
+def displays() -> Displays:
+    return Displays()
+
+
+def make_view(pool: Any, displays: Displays, **kw: Any) -> StatusView:
+    kw.setdefault("min_interval", 0.0)  # every event renders: the full history is in the messages
+    kw.setdefault("ticker", False)
+    return StatusView(pool.nproc, pool=pool, display=displays.display, update_display=displays.update, **kw).show()
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = Pool(2)
+    yield p
+    p.stop()
+
+
+def run_cell(pool: Pool, view: StatusView, source: str):
+    if pool.started and not pool.broken:
+        pool.restart(view)  # so that every test sees the start-up transitions too
+    outcome = pool.run(source, listener=view)
+    view.finish(outcome)
+    return outcome
+
+
+# ---------------------------------------------------------------- part 1: recording comm, real pool
+def test_succeeding_cell_transitions(pool, comms, displays):
+    view = make_view(pool, displays)
+    outcome = run_cell(pool, view, "import torch.distributed as dist\nprint('hello from rank', dist.get_rank())\ndist.get_rank()")
+    assert outcome.ok and outcome.values == [0, 1]
+    assert comms.transitions() == {0: ["starting", "connecting", "ready", "running", "done"], 1: ["starting", "connecting", "ready", "running", "done"]}
+    final = comms.values("ddp-status-ranks")[-1]
+    assert "hello from rank 0" in final and "hello from rank 1" in final
+    assert ">cpu<" in final
+    for pid in pool.pids:
+        assert f">{pid}<" in final
+    header = comms.values("ddp-status-header")[-1]
+    assert "2 ranks <span" in header and "✓" in header and "gloo" in header and "env ✓" in header
+    # collapses to the summary: the accordion's last update closes it
+    closing = [m["data"]["state"]["selected_index"] for m in comms.updates() if "selected_index" in m["data"]["state"]]
+    assert closing[-1] is None
+    # one display at the top (the widget and its HTML form); when the cell ends the HTML form
+    # alone replaces it, and the widgets are closed
+    assert len(displays.shown) == 1 and len(displays.updated) == 1
+    first, last = displays.shown[0], displays.updated[0]
+    root = [cid for cid, st in comms.opened().items() if st.get("_model_name") == "VBoxModel"]
+    assert first[WIDGET_MIME]["model_id"] == root[0]
+    assert set(first) == {WIDGET_MIME, "text/html"} and set(last) == {"text/html"}
+    assert re.match(r"%%ddp 2 ranks ✓ \d+\.\d\d s · gloo · env ✓ · pool started in \d+\.\d\d s", text_of(last["text/html"]))
+    assert "<details>" in last["text/html"] and "data-state='done'" in last["text/html"]
+    assert "hello from rank 1" in last["text/html"] and ">MASTER_ADDR<" in last["text/html"]
+    closed = {m["comm_id"] for m in comms.log if m["msg_type"] == "comm_close"}
+    assert set(comms.opened()) <= closed
+    assert view.static_text().startswith("ddp_magic status: 2 ranks ✓ ")
+
+
+def test_failing_rank_transitions(pool, comms, displays):
+    view = make_view(pool, displays)
+    outcome = run_cell(pool, view, "import torch.distributed as dist\nif dist.get_rank() == 1:\n    raise ValueError('boom')\n'fine'")
+    assert not outcome.ok
+    t = comms.transitions()
+    assert t[0][-2:] == ["running", "done"]
+    assert t[1][-2:] == ["running", "failed"]
+    header = comms.values("ddp-status-header")[-1]
+    assert "✗" in header and "rank 1 raised ValueError: boom" in header
+    assert view.summary().startswith("2 ranks ✗ rank 1 raised ValueError: boom · ")
+    assert "data-state='failed'" in displays.updated[-1]["text/html"]
+    assert "rank 1 raised ValueError: boom" in text_of(displays.updated[-1]["text/html"])
+
+
+def test_dying_rank_transitions(pool, comms, displays):
+    view = make_view(pool, displays)
+    outcome = run_cell(pool, view, "import os, signal, torch.distributed as dist\nif dist.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n'alive'")
+    assert not outcome.ok
+    t = comms.transitions()
+    assert t[1][-2:] == ["running", "killed"]
+    assert t[0][-1] == "done"
+    final = comms.values("ddp-status-ranks")[-1]
+    assert "SIGKILL" in final and "was killed by SIGKILL" in final  # the cell and its tooltip
+    assert "2 ranks ✗ rank 1 (pid" in view.summary() and "SIGKILL" in view.summary()
+    # an exit code, not a signal: the next cell restarts the broken pool, the view hears it
+    view2 = make_view(pool, displays)
+    outcome2 = pool.run("import os, torch.distributed as dist\nif dist.get_rank() == 0:\n    os._exit(3)\n", listener=view2)
+    view2.finish(outcome2)
+    assert [s for r, s in view2.history if r == 0][-2:] == ["running", "died"]
+    assert any("restarted the pool" in n for n in view2.notices)
+    assert "exit 3" in view2.ranks_html() and "exited with code 3" in view2.ranks_html()
+
+
+def test_env_section_shows_variables_and_checks(pool, comms, displays):
+    view = make_view(pool, displays)
+    env = comms.values("ddp-status-env")[0]
+    for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK"):
+        assert f">{var}<" in env
+    assert "data-check='ranks unique and complete' data-ok='true'" in env
+    assert "data-check='backend available' data-ok='true'" in env
+    view.finish(None, RuntimeError("never ran"))
+    # a failing check is shown with its reason, first
+    bad = StatusView(2, plan=make_plan(2), mode="widget", ticker=False, display=displays.display, update_display=displays.update,
+                     checks=[Check("ranks unique and complete", False, "rank(s) [1] appear more than once"), Check("variables set", True, "all set")]).show()
+    html = bad.env_html()
+    assert html.index("appear more than once") < html.index("all set")
+    assert "env ✗ 1 failed" in bad.header_html()
+    assert "✗ ranks unique and complete: rank(s) [1] appear more than once" in bad.static_text()
+    bad.finish(None)
+
+
+# ---------------------------------------------------------------- throttling
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def fake_infos(n: int, state: str = "running", started: float = 1000.0) -> List[RankInfo]:
+    return [RankInfo(rank=r, state=state, pid=4000 + r, device="cpu", started=started) for r in range(n)]
+
+
+def test_chatty_output_is_coalesced(comms, displays):
+    clock = FakeClock()
+    view = StatusView(4, plan=make_plan(4), mode="widget", min_interval=0.2, ticker=False, clock=clock,
+                      display=displays.display, update_display=displays.update).show()
+    infos = fake_infos(4)
+    for info in infos:
+        view.on_state(info)
+    before = len(comms.updates())
+    for i in range(10_000):  # 10,000 lines on 4 ranks over 2 simulated seconds
+        for info in infos:
+            info.last_line = f"line {i}"
+            view.on_output(info.rank, "stdout", f"line {i}\n")
+        clock.t += 0.0002
+    for info in infos:
+        info.state, info.finished = "done", clock.t
+        view.on_state(info)
+    view.finish(types.SimpleNamespace(ok=True, elapsed=2.0, failures=[]))
+    sent = len(comms.updates()) - before
+    assert view.renders <= 2.0 / 0.2 + 3
+    assert sent <= 3 * view.renders
+    assert comms.transitions()[3][-1] == "done"  # the final state always goes out
+    assert "line 9999" in comms.values("ddp-status-ranks")[-1]
+
+
+def test_ticker_sends_what_was_held_back_and_moves_the_clock(comms, displays):
+    view = StatusView(2, plan=make_plan(2), mode="widget", min_interval=0.2, refresh=0.3,
+                      display=displays.display, update_display=displays.update).show()
+    infos = fake_infos(2, started=time.monotonic())
+    view.on_state(infos[0])  # within min_interval of show(): held back
+    view.on_state(infos[1])
+    assert view.renders == 0 and view._dirty
+    time.sleep(0.7)
+    assert not view._dirty, "the ticker rendered the held-back change"
+    assert comms.transitions() == {0: ["starting", "running"], 1: ["starting", "running"]}
+    n = view.renders
+    time.sleep(1.0)  # no event at all: the elapsed times still move
+    assert view.renders > n
+    assert view.renders <= n + 1.0 / 0.2 + 1, "never more often than min_interval"
+    view.finish(types.SimpleNamespace(ok=True, elapsed=1.7, failures=[]))
+    assert not view._thread.is_alive()
+    n = view.renders
+    time.sleep(0.3)
+    assert view.renders == n, "nothing renders after the cell ended"
+
+
+# ---------------------------------------------------------------- other modes, many ranks
+def test_html_mode_without_ipywidgets(displays, comms):
+    clock = FakeClock()
+    view = StatusView(2, plan=make_plan(2), mode="html", ticker=False, clock=clock, min_interval=0.2,
+                      display=displays.display, update_display=displays.update).show()
+    assert WIDGET_MIME not in displays.shown[0] and "text/html" in displays.shown[0]
+    for info in fake_infos(2):
+        view.on_state(info)
+    clock.t += 1
+    view.on_output(0, "stdout", "x\n")
+    view.finish(types.SimpleNamespace(ok=True, elapsed=1.0, failures=[]))
+    assert comms.log == []  # no widget at all
+    assert text_of(displays.updated[-1]["text/html"]).startswith("%%ddp 2 ranks ✓ 1.00 s · gloo")
+    assert len(displays.updated) <= 3
+
+
+def test_text_mode_prints_the_summary_once_at_the_end(displays, comms):
+    view = StatusView(2, plan=make_plan(2), mode="text", ticker=False, display=displays.display, update_display=displays.update).show()
+    for info in fake_infos(2):
+        view.on_state(info)
+    assert displays.shown == []
+    view.finish(types.SimpleNamespace(ok=True, elapsed=1.5, failures=[]))
+    assert displays.shown == [{"text/plain": "ddp_magic status: 2 ranks ✓ 1.50 s · gloo · env ✓"}]
+    assert comms.log == []
+
+
+def test_sixty_four_ranks_stay_readable(displays, comms):
+    clock = FakeClock()
+    view = StatusView(64, plan=make_plan(64), mode="widget", ticker=False, clock=clock, display=displays.display, update_display=displays.update).show()
+    infos = fake_infos(64)
+    for info in infos:
+        view.on_state(info)
+    for info in infos[:4]:
+        info.state = "done"
+        view.on_state(info)
+    clock.t += 3.2
+    assert view.summary().startswith("64 ranks · running 60, done 4 · 3.20 s · gloo")
+    ranks = view.ranks_html()
+    assert "max-height:20em;overflow:auto" in ranks and len(ROW.findall(ranks)) == 64
+    assert len(ranks) < 40_000
+    header = view.header_html()
+    assert header.count("title='rank ") == 64  # one small square per rank
+    assert len(view.static_text().splitlines()) < 64 + 15
+    view.finish(types.SimpleNamespace(ok=True, elapsed=3.3, failures=[]))
+    assert view.summary().startswith("64 ranks ✓ 3.30 s · gloo · env")
+
+
+def test_labels():
+    assert state_label(RankInfo(rank=0, state="dead", exit_code=-9)) == "killed"
+    assert state_label(RankInfo(rank=0, state="dead", exit_code=3)) == "died"
+    assert state_label(RankInfo(rank=0, state="connecting")) == "connecting"
+
+
+def test_gpu_memory_column(displays, comms):
+    view = StatusView(2, plan=make_plan(2, backend="nccl", gpus=GPUInfo(count=2, cuda_built=True, physical=2), strict=False), mode="widget", ticker=False,
+                      display=displays.display, update_display=displays.update).show()
+    for r in range(2):
+        view.on_state(RankInfo(rank=r, state="done", device=f"cuda:{r}", pid=10 + r, memory=(r + 1) * 3 << 29))
+    html = view.ranks_html()
+    assert ">memory<" in html and ">1.5 GiB<" in html and ">3.0 GiB<" in html and ">cuda:1<" in html
+    view.finish(None)
+
+
+def test_a_broken_view_never_breaks_the_cell(displays, comms, capsys):
+    view = StatusView(2, plan=make_plan(2), mode="widget", ticker=False, display=displays.display, update_display=displays.update).show()
+    view._widgets["ranks"] = None  # rendering now raises
+    view.on_state(fake_infos(1)[0])
+    view.on_output(0, "stdout", "x")
+    view.finish(None)
+    assert "status view stopped updating" in capsys.readouterr().err
+
+
+def test_choose_mode(monkeypatch):
+    assert choose_mode(enabled=False) == "off"
+    assert choose_mode(environ={"DDP_MAGIC_WIDGET": "0"}) == "off"
+    assert choose_mode(environ={}) == "off"  # no IPython shell in this process
+    import IPython
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(kernel=None))
+    assert choose_mode(environ={}) == "text"
+    monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(kernel=object()))
+    assert choose_mode(environ={}) == "widget"
+
+
+def test_importing_ddp_magic_does_not_import_ipywidgets():
+    code = "import sys, ddp_magic, ddp_magic.magics, ddp_magic.widget\nprint('ipywidgets' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
+
+
+# ---------------------------------------------------------------- part 2: a real kernel
+def _iopub(ex) -> Dict[str, List[dict]]:
+    kinds: Dict[str, List[dict]] = defaultdict(list)
+    for i, m in enumerate(ex.messages):
+        m = dict(m, index=i)
+        kinds[m["msg_type"]].append(m)
+    return kinds
+
+
+def _widget_updates(ex) -> List[dict]:
+    return [dict(m, index=i) for i, m in enumerate(ex.messages) if m["msg_type"] == "comm_msg" and m["content"]["data"].get("method") == "update"]
+
+
+@pytest.mark.kernel
+def test_kernel_iopub_carries_the_widget(kernel):
+    ex = kernel.run("%%ddp -n 2\nimport time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(0.25)\n", timeout=180).ok()
+    kinds = _iopub(ex)
+    opened = {m["content"]["comm_id"]: m["content"]["data"]["state"] for m in kinds["comm_open"] if m["content"]["target_name"] == "jupyter.widget"}
+    assert any(st.get("_model_name") == "VBoxModel" and "ddp-status" in st.get("_dom_classes", []) for st in opened.values())
+    shown = [m for m in kinds["display_data"] if WIDGET_MIME in m["content"]["data"]]
+    assert len(shown) == 1
+    model = shown[0]["content"]["data"][WIDGET_MIME]["model_id"]
+    assert model in opened
+    assert set(shown[0]["content"]["data"]) == {WIDGET_MIME, "text/html"}  # no text/plain: the cell's result stays its own
+    assert ex.result is None
+    assert text_of(shown[0]["content"]["data"]["text/html"]).startswith("%%ddp 2 ranks ·")
+    first_stream = min(m["index"] for m in kinds["stream"])
+    assert shown[0]["index"] < first_stream, "the widget is at the top, above the ranks' output"
+    updates = _widget_updates(ex)
+    assert len(updates) >= 4, "live updates while the cell ran"
+    assert any(m["index"] < max(s["index"] for s in kinds["stream"]) for m in updates), "updates came while output was still arriving"
+    ranks_values = [m["content"]["data"]["state"]["value"] for m in updates if "ddp-status-ranks" in m["content"]["data"]["state"].get("value", "")]
+    assert ROW.findall(ranks_values[-1]) == [("0", "done"), ("1", "done")]
+    assert "tick 3" in ranks_values[-1]
+    final = kinds["update_display_data"][-1]["content"]
+    assert final["transient"]["display_id"] == shown[0]["content"]["transient"]["display_id"]
+    assert set(final["data"]) == {"text/html"}
+    assert re.match(r"%%ddp 2 ranks ✓ \d+\.\d\d s · gloo · env ✓( · pool started in \d+\.\d\d s)?$", text_of(final["data"]["text/html"]))
+    assert {m["content"]["comm_id"] for m in kinds["comm_close"]} == set(opened), "the widgets are closed when the cell ends"
+    assert "[rank 1] tick 3" in ex.stdout  # the streams still carry the output
+
+
+@pytest.mark.kernel
+def test_kernel_failing_rank_and_no_widget_option(kernel):
+    ex = kernel.run("%%ddp -n 2\nimport torch.distributed as dist\nif dist.get_rank() == 1:\n    raise KeyError('lost')\n", timeout=180)
+    assert ex.error is not None
+    final = text_of(_iopub(ex)["update_display_data"][-1]["content"]["data"]["text/html"])
+    assert final.startswith("%%ddp 2 ranks ✗ rank 1 raised KeyError")
+    quiet = kernel.run("%%ddp --no-widget\nprint('plain')", timeout=120).ok()
+    kinds = _iopub(quiet)
+    assert not kinds["comm_open"] and not kinds["comm_msg"] and not kinds["display_data"]
+    assert "[rank 0] plain" in quiet.stdout
+
+
+@pytest.mark.kernel
+def test_kernel_ddp_env_live_and_planned():
+    k = Kernel()  # a kernel of its own: a pool imports torch in the kernel (for results), the checks must not
+    try:
+        k.run("%load_ext ddp_magic").ok()
+        data = k.value("%ddp_env -n 4 --backend nccl --json")
+        assert data["state"] == "planned" and data["ok"] is False
+        failed = {c["name"] for c in data["checks"] if not c["ok"]}
+        assert {"GPUs for the backend", "backend available"} <= failed
+        assert [r["RANK"] for r in data["ranks"]] == ["0", "1", "2", "3"]
+        assert k.value("'torch' in __import__('sys').modules") is False, "the checks must not import torch in the kernel"
+        k.run("%%ddp -n 2\n1", timeout=180).ok()
+        live = k.run("%ddp_env").ok()
+        assert live.result.startswith("live env of 2 rank(s), backend gloo — env ✓")
+        assert "✓ process group: initialised on 2/2 ranks: backend gloo, world size 2" in live.result
+        assert "<table" in live.displays[-1]["text/html"]
+    finally:
+        k.shutdown()
+
+
+@pytest.mark.kernel
+def test_kernel_chatty_cell_on_four_ranks_is_throttled(kernel):
+    ex = kernel.run("%%ddp -n 4\nfor i in range(10000):\n    print('line', i)\n", timeout=300).ok()
+    updates = _widget_updates(ex)
+    lines = ex.stdout.count("\n")
+    print(f"\n10,000 lines x 4 ranks: {lines} lines in the streams, {len(updates)} widget updates, cell {ex.elapsed:.1f} s")
+    assert lines >= 40_000
+    assert len(updates) <= 300
+    final = _iopub(ex)["update_display_data"][-1]["content"]["data"]["text/html"]
+    assert text_of(final).startswith("%%ddp 4 ranks ✓")
+    assert "line 9999" in final
+
+
+# ---------------------------------------------------------------- part 3: real JupyterLab in headless Chromium
+@pytest.mark.slow
+@pytest.mark.kernel
+def test_widget_renders_in_jupyterlab(tmp_path):
+    """scripts/screenshot_widget.py: a 4-rank cell in JupyterLab; the browser shows the settled summary and 4 done rows."""
+    import importlib.util
+    import json
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "scripts", "screenshot_widget.py")
+    spec = importlib.util.spec_from_file_location("screenshot_widget", script)
+    shot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shot)  # type: ignore[union-attr]
+    if importlib.util.find_spec("playwright") is None or shot.find_chromium() is None:
+        pytest.skip("needs Python Playwright and a system Chromium (apt-get install -y chromium)")
+    out = tmp_path / "widget.png"
+    proc = subprocess.run([sys.executable, script, "--out", str(out), "-n", "4"], capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info["rows"] == 4 and info["done"] == 4
+    assert re.match(r"%%ddp 4 ranks ✓ \d+\.\d\d s · gloo · env ✓", info["header"])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
