@@ -52,6 +52,7 @@ def _child(cmd: dict, secret: bytes, wake_r: int, wake_w: int) -> None:
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the template's cleanup handler is not ours
         os.close(wake_r)
         os.close(wake_w)
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -74,7 +75,21 @@ def main() -> None:
     from .worker import die_with_parent
 
     kernel_pid = os.getppid()
-    die_with_parent(kernel_pid)
+    children: Dict[int, int] = {}  # pid -> rank
+    stores: set = set()  # process-group FileStores in /dev/shm that our ranks use
+
+    def kernel_gone(*_: object) -> None:
+        _kill_all(children)
+        for path in stores:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        os._exit(0)
+
+    # SIGTERM (not SIGKILL) when the kernel dies, so the ranks and their files go with us.
+    signal.signal(signal.SIGTERM, kernel_gone)
+    die_with_parent(kernel_pid, signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     first = json.loads(sys.stdin.readline())
     secret = bytes.fromhex(first["secret"])
@@ -88,7 +103,6 @@ def main() -> None:
     os.set_blocking(wake_r, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    children: Dict[int, int] = {}  # pid -> rank
     _emit({"event": "ready", "pid": os.getpid(), "info": info})
     stdin_buf = b""
     while True:
@@ -106,22 +120,22 @@ def main() -> None:
         if 0 in ready:
             data = os.read(0, 65536)
             if not data:
-                _kill_all(children)
-                os._exit(0)
+                kernel_gone()
             stdin_buf += data
             while b"\n" in stdin_buf:
                 line, stdin_buf = stdin_buf.split(b"\n", 1)
                 cmd = json.loads(line)
                 if cmd["op"] == "spawn":
                     cmd["parent"] = os.getpid()
+                    if cmd["config"]["env"].get("DDP_MAGIC_STORE"):
+                        stores.add(cmd["config"]["env"]["DDP_MAGIC_STORE"])
                     pid = os.fork()
                     if pid == 0:
                         _child(cmd, secret, wake_r, wake_w)
                     children[pid] = cmd["rank"]
                     _emit({"event": "spawned", "rank": cmd["rank"], "pid": pid})
                 elif cmd["op"] == "exit":
-                    _kill_all(children)
-                    os._exit(0)
+                    kernel_gone()
 
 
 def _reap(children: Dict[int, int]) -> None:

@@ -148,6 +148,7 @@ class Pool:
         # Loopback unless ranks on other nodes must reach us; never every interface.
         self.listen_addr = listen_addr or ("127.0.0.1" if nnodes == 1 else master_addr)
         self.node_command: Optional[str] = None
+        self.store_path: Optional[str] = None  # the process group's FileStore (one host)
         self.start_timeout = start_timeout
         self.grace = grace
         self.secret = P.new_secret()
@@ -231,8 +232,11 @@ class Pool:
                 self.node_command = self.launcher.launch(self.plan, self.listen_addr, port, base_env)
                 listener.on_notice(self._node_instructions())
             else:
+                self.store_path = _file_store_path(self.plan.run_id)
                 for r in range(self.nproc):
                     env = dict(base_env, **self.plan.rank_env(r))
+                    if self.store_path:
+                        env["DDP_MAGIC_STORE"] = self.store_path
                     self.launcher.spawn(r, {"env": env, "kernel_addr": self.listen_addr, "kernel_port": port})
             ready: Dict[int, bool] = {}
             failures: List[RankFailure] = []
@@ -436,6 +440,12 @@ class Pool:
         self._outs.clear()
         self._by_fd.clear()
         self._unsynced.clear()
+        if self.store_path:
+            try:
+                os.unlink(self.store_path)
+            except OSError:
+                pass
+            self.store_path = None
         for info in self.ranks.values():
             if info.state not in ("dead", "failed"):
                 info.state = "stopped"
@@ -945,6 +955,13 @@ def _describe(code: Optional[int]) -> str:
     from .errors import describe_exit
 
     return describe_exit(code)
+
+
+def _file_store_path(run_id: str) -> Optional[str]:
+    """Where a one-host pool's ranks meet to initialise the process group (None: use env://)."""
+    if not os.path.isdir(transfer.SHM_DIR):
+        return None
+    return os.path.join(transfer.SHM_DIR, f"{transfer.SHM_PREFIX}store-{run_id}-{os.getpid()}")
 
 
 def _raise_fd_limit(needed: int) -> None:

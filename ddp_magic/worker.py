@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 import types
 from typing import Any, Optional
@@ -28,11 +29,11 @@ from .namespace import adopt
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(expected_parent: Optional[int] = None) -> None:
-    """Ask Linux to SIGKILL us when our parent dies; exit now if it already has."""
+def die_with_parent(expected_parent: Optional[int] = None, sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send us sig (SIGKILL) when our parent dies; exit now if it already has."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         return
     if expected_parent is not None and os.getppid() != expected_parent:
@@ -154,6 +155,14 @@ class Worker:
             import torch
 
             kwargs["device_id"] = torch.device(self.device)
+        store_path = os.environ.get("DDP_MAGIC_STORE")
+        if store_path:
+            # One host: a file store in /dev/shm. No port to race for and no TCPStore, whose
+            # reverse DNS lookup of its peers stalled 1 start in 10 by 5 s on some hosts.
+            world = int(os.environ["WORLD_SIZE"])
+            kwargs.update(store=dist.FileStore(store_path, world), rank=self.rank, world_size=world)
+        elif self.rank != 0:
+            _wait_for_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), float(timeout or 300))
         try:
             dist.init_process_group(backend=backend, **kwargs)
         except TypeError:  # torch without device_id
@@ -191,6 +200,12 @@ class Worker:
         self.shutdown(1)
 
     def shutdown(self, code: int) -> None:
+        store = os.environ.get("DDP_MAGIC_STORE")
+        if store and self.rank == 0:  # the kernel may be gone (even SIGKILLed): leave nothing in /dev/shm
+            try:
+                os.unlink(store)
+            except OSError:
+                pass
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -311,6 +326,18 @@ class Worker:
             self.chan.send(P.RESULT, rank=self.rank, gathered=True, **self._packed([p.cpu() for p in parts]))
         else:
             self.chan.send(P.RESULT, rank=self.rank, gathered=True, result=None)
+
+
+def _wait_for_store(host: str, port: int, timeout: float) -> None:
+    """Wait (5 ms steps) until rank 0's store listens: torch's own retry after a refused
+    connection sleeps 0.25 s and more, which made a pool start or restart stall for nothing."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.005)
 
 
 def _tensor_meta(t: Any) -> dict:
