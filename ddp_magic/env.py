@@ -237,7 +237,7 @@ def port_holder(port: int) -> Optional[str]:
                 if link.startswith("socket:[") and link[8:-1] in inodes:
                     with open(f"/proc/{pid}/cmdline", "rb") as f:
                         cmd = " ".join(f.read().replace(b"\0", b" ").decode(errors="replace").split())
-                    return f"pid {pid} ({cmd[:80]})"
+                    return f"pid {pid} ({cmd if len(cmd) <= 80 else cmd[:79] + '…'})"
         except OSError:
             continue
     return "another user's process"

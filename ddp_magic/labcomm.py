@@ -231,7 +231,7 @@ class LabBridge:
                     report = self.magics.ddp_env("--json")
                     text = out.getvalue().strip()
                     return {"ok": True, "message": f"%ddp_env: {report.get('verdict', '')}".strip(), "report": report, "output": text}
-        except Exception as e:
+        except (Exception, KeyboardInterrupt) as e:  # a kernel interrupt while a request runs ends the request, not the kernel's loop
             from .errors import UsageError
 
             why = str(e) if isinstance(e, UsageError) else f"{type(e).__name__}: {e}"

@@ -147,6 +147,7 @@ class DDPMagics(Magics):
         super().__init__(shell)
         self.pool: Optional[Pool] = None
         self.worker_owned: Set[str] = set()
+        self._cells = 0  # names tracebacks' <ddp-cell-N>: unique even when the frontend stores no history
         self._generation = 0
 
     # ------------------------------------------------------------ pool lifecycle
@@ -206,6 +207,10 @@ class DDPMagics(Magics):
         _warm_torch_import()
         return pool
 
+    def _next_label(self) -> int:
+        self._cells += 1
+        return self._cells
+
     # ------------------------------------------------------------ %%ddp / %ddp
     @line_cell_magic
     def ddp(self, line: str, cell: Optional[str] = None) -> Any:
@@ -252,7 +257,7 @@ class DDPMagics(Magics):
                 listener.on_notice("restarted the pool; variables defined in earlier %%ddp cells are gone")
             generation = pool.generation
             try:
-                outcome = pool.run(cell, blobs, listener=listener, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), label=str(self.shell.execution_count), owned=self.worker_owned)
+                outcome = pool.run(cell, blobs, listener=listener, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), label=str(self._next_label()), owned=self.worker_owned)
             finally:
                 printer.flush()
         except BaseException as e:
@@ -280,6 +285,8 @@ class DDPMagics(Magics):
 
     def _ddp_line(self, line: str) -> Any:
         args = _line_parser().parse_args(_split(line))
+        if args.action == "status" and any(v not in (None, False) for k, v in vars(args).items() if k != "action"):
+            raise UsageError("%ddp: pool options need an action, e.g. %ddp restart -n 2 (or put them on a %%ddp cell)")
         listener = _MagicListener(RankPrinter(), False)
         if args.action == "stop":
             if self.pool is None:

@@ -833,7 +833,7 @@ class _CellWatch:
             self.timed_out = True
             self.cancelled = True
             self._capture_stacks(running)
-            self.notes.append(f"the cell ran past --timeout {self.timeout:g}s; where each rank was:")
+            self.notes.append("where each rank was when the timeout expired:")
             self.notes += [f"--- rank {r} ---\n{self.stacks.get(r, '(no answer)').rstrip()}" for r in sorted(self.stacks)]
             self._interrupt(running)
             return
@@ -884,9 +884,10 @@ class _CellWatch:
                 info.finished = info.finished or time.monotonic()
                 self.listener.on_state(info)
         self.state_lost = True
-        self.pool.broken = f"ranks {', '.join(map(str, ranks))} did not respond to the interrupt and were stopped"
+        who, verb = (f"rank {ranks[0]}", "was") if len(ranks) == 1 else (f"ranks {', '.join(map(str, ranks))}", "were")
+        self.pool.broken = f"{who} did not respond to the interrupt and {verb} stopped"
         self.notes.append(
-            f"ranks {', '.join(map(str, ranks))} did not respond to the interrupt (stuck in a collective or native code) and were stopped; "
+            f"{who} did not respond to the interrupt (stuck in a collective or native code) and {verb} stopped; "
             "the pool restarts on the next cell and variables defined in earlier %%ddp cells are lost"
         )
 

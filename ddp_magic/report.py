@@ -136,9 +136,6 @@ class EnvReport:
         lines += env_table_text(self.envs, self._columns())
         lines.append("")
         lines += checks_text(self.checks)
-        for k, v in self.extra.items():
-            if isinstance(v, (str, int, float)):
-                lines.append(f"  {k}: {v}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

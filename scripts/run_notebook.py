@@ -44,7 +44,8 @@ def main() -> int:
     args = ap.parse_args()
     nb = nbformat.read(args.notebook, as_version=4)
     t0 = time.monotonic()
-    client = NotebookClient(nb, timeout=args.timeout, kernel_name="python3", allow_errors=False)
+    # Closed widgets' state is dead weight in a saved notebook (the status view leaves HTML behind).
+    client = NotebookClient(nb, timeout=args.timeout, kernel_name="python3", allow_errors=False, store_widget_state=False)
     failed = None
     try:
         client.execute()
