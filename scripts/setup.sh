@@ -6,6 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${DDP_MAGIC_VENV:-.venv}
 PY=${PYTHON:-python3}
+# Debian's Chromium for the browser tests (labextension/ui-tests); never a downloaded browser.
+if [ ! -x /usr/bin/chromium ] && [ "${DDP_MAGIC_NO_BROWSER:-0}" != 1 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing chromium (apt) for the browser tests"
+    apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+  else
+    echo "setup: no /usr/bin/chromium and no root apt-get: the browser tests will be skipped (apt-get install -y chromium)" >&2
+  fi
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   if "$PY" -c "import torch" 2>/dev/null; then
     echo "setup: using the torch already importable by $PY"
@@ -21,11 +30,18 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
 fi
 "$VPY" -c "import torch; print('torch==' + torch.__version__)" > "$VENV/constraints.txt"
 stamp="$VENV/.ddp_magic-setup"
-want=$(cat pyproject.toml requirements-dev.txt "$VENV/constraints.txt" | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing test tools and ddp_magic (constrained to $(cat "$VENV/constraints.txt"))"
+reqs=$(cat requirements-dev.txt "$VENV/constraints.txt" | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$VENV/.ddp_magic-reqs" 2>/dev/null)" != "$reqs" ]; then
+  echo "setup: installing test and build tools (constrained to $(cat "$VENV/constraints.txt"))"
   "$VPY" -m pip install -q -c "$VENV/constraints.txt" -r requirements-dev.txt
-  "$VPY" -m pip install -q -c "$VENV/constraints.txt" --no-build-isolation -e .
+  echo "$reqs" > "$VENV/.ddp_magic-reqs"
+fi
+# the JupyterLab extension, built before the package is installed (the install ships it)
+ext=$(bash scripts/build_labextension.sh | tail -n 1)
+want=$(cat pyproject.toml requirements-dev.txt "$VENV/constraints.txt" <(echo "$ext") | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing ddp_magic (editable, with its JupyterLab extension)"
+  PATH="$(cd "$VENV" && pwd)/bin:$PATH" "$VPY" -m pip install -q -c "$VENV/constraints.txt" --no-build-isolation -e .
   echo "$want" > "$stamp"
 fi
 "$VPY" -c "import ddp_magic, torch; print(f'setup: ddp_magic {ddp_magic.__version__}, torch {torch.__version__} ready in $VENV')"

@@ -1,0 +1,345 @@
+/**
+ * One notebook's link to its kernel's pool: the "ddp_magic" comm, the kernel's
+ * status, and the requests in flight. Holds no UI; the status bar and the panel
+ * listen to `changed` and render `state` through the pure functions of model.ts.
+ *
+ * Finding out whether the kernel has ddp_magic loaded costs nothing visible: a
+ * comm_info request for our target (the IPython extension keeps one comm of
+ * that target registered while it is loaded), sent when a kernel appears, when
+ * the panel is shown, and after a cell whose code mentions "ddp" ran, until the
+ * comm is open. Kernels without ddp_magic never see a comm_open from us, so they
+ * log nothing.
+ *
+ * After such a cell the next one may already be running (Run All): a request on
+ * the main shell would wait for it. When the kernel has subshells (ipykernel ≥ 7)
+ * the comm_info request goes over a subshell of our own, answered at once, and
+ * the comm itself is opened over JupyterLab's per-target comm subshell (its
+ * default since 4.4), so even the first %%ddp cell is followed live. The probe
+ * subshell is deleted once the comm is open.
+ */
+import { ISessionContext } from '@jupyterlab/apputils';
+import { Kernel, KernelMessage } from '@jupyterlab/services';
+import { UUID } from '@lumino/coreutils';
+import { IDisposable } from '@lumino/disposable';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import * as M from './model';
+
+export class PoolConnection implements IDisposable {
+  constructor(sessionContext: ISessionContext, version: string) {
+    this._session = sessionContext;
+    this._version = version;
+    sessionContext.statusChanged.connect(this._onStatus, this);
+    sessionContext.kernelChanged.connect(this._onKernelChanged, this);
+    sessionContext.iopubMessage.connect(this._onIopub, this);
+    void sessionContext.ready.then(() => {
+      this._onStatus(sessionContext, sessionContext.session?.kernel?.status ?? 'unknown');
+      void this.probe();
+    });
+  }
+
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  get state(): M.IUIState {
+    return this._state;
+  }
+
+  get sessionContext(): ISessionContext {
+    return this._session;
+  }
+
+  get isDisposed(): boolean {
+    return this._disposed;
+  }
+
+  dispose(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    void this._dropSubshell();
+    this._closeComm();
+    this._rejectAll('the notebook was closed');
+    Signal.clearData(this);
+  }
+
+  /**
+   * Ask the kernel whether ddp_magic is loaded; open the comm if it is.
+   * overSubshell: ask over a kernel subshell (answered while a cell runs) when the kernel has them.
+   */
+  async probe(overSubshell = false): Promise<void> {
+    const kernel = this._kernel();
+    if (!kernel || this._comm || this._disposed) {
+      return;
+    }
+    if (this._probing) {
+      // one question at a time; ask again when this one is answered (it may predate %load_ext)
+      this._reprobe = this._reprobe === null ? overSubshell : this._reprobe || overSubshell;
+      return;
+    }
+    this._probing = true;
+    try {
+      if ((await this._hasTarget(kernel, overSubshell)) && kernel === this._kernel() && !this._comm && !this._disposed) {
+        this._openComm(kernel);
+        void this._dropSubshell();
+      }
+    } catch (e) {
+      // a kernel that went away while we asked: the next status change probes again
+    } finally {
+      this._probing = false;
+    }
+    const again = this._reprobe;
+    this._reprobe = null;
+    if (again !== null && !this._comm) {
+      await this.probe(again);
+    }
+  }
+
+  /**
+   * Send a request to the kernel. Resolves with the kernel's reply; rejects when
+   * the comm closes or the kernel restarts before it answers. Check
+   * M.commandPolicy first: this does not refuse anything itself.
+   */
+  request(op: M.Op, args: Record<string, unknown> = {}): Promise<M.IReplyMsg> {
+    const comm = this._comm;
+    if (!comm) {
+      return Promise.reject(new Error('ddp_magic is not connected to this kernel'));
+    }
+    const id = UUID.uuid4();
+    const waits = this._state.kernelStatus === 'busy';
+    this._set(M.withRequest(this._state, { id, op, sentAt: Date.now(), waits }));
+    return new Promise<M.IReplyMsg>((resolve, reject) => {
+      this._waiters.set(id, { resolve, reject });
+      try {
+        comm.send({ type: 'request', id, op, args } as any);
+      } catch (e) {
+        this._waiters.delete(id);
+        this._set({ ...this._state, pending: this._state.pending.filter(p => p.id !== id) });
+        reject(e);
+      }
+    });
+  }
+
+  /** Interrupt the kernel: the running %%ddp cell interrupts every rank (KeyboardInterrupt in each). */
+  async interrupt(): Promise<void> {
+    const kernel = this._kernel();
+    if (kernel) {
+      await kernel.interrupt();
+    }
+  }
+
+  // ---------------------------------------------------------------- internals
+  private _kernel(): Kernel.IKernelConnection | null {
+    return this._session.session?.kernel ?? null;
+  }
+
+  private async _hasTarget(kernel: Kernel.IKernelConnection, overSubshell: boolean): Promise<boolean> {
+    const found = (content: KernelMessage.ICommInfoReplyMsg['content']) =>
+      content.status === 'ok' && Object.keys(content.comms || {}).length > 0;
+    if (overSubshell && kernel.supportsSubshells) {
+      try {
+        const subshellId = await this._subshellFor(kernel);
+        const msg = KernelMessage.createMessage<KernelMessage.ICommInfoRequestMsg>({
+          msgType: 'comm_info_request',
+          channel: 'shell',
+          session: kernel.clientId,
+          username: kernel.username,
+          subshellId,
+          content: { target_name: M.COMM_TARGET }
+        });
+        const reply = (await kernel.sendShellMessage(msg, true, true).done) as KernelMessage.ICommInfoReplyMsg;
+        return found(reply.content);
+      } catch (e) {
+        // no subshell after all: ask on the main shell (answered between cells)
+      }
+    }
+    const reply = await kernel.requestCommInfo({ target_name: M.COMM_TARGET });
+    return found(reply.content as KernelMessage.ICommInfoReplyMsg['content']);
+  }
+
+  private async _subshellFor(kernel: Kernel.IKernelConnection): Promise<string> {
+    if (this._subshell && this._subshell.kernel === kernel) {
+      return this._subshell.id;
+    }
+    const reply = await kernel.requestCreateSubshell({}).done;
+    const content = reply.content as { status: string; subshell_id?: string };
+    if (content.status !== 'ok' || !content.subshell_id) {
+      throw new Error('no subshell');
+    }
+    this._subshell = { kernel, id: content.subshell_id };
+    return content.subshell_id;
+  }
+
+  private async _dropSubshell(): Promise<void> {
+    const sub = this._subshell;
+    this._subshell = null;
+    if (sub && !sub.kernel.isDisposed && sub.kernel === this._kernel()) {
+      try {
+        await sub.kernel.requestDeleteSubshell({ subshell_id: sub.id }).done;
+      } catch (e) {
+        // the kernel went away: so did the subshell
+      }
+    }
+  }
+
+  private _set(state: M.IUIState): void {
+    if (state !== this._state) {
+      this._state = state;
+      this._changed.emit();
+    }
+  }
+
+  private _openComm(kernel: Kernel.IKernelConnection): void {
+    const comm = kernel.createComm(M.COMM_TARGET);
+    this._comm = comm;
+    comm.onMsg = msg => {
+      if (this._comm !== comm) {
+        return;
+      }
+      const data = msg.content.data as unknown;
+      this._set(M.applyMessage(this._state, data, Date.now()));
+      if (data && (data as M.IReplyMsg).type === 'reply') {
+        const reply = data as M.IReplyMsg;
+        const waiter = this._waiters.get(reply.id);
+        if (waiter) {
+          this._waiters.delete(reply.id);
+          waiter.resolve(reply);
+        }
+      }
+    };
+    comm.onClose = () => {
+      if (this._comm !== comm) {
+        return;
+      }
+      this._comm = null;
+      this._rejectAll('ddp_magic closed its connection (the extension was unloaded, or the kernel went away)');
+      this._set(M.disconnected(this._state));
+    };
+    void this._open(kernel, comm);
+  }
+
+  /** Open the comm, over its subshell when JupyterLab sends comms over subshells (so it is handled while a cell runs). */
+  private async _open(kernel: Kernel.IKernelConnection, comm: Kernel.IComm): Promise<void> {
+    const c = comm as Kernel.IComm & { subshellStarted?: Promise<void>; commsOverSubshells?: string };
+    if (this._mainBusy && kernel.supportsSubshells && c.subshellStarted && c.commsOverSubshells && c.commsOverSubshells !== 'disabled') {
+      // a cell runs: before its subshell exists, open() would go to the main shell and wait for that cell
+      await Promise.race([c.subshellStarted, new Promise(resolve => setTimeout(resolve, 3000))]);
+    }
+    if (this._comm !== comm || comm.isDisposed || kernel.isDisposed) {
+      return;
+    }
+    try {
+      comm.open({ type: 'hello', protocol: M.PROTOCOL, version: this._version } as any);
+    } catch (e) {
+      this._comm = null;
+    }
+  }
+
+  private _closeComm(): void {
+    const comm = this._comm;
+    this._comm = null;
+    if (comm && !comm.isDisposed) {
+      try {
+        comm.close();
+      } catch (e) {
+        // the kernel is gone already
+      }
+    }
+  }
+
+  private _rejectAll(why: string): void {
+    for (const [, w] of this._waiters) {
+      w.reject(new Error(why));
+    }
+    this._waiters.clear();
+  }
+
+  private _onKernelChanged(): void {
+    this._comm = null; // the old kernel's comm is gone with it
+    this._subshell = null;
+    this._mainBusy = false;
+    this._sessionStatus = this._kernel()?.status ?? 'unknown';
+    this._rejectAll('the kernel changed');
+    this._set(M.withKernelStatus(M.disconnected(this._state), this._kernel() ? 'unknown' : 'none'));
+    void this.probe();
+  }
+
+  /**
+   * The kernel's status as the commands need it: "busy" while the main shell runs a cell.
+   * JupyterLab's own status also follows subshell requests (our probe, comms over
+   * subshells), which can read "idle" in the middle of a running cell.
+   */
+  private _effective(): M.KernelStatus {
+    const status = (this._kernel() ? this._sessionStatus : 'none') as M.KernelStatus;
+    if (status === 'idle' || status === 'busy') {
+      return this._mainBusy ? 'busy' : 'idle';
+    }
+    return status;
+  }
+
+  private _onStatus(_: ISessionContext, status: Kernel.Status): void {
+    const before = this._state.kernelStatus;
+    this._sessionStatus = status;
+    if (status === 'restarting' || status === 'autorestarting' || status === 'dead' || status === 'starting') {
+      this._mainBusy = false;
+    }
+    const next = this._effective();
+    if (next === 'restarting' || next === 'autorestarting' || next === 'dead') {
+      this._comm = null;
+      this._subshell = null; // a restarted kernel has no subshells
+      this._rejectAll(`the kernel is ${next === 'dead' ? 'dead' : 'restarting'}`);
+    }
+    this._set(M.withKernelStatus(this._state, next));
+    if (next === 'idle' && (before === 'restarting' || before === 'autorestarting' || before === 'starting' || before === 'unknown')) {
+      void this.probe(); // a kernel that loads ddp_magic from its config has it already
+    }
+  }
+
+  private _onIopub(_: ISessionContext, msg: KernelMessage.IMessage): void {
+    const parentHeader = msg.parent_header as Partial<KernelMessage.IHeader> & { subshell_id?: string | null };
+    if (msg.header.msg_type === 'status' && parentHeader && parentHeader.msg_type === 'execute_request' && !parentHeader.subshell_id) {
+      const busy = (msg.content as KernelMessage.IStatusMsg['content']).execution_state === 'busy';
+      if (busy !== this._mainBusy) {
+        this._mainBusy = busy;
+        this._set(M.withKernelStatus(this._state, this._effective()));
+      }
+    }
+    if (this._comm) {
+      this._ddpCells.clear();
+      return;
+    }
+    const parent = msg.parent_header as Partial<KernelMessage.IHeader>;
+    if (msg.header.msg_type === 'execute_input') {
+      const code = (msg.content as KernelMessage.IExecuteInputMsg['content']).code || '';
+      if (/ddp/.test(code) && parent && parent.msg_id) {
+        this._ddpCells.add(parent.msg_id); // e.g. %load_ext ddp_magic, %%ddp, %reload_ext ddp_magic
+      }
+      return;
+    }
+    if (msg.header.msg_type !== 'status' || !parent || !parent.msg_id || !this._ddpCells.has(parent.msg_id)) {
+      return;
+    }
+    if ((msg.content as KernelMessage.IStatusMsg['content']).execution_state === 'idle') {
+      this._ddpCells.delete(parent.msg_id);
+      // That cell may have loaded ddp_magic. If the next cell starts at once (Run All), ask
+      // over a subshell so the answer does not wait for it; else the main shell answers now.
+      setTimeout(() => void this.probe(this._mainBusy), 150);
+    }
+  }
+
+  private _session: ISessionContext;
+  private _version: string;
+  private _state: M.IUIState = M.initialState();
+  private _changed = new Signal<this, void>(this);
+  private _comm: Kernel.IComm | null = null;
+  private _probing = false;
+  private _reprobe: boolean | null = null; // a probe asked for while one was in flight (over a subshell?)
+  private _sessionStatus: Kernel.Status = 'unknown';
+  private _mainBusy = false; // the main shell runs an execute_request (from iopub status messages)
+  private _subshell: { kernel: Kernel.IKernelConnection; id: string } | null = null;
+  private _ddpCells = new Set<string>();
+  private _disposed = false;
+  private _waiters = new Map<string, { resolve: (r: M.IReplyMsg) => void; reject: (e: Error) => void }>();
+}

@@ -1,0 +1,93 @@
+/**
+ * One PoolConnection per open notebook, and which one is current (the notebook
+ * the user last worked in). `updated` fires when the current notebook changes,
+ * when its pool state changes, and once a second while its pool is active (so
+ * elapsed times move without any message from the kernel).
+ */
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { PoolConnection } from './connection';
+import * as M from './model';
+
+export class ConnectionTracker {
+  constructor(notebooks: INotebookTracker, version: string) {
+    this._notebooks = notebooks;
+    this._version = version;
+    notebooks.widgetAdded.connect((_, panel) => this.connectionFor(panel), this);
+    notebooks.currentChanged.connect(this._onCurrent, this);
+    notebooks.forEach(panel => this.connectionFor(panel));
+    this._onCurrent();
+    this._timer = window.setInterval(() => this._tick(), 1000);
+  }
+
+  get updated(): ISignal<this, void> {
+    return this._updated;
+  }
+
+  get current(): PoolConnection | null {
+    return this._current;
+  }
+
+  get currentPanel(): NotebookPanel | null {
+    return this._notebooks.currentWidget;
+  }
+
+  /** The connection of a notebook panel (created on first use, disposed with the panel). */
+  connectionFor(panel: NotebookPanel): PoolConnection {
+    let conn = this._connections.get(panel);
+    if (!conn) {
+      conn = new PoolConnection(panel.sessionContext, this._version);
+      this._connections.set(panel, conn);
+      conn.changed.connect(() => {
+        if (conn === this._current) {
+          this._updated.emit();
+        }
+      }, this);
+      panel.disposed.connect(() => {
+        this._connections.get(panel)?.dispose();
+        this._connections.delete(panel);
+        if (this._current === conn) {
+          this._current = null;
+          this._updated.emit();
+        }
+      }, this);
+    }
+    return conn;
+  }
+
+  dispose(): void {
+    window.clearInterval(this._timer);
+    this._connections.forEach(c => c.dispose());
+    this._connections.clear();
+    Signal.clearData(this);
+  }
+
+  private _onCurrent(): void {
+    const panel = this._notebooks.currentWidget;
+    const conn = panel ? this.connectionFor(panel) : null;
+    if (conn !== this._current) {
+      this._current = conn;
+      this._updated.emit();
+    }
+  }
+
+  private _tick(): void {
+    const conn = this._current;
+    const pool = conn?.state.snapshot?.pool;
+    if (!conn || !pool) {
+      return;
+    }
+    const phase = M.poolPhase(pool, conn.state.receivedAt, Date.now()).phase;
+    if (phase === 'running' || phase === 'starting' || conn.state.pending.length) {
+      this._updated.emit();
+    }
+  }
+
+  private _notebooks: INotebookTracker;
+  private _version: string;
+  private _connections = new Map<NotebookPanel, PoolConnection>();
+  private _current: PoolConnection | null = null;
+  private _updated = new Signal<this, void>(this);
+  private _timer: number;
+}

@@ -1,0 +1,435 @@
+"""Browser tests of the JupyterLab extension: real JupyterLab, headless Chromium from Debian.
+
+One JupyterLab server (a free port, a temporary notebook and settings dir) and one
+page for the whole module; the tests run in order on the same notebook and
+kernel, like a user would: run a ``%%ddp -n 2`` cell and watch the status bar
+and the DDP panel follow it, restart the pool from the panel and see new pids,
+ask for a restart while a cell runs (it waits for the cell, and says so), show
+%ddp_env, check the highlighting of a %%ddp cell, stop the pool. Screenshots go
+to ``$DDP_MAGIC_UI_OUT`` (default ``build/ui-tests/``); with
+``DDP_MAGIC_UPDATE_DOCS_IMG=1`` the representative one is copied to
+``docs/img/labextension.png``.
+
+Python Playwright drives ``/usr/bin/chromium`` (``apt-get install -y chromium``);
+no browser is ever downloaded (never ``playwright install``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILT = os.path.join(ROOT, "ddp_magic", "labextension")
+CHROMIUM = os.environ.get("DDP_MAGIC_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--disable-dev-shm-usage",
+]
+OUT = os.environ.get("DDP_MAGIC_UI_OUT", os.path.join(ROOT, "build", "ui-tests"))
+NOTEBOOK = "ddp_ui.ipynb"
+CELL = """%%ddp -n 2 --no-widget
+import time, torch.distributed as dist
+for step in range(8):
+    print(f"step {step} on rank {dist.get_rank()}", flush=True)
+    time.sleep(0.5)
+dist.get_rank()"""
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium; scripts/setup.sh does)", allow_module_level=True)
+playwright_api = pytest.importorskip("playwright.sync_api", reason="Python Playwright is in requirements-dev.txt")
+expect = playwright_api.expect
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _code(src: str) -> Dict[str, Any]:
+    return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": src}
+
+
+def _descendants(pid: int) -> List[int]:
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+class Lab:
+    """The server, the browser and the page; and what the tests saved."""
+
+    def __init__(self, tmp: str) -> None:
+        self.tmp = tmp
+        self.shots: Dict[str, str] = {}
+        settings = os.path.join(tmp, "settings", "@jupyterlab", "apputils-extension")
+        os.makedirs(settings)
+        with open(os.path.join(settings, "notification.jupyterlab-settings"), "w") as f:
+            json.dump({"fetchNews": "false", "checkForUpdates": False}, f)
+        self.nbdir = os.path.join(tmp, "nb")
+        os.makedirs(self.nbdir)
+        nb = {
+            "cells": [_code("%load_ext ddp_magic"), _code(CELL)],
+            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+            "nbformat": 4,
+            "nbformat_minor": 5,
+        }
+        with open(os.path.join(self.nbdir, NOTEBOOK), "w") as f:
+            json.dump(nb, f)
+        # the extension as built in this tree (what the wheel ships), ahead of any installed copy
+        jp = os.path.join(tmp, "jupyter", "labextensions")
+        os.makedirs(jp)
+        os.symlink(BUILT, os.path.join(jp, "ddp-magic"))
+        self.port, self.token = _free_port(), "ddp-ui-test"
+        env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=os.path.join(tmp, "settings"), JUPYTERLAB_WORKSPACES_DIR=os.path.join(tmp, "ws"))
+        env["JUPYTER_PATH"] = os.pathsep.join(p for p in (os.path.join(tmp, "jupyter"), env.get("JUPYTER_PATH", "")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+        env.pop("PYTEST_CURRENT_TEST", None)  # else ipykernel stops capturing child fds (see TOOLCHAIN.md)
+        self.log_path = os.path.join(tmp, "lab.log")
+        self.log = open(self.log_path, "wb")
+        self.server = subprocess.Popen(
+            [
+                sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={self.port}", "--ip=127.0.0.1",
+                f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.nbdir}",
+                "--LabApp.expose_app_in_browser=True", "--ServerApp.disable_check_xsrf=True",
+            ],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=self.nbdir, start_new_session=True,
+        )
+        self.pw = None
+        self.browser = None
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.server.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited: {self.log_text()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api?token={self.token}", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise TimeoutError(f"JupyterLab did not answer: {self.log_text()}")
+
+    def log_text(self) -> str:
+        self.log.flush()
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-4000:]
+
+    def open_browser(self) -> Any:
+        self.pw = playwright_api.sync_playwright().start()
+        self.browser = self.pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        self.page = self.browser.new_page(viewport={"width": 1400, "height": 820}, device_scale_factor=1)
+        self.console: List[str] = []
+        self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}"))
+        return self.page
+
+    def shot(self, name: str, **kw: Any) -> str:
+        os.makedirs(OUT, exist_ok=True)
+        path = os.path.join(OUT, name)
+        self.page.mouse.move(700, 5)
+        self.page.screenshot(path=path, **kw)
+        self.shots[name] = path
+        return path
+
+    def close(self) -> None:
+        try:
+            if self.browser is not None:
+                self.browser.close()
+            if self.pw is not None:
+                self.pw.stop()
+        finally:
+            kids = _descendants(self.server.pid)  # kernels and their ddp workers
+            try:
+                os.killpg(self.server.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.server.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.server.pid, signal.SIGKILL)
+                self.server.wait(5)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and any(_alive(p) for p in kids):
+                time.sleep(0.1)
+            for p in kids:  # only processes this test started
+                if _alive(p):
+                    try:
+                        os.kill(p, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            self.log.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    assert os.path.exists(os.path.join(BUILT, "package.json")), "the extension is not built: run scripts/setup.sh (or jlpm build:prod in labextension/)"
+    tmp = tempfile.mkdtemp(prefix="ddp-lab-ui-")
+    lab = Lab(tmp)
+    try:
+        lab.wait_ready()
+        page = lab.open_browser()
+        page.goto(f"http://127.0.0.1:{lab.port}/lab/tree/{NOTEBOOK}?token={lab.token}&reset", timeout=60_000)
+        page.wait_for_function(
+            "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+            " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
+            " return k && k.status === 'idle' && !!window.jupyterapp.ddpMagic; }",
+            timeout=90_000,
+        )
+        page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
+        yield lab
+    finally:
+        lab.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    if os.environ.get("DDP_MAGIC_UPDATE_DOCS_IMG") == "1" and "live.png" in lab.shots:
+        shutil.copyfile(lab.shots["live.png"], os.path.join(ROOT, "docs", "img", "labextension.png"))
+
+
+def _status(page: Any) -> Any:
+    return page.locator(".jp-ddp-StatusItem")
+
+
+def _pids(page: Any) -> List[str]:
+    return page.locator(".jp-ddp-Panel .jp-ddp-Rank .jp-ddp-Rank-pid").all_inner_texts()
+
+
+def _states(page: Any) -> List[str]:
+    return page.locator(".jp-ddp-Panel .jp-ddp-Rank .jp-ddp-Rank-state").all_inner_texts()
+
+
+def _run_all(page: Any) -> None:
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")  # do not wait for the run
+
+
+def _run_code(page: Any, code: str) -> None:
+    """Append a code cell with ``code`` at the end of the notebook and run it (without waiting)."""
+    page.evaluate(
+        """(code) => {
+            const app = window.jupyterapp;
+            const nb = app.shell.currentWidget.content;
+            nb.activeCellIndex = nb.widgets.length - 1;
+            app.commands.execute('notebook:insert-cell-below').then(() => {
+                nb.activeCell.model.sharedModel.setSource(code);
+                app.commands.execute('notebook:run-cell');
+            });
+        }""",
+        code,
+    )
+
+
+def _hide_toasts(page: Any) -> None:
+    page.add_style_tag(content=".Toastify { display: none !important; }")
+
+
+def test_status_bar_and_panel_follow_a_ddp_cell(lab: Lab) -> None:
+    page = lab.page
+    expect(_status(page)).to_be_hidden()  # no pool yet: nothing in the status bar
+    expect(page.locator(".jp-ddp-ToolbarButton")).to_be_hidden()  # nor in the toolbar (ddp_magic not loaded yet)
+    _run_all(page)
+    expect(_status(page)).to_have_text(re.compile(r"^DDP 2×gloo · (starting|running)( \d:\d\d)?$"), timeout=90_000)
+    _status(page).click()  # opens the panel
+    panel = page.locator("#ddp-magic-panel")
+    expect(panel).to_be_visible()
+    expect(_status(page)).to_have_text(re.compile(r"^DDP 2×gloo · running \d:\d\d$"), timeout=60_000)
+    expect(panel.locator(".jp-ddp-Rank")).to_have_count(2)
+    expect(panel.locator(".jp-ddp-Rank-last").nth(1)).to_have_text(re.compile(r"step [1-7] on rank 1"), timeout=20_000)
+    assert _states(page) == ["running", "running"]
+    assert all(p.isdigit() for p in _pids(page))
+    assert [d.strip() for d in panel.locator("td.jp-ddp-Rank-device").all_inner_texts()] == ["cpu", "cpu"]
+    expect(panel.locator(".jp-ddp-Env-verdict")).to_have_text(re.compile(r"^(✓ all \d+ checks passed|.* \(of \d+\))$"))
+    expect(page.locator(".jp-ddp-ToolbarButton")).to_be_visible()
+    # the clock moves between the kernel's messages
+    first = _status(page).inner_text()
+    page.wait_for_timeout(1200)
+    assert _status(page).inner_text() != first
+    lab.shot("running.png")
+    expect(_status(page)).to_have_text("DDP 2×gloo · ready", timeout=60_000)
+    assert _states(page) == ["done", "done"]
+    expect(panel.locator(".jp-ddp-Rank-last").nth(0)).to_have_text("step 7 on rank 0")
+    lab.shot("done.png")
+    # the same cell again, now that the comm is open: the shot for the README
+    page.evaluate(
+        "() => { const nb = window.jupyterapp.shell.currentWidget.content; nb.activeCellIndex = 1;"
+        " window.jupyterapp.commands.execute('notebook:run-cell'); }"
+    )
+    expect(panel.locator(".jp-ddp-Rank-last").nth(1)).to_have_text(re.compile(r"step [3-6] on rank 1"), timeout=30_000)
+    assert _status(page).inner_text().startswith("DDP 2×gloo · running 0:0")
+    lab.shot("live.png")
+    expect(_status(page)).to_have_text("DDP 2×gloo · ready", timeout=60_000)
+
+
+def test_restart_from_the_panel_gives_new_pids(lab: Lab) -> None:
+    page = lab.page
+    before = _pids(page)
+    page.locator(".jp-ddp-Panel-button-restart").click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("a restart loses them")  # names the %%ddp cell defined live on the workers
+    dialog.locator(".jp-Dialog-button", has_text="Restart").click()
+    expect(page.locator(".jp-ddp-Panel .jp-ddp-Rank-pid").first).not_to_have_text(before[0], timeout=60_000)
+    expect(_status(page)).to_have_text("DDP 2×gloo · ready", timeout=30_000)
+    after = _pids(page)
+    assert len(after) == 2 and all(p.isdigit() for p in after)
+    assert set(after).isdisjoint(before), (before, after)
+    assert _states(page) == ["ready", "ready"]
+    expect(page.locator(".jp-ddp-Panel-message")).to_contain_text("ready in")
+    lab.shot("restarted.png")
+
+
+def test_a_restart_asked_while_a_cell_runs_waits_for_it(lab: Lab) -> None:
+    page = lab.page
+    before = _pids(page)
+    _run_code(page, "import time; time.sleep(4)")
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'busy'", timeout=20_000)
+    expect(page.locator(".jp-ddp-Panel-button-restart")).to_have_text("Restart (waits)")
+    page.locator(".jp-ddp-Panel-button-restart").click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("A cell is running")
+    expect(dialog).to_contain_text("waits for the running cell to end")
+    dialog.locator(".jp-Dialog-button", has_text="Restart after the cell").click()
+    expect(page.locator(".jp-ddp-Panel-message")).to_contain_text("waits for the running cell")
+    expect(_status(page)).to_contain_text("restart waits for the cell")
+    lab.shot("waits.png")
+    expect(page.locator(".jp-ddp-Panel .jp-ddp-Rank-pid").first).not_to_have_text(before[0], timeout=60_000)
+    expect(_status(page)).to_have_text("DDP 2×gloo · ready", timeout=30_000)
+    assert set(_pids(page)).isdisjoint(before)
+
+
+def test_env_command_shows_the_live_report(lab: Lab) -> None:
+    page = lab.page
+    page.evaluate("() => window.jupyterapp.commands.execute('ddp-magic:show-env')")
+    report = page.locator(".jp-Dialog .jp-ddp-EnvReport")
+    expect(report).to_be_visible(timeout=30_000)
+    expect(report.locator(".jp-ddp-EnvReport-verdict")).to_contain_text("env")
+    assert report.locator(".jp-ddp-Check").count() >= 3
+    headers = report.locator(".jp-ddp-EnvReport-table th").all_inner_texts()
+    assert "RANK" in headers and "MASTER_PORT" in headers
+    _hide_toasts(page)
+    lab.shot("env.png")
+    page.locator(".jp-Dialog .jp-Dialog-button", has_text="Close").click()
+
+
+def test_ddp_cells_are_highlighted_as_python(lab: Lab) -> None:
+    page = lab.page
+    cell = page.locator(".jp-Notebook .jp-CodeCell").nth(1)
+    expect(cell.locator(".cm-ddp-magicLine .cm-ddp-magic")).to_have_text("%%ddp")
+    colors = cell.evaluate(
+        """(cell) => {
+            const spans = [...cell.querySelectorAll('.cm-line span')];
+            const kw = spans.find(s => s.textContent === 'import');
+            const probe = document.createElement('span');
+            probe.style.color = 'var(--jp-mirror-editor-keyword-color)';
+            cell.appendChild(probe);
+            const want = getComputedStyle(probe).color;
+            probe.remove();
+            return {keyword: kw ? getComputedStyle(kw).color : null, want, plain: getComputedStyle(cell.querySelector('.cm-line')).color};
+        }"""
+    )
+    assert colors["keyword"] == colors["want"] != colors["plain"], colors
+
+
+def test_palette_and_menu_hold_the_commands(lab: Lab) -> None:
+    page = lab.page
+    labels = page.evaluate(
+        "() => ['ddp-magic:restart-pool', 'ddp-magic:stop-pool', 'ddp-magic:show-env', 'ddp-magic:show-panel']"
+        ".map(c => window.jupyterapp.commands.label(c))"
+    )
+    assert labels == ["Restart DDP Pool", "Stop DDP Pool", "Show %ddp_env", "Show DDP Pool Panel"]
+    page.locator(".jp-ddp-ToolbarButton").click()
+    menu = page.locator(".lm-Menu.jp-ddp-Menu")
+    expect(menu).to_be_visible()
+    expect(menu).to_contain_text("Restart DDP Pool")
+    page.keyboard.press("Escape")
+
+
+def test_interrupt_from_the_panel_interrupts_every_rank(lab: Lab) -> None:
+    page = lab.page
+    _run_code(page, "%%ddp --no-widget\nimport time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(0.1)")
+    expect(_status(page)).to_have_text(re.compile(r"^DDP 2×gloo · running"), timeout=30_000)
+    expect(page.locator(".jp-ddp-Panel .jp-ddp-Rank-last").nth(1)).to_have_text(re.compile(r"tick \d+"), timeout=20_000)
+    interrupt = page.locator(".jp-ddp-Panel-button-interrupt")
+    expect(interrupt).to_be_enabled()
+    interrupt.click()  # the kernel's own interrupt: the magic interrupts every rank
+    expect(_status(page)).to_have_text("DDP 2×gloo · interrupted", timeout=30_000)
+    assert _states(page) == ["interrupted", "interrupted"]
+    stderr = page.locator(".jp-Notebook .jp-CodeCell").last.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    expect(stderr.last).to_contain_text("KeyboardInterrupt")
+    lab.shot("interrupted.png")
+
+
+def test_a_failing_rank_is_named_in_the_status_bar(lab: Lab) -> None:
+    page = lab.page
+    _run_code(page, "%%ddp --no-widget\nimport torch.distributed as dist\nif dist.get_rank() == 1:\n    raise ValueError('bad shard')\nprint('fine')")
+    expect(_status(page)).to_have_text("DDP 2×gloo · rank 1 failed", timeout=30_000)
+    assert _states(page) == ["done", "failed"]
+    expect(page.locator(".jp-ddp-Panel tr.jp-ddp-Rank.jp-ddp-Rank-bad")).to_have_count(1)
+    lab.shot("failed.png")
+
+
+def test_stop_then_nothing_in_the_status_bar_and_commands_say_why(lab: Lab) -> None:
+    page = lab.page
+    page.locator(".jp-ddp-Panel-button-stop").click()
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count():  # only when the workers hold names
+        dialog.locator(".jp-Dialog-button", has_text="Stop").click()
+    expect(_status(page)).to_be_hidden(timeout=30_000)
+    expect(page.locator(".jp-ddp-Panel-summary")).to_contain_text("No pool is running")
+    restart = page.locator(".jp-ddp-Panel-button-restart")
+    expect(restart).to_be_disabled()
+    assert "no pool to restart" in (restart.get_attribute("title") or "")
+    errors = [c for c in lab.console if c.startswith("error") and "ddp" in c.lower()]
+    assert not errors, errors
+
+
+def test_kernel_restart_forgets_the_pool_and_a_new_one_is_followed(lab: Lab) -> None:
+    page = lab.page
+    _run_code(page, "%%ddp -n 2 --no-widget\nprint('again')")
+    expect(_status(page)).to_have_text("DDP 2×gloo · ready", timeout=90_000)
+    page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
+    expect(_status(page)).to_be_hidden(timeout=30_000)
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'", timeout=60_000)
+    expect(page.locator(".jp-ddp-Panel-summary")).to_contain_text("not loaded in this kernel")
+    _run_all(page)  # %load_ext, then the %%ddp cell at once: followed live from its start
+    expect(_status(page)).to_have_text(re.compile(r"^DDP 2×gloo · running \d:\d\d$"), timeout=90_000)
+    expect(_status(page)).to_have_text("DDP 2×gloo · ready", timeout=60_000)
+    errors = [c for c in lab.console if c.startswith("error") and "ddp" in c.lower()]
+    assert not errors, errors

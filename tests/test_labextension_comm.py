@@ -1,0 +1,331 @@
+"""The kernel side of the JupyterLab extension (ddp_magic/labcomm.py), driven like the front end drives it.
+
+A real kernel, a real pool of 2 ranks. The test plays the part of labextension/src/connection.ts:
+comm_info_request for the target, comm_open, requests on the comm, snapshots read from iopub.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from kernel_helper import Kernel
+
+pytestmark = [pytest.mark.kernel, pytest.mark.slow]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET = "ddp_magic"
+
+
+class Front:
+    """A minimal front end on one kernel: the comm, and every comm message that arrived for it."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.k = kernel
+        self.kc = kernel.kc
+        self.comm_id: Optional[str] = None
+        self.msgs: List[dict] = []  # (data of) comm_msg for our comm, in order
+        self.times: List[float] = []
+        self.closed = False
+        self.other: List[dict] = []  # every other iopub message seen while pumping
+
+    def clear(self) -> None:
+        self.msgs.clear()
+        self.times.clear()
+
+    def comm_info(self) -> Dict[str, Any]:
+        mid = self.kc.comm_info(target_name=TARGET)
+        deadline = time.monotonic() + 30
+        while True:  # skip the replies of earlier requests (execute_reply) on the shell channel
+            reply = self.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == mid:
+                assert reply["msg_type"] == "comm_info_reply"
+                return reply["content"]["comms"]
+
+    subshell: Optional[str] = None  # send comm messages over this kernel subshell (as JupyterLab >= 4.4 does)
+
+    def _send(self, msg_type: str, content: dict) -> dict:
+        msg = self.kc.session.msg(msg_type, content)
+        if self.subshell:
+            msg["header"]["subshell_id"] = self.subshell
+        self.kc.shell_channel.send(msg)
+        return msg
+
+    def create_subshell(self) -> str:
+        msg = self.kc.session.msg("create_subshell_request", {})
+        self.kc.control_channel.send(msg)
+        reply = self.kc.get_control_msg(timeout=10)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return reply["content"]["subshell_id"]
+
+    def open(self) -> None:
+        self.comm_id = uuid.uuid4().hex
+        self._send("comm_open", {"comm_id": self.comm_id, "target_name": TARGET, "data": {"type": "hello", "protocol": 1, "version": "test"}})
+
+    def request(self, op: str, **args: Any) -> str:
+        rid = uuid.uuid4().hex
+        self._send("comm_msg", {"comm_id": self.comm_id, "data": {"type": "request", "id": rid, "op": op, "args": args}})
+        return rid
+
+    def arrival(self, rid: str, kind: str = "reply") -> float:
+        return [t for m, t in zip(self.msgs, self.times) if m.get("id") == rid and m.get("type") == kind][0]
+
+    def pump(self, until, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not until():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"waited {timeout}s; comm messages so far: {[m.get('type') for m in self.msgs]}")
+            try:
+                msg = self.kc.get_iopub_msg(timeout=min(left, 0.2))
+            except queue.Empty:
+                continue
+            c = msg["content"]
+            if msg["msg_type"] == "comm_msg" and c.get("comm_id") == self.comm_id:
+                self.msgs.append(c["data"])
+                self.times.append(time.monotonic())
+            elif msg["msg_type"] == "comm_close" and c.get("comm_id") == self.comm_id:
+                self.closed = True
+            else:
+                self.other.append(msg)
+
+    def reply(self, rid: str, timeout: float = 60.0) -> dict:
+        found: List[dict] = []
+
+        def got() -> bool:
+            found[:] = [m for m in self.msgs if m.get("type") == "reply" and m.get("id") == rid]
+            return bool(found)
+
+        self.pump(got, timeout)
+        return found[0]
+
+    def snapshots(self) -> List[dict]:
+        return [m for m in self.msgs if m.get("type") == "snapshot"]
+
+    def last_pool(self) -> Optional[dict]:
+        snaps = self.snapshots()
+        assert snaps, "no snapshot arrived"
+        return snaps[-1]["pool"]
+
+    def execute(self, code: str) -> str:
+        return self.kc.execute(code)
+
+    def wait_idle(self, msg_id: str, timeout: float = 120.0) -> float:
+        """Pump until the kernel is idle after msg_id; returns when that was."""
+        when: List[float] = []
+
+        def idle() -> bool:
+            for m in self.other:
+                if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" and m["parent_header"].get("msg_id") == msg_id:
+                    when.append(time.monotonic())
+                    return True
+            return False
+
+        self.pump(idle, timeout)
+        self.other.clear()
+        return when[0]
+
+    def run(self, code: str, timeout: float = 120.0) -> List[dict]:
+        """Execute code; return the iopub messages of that cell other than our comm's."""
+        mid = self.execute(code)
+        seen: List[dict] = []
+
+        def idle() -> bool:
+            for m in self.other:
+                if m["parent_header"].get("msg_id") == mid:
+                    seen.append(m)
+            self.other.clear()
+            return any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" for m in seen)
+
+        self.pump(idle, timeout)
+        errors = [m for m in seen if m["msg_type"] == "error"]
+        assert not errors, errors[0]["content"]["evalue"]
+        return seen
+
+
+@pytest.fixture(scope="module")
+def front() -> Any:
+    k = Kernel()
+    f = Front(k)
+    yield f
+    k.shutdown()
+
+
+def test_no_target_and_no_comm_traffic_before_the_extension_loads(front: Front) -> None:
+    assert front.comm_info() == {}
+    seen = front.run("%load_ext ddp_magic")
+    assert not [m for m in seen if m["msg_type"].startswith("comm")], "loading the extension must not open a comm towards front ends"
+    comms = front.comm_info()
+    assert len(comms) == 1 and list(comms.values())[0]["target_name"] == TARGET
+
+
+def test_a_front_end_that_never_opens_the_comm_gets_no_comm_message(front: Front) -> None:
+    # what nbclient, nbval, VS Code and Notebook 7 without the extension see: the magics, nothing else
+    seen = front.run("%%ddp -n 2 --no-widget\nimport torch.distributed as dist\nprint('hello', dist.get_rank())")
+    assert not [m for m in seen if m["msg_type"].startswith("comm")]
+    out = "".join(m["content"]["text"] for m in seen if m["msg_type"] == "stream")
+    assert "[rank 0] hello 0" in out and "[rank 1] hello 1" in out
+
+
+def test_open_gets_a_snapshot_of_the_running_pool(front: Front) -> None:
+    front.open()
+    front.pump(lambda: bool(front.snapshots()), 30)
+    snap = front.snapshots()[-1]
+    assert snap["protocol"] == 1 and snap["version"]
+    assert "state" not in snap, "a top-level 'state' key would be taken for widget state by nbclient"
+    pool = snap["pool"]
+    assert pool["nproc"] == 2 and pool["world_size"] == 2 and pool["backend"] == "gloo" and pool["started"]
+    assert [r["rank"] for r in pool["ranks"]] == [0, 1]
+    assert all(isinstance(r["pid"], int) for r in pool["ranks"])
+    assert all(r["state"] == "done" for r in pool["ranks"])
+    assert pool["ranks"][1]["last_line"] == "hello 1"
+    assert pool["checks"] and pool["verdict"].startswith("env")
+    assert {"name", "ok", "level", "mark", "detail"} <= set(pool["checks"][0])
+    assert "dist" in pool["names"]
+
+
+def test_snapshots_follow_a_running_cell_throttled_and_end_with_a_final_one(front: Front) -> None:
+    front.clear()
+    code = "%%ddp --no-widget\nimport time\nfor i in range(40):\n    print('step', i, flush=True)\n    time.sleep(0.05)\n"
+    t0 = time.monotonic()
+    front.run(code)
+    t1 = time.monotonic()
+    snaps = front.snapshots()
+    states = [tuple(r["state"] for r in s["pool"]["ranks"]) for s in snaps]
+    assert ("running", "running") in states, states
+    assert states[-1] == ("done", "done")
+    assert snaps[-1]["final"] is True
+    assert snaps[-1]["pool"]["ranks"][0]["last_line"] == "step 39"
+    # 80 printed lines and 4 state changes, yet at most ~4 snapshots a second (plus the final one)
+    assert len(snaps) <= (t1 - t0) / 0.25 + 3, (len(snaps), t1 - t0)
+    gaps = [b - a for a, b in zip(front.times, front.times[1:])]
+    assert sum(1 for g in gaps if g < 0.15) <= 2, gaps  # only the final one may follow closely
+    seqs = [s["seq"] for s in snaps]
+    assert seqs == sorted(seqs)
+
+
+def test_a_cell_that_changes_nothing_sends_nothing(front: Front) -> None:
+    front.clear()
+    front.run("x = 1 + 1")
+    assert front.snapshots() == []
+
+
+def test_restart_request_gives_new_pids(front: Front) -> None:
+    old = [r["pid"] for r in front.last_pool()["ranks"]] if front.snapshots() else None
+    front.run("pass")
+    front.clear()
+    rid = front.request("restart")
+    reply = front.reply(rid)
+    assert reply["ok"], reply
+    assert "ready in" in reply["message"]
+    front.pump(lambda: any(s["final"] for s in front.snapshots()), 30)
+    pool = front.last_pool()
+    new = [r["pid"] for r in pool["ranks"]]
+    assert all(isinstance(p, int) for p in new)
+    if old:
+        assert set(new).isdisjoint(old)
+    assert all(r["state"] == "ready" for r in pool["ranks"])
+    assert pool["names"] == []  # a restart loses what the workers owned
+
+
+def test_env_request_returns_the_live_report(front: Front) -> None:
+    front.clear()
+    reply = front.reply(front.request("env"))
+    assert reply["ok"], reply
+    report = reply["report"]
+    assert report["checks"] and "verdict" in report
+    assert [r.get("RANK") for r in report["ranks"]] == ["0", "1"]
+
+
+def test_status_and_unknown_requests(front: Front) -> None:
+    reply = front.reply(front.request("status"))
+    assert reply["ok"] and "rank 1: pid" in reply["output"]
+    bad = front.reply(front.request("format-disk"))
+    assert not bad["ok"] and "unknown request" in bad["error"]
+
+
+def test_a_request_sent_while_a_cell_runs_is_handled_when_it_ends(front: Front) -> None:
+    front.clear()
+    mid = front.execute("import time; time.sleep(2)")
+    time.sleep(0.3)
+    rid = front.request("status")
+    idle_at = front.wait_idle(mid)
+    reply = front.reply(rid)
+    got_at = front.times[[i for i, m in enumerate(front.msgs) if m.get("id") == rid][0]]
+    assert reply["ok"]
+    assert got_at >= idle_at - 0.05, "the shell channel handles the request only after the cell"
+
+
+def test_over_a_subshell_requests_are_queued_for_the_main_thread(front: Front) -> None:
+    """JupyterLab >= 4.4 sends comm messages over a kernel subshell: they arrive while a cell runs."""
+    front.subshell = front.create_subshell()
+    try:
+        front.clear()
+        front.open()  # a second comm, on the subshell
+        front.pump(lambda: bool(front.snapshots()), 30)
+        pids = [r["pid"] for r in front.last_pool()["ranks"]]
+        mid = front.execute("import time; time.sleep(3)")
+        time.sleep(0.5)
+        t_sent = time.monotonic()
+        status = front.request("status")
+        front.reply(status, 10)
+        assert front.arrival(status) - t_sent < 1.5, "status only reads: answered while the cell runs"
+        rid = front.request("restart")
+        front.pump(lambda: any(m.get("type") == "queued" and m.get("id") == rid for m in front.msgs), 10)
+        assert front.arrival(rid, "queued") - t_sent < 2.0, "the kernel says at once that the restart waits"
+        idle_at = front.wait_idle(mid)
+        reply = front.reply(rid)
+        assert reply["ok"], reply
+        assert front.arrival(rid) >= idle_at - 0.05, "the pool is touched only when the cell has ended"
+        front.pump(lambda: any(s["final"] and s["pool"]["ranks"][0]["pid"] not in pids for s in front.snapshots()), 30)
+        # idle kernel: a request over the subshell runs at once (on the main thread's loop)
+        env = front.reply(front.request("env"), 30)
+        assert env["ok"] and env["report"]["checks"]
+    finally:
+        front.subshell = None
+    front.open()  # back to a comm on the main shell for the tests below
+
+
+def test_stop_request_clears_the_pool_and_a_second_one_says_why(front: Front) -> None:
+    reply = front.reply(front.request("stop"))
+    assert reply["ok"] and "stopped the pool" in reply["message"]
+    front.pump(lambda: front.snapshots() and front.snapshots()[-1]["pool"] is None, 30)
+    again = front.reply(front.request("stop"))
+    assert again["ok"] and again["message"] == "no pool is running"
+    restart = front.reply(front.request("restart"))
+    assert not restart["ok"] and "no pool to restart" in restart["error"]
+    env = front.reply(front.request("env"))
+    assert not env["ok"] and "no pool is running" in env["error"]
+
+
+def test_unload_closes_the_comm_and_removes_the_target(front: Front) -> None:
+    front.run("%unload_ext ddp_magic")
+    front.pump(lambda: front.closed, 10)
+    assert front.comm_info() == {}
+
+
+def test_plain_ipython_has_no_comm_and_the_magics_work() -> None:
+    code = "%load_ext ddp_magic\nfrom ddp_magic import labcomm\nprint('bridge', labcomm.bridge())\n%ddp status\n"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    cmd = [sys.executable, "-m", "IPython", "--quick", "--no-banner", "--colors=NoColor", "-c", code]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "bridge None" in out.stdout
+    assert "no pool is running" in out.stdout
+
+
+def test_register_without_a_kernel_does_nothing() -> None:
+    from types import SimpleNamespace
+
+    from ddp_magic import labcomm
+
+    assert labcomm.register(SimpleNamespace(), object()) is None
+    assert labcomm.register(SimpleNamespace(kernel=SimpleNamespace()), object()) is None
+    labcomm.changed()  # hooks are no-ops without a bridge
+    labcomm.notice("nothing listens")
