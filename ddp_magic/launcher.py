@@ -137,7 +137,7 @@ class ForkServerLauncher:
         if self.proc is None:
             return
         for pid in list(self.pids):
-            _kill(pid, signal.SIGKILL)
+            signal_pid(pid, signal.SIGKILL)
         try:
             if self.proc.poll() is None:
                 self._write({"op": "exit"})
@@ -216,10 +216,11 @@ class SpawnLauncher:
         self.procs.clear()
 
 
-def _kill(pid: int, sig: int) -> None:
+def signal_pid(pid: int, sig: int) -> None:
+    """Signal one of our own pids; gone already is fine. (Never by name, never someone else's.)"""
     try:
         os.kill(pid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
 
 
