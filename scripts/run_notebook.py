@@ -29,11 +29,20 @@ def show(nb: nbformat.NotebookNode) -> None:
             if out.output_type == "stream":
                 sys.stdout.write(out.text if out.name == "stdout" else "".join(f"(stderr) {ln}\n" for ln in out.text.splitlines()))
             elif out.output_type in ("execute_result", "display_data"):
-                text = out.data.get("text/plain", "")
+                text = out.data.get("text/plain") or _html_summary(out.data.get("text/html", ""))
                 prefix = f"Out[{n}]: " if out.output_type == "execute_result" else ""
                 print(prefix + text)
             elif out.output_type == "error":
                 print(f"{out.ename}: {out.evalue}")
+
+
+def _html_summary(html: str) -> str:
+    """The first line of an HTML-only display (the %%ddp status view) as plain text."""
+    import html as htmllib
+    import re
+
+    text = htmllib.unescape(re.sub(r"<[^>]+>", " ", html.split("<details", 1)[0]))
+    return "[status] " + " ".join(text.split()) if text.strip() else ""
 
 
 def main() -> int:
