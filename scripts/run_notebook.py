@@ -41,7 +41,8 @@ def _html_summary(html: str) -> str:
     import html as htmllib
     import re
 
-    text = htmllib.unescape(re.sub(r"<[^>]+>", " ", html.split("<details", 1)[0]))
+    head = re.sub(r"(?s)<style.*?</style>", "", html.split("<details", 1)[0])
+    text = htmllib.unescape(re.sub(r"<[^>]+>", " ", head))
     return "[status] " + " ".join(text.split()) if text.strip() else ""
 
 
