@@ -10,7 +10,7 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from .env import DIST_VARS, Check, Plan, checks_verdict, live_checks, plan_checks
+from .env import DIST_VARS, Check, Plan, checks_verdict, device_map, live_checks, plan_checks
 
 SHOWN_VARS = DIST_VARS + ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 SEEN_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")  # shown too, as the ranks will see them
@@ -164,7 +164,12 @@ def plan_report(plan: Plan, environ: Mapping[str, str] = os.environ, started: bo
         "master_port": plan.master_port,
         "nproc": plan.nproc,
     }
-    return EnvReport(title, envs, plan_checks(plan, environ, started=started), extra)
+    checks = plan_checks(plan, environ, started=started)
+    if plan.backend == "nccl":
+        mapping = device_map(plan.nproc, environ)
+        extra["devices"] = mapping
+        checks.append(Check("GPU per rank", True, ", ".join(f"rank {r} → {d}" for r, d in mapping.items()), level="info"))
+    return EnvReport(title, envs, checks, extra)
 
 
 def live_report(live: Dict[int, Dict[str, Any]], nproc: int, backend: str) -> EnvReport:

@@ -96,3 +96,13 @@ def test_dead_rank_mid_nccl_all_reduce_ends_promptly(gpu_kernel):
 def test_too_many_ranks_for_nccl_is_refused(gpu_kernel):
     ex = gpu_kernel.run(f"%%ddp -n {GPUS.count + 1} --backend nccl\n1")
     assert ex.error is not None and "NCCL allows one rank per GPU" in ex.error[1]
+
+
+def test_gpu_logic_ddp_env_shows_the_device_of_each_rank():
+    from ddp_magic.env import make_plan
+    from ddp_magic.report import plan_report
+
+    plan = make_plan(2, backend="nccl", gpus=GPUInfo(count=4, cuda_built=True), environ={}, strict=False)
+    report = plan_report(plan, environ={"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert "rank 0 → cuda:0 (physical GPU 2), rank 1 → cuda:1 (physical GPU 3)" in repr(report)
+    assert report.to_dict()["devices"] == {0: "cuda:0 (physical GPU 2)", 1: "cuda:1 (physical GPU 3)"}
