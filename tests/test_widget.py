@@ -472,7 +472,8 @@ def test_widget_renders_in_jupyterlab(tmp_path):
     if importlib.util.find_spec("playwright") is None or shot.find_chromium() is None:
         pytest.skip("needs Python Playwright and a system Chromium (apt-get install -y chromium)")
     out = tmp_path / "widget.png"
-    proc = subprocess.run([sys.executable, script, "--out", str(out), "-n", "4"], capture_output=True, text=True, timeout=400)
+    live = tmp_path / "widget-live.png"  # never the committed docs/img copies: a test run leaves the tree clean
+    proc = subprocess.run([sys.executable, script, "--out", str(out), "--live-out", str(live), "-n", "4"], capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["rows"] == 4 and info["done"] == 4
