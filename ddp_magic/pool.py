@@ -34,6 +34,30 @@ from .watch import CellWatch
 POLL_S = 0.05
 
 
+class _Guarded:
+    """Wraps a front end's listener: a bug in a view must not leave a cell half-run."""
+
+    def __init__(self, inner: "Listener") -> None:
+        self.inner = inner
+        self.errors: List[str] = []
+
+    def _call(self, name: str, *args: Any) -> None:
+        try:
+            getattr(self.inner, name)(*args)
+        except Exception as e:  # report once, keep the pool's bookkeeping going
+            if not self.errors:
+                self.errors.append(f"the listener's {name} failed ({type(e).__name__}: {e}); its view may be incomplete")
+
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        self._call("on_output", rank, stream, text)
+
+    def on_state(self, info: "RankInfo") -> None:
+        self._call("on_state", info)
+
+    def on_notice(self, text: str) -> None:
+        self._call("on_notice", text)
+
+
 class Listener:
     """What a front end hears from a pool. Override what you need; all are called on the caller's thread."""
 
@@ -699,7 +723,8 @@ class Pool:
         the next run restarts it). KeyboardInterrupt interrupts every rank, then
         propagates as a failed outcome.
         """
-        listener = listener or Listener()
+        guarded = _Guarded(listener or Listener())
+        listener = guarded  # type: ignore[assignment]
         notes: List[str] = []
         notice = self.ensure_started(listener)
         if notice:
@@ -747,6 +772,7 @@ class Pool:
                 err = msg["result_error"]
                 values[rank] = transfer.Unpicklable(rank, err["type"], err["reason"])
                 notes.append(f"rank {rank}'s result ({err['type']}) could not be pickled: {err['reason']}; the other ranks' results are returned")
+        notes += guarded.errors
         lost = state.state_lost or bool(self.broken)
         if self.broken and not state.state_lost:
             notes.append(f"the pool restarts on the next cell ({self.broken}); variables defined in earlier %%ddp cells will be lost")

@@ -50,3 +50,18 @@ def test_live_env_and_ask():
         assert all("SECRET" not in k for k in env[0]["env"])
     finally:
         pool.stop()
+
+
+def test_a_failing_listener_does_not_break_the_cell():
+    class Broken(Listener):
+        def on_output(self, rank, stream, text):
+            raise RuntimeError("view bug")
+
+    pool = Pool(2)
+    try:
+        out = pool.run("print('x')\n7", listener=Broken())
+        assert out.ok and out.values == [7, 7]
+        assert any("view bug" in n for n in out.notes)
+        assert pool.run("8").values == [8, 8]
+    finally:
+        pool.stop()
