@@ -1459,13 +1459,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--tools", default="ddp,accelerate,ipp,nbd,torchrun,spawn,bare", help="which tools (default all)")
     p.add_argument("--repeats", type=int, help="cold-start repeats (default 3; --quick 1)")
     p.add_argument("--slow-repeats", type=int, help="cold-start repeats of ipyparallel and nbdistributed, the slow ones (default 2; --quick 1)")
-    p.add_argument("--warm-repeats", type=int, help="warm round trips per cell (default 30; --quick 10)")
+    p.add_argument("--warm-repeats", type=int, help="warm round trips per cell (default 20; --quick 10)")
     p.add_argument("--acc-repeats", type=int, help="accelerate re-runs on a warm kernel (default 3; --quick 2)")
     p.add_argument("--result-repeats", type=int, help="result returns per size (default 3; --quick 2)")
     p.add_argument("--sizes", help="MiB per rank returned (default 1,64,256; --quick 1,64)")
     p.add_argument("--max-total-gib", type=float, default=3.0, help="skip result sizes whose n × size is larger (default 3)")
     p.add_argument("--ipp-max-total-mib", type=int, default=2048, help="ipyparallel pulls at most this many MiB in all (default 2048)")
-    p.add_argument("--out-repeats", type=int, help="latency cells per tool (default 5; --quick 3)")
+    p.add_argument("--out-repeats", type=int, help="latency cells per tool (default 4; --quick 2)")
     p.add_argument("--lat-lines", type=int, default=10, help="timestamped lines per rank per latency cell (default 10)")
     p.add_argument("--lines", type=int, default=100_000, help="lines printed by the big-output cell, split over the ranks (default 100000)")
     p.add_argument("--lines-repeats", type=int, help="big-output cells per tool (default 2; --quick 1)")
@@ -1483,8 +1483,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     q = a.quick
     a.ns = [int(x) for x in (a.ns or ("1,2" if q else "1,2,4,8")).split(",") if x.strip()]
     a.tools = [t.strip() for t in a.tools.split(",") if t.strip()]
-    for name, full, quick in (("repeats", 3, 1), ("slow_repeats", 2, 1), ("warm_repeats", 30, 10), ("acc_repeats", 3, 2), ("result_repeats", 3, 2),
-                              ("out_repeats", 5, 2), ("lines_repeats", 2, 1), ("train_repeats", 3, 2), ("mem_n", 2, 2), ("mem_cells", 500, 100),
+    for name, full, quick in (("repeats", 3, 1), ("slow_repeats", 2, 1), ("warm_repeats", 20, 10), ("acc_repeats", 3, 2), ("result_repeats", 3, 2),
+                              ("out_repeats", 4, 2), ("lines_repeats", 2, 1), ("train_repeats", 3, 2), ("mem_n", 2, 2), ("mem_cells", 500, 100),
                               ("train_steps", 300, 150)):
         if getattr(a, name) is None:
             setattr(a, name, quick if q else full)
