@@ -400,11 +400,7 @@ class Pool:
                 raise P.AuthenticationError("no hello")
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except (OSError, P.AuthenticationError, ValueError, EOFError, KeyError):
-            self.rejected_peers += 1
-            sock.close()
-            return
-        except Exception:
+        except Exception:  # a wrong secret, garbage, a timeout, a closed socket: all the same to us
             self.rejected_peers += 1
             sock.close()
             return
@@ -443,7 +439,6 @@ class Pool:
                 conn.sock.sendall(P.encode(P.message(P.SHUTDOWN)))
             except OSError:
                 pass
-        pids = [pid for pid in self.launcher.pids]
         deadline = time.monotonic() + 1.0
         while self.launcher.pids and time.monotonic() < deadline:
             self.launcher.poll(0.02)
@@ -474,7 +469,6 @@ class Pool:
         for info in self.ranks.values():
             if info.state not in ("dead", "failed"):
                 info.state = "stopped"
-        del pids
         if kill_template or torchrun:  # torchrun agents end with their ranks; a restart relaunches
             self.launcher.close()
 
