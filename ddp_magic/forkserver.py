@@ -53,6 +53,10 @@ def _child(cmd: dict, secret: bytes, wake_r: int, wake_w: int) -> None:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the template's cleanup handler is not ours
+        # A session of its own, as torchrun gives each rank: Linux's autogroup scheduler
+        # then shares the cores per rank, not per pool. One session for all ranks cost
+        # 5-8% steps/s against torchrun with more ranks than cores (bench/README.md).
+        os.setsid()
         os.close(wake_r)
         os.close(wake_w)
         devnull = os.open(os.devnull, os.O_RDONLY)

@@ -1,6 +1,8 @@
 """The plain-Python API the magics sit on: Pool.run without a kernel, both start methods."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ddp_magic.pool import Listener, Pool
@@ -30,6 +32,10 @@ def test_run_output_results_and_death(method):
         text = {(r, s): "".join(t for rr, ss, t in rec.out if (rr, ss) == (r, s)) for r in (0, 1) for s in ("stdout", "stderr")}
         assert text[(1, "stdout")] == "hi 1\n" and text[(0, "stderr")] == "oops\n"
         assert (0, "running") in rec.states and (1, "done") in rec.states
+        # each rank leads a session of its own, as under torchrun (the scheduler shares
+        # the cores per session), and none is in the caller's
+        out = pool.run("(os.getsid(0) == os.getpid(), os.getsid(0))", listener=rec)
+        assert [own for own, _ in out.values] == [True, True] and os.getsid(0) not in [sid for _, sid in out.values]
         out = pool.run("import os\nif dist.get_rank() == 1:\n    os._exit(4)\n1", listener=rec)
         assert [f.headline() for f in out.failures][0].endswith("exited with code 4")
         assert out.state_lost and pool.broken
