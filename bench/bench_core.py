@@ -291,25 +291,40 @@ class KernelSession:
         self.pid = self.km.provisioner.process.pid  # type: ignore[union-attr]
 
     def run(self, code: str, timeout: float = 300.0) -> dict:
-        """Execute code; return elapsed seconds (execute request → idle) and what it showed."""
-        ex: Dict[str, Any] = {"stdout": "", "stderr": "", "results": [], "error": None}
+        """Execute; elapsed = execute request → idle; value = the execute_result's text (displays, such as
+        the status view, are only in results); events = (arrival time.time(), text) of every output message."""
+        ex: Dict[str, Any] = {"stdout": "", "stderr": "", "results": [], "value": None, "error": None, "events": []}
+        displays: Dict[str, int] = {}  # display_id → index in results: update_display_data replaces it (ipyparallel streams so)
         t0 = time.perf_counter()
         msg_id = self.kc.execute(code)
         while True:
             left = timeout - (time.perf_counter() - t0)
             if left <= 0:
-                raise TimeoutError(f"cell ran past {timeout:.0f}s: {code[:60]!r}; stderr: {tail(ex['stderr'], 300)}")
+                raise TimeoutError(f"cell ran past {timeout:.0f}s: {code[:60]!r}; stdout: {tail(ex['stdout'], 200)!r}; stderr: {tail(ex['stderr'], 200)!r}")
             try:
-                msg = self.kc.get_iopub_msg(timeout=left)
+                msg = self.kc.get_iopub_msg(timeout=min(left, 5.0))
             except queue.Empty:
                 continue
+            now = time.time()
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
                 ex[content["name"]] = ex.get(content["name"], "") + content["text"]
-            elif kind in ("execute_result", "display_data"):
-                ex["results"].append(content["data"].get("text/plain", ""))
+                ex["events"].append((now, content["text"], "stream"))
+            elif kind in ("execute_result", "display_data", "update_display_data"):
+                text = content["data"].get("text/plain", "")
+                did = (content.get("transient") or {}).get("display_id")
+                if kind == "update_display_data":
+                    if did in displays:
+                        ex["results"][displays[did]] = text
+                else:
+                    if did:
+                        displays[did] = len(ex["results"])
+                    ex["results"].append(text)
+                    if kind == "execute_result":
+                        ex["value"] = text
+                ex["events"].append((now, text, "display"))
             elif kind == "error":
                 ex["error"] = f"{content['ename']}: {content['evalue']}"
             elif kind == "status" and content["execution_state"] == "idle":
@@ -418,29 +433,46 @@ def cold_torchrun(n: int, store: Store, job_path: str) -> None:
     store.measure(f"cold.torchrun.n{n}", one)
 
 
+def write_report(out: str, md: str, payload: dict) -> None:
+    """Print the Markdown table and keep it, with every raw sample, as out.md and out.json."""
+    print(md)
+    with open(out + ".md", "w") as f:
+        f.write(md + "\n")
+    with open(out + ".json", "w") as f:
+        json.dump(payload, f, indent=1)
+    log(f"wrote {out}.md and {out}.json")
+
+
+def launch_bare(n: int, src: str, cwd: Optional[str] = None) -> Tuple[float, float, str]:
+    """The floor: n `python -c src` ranks started together with the torch env set by hand.
+
+    Returns (launch time, exit time, every rank's stdout); raises with a rank's stderr if one fails.
+    """
+    port = free_port()
+    procs = []
+    t_launch = time.time()
+    try:
+        for r in range(n):
+            env = child_env()
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n))
+            procs.append(subprocess.Popen([PY, "-c", src], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True, text=True))
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            if p.returncode != 0:
+                raise RuntimeError(f"rank exit {p.returncode}: {tail(err, 300)}")
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                _killpg(p)
+    return t_launch, time.time(), "\n".join(outs)
+
+
 def cold_bare(n: int, store: Store) -> None:
     def one() -> Tuple[float, dict]:
-        port = free_port()
-        procs = []
-        t_launch = time.time()
-        try:
-            for r in range(n):
-                env = child_env()
-                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n))
-                procs.append(subprocess.Popen([PY, "-c", PLAIN_JOB], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=SRC, start_new_session=True, text=True))
-            outs = []
-            for p in procs:
-                out, err = p.communicate(timeout=300)
-                if p.returncode != 0:
-                    raise RuntimeError(f"rank exit {p.returncode}: {tail(err, 300)}")
-                outs.append(out)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    _killpg(p)
-        t_exit = time.time()
-        times = _parse_results("\n".join(outs), n)
-        return max(times) - t_launch, {"exit_s": t_exit - t_launch}
+        t_launch, t_exit, out = launch_bare(n, PLAIN_JOB, cwd=SRC)
+        return max(_parse_results(out, n)) - t_launch, {"exit_s": t_exit - t_launch}
 
     store.measure(f"cold.bare.n{n}", one)
 
@@ -503,10 +535,12 @@ def live_kernel(n: int, args: argparse.Namespace, store: Store, watch: OrphanWat
             store.measure(f"restart.kernel.n{n}", restart)
         k.ok(f"%%ddp\n{setup}", timeout=300)
         # ---- 3. warm round trips, interleaved so drift hits every column alike
+        # "ddp"/"allreduce" as a user gets them (the status widget shown and settled), "nowidget" with --no-widget
         cells = {
-            "plain": ("1", lambda ex: ex["results"] == ["1"]),
-            "ddp": ("%%ddp\n1", lambda ex: bool(ex["results"]) and ex["results"][-1].count("] 1") == n),
-            "allreduce": ("%%ddp\nx = torch.ones(1)\ndist.all_reduce(x)", lambda ex: not ex["results"]),
+            "plain": ("1", lambda ex: ex["value"] == "1"),
+            "ddp": ("%%ddp\n1", lambda ex: (ex["value"] or "").count("] 1") == n),
+            "nowidget": ("%%ddp --no-widget\n1", lambda ex: (ex["value"] or "").count("] 1") == n and len(ex["results"]) == 1),
+            "allreduce": ("%%ddp\nx = torch.ones(1)\ndist.all_reduce(x)", lambda ex: ex["value"] is None),
         }
         for _ in range(3):  # warm-up
             for code, _check in cells.values():
@@ -517,7 +551,7 @@ def live_kernel(n: int, args: argparse.Namespace, store: Store, watch: OrphanWat
                 def one(code: str = code, check: Callable = check) -> float:
                     ex = k.ok(code, timeout=60)
                     if not check(ex):
-                        raise RuntimeError(f"unexpected output: results={ex['results'][-1:]!r} stderr={tail(ex['stderr'], 200)!r}")
+                        raise RuntimeError(f"unexpected output: value={ex['value']!r} results={ex['results'][-2:]!r} stderr={tail(ex['stderr'], 200)!r}")
                     return ex["elapsed"]
 
                 if store.measure_quiet(f"warm.kernel.{name}.n{n}", one) is None:
@@ -764,13 +798,18 @@ def render(store: Store, args: argparse.Namespace, meta: dict) -> str:
     out.append("## 3. Warm round trip on a live pool (ms)\n")
     out.append("Kernel: execute request → idle on the client. API: `Pool.run(src)` call → return. "
                "Overhead = median(ddp) − median(plain cell `1`) in the same kernel.\n")
-    out.append("| n | plain cell `1` | `%%ddp` `1` | overhead | `%%ddp` one all_reduce | overhead | API `run('1')` | API one all_reduce |")
-    out.append("|---|---|---|---|---|---|---|---|")
+    out.append("`%%ddp` cells show the status widget (the default: it is created, then settles to its static summary); "
+               "the `--no-widget` column is the same cell without it.\n")
+    out.append("| n | plain cell `1` | `%%ddp` `1` | overhead | `%%ddp --no-widget` `1` | overhead | `%%ddp` one all_reduce | overhead | API `run('1')` | API one all_reduce |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
     for n in args.ns:
-        pl, dd, ar = (S(f"warm.kernel.{c}.n{n}") for c in ("plain", "ddp", "allreduce"))
-        ov1 = f"{1e3 * (med(dd) - med(pl)):.2f}" if med(dd) is not None and med(pl) is not None else "—"
-        ov2 = f"{1e3 * (med(ar) - med(pl)):.2f}" if med(ar) is not None and med(pl) is not None else "—"
-        out.append(f"| {n} | {fmt(pl, 1e3)} | {fmt(dd, 1e3)} | {ov1} | {fmt(ar, 1e3)} | {ov2} | {fmt(S(f'warm.api.ddp.n{n}'), 1e3)} | {fmt(S(f'warm.api.allreduce.n{n}'), 1e3)} |")
+        pl, dd, nw, ar = (S(f"warm.kernel.{c}.n{n}") for c in ("plain", "ddp", "nowidget", "allreduce"))
+
+        def over(s: Any) -> str:
+            return f"{1e3 * (med(s) - med(pl)):.2f}" if med(s) is not None and med(pl) is not None else "—"
+
+        out.append(f"| {n} | {fmt(pl, 1e3)} | {fmt(dd, 1e3)} | {over(dd)} | {fmt(nw, 1e3)} | {over(nw)} | {fmt(ar, 1e3)} | {over(ar)} | "
+                   f"{fmt(S(f'warm.api.ddp.n{n}'), 1e3)} | {fmt(S(f'warm.api.allreduce.n{n}'), 1e3)} |")
     out.append("")
 
     out.append("### 3b. A one-element tensor result, first and second time on a live pool (s)\n")
@@ -983,12 +1022,7 @@ def main() -> int:
         "args": {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(args).items()},
     }
     md = render(store, args, meta)
-    print(md)
-    with open(args.out + ".md", "w") as f:
-        f.write(md + "\n")
-    with open(args.out + ".json", "w") as f:
-        json.dump({"meta": meta, "series": {k: s.to_dict() for k, s in store.series.items()}, "notes": store.notes}, f, indent=1)
-    log(f"wrote {args.out}.md and {args.out}.json")
+    write_report(args.out, md, {"meta": meta, "series": {k: s.to_dict() for k, s in store.series.items()}, "notes": store.notes})
     if ours or new:
         print("\nWARNING: processes left behind (`pgrep -af ddp_magic`):", file=sys.stderr)
         for pid, cmd in after:

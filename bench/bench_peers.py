@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import queue
 import re
 import shutil
 import signal
@@ -252,7 +251,7 @@ def ensure_kernelspec() -> None:
 
 
 class PeerKernel(core.KernelSession):
-    """A fresh IPython kernel (this interpreter), its stdout/stderr in a log file, output arrival times recorded."""
+    """A fresh IPython kernel (this interpreter), its own stdout/stderr in a log file."""
 
     def __init__(self, tmp: str, tag: str, startup_timeout: float = 120.0) -> None:
         from jupyter_client.manager import start_new_kernel
@@ -267,45 +266,6 @@ class PeerKernel(core.KernelSession):
         self.km, self.kc = start_new_kernel(startup_timeout=startup_timeout, kernel_name=KERNEL_NAME, env=env, cwd=tmp,
                                             stdout=self._log, stderr=subprocess.STDOUT)
         self.pid = self.km.provisioner.process.pid  # type: ignore[union-attr]
-
-    def run(self, code: str, timeout: float = 300.0) -> dict:
-        """Execute; elapsed = execute request → idle; events = (arrival time.time(), text) of every output message."""
-        ex: Dict[str, Any] = {"stdout": "", "stderr": "", "results": [], "error": None, "events": []}
-        displays: Dict[str, int] = {}  # display_id → index in results: update_display_data replaces it (ipyparallel streams so)
-        t0 = time.perf_counter()
-        msg_id = self.kc.execute(code)
-        while True:
-            left = timeout - (time.perf_counter() - t0)
-            if left <= 0:
-                raise TimeoutError(f"cell ran past {timeout:.0f}s: {code[:60]!r}; stdout: {tail(ex['stdout'], 200)!r}; stderr: {tail(ex['stderr'], 200)!r}")
-            try:
-                msg = self.kc.get_iopub_msg(timeout=min(left, 5.0))
-            except queue.Empty:
-                continue
-            now = time.time()
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                ex[content["name"]] = ex.get(content["name"], "") + content["text"]
-                ex["events"].append((now, content["text"], "stream"))
-            elif kind in ("execute_result", "display_data", "update_display_data"):
-                text = content["data"].get("text/plain", "")
-                did = (content.get("transient") or {}).get("display_id")
-                if kind == "update_display_data":
-                    if did in displays:
-                        ex["results"][displays[did]] = text
-                else:
-                    if did:
-                        displays[did] = len(ex["results"])
-                    ex["results"].append(text)
-                ex["events"].append((now, text, "display"))
-            elif kind == "error":
-                ex["error"] = f"{content['ename']}: {content['evalue']}"
-            elif kind == "status" and content["execution_state"] == "idle":
-                break
-        ex["elapsed"] = time.perf_counter() - t0
-        return ex
 
     def shutdown(self) -> None:
         try:
@@ -686,25 +646,8 @@ def cold_bare(n: int, rep: int, args: argparse.Namespace, store: PeerStore) -> N
     src = script_job(args.backend)
 
     def one() -> Tuple[float, dict]:
-        port = free_port()
-        procs = []
-        t_launch = time.time()
-        try:
-            for r in range(n):
-                env = core.child_env()
-                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n))
-                procs.append(subprocess.Popen([PY, "-c", src], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True, text=True))
-            outs = []
-            for p in procs:
-                out, err = p.communicate(timeout=300)
-                if p.returncode != 0:
-                    raise RuntimeError(f"rank exit {p.returncode}: {tail(err, 300)}")
-                outs.append(out)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    _killpg(p)
-        return max(_parse_results("\n".join(outs), n)) - t_launch, {"exit_s": time.time() - t_launch}
+        t_launch, t_exit, out = core.launch_bare(n, src)
+        return max(_parse_results(out, n)) - t_launch, {"exit_s": t_exit - t_launch}
 
     store.measure_rep(f"cold.bare.n{n}", rep, one)
 
@@ -1106,6 +1049,8 @@ def render(store: PeerStore, args: argparse.Namespace, meta: dict) -> str:
     out.append(f"## 2. Warm cell round trip on a live pool (ms), {args.warm_repeats} interleaved repeats\n")
     out.append("Execute request → idle on the client. `1`: a trivial cell, its value shown from every rank; all_reduce: "
                "`x = torch.ones(1); dist.all_reduce(x)`. Plain cell: `1` in the %%ddp kernel (Jupyter's own round trip). "
+               "%%ddp cells run with `--no-widget`, like the peers, which show no status view; what the default status widget "
+               "adds to a cell is measured in `bench/bench_core.py` section 3. "
                "accelerate keeps nothing between cells: each cell is a fresh `notebook_launcher` run of the cold-start job (s, not ms).\n")
     hdr = ["plain cell"] + [f"{LABELS[t]} {w}" for t in pools for w in ("`1`", "all_reduce")]
     if "accelerate" in args.tools:
@@ -1626,12 +1571,8 @@ def main() -> int:
         "args": {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(args).items()},
     }
     md = render(store, args, meta)
-    print(md)
-    with open(args.out + ".md", "w") as f:
-        f.write(md + "\n")
-    with open(args.out + ".json", "w") as f:
-        json.dump({"meta": meta, "series": {k: s.to_dict() for k, s in store.series.items()},
-                   "by_repeat": store.by_rep, "notes": store.notes}, f, indent=1)
+    core.write_report(args.out, md, {"meta": meta, "series": {k: s.to_dict() for k, s in store.series.items()},
+                                     "by_repeat": store.by_rep, "notes": store.notes})
     pngs = []
     try:
         pngs = plots(store, args, meta, args.out)
