@@ -131,7 +131,10 @@ def _esc(x: Any) -> str:
 class StatusView(Listener):
     """Live per-rank status of one %%ddp cell. Modes:
 
-    - ``widget``: stock ipywidgets, updated live over the comm (a kernel with ipywidgets);
+    - ``widget``: stock ipywidgets, updated live over the comm (a kernel with ipywidgets). A cell
+      that ends within ``live_after`` seconds never builds them: its static summary is shown at
+      the start and replaced once at the end (two messages instead of the ~30 comm messages of a
+      widget's life, which cost a quick cell ~13 ms, four times the pool's own overhead);
     - ``html``: a text/html display updated in place (a kernel without ipywidgets);
     - ``text``: nothing live; the summary is displayed when the cell ends (plain IPython);
     - ``off``: nothing at all.
@@ -146,6 +149,7 @@ class StatusView(Listener):
         mode: str = "widget",
         min_interval: float = 0.2,
         refresh: float = 1.0,
+        live_after: float = 0.3,
         ticker: bool = True,
         clock: Callable[[], float] = time.monotonic,
         display: Optional[Callable[..., Any]] = None,
@@ -158,6 +162,7 @@ class StatusView(Listener):
         self.mode = mode
         self.min_interval = min_interval
         self.refresh = refresh
+        self.live_after = live_after
         self.use_ticker = ticker
         self.clock = clock
         self._display_fn = display
@@ -294,10 +299,15 @@ class StatusView(Listener):
         with self._lock:
             if self._error or not self._shown:
                 return
+            if self.mode == "widget" and "root" not in self._widgets and self.clock() - self._t0 < self.live_after:
+                return  # still dirty: shown when the view goes live, or in the final summary
             self._dirty = False
             self._last_render = self.clock()
             self.renders += 1
             if self.mode == "widget":
+                if "root" not in self._widgets:
+                    self._go_live()
+                    return
                 w = self._widgets
                 w["header"].value = self.header_html()
                 w["ranks"].value = self.ranks_html()
@@ -311,7 +321,11 @@ class StatusView(Listener):
         while not self._stop.wait(self.min_interval):
             try:
                 active = any(self.label(r) in ACTIVE for r in self._ranks())
-                if self._dirty or (active and self.clock() - self._last_render >= self.refresh):
+                waiting = self.mode == "widget" and "root" not in self._widgets
+                if waiting:
+                    if self.clock() - self._t0 >= self.live_after:
+                        self._render()
+                elif self._dirty or (active and self.clock() - self._last_render >= self.refresh):
                     self._render()
             except Exception as e:
                 self._fail(e)
@@ -322,18 +336,13 @@ class StatusView(Listener):
         """Put the view at the top of the cell's output (before any rank prints)."""
         if self.mode == "off" or self._shown:
             return self
-        if self.mode == "widget":
-            import ipywidgets as W
-
-            self._widgets["header"] = W.HTML(value=self.header_html(), layout=W.Layout(margin="0 0 2px 0"))
-            self._widgets["ranks"] = W.HTML(value=self.ranks_html())
-            self._widgets["env"] = W.HTML(value=self.env_html())
-            details = W.Accordion(children=[self._widgets["ranks"], self._widgets["env"]], titles=("Ranks", "Env validation"), selected_index=0)
-            self._widgets["details"] = details
-            root = W.VBox([self._widgets["header"], details], layout=W.Layout(width="100%"), _dom_classes=("ddp-status",))
-            self._widgets["root"] = root
+        if self.mode == "widget" and self.live_after <= 0:
+            self._build_widgets()
         if self.mode in ("widget", "html"):
-            handle = self._display(self.bundle(widget=self.mode == "widget"))
+            # Before it goes live, the widget mode shows only the summary line: a quick cell's
+            # placeholder should cost little, its tables come with the final summary.
+            brief = self.mode == "widget" and "root" not in self._widgets
+            handle = self._display({"text/html": self.brief_html()} if brief else self.bundle(widget=self.mode == "widget"))
             self._display_id = getattr(handle, "display_id", None)
             self._shown = True
             self._last_render = self.clock()
@@ -344,6 +353,22 @@ class StatusView(Listener):
         else:
             self._shown = True
         return self
+
+    def _build_widgets(self) -> None:
+        import ipywidgets as W
+
+        self._widgets["header"] = W.HTML(value=self.header_html(), layout=W.Layout(margin="0 0 2px 0"))
+        self._widgets["ranks"] = W.HTML(value=self.ranks_html())
+        self._widgets["env"] = W.HTML(value=self.env_html())
+        details = W.Accordion(children=[self._widgets["ranks"], self._widgets["env"]], titles=("Ranks", "Env validation"), selected_index=0)
+        self._widgets["details"] = details
+        root = W.VBox([self._widgets["header"], details], layout=W.Layout(width="100%"), _dom_classes=("ddp-status",))
+        self._widgets["root"] = root
+
+    def _go_live(self) -> None:
+        """The cell is taking a while: the static summary at the top becomes the live widget."""
+        self._build_widgets()
+        self._update(self.bundle(widget=True))
 
     def finish(self, outcome: Any = None, error: Optional[BaseException] = None) -> None:
         """The cell ended: render the final state, collapse to the one-line summary, leave a static copy."""
@@ -371,7 +396,9 @@ class StatusView(Listener):
         if self._error:
             return
         try:
-            if self.mode == "widget" and self._shown:
+            if self.mode == "widget" and self._shown and "root" not in self._widgets:
+                self._update(self.bundle(widget=False))  # a quick cell: its summary, never a widget
+            elif self.mode == "widget" and self._shown:
                 self._render()
                 self._widgets["details"].selected_index = None  # settled: the one-line summary
                 # What stays in the notebook is the static form (the same summary, the tables
@@ -580,6 +607,9 @@ class StatusView(Listener):
             if varying:
                 lines += ["  " + line for line in env_table_text(envs, ["RANK"] + [c for c in varying if c != "RANK"])]
         return "\n".join(lines)
+
+    def brief_html(self) -> str:
+        return f"<div class='ddp-status' style='font-family:var(--jp-ui-font-family,sans-serif)'>{self.header_html()}</div>"
 
     def static_html(self) -> str:
         return (

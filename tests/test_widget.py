@@ -119,6 +119,7 @@ def displays() -> Displays:
 def make_view(pool: Any, displays: Displays, **kw: Any) -> StatusView:
     kw.setdefault("min_interval", 0.0)  # every event renders: the full history is in the messages
     kw.setdefault("ticker", False)
+    kw.setdefault("live_after", 0.0)  # the live widget from the start (quick cells: test_quick_cell_never_builds_widgets)
     return StatusView(pool.nproc, pool=pool, display=displays.display, update_display=displays.update, **kw).show()
 
 
@@ -210,7 +211,7 @@ def test_env_section_shows_variables_and_checks(pool, comms, displays):
     assert "data-check='backend available' data-ok='true'" in env
     view.finish(None, RuntimeError("never ran"))
     # a failing check is shown with its reason, first
-    bad = StatusView(2, plan=make_plan(2), mode="widget", ticker=False, display=displays.display, update_display=displays.update,
+    bad = StatusView(2, plan=make_plan(2), mode="widget", live_after=0.0, ticker=False, display=displays.display, update_display=displays.update,
                      checks=[Check("ranks unique and complete", False, "rank(s) [1] appear more than once"), Check("variables set", True, "all set")]).show()
     html = bad.env_html()
     assert html.index("appear more than once") < html.index("all set")
@@ -234,7 +235,7 @@ def fake_infos(n: int, state: str = "running", started: float = 1000.0) -> List[
 
 def test_chatty_output_is_coalesced(comms, displays):
     clock = FakeClock()
-    view = StatusView(4, plan=make_plan(4), mode="widget", min_interval=0.2, ticker=False, clock=clock,
+    view = StatusView(4, plan=make_plan(4), mode="widget", live_after=0.0, min_interval=0.2, ticker=False, clock=clock,
                       display=displays.display, update_display=displays.update).show()
     infos = fake_infos(4)
     for info in infos:
@@ -257,7 +258,7 @@ def test_chatty_output_is_coalesced(comms, displays):
 
 
 def test_ticker_sends_what_was_held_back_and_moves_the_clock(comms, displays):
-    view = StatusView(2, plan=make_plan(2), mode="widget", min_interval=0.2, refresh=0.3,
+    view = StatusView(2, plan=make_plan(2), mode="widget", live_after=0.0, min_interval=0.2, refresh=0.3,
                       display=displays.display, update_display=displays.update).show()
     infos = fake_infos(2, started=time.monotonic())
     view.on_state(infos[0])  # within min_interval of show(): held back
@@ -275,6 +276,54 @@ def test_ticker_sends_what_was_held_back_and_moves_the_clock(comms, displays):
     n = view.renders
     time.sleep(0.3)
     assert view.renders == n, "nothing renders after the cell ended"
+
+
+# ---------------------------------------------------------------- quick cells, and going live
+def test_quick_cell_never_builds_widgets(pool, comms, displays):
+    """A cell over before live_after: its summary at the top, replaced once at the end; no comm traffic."""
+    view = StatusView(pool.nproc, pool=pool, live_after=5.0, ticker=False, display=displays.display, update_display=displays.update).show()
+    outcome = pool.run("import torch.distributed as dist\nprint('quick', dist.get_rank())\ndist.get_rank()", listener=view)
+    view.finish(outcome)
+    assert outcome.ok and outcome.values == [0, 1]
+    assert comms.log == [], "no widget model was opened"
+    assert len(displays.shown) == 1 and len(displays.updated) == 1
+    first, last = displays.shown[0], displays.updated[0]
+    assert set(first) == {"text/html"} and set(last) == {"text/html"}
+    assert text_of(first["text/html"]).startswith("%%ddp 2 ranks")
+    assert re.match(r"%%ddp 2 ranks ✓ \d+\.\d\d s · gloo · env ✓", text_of(last["text/html"]))
+    assert "quick 1" in last["text/html"] and "data-state='done'" in last["text/html"]
+
+
+def test_a_long_cell_goes_live_then_settles(comms, displays):
+    clock = FakeClock()
+    view = StatusView(2, plan=make_plan(2), mode="widget", live_after=0.3, min_interval=0.0, ticker=False, clock=clock,
+                      display=displays.display, update_display=displays.update).show()
+    infos = fake_infos(2, started=clock.t)
+    view.on_state(infos[0])  # before live_after: held back, nothing sent
+    assert comms.log == [] and displays.updated == [] and view._dirty
+    clock.t += 0.31
+    view.on_state(infos[1])  # the first change after live_after makes the summary the live widget
+    assert len(displays.updated) == 1 and WIDGET_MIME in displays.updated[0]
+    root = [cid for cid, st in comms.opened().items() if st.get("_model_name") == "VBoxModel"]
+    assert displays.updated[0][WIDGET_MIME]["model_id"] == root[0]
+    assert comms.transitions() == {0: ["running"], 1: ["running"]}, "the widget opens with the held-back state"
+    for info in infos:
+        info.state, info.finished = "done", clock.t
+        view.on_state(info)
+    view.finish(types.SimpleNamespace(ok=True, elapsed=0.5, failures=[]))
+    assert comms.transitions() == {0: ["running", "done"], 1: ["running", "done"]}
+    assert set(displays.updated[-1]) == {"text/html"} and "data-state='done'" in displays.updated[-1]["text/html"]
+    closed = {m["comm_id"] for m in comms.log if m["msg_type"] == "comm_close"}
+    assert set(comms.opened()) <= closed
+
+
+def test_the_ticker_makes_a_silent_cell_live(comms, displays):
+    view = StatusView(2, plan=make_plan(2), mode="widget", live_after=0.2, min_interval=0.05,
+                      display=displays.display, update_display=displays.update).show()
+    time.sleep(0.6)  # no event at all: the ticker alone puts the widget up
+    assert any(WIDGET_MIME in b for b in displays.updated)
+    view.finish(types.SimpleNamespace(ok=True, elapsed=0.6, failures=[]))
+    assert set(displays.updated[-1]) == {"text/html"}
 
 
 # ---------------------------------------------------------------- other modes, many ranks
@@ -305,7 +354,7 @@ def test_text_mode_prints_the_summary_once_at_the_end(displays, comms):
 
 def test_sixty_four_ranks_stay_readable(displays, comms):
     clock = FakeClock()
-    view = StatusView(64, plan=make_plan(64), mode="widget", ticker=False, clock=clock, display=displays.display, update_display=displays.update).show()
+    view = StatusView(64, plan=make_plan(64), mode="widget", live_after=0.0, ticker=False, clock=clock, display=displays.display, update_display=displays.update).show()
     infos = fake_infos(64)
     for info in infos:
         view.on_state(info)
@@ -331,7 +380,7 @@ def test_labels():
 
 
 def test_gpu_memory_column(displays, comms):
-    view = StatusView(2, plan=make_plan(2, backend="nccl", gpus=GPUInfo(count=2, cuda_built=True, physical=2), strict=False), mode="widget", ticker=False,
+    view = StatusView(2, plan=make_plan(2, backend="nccl", gpus=GPUInfo(count=2, cuda_built=True, physical=2), strict=False), mode="widget", live_after=0.0, ticker=False,
                       display=displays.display, update_display=displays.update).show()
     for r in range(2):
         view.on_state(RankInfo(rank=r, state="done", device=f"cuda:{r}", pid=10 + r, memory=(r + 1) * 3 << 29))
@@ -341,7 +390,7 @@ def test_gpu_memory_column(displays, comms):
 
 
 def test_a_broken_view_never_breaks_the_cell(displays, comms, capsys):
-    view = StatusView(2, plan=make_plan(2), mode="widget", ticker=False, display=displays.display, update_display=displays.update).show()
+    view = StatusView(2, plan=make_plan(2), mode="widget", live_after=0.0, ticker=False, display=displays.display, update_display=displays.update).show()
     view._widgets["ranks"] = None  # rendering now raises
     view.on_state(fake_infos(1)[0])
     view.on_output(0, "stdout", "x")
@@ -387,15 +436,20 @@ def test_kernel_iopub_carries_the_widget(kernel):
     kinds = _iopub(ex)
     opened = {m["content"]["comm_id"]: m["content"]["data"]["state"] for m in kinds["comm_open"] if m["content"]["target_name"] == "jupyter.widget"}
     assert any(st.get("_model_name") == "VBoxModel" and "ddp-status" in st.get("_dom_classes", []) for st in opened.values())
-    shown = [m for m in kinds["display_data"] if WIDGET_MIME in m["content"]["data"]]
+    # the summary goes up first, at the top; the cell runs past live_after, so the same display becomes the widget
+    shown = kinds["display_data"]
     assert len(shown) == 1
-    model = shown[0]["content"]["data"][WIDGET_MIME]["model_id"]
-    assert model in opened
-    assert set(shown[0]["content"]["data"]) == {WIDGET_MIME, "text/html"}  # no text/plain: the cell's result stays its own
-    assert ex.result is None
+    assert set(shown[0]["content"]["data"]) == {"text/html"}  # no text/plain: the cell's result stays its own
     assert text_of(shown[0]["content"]["data"]["text/html"]).startswith("%%ddp 2 ranks ·")
     first_stream = min(m["index"] for m in kinds["stream"])
-    assert shown[0]["index"] < first_stream, "the widget is at the top, above the ranks' output"
+    assert shown[0]["index"] < first_stream, "the view is at the top, above the ranks' output"
+    live = [m for m in kinds["update_display_data"] if WIDGET_MIME in m["content"]["data"]]
+    assert len(live) == 1 and live[0]["content"]["transient"]["display_id"] == shown[0]["content"]["transient"]["display_id"]
+    model = live[0]["content"]["data"][WIDGET_MIME]["model_id"]
+    assert model in opened
+    assert set(live[0]["content"]["data"]) == {WIDGET_MIME, "text/html"}
+    assert live[0]["index"] < max(s["index"] for s in kinds["stream"]), "live while the ranks still printed"
+    assert ex.result is None
     updates = _widget_updates(ex)
     assert len(updates) >= 4, "live updates while the cell ran"
     assert any(m["index"] < max(s["index"] for s in kinds["stream"]) for m in updates), "updates came while output was still arriving"
@@ -416,6 +470,12 @@ def test_kernel_failing_rank_and_no_widget_option(kernel):
     assert ex.error is not None
     final = text_of(_iopub(ex)["update_display_data"][-1]["content"]["data"]["text/html"])
     assert final.startswith("%%ddp 2 ranks ✗ rank 1 raised KeyError")
+    kernel.run("%%ddp\n1", timeout=180).ok()  # the pool restarts after the failure
+    quick = kernel.run("%%ddp\n1", timeout=120).ok()  # a warm pool: over before the view would go live
+    kinds = _iopub(quick)
+    assert not kinds["comm_open"] and not kinds["comm_msg"], "a quick cell opens no widget"
+    assert [set(m["content"]["data"]) for m in kinds["display_data"] + kinds["update_display_data"]] == [{"text/html"}, {"text/html"}]
+    assert text_of(kinds["update_display_data"][0]["content"]["data"]["text/html"]).startswith("%%ddp 2 ranks ✓")
     quiet = kernel.run("%%ddp --no-widget\nprint('plain')", timeout=120).ok()
     kinds = _iopub(quiet)
     assert not kinds["comm_open"] and not kinds["comm_msg"] and not kinds["display_data"]
