@@ -798,7 +798,7 @@ def render(store: Store, args: argparse.Namespace, meta: dict) -> str:
     out.append("## 3. Warm round trip on a live pool (ms)\n")
     out.append("Kernel: execute request → idle on the client. API: `Pool.run(src)` call → return. "
                "Overhead = median(ddp) − median(plain cell `1`) in the same kernel.\n")
-    out.append("`%%ddp` cells show the status widget (the default: it is created, then settles to its static summary); "
+    out.append("`%%ddp` cells show the status view (the default; a cell this quick gets only its summary line, no ipywidget); "
                "the `--no-widget` column is the same cell without it.\n")
     out.append("| n | plain cell `1` | `%%ddp` `1` | overhead | `%%ddp --no-widget` `1` | overhead | `%%ddp` one all_reduce | overhead | API `run('1')` | API one all_reduce |")
     out.append("|---|---|---|---|---|---|---|---|---|---|")

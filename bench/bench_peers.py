@@ -1049,7 +1049,7 @@ def render(store: PeerStore, args: argparse.Namespace, meta: dict) -> str:
     out.append(f"## 2. Warm cell round trip on a live pool (ms), {args.warm_repeats} interleaved repeats\n")
     out.append("Execute request → idle on the client. `1`: a trivial cell, its value shown from every rank; all_reduce: "
                "`x = torch.ones(1); dist.all_reduce(x)`. Plain cell: `1` in the %%ddp kernel (Jupyter's own round trip). "
-               "%%ddp cells run with `--no-widget`, like the peers, which show no status view; what the default status widget "
+               "%%ddp cells run with `--no-widget`, like the peers, which show no status view; what the default status view "
                "adds to a cell is measured in `bench/bench_core.py` section 3. "
                "accelerate keeps nothing between cells: each cell is a fresh `notebook_launcher` run of the cold-start job (s, not ms).\n")
     hdr = ["plain cell"] + [f"{LABELS[t]} {w}" for t in pools for w in ("`1`", "all_reduce")]

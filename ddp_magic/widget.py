@@ -133,8 +133,8 @@ class StatusView(Listener):
 
     - ``widget``: stock ipywidgets, updated live over the comm (a kernel with ipywidgets). A cell
       that ends within ``live_after`` seconds never builds them: its static summary is shown at
-      the start and replaced once at the end (two messages instead of the ~30 comm messages of a
-      widget's life, which cost a quick cell ~13 ms, four times the pool's own overhead);
+      the start and replaced once at the end: two messages instead of the ~30 comm messages of a
+      widget's life, which cost a quick cell ~13 ms, five times the pool's own ~2.5 ms;
     - ``html``: a text/html display updated in place (a kernel without ipywidgets);
     - ``text``: nothing live; the summary is displayed when the cell ends (plain IPython);
     - ``off``: nothing at all.
