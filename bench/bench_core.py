@@ -535,7 +535,7 @@ def live_kernel(n: int, args: argparse.Namespace, store: Store, watch: OrphanWat
             store.measure(f"restart.kernel.n{n}", restart)
         k.ok(f"%%ddp\n{setup}", timeout=300)
         # ---- 3. warm round trips, interleaved so drift hits every column alike
-        # "ddp"/"allreduce" as a user gets them (the status widget shown and settled), "nowidget" with --no-widget
+        # "ddp"/"allreduce" as a user gets them (with the status view), "nowidget" with --no-widget
         cells = {
             "plain": ("1", lambda ex: ex["value"] == "1"),
             "ddp": ("%%ddp\n1", lambda ex: (ex["value"] or "").count("] 1") == n),
