@@ -359,9 +359,16 @@ def _warm_torch_import() -> None:
     background while the ranks start, instead of making the first result wait ~2 s."""
     if "torch" in sys.modules:
         return
+    import os
     import threading
 
     def _import() -> None:
+        try:
+            # Linux nice is per thread: on few cores the template's own import of torch,
+            # which every rank waits for, goes first.
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
         try:
             import torch  # noqa: F401
         except Exception:

@@ -265,3 +265,16 @@ def test_notebook_function_sees_worker_globals_and_fresh_notebook_values(ddp2):
     ddp2.run("weights = -1").ok()
     ddp2.run("%%ddp\nscore()").ok()
     assert ddp2.value("list(_)") == [122, 222]
+
+
+def test_kernel_imports_torch_in_the_background():
+    """The first tensor result needs torch in the kernel: it is imported (at nice 10) while the ranks start."""
+    k = Kernel()
+    try:
+        k.run("%load_ext ddp_magic").ok()
+        assert k.value("'torch' in __import__('sys').modules") is False
+        k.run("%%ddp -n 1 --no-widget\n1", timeout=180).ok()  # a plain value: nothing in the cell needs torch here
+        assert wait_until(lambda: k.value("'torch' in __import__('sys').modules"), 60, 0.2), "the background import of torch"
+        k.run("%ddp stop").ok()
+    finally:
+        k.shutdown()
