@@ -363,12 +363,13 @@ def _warm_torch_import() -> None:
     import threading
 
     def _import() -> None:
-        try:
-            # Linux nice is per thread: on few cores the template's own import of torch,
-            # which every rank waits for, goes first.
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        except (AttributeError, OSError):
-            pass
+        if sys.platform.startswith("linux"):  # elsewhere a thread id is no pid: never renice another process
+            try:
+                # Linux nice is per thread: on few cores the template's own import of torch,
+                # which every rank waits for, goes first.
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+            except OSError:
+                pass
         try:
             import torch  # noqa: F401
         except Exception:

@@ -299,13 +299,13 @@ class StatusView(Listener):
         with self._lock:
             if self._error or not self._shown:
                 return
-            if self.mode == "widget" and "root" not in self._widgets and self.clock() - self._t0 < self.live_after:
+            if self.mode == "widget" and not self._live and self.clock() - self._t0 < self.live_after:
                 return  # still dirty: shown when the view goes live, or in the final summary
             self._dirty = False
             self._last_render = self.clock()
             self.renders += 1
             if self.mode == "widget":
-                if "root" not in self._widgets:
+                if not self._live:
                     self._go_live()
                     return
                 w = self._widgets
@@ -321,11 +321,8 @@ class StatusView(Listener):
         while not self._stop.wait(self.min_interval):
             try:
                 active = any(self.label(r) in ACTIVE for r in self._ranks())
-                waiting = self.mode == "widget" and "root" not in self._widgets
-                if waiting:
-                    if self.clock() - self._t0 >= self.live_after:
-                        self._render()
-                elif self._dirty or (active and self.clock() - self._last_render >= self.refresh):
+                waiting = self.mode == "widget" and not self._live  # _render puts the widget up once live_after has passed
+                if waiting or self._dirty or (active and self.clock() - self._last_render >= self.refresh):
                     self._render()
             except Exception as e:
                 self._fail(e)
@@ -341,7 +338,7 @@ class StatusView(Listener):
         if self.mode in ("widget", "html"):
             # Before it goes live, the widget mode shows only the summary line: a quick cell's
             # placeholder should cost little, its tables come with the final summary.
-            brief = self.mode == "widget" and "root" not in self._widgets
+            brief = self.mode == "widget" and not self._live
             handle = self._display({"text/html": self.brief_html()} if brief else self.bundle(widget=self.mode == "widget"))
             self._display_id = getattr(handle, "display_id", None)
             self._shown = True
@@ -353,6 +350,11 @@ class StatusView(Listener):
         else:
             self._shown = True
         return self
+
+    @property
+    def _live(self) -> bool:
+        """Whether the ipywidgets exist (the widget mode builds them only for a cell that runs a while)."""
+        return "root" in self._widgets
 
     def _build_widgets(self) -> None:
         import ipywidgets as W
@@ -396,7 +398,7 @@ class StatusView(Listener):
         if self._error:
             return
         try:
-            if self.mode == "widget" and self._shown and "root" not in self._widgets:
+            if self.mode == "widget" and self._shown and not self._live:
                 self._update(self.bundle(widget=False))  # a quick cell: its summary, never a widget
             elif self.mode == "widget" and self._shown:
                 self._render()
@@ -450,7 +452,7 @@ class StatusView(Listener):
         checker that sees only the first one (nbval) compares like with like.
         """
         data: Dict[str, Any] = {"text/html": self.static_html()}
-        if widget and "root" in self._widgets:
+        if widget and self._live:
             data[WIDGET_MIME] = {"version_major": 2, "version_minor": 0, "model_id": self._widgets["root"].model_id}
         return data
 
