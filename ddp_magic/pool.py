@@ -3,8 +3,10 @@
 Plain Python with no IPython and no torch import: the magics, the widget, the
 benchmarks and the tests all drive it through ``Pool.run``. Everything happens
 on the calling thread in one poll loop over the workers' sockets and the
-launcher's exit events, so output is forwarded as it arrives and a dead or
-stuck rank is noticed within one poll interval.
+launcher's exit events, so output is forwarded as it arrives and a dead rank
+is noticed as soon as its exit event or closed socket arrives. While a cell
+runs, the loop sleeps until an event or the watch's next deadline: a kernel
+running a long cell wakes about twice a second, not twenty times.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ from .errors import RankFailure, StartError
 from .launcher import LaunchError, TorchrunLauncher, make_launcher, signal_pid, worker_env
 from .watch import CellWatch
 
-POLL_S = 0.05
+POLL_S = 0.05  # the wait while starting, asking, or with a launcher that has no exit-event fd
+IDLE_POLL_S = 0.5  # the longest sleep while a cell runs: a safety net, every event wakes the loop sooner
 
 
 class _Guarded:
@@ -483,8 +486,13 @@ class Pool:
         deadline: Optional[float],
         extra_fds: Optional[Dict[int, Callable[[], None]]] = None,
         tick: Optional[Callable[[], None]] = None,
+        due: Optional[Callable[[], Optional[float]]] = None,
     ) -> bool:
-        """Dispatch messages and exits until until() holds (True) or the deadline passes (False)."""
+        """Dispatch messages and exits until until() holds (True) or the deadline passes (False).
+
+        ``tick`` runs after each wake; ``due`` says when it next needs to run (a monotonic
+        time, or None for "only on events"), so a quiet cell costs the kernel no busy polling.
+        """
         extra_fds = extra_fds or {}
         poller = select.poll()
         registered: set = set()
@@ -501,7 +509,11 @@ class Pool:
             for fd in registered - fds:
                 poller.unregister(fd)
             registered = fds
-            wait = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - now))
+            wait = IDLE_POLL_S if (due is not None and launcher_fd is not None) else POLL_S
+            for limit in (deadline, due() if due is not None else None):
+                if limit is not None:
+                    wait = min(wait, limit - now)
+            wait = max(0.0, wait)
             if fds:
                 events = poller.poll(wait * 1000)
             else:
@@ -743,11 +755,11 @@ class Pool:
             self._broadcast(msg, [rank])
         state = CellWatch(self, listener, timeout, t0)
         try:
-            self._pump(listener, state.finished, None, tick=state.tick)
+            self._pump(listener, state.finished, None, tick=state.tick, due=state.next_due)
         except KeyboardInterrupt:
             state.interrupted_by_user()
             try:
-                self._pump(listener, state.finished, None, tick=state.tick)
+                self._pump(listener, state.finished, None, tick=state.tick, due=state.next_due)
             except KeyboardInterrupt:  # a second Ctrl-C: no more grace
                 state._stop_ranks(state.running())
         failures, stacks = state.failures(), state.stacks

@@ -52,6 +52,19 @@ class CellWatch:
                 if self.first_failure is None:
                     self.first_failure = time.monotonic()
 
+    def next_due(self) -> Optional[float]:
+        """When tick() next has something to decide (the timeout, a grace period's end); None: only on events."""
+        if not self.running():
+            return None
+        times = []
+        if self.timeout is not None and not self.timed_out:
+            times.append(self.t0 + self.timeout)
+        if self.first_failure is not None and self.interrupt_sent is None:
+            times.append(self.first_failure + self.pool.grace)
+        if self.interrupt_sent is not None:
+            times.append(self.interrupt_sent + self.pool.grace)
+        return min(times) if times else None
+
     def tick(self) -> None:
         self._note_failures()
         now = time.monotonic()

@@ -19,11 +19,14 @@ timings and pids: strict nbval runs sanitise it (e.g. the pattern
 ``(?s)<div class='ddp-status'.*``) or turn the view off (``%%ddp --no-widget``,
 or ``DDP_MAGIC_WIDGET=0`` in the kernel's env).
 
-Updates are throttled: events only mark the view dirty; it is rendered at most
-once per ``min_interval`` (default 0.2 s, i.e. ≤ 5 renders a second, each a
-couple of widget messages), by the event that finds the interval elapsed or by
-a small ticker thread that also keeps the elapsed times moving while ranks are
-silent. ``finish()`` always renders the final state.
+Updates are throttled: events only mark the view dirty. A change of state is
+rendered at most once per ``min_interval`` (default 0.2 s); printed lines alone
+(the "last line" column) at most once per ``refresh`` (default 1 s), the pace
+at which the elapsed times move anyway. Each render is a couple of widget
+messages, sent by the event that finds its interval elapsed or by a small
+ticker thread that sleeps until the next render is due, so a long training
+cell costs the kernel about one wake-up a second. ``finish()`` always renders
+the final state.
 
 Importing this module does not import ipywidgets; ``show()`` does.
 """
@@ -182,10 +185,12 @@ class StatusView(Listener):
         self._labels: Dict[int, str] = {}
         self._t0 = clock()
         self._run_t0: Optional[float] = None
-        self._dirty = False
+        self._dirty = False  # a state or notice changed: render within min_interval
+        self._dirty_output = False  # only printed lines changed: render within refresh
         self._last_render = float("-inf")
         self._lock = threading.RLock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # the ticker's sleep ends early: something is due sooner
         self._thread: Optional[threading.Thread] = None
         self._display_id: Optional[str] = None
         self._widgets: Dict[str, Any] = {}
@@ -265,7 +270,7 @@ class StatusView(Listener):
         if self._error:
             return
         try:
-            self._changed()
+            self._changed(urgent=False)
         except Exception as e:
             self._fail(e)
 
@@ -282,18 +287,24 @@ class StatusView(Listener):
         """The view broke: stop updating it, never the cell."""
         self._error = f"{type(e).__name__}: {e}"
         self._stop.set()
+        self._wake.set()
         try:
             print(f"ddp_magic: the status view stopped updating ({self._error})", file=sys.stderr)
         except Exception:
             pass
 
     # ------------------------------------------------------------ throttling
-    def _changed(self) -> None:
-        self._dirty = True
+    def _changed(self, urgent: bool = True) -> None:
+        if urgent:
+            self._dirty = True
+        else:
+            self._dirty_output = True
         if not self._shown or self.mode not in ("widget", "html"):
             return
-        if self.clock() - self._last_render >= self.min_interval:
+        if self.clock() - self._last_render >= (self.min_interval if self._dirty else self.refresh):
             self._render()
+        elif urgent:
+            self._wake.set()  # the ticker may be sleeping until a later moment
 
     def _render(self) -> None:
         with self._lock:
@@ -301,7 +312,7 @@ class StatusView(Listener):
                 return
             if self.mode == "widget" and not self._live and self.clock() - self._t0 < self.live_after:
                 return  # still dirty: shown when the view goes live, or in the final summary
-            self._dirty = False
+            self._dirty = self._dirty_output = False
             self._last_render = self.clock()
             self.renders += 1
             if self.mode == "widget":
@@ -317,12 +328,25 @@ class StatusView(Listener):
             elif self.mode == "html":
                 self._update(self.bundle(widget=False))
 
+    def _next_render(self) -> float:
+        """When the ticker must render next (the view's clock): the widget going live,
+        a held-back change of state, or the once-a-refresh move of times and last lines."""
+        if self.mode == "widget" and not self._live:
+            return self._t0 + self.live_after  # _render puts the widget up then, with whatever is held back
+        if self._dirty:
+            return self._last_render + self.min_interval
+        if self._dirty_output or any(self.label(r) in ACTIVE for r in self._ranks()):
+            return self._last_render + self.refresh
+        return self.clock() + self.refresh  # nothing moves: look again later (an event wakes it sooner)
+
     def _tick_loop(self) -> None:
-        while not self._stop.wait(self.min_interval):
+        while not self._stop.is_set():
             try:
-                active = any(self.label(r) in ACTIVE for r in self._ranks())
-                waiting = self.mode == "widget" and not self._live  # _render puts the widget up once live_after has passed
-                if waiting or self._dirty or (active and self.clock() - self._last_render >= self.refresh):
+                self._wake.wait(max(0.0, min(self._next_render() - self.clock(), self.refresh)))
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
+                if self.clock() >= self._next_render():
                     self._render()
             except Exception as e:
                 self._fail(e)
@@ -375,6 +399,7 @@ class StatusView(Listener):
     def finish(self, outcome: Any = None, error: Optional[BaseException] = None) -> None:
         """The cell ended: render the final state, collapse to the one-line summary, leave a static copy."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
         if self.finished:

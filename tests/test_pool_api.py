@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -69,5 +70,32 @@ def test_a_failing_listener_does_not_break_the_cell():
         assert out.ok and out.values == [7, 7]
         assert any("view bug" in n for n in out.notes)
         assert pool.run("8").values == [8, 8]
+    finally:
+        pool.stop()
+
+
+def _voluntary_switches(tid: int) -> int:
+    with open(f"/proc/self/task/{tid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches line")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts wake-ups in Linux /proc")
+def test_a_quiet_cell_does_not_wake_the_caller_often():
+    """While the ranks compute without a word, the poll loop sleeps until an event or the next
+    deadline. It used to poll every 50 ms: ~60 wake-ups in a 3 s cell, on the cores the ranks train on."""
+    pool = Pool(2)
+    try:
+        pool.run("1")
+        tid = threading.get_native_id()
+        before = _voluntary_switches(tid)
+        out = pool.run("import time\ntime.sleep(3)\n2")
+        woke = _voluntary_switches(tid) - before
+        assert out.ok and out.values == [2, 2]
+        assert woke <= 25, f"the caller woke {woke} times during a quiet 3 s cell"
+        out = pool.run("import time\ntime.sleep(30)", timeout=1.0)  # a deadline still ends the sleep on time
+        assert [f.kind for f in out.failures][:1] == ["timeout"] and out.elapsed < 6
     finally:
         pool.stop()

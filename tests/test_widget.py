@@ -8,6 +8,7 @@ Part 2 runs cells in a real kernel and inspects its iopub traffic.
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -276,6 +277,32 @@ def test_ticker_sends_what_was_held_back_and_moves_the_clock(comms, displays):
     n = view.renders
     time.sleep(0.3)
     assert view.renders == n, "nothing renders after the cell ended"
+
+
+def test_the_ticker_sleeps_between_renders(comms, displays):
+    """A silent running cell: the ticker wakes about once a refresh (it used to wake every min_interval),
+    and printed lines alone are rendered once a refresh, not once a min_interval."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("counts wake-ups in Linux /proc")
+    view = StatusView(2, plan=make_plan(2), mode="widget", live_after=0.0, min_interval=0.05, refresh=0.5,
+                      display=displays.display, update_display=displays.update).show()
+    for info in fake_infos(2, started=time.monotonic()):
+        view.on_state(info)
+    time.sleep(0.2)
+    tid = view._thread.native_id
+    switches = lambda: int(open(f"/proc/self/task/{tid}/status").read().split("\nvoluntary_ctxt_switches:")[1].split()[0])  # noqa: E731
+    before, renders = switches(), view.renders
+    time.sleep(2.0)
+    assert switches() - before <= 8, "about one wake-up per refresh (0.5 s), not one per min_interval (0.05 s)"
+    assert 2 <= view.renders - renders <= 6, "the elapsed times still move once a refresh"
+    renders = view.renders
+    t_end = time.monotonic() + 1.0
+    while time.monotonic() < t_end:  # a chatty rank: 100 lines a second
+        view.on_output(0, "stdout", "x\n")
+        time.sleep(0.01)
+    assert view.renders - renders <= 4, "printed lines are rendered once a refresh"
+    view.finish(types.SimpleNamespace(ok=True, elapsed=3.2, failures=[]))
+    assert not view._thread.is_alive()
 
 
 # ---------------------------------------------------------------- quick cells, and going live
