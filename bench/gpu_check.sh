@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-shot GPU check (issue 9): on a machine with NVIDIA GPUs and PyTorch already installed,
 # run every GPU test and a short nccl bench from this working tree, without network access,
-# and print one table. Finishes within ~8 minutes.
+# and print the tables. Finishes within ~10 minutes.
 #   bash bench/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,3 +20,14 @@ echo "== GPU tests =="
 timeout 300 "$PY" -m pytest tests/test_gpu.py -q -rs -p no:cacheprovider -o addopts="" 2>&1 | tail -25
 echo "== nccl bench =="
 timeout 240 "$PY" bench/gpu_bench.py
+echo "== training turns, nccl: a %%ddp cell vs torchrun (bench_peers.py, ddp only) =="
+if "$PY" -c "import matplotlib" 2>/dev/null; then
+  ng=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+  ns=1; [ "$ng" -ge 2 ] && ns=1,2
+  timeout 240 "$PY" bench/bench_peers.py --backend nccl --ns "$ns" --tools ddp --skip cold,memcpy --quick --train-repeats 1 \
+    --out /tmp/gpu_check_peers > /tmp/gpu_check_peers.log 2>&1
+  echo "bench_peers exit $? (log: /tmp/gpu_check_peers.log)"
+  grep -A8 '^## 5' /tmp/gpu_check_peers.md 2>/dev/null | grep '^|' || tail -5 /tmp/gpu_check_peers.log
+else
+  echo "skipped: matplotlib is not installed here (bench_peers.py draws its plots with it)"
+fi
