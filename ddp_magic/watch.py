@@ -53,9 +53,9 @@ class CellWatch:
                     self.first_failure = time.monotonic()
 
     def next_due(self) -> Optional[float]:
-        """When tick() next has something to decide (the timeout, a grace period's end); None: only on events."""
-        if not self.running():
-            return None
+        """When tick() next has something to decide (the timeout, a grace period's end); None: only on events.
+
+        Cheap on purpose (no pass over the ranks): the poll loop asks after every event."""
         times = []
         if self.timeout is not None and not self.timed_out:
             times.append(self.t0 + self.timeout)
