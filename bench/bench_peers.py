@@ -969,12 +969,6 @@ def live_phase(n: int, args: argparse.Namespace, store: PeerStore, tmp: str, cle
                     store.error(f"train.ratio.n{n}", d.setup_error)
                     continue
                 store.measure_rep(f"train.ratio.n{n}", rep, lambda: train_turns(d, n, args, tmp))
-                info = (store.get(f"train.ratio.n{n}").info or [None])[-1]
-                if store.by_rep.get(f"train.ratio.n{n}", {}).get(rep) is not None and info:
-                    for tool in ("ddp", "torchrun"):  # each tool's steps/s from the same turns, for the table
-                        key = f"train.{tool}.n{n}"
-                        store.get(key).values.append(info[f"{tool}_rate"])
-                        store.by_rep.setdefault(key, {})[rep] = info[f"{tool}_rate"]
     finally:
         for t in tools.values():
             t.stop()
@@ -1228,10 +1222,14 @@ def render(store: PeerStore, args: argparse.Namespace, meta: dict) -> str:
             r = rs.values if rs else []
             spread = "—"
             infos = [i for i in (rs.info if rs else []) if isinstance(i, dict) and "q1" in i]
+            rates = {tool: core.Series() for tool in ("ddp", "torchrun")}  # each tool's steps/s, from the same turns
+            for i in infos:
+                for tool, series in rates.items():
+                    series.values.append(i[f"{tool}_rate"])
             if infos:
                 spread = f"{statistics.median(i['q1'] for i in infos):.3f}–{statistics.median(i['q3'] for i in infos):.3f}"
             verdict = "—" if not r else ("yes" if statistics.median(r) >= 0.97 else "**no**")
-            out.append(f"| {n} | {fmt(S(f'train.ddp.n{n}'), digits=1)} | {fmt(S(f'train.torchrun.n{n}'), digits=1)} | "
+            out.append(f"| {n} | {fmt(rates['ddp'], digits=1)} | {fmt(rates['torchrun'], digits=1)} | "
                        f"{fmt_ratio(r, 3) if r else fmt(rs)} | {spread} | {verdict} |")
         out.append("")
 

@@ -54,8 +54,8 @@ def _child(cmd: dict, secret: bytes, wake_r: int, wake_w: int) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the template's cleanup handler is not ours
         # A session of its own, as torchrun gives each rank: Linux's autogroup scheduler
-        # then shares the cores per rank, not per pool. One session for all ranks made a
-        # DDP loop 0.92x torchrun's steps/s with 8 ranks on 2 cores, 0.95x now (bench/README.md).
+        # then shares the cores per rank, not per pool. With one session for all ranks,
+        # 8 ranks on 2 cores got the CPU share of one process (bench/README.md, section 5).
         os.setsid()
         os.close(wake_r)
         os.close(wake_w)
