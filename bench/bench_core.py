@@ -50,7 +50,7 @@ PLAIN_JOB = (
 )
 API_COLD_CHILD = r'''
 import json, sys, time
-from ddp_magic.pool import Pool
+from ddp_magic.kernel.pool import Pool
 n, src = int(sys.argv[1]), sys.argv[2]
 out = {"torch_before": "torch" in sys.modules}
 p = Pool(n)
@@ -593,7 +593,7 @@ def live_kernel(n: int, args: argparse.Namespace, store: Store, watch: OrphanWat
 # ====================================================================== 2-4. a live pool via the API (child process)
 def child_api_live(n: int, result_repeats: int, restart_repeats: int, warm_repeats: int, sizes: List[int], max_total_gib: float, untouched: bool) -> None:
     sys.path.insert(0, SRC)
-    from ddp_magic.pool import Pool
+    from ddp_magic.kernel.pool import Pool
 
     store = Store()
     pids: List[int] = []
@@ -948,7 +948,7 @@ def main() -> int:
 
     # Page cache: the first torch import after boot reads from disk; nobody should pay for it.
     try:
-        run_proc([PY, "-c", "import torch, torch.distributed, torch.nn.parallel, cloudpickle, ddp_magic.worker"], env=child_env())
+        run_proc([PY, "-c", "import torch, torch.distributed, torch.nn.parallel, cloudpickle, ddp_magic.procs.worker"], env=child_env())
     except Exception as e:
         log(f"warm-up import failed: {short_error(e)}")
     try:

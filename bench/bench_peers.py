@@ -461,7 +461,7 @@ class DDP(Tool):
 
     def worker_pids(self) -> Dict[str, List[int]]:
         desc = self.descendants()
-        tmpl = [p for p in desc if "ddp_magic.forkserver" in cmdline(p) and core._proc_table().get(p) == self.k.pid]
+        tmpl = [p for p in desc if "ddp_magic.procs.forkserver" in cmdline(p) and core._proc_table().get(p) == self.k.pid]
         ranks = [p for p in desc if core._proc_table().get(p) in tmpl]
         return {"rank": ranks, "helper": tmpl}
 
@@ -1604,7 +1604,7 @@ def main() -> int:
     ensure_kernelspec()
     log(f"ns={args.ns} tools={args.tools} backend={args.backend} cold repeats={args.repeats} warm={args.warm_repeats} sizes={args.sizes}")
     try:
-        run_proc([PY, "-c", "import torch, torch.distributed, torch.nn.parallel, cloudpickle, ddp_magic.worker, ipyparallel, accelerate, "
+        run_proc([PY, "-c", "import torch, torch.distributed, torch.nn.parallel, cloudpickle, ddp_magic.procs.worker, ipyparallel, accelerate, "
                   "nbdistributed, ipykernel"], env=core.child_env())
     except Exception as e:
         log(f"warm-up import failed: {short_error(e)}")

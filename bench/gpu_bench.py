@@ -10,8 +10,8 @@ import statistics
 import sys
 import time
 
-from ddp_magic.env import detect_gpus
-from ddp_magic.pool import Pool
+from ddp_magic.plan.plan import detect_gpus
+from ddp_magic.kernel.pool import Pool
 
 
 def bench(n: int) -> dict:

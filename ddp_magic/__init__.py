@@ -16,7 +16,7 @@ __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", 
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    from . import labcomm
+    from .ui import labcomm
     from .magics import DDPMagics
 
     magics = DDPMagics(ipython)
@@ -25,7 +25,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from . import labcomm
+    from .ui import labcomm
 
     labcomm.unregister(ipython)
     magics = ipython.magics_manager.registry.get("DDPMagics")
@@ -41,7 +41,7 @@ def _jupyter_labextension_paths() -> List[Dict[str, str]]:
 
 def __getattr__(name: str) -> Any:
     if name == "Pool":
-        from .pool import Pool
+        from .kernel.pool import Pool
 
         return Pool
     raise AttributeError(name)

@@ -8,14 +8,16 @@ from typing import Any, List, Optional, Set
 
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
-from . import labcomm, namespace, transfer
-from .env import BACKENDS, PlanError, make_plan
+from .ui import labcomm
+from .wire import namespace
+from .wire import transfer
+from .plan.plan import BACKENDS, PlanError, make_plan
 from .errors import CellError, ShipError, UsageError
-from .execution import syntax_error_text
-from .output import RankPrinter, parse_ranks
-from .pool import Listener, Pool, RankInfo
-from .report import live_report, plan_report
-from .results import RankResults
+from .wire.execution import syntax_error_text
+from .ui.output import RankPrinter, parse_ranks
+from .kernel.pool import Listener, Pool, RankInfo
+from .ui.report import live_report, plan_report
+from .ui.results import RankResults
 
 DDP_HELP = """Run the cell on N worker processes (ranks) with torch.distributed ready.
 
@@ -246,7 +248,7 @@ class DDPMagics(Magics):
                 parse_ranks(args.ranks, pool.nproc)
             except ValueError as e:
                 raise UsageError(str(e)) from None
-        from .widget import show_status  # lazy: ipywidgets is imported when a cell first runs
+        from .ui.status import show_status  # lazy: ipywidgets is imported when a cell first runs
 
         view = listener.view = show_status(pool, enabled=not args.no_widget)  # above any output of the ranks
         outcome = None

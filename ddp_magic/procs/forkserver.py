@@ -1,6 +1,6 @@
 """The template process: imports torch once, then forks ranks in milliseconds.
 
-Started by the kernel as a clean ``python -m ddp_magic.forkserver`` (the kernel
+Started by the kernel as a clean ``python -m ddp_magic.procs.forkserver`` (the kernel
 itself is never forked, so CUDA initialised there cannot break a launch). It
 never touches CUDA and runs no parallel op, so forking it is safe. It is
 single-threaded on purpose: forking a process with threads can leave locks held

@@ -43,9 +43,9 @@ import time
 from collections import Counter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .env import DIST_VARS, Check, Plan, checks_verdict, plan_checks
-from .errors import describe_exit
-from .pool import Listener, RankInfo
+from ..plan.plan import DIST_VARS, Check, Plan, checks_verdict, plan_checks
+from ..errors import describe_exit
+from ..kernel.pool import Listener, RankInfo
 from .report import checks_html, checks_text, env_digest, env_table_html, env_table_text, verdict_html
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"

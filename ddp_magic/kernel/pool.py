@@ -25,13 +25,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 
-from . import protocol as P
-from . import transfer
-from .capture import MarkerScanner
-from .env import Plan, PlanError, make_plan
-from .errors import RankFailure, StartError
-from .launcher import LaunchError, TorchrunLauncher, make_launcher, signal_pid, worker_env
-from .watch import CellWatch
+from ..wire import protocol as P
+from ..wire import transfer
+from ..wire.capture import MarkerScanner
+from ..plan.plan import Plan, PlanError, make_plan
+from ..errors import RankFailure, StartError
+from .launchers import LaunchError, TorchrunLauncher, make_launcher, signal_pid, worker_env
+from .policy import CellWatch
 
 POLL_S = 0.05  # the wait while starting, asking, or with a launcher that has no exit-event fd
 IDLE_POLL_S = 0.5  # the longest sleep while a cell runs: a safety net, every event wakes the loop sooner
@@ -826,7 +826,7 @@ class Pool:
 
 
 def _describe(code: Optional[int]) -> str:
-    from .errors import describe_exit
+    from ..errors import describe_exit
 
     return describe_exit(code)
 

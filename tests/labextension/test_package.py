@@ -17,7 +17,7 @@ import zipfile
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXT = os.path.join(ROOT, "labextension")
 BUILT = os.path.join(ROOT, "ddp_magic", "labextension")
 NAME = "ddp-magic"

@@ -10,7 +10,7 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from .env import DIST_VARS, Check, Plan, checks_verdict, device_map, live_checks, plan_checks
+from ..plan.plan import DIST_VARS, Check, Plan, checks_verdict, device_map, live_checks, plan_checks
 
 SHOWN_VARS = DIST_VARS + ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 SEEN_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")  # shown too, as the ranks will see them

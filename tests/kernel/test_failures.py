@@ -1,4 +1,4 @@
-"""Issue 4: nothing hangs, nothing is lost, nobody gets in — each case against real workers.
+"""Failures, interrupts and bad input: nothing hangs, nothing is lost, nobody gets in — each case against real workers.
 
 Every test prints how long recovery took (run pytest with -s, or read the
 captured output in the report) so the figures can be compared across runs.
@@ -173,7 +173,7 @@ def test_stop_touches_only_our_processes(k4):
     import subprocess
     import sys
 
-    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ddp_magic.worker", "ddp_magic.forkserver"])
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ddp_magic.procs.worker", "ddp_magic.procs.forkserver"])
     try:
         k4.run("%ddp stop").ok()
         time.sleep(0.5)
@@ -210,7 +210,7 @@ def test_bad_input_is_a_short_error_that_spawns_nothing(line, needle):
 def test_privileged_port_message(monkeypatch):
     import errno
 
-    from ddp_magic import env
+    from ddp_magic.plan import plan as env
 
     class Sock:
         def __init__(self, *a):
@@ -275,7 +275,7 @@ def test_two_notebooks_have_separate_pools():
 
 # 8 ---------------------------------------------------------------------------
 def test_stranger_cannot_run_code_and_pool_keeps_working(tmp_path):
-    from ddp_magic.pool import Pool
+    from ddp_magic.kernel.pool import Pool
 
     marker = tmp_path / "pwned"
     evil = _evil_pickle(marker)
@@ -321,7 +321,7 @@ def test_stranger_cannot_run_code_and_pool_keeps_working(tmp_path):
 
 
 def test_control_channel_listens_on_loopback_only():
-    from ddp_magic.pool import Pool
+    from ddp_magic.kernel.pool import Pool
 
     pool = Pool(1)
     addrs = []
@@ -341,7 +341,7 @@ def test_control_channel_listens_on_loopback_only():
 
 
 def test_handshake_rejects_a_wrong_secret():
-    from ddp_magic import protocol as P
+    from ddp_magic.wire import protocol as P
 
     a, b = socket.socketpair()
     errors = []

@@ -1,4 +1,4 @@
-"""Issue 8: %%ddp across nodes on torchrun's c10d rendezvous — two "nodes" on loopback.
+"""%%ddp across nodes on torchrun's c10d rendezvous — two "nodes" on loopback.
 
 The kernel's node runs its ranks under torchrun; the test plays the other
 node by running the exact command the kernel printed.
@@ -105,8 +105,8 @@ def test_node_that_never_joins_times_out_clearly(mk):
 
 
 def test_bad_node_count():
-    from ddp_magic.env import PlanError
-    from ddp_magic.pool import Pool
+    from ddp_magic.plan.plan import PlanError
+    from ddp_magic.kernel.pool import Pool
 
     with pytest.raises(PlanError, match="split evenly"):
         Pool(3, nnodes=2)

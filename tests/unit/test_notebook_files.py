@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 EXPECTED = ["01_quickstart", "02_env_and_validation", "03_train_ddp", "04_all_gather", "05_when_things_go_wrong"]
 EXPECTED_TO_FAIL = {"raises-exception", "nbval-raises-exception"}

@@ -1,4 +1,4 @@
-"""The per-rank status widget (ddp_magic.widget.StatusView).
+"""The per-rank status widget (ddp_magic.ui.status.StatusView).
 
 Part 1 drives a real Pool in this process with the view as its listener, and a
 recording comm in place of the kernel's (ipywidgets' own testing approach, see
@@ -27,9 +27,9 @@ pytest.importorskip("ipywidgets")
 
 from comm.base_comm import BaseComm  # noqa: E402
 
-from ddp_magic.env import Check, GPUInfo, make_plan  # noqa: E402
-from ddp_magic.pool import Pool, RankInfo  # noqa: E402
-from ddp_magic.widget import WIDGET_MIME, StatusView, choose_mode, state_label  # noqa: E402
+from ddp_magic.plan.plan import Check, GPUInfo, make_plan  # noqa: E402
+from ddp_magic.kernel.pool import Pool, RankInfo  # noqa: E402
+from ddp_magic.ui.status import WIDGET_MIME, StatusView, choose_mode, state_label  # noqa: E402
 
 ROW = re.compile(r"data-rank='(\d+)' data-state='([a-z]+)'")
 
@@ -438,7 +438,7 @@ def test_choose_mode(monkeypatch):
 
 
 def test_importing_ddp_magic_does_not_import_ipywidgets():
-    code = "import sys, ddp_magic, ddp_magic.magics, ddp_magic.widget\nprint('ipywidgets' in sys.modules, 'torch' in sys.modules)"
+    code = "import sys, ddp_magic, ddp_magic.magics, ddp_magic.ui.status\nprint('ipywidgets' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
@@ -551,7 +551,7 @@ def test_widget_renders_in_jupyterlab(tmp_path):
     import json
     import os
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script = os.path.join(root, "scripts", "screenshot_widget.py")
     spec = importlib.util.spec_from_file_location("screenshot_widget", script)
     shot = importlib.util.module_from_spec(spec)

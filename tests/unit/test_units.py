@@ -9,12 +9,14 @@ import threading
 
 import pytest
 
-from ddp_magic import namespace, protocol as P, transfer
-from ddp_magic.capture import SYNC_END, SYNC_PREFIX, MarkerScanner
-from ddp_magic.env import PlanError, choose_backend, GPUInfo, make_plan
+from ddp_magic.wire import namespace
+from ddp_magic.wire import protocol as P
+from ddp_magic.wire import transfer
+from ddp_magic.wire.capture import SYNC_END, SYNC_PREFIX, MarkerScanner
+from ddp_magic.plan.plan import PlanError, choose_backend, GPUInfo, make_plan
 from ddp_magic.errors import CellError, RankFailure, describe_exit
-from ddp_magic.execution import format_user_traceback, run_source, syntax_error_text
-from ddp_magic.output import RankPrinter, parse_ranks
+from ddp_magic.wire.execution import format_user_traceback, run_source, syntax_error_text
+from ddp_magic.ui.output import RankPrinter, parse_ranks
 
 
 # ---------------------------------------------------------------- output

@@ -16,9 +16,9 @@ from typing import Callable, Dict, List, Tuple
 
 import pytest
 
-from ddp_magic import env as E
-from ddp_magic.env import Check, GPUInfo, PlanError, make_plan
-from ddp_magic.report import live_report, plan_report
+from ddp_magic.plan import plan as E
+from ddp_magic.plan.plan import Check, GPUInfo, PlanError, make_plan
+from ddp_magic.ui.report import live_report, plan_report
 
 NO_GPU = GPUInfo(count=0, cuda_built=False, source="test: no GPU", physical=0)
 FOUR_GPUS = GPUInfo(count=4, cuda_built=True, source="test: 4 GPUs", physical=4)
@@ -248,7 +248,7 @@ def test_backend_availability_from_torch_build_files(tmp_path):
 def test_this_torch_reports_gloo_without_importing_torch():
     code = (
         "import sys\n"
-        "from ddp_magic.env import backend_availability, plan_checks, make_plan\n"
+        "from ddp_magic.plan.plan import backend_availability, plan_checks, make_plan\n"
         "info = backend_availability()\n"
         "checks = plan_checks(make_plan(2))\n"
         "assert 'torch' not in sys.modules, 'the checks imported torch'\n"

@@ -55,7 +55,7 @@ class ForkServerLauncher:
         if self.proc is not None and self.proc.poll() is None:
             return "template already running"
         self.proc = subprocess.Popen(
-            [self.python, "-m", "ddp_magic.forkserver"],
+            [self.python, "-m", "ddp_magic.procs.forkserver"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -182,7 +182,7 @@ class SpawnLauncher:
     def spawn(self, rank: int, config: dict) -> None:
         env = config["env"]
         proc = subprocess.Popen(
-            [self.python, "-m", "ddp_magic.worker"],
+            [self.python, "-m", "ddp_magic.procs.worker"],
             stdin=subprocess.PIPE,
             stdout=self.log,
             stderr=self.log,
@@ -281,14 +281,14 @@ class TorchrunLauncher:
         host, port = plan.master_addr, plan.master_port
         self.secret_file = self._write_secret(plan.run_id)
         self.store = subprocess.Popen(
-            [self.python, "-m", "ddp_magic.rendezvous", host, str(port)],
+            [self.python, "-m", "ddp_magic.procs.rendezvous", host, str(port)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env, start_new_session=True, close_fds=True,
         )
         assert self.store.stdout is not None
         r, _, _ = select.select([self.store.stdout], [], [], timeout)
         if not r or self.store.stdout.readline().strip() != b"ready":
             raise LaunchError(f"the rendezvous store on {host}:{port} did not start:\n{self.log_text()}")
-        worker_args = ["-m", "ddp_magic.worker", "--connect", f"{ctrl_addr}:{ctrl_port}", "--secret-file", self.secret_file,
+        worker_args = ["-m", "ddp_magic.procs.worker", "--connect", f"{ctrl_addr}:{ctrl_port}", "--secret-file", self.secret_file,
                        "--backend", plan.backend] + ([] if plan.init else ["--no-init"])
         rdzv = ["--nnodes", str(plan.nnodes), "--nproc-per-node", str(plan.nproc), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", plan.run_id, "--max-restarts", "0"]

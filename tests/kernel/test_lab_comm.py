@@ -19,7 +19,7 @@ from kernel_helper import Kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TARGET = "ddp_magic"
 
 
@@ -323,7 +323,7 @@ def test_plain_ipython_has_no_comm_and_the_magics_work() -> None:
 def test_register_without_a_kernel_does_nothing() -> None:
     from types import SimpleNamespace
 
-    from ddp_magic import labcomm
+    from ddp_magic.ui import labcomm
 
     assert labcomm.register(SimpleNamespace(), object()) is None
     assert labcomm.register(SimpleNamespace(kernel=SimpleNamespace()), object()) is None

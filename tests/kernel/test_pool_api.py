@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from ddp_magic.pool import Listener, Pool
+from ddp_magic.kernel.pool import Listener, Pool
 
 
 class Recorder(Listener):

@@ -7,7 +7,7 @@ this small process of ours instead, started before the agents
 (``--rdzv-conf is_host=false``) and stopped after them. It exits when the
 kernel closes our stdin or dies (parent-death signal).
 
-    python -m ddp_magic.rendezvous HOST PORT
+    python -m ddp_magic.procs.rendezvous HOST PORT
 """
 from __future__ import annotations
 

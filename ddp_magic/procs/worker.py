@@ -1,7 +1,7 @@
 """One rank: connect to the kernel, initialise torch.distributed, run cells, send back results.
 
-Started either by the fork server (``ddp_magic.forkserver``, the fast path)
-or as ``python -m ddp_magic.worker`` with its config on stdin (the spawn path).
+Started either by the fork server (``ddp_magic.procs.forkserver``, the fast path)
+or as ``python -m ddp_magic.procs.worker`` with its config on stdin (the spawn path).
 This is the only module that calls torch.distributed.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ import traceback
 import types
 from typing import Any, Optional
 
-from . import protocol as P
-from . import transfer
-from .capture import FdCapture
-from .execution import format_user_traceback, run_source
-from .namespace import adopt
+from ..wire import protocol as P
+from ..wire import transfer
+from ..wire.capture import FdCapture
+from ..wire.execution import format_user_traceback, run_source
+from ..wire.namespace import adopt
 
 PR_SET_PDEATHSIG = 1
 
@@ -368,7 +368,7 @@ def _connect_config(argv: list) -> "tuple[dict, bytes]":
     """A rank started by torchrun on any node: env from torchrun, the kernel's address from argv."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m ddp_magic.worker", description="a ddp_magic rank started by torchrun")
+    ap = argparse.ArgumentParser(prog="python -m ddp_magic.procs.worker", description="a ddp_magic rank started by torchrun")
     ap.add_argument("--connect", required=True, metavar="HOST:PORT", help="the kernel's control channel")
     ap.add_argument("--secret-file", default=os.environ.get("DDP_MAGIC_SECRET_FILE"), help="file holding the pool's secret (hex)")
     ap.add_argument("--backend", default="gloo")
@@ -386,7 +386,7 @@ def _connect_config(argv: list) -> "tuple[dict, bytes]":
 
 
 def main() -> None:
-    """`python -m ddp_magic.worker`: config (with the secret) as one JSON line on stdin, or --connect under torchrun."""
+    """`python -m ddp_magic.procs.worker`: config (with the secret) as one JSON line on stdin, or --connect under torchrun."""
     if len(sys.argv) > 1:
         config, secret = _connect_config(sys.argv[1:])
         die_with_parent(os.getppid())

@@ -1,4 +1,4 @@
-"""Issue 2 acceptance: real %%ddp -n 2 cells in a real Jupyter kernel with real workers."""
+"""Real %%ddp -n 2 cells in a real Jupyter kernel with real workers."""
 from __future__ import annotations
 
 import os

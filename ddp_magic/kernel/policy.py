@@ -13,9 +13,9 @@ import signal
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional
 
-from . import protocol as P
-from .errors import RankFailure
-from .launcher import TorchrunLauncher, signal_pid
+from ..wire import protocol as P
+from ..errors import RankFailure
+from .launchers import TorchrunLauncher, signal_pid
 
 if TYPE_CHECKING:
     from .pool import Listener, Pool

@@ -13,9 +13,9 @@ Kernel → front end, on every open comm:
 
 - ``{"type": "snapshot", "session", "seq", "version", "protocol", "pool", "notices", "final"}``
   where ``pool`` is None (no pool) or the pool's world size, backend, start
-  state, per-rank :class:`~ddp_magic.pool.RankInfo` fields (state, pid, device,
+  state, per-rank :class:`~ddp_magic.kernel.pool.RankInfo` fields (state, pid, device,
   exit code, elapsed, memory, last output line) and the env checks of
-  :func:`ddp_magic.env.plan_checks` with their verdict. While a cell runs,
+  :func:`ddp_magic.plan.plan.plan_checks` with their verdict. While a cell runs,
   snapshots follow the pool's events, at most one per ``MIN_INTERVAL`` (a
   trailing timer sends the last change of a burst); when a cell ends one more
   is sent if anything changed.
@@ -232,7 +232,7 @@ class LabBridge:
                     text = out.getvalue().strip()
                     return {"ok": True, "message": f"%ddp_env: {report.get('verdict', '')}".strip(), "report": report, "output": text}
         except (Exception, KeyboardInterrupt) as e:  # a kernel interrupt while a request runs ends the request, not the kernel's loop
-            from .errors import UsageError
+            from ..errors import UsageError
 
             why = str(e) if isinstance(e, UsageError) else f"{type(e).__name__}: {e}"
             return {"ok": False, "message": _last_line(out.getvalue()), "error": why.strip(), "output": (out.getvalue() + err.getvalue()).strip()}
@@ -302,7 +302,7 @@ class LabBridge:
         with self._lock:
             self.seq += 1
             seq = self.seq
-        from . import __version__
+        from .._version import __version__
 
         return {
             "type": "snapshot",
@@ -361,7 +361,7 @@ class LabBridge:
         key = (pool.plan.run_id, bool(pool.started))
         if key != self._checks_for:
             try:
-                from .env import checks_verdict, plan_checks
+                from ..plan.plan import checks_verdict, plan_checks
 
                 checks = plan_checks(pool.plan, started=bool(pool.started))
                 self._checks = [c.to_dict() for c in checks]

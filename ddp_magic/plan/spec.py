@@ -1,0 +1,102 @@
+"""What the user asked for: a pool's options, validated once into a frozen value.
+
+The magics, the session, the JupyterLab comm, the tests and the benchmarks all
+build a ``PoolSpec`` here, from keyword options; nothing else validates options.
+``make_plan(spec)`` (plan/plan.py) turns it into the concrete per-rank env,
+and ``spec.changes_from(old)`` says what a new request changes (a restart).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ..errors import PlanError
+
+BACKENDS = ("auto", "nccl", "gloo", "mpi")
+START_METHODS = ("auto", "fork", "spawn", "torchrun")
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A pool's options as the user gave them (``backend="auto"`` stays "auto" here)."""
+
+    nproc: int  # ranks in all (world size), over every node
+    backend: str = "auto"
+    master_addr: str = "127.0.0.1"
+    master_port: Optional[int] = None  # None: a free port, chosen per start
+    init: bool = True  # call init_process_group on the ranks before the first cell
+    start_method: str = "auto"
+    nnodes: int = 1
+    start_timeout: float = 180.0  # seconds for every rank (and node) to join
+    pg_timeout: float = 300.0  # seconds before a collective with a missing peer fails
+    grace: float = 1.0  # seconds a rank gets to finish or honour an interrupt
+    listen_addr: Optional[str] = None  # the control channel; None: loopback, or master_addr across nodes
+    extra_env: Tuple[Tuple[str, str], ...] = field(default=())  # sorted (name, value) pairs for every rank
+
+    def __post_init__(self) -> None:
+        n = self.nproc
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise PlanError(f"-n must be a whole number of ranks, 1 or more (got {n!r})")
+        if not isinstance(self.nnodes, int) or isinstance(self.nnodes, bool) or self.nnodes < 1:
+            raise PlanError(f"--nnodes must be 1 or more (got {self.nnodes!r})")
+        if n % self.nnodes:
+            raise PlanError(f"-n {n} ranks do not split evenly over {self.nnodes} nodes; give a multiple of {self.nnodes}")
+        if self.backend not in BACKENDS:
+            raise PlanError(f"unknown backend {self.backend!r}; use one of {', '.join(BACKENDS)}")
+        if self.start_method not in START_METHODS:
+            raise PlanError(f"unknown start method {self.start_method!r}; use auto, fork, spawn or torchrun")
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise PlanError(f"--master-port must be between 1 and 65535 (got {self.master_port})")
+        for name in ("start_timeout", "pg_timeout", "grace"):
+            if getattr(self, name) <= 0:
+                raise PlanError(f"{name.replace('_', '-')} must be more than 0 seconds (got {getattr(self, name)!r})")
+
+    @classmethod
+    def from_options(cls, nproc: int, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> "PoolSpec":
+        """Build from keyword options; ``None`` means "the default", unknown names are a PlanError."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise PlanError(f"unknown pool option(s): {', '.join(unknown)}")
+        given = {k: v for k, v in options.items() if v is not None}
+        return cls(nproc=nproc, extra_env=tuple(sorted((extra_env or {}).items())), **given)
+
+    def with_options(self, nproc: Optional[int] = None, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> "PoolSpec":
+        """This spec with the given options changed (``None``: keep); validated like a new one."""
+        given = {k: v for k, v in options.items() if v is not None}
+        if nproc is not None:
+            given["nproc"] = nproc
+        if extra_env is not None:
+            given["extra_env"] = tuple(sorted(extra_env.items()))
+        return replace(self, **given)
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.nproc // self.nnodes
+
+    @property
+    def env(self) -> Dict[str, str]:
+        return dict(self.extra_env)
+
+    @property
+    def launcher_method(self) -> str:
+        """The start method a launcher is made for: a pool over nodes always runs under torchrun."""
+        return "torchrun" if self.nnodes > 1 else self.start_method
+
+    @property
+    def control_addr(self) -> str:
+        """Where the kernel's control channel listens: loopback unless ranks on other nodes must reach it."""
+        return self.listen_addr or ("127.0.0.1" if self.nnodes == 1 else self.master_addr)
+
+    def changes_from(self, old: "PoolSpec") -> List[str]:
+        """What this spec changes, as the user would say it ("-n 2 → 4"); empty: the same pool."""
+        out = []
+        for f in fields(self):
+            a, b = getattr(old, f.name), getattr(self, f.name)
+            if a == b or (f.name == "backend" and b == "auto"):
+                continue
+            label = "-n" if f.name == "nproc" else f.name.replace("_", "-")
+            if f.name == "extra_env":
+                a, b = dict(a), dict(b)
+            out.append(f"{label} {a} → {b}")
+        return out

@@ -1,0 +1,55 @@
+"""The states a rank goes through and the kinds of failure: one home for both.
+
+Plain data, imported by the kernel, the session and the views alike (and
+mirrored name for name by ``labextension/src/model.ts``; a test checks the
+two lists match). Both are ``str`` enums so a state is its own JSON value.
+
+Rank state transitions (the kernel's view of one rank)::
+
+    STARTING ──joined──▶ CONNECTING ──process group up──▶ READY
+    READY ──cell sent──▶ RUNNING ──▶ DONE | FAILED | INTERRUPTED
+    DONE / FAILED / INTERRUPTED ──next cell──▶ RUNNING
+    any live state ──process exit seen──▶ DEAD
+    any state but DEAD / FAILED ──pool stopped by us──▶ STOPPED
+
+DEAD is terminal for that process: the next cell restarts the pool.
+"""
+from __future__ import annotations
+
+from enum import Enum
+
+
+class RankState(str, Enum):
+    """Where one rank is, as the kernel last saw it."""
+
+    STARTING = "starting"  # asked for; no process has joined yet
+    CONNECTING = "connecting"  # joined the control channel; process group not yet up
+    READY = "ready"  # idle, process group up, waiting for a cell
+    RUNNING = "running"  # executing the current cell
+    DONE = "done"  # finished the current cell without error
+    FAILED = "failed"  # the current cell raised on this rank
+    INTERRUPTED = "interrupted"  # the current cell was interrupted on this rank
+    DEAD = "dead"  # the process exited (or its connection was lost)
+    STOPPED = "stopped"  # stopped by ddp_magic itself (stop, restart, teardown)
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def finished(self) -> bool:
+        """The rank holds no cell any more (a cell's end, or the process's)."""
+        return self in (RankState.DONE, RankState.FAILED, RankState.INTERRUPTED, RankState.DEAD, RankState.STOPPED)
+
+
+class FailureKind(str, Enum):
+    """Why a rank counts as failed in a cell's outcome; the root-cause order lives in kernel/policy.py."""
+
+    ERROR = "error"  # the cell raised on the rank
+    INTERRUPTED = "interrupted"  # the rank honoured an interrupt (Ctrl-C, a peer's failure)
+    DIED = "died"  # the process exited on its own (crash, os._exit, OOM kill)
+    KILLED = "killed"  # ddp_magic stopped it after it ignored an interrupt
+    INIT = "init"  # it could not start or join the process group
+    TIMEOUT = "timeout"  # the cell ran past --timeout
+
+    def __str__(self) -> str:
+        return self.value
