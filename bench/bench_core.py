@@ -264,8 +264,8 @@ def _killpg(proc: subprocess.Popen) -> None:
         pass
     try:
         proc.communicate(timeout=10)
-    except Exception:
-        pass
+    except Exception as e:  # the group is killed; its pipes are only drained
+        log(f"draining pid {proc.pid} after SIGKILL: {short_error(e)}")
 
 
 def tail(text: str, n: int = 400) -> str:
@@ -418,7 +418,8 @@ def cold_torchrun(n: int, store: Store, job_path: str) -> None:
     torchrun = os.path.join(os.path.dirname(PY), "torchrun")
 
     def one() -> Tuple[float, dict]:
-        argv = [torchrun, "--standalone", f"--nproc-per-node={n}", job_path] if os.path.exists(torchrun) else [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", job_path]
+        launcher = [torchrun] if os.path.exists(torchrun) else [PY, "-m", "torch.distributed.run"]
+        argv = launcher + ["--standalone", f"--nproc-per-node={n}", job_path]
         t_launch = time.time()
         code, out, err = run_proc(argv, env=child_env())
         t_exit = time.time()
@@ -504,9 +505,91 @@ def sizes_for(n: int, sizes_mib: List[int], max_total_gib: float) -> List[Tuple[
     return [(s, n * s * MIB <= max_total_gib * (1 << 30)) for s in sizes_mib]
 
 
+KERNEL_SETUP = "import torch, torch.distributed as dist"
+
+
+def _kernel_small_tensor(k: KernelSession, n: int, store: Store) -> None:
+    """The first tensor result makes the kernel import torch (it had no need before): first and second timed apart."""
+    for which in ("first", "second"):
+        def small_tensor() -> float:
+            ex = k.ok("%%ddp\ntorch.ones(1)", timeout=120)
+            if not ex["results"] or ex["results"][-1].count("tensor([1.])") != n:
+                raise RuntimeError(f"unexpected result {ex['results'][-1:]!r}")
+            return ex["elapsed"]
+
+        store.measure(f"tensor1.kernel.{which}.n{n}", small_tensor)
+
+
+def _kernel_restart(k: KernelSession, n: int, args: argparse.Namespace, store: Store) -> None:
+    """2. `%ddp restart` until the 'ready in' line."""
+    for _ in range(args.restart_repeats):
+        def restart() -> Tuple[float, str]:
+            ex = k.ok("%ddp restart", timeout=300)
+            if "ready in" not in ex["stdout"]:
+                raise RuntimeError(f"no 'ready' line: {tail(ex['stdout'])} {tail(ex['stderr'])}")
+            return ex["elapsed"], ex["stdout"].strip()
+
+        store.measure(f"restart.kernel.n{n}", restart)
+
+
+def _kernel_warm(k: KernelSession, n: int, args: argparse.Namespace, store: Store) -> None:
+    """3. Warm round trips, interleaved so drift hits every column alike.
+
+    "ddp"/"allreduce" as a user gets them (with the status view), "nowidget" with --no-widget."""
+    cells = {
+        "plain": ("1", lambda ex: ex["value"] == "1"),
+        "ddp": ("%%ddp\n1", lambda ex: (ex["value"] or "").count("] 1") == n),
+        "nowidget": ("%%ddp --no-widget\n1", lambda ex: (ex["value"] or "").count("] 1") == n and len(ex["results"]) == 1),
+        "allreduce": ("%%ddp\nx = torch.ones(1)\ndist.all_reduce(x)", lambda ex: ex["value"] is None),
+    }
+    for _ in range(3):  # warm-up
+        for code, _check in cells.values():
+            k.ok(code)
+    fails = {name: 0 for name in cells}
+    for i in range(args.warm_repeats):
+        for name, (code, check) in cells.items():
+            def one(code: str = code, check: Callable = check) -> float:
+                ex = k.ok(code, timeout=60)
+                if not check(ex):
+                    raise RuntimeError(f"unexpected output: value={ex['value']!r} results={ex['results'][-2:]!r} stderr={tail(ex['stderr'], 200)!r}")
+                return ex["elapsed"]
+
+            if store.measure_quiet(f"warm.kernel.{name}.n{n}", one) is None:
+                fails[name] += 1
+        if i % 25 == 24:
+            k.ok("%reset -f out")
+    medians = {name: statistics.median(store.get(f"warm.kernel.{name}.n{n}").values or [float("nan")]) for name in cells}
+    log(f"warm kernel n={n}: " + ", ".join(f"{name} median {1e3 * m:.2f} ms" for name, m in medians.items()))
+
+
+def _kernel_results(k: KernelSession, n: int, args: argparse.Namespace, store: Store) -> None:
+    """4. Result return: every rank's tensor of each size into the notebook."""
+    for size, allowed in sizes_for(n, args.sizes, args.max_total_gib):
+        key = f"result.kernel.n{n}.s{size}"
+        if not allowed:
+            continue
+        elems = size * MIB // 4
+        try:
+            k.ok(f"%%ddp\n{make_tensor(elems, args.untouched)}", timeout=300)
+        except Exception as e:
+            store.error(key, short_error(e))
+            continue
+        for _ in range(args.result_repeats):
+            def ret() -> float:
+                ex = k.ok("%%ddp\nt", timeout=600)
+                text = ex["results"][-1] if ex["results"] else ""
+                if not text.startswith("RankResults(") or text.count("tensor(") != n:
+                    raise RuntimeError(f"unexpected result {text[:200]!r}")
+                return ex["elapsed"]
+
+            store.measure(key, ret)
+            k.ok("%reset -f out")
+        k.ok("%%ddp\ndel t")
+
+
 def live_kernel(n: int, args: argparse.Namespace, store: Store, watch: OrphanWatch) -> None:
+    """Sections 2-4 through a real kernel: small tensor, restart, warm cells, result return."""
     k = None
-    setup = "import torch, torch.distributed as dist"
     try:
         k = KernelSession()
         k.ok("%load_ext ddp_magic")
@@ -514,73 +597,12 @@ def live_kernel(n: int, args: argparse.Namespace, store: Store, watch: OrphanWat
         if not where or SRC + os.sep not in where[-1]:
             store.notes.append(f"WARNING: the kernel imported ddp_magic from {where}, not from {SRC}")
         k.ok("del _m")
-        k.ok(f"%%ddp -n {n}\n{setup}", timeout=300)
-        # ---- the first tensor result makes the kernel import torch (it had no need before)
-        for which in ("first", "second"):
-            def small_tensor() -> float:
-                ex = k.ok("%%ddp\ntorch.ones(1)", timeout=120)
-                if not ex["results"] or ex["results"][-1].count("tensor([1.])") != n:
-                    raise RuntimeError(f"unexpected result {ex['results'][-1:]!r}")
-                return ex["elapsed"]
-
-            store.measure(f"tensor1.kernel.{which}.n{n}", small_tensor)
-        # ---- 2. restart
-        for _ in range(args.restart_repeats):
-            def restart() -> Tuple[float, str]:
-                ex = k.ok("%ddp restart", timeout=300)
-                if "ready in" not in ex["stdout"]:
-                    raise RuntimeError(f"no 'ready' line: {tail(ex['stdout'])} {tail(ex['stderr'])}")
-                return ex["elapsed"], ex["stdout"].strip()
-
-            store.measure(f"restart.kernel.n{n}", restart)
-        k.ok(f"%%ddp\n{setup}", timeout=300)
-        # ---- 3. warm round trips, interleaved so drift hits every column alike
-        # "ddp"/"allreduce" as a user gets them (with the status view), "nowidget" with --no-widget
-        cells = {
-            "plain": ("1", lambda ex: ex["value"] == "1"),
-            "ddp": ("%%ddp\n1", lambda ex: (ex["value"] or "").count("] 1") == n),
-            "nowidget": ("%%ddp --no-widget\n1", lambda ex: (ex["value"] or "").count("] 1") == n and len(ex["results"]) == 1),
-            "allreduce": ("%%ddp\nx = torch.ones(1)\ndist.all_reduce(x)", lambda ex: ex["value"] is None),
-        }
-        for _ in range(3):  # warm-up
-            for code, _check in cells.values():
-                k.ok(code)
-        fails = {name: 0 for name in cells}
-        for i in range(args.warm_repeats):
-            for name, (code, check) in cells.items():
-                def one(code: str = code, check: Callable = check) -> float:
-                    ex = k.ok(code, timeout=60)
-                    if not check(ex):
-                        raise RuntimeError(f"unexpected output: value={ex['value']!r} results={ex['results'][-2:]!r} stderr={tail(ex['stderr'], 200)!r}")
-                    return ex["elapsed"]
-
-                if store.measure_quiet(f"warm.kernel.{name}.n{n}", one) is None:
-                    fails[name] += 1
-            if i % 25 == 24:
-                k.ok("%reset -f out")
-        log(f"warm kernel n={n}: " + ", ".join(f"{name} median {1e3 * statistics.median(store.get(f'warm.kernel.{name}.n{n}').values or [float('nan')]):.2f} ms" for name in cells))
-        # ---- 4. result return
-        for size, allowed in sizes_for(n, args.sizes, args.max_total_gib):
-            key = f"result.kernel.n{n}.s{size}"
-            if not allowed:
-                continue
-            elems = size * MIB // 4
-            try:
-                k.ok(f"%%ddp\n{make_tensor(elems, args.untouched)}", timeout=300)
-            except Exception as e:
-                store.error(key, short_error(e))
-                continue
-            for _ in range(args.result_repeats):
-                def ret() -> float:
-                    ex = k.ok("%%ddp\nt", timeout=600)
-                    text = ex["results"][-1] if ex["results"] else ""
-                    if not text.startswith("RankResults(") or text.count("tensor(") != n:
-                        raise RuntimeError(f"unexpected result {text[:200]!r}")
-                    return ex["elapsed"]
-
-                store.measure(key, ret)
-                k.ok("%reset -f out")
-            k.ok("%%ddp\ndel t")
+        k.ok(f"%%ddp -n {n}\n{KERNEL_SETUP}", timeout=300)
+        _kernel_small_tensor(k, n, store)
+        _kernel_restart(k, n, args, store)
+        k.ok(f"%%ddp\n{KERNEL_SETUP}", timeout=300)
+        _kernel_warm(k, n, args, store)
+        _kernel_results(k, n, args, store)
     except Exception as e:
         store.error(f"live.kernel.n{n}", short_error(e))
         log(traceback.format_exc())
@@ -588,87 +610,99 @@ def live_kernel(n: int, args: argparse.Namespace, store: Store, watch: OrphanWat
         _stop_kernel(k, watch, f"live kernel n={n}")
 
 
-
-
 # ====================================================================== 2-4. a live pool via the API (child process)
+def _api_run_ok(p: Any, src: str) -> Any:
+    out = p.run(src)
+    if not out.ok:
+        raise RuntimeError("; ".join(f.headline() for f in out.failures))
+    return out
+
+
+def _api_small_tensor_and_restart(p: Any, n: int, restart_repeats: int, store: Store, pids: List[int]) -> None:
+    """The first tensor result (the kernel imports torch), then `Pool.restart` timed."""
+    def restart() -> float:
+        t0 = time.perf_counter()
+        p.restart()
+        dt = time.perf_counter() - t0
+        pids.extend(x for x in p.pids if x)
+        return dt
+
+    for which in ("first", "second"):
+        def small_tensor() -> float:
+            t0 = time.perf_counter()
+            out = _api_run_ok(p, "torch.ones(1)")
+            dt = time.perf_counter() - t0
+            if [float(v) for v in out.values] != [1.0] * n:
+                raise RuntimeError(f"values {out.values!r}")
+            return dt
+
+        store.measure_quiet(f"tensor1.api.{which}.n{n}", small_tensor)
+    for _ in range(restart_repeats):
+        store.measure_quiet(f"restart.api.n{n}", restart)
+
+
+def _api_warm(p: Any, n: int, warm_repeats: int, store: Store) -> None:
+    """Warm `Pool.run` round trips, the two cells interleaved."""
+    cells = {"ddp": "1", "allreduce": "x = torch.ones(1)\ndist.all_reduce(x)"}
+    for _ in range(3):
+        for src in cells.values():
+            _api_run_ok(p, src)
+    for _ in range(warm_repeats):
+        for name, src in cells.items():
+            def one(src: str = src, name: str = name) -> float:
+                t0 = time.perf_counter()
+                out = _api_run_ok(p, src)
+                dt = time.perf_counter() - t0
+                if out.values != ([1] * n if name == "ddp" else [None] * n):
+                    raise RuntimeError(f"values {out.values!r}")
+                return dt
+
+            store.measure_quiet(f"warm.api.{name}.n{n}", one)
+
+
+def _api_results(p: Any, n: int, result_repeats: int, sizes: List[int], max_total_gib: float, untouched: bool, store: Store) -> None:
+    """Result return through `Pool.run`: every rank's tensor of each size."""
+    for size, allowed in sizes_for(n, sizes, max_total_gib):
+        if not allowed:
+            continue
+        key = f"result.api.n{n}.s{size}"
+        elems = size * MIB // 4
+        try:
+            _api_run_ok(p, make_tensor(elems, untouched))
+        except Exception as e:
+            store.error(key, short_error(e))
+            continue
+        for _ in range(result_repeats):
+            def ret(elems: int = elems) -> float:
+                t0 = time.perf_counter()
+                out = _api_run_ok(p, "t")
+                dt = time.perf_counter() - t0
+                if len(out.values) != n or any(getattr(v, "numel", lambda: -1)() != elems for v in out.values):
+                    raise RuntimeError(f"unexpected values {[type(v).__name__ for v in out.values]}")
+                del out
+                return dt
+
+            store.measure_quiet(key, ret)
+        _api_run_ok(p, "del t")
+
+
 def child_api_live(n: int, result_repeats: int, restart_repeats: int, warm_repeats: int, sizes: List[int], max_total_gib: float, untouched: bool) -> None:
+    """Sections 2-4 through `Pool` in this (child) process; prints the series as one BENCHJSON line."""
     sys.path.insert(0, SRC)
     from ddp_magic.kernel.pool import Pool
 
     store = Store()
     pids: List[int] = []
-    setup = "import torch, torch.distributed as dist"
-
-    def run_ok(p: Any, src: str) -> Any:
-        out = p.run(src)
-        if not out.ok:
-            raise RuntimeError("; ".join(f.headline() for f in out.failures))
-        return out
-
     p = Pool(n)
     try:
-        run_ok(p, setup)
+        _api_run_ok(p, KERNEL_SETUP)
         proc = getattr(p.launcher, "proc", None)
         if proc is not None:
             pids.append(proc.pid)
-
-        def restart() -> float:
-            t0 = time.perf_counter()
-            p.restart()
-            dt = time.perf_counter() - t0
-            pids.extend(x for x in p.pids if x)
-            return dt
-
-        for which in ("first", "second"):
-            def small_tensor() -> float:
-                t0 = time.perf_counter()
-                out = run_ok(p, "torch.ones(1)")
-                dt = time.perf_counter() - t0
-                if [float(v) for v in out.values] != [1.0] * n:
-                    raise RuntimeError(f"values {out.values!r}")
-                return dt
-
-            store.measure_quiet(f"tensor1.api.{which}.n{n}", small_tensor)
-        for _ in range(restart_repeats):
-            store.measure_quiet(f"restart.api.n{n}", restart)
-        run_ok(p, setup)
-        cells = {"ddp": "1", "allreduce": "x = torch.ones(1)\ndist.all_reduce(x)"}
-        for _ in range(3):
-            for src in cells.values():
-                run_ok(p, src)
-        for _ in range(warm_repeats):
-            for name, src in cells.items():
-                def one(src: str = src, name: str = name) -> float:
-                    t0 = time.perf_counter()
-                    out = run_ok(p, src)
-                    dt = time.perf_counter() - t0
-                    if out.values != ([1] * n if name == "ddp" else [None] * n):
-                        raise RuntimeError(f"values {out.values!r}")
-                    return dt
-
-                store.measure_quiet(f"warm.api.{name}.n{n}", one)
-        for size, allowed in sizes_for(n, sizes, max_total_gib):
-            if not allowed:
-                continue
-            key = f"result.api.n{n}.s{size}"
-            elems = size * MIB // 4
-            try:
-                run_ok(p, make_tensor(elems, untouched))
-            except Exception as e:
-                store.error(key, short_error(e))
-                continue
-            for _ in range(result_repeats):
-                def ret() -> float:
-                    t0 = time.perf_counter()
-                    out = run_ok(p, "t")
-                    dt = time.perf_counter() - t0
-                    if len(out.values) != n or any(getattr(v, "numel", lambda: -1)() != elems for v in out.values):
-                        raise RuntimeError(f"unexpected values {[type(v).__name__ for v in out.values]}")
-                    del out
-                    return dt
-
-                store.measure_quiet(key, ret)
-            run_ok(p, "del t")
+        _api_small_tensor_and_restart(p, n, restart_repeats, store, pids)
+        _api_run_ok(p, KERNEL_SETUP)
+        _api_warm(p, n, warm_repeats, store)
+        _api_results(p, n, result_repeats, sizes, max_total_gib, untouched, store)
         pids.extend(x for x in p.pids if x)
     except Exception as e:
         store.error(f"live.api.n{n}", short_error(e))
@@ -678,7 +712,9 @@ def child_api_live(n: int, result_repeats: int, restart_repeats: int, warm_repea
 
 
 def live_api(n: int, args: argparse.Namespace, store: Store, watch: OrphanWatch) -> None:
-    argv = [PY, os.path.abspath(__file__), "--child", "api-live", "--n", str(n), "--result-repeats", str(args.result_repeats), "--restart-repeats", str(args.restart_repeats), "--warm-repeats", str(args.warm_repeats), "--sizes", ",".join(map(str, args.sizes)), "--max-total-gib", str(args.max_total_gib), "--src", SRC] + (["--untouched"] if args.untouched else [])
+    argv = [PY, os.path.abspath(__file__), "--child", "api-live", "--n", str(n), "--result-repeats", str(args.result_repeats),
+            "--restart-repeats", str(args.restart_repeats), "--warm-repeats", str(args.warm_repeats), "--sizes", ",".join(map(str, args.sizes)),
+            "--max-total-gib", str(args.max_total_gib), "--src", SRC] + (["--untouched"] if args.untouched else [])
     try:
         code, out, err = run_proc(argv, env=child_env(), timeout=900)
         got = [json.loads(line[len("BENCHJSON "):]) for line in out.splitlines() if line.startswith("BENCHJSON ")]
@@ -722,7 +758,8 @@ def memcpy_baseline(args: argparse.Namespace, store: Store) -> None:
     combos = [(n, s) for n in args.ns for s, ok in sizes_for(n, args.sizes, args.max_total_gib) if ok]
     if not combos:
         return
-    argv = [PY, os.path.abspath(__file__), "--child", "memcpy", "--combos", ";".join(f"{n},{s}" for n, s in combos), "--result-repeats", str(args.result_repeats)] + (["--untouched"] if args.untouched else [])
+    argv = [PY, os.path.abspath(__file__), "--child", "memcpy", "--combos", ";".join(f"{n},{s}" for n, s in combos),
+            "--result-repeats", str(args.result_repeats)] + (["--untouched"] if args.untouched else [])
     try:
         code, out, err = run_proc(argv, env=child_env(), timeout=600)
         got = [json.loads(line[len("BENCHJSON "):]) for line in out.splitlines() if line.startswith("BENCHJSON ")]
@@ -764,8 +801,8 @@ def ratio(a: Optional[float], b: Optional[float], digits: int = 2) -> str:
     return f"{a / b:.{digits}f}×" if a is not None and b else "—"
 
 
-def render(store: Store, args: argparse.Namespace, meta: dict) -> str:
-    S = store.series.get
+def _render_header(args: argparse.Namespace, meta: dict) -> List[str]:
+    """The title and the run's circumstances (load, repeats, source)."""
     out: List[str] = []
     out.append("# ddp_magic core benchmark\n")
     out.append(
@@ -776,18 +813,31 @@ def render(store: Store, args: argparse.Namespace, meta: dict) -> str:
     )
     out.append(f"Benchmarked: {args.source_desc}.\n")
     out.append("Every figure: median (min–max) over the repeats. Columns are explained in bench/README.md.\n")
+    return out
 
+
+def _render_cold(S: Callable[[str], Optional[Series]], args: argparse.Namespace) -> List[str]:
+    """Section 1: cold start to first result."""
+    out: List[str] = []
     out.append("## 1. Cold start to first result (s)\n")
-    out.append("From nothing running to the all_reduced value of `torch.ones(1)` in hand. `%%ddp` in kernel: fresh kernel with `%load_ext ddp_magic` done, execute → idle. "
+    out.append("From nothing running to the all_reduced value of `torch.ones(1)` in hand. "
+               "`%%ddp` in kernel: fresh kernel with `%load_ext ddp_magic` done, execute → idle. "
                "Pool API: `python -c` launch → `Pool(n).run(src)` returned. torchrun / bare: launch → the last rank printed its result.\n")
     imp = S("cold.import")
-    out.append("| n | %%ddp in kernel | Pool API (fresh process) | Pool API, cell ends `t.item()` | torchrun --standalone | N bare python (init+all_reduce) | 1 bare `import torch` | kernel / import | API / import | torchrun / import |")
+    out.append("| n | %%ddp in kernel | Pool API (fresh process) | Pool API, cell ends `t.item()` | torchrun --standalone | N bare python (init+all_reduce) "
+               "| 1 bare `import torch` | kernel / import | API / import | torchrun / import |")
     out.append("|---|---|---|---|---|---|---|---|---|---|")
     for n in args.ns:
         k, a, af, t, b = (S(f"cold.{m}.n{n}") for m in ("kernel", "api", "apifloat", "torchrun", "bare"))
-        out.append(f"| {n} | {fmt(k)} | {fmt(a)} | {fmt(af)} | {fmt(t)} | {fmt(b)} | {fmt(imp)} | {ratio(med(k), med(imp))} | {ratio(med(a), med(imp))} | {ratio(med(t), med(imp))} |")
+        out.append(f"| {n} | {fmt(k)} | {fmt(a)} | {fmt(af)} | {fmt(t)} | {fmt(b)} | {fmt(imp)} "
+                   f"| {ratio(med(k), med(imp))} | {ratio(med(a), med(imp))} | {ratio(med(t), med(imp))} |")
     out.append("")
+    return out
 
+
+def _render_live(S: Callable[[str], Optional[Series]], args: argparse.Namespace) -> List[str]:
+    """Sections 2, 3 and 3b: restart, warm round trips, the first tensor result."""
+    out: List[str] = []
     out.append("## 2. Restart of a live pool (s)\n")
     out.append("| n | `%ddp restart` in kernel (execute → idle) | `Pool.restart()` via API |")
     out.append("|---|---|---|")
@@ -800,12 +850,13 @@ def render(store: Store, args: argparse.Namespace, meta: dict) -> str:
                "Overhead = median(ddp) − median(plain cell `1`) in the same kernel.\n")
     out.append("`%%ddp` cells show the status view (the default; a cell this quick gets only its summary line, no ipywidget); "
                "the `--no-widget` column is the same cell without it.\n")
-    out.append("| n | plain cell `1` | `%%ddp` `1` | overhead | `%%ddp --no-widget` `1` | overhead | `%%ddp` one all_reduce | overhead | API `run('1')` | API one all_reduce |")
+    out.append("| n | plain cell `1` | `%%ddp` `1` | overhead | `%%ddp --no-widget` `1` | overhead | `%%ddp` one all_reduce | overhead "
+               "| API `run('1')` | API one all_reduce |")
     out.append("|---|---|---|---|---|---|---|---|---|---|")
     for n in args.ns:
         pl, dd, nw, ar = (S(f"warm.kernel.{c}.n{n}") for c in ("plain", "ddp", "nowidget", "allreduce"))
 
-        def over(s: Any) -> str:
+        def over(s: Any, pl: Any = pl) -> str:
             return f"{1e3 * (med(s) - med(pl)):.2f}" if med(s) is not None and med(pl) is not None else "—"
 
         out.append(f"| {n} | {fmt(pl, 1e3)} | {fmt(dd, 1e3)} | {over(dd)} | {fmt(nw, 1e3)} | {over(nw)} | {fmt(ar, 1e3)} | {over(ar)} | "
@@ -819,9 +870,15 @@ def render(store: Store, args: argparse.Namespace, meta: dict) -> str:
     for n in args.ns:
         out.append(f"| {n} | " + " | ".join(fmt(S(f"tensor1.{w}.{which}.n{n}"), digits=3) for w in ("kernel", "api") for which in ("first", "second")) + " |")
     out.append("")
+    return out
 
+
+def _render_results(S: Callable[[str], Optional[Series]], args: argparse.Namespace) -> List[str]:
+    """Section 4: result return against memcpy."""
+    out: List[str] = []
     out.append("## 4. Result return: every rank returns a float32 tensor (`%%ddp` cell `t`)\n")
-    out.append("MB/s = n × size / seconds (MB = 10^6 bytes). memcpy = `torch.empty_like(x).copy_(x)` of the same n × size bytes in one process (the physical limit). "
+    out.append("MB/s = n × size / seconds (MB = 10^6 bytes). "
+               "memcpy = `torch.empty_like(x).copy_(x)` of the same n × size bytes in one process (the physical limit). "
                + ("Tensors: a bare `torch.empty` (--untouched), so the first timed return faults its pages in.\n" if args.untouched else
                   "Tensors: `torch.empty(N)` then `fill_(1.0)` in the untimed cell, so the timed cell does not fault fresh pages in (see bench/README.md).\n"))
     out.append("| n | size per rank | total | kernel s | kernel MB/s | API s | API MB/s | memcpy s | memcpy MB/s | kernel / memcpy time |")
@@ -836,11 +893,19 @@ def render(store: Store, args: argparse.Namespace, meta: dict) -> str:
             nbytes = n * size * MIB
             k, a, m = (S(f"result.{w}.n{n}.s{size}") for w in ("kernel", "api", "memcpy"))
             out.append(
-                f"| {n} | {size} MiB | {tot} | {fmt(k, digits=3)} | {fmt(k, digits=0, invert=nbytes / 1e6)} | {fmt(a, digits=3)} | {fmt(a, digits=0, invert=nbytes / 1e6)} "
+                f"| {n} | {size} MiB | {tot} | {fmt(k, digits=3)} | {fmt(k, digits=0, invert=nbytes / 1e6)} "
+                f"| {fmt(a, digits=3)} | {fmt(a, digits=0, invert=nbytes / 1e6)} "
                 f"| {fmt(m, digits=3)} | {fmt(m, digits=0, invert=nbytes / 1e6)} | {ratio(med(k), med(m), 1)} |"
             )
     out.append("")
+    return out
 
+
+def _render_notes(store: Store, args: argparse.Namespace) -> List[str]:
+    """The per-phase breakdowns, errors of the live pools and the store's notes."""
+    out: List[str] = []
+    S = store.series.get
+    imp = S("cold.import")
     extra = []
     for n in args.ns:
         live_errs = [e for w in ("kernel", "api") for e in (S(f"live.{w}.n{n}").errors if S(f"live.{w}.n{n}") else [])]
@@ -848,7 +913,7 @@ def render(store: Store, args: argparse.Namespace, meta: dict) -> str:
     for n in args.ns:
         info = [i for i in (S(f"cold.api.n{n}").info if S(f"cold.api.n{n}") else []) if isinstance(i, dict)]
         if info:
-            def m(key: str) -> float:
+            def m(key: str, info: List[dict] = info) -> float:
                 vals = [i[key] for i in info if isinstance(i.get(key), (int, float))]
                 return statistics.median(vals) if vals else float("nan")
 
@@ -877,6 +942,13 @@ def render(store: Store, args: argparse.Namespace, meta: dict) -> str:
         out.append("## Notes\n")
         out += [f"- {_cell_text(x)}" for x in extra]
         out.append("")
+    return out
+
+
+def render(store: Store, args: argparse.Namespace, meta: dict) -> str:
+    """The markdown report: header, sections 1-4, notes."""
+    S = store.series.get
+    out = _render_header(args, meta) + _render_cold(S, args) + _render_live(S, args) + _render_results(S, args) + _render_notes(store, args)
     return "\n".join(out)
 
 
@@ -920,32 +992,17 @@ def export_rev(rev: str) -> Tuple[str, str]:
     return dest, sha
 
 
-def main() -> int:
-    global SRC
-    args = parse_args()
-    exported = None
-    if args.git_rev and not args.child:
-        exported, sha = export_rev(args.git_rev)
-        args.src = exported
-        args.source_desc = f"ddp_magic at commit {sha[:10]} ({args.git_rev}), exported with git archive"
-    else:
-        args.source_desc = f"ddp_magic from {os.path.abspath(args.src)}" + (" (working tree)" if os.path.abspath(args.src) == REPO else "")
-    SRC = os.path.abspath(args.src)
+def _run_child(args: argparse.Namespace) -> int:
+    """The --child modes: a live pool via the API, or the memcpy baseline, each in its own process."""
     if args.child == "api-live":
         child_api_live(args.n, args.result_repeats, args.restart_repeats, args.warm_repeats, args.sizes, args.max_total_gib, args.untouched)
-        return 0
-    if args.child == "memcpy":
+    elif args.child == "memcpy":
         child_memcpy([tuple(int(v) for v in c.split(",")) for c in args.combos.split(";")], args.result_repeats, args.untouched)  # type: ignore[misc]
-        return 0
+    return 0
 
-    t_start = time.monotonic()
-    load_start = os.getloadavg()[0]
-    store = Store()
-    watch = OrphanWatch(store)
-    before = {pid for pid, _ in pgrep_ddp_magic()}
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    log(f"ns={args.ns} repeats={args.repeats} warm_repeats={args.warm_repeats} sizes={args.sizes} MiB max_total={args.max_total_gib} GiB")
 
+def _prepare(store: Store) -> str:
+    """Warm the page cache, check where ddp_magic comes from; returns torch's version."""
     # Page cache: the first torch import after boot reads from disk; nobody should pay for it.
     try:
         run_proc([PY, "-c", "import torch, torch.distributed, torch.nn.parallel, cloudpickle, ddp_magic.procs.worker"], env=child_env())
@@ -962,41 +1019,37 @@ def main() -> int:
     try:
         _, tv, _ = run_proc([PY, "-c", "import torch; print(torch.__version__)"], env=child_env())
         torch_version = tv.strip()
-    except Exception:
-        pass
+    except Exception as e:
+        log(f"torch version unknown: {short_error(e)}")
+    return torch_version
 
-    tmpdir = tempfile.mkdtemp(prefix="ddp_bench_")
-    job_path = os.path.join(tmpdir, "job.py")
-    with open(job_path, "w") as f:
-        f.write(PLAIN_JOB)
-    try:
-        if "cold" not in args.skip:
-            # Interleaved: each repeat visits every n and every launcher, so drift hits all alike.
-            for rep in range(args.repeats):
-                log(f"cold start, repeat {rep + 1}/{args.repeats}")
-                cold_import(store)
-                for n in args.ns:
-                    cold_kernel(n, store, watch)
-                    cold_api(n, store, watch)
-                    cold_api(n, store, watch, as_float=True)
-                    cold_torchrun(n, store, job_path)
-                    cold_bare(n, store)
-        if "live" not in args.skip:
+
+def _run_sections(args: argparse.Namespace, store: Store, watch: OrphanWatch, job_path: str) -> None:
+    """Sections 1-4 and the memcpy baseline, in the order and interleaving that the tables assume."""
+    if "cold" not in args.skip:
+        # Interleaved: each repeat visits every n and every launcher, so drift hits all alike.
+        for rep in range(args.repeats):
+            log(f"cold start, repeat {rep + 1}/{args.repeats}")
+            cold_import(store)
             for n in args.ns:
-                log(f"live pool n={n}: kernel")
-                live_kernel(n, args, store, watch)
-                log(f"live pool n={n}: API")
-                live_api(n, args, store, watch)
-        if "memcpy" not in args.skip:
-            log("memcpy baseline")
-            memcpy_baseline(args, store)
-    except KeyboardInterrupt:
-        store.notes.append("interrupted by the user; the tables are partial")
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-        if exported:
-            shutil.rmtree(exported, ignore_errors=True)
+                cold_kernel(n, store, watch)
+                cold_api(n, store, watch)
+                cold_api(n, store, watch, as_float=True)
+                cold_torchrun(n, store, job_path)
+                cold_bare(n, store)
+    if "live" not in args.skip:
+        for n in args.ns:
+            log(f"live pool n={n}: kernel")
+            live_kernel(n, args, store, watch)
+            log(f"live pool n={n}: API")
+            live_api(n, args, store, watch)
+    if "memcpy" not in args.skip:
+        log("memcpy baseline")
+        memcpy_baseline(args, store)
 
+
+def _leftovers(before: set, watch: OrphanWatch, store: Store) -> Tuple[List[Tuple[int, str]], bool]:
+    """Processes this run left behind (noted in the report); returns `pgrep`'s list and whether any are new."""
     time.sleep(0.5)
     after = pgrep_ddp_magic()
     new = [(pid, cmd) for pid, cmd in after if pid not in before]
@@ -1006,10 +1059,47 @@ def main() -> int:
     if new:
         store.notes.append(
             "WARNING: `pgrep -f ddp_magic` shows processes that were not there when the benchmark started "
-            f"(not among the processes this benchmark started and checked; they may belong to someone else's concurrent run): "
+            "(not among the processes this benchmark started and checked; they may belong to someone else's concurrent run): "
             + "; ".join(f"{pid} (ppid {_ppid(pid)}, cwd {_cwd(pid)}) {cmd[:80]}" for pid, cmd in new)
         )
+    return after, bool(ours or new)
 
+
+def main() -> int:
+    global SRC
+    args = parse_args()
+    exported = None
+    if args.git_rev and not args.child:
+        exported, sha = export_rev(args.git_rev)
+        args.src = exported
+        args.source_desc = f"ddp_magic at commit {sha[:10]} ({args.git_rev}), exported with git archive"
+    else:
+        args.source_desc = f"ddp_magic from {os.path.abspath(args.src)}" + (" (working tree)" if os.path.abspath(args.src) == REPO else "")
+    SRC = os.path.abspath(args.src)
+    if args.child in ("api-live", "memcpy"):
+        return _run_child(args)
+
+    t_start = time.monotonic()
+    load_start = os.getloadavg()[0]
+    store = Store()
+    watch = OrphanWatch(store)
+    before = {pid for pid, _ in pgrep_ddp_magic()}
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    log(f"ns={args.ns} repeats={args.repeats} warm_repeats={args.warm_repeats} sizes={args.sizes} MiB max_total={args.max_total_gib} GiB")
+    torch_version = _prepare(store)
+    tmpdir = tempfile.mkdtemp(prefix="ddp_bench_")
+    job_path = os.path.join(tmpdir, "job.py")
+    with open(job_path, "w") as f:
+        f.write(PLAIN_JOB)
+    try:
+        _run_sections(args, store, watch, job_path)
+    except KeyboardInterrupt:
+        store.notes.append("interrupted by the user; the tables are partial")
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        if exported:
+            shutil.rmtree(exported, ignore_errors=True)
+    after, left = _leftovers(before, watch, store)
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "cpus": cpu_count(),
@@ -1023,7 +1113,7 @@ def main() -> int:
     }
     md = render(store, args, meta)
     write_report(args.out, md, {"meta": meta, "series": {k: s.to_dict() for k, s in store.series.items()}, "notes": store.notes})
-    if ours or new:
+    if left:
         print("\nWARNING: processes left behind (`pgrep -af ddp_magic`):", file=sys.stderr)
         for pid, cmd in after:
             print(f"  {pid} {cmd}", file=sys.stderr)

@@ -767,7 +767,8 @@ def check_plain(ex: dict) -> None:
         raise RuntimeError(f"unexpected result {ex['results']!r}")
 
 
-def live_phase(n: int, args: argparse.Namespace, store: PeerStore, tmp: str, cleanup: Cleanup) -> None:
+def _live_tools(n: int, args: argparse.Namespace, tmp: str, cleanup: Cleanup) -> Dict[str, Tool]:
+    """Each notebook tool's kernel with a live pool of n ranks; a failed setup is kept as the tool's setup_error."""
     tools: Dict[str, Tool] = {}
     for key in ("ddp", "ipp", "nbd", "accelerate"):
         if key not in args.tools:
@@ -784,183 +785,203 @@ def live_phase(n: int, args: argparse.Namespace, store: PeerStore, tmp: str, cle
             log(f"live n={n}: {key} setup FAILED: {tool.setup_error}")
             if tool.k is not None:
                 log(f"{key} kernel log: {tool.k.log_tail(600)}")
-    pools = {k: t for k, t in tools.items() if k != "accelerate"}
+    return tools
 
-    def fail_all(key: str, prefix: str) -> bool:
-        """A tool whose setup failed: its cells in this section say why."""
-        t = tools.get(key)
-        if t is not None and t.setup_error:
-            store.error(prefix, t.setup_error)
-            return True
-        return t is None
 
-    try:
-        # ---- 6a. memory of the workers, beyond a bare `import torch` process
-        bare_mem(n, store)
-        for key, t in pools.items():
-            if t.setup_error:
-                store.error(f"mem.{key}.rank.rss.n{n}", t.setup_error)
+def _live_memory(n: int, pools: Dict[str, Tool], args: argparse.Namespace, store: PeerStore, tmp: str, cleanup: Cleanup) -> None:
+    """6a. memory of the workers, beyond a bare `import torch` process; 6b. kernel RSS after 500 cells."""
+    bare_mem(n, store)
+    for key, t in pools.items():
+        if t.setup_error:
+            store.error(f"mem.{key}.rank.rss.n{n}", t.setup_error)
+            continue
+        pids = t.worker_pids()
+        for role, plist in pids.items():
+            mems = [proc_mem_kib(p) for p in plist]
+            mems = [m for m in mems if m[0]]
+            if mems:
+                store.get(f"mem.{key}.{role}.rss.n{n}").values += [m[0] / 1024 for m in mems]
+                store.get(f"mem.{key}.{role}.uss.n{n}").values += [m[1] / 1024 for m in mems]
+                store.get(f"mem.{key}.{role}.pss.n{n}").values += [m[2] / 1024 for m in mems]
+                store.get(f"mem.{key}.{role}.count.n{n}").values.append(len(mems))
+        if not pids.get("rank"):
+            store.error(f"mem.{key}.rank.rss.n{n}", "no worker process found among the kernel's descendants")
+    if n == args.mem_n:
+        kernel_memory(n, pools, args, store, tmp, cleanup)
+
+
+def _run_warm(name: str, body: str, rep: int, record: bool, n: int, tools: Dict[str, Tool], pools: Dict[str, Tool], store: PeerStore) -> None:
+    """One warm cell: `plain` in the %%ddp kernel, else `<tool>.trivial` / `<tool>.allreduce`; timed when record."""
+    if name == "plain":
+        t = tools.get("ddp")
+        if t is None or t.k is None:
+            return
+        code, check = body, check_plain
+    else:
+        key, what = name.split(".")
+        t = pools[key]
+        if t.setup_error:
+            return
+        code = t.cell(body)
+        check = t.check_trivial if what == "trivial" else t.check_noerror
+
+    def one() -> float:
+        ex = t.ok(code, timeout=120)
+        check(ex)
+        return ex["elapsed"]
+
+    if record:
+        store.measure_rep(f"warm.{name}.n{n}", rep, one, quiet=True)
+    else:
+        try:
+            one()
+        except Exception as e:
+            log(f"warm-up {name}: {short_error(e)}")
+
+
+def _live_warm(n: int, tools: Dict[str, Tool], pools: Dict[str, Tool], args: argparse.Namespace, store: PeerStore) -> None:
+    """2. warm round trips, interleaved: plain, %%ddp, %%px, %%distributed; then accelerate's re-launches."""
+    warm_cells = [("plain", "1")]
+    for key in pools:
+        warm_cells += [(f"{key}.trivial", "1"), (f"{key}.allreduce", "x = torch.ones(1, device=t.device)\ndist.all_reduce(x)")]
+    for key, t in pools.items():
+        if t.setup_error:
+            for w in ("trivial", "allreduce"):
+                store.error(f"warm.{key}.{w}.n{n}", t.setup_error)
+    for _ in range(3):
+        for name, body in warm_cells:
+            _run_warm(name, body, -1, False, n, tools, pools, store)
+    for i in range(args.warm_repeats):
+        for name, body in warm_cells:
+            _run_warm(name, body, i, True, n, tools, pools, store)
+    log(f"warm n={n}: " + ", ".join(f"{name} {1e3 * (med(store.series.get(f'warm.{name}.n{n}')) or float('nan')):.1f} ms" for name, _ in warm_cells))
+    # accelerate: each cell is a fresh launch (nothing lives between cells)
+    acc = tools.get("accelerate")
+    if acc is not None:
+        if acc.setup_error:
+            store.error(f"warm.accelerate.relaunch.n{n}", acc.setup_error)
+        else:
+            for i in range(args.acc_repeats):
+                def relaunch() -> float:
+                    ex = acc.ok(acc.launch_cell(), timeout=300)
+                    acc.cold_check([ex])
+                    return ex["elapsed"]
+
+                store.measure_rep(f"warm.accelerate.relaunch.n{n}", i, relaunch)
+
+
+def _live_output(n: int, tools: Dict[str, Tool], pools: Dict[str, Tool], args: argparse.Namespace, store: PeerStore) -> None:
+    """4a. output latency: a print on each rank → its arrival in the notebook; 4b. a cell printing 100,000 lines (split over the ranks)."""
+    for key, t in pools.items():
+        if t.setup_error:
+            store.error(f"out.lat.{key}.n{n}", t.setup_error)
+    for rep in range(args.out_repeats):
+        for name in ["plain"] + list(pools):
+            t = tools.get("ddp") if name == "plain" else pools[name]
+            if t is None or t.k is None or t.setup_error:
                 continue
-            pids = t.worker_pids()
-            for role, plist in pids.items():
-                mems = [proc_mem_kib(p) for p in plist]
-                mems = [m for m in mems if m[0]]
-                if mems:
-                    store.get(f"mem.{key}.{role}.rss.n{n}").values += [m[0] / 1024 for m in mems]
-                    store.get(f"mem.{key}.{role}.uss.n{n}").values += [m[1] / 1024 for m in mems]
-                    store.get(f"mem.{key}.{role}.pss.n{n}").values += [m[2] / 1024 for m in mems]
-                    store.get(f"mem.{key}.{role}.count.n{n}").values.append(len(mems))
-            if not pids.get("rank"):
-                store.error(f"mem.{key}.rank.rss.n{n}", "no worker process found among the kernel's descendants")
-        # ---- 6b. kernel RSS after 500 cells
-        if n == args.mem_n:
-            kernel_memory(n, pools, args, store, tmp, cleanup)
-        # ---- 2. warm round trips, interleaved: plain, %%ddp, %%px, %%distributed
-        warm_cells = [("plain", "1")]
-        for key in pools:
-            warm_cells += [(f"{key}.trivial", "1"), (f"{key}.allreduce", "x = torch.ones(1, device=t.device)\ndist.all_reduce(x)")]
-        for key, t in pools.items():
-            if t.setup_error:
-                for w in ("trivial", "allreduce"):
-                    store.error(f"warm.{key}.{w}.n{n}", t.setup_error)
+            body = lat_body(args.lat_lines, 0.05, "0" if name == "plain" else "dist.get_rank()")
+            code, nlines = (body, args.lat_lines) if name == "plain" else (t.cell(body), args.lat_lines * n)
 
-        def run_warm(name: str, body: str, rep: int, record: bool) -> None:
-            if name == "plain":
-                t = tools.get("ddp")
-                if t is None or t.k is None:
-                    return
-                code, check = body, check_plain
-            else:
-                key, what = name.split(".")
-                t = pools[key]
-                if t.setup_error:
-                    return
-                code = t.cell(body)
-                check = t.check_trivial if what == "trivial" else t.check_noerror
-
-            def one() -> float:
+            def lat(code: str = code, nlines: int = nlines, t: Tool = t) -> float:
                 ex = t.ok(code, timeout=120)
-                check(ex)
-                return ex["elapsed"]
+                return statistics.median(latencies(ex, nlines))
 
-            if record:
-                store.measure_rep(f"warm.{name}.n{n}", rep, one, quiet=True)
-            else:
-                try:
-                    one()
-                except Exception as e:
-                    log(f"warm-up {name}: {short_error(e)}")
-
-        for i in range(3):
-            for name, body in warm_cells:
-                run_warm(name, body, -1, False)
-        for i in range(args.warm_repeats):
-            for name, body in warm_cells:
-                run_warm(name, body, i, True)
-        log(f"warm n={n}: " + ", ".join(f"{name} {1e3 * (med(store.series.get(f'warm.{name}.n{n}')) or float('nan')):.1f} ms" for name, _ in warm_cells))
-        # accelerate: each cell is a fresh launch (nothing lives between cells)
-        acc = tools.get("accelerate")
-        if acc is not None:
-            if acc.setup_error:
-                store.error(f"warm.accelerate.relaunch.n{n}", acc.setup_error)
-            else:
-                for i in range(args.acc_repeats):
-                    def relaunch() -> float:
-                        ex = acc.ok(acc.launch_cell(), timeout=300)
-                        acc.cold_check([ex])
-                        return ex["elapsed"]
-
-                    store.measure_rep(f"warm.accelerate.relaunch.n{n}", i, relaunch)
-        # ---- 4a. output latency: a print on each rank → its arrival in the notebook
-        for key, t in pools.items():
-            if t.setup_error:
-                store.error(f"out.lat.{key}.n{n}", t.setup_error)
-        for rep in range(args.out_repeats):
-            for name in ["plain"] + list(pools):
-                t = tools.get("ddp") if name == "plain" else pools[name]
-                if t is None or t.k is None or t.setup_error:
-                    continue
-                body = lat_body(args.lat_lines, 0.05, "0" if name == "plain" else "dist.get_rank()")
-                code, nlines = (body, args.lat_lines) if name == "plain" else (t.cell(body), args.lat_lines * n)
-
-                def one(code: str = code, nlines: int = nlines, t: Tool = t) -> float:
-                    ex = t.ok(code, timeout=120)
-                    return statistics.median(latencies(ex, nlines))
-
-                store.measure_rep(f"out.lat.{name}.n{n}", rep, one, quiet=True)
-        # ---- 4b. a cell printing 100,000 lines (split over the ranks)
-        for key, t in pools.items():
-            if t.setup_error:
-                store.error(f"out.lines.{key}.n{n}", t.setup_error)
-        total = args.lines
-        for rep in range(args.lines_repeats):
-            for name in ["plain"] + list(pools):
-                t = tools.get("ddp") if name == "plain" else pools[name]
-                if t is None or t.k is None or t.setup_error:
-                    continue
-                per = total if name == "plain" else total // n
-                body = f"for _i in range({per}):\n    print(_i)"
-                code = body if name == "plain" else t.cell(body)
-
-                def one(code: str = code, t: Tool = t, want: int = per if name == "plain" else per * n) -> Tuple[float, dict]:
-                    ex = t.ok(code, timeout=600)
-                    return ex["elapsed"], {"shown": count_lines(ex), "want": want}
-
-                store.measure_rep(f"out.lines.{name}.n{n}", rep, one)
-        # ---- 3. result return: %%ddp `t` vs ipyparallel pull, per size
-        ip = pools.get("ipp")
-        if ip is not None and not ip.setup_error:
-            try:  # the first tensor unpickled imports torch in the kernel (~1 s): paid here, untimed, as %%ddp's kernel paid it in its setup
-                ip.ok("_r = dv.pull('t')\ndel _r")
-            except Exception as e:
-                log(f"ipp warm-up pull: {short_error(e)}")
-        for size in args.sizes:
-            total_mib = n * size
-            if total_mib > args.max_total_gib * 1024:
+            store.measure_rep(f"out.lat.{name}.n{n}", rep, lat, quiet=True)
+    for key, t in pools.items():
+        if t.setup_error:
+            store.error(f"out.lines.{key}.n{n}", t.setup_error)
+    total = args.lines
+    for rep in range(args.lines_repeats):
+        for name in ["plain"] + list(pools):
+            t = tools.get("ddp") if name == "plain" else pools[name]
+            if t is None or t.k is None or t.setup_error:
                 continue
-            elems = size * MIB // 4
-            make = f"t = torch.empty({elems}, device=t.device).fill_(1.0)"
-            ready = {}
-            for key in ("ddp", "ipp"):
-                t = pools.get(key)
-                if t is None:
-                    continue
-                if t.setup_error:
-                    store.error(f"result.{key}.n{n}.s{size}", t.setup_error)
-                    continue
-                if key == "ipp" and total_mib > args.ipp_max_total_mib:
-                    store.error(f"result.{key}.n{n}.s{size}", f"skipped: n × size > --ipp-max-total-mib {args.ipp_max_total_mib}")
-                    continue
-                try:
-                    t.ok(t.cell(make), timeout=300)
-                    ready[key] = t
-                except Exception as e:
-                    store.error(f"result.{key}.n{n}.s{size}", short_error(e))
-            for rep in range(args.result_repeats):
-                for key, t in ready.items():
-                    def one(key: str = key, t: Tool = t) -> float:
-                        if key == "ddp":
-                            ex = t.ok("%%ddp --no-widget\nt", timeout=600)
-                            text = ex["results"][-1] if ex["results"] else ""
-                            if not text.startswith("RankResults(") or text.count("tensor(") != n:
-                                raise RuntimeError(f"unexpected result {text[:200]!r}")
-                            dt = ex["elapsed"]
-                            t.ok("%reset -f out")
-                        else:
-                            ex = t.ok("_r = dv.pull('t')", timeout=600)
-                            dt = ex["elapsed"]
-                            chk = t.ok(f"[int(_x.numel()) for _x in _r] == [{elems}] * {n}")
-                            if chk["results"] != ["True"]:
-                                raise RuntimeError(f"pull gave {t.ok('[int(_x.numel()) for _x in _r]')['results'][:1]!r}")
-                            t.ok("del _r")
-                        return dt
+            per = total if name == "plain" else total // n
+            body = f"for _i in range({per}):\n    print(_i)"
+            code = body if name == "plain" else t.cell(body)
 
-                    store.measure_rep(f"result.{key}.n{n}.s{size}", rep, one)
+            def lines(code: str = code, t: Tool = t, want: int = per if name == "plain" else per * n) -> Tuple[float, dict]:
+                ex = t.ok(code, timeout=600)
+                return ex["elapsed"], {"shown": count_lines(ex), "want": want}
+
+            store.measure_rep(f"out.lines.{name}.n{n}", rep, lines)
+
+
+def _result_once(key: str, t: Tool, n: int, elems: int) -> float:
+    """One timed result return: %%ddp's cell `t`, or ipyparallel's `dv.pull('t')` (checked after the clock stops)."""
+    if key == "ddp":
+        ex = t.ok("%%ddp --no-widget\nt", timeout=600)
+        text = ex["results"][-1] if ex["results"] else ""
+        if not text.startswith("RankResults(") or text.count("tensor(") != n:
+            raise RuntimeError(f"unexpected result {text[:200]!r}")
+        dt = ex["elapsed"]
+        t.ok("%reset -f out")
+    else:
+        ex = t.ok("_r = dv.pull('t')", timeout=600)
+        dt = ex["elapsed"]
+        chk = t.ok(f"[int(_x.numel()) for _x in _r] == [{elems}] * {n}")
+        if chk["results"] != ["True"]:
+            raise RuntimeError(f"pull gave {t.ok('[int(_x.numel()) for _x in _r]')['results'][:1]!r}")
+        t.ok("del _r")
+    return dt
+
+
+def _result_tools(n: int, size: int, elems: int, pools: Dict[str, Tool], args: argparse.Namespace, store: PeerStore) -> Dict[str, Tool]:
+    """The tools (ddp, ipp) whose ranks now hold a tensor of `size` MiB, untimed; the others' cells say why not."""
+    total_mib = n * size
+    make = f"t = torch.empty({elems}, device=t.device).fill_(1.0)"
+    ready = {}
+    for key in ("ddp", "ipp"):
+        t = pools.get(key)
+        if t is None:
+            continue
+        if t.setup_error:
+            store.error(f"result.{key}.n{n}.s{size}", t.setup_error)
+            continue
+        if key == "ipp" and total_mib > args.ipp_max_total_mib:
+            store.error(f"result.{key}.n{n}.s{size}", f"skipped: n × size > --ipp-max-total-mib {args.ipp_max_total_mib}")
+            continue
+        try:
+            t.ok(t.cell(make), timeout=300)
+            ready[key] = t
+        except Exception as e:
+            store.error(f"result.{key}.n{n}.s{size}", short_error(e))
+    return ready
+
+
+def _live_results(n: int, pools: Dict[str, Tool], args: argparse.Namespace, store: PeerStore) -> None:
+    """3. result return: %%ddp `t` vs ipyparallel pull, per size."""
+    ip = pools.get("ipp")
+    if ip is not None and not ip.setup_error:
+        try:  # the first tensor unpickled imports torch in the kernel (~1 s): paid here, untimed, as %%ddp's kernel paid it in its setup
+            ip.ok("_r = dv.pull('t')\ndel _r")
+        except Exception as e:
+            log(f"ipp warm-up pull: {short_error(e)}")
+    for size in args.sizes:
+        if n * size > args.max_total_gib * 1024:
+            continue
+        elems = size * MIB // 4
+        ready = _result_tools(n, size, elems, pools, args, store)
+        for rep in range(args.result_repeats):
             for key, t in ready.items():
-                try:
-                    t.ok(t.cell("del t\nt = torch.ones(1, device=x.device)"), timeout=120)
-                except Exception as e:
-                    log(f"{key}: freeing t failed: {short_error(e)}")
+                store.measure_rep(f"result.{key}.n{n}.s{size}", rep, lambda key=key, t=t, elems=elems: _result_once(key, t, n, elems))
+        for key, t in ready.items():
+            try:
+                t.ok(t.cell("del t\nt = torch.ones(1, device=x.device)"), timeout=120)
+            except Exception as e:
+                log(f"{key}: freeing t failed: {short_error(e)}")
+
+
+def live_phase(n: int, args: argparse.Namespace, store: PeerStore, tmp: str, cleanup: Cleanup) -> None:
+    """Every live-pool section for n ranks, the tools' kernels up once: memory, warm cells, output, results, training."""
+    tools = _live_tools(n, args, tmp, cleanup)
+    pools = {k: t for k, t in tools.items() if k != "accelerate"}
+    try:
+        _live_memory(n, pools, args, store, tmp, cleanup)
+        _live_warm(n, tools, pools, args, store)
+        _live_output(n, tools, pools, args, store)
+        _live_results(n, pools, args, store)
         # ---- 5. training: the loop in a %%ddp cell and under torchrun at the same time, taking turns
         d = pools.get("ddp")
         if d is not None and "train" not in args.skip:
@@ -1094,9 +1115,8 @@ def memcpy_baseline(args: argparse.Namespace, store: PeerStore) -> None:
 
 
 # ====================================================================== tables
-def render(store: PeerStore, args: argparse.Namespace, meta: dict) -> str:
-    S = store.series.get
-    ns = args.ns
+def _render_header(args: argparse.Namespace, meta: dict) -> List[str]:
+    """The title and the run's circumstances (machine, versions, load)."""
     out: List[str] = []
     out.append("# ddp_magic side by side with the alternatives\n")
     out.append(
@@ -1105,8 +1125,14 @@ def render(store: PeerStore, args: argparse.Namespace, meta: dict) -> str:
     )
     out.append("Every figure: median (min–max) over the repeats; ratios are taken pair by pair (same repeat) and summarised the same way. "
                "A cell with an error shows the tool's own message. How each column is measured: bench/README.md.\n")
+    return out
 
-    # 1. cold start
+
+def _render_cold(store: PeerStore, args: argparse.Namespace) -> List[str]:
+    """1. Cold start, and each tool's time ÷ %%ddp's."""
+    S = store.series.get
+    ns = args.ns
+    out: List[str] = []
     tools = [t for t in ("ddp", "accelerate", "ipp", "nbd", "torchrun", "spawn", "bare") if t in args.tools]
     out.append(f"## 1. Cold start: first cell → result (s), {args.repeats} repeats ({args.slow_repeats} for ipyparallel and nbdistributed)\n")
     out.append("The same job everywhere: init the process group, `all_reduce(torch.ones(1))`, the result in hand. Notebook tools: a fresh kernel "
@@ -1130,8 +1156,14 @@ def render(store: PeerStore, args: argparse.Namespace, meta: dict) -> str:
     typed = [(n, S(f"cold.nbd_as_typed.n{n}")) for n in ns if S(f"cold.nbd_as_typed.n{n}")]
     for n, s in typed:
         out.append(f"nbdistributed as typed (`%dist_init -n {n}` then the job cell at once): {fmt(s)}\n")
+    return out
 
-    # 2. warm
+
+def _render_warm(store: PeerStore, args: argparse.Namespace) -> List[str]:
+    """2. Warm cell round trips, ratios to %%ddp and its overhead over a plain cell."""
+    S = store.series.get
+    ns = args.ns
+    out: List[str] = []
     pools = [t for t in ("ddp", "ipp", "nbd") if t in args.tools]
     out.append(f"## 2. Warm cell round trip on a live pool (ms), {args.warm_repeats} interleaved repeats\n")
     out.append("Execute request → idle on the client. `1`: a trivial cell, its value shown from every rank; all_reduce: "
@@ -1163,8 +1195,14 @@ def render(store: PeerStore, args: argparse.Namespace, meta: dict) -> str:
                 cells.append(f"{statistics.median(diffs):.1f} ({min(diffs):.1f}–{max(diffs):.1f})" if diffs else "—")
             out.append(f"| {n} | " + " | ".join(cells) + " |")
         out.append("")
+    return out
 
-    # 3. result return
+
+def _render_results(store: PeerStore, args: argparse.Namespace) -> List[str]:
+    """3. Result return against memcpy and ipyparallel's pull."""
+    S = store.series.get
+    ns = args.ns
+    out: List[str] = []
     out.append(f"## 3. Result return: every rank's float32 tensor into the notebook, {args.result_repeats} repeats\n")
     out.append("%%ddp: the cell `t` (its `RankResults` shown). ipyparallel: `dv.pull('t')` (the pull cell alone). memcpy: "
                "`torch.empty_like(x).copy_(x)` of the same n × size bytes in one process, the physical limit. MB/s = n × size / s (MB = 10^6 B); "
@@ -1188,8 +1226,15 @@ def render(store: PeerStore, args: argparse.Namespace, meta: dict) -> str:
                 f"| {fmt_ratio(store.ratios(f'result.ipp.n{n}.s{size}', f'result.ddp.n{n}.s{size}'), 1)} |"
             )
     out.append("")
+    return out
 
-    # 4. output
+
+def _render_output(store: PeerStore, args: argparse.Namespace) -> List[str]:
+    """4. Output latency and the 100,000-line cell."""
+    S = store.series.get
+    ns = args.ns
+    out: List[str] = []
+    pools = [t for t in ("ddp", "ipp", "nbd") if t in args.tools]
     out.append("## 4. Output\n")
     out.append(f"**Latency** (ms): every rank prints {args.lat_lines} lines `print(f'LAT {{rank}} {{time.time()!r}}')` 50 ms apart (plain `print`, no flush); "
                "latency = arrival of the line's output message at the notebook client − the timestamp printed. Median per cell, then median (min–max) "
@@ -1203,8 +1248,14 @@ def render(store: PeerStore, args: argparse.Namespace, meta: dict) -> str:
         out.append(f"| {n} | " + " | ".join(fmt(S(f"out.lat.{t}.n{n}"), 1e3, 0) for t in ["plain"] + pools) + " | "
                    + " | ".join(fmt_lines(S(f"out.lines.{t}.n{n}")) for t in ["plain"] + pools) + " |")
     out.append("")
+    return out
 
-    # 5. training
+
+def _render_training(store: PeerStore, args: argparse.Namespace) -> List[str]:
+    """5. Training turns: %%ddp against torchrun."""
+    S = store.series.get
+    ns = args.ns
+    out: List[str] = []
     if "train" not in args.skip:
         blocks = max(2, args.train_steps // TRAIN_BLOCK)
         out.append(f"## 5. Training overhead: the same DDP loop in a %%ddp cell and under torchrun, taking turns; {args.train_repeats} runs\n")
@@ -1232,8 +1283,15 @@ def render(store: PeerStore, args: argparse.Namespace, meta: dict) -> str:
             out.append(f"| {n} | {fmt(rates['ddp'], digits=1)} | {fmt(rates['torchrun'], digits=1)} | "
                        f"{fmt_ratio(r, 3) if r else fmt(rs)} | {spread} | {verdict} |")
         out.append("")
+    return out
 
-    # 6. memory
+
+def _render_memory(store: PeerStore, args: argparse.Namespace) -> List[str]:
+    """6. Kernel RSS after many cells; each worker's and the whole pool's memory."""
+    S = store.series.get
+    ns = args.ns
+    out: List[str] = []
+    pools = [t for t in ("ddp", "ipp", "nbd") if t in args.tools]
     out.append("## 6. Memory (MiB)\n")
     mn = args.mem_n
     out.append(f"**Kernel RSS after {args.mem_cells} cells** (n = {mn}; the cells alternate `1` and one all_reduce; `%reset -f out` every 100). "
@@ -1271,7 +1329,14 @@ def render(store: PeerStore, args: argparse.Namespace, meta: dict) -> str:
             cells.append(f"{tot:.0f}" if tot else fmt(S(f"mem.{t}.rank.rss.n{n}")))
         out.append(f"| {n} | " + " | ".join(cells) + " |")
     out.append("")
+    return out
 
+
+def _render_notes(store: PeerStore, args: argparse.Namespace) -> List[str]:
+    """Per-phase breakdowns and the store's notes."""
+    S = store.series.get
+    ns = args.ns
+    out: List[str] = []
     notes = []
     for n in ns:
         for kind in ("torchrun", "spawn", "bare"):
@@ -1296,6 +1361,13 @@ def render(store: PeerStore, args: argparse.Namespace, meta: dict) -> str:
         out.append("## Notes\n")
         out += [f"- {_cell_text(x)}" for x in notes]
         out.append("")
+    return out
+
+
+def render(store: PeerStore, args: argparse.Namespace, meta: dict) -> str:
+    """The markdown report: header, sections 1-6, notes."""
+    out = _render_header(args, meta) + _render_cold(store, args) + _render_warm(store, args) + _render_results(store, args)
+    out += _render_output(store, args) + _render_training(store, args) + _render_memory(store, args) + _render_notes(store, args)
     return "\n".join(out)
 
 
@@ -1320,30 +1392,37 @@ def ru_n(S: Callable, tool: str, role: str, n: int, bare: Optional[Tuple[float, 
 
 
 # ====================================================================== plots
-def plots(store: PeerStore, args: argparse.Namespace, meta: dict, out_prefix: str) -> List[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _plain_log_labels(ax: Any) -> None:
+    """Log axes labelled 0.2, 0.5, 1, 2, 5, 10, not 2×10⁻¹."""
     import math
 
     from matplotlib.ticker import FuncFormatter
 
-    def plain_log_labels(ax: Any) -> None:
-        """Log axes labelled 0.2, 0.5, 1, 2, 5, 10, not 2×10⁻¹."""
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
 
-    S = store.series.get
-    ns = args.ns
-    written = []
-    sub = f"{meta['date']} · {meta['machine_short']} · {args.backend}"
 
-    def series_line(ax: Any, key_fmt: str, label: str, color: str, scale: float = 1.0,
+class _Plotter:
+    """The figures of one run, each a PNG next to the report; `written` lists their paths."""
+
+    def __init__(self, store: PeerStore, args: argparse.Namespace, meta: dict, out_prefix: str) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        self.plt = plt
+        self.store, self.args, self.out_prefix = store, args, out_prefix
+        self.S = store.series.get
+        self.ns = args.ns
+        self.written: List[str] = []
+        self.sub = f"{meta['date']} · {meta['machine_short']} · {args.backend}"
+
+    def series_line(self, ax: Any, key_fmt: str, label: str, color: str, scale: float = 1.0,
                     invert: Optional[Callable[[int], float]] = None, style: str = "-o") -> None:
         xs, ys, lo, hi = [], [], [], []
-        for n in ns:
-            s = S(key_fmt.format(n=n))
+        for n in self.ns:
+            s = self.S(key_fmt.format(n=n))
             if s is None or not s.values:
                 continue
             vals = [(invert(n) / v) if invert else v * scale for v in s.values]
@@ -1355,87 +1434,86 @@ def plots(store: PeerStore, args: argparse.Namespace, meta: dict, out_prefix: st
         if xs:
             ax.errorbar(xs, ys, yerr=[lo, hi], fmt=style, color=color, label=label, capsize=3, ms=4, lw=1.5)
 
-    def finish(fig: Any, ax: Any, title: str, ylabel: str, name: str, logy: bool = True) -> None:
+    def axes_n(self, ax: Any, logy: bool = True) -> None:
+        """x: ranks on a log2 scale labelled by n; y: log with plain labels unless told otherwise."""
         ax.set_xscale("log", base=2)
-        ax.set_xticks(ns)
-        ax.set_xticklabels([str(n) for n in ns])
+        ax.set_xticks(self.ns)
+        ax.set_xticklabels([str(n) for n in self.ns])
         if logy:
             ax.set_yscale("log")
-            plain_log_labels(ax)
+            _plain_log_labels(ax)
+
+    def save(self, fig: Any, name: str) -> None:
+        fig.text(0.99, 0.01, self.sub, ha="right", va="bottom", fontsize=6, color="#666")
+        fig.tight_layout()
+        path = f"{self.out_prefix}_{name}.png"
+        fig.savefig(path, dpi=90)
+        self.plt.close(fig)
+        self.written.append(path)
+
+    def finish(self, fig: Any, ax: Any, title: str, ylabel: str, name: str, logy: bool = True) -> None:
+        self.axes_n(ax, logy)
         ax.set_xlabel("ranks (n)")
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.tick_params(labelsize=7, which="both")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        fig.text(0.99, 0.01, sub, ha="right", va="bottom", fontsize=6, color="#666")
-        fig.tight_layout()
-        path = f"{out_prefix}_{name}.png"
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        written.append(path)
+        self.save(fig, name)
 
-    # cold start
-    fig, ax = plt.subplots(figsize=(7.6, 3.6))
-    for t in ("ddp", "accelerate", "ipp", "nbd", "torchrun", "spawn", "bare"):
-        if t in args.tools:
-            series_line(ax, f"cold.{t}.n{{n}}", LABELS[t], COLORS[t], style="--o" if t == "bare" else "-o")
-    finish(fig, ax, "Cold start: first cell → result (lower is better)", "seconds", "cold_start")
+    def cold_start(self) -> None:
+        fig, ax = self.plt.subplots(figsize=(7.6, 3.6))
+        for t in ("ddp", "accelerate", "ipp", "nbd", "torchrun", "spawn", "bare"):
+            if t in self.args.tools:
+                self.series_line(ax, f"cold.{t}.n{{n}}", LABELS[t], COLORS[t], style="--o" if t == "bare" else "-o")
+        self.finish(fig, ax, "Cold start: first cell → result (lower is better)", "seconds", "cold_start")
 
-    # warm
-    fig, ax = plt.subplots(figsize=(7.6, 3.6))
-    series_line(ax, "warm.plain.n{n}", "plain cell (Jupyter)", COLORS["plain"], 1e3, style="--o")
-    for t in ("ddp", "ipp", "nbd"):
-        if t in args.tools:
-            series_line(ax, f"warm.{t}.allreduce.n{{n}}", f"{LABELS[t]} all_reduce cell", COLORS[t], 1e3)
-            series_line(ax, f"warm.{t}.trivial.n{{n}}", f"{LABELS[t]} `1`", COLORS[t], 1e3, style=":s")
-    if "accelerate" in args.tools:
-        series_line(ax, "warm.accelerate.relaunch.n{n}", "accelerate re-run", COLORS["accelerate"], 1e3)
-    finish(fig, ax, "Warm cell round trip on a live pool (lower is better)", "milliseconds", "warm")
-
-    # result return
-    fig, ax = plt.subplots(figsize=(7.6, 3.6))
-    styles = {s: st for s, st in zip(sorted(args.sizes, reverse=True), ["-o", "--s", ":^"])}
-    for size in args.sizes:
-        inv = (lambda n, size=size: n * size * MIB / 1e6)
-        series_line(ax, f"result.ddp.n{{n}}.s{size}", f"%%ddp {size} MiB/rank", COLORS["ddp"], invert=inv, style=styles[size])
-        series_line(ax, f"result.ipp.n{{n}}.s{size}", f"ipyparallel pull {size} MiB/rank", COLORS["ipp"], invert=inv, style=styles[size])
-        series_line(ax, f"result.memcpy.n{{n}}.s{size}", f"memcpy {size} MiB/rank", COLORS["memcpy"], invert=inv, style=styles[size])
-    finish(fig, ax, "Result return into the notebook (higher is better)", "MB/s", "result")
-
-    # output
-    fig, axs = plt.subplots(1, 2, figsize=(8, 3.6))
-    panels = ((axs[0], "lat", 1e3, "print → notebook latency", "milliseconds"),
-              (axs[1], "lines", 1.0, f"a cell printing {args.lines:,} lines", "seconds"))
-    for ax, what, scale, title, unit in panels:
-        series_line(ax, f"out.{what}.plain.n{{n}}", "plain cell", COLORS["plain"], scale, style="--o")
+    def warm(self) -> None:
+        fig, ax = self.plt.subplots(figsize=(7.6, 3.6))
+        self.series_line(ax, "warm.plain.n{n}", "plain cell (Jupyter)", COLORS["plain"], 1e3, style="--o")
         for t in ("ddp", "ipp", "nbd"):
-            if t in args.tools:
-                series_line(ax, f"out.{what}.{t}.n{{n}}", LABELS[t], COLORS[t], scale)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ns)
-        ax.set_xticklabels([str(n) for n in ns])
-        ax.set_yscale("log")
-        plain_log_labels(ax)
-        ax.tick_params(labelsize=7, which="both")
-        ax.set_xlabel("ranks (n)")
-        ax.set_ylabel(unit)
-        ax.set_title(title + " (lower is better)", fontsize=9)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.text(0.99, 0.01, sub, ha="right", va="bottom", fontsize=6, color="#666")
-    fig.tight_layout()
-    path = f"{out_prefix}_output.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    written.append(path)
+            if t in self.args.tools:
+                self.series_line(ax, f"warm.{t}.allreduce.n{{n}}", f"{LABELS[t]} all_reduce cell", COLORS[t], 1e3)
+                self.series_line(ax, f"warm.{t}.trivial.n{{n}}", f"{LABELS[t]} `1`", COLORS[t], 1e3, style=":s")
+        if "accelerate" in self.args.tools:
+            self.series_line(ax, "warm.accelerate.relaunch.n{n}", "accelerate re-run", COLORS["accelerate"], 1e3)
+        self.finish(fig, ax, "Warm cell round trip on a live pool (lower is better)", "milliseconds", "warm")
 
-    # training ratio
-    if "train" not in args.skip:
-        fig, ax = plt.subplots(figsize=(7.6, 3.2))
+    def result(self) -> None:
+        fig, ax = self.plt.subplots(figsize=(7.6, 3.6))
+        styles = {s: st for s, st in zip(sorted(self.args.sizes, reverse=True), ["-o", "--s", ":^"])}
+        for size in self.args.sizes:
+            def inv(n: int, size: int = size) -> float:
+                return n * size * MIB / 1e6
+
+            self.series_line(ax, f"result.ddp.n{{n}}.s{size}", f"%%ddp {size} MiB/rank", COLORS["ddp"], invert=inv, style=styles[size])
+            self.series_line(ax, f"result.ipp.n{{n}}.s{size}", f"ipyparallel pull {size} MiB/rank", COLORS["ipp"], invert=inv, style=styles[size])
+            self.series_line(ax, f"result.memcpy.n{{n}}.s{size}", f"memcpy {size} MiB/rank", COLORS["memcpy"], invert=inv, style=styles[size])
+        self.finish(fig, ax, "Result return into the notebook (higher is better)", "MB/s", "result")
+
+    def output(self) -> None:
+        fig, axs = self.plt.subplots(1, 2, figsize=(8, 3.6))
+        panels = ((axs[0], "lat", 1e3, "print → notebook latency", "milliseconds"),
+                  (axs[1], "lines", 1.0, f"a cell printing {self.args.lines:,} lines", "seconds"))
+        for ax, what, scale, title, unit in panels:
+            self.series_line(ax, f"out.{what}.plain.n{{n}}", "plain cell", COLORS["plain"], scale, style="--o")
+            for t in ("ddp", "ipp", "nbd"):
+                if t in self.args.tools:
+                    self.series_line(ax, f"out.{what}.{t}.n{{n}}", LABELS[t], COLORS[t], scale)
+            self.axes_n(ax)
+            ax.tick_params(labelsize=7, which="both")
+            ax.set_xlabel("ranks (n)")
+            ax.set_ylabel(unit)
+            ax.set_title(title + " (lower is better)", fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        self.save(fig, "output")
+
+    def training(self) -> None:
+        fig, ax = self.plt.subplots(figsize=(7.6, 3.2))
         xs, ys, lo, hi = [], [], [], []
-        for n in ns:
-            r = store.series[f"train.ratio.n{n}"].values if f"train.ratio.n{n}" in store.series else []
+        for n in self.ns:
+            r = self.store.series[f"train.ratio.n{n}"].values if f"train.ratio.n{n}" in self.store.series else []
             if r:
                 m = statistics.median(r)
                 xs.append(n)
@@ -1446,52 +1524,30 @@ def plots(store: PeerStore, args: argparse.Namespace, meta: dict, out_prefix: st
             ax.errorbar(xs, ys, yerr=[lo, hi], fmt="-o", color=COLORS["ddp"], capsize=3, ms=4, label="%%ddp ÷ torchrun steps/s (turn pairs; runs min–max)")
         ax.axhline(0.97, color="#999", ls="--", lw=1, label="0.97")
         ax.axhline(1.0, color="#ccc", ls=":", lw=1)
-        finish(fig, ax, "Training loop: %%ddp cell vs torchrun script (higher is better)", "steps/s ratio", "training", logy=False)
-    return written
+        self.finish(fig, ax, "Training loop: %%ddp cell vs torchrun script (higher is better)", "steps/s ratio", "training", logy=False)
 
 
-# ====================================================================== README section
-def readme_section(md_full: str, meta: dict, pngs: List[str]) -> str:
-    """The README's Benchmarks section: the headline tables (sections 1-3, 5), the plots, a link to the rest."""
-    keep, parts = [], re.split(r"(?m)^## ", md_full)
-    for p in parts[1:]:
-        title = p.splitlines()[0]
-        if title.startswith(("1.", "2.", "3.", "4.", "5.", "6.")):
-            keep.append("#### " + p.rstrip() + "\n")
-    lines = ["## Benchmarks", "",
-             f"ddp_magic against what a user would otherwise pick, in one run on one machine: {meta['date']}, {meta['machine']}, "
-             f"torch {meta['torch']}, {meta['backend']} ({meta['versions']}). "
-             "`bash bench/run_peers.sh` reproduces it (it installs the peers into `bench/.venv-peers`, not the project's venv); "
-             "`bench/README.md` says how each figure is taken. Every figure is a median (min–max) over repeats; ratios are pair by pair. "
-             "`bench/bench_core.py` has more detail on ddp_magic alone (restart, the Pool API).", ""]
-    for p in pngs:
-        name = os.path.basename(p)
-        lines.append(f"![{name[len('peers_'):-4].replace('_', ' ')}](docs/bench/{name})")
-    lines.append("")
-    lines += keep
-    lines.append("The full table with notes: [docs/bench/peers.md](docs/bench/peers.md).\n")
-    return "\n".join(lines)
+def plots(store: PeerStore, args: argparse.Namespace, meta: dict, out_prefix: str) -> List[str]:
+    """The PNGs of docs/bench/: cold start, warm cell, result return, output, training; returns their paths."""
+    p = _Plotter(store, args, meta, out_prefix)
+    p.cold_start()
+    p.warm()
+    p.result()
+    p.output()
+    if "train" not in args.skip:
+        p.training()
+    return p.written
 
 
-def publish(md: str, section: str, pngs: List[str]) -> None:
+# ====================================================================== docs/bench
+def publish(md: str, pngs: List[str]) -> None:
+    """Copy the report and its plots to docs/bench/ (README.md links there; nothing here edits it)."""
     os.makedirs(DOCS_DIR, exist_ok=True)
     with open(os.path.join(DOCS_DIR, "peers.md"), "w") as f:
         f.write(md + "\n")
     for p in pngs:
         shutil.copy(p, os.path.join(DOCS_DIR, os.path.basename(p)))
-    readme = os.path.join(REPO, "README.md")
-    with open(readme) as f:
-        text = f.read()
-    m = re.search(r"(?m)^## Benchmarks\s*$", text)
-    if m:
-        nxt = re.search(r"(?m)^## ", text[m.end():])
-        end = m.end() + nxt.start() if nxt else len(text)
-        text = text[: m.start()] + section.rstrip() + "\n" + ("\n" + text[end:] if nxt else "")
-    else:
-        text = text.rstrip() + "\n\n" + section.rstrip() + "\n"
-    with open(readme, "w") as f:
-        f.write(text)
-    log(f"published {DOCS_DIR}/peers.md, {len(pngs)} plots, README.md's Benchmarks section")
+    log(f"published {DOCS_DIR}/peers.md and {len(pngs)} plots")
 
 
 # ====================================================================== main
@@ -1521,7 +1577,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--skip", default="", help="sections to skip: cold,live,train,memcpy")
     p.add_argument("--nbd-no-wait", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=os.path.join(RESULTS_DIR, "peers"), help="output path without extension (default bench/results/peers)")
-    p.add_argument("--publish", action="store_true", help="copy the table and plots to docs/bench/ and replace README.md's Benchmarks section")
+    p.add_argument("--publish", action="store_true", help="copy the table and plots to docs/bench/ (README.md is never edited)")
     p.add_argument("--publish-only", action="store_true", help="publish the last run's results (--out) without running anything")
     a = p.parse_args(argv)
     q = a.quick
@@ -1584,69 +1640,57 @@ def watched_processes() -> Dict[int, str]:
     return rows
 
 
-def main() -> int:
-    args = parse_args()
-    if args.publish_only:
-        with open(args.out + ".md") as f:
-            md = f.read().rstrip()
-        with open(args.out + "_readme.md") as f:
-            section = f.read()
-        prefix = os.path.basename(args.out) + "_"
-        folder = os.path.dirname(args.out)
-        publish(md, section, sorted(os.path.join(folder, x) for x in os.listdir(folder) if x.startswith(prefix) and x.endswith(".png")))
-        return 0
-    t_start = time.monotonic()
-    load_start = os.getloadavg()[0]
-    store = PeerStore()
-    cleanup = Cleanup(store)
-    before = watched_processes()
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    ensure_kernelspec()
-    log(f"ns={args.ns} tools={args.tools} backend={args.backend} cold repeats={args.repeats} warm={args.warm_repeats} sizes={args.sizes}")
+def _publish_last(args: argparse.Namespace) -> int:
+    """--publish-only: the last run's report and plots (--out) to docs/bench/, nothing run."""
+    with open(args.out + ".md") as f:
+        md = f.read().rstrip()
+    prefix = os.path.basename(args.out) + "_"
+    folder = os.path.dirname(args.out)
+    publish(md, sorted(os.path.join(folder, x) for x in os.listdir(folder) if x.startswith(prefix) and x.endswith(".png")))
+    return 0
+
+
+def _warm_imports() -> str:
+    """Page cache: the first torch import after boot reads from disk; nobody should pay for it. Returns torch's version."""
     try:
         run_proc([PY, "-c", "import torch, torch.distributed, torch.nn.parallel, cloudpickle, ddp_magic.procs.worker, ipyparallel, accelerate, "
                   "nbdistributed, ipykernel"], env=core.child_env())
     except Exception as e:
         log(f"warm-up import failed: {short_error(e)}")
     _, tv, _ = run_proc([PY, "-c", "import torch; print(torch.__version__)"], env=core.child_env())
-    tmp = tempfile.mkdtemp(prefix="ddp_bench_peers_")
-    paths = {"job": os.path.join(tmp, "job.py"), "spawn": os.path.join(tmp, "spawn_job.py")}
-    with open(paths["job"], "w") as f:
-        f.write(script_job(args.backend))
-    with open(paths["spawn"], "w") as f:
-        f.write(SPAWN_JOB)
-    try:
-        if "cold" not in args.skip:
-            for rep in range(args.repeats):
-                log(f"cold start, repeat {rep + 1}/{args.repeats}")
-                cold_import(rep, store)
-                for n in args.ns:
-                    for key in ("ddp", "accelerate", "ipp", "nbd"):
-                        if key in args.tools and (key not in SLOW or rep < args.slow_repeats):
-                            cold_kernel_tool(key, n, rep, args, store, tmp, cleanup)
-                    for kind in ("torchrun", "spawn"):
-                        if kind in args.tools:
-                            cold_script(kind, n, rep, args, store, paths)
-                    if "bare" in args.tools:
-                        cold_bare(n, rep, args, store)
-            if "nbd" in args.tools and not args.quick:
-                n2 = min([n for n in args.ns if n >= 2] or args.ns)
-                log(f"nbdistributed as typed, n={n2}")
-                nbd_as_typed(n2, args, store, tmp, cleanup)
-        if "live" not in args.skip:
+    return tv.strip()
+
+
+def _run_sections(args: argparse.Namespace, store: PeerStore, tmp: str, cleanup: Cleanup, paths: Dict[str, str]) -> None:
+    """Cold starts (interleaved over repeats, n and tools), the live pools per n, then the memcpy baseline."""
+    if "cold" not in args.skip:
+        for rep in range(args.repeats):
+            log(f"cold start, repeat {rep + 1}/{args.repeats}")
+            cold_import(rep, store)
             for n in args.ns:
-                log(f"live pools n={n}")
-                live_phase(n, args, store, tmp, cleanup)
-        if "memcpy" not in args.skip:
-            log("memcpy baseline")
-            memcpy_baseline(args, store)
-    except KeyboardInterrupt:
-        store.notes.append("interrupted by the user; the tables are partial")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        left = cleanup.final()
-        if left:
-            store.notes.append("WARNING: processes this benchmark started were still alive at the end and were killed by pid: " + "; ".join(left))
+                for key in ("ddp", "accelerate", "ipp", "nbd"):
+                    if key in args.tools and (key not in SLOW or rep < args.slow_repeats):
+                        cold_kernel_tool(key, n, rep, args, store, tmp, cleanup)
+                for kind in ("torchrun", "spawn"):
+                    if kind in args.tools:
+                        cold_script(kind, n, rep, args, store, paths)
+                if "bare" in args.tools:
+                    cold_bare(n, rep, args, store)
+        if "nbd" in args.tools and not args.quick:
+            n2 = min([n for n in args.ns if n >= 2] or args.ns)
+            log(f"nbdistributed as typed, n={n2}")
+            nbd_as_typed(n2, args, store, tmp, cleanup)
+    if "live" not in args.skip:
+        for n in args.ns:
+            log(f"live pools n={n}")
+            live_phase(n, args, store, tmp, cleanup)
+    if "memcpy" not in args.skip:
+        log("memcpy baseline")
+        memcpy_baseline(args, store)
+
+
+def _new_processes(before: Dict[int, str], store: PeerStore) -> Dict[int, str]:
+    """Processes of this interpreter that were not there at the start (noted in the report either way)."""
     time.sleep(0.5)
     new = {p: c for p, c in watched_processes().items() if p not in before and sys.prefix in c}
     if new:
@@ -1655,13 +1699,17 @@ def main() -> int:
     else:
         store.notes.append("Clean-up: every process this run started was gone at the end "
                            f"(checked by pid, and `pgrep -af` shows no new process of {sys.prefix}).")
+    return new
+
+
+def _meta(args: argparse.Namespace, torch_version: str, t_start: float, load_start: float) -> dict:
     mach, mach_short = machine()
-    meta = {
+    return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": mach,
         "machine_short": mach_short,
         "python": platform.python_version(),
-        "torch": tv.strip(),
+        "torch": torch_version,
         "backend": args.backend,
         "versions": versions(),
         "bench_s": time.monotonic() - t_start,
@@ -1669,6 +1717,38 @@ def main() -> int:
         "load_end": os.getloadavg()[0],
         "args": {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(args).items()},
     }
+
+
+def main() -> int:
+    args = parse_args()
+    if args.publish_only:
+        return _publish_last(args)
+    t_start = time.monotonic()
+    load_start = os.getloadavg()[0]
+    store = PeerStore()
+    cleanup = Cleanup(store)
+    before = watched_processes()
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    ensure_kernelspec()
+    log(f"ns={args.ns} tools={args.tools} backend={args.backend} cold repeats={args.repeats} warm={args.warm_repeats} sizes={args.sizes}")
+    torch_version = _warm_imports()
+    tmp = tempfile.mkdtemp(prefix="ddp_bench_peers_")
+    paths = {"job": os.path.join(tmp, "job.py"), "spawn": os.path.join(tmp, "spawn_job.py")}
+    with open(paths["job"], "w") as f:
+        f.write(script_job(args.backend))
+    with open(paths["spawn"], "w") as f:
+        f.write(SPAWN_JOB)
+    try:
+        _run_sections(args, store, tmp, cleanup, paths)
+    except KeyboardInterrupt:
+        store.notes.append("interrupted by the user; the tables are partial")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        left = cleanup.final()
+        if left:
+            store.notes.append("WARNING: processes this benchmark started were still alive at the end and were killed by pid: " + "; ".join(left))
+    new = _new_processes(before, store)
+    meta = _meta(args, torch_version, t_start, load_start)
     md = render(store, args, meta)
     core.write_report(args.out, md, {"meta": meta, "series": {k: s.to_dict() for k, s in store.series.items()},
                                      "by_repeat": store.by_rep, "notes": store.notes})
@@ -1677,12 +1757,9 @@ def main() -> int:
         pngs = plots(store, args, meta, args.out)
     except Exception:
         log("plots failed:\n" + traceback.format_exc())
-    section = readme_section(md, meta, pngs)
-    with open(args.out + "_readme.md", "w") as f:
-        f.write(section + "\n")
-    log(f"wrote {args.out}.md, {args.out}.json, {args.out}_readme.md and {len(pngs)} plots")
+    log(f"wrote {args.out}.md, {args.out}.json and {len(pngs)} plots")
     if args.publish:
-        publish(md, section, pngs)
+        publish(md, pngs)
     if new:
         print("\nWARNING: new processes since the start:\n" + "\n".join(f"  {p} {c}" for p, c in new.items()), file=sys.stderr)
     return 0

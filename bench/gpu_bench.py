@@ -10,7 +10,7 @@ import statistics
 import sys
 import time
 
-from ddp_magic.plan.plan import detect_gpus
+from ddp_magic.plan.gpus import detect_gpus
 from ddp_magic.kernel.pool import Pool
 
 

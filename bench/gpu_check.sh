@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot GPU check (issue 9): on a machine with NVIDIA GPUs and PyTorch already installed,
+# One-shot GPU check: on a machine with NVIDIA GPUs and PyTorch already installed,
 # run every GPU test and a short nccl bench from this working tree, without network access,
 # and print the tables. Finishes within ~10 minutes.
 #   bash bench/gpu_check.sh
@@ -17,7 +17,7 @@ print(f"gpu_check: torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.
 PY
 nvidia-smi -L 2>/dev/null || true
 echo "== GPU tests =="
-timeout 300 "$PY" -m pytest tests/test_gpu.py -q -rs -p no:cacheprovider -o addopts="" 2>&1 | tail -25
+timeout 300 "$PY" -m pytest tests/kernel/test_gpu.py -q -rs -p no:cacheprovider -o addopts="" 2>&1 | tail -25
 echo "== nccl bench =="
 timeout 240 "$PY" bench/gpu_bench.py
 echo "== training turns, nccl: a %%ddp cell vs torchrun (bench_peers.py, ddp only) =="

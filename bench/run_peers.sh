@@ -9,7 +9,7 @@
 # ddp_magic is the working tree, through a .pth file (an editable install would run the
 # JupyterLab extension build, which the bench does not need). Then runs bench/bench_peers.py with
 # that venv's python: bench/results/peers.md, peers.json, peers_*.png (--publish also copies them
-# to docs/bench/ and rewrites README.md's Benchmarks section).
+# to docs/bench/; README.md is never edited).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=bench/.venv-peers

@@ -4,7 +4,19 @@
     %%ddp -n 4
     ...
 
-Imports stay lazy: loading the extension imports neither torch nor the pool.
+The package by role (each folder imports only the roles below it; tests/unit/test_structure.py
+checks the rules, docs/architecture.md explains them):
+
+- magics.py   the IPython magics %%ddp, %ddp, %ddp_env: parse, call the session, render
+- session.py  one kernel's pool and the names on its workers: start, restart, stop, status, env, run
+- ui/         what the notebook shows: status view, %ddp_env report, rank output, results, JupyterLab comm
+- kernel/     the pool in the kernel: lifecycle, control hub, failure policy, launchers, results
+- plan/       the options as a frozen PoolSpec, the plan of every rank's env, and the checks of it
+- wire/       both ends of each cross-process mechanism: framing, values and tensors, capture, names
+- procs/      the separate programs: rank, fork-server template, rendezvous store
+- states.py, errors.py, logs.py   rank states and failure kinds, user-facing errors, ddp_magic's log
+
+Loading the extension starts nothing and imports no torch; the first %%ddp cell starts the pool.
 """
 from __future__ import annotations
 
@@ -19,9 +31,9 @@ def load_ipython_extension(ipython: Any) -> None:
     from .ui import labcomm
     from .magics import DDPMagics
 
-    magics = DDPMagics(ipython)
+    magics = DDPMagics(ipython)  # owns the kernel's Session: the pool and the names on the workers
     ipython.register_magics(magics)
-    labcomm.register(ipython, magics)  # the JupyterLab extension's comm target; nothing without a kernel
+    labcomm.register(ipython, magics.session)  # the JupyterLab extension's comm target; nothing without a kernel
 
 
 def unload_ipython_extension(ipython: Any) -> None:
@@ -29,9 +41,8 @@ def unload_ipython_extension(ipython: Any) -> None:
 
     labcomm.unregister(ipython)
     magics = ipython.magics_manager.registry.get("DDPMagics")
-    if magics is not None and magics.pool is not None:
-        magics.pool.stop()
-        magics.pool = None
+    if magics is not None:
+        magics.session.stop()
 
 
 def _jupyter_labextension_paths() -> List[Dict[str, str]]:

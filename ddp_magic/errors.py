@@ -10,6 +10,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
+from .states import FailureKind
+
 
 class DDPError(Exception):
     """Base of every error ddp_magic raises to the user; renders as its message alone."""
@@ -30,24 +32,41 @@ class ShipError(DDPError):
     """A notebook variable could not be sent to the workers; nothing was sent."""
 
 
+class PlanError(ValueError):
+    """A request that cannot become a valid pool; the message says what to do."""
+
+
+def signal_name(code: Optional[int]) -> Optional[str]:
+    """The signal a negative exit code stands for ("SIGKILL"), or None for a plain exit code."""
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+_CRASH_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL")
+
+
 def describe_exit(code: Optional[int]) -> str:
+    """How a rank's process ended, in words a user can act on."""
     if code is None:
         return "lost its connection to the kernel (the rank, or its whole node, went away)"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if name == "SIGKILL" else ""
-        hint = " (a crash in native code)" if name in ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL") else hint
-        return f"was killed by {name}{hint}"
-    return f"exited with code {code}"
+    name = signal_name(code)
+    if name is None:
+        return f"exited with code {code}"
+    hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if name == "SIGKILL" else ""
+    hint = " (a crash in native code)" if name in _CRASH_SIGNALS else hint
+    return f"was killed by {name}{hint}"
 
 
 @dataclass
 class RankFailure:
+    """One rank's failure in a cell (or at start-up), as plain fields the kernel can render."""
+
     rank: int
-    kind: str  # "error", "interrupted", "died", "killed", "init", "timeout"
+    kind: FailureKind
     type: str = ""
     message: str = ""
     traceback: str = ""
@@ -56,14 +75,15 @@ class RankFailure:
     last_lines: List[str] = field(default_factory=list)
 
     def headline(self) -> str:
-        if self.kind == "died":
+        if self.kind == FailureKind.DIED:
             return f"rank {self.rank} (pid {self.pid}) {describe_exit(self.exit_code)}"
-        if self.kind == "killed":
-            how = {-15: "SIGTERM", -9: "SIGKILL"}.get(self.exit_code or 0, describe_exit(self.exit_code))
+        if self.kind == FailureKind.KILLED:
+            stopped_by_us = self.exit_code in (-signal.SIGTERM, -signal.SIGKILL)
+            how = signal_name(self.exit_code) if stopped_by_us else describe_exit(self.exit_code)
             return f"rank {self.rank} (pid {self.pid}) did not respond to the interrupt and was stopped ({how})"
-        if self.kind == "timeout":
+        if self.kind == FailureKind.TIMEOUT:
             return self.message
-        if self.kind == "interrupted":
+        if self.kind == FailureKind.INTERRUPTED:
             return f"rank {self.rank} was interrupted"
         return f"rank {self.rank} raised {self.type}: {self.message}".rstrip(": ")
 
@@ -95,10 +115,10 @@ class CellError(DDPError):
         if same:
             lines += ["", f"{'ranks' if len(same) > 1 else 'rank'} {', '.join(str(f.rank) for f in same)} failed the same way"]
         for f in others:
-            if f in same or f.kind == "killed":  # stopped ranks are summed up in the notes
+            if f in same or f.kind == FailureKind.KILLED:  # stopped ranks are summed up in the notes
                 continue
             lines += ["", f.headline()]
-            if f.kind == "died" and f.last_lines:
+            if f.kind == FailureKind.DIED and f.last_lines:
                 lines += [f"  last lines: {ln}" for ln in f.last_lines[-3:]]
         if self.notes:
             lines += [""] + self.notes
@@ -108,6 +128,3 @@ class CellError(DDPError):
         text = self.render().splitlines()
         return [f"CellError: {text[0]}"] + text[1:]
 
-
-class CellTimeout(CellError):
-    """The cell ran past --timeout; carries every rank's stack at expiry."""

@@ -33,7 +33,7 @@ SANITIZE = HERE / "nbval_sanitize.cfg"
 def gpus_visible() -> int:
     """How many GPUs the ranks would see: ddp_magic's own count (it never initialises CUDA)."""
     try:
-        from ddp_magic.plan.plan import detect_gpus
+        from ddp_magic.plan.gpus import detect_gpus
 
         return detect_gpus().count
     except Exception:  # pragma: no cover - only if ddp_magic itself cannot be imported

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Install everything (scripts/setup.sh) and run every test: unit tests, real-kernel
-# tests with real worker processes, and the notebooks. Extra arguments go to pytest.
+# Install everything (scripts/setup.sh), lint (scripts/lint.sh: ruff, mypy, eslint) and run
+# every test: unit tests, real-kernel tests with real worker processes, the notebooks and the
+# JupyterLab extension in headless Chromium. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/lint.sh
 set +e
 .venv/bin/python -m pytest "$@"
 code=$?

@@ -6,180 +6,258 @@ interrupted; ranks that still do not finish (a gloo or NCCL wait cannot be
 interrupted) are stopped with SIGTERM, then SIGKILL, and the pool restarts on
 the next cell. Failures are ordered so the one that explains the others
 comes first.
+
+Pure on purpose: no I/O, no signals, no sockets, no clock. It is given the
+ranks' states and the time, and returns actions; ``kernel/cell.py`` carries
+them out from inside the poll loop, so rank output keeps flowing while ranks
+are being stopped, and tests drive it with a fake clock.
 """
 from __future__ import annotations
 
+import dataclasses
 import signal
-import time
-from typing import TYPE_CHECKING, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..wire import protocol as P
 from ..errors import RankFailure
-from .launchers import TorchrunLauncher, signal_pid
+from ..states import FailureKind, RankState
+from ..wire.protocol import CellStatus
 
-if TYPE_CHECKING:
-    from .pool import Listener, Pool
+States = Mapping[int, Tuple[RankState, Optional[float]]]  # rank -> (state, when it finished)
+
+TERM_WAIT_S = 1.0  # after SIGTERM, how long before SIGKILL
+KILL_WAIT_S = 3.0  # after SIGKILL, how long before the ranks are given up as dead
+TIMEOUT, FAILURE = "timeout", "failure"  # why stacks are captured
 
 
-class CellWatch:
-    """The failure policy while a cell runs: who failed first, when to interrupt, when to stop ranks."""
+@dataclass(frozen=True)
+class CaptureStacks:
+    """Ask these ranks where they are; hand the replies to ``FailurePolicy.stacks_taken``."""
 
-    def __init__(self, pool: Pool, listener: Listener, timeout: Optional[float], t0: float) -> None:
-        self.pool, self.listener, self.timeout, self.t0 = pool, listener, timeout, t0
-        self.first_failure: Optional[float] = None
+    ranks: Tuple[int, ...]
+    reason: str  # TIMEOUT or FAILURE
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """Raise KeyboardInterrupt in these ranks' cells."""
+
+    ranks: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Send ``sig`` to these ranks (those whose process is ours to signal; others by message)."""
+
+    ranks: Tuple[int, ...]
+    sig: int
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """Count these ranks as dead; the pool is broken (``why``) and its state is lost."""
+
+    ranks: Tuple[int, ...]
+    why: str
+
+
+Action = Union[CaptureStacks, Interrupt, Signal, GiveUp]
+
+
+def running(states: States) -> List[int]:
+    """The ranks still executing the cell."""
+    return [r for r, (state, _) in states.items() if state == RankState.RUNNING]
+
+
+class FailurePolicy:
+    """Decides, from the ranks' states and the time, what to do about a failing or overdue cell."""
+
+    def __init__(self, timeout: Optional[float], grace: float, t0: float) -> None:
+        self.timeout, self.grace, self.t0 = timeout, grace, t0
         self.order: List[int] = []  # ranks in the order they failed
+        self.first_failure: Optional[float] = None
         self.interrupt_sent: Optional[float] = None
-        self.killed: List[int] = []
+        self.killed: List[int] = []  # ranks we signalled
         self.notes: List[str] = []
         self.stacks: Dict[int, str] = {}
-        self.cancelled = False
-        self.user_interrupt = False
+        self.cancelled = False  # results are not collected
+        self.user_interrupted = False
         self.timed_out = False
         self.state_lost = False
+        self._awaiting: Optional[CaptureStacks] = None  # stacks asked for, not yet handed back
+        self._stopping: Optional[List[int]] = None  # the ranks being stopped by signal
+        self._sig: int = signal.SIGTERM  # the last signal sent to them
+        self._sig_at = 0.0
+        self._ctrl_c = 0
 
-    def running(self) -> List[int]:
-        return [r for r, i in self.pool.ranks.items() if i.state == "running"]
+    @property
+    def stopping(self) -> bool:
+        """Ranks are being stopped by signal: the cell is not over until they are given up."""
+        return self._stopping is not None
 
-    def finished(self) -> bool:
-        return not self.running()
-
-    def _note_failures(self) -> None:
-        for r, info in sorted(self.pool.ranks.items(), key=lambda kv: kv[1].finished or 0):
+    def _note_failures(self, states: States, now: float) -> None:
+        for r, (state, _) in sorted(states.items(), key=lambda kv: kv[1][1] or 0):
             if r in self.order:
                 continue
-            if info.state in ("failed", "dead", "interrupted") and not (info.state == "interrupted" and self.interrupt_sent):
+            if state in (RankState.FAILED, RankState.DEAD) or (state == RankState.INTERRUPTED and self.interrupt_sent is None):
                 self.order.append(r)
                 if self.first_failure is None:
-                    self.first_failure = time.monotonic()
+                    self.first_failure = now
 
     def next_due(self) -> Optional[float]:
-        """When tick() next has something to decide (the timeout, a grace period's end); None: only on events.
+        """When ``decide`` next has something to decide (the timeout, a grace period's end, an
+        escalation step); None: only on events.
 
         Cheap on purpose (no pass over the ranks): the poll loop asks after every event."""
         times = []
         if self.timeout is not None and not self.timed_out:
             times.append(self.t0 + self.timeout)
-        if self.first_failure is not None and self.interrupt_sent is None:
-            times.append(self.first_failure + self.pool.grace)
-        if self.interrupt_sent is not None:
-            times.append(self.interrupt_sent + self.pool.grace)
+        if self._stopping is not None:
+            times.append(self._next_step())
+        elif self.interrupt_sent is not None:
+            times.append(self.interrupt_sent + self.grace)
+        elif self.first_failure is not None:
+            times.append(self.first_failure + self.grace)
         return min(times) if times else None
 
-    def tick(self) -> None:
-        self._note_failures()
-        now = time.monotonic()
-        running = self.running()
-        if not running:
-            return
-        if self.timeout is not None and not self.timed_out and now - self.t0 >= self.timeout:
-            self.timed_out = True
+    def _next_step(self) -> float:
+        """When the stopping escalation takes its next step (due times and checks use the same sum)."""
+        return self._sig_at + (TERM_WAIT_S if self._sig == signal.SIGTERM else KILL_WAIT_S)
+
+    def decide(self, states: States, now: float) -> List[Action]:
+        """What to do now, given every rank's state."""
+        self._note_failures(states, now)
+        if self._stopping is not None:
+            return self._escalate(states, now)
+        live = running(states)
+        if not live or self._awaiting is not None:
+            return []
+        if self.timeout is not None and not self.timed_out and now >= self.t0 + self.timeout:
+            self.timed_out = self.cancelled = True
+            return self._ask_stacks(live, TIMEOUT)
+        if self.first_failure is not None and self.interrupt_sent is None and now >= self.first_failure + self.grace:
             self.cancelled = True
-            self._capture_stacks(running)
+            return self._ask_stacks(live, FAILURE)
+        if self.interrupt_sent is not None and now >= self.interrupt_sent + self.grace:
+            return self._stop(live, now)
+        return []
+
+    def _ask_stacks(self, ranks: Sequence[int], reason: str) -> List[Action]:
+        self._awaiting = CaptureStacks(tuple(ranks), reason)
+        return [self._awaiting]
+
+    def stacks_taken(self, replies: Mapping[int, str], now: float) -> List[Action]:
+        """The stack texts that came back for a ``CaptureStacks``: note where ranks were, interrupt them."""
+        asked, self._awaiting = self._awaiting, None
+        if asked is None:
+            return []
+        self.stacks.update({r: replies[r] for r in asked.ranks if r in replies})
+        if asked.reason == TIMEOUT:
             self.notes.append("where each rank was when the timeout expired:")
             self.notes += [f"--- rank {r} ---\n{self.stacks.get(r, '(no answer)').rstrip()}" for r in sorted(self.stacks)]
-            self._interrupt(running)
-            return
-        if self.first_failure is not None and self.interrupt_sent is None and now - self.first_failure >= self.pool.grace:
-            self.cancelled = True
-            self._capture_stacks(running)
-            where = ", ".join(f"rank {r} at {_last_cell_line(self.stacks.get(r, ''))}" for r in running)
-            who = f"rank {running[0]} was" if len(running) == 1 else f"ranks {', '.join(map(str, running))} were"
+        else:
+            ranks = asked.ranks
+            where = ", ".join(f"rank {r} at {last_cell_line(self.stacks.get(r, ''))}" for r in ranks)
+            who = f"rank {ranks[0]} was" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} were"
             self.notes.append(f"after rank {self.order[0]} failed, {who} still running ({where}); interrupted")
-            self._interrupt(running)
-            return
-        if self.interrupt_sent is not None and now - self.interrupt_sent >= self.pool.grace:
-            self._stop_ranks(running)
+        return self._interrupt(asked.ranks, now)
 
-    def _capture_stacks(self, ranks: List[int]) -> None:
-        replies = self.pool.ask(P.STACK, timeout=1.0, listener=self.listener)
-        for r in ranks:
-            if r in replies:
-                self.stacks[r] = replies[r]["text"]
+    def _interrupt(self, ranks: Sequence[int], now: float) -> List[Action]:
+        self.interrupt_sent = now
+        return [Interrupt(tuple(ranks))]
 
-    def _interrupt(self, ranks: List[int]) -> None:
-        self.interrupt_sent = time.monotonic()
-        self.pool._broadcast(P.message(P.INTERRUPT), ranks)
+    def _stop(self, ranks: Sequence[int], now: float) -> List[Action]:
+        """Escalation starts: SIGTERM now, SIGKILL for whoever is still there a moment later."""
+        self._stopping = list(ranks)
+        return self._signal(ranks, signal.SIGTERM, now)
 
-    def _stop_ranks(self, ranks: List[int]) -> None:
-        """Escalate: SIGTERM, then SIGKILL for whoever is still there a moment later."""
-        torchrun = isinstance(self.pool.launcher, TorchrunLauncher)
-        for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0)):
-            alive = [r for r in ranks if self.pool.ranks[r].state == "running"]
-            if not alive:
-                break
-            if torchrun:  # ranks on other nodes: their reader thread exits the process for us
-                self.pool._broadcast(P.message(P.KILL), alive)
-            for r in alive:
-                pid = self.pool.ranks[r].pid
-                if pid and (not torchrun or pid in self.pool.launcher.pids):
-                    signal_pid(pid, sig)
-                if r not in self.killed:
-                    self.killed.append(r)
-            deadline = time.monotonic() + wait
-            while any(self.pool.ranks[r].state == "running" for r in alive) and time.monotonic() < deadline:
-                for rank, pid, code in self.pool.launcher.poll(0.02):
-                    self.pool._on_exit(rank, pid, code, self.listener)
-        for r in ranks:
-            info = self.pool.ranks[r]
-            if info.state in ("running", "dead"):
-                info.state = "dead"
-                info.finished = info.finished or time.monotonic()
-                self.listener.on_state(info)
+    def _signal(self, ranks: Sequence[int], sig: int, now: float) -> List[Action]:
+        self._sig, self._sig_at = sig, now
+        self.killed += [r for r in ranks if r not in self.killed]
+        return [Signal(tuple(ranks), sig)]
+
+    def _escalate(self, states: States, now: float) -> List[Action]:
+        assert self._stopping is not None
+        alive = [r for r in self._stopping if states[r][0] == RankState.RUNNING]
+        if not alive:
+            return self._give_up([r for r in self._stopping if states[r][0] == RankState.DEAD])
+        if now < self._next_step():
+            return []
+        if self._sig == signal.SIGTERM:
+            return self._signal(alive, signal.SIGKILL, now)
+        return self._give_up([r for r in self._stopping if states[r][0] in (RankState.RUNNING, RankState.DEAD)])
+
+    def _give_up(self, dead: Sequence[int]) -> List[Action]:
+        """The stopped ranks count as dead, whether or not their exit was seen; the pool is broken."""
+        ranks, self._stopping = self._stopping or [], None
         self.state_lost = True
         who, verb = (f"rank {ranks[0]}", "was") if len(ranks) == 1 else (f"ranks {', '.join(map(str, ranks))}", "were")
-        self.pool.broken = f"{who} did not respond to the interrupt and {verb} stopped"
         self.notes.append(
             f"{who} did not respond to the interrupt (stuck in a collective or native code) and {verb} stopped; "
             "the pool restarts on the next cell and variables defined in earlier %%ddp cells are lost"
         )
+        return [GiveUp(tuple(dead), f"{who} did not respond to the interrupt and {verb} stopped")]
 
-    def interrupted_by_user(self) -> None:
-        """Ctrl-C in the kernel: interrupt every rank now; stragglers are stopped after the grace."""
-        self.user_interrupt = True
-        self.cancelled = True
-        running = self.running()
-        self.notes.append("interrupted by the user (Ctrl-C / kernel interrupt)")
-        if running:
-            self._interrupt(running)
+    def user_interrupt(self, now: float, ranks: Sequence[int]) -> List[Action]:
+        """Ctrl-C in the kernel, ``ranks`` being those still running. The first interrupts them
+        (stragglers are stopped after the grace); each further one skips a step of the escalation."""
+        self._ctrl_c += 1
+        if self._ctrl_c == 1:
+            self.user_interrupted = self.cancelled = True
+            self._awaiting = None  # a stack capture the Ctrl-C cut short
+            self.notes.append("interrupted by the user (Ctrl-C / kernel interrupt)")
+            return self._interrupt(ranks, now) if ranks else []
+        if self._stopping is None:
+            return self._stop(ranks, now) if ranks else []
+        alive = [r for r in self._stopping if r in ranks]
+        if alive and self._sig == signal.SIGTERM:
+            return self._signal(alive, signal.SIGKILL, now)
+        return self._give_up(alive)
 
-    def failures(self) -> List[RankFailure]:
-        self._note_failures()
+    def failures(
+        self, states: States, done: Mapping[int, dict], deaths: Mapping[int, RankFailure], pids: Mapping[int, Optional[int]], now: float
+    ) -> List[RankFailure]:
+        """The cell's failures, root cause first, from the ranks' states, their DONE messages and
+        the failures of the dead ranks (``deaths``)."""
+        self._note_failures(states, now)
         out: List[RankFailure] = []
-        for r in self.order + [r for r, i in self.pool.ranks.items() if i.state == "interrupted" and r not in self.order]:
-            info = self.pool.ranks[r]
-            msg = self.pool._done.get(r)
-            if info.state == "dead":
-                f = self.pool._death_failure(r)
-                if r in self.killed:
-                    f.kind = "killed"
-                out.append(f)
-            elif msg is not None and msg["status"] != "ok":
+        late = [r for r, (state, _) in states.items() if state == RankState.INTERRUPTED and r not in self.order]
+        for r in self.order + late:
+            msg = done.get(r)
+            if states[r][0] == RankState.DEAD:
+                f = deaths[r]
+                out.append(dataclasses.replace(f, kind=FailureKind.KILLED) if r in self.killed else f)
+            elif msg is not None and msg["status"] != CellStatus.OK:
                 err = msg["error"] or {}
-                out.append(
-                    RankFailure(rank=r, kind="interrupted" if msg["status"] == "interrupted" else "error", type=err.get("type", ""), message=err.get("message", ""), traceback=err.get("traceback", ""), pid=info.pid)
-                )
-        out.sort(key=_root_cause_rank)  # stable: arrival order within each kind
-        if self.user_interrupt and not out:
-            out.append(RankFailure(rank=0, kind="interrupted"))
+                kind = FailureKind.INTERRUPTED if msg["status"] == CellStatus.INTERRUPTED else FailureKind.ERROR
+                out.append(RankFailure(
+                    rank=r, kind=kind, type=err.get("type", ""), message=err.get("message", ""), traceback=err.get("traceback", ""), pid=pids.get(r)
+                ))
+        out.sort(key=root_cause_rank)  # stable: arrival order within each kind
+        if self.user_interrupted and not out:
+            out.append(RankFailure(rank=0, kind=FailureKind.INTERRUPTED))
         if self.timed_out and not self.order:
-            out.insert(0, RankFailure(rank=min(self.stacks or {0: ""}), kind="timeout", type="TimeoutError", message=f"the cell ran past --timeout {self.timeout:g}s"))
+            assert self.timeout is not None
+            first = min(self.stacks or {0: ""})
+            out.insert(0, RankFailure(rank=first, kind=FailureKind.TIMEOUT, type="TimeoutError", message=f"the cell ran past --timeout {self.timeout:g}s"))
         return out
 
 
 _PEER_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "connection closed")
 
 
-def _root_cause_rank(f: RankFailure) -> int:
+def root_cause_rank(f: RankFailure) -> int:
     """Which failure explains the others: a rank that died, then a real error, then the
     collectives that broke because a peer went away, then ranks we interrupted or stopped."""
-    if f.kind == "died":
+    if f.kind == FailureKind.DIED:
         return 0
-    if f.kind == "error":
+    if f.kind == FailureKind.ERROR:
         return 2 if any(e in f.message for e in _PEER_ERRORS) else 1
     return 3
 
 
-def _last_cell_line(stack: str) -> str:
+def last_cell_line(stack: str) -> str:
+    """Where in the cell a stack stands: "cell line 5: dist.all_reduce(x)"."""
     lines = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith('File "<ddp-cell')]
     if not lines:
         return "an unknown place"

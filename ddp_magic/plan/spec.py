@@ -46,7 +46,7 @@ class PoolSpec:
         if self.start_method not in START_METHODS:
             raise PlanError(f"unknown start method {self.start_method!r}; use auto, fork, spawn or torchrun")
         if self.master_port is not None and not 0 < self.master_port < 65536:
-            raise PlanError(f"--master-port must be between 1 and 65535 (got {self.master_port})")
+            raise PlanError(f"--master-port {self.master_port} is not a TCP port; give 1024-65535 or leave it out to get a free one")
         for name in ("start_timeout", "pg_timeout", "grace"):
             if getattr(self, name) <= 0:
                 raise PlanError(f"{name.replace('_', '-')} must be more than 0 seconds (got {getattr(self, name)!r})")

@@ -20,7 +20,10 @@ import signal
 import sys
 import time
 import traceback
-from typing import Dict
+from typing import Dict, Set
+
+from ..logs import log
+from .parent import die_with_parent
 
 
 def _emit(event: dict) -> None:
@@ -63,83 +66,104 @@ def _child(cmd: dict, secret: bytes, wake_r: int, wake_w: int) -> None:
         os.dup2(devnull, 0)
         os.close(devnull)
         os.dup2(2, 1)  # until the worker captures fd 1, nothing may reach the event pipe
-        from .worker import die_with_parent, serve
+        from .worker import serve
 
         die_with_parent(cmd["parent"])
         os.environ.clear()
         os.environ.update(cmd["config"]["env"])
         code = serve(cmd["config"], secret)
     except BaseException:
+        log.debug("forked rank failed outside a cell", exc_info=True)
         traceback.print_exc()
     finally:
         os._exit(code)
 
 
-def main() -> None:
-    from .worker import die_with_parent
+class Template:
+    """The template's state: its children (ranks) and their FileStores, and the SIGCHLD wake-up pipe."""
 
-    kernel_pid = os.getppid()
-    children: Dict[int, int] = {}  # pid -> rank
-    stores: set = set()  # process-group FileStores in /dev/shm that our ranks use
+    def __init__(self) -> None:
+        self.secret = b""
+        self.children: Dict[int, int] = {}  # pid -> rank
+        self.stores: Set[str] = set()  # process-group FileStores in /dev/shm that our ranks use
+        self.wake_r = self.wake_w = -1
 
-    def kernel_gone(*_: object) -> None:
-        _kill_all(children)
-        for path in stores:
+    def kernel_gone(self, *_: object) -> None:
+        """The kernel is gone or asked us to exit: our ranks and their files go with us."""
+        _kill_all(self.children)
+        for path in self.stores:
             try:
                 os.unlink(path)
             except OSError:
-                pass
+                pass  # rank 0 removed it already
         os._exit(0)
 
+    def watch_children(self) -> None:
+        """SIGCHLD wakes the select loop through a pipe (signal.set_wakeup_fd)."""
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def spawn(self, cmd: dict) -> None:
+        cmd["parent"] = os.getpid()
+        store = cmd["config"]["env"].get("DDP_MAGIC_STORE")
+        if store:
+            self.stores.add(store)
+        pid = os.fork()
+        if pid == 0:
+            _child(cmd, self.secret, self.wake_r, self.wake_w)
+        self.children[pid] = cmd["rank"]
+        _emit({"event": "spawned", "rank": cmd["rank"], "pid": pid})
+
+    def serve(self) -> None:
+        """Reap exited ranks and run the kernel's commands until stdin closes."""
+        stdin_buf = b""
+        while True:
+            try:
+                ready, _, _ = select.select([0, self.wake_r], [], [], 1.0)
+            except InterruptedError:
+                ready = []
+            if self.wake_r in ready:
+                try:
+                    while os.read(self.wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass  # drained
+            _reap(self.children)
+            if 0 in ready:
+                data = os.read(0, 65536)
+                if not data:
+                    self.kernel_gone()
+                stdin_buf += data
+                while b"\n" in stdin_buf:
+                    line, stdin_buf = stdin_buf.split(b"\n", 1)
+                    cmd = json.loads(line)
+                    if cmd["op"] == "spawn":
+                        self.spawn(cmd)
+                    elif cmd["op"] == "exit":
+                        self.kernel_gone()
+
+
+def main() -> None:
+    kernel_pid = os.getppid()
+    template = Template()
     # SIGTERM (not SIGKILL) when the kernel dies, so the ranks and their files go with us.
-    signal.signal(signal.SIGTERM, kernel_gone)
+    signal.signal(signal.SIGTERM, template.kernel_gone)
     die_with_parent(kernel_pid, signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     first = json.loads(sys.stdin.readline())
-    secret = bytes.fromhex(first["secret"])
+    template.secret = bytes.fromhex(first["secret"])
     try:
         info = _warm_imports()
     except BaseException as e:
+        log.debug("the template could not import torch", exc_info=True)
         _emit({"event": "error", "message": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
         os._exit(1)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    os.set_blocking(wake_r, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    template.watch_children()
     _emit({"event": "ready", "pid": os.getpid(), "info": info})
-    stdin_buf = b""
-    while True:
-        try:
-            ready, _, _ = select.select([0, wake_r], [], [], 1.0)
-        except InterruptedError:
-            ready = []
-        if wake_r in ready:
-            try:
-                while os.read(wake_r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
-        _reap(children)
-        if 0 in ready:
-            data = os.read(0, 65536)
-            if not data:
-                kernel_gone()
-            stdin_buf += data
-            while b"\n" in stdin_buf:
-                line, stdin_buf = stdin_buf.split(b"\n", 1)
-                cmd = json.loads(line)
-                if cmd["op"] == "spawn":
-                    cmd["parent"] = os.getpid()
-                    if cmd["config"]["env"].get("DDP_MAGIC_STORE"):
-                        stores.add(cmd["config"]["env"]["DDP_MAGIC_STORE"])
-                    pid = os.fork()
-                    if pid == 0:
-                        _child(cmd, secret, wake_r, wake_w)
-                    children[pid] = cmd["rank"]
-                    _emit({"event": "spawned", "rank": cmd["rank"], "pid": pid})
-                elif cmd["op"] == "exit":
-                    kernel_gone()
+    template.serve()
 
 
 def _reap(children: Dict[int, int]) -> None:

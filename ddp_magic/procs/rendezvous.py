@@ -15,10 +15,10 @@ import os
 import sys
 from datetime import timedelta
 
+from .parent import die_with_parent
+
 
 def main() -> None:
-    from .worker import die_with_parent
-
     die_with_parent(os.getppid())
     host, port = sys.argv[1], int(sys.argv[2])
     from torch.distributed import TCPStore

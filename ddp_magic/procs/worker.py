@@ -1,13 +1,16 @@
-"""One rank: connect to the kernel, initialise torch.distributed, run cells, send back results.
+"""One rank: connect to the kernel, run cells, send back results and output.
 
-Started either by the fork server (``ddp_magic.procs.forkserver``, the fast path)
-or as ``python -m ddp_magic.procs.worker`` with its config on stdin (the spawn path).
-This is the only module that calls torch.distributed.
+Started either by the fork server (``ddp_magic.procs.forkserver``, the fast path),
+as ``python -m ddp_magic.procs.worker`` with its config on stdin (the spawn path),
+or by torchrun as ``python -m ddp_magic.procs.worker --connect HOST:PORT`` (any node).
+torch.distributed itself (devices, the process group, the gather) is rank_torch.py's.
+
+Threads: the main thread runs cells; a reader thread takes the kernel's messages
+(it queues cells and decisions, and answers interrupts, stack and env requests
+at once, even while a cell runs).
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 import json
 import os
 import queue
@@ -15,29 +18,19 @@ import signal
 import socket
 import sys
 import threading
-import time
 import traceback
 import types
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
+from ..logs import log
 from ..wire import protocol as P
 from ..wire import transfer
 from ..wire.capture import FdCapture
-from ..wire.execution import format_user_traceback, run_source
+from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
-
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(expected_parent: Optional[int] = None, sig: int = signal.SIGKILL) -> None:
-    """Ask Linux to send us sig (SIGKILL) when our parent dies; exit now if it already has."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if expected_parent is not None and os.getppid() != expected_parent:
-        os._exit(1)
+from ..wire.protocol import CellStatus
+from . import rank_torch
+from .parent import die_with_parent
 
 
 class Channel:
@@ -86,7 +79,7 @@ class Worker:
         """The control channel, then one raw socket per output stream that becomes fd 1 or 2."""
         self.chan = Channel(self._dial())
         self.chan.send(
-            P.HELLO, rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=self._planned_device(),
+            P.HELLO, rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=rank_torch.planned_device(self.local_rank),
             local_rank=self.local_rank, node=int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0"))),
         )
         streams = {}
@@ -95,79 +88,6 @@ class Worker:
             P.send(sock, P.message(P.HELLO_OUT, rank=self.rank, stream=name))
             streams[name] = sock
         self.capture = FdCapture(streams)
-
-    def setup_torch(self) -> None:
-        import torch
-        import torch.distributed as dist
-
-        threads = os.environ.get("OMP_NUM_THREADS")
-        if threads and threads.isdigit():
-            torch.set_num_threads(int(threads))
-        backend = os.environ.get("DDP_MAGIC_BACKEND", "gloo")
-        if backend == "nccl":
-            torch.cuda.set_device(self.local_rank)
-            self.device = f"cuda:{self.local_rank}"
-        self._patch_init_process_group(dist)
-
-    def _patch_init_process_group(self, dist: Any) -> None:
-        """Tutorial code calls init_process_group itself: keep ours instead of failing twice-init."""
-        import torch.distributed.distributed_c10d as c10d
-
-        real = c10d.init_process_group
-        if getattr(real, "_ddp_magic", False):
-            return
-        noticed = []
-
-        @functools.wraps(real)
-        def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
-            if dist.is_initialized():
-                current = str(dist.get_backend())
-                asked = kwargs.get("backend", backend)
-                if asked is not None and str(asked).lower() != current and not noticed:
-                    noticed.append(True)
-                    print(
-                        f"[ddp_magic] the process group is already initialised with {current}; "
-                        f"keeping it (the cell asked for {asked})",
-                        file=sys.stderr,
-                    )
-                return None
-            return real(backend, *args, **kwargs)
-
-        init_process_group._ddp_magic = True  # type: ignore[attr-defined]
-        c10d.init_process_group = init_process_group
-        dist.init_process_group = init_process_group
-
-    def init_process_group(self) -> None:
-        import torch.distributed as dist
-
-        if os.environ.get("DDP_MAGIC_INIT", "1") != "1":
-            return
-        backend = os.environ.get("DDP_MAGIC_BACKEND", "gloo")
-        kwargs: dict = {}
-        timeout = os.environ.get("DDP_MAGIC_PG_TIMEOUT")
-        if timeout:
-            from datetime import timedelta
-
-            # Short by default in a notebook: a collective whose peer is gone fails in
-            # minutes, not torch's 10 (nccl) or 30 (gloo) minutes.
-            kwargs["timeout"] = timedelta(seconds=float(timeout))
-        if backend == "nccl":
-            import torch
-
-            kwargs["device_id"] = torch.device(self.device)
-        store_path = os.environ.get("DDP_MAGIC_STORE")
-        if store_path:
-            # One host: a file store in /dev/shm. No port to race for and no TCPStore, whose
-            # reverse DNS lookup of its peers stalled 1 start in 10 by 5 s on some hosts.
-            world = int(os.environ["WORLD_SIZE"])
-            kwargs.update(store=dist.FileStore(store_path, world), rank=self.rank, world_size=world)
-        elif self.rank != 0:
-            _wait_for_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), float(timeout or 300))
-        try:
-            dist.init_process_group(backend=backend, **kwargs)
-        except TypeError:  # torch without device_id
-            kwargs.pop("device_id", None)
-            dist.init_process_group(backend=backend, **kwargs)
 
     # ------------------------------------------------------------ control
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -196,21 +116,16 @@ class Worker:
                 elif op == P.KILL:
                     os._exit(137)
         except (ConnectionError, OSError, EOFError):
-            pass
+            log.debug("rank %d: control channel closed", self.rank, exc_info=True)
         self.shutdown(1)
 
     def shutdown(self, code: int) -> None:
-        store = os.environ.get("DDP_MAGIC_STORE")
-        if store and self.rank == 0:  # the kernel may be gone (even SIGKILLed): leave nothing in /dev/shm
-            try:
-                os.unlink(store)
-            except OSError:
-                pass
+        rank_torch.remove_file_store(self.rank)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except Exception:
-                pass
+            except Exception:  # the kernel's end of the socket may be gone; we exit either way
+                log.debug("rank %d: flush at exit failed", self.rank, exc_info=True)
         os._exit(code)
 
     def main_stack(self) -> str:
@@ -225,14 +140,7 @@ class Worker:
 
     def env_report(self) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DDP_MAGIC_SECRET")}
-        pg: dict = {"initialised": False}
-        try:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                pg = {"initialised": True, "backend": str(dist.get_backend()), "world_size": dist.get_world_size(), "rank": dist.get_rank()}
-        except Exception as e:
-            pg = {"initialised": False, "error": str(e)}
+        pg = rank_torch.process_group_report()
         return {"env": env, "process_group": pg, "pid": os.getpid(), "device": self.device, "argv": list(sys.argv)}
 
     # ------------------------------------------------------------ cells
@@ -241,122 +149,86 @@ class Worker:
         signal.signal(signal.SIGINT, self._on_sigint)
         threading.Thread(target=self.reader, name="ddp-reader", daemon=True).start()
         try:
-            self.setup_torch()
-            self.init_process_group()
+            self.device = rank_torch.setup(self.local_rank)
+            rank_torch.init_process_group(self.rank, self.device)
         except BaseException as e:
+            log.debug("rank %d: start-up failed (reported to the kernel)", self.rank, exc_info=True)
             self.capture.sync(0)
-            self.chan.send(P.INIT_FAILED, rank=self.rank, error=_error_data(e, traceback.format_exc()))
+            self.chan.send(P.INIT_FAILED, rank=self.rank, error=error_data(e, traceback.format_exc()))
             return 1
         self.chan.send(P.READY, rank=self.rank, device=self.device)
         while True:
             self.run_cell(self.runs.get())
 
-    def _planned_device(self) -> str:
-        if os.environ.get("DDP_MAGIC_BACKEND") == "nccl":
-            return f"cuda:{self.local_rank}"
-        return "cpu"
-
     def run_cell(self, msg: dict) -> None:
-        filename = msg["filename"]
         self.shm_ok = bool(msg.get("shm", True))
-        status, error, value = "ok", None, None
-        try:
-            import cloudpickle
-
-            owned = set(msg.get("owned", ()))
-            for name, blob in msg.get("names", {}).items():
-                self.user_ns[name] = adopt(cloudpickle.loads(blob), self.user_ns, owned)
-        except BaseException as e:
-            status, error = "error", _error_data(e, f"could not load notebook variable {name!r} on the worker:\n" + traceback.format_exc())
-        if status == "ok":
-            sys.argv = list(msg.get("argv") or ["ddp_cell"])
-            self.running_user_code = True
-            try:
-                value = run_source(msg["source"], filename, self.user_ns)
-            except KeyboardInterrupt as e:
-                status, error = "interrupted", _error_data(e, format_user_traceback(e, filename))
-            except BaseException as e:
-                status, error = "error", _error_data(e, format_user_traceback(e, filename))
-            finally:
-                self.running_user_code = False
+        value = None
+        error = self._load_names(msg)
+        status = CellStatus.OK if error is None else CellStatus.ERROR
+        if error is None:
+            status, error, value = self._run_user_code(msg)
         self.capture.sync(msg["cell"])
-        fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status, "error": error, "memory": _gpu_memory()}
-        if status != "ok" or value is None:
+        fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status.value, "error": error, "memory": rank_torch.gpu_memory()}
+        if status != CellStatus.OK or value is None:
             self.chan.send(P.DONE, result=None, **fields)
             return
-        if self._collective_candidate(value, msg.get("gather", "auto")):
-            self.chan.send(P.DONE, pending=_tensor_meta(value), **fields)
+        if rank_torch.collective_candidate(value, msg.get("gather", "auto")):
+            self.chan.send(P.DONE, pending=rank_torch.tensor_meta(value), **fields)
             decision = self.decisions.get()
             self.send_decided(value, decision)
             return
         self.chan.send(P.DONE, **fields, **self._packed(value))
+
+    def _load_names(self, msg: dict) -> Optional[dict]:
+        """Put the notebook values the cell needs into the rank's namespace; error data if one fails."""
+        owned = set(msg.get("owned", ()))
+        for name, blob in msg.get("names", {}).items():
+            try:
+                self.user_ns[name] = adopt(transfer.load_name(blob), self.user_ns, owned)
+            except BaseException as e:
+                log.debug("rank %d: could not load notebook variable %r", self.rank, name, exc_info=True)
+                return error_data(e, f"could not load notebook variable {name!r} on the worker:\n" + traceback.format_exc())
+        return None
+
+    def _run_user_code(self, msg: dict) -> Tuple[CellStatus, Optional[dict], Any]:
+        """The cell itself: (status, error data, the last expression's value)."""
+        filename = msg["filename"]
+        sys.argv = list(msg.get("argv") or ["ddp_cell"])
+        try:
+            self.running_user_code = True
+            try:
+                return CellStatus.OK, None, run_source(msg["source"], filename, self.user_ns)
+            finally:
+                self.running_user_code = False  # from here on an interrupt cannot hit our own code
+        except KeyboardInterrupt as e:
+            return CellStatus.INTERRUPTED, error_data(e, format_user_traceback(e, filename)), None
+        except BaseException as e:
+            log.debug("rank %d: the cell raised (reported to the kernel)", self.rank, exc_info=True)
+            return CellStatus.ERROR, error_data(e, format_user_traceback(e, filename)), None
 
     def _packed(self, value: Any) -> dict:
         try:
             # /dev/shm is only a shortcut when the kernel runs on this same host.
             return {"result": transfer.pack(value, shm_dir=transfer.SHM_DIR if self.shm_ok else None)}
         except BaseException as e:
+            log.debug("rank %d: the result could not be pickled (reported to the kernel)", self.rank, exc_info=True)
             return {"result": None, "result_error": {"type": type(value).__module__ + "." + type(value).__qualname__, "reason": f"{type(e).__name__}: {e}"}}
 
-    @staticmethod
-    def _collective_candidate(value: Any, gather: str) -> bool:
-        if gather == "direct" or "torch" not in sys.modules:
-            return False
-        import torch
-        import torch.distributed as dist
-
-        if not isinstance(value, torch.Tensor) or not (dist.is_available() and dist.is_initialized()):
-            return False
-        return gather == "collective" or value.is_cuda
-
     def send_decided(self, value: Any, decision: dict) -> None:
+        """A pending tensor result, the way the kernel decided: gathered to rank 0, or each rank's own."""
         if decision["mode"] != "gather":
             self.chan.send(P.RESULT, rank=self.rank, **self._packed(value))
             return
-        import torch.distributed as dist
-
-        t = value.detach().contiguous()
         try:
-            parts = [t.new_empty(t.shape) for _ in range(dist.get_world_size())]
-            dist.all_gather(parts, t)
+            parts = rank_torch.all_gather(value)
         except BaseException as e:
+            log.debug("rank %d: all_gather of the result failed (sending it directly)", self.rank, exc_info=True)
             self.chan.send(P.RESULT, rank=self.rank, gather_failed=f"{type(e).__name__}: {e}", **self._packed(value))
             return
         if self.rank == 0:
             self.chan.send(P.RESULT, rank=self.rank, gathered=True, **self._packed([p.cpu() for p in parts]))
         else:
             self.chan.send(P.RESULT, rank=self.rank, gathered=True, result=None)
-
-
-def _wait_for_store(host: str, port: int, timeout: float) -> None:
-    """Wait (5 ms steps) until rank 0's store listens: torch's own retry after a refused
-    connection sleeps 0.25 s and more, which made a pool start or restart stall for nothing."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((host, port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.005)
-
-
-def _tensor_meta(t: Any) -> dict:
-    return {"shape": tuple(t.shape), "dtype": str(t.dtype), "device": str(t.device)}
-
-
-def _gpu_memory() -> Optional[int]:
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            return int(torch.cuda.memory_allocated())
-    except Exception:
-        pass
-    return None
-
-
-def _error_data(exc: BaseException, text: str) -> dict:
-    """Errors cross processes as data, never as pickled exception objects."""
-    return {"type": type(exc).__name__, "message": str(exc), "traceback": text}
 
 
 def serve(config: dict, secret: bytes) -> int:
@@ -403,7 +275,8 @@ def main() -> None:
     try:
         code = serve(config, secret)
     except BaseException:
-        traceback.print_exc()
+        log.debug("rank failed outside a cell", exc_info=True)
+        traceback.print_exc()  # to the kernel's output socket, or the launcher's stderr before connect
     finally:
         os._exit(code)
 

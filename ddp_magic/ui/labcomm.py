@@ -12,18 +12,17 @@ nbval) therefore never get a message from here, and the magics work the same.
 Kernel → front end, on every open comm:
 
 - ``{"type": "snapshot", "session", "seq", "version", "protocol", "pool", "notices", "final"}``
-  where ``pool`` is None (no pool) or the pool's world size, backend, start
-  state, per-rank :class:`~ddp_magic.kernel.pool.RankInfo` fields (state, pid, device,
-  exit code, elapsed, memory, last output line) and the env checks of
-  :func:`ddp_magic.plan.plan.plan_checks` with their verdict. While a cell runs,
-  snapshots follow the pool's events, at most one per ``MIN_INTERVAL`` (a
-  trailing timer sends the last change of a burst); when a cell ends one more
+  where ``pool`` is None (no pool) or the session's ``PoolStatus`` (world size,
+  backend, start state, per-rank rows) with the env checks of its plan. While a
+  cell runs, snapshots follow the pool's events, at most one per ``MIN_INTERVAL``
+  (a trailing timer sends the last change of a burst); when a cell ends one more
   is sent if anything changed.
 - ``{"type": "reply", "id", "op", "ok", "message", "error"?, "report"?}`` for a request.
 
 Front end → kernel: ``{"type": "request", "id", "op", "args"}`` with op ``restart``
-(optional ``args.nproc``), ``stop``, ``env`` or ``status``. They run the same code as
-``%ddp restart``, ``%ddp stop``, ``%ddp_env --json`` and ``%ddp status``.
+(optional ``args.nproc``), ``stop``, ``env`` or ``status``. They call the same
+:class:`~ddp_magic.session.Session` methods as ``%ddp restart``, ``%ddp stop``,
+``%ddp_env --json`` and ``%ddp status``; the reply is built from what they return.
 
 Threads. A kernel handles comm messages on its shell channel: on the main thread
 between cells, or — JupyterLab ≥ 4.4 with ipykernel ≥ 7 sends comm messages over
@@ -36,21 +35,26 @@ kernel is idle, else when the running cell ends); the front end first gets
 snapshots only read, and are answered on whatever thread asks.
 
 Nothing here may break a cell: every hook swallows its own errors (the last one
-is kept in ``LabBridge.last_error``).
+is kept in ``LabBridge.last_error``, and each is logged: ``%ddp log`` shows them).
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
-import io
 import json
 import threading
 import time
 import uuid
 import warnings
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+
+from ..errors import UsageError
+from ..kernel import Listener
+from ..logs import log
+from ..plan import checks_verdict, plan_checks
+from ..session import NO_POOL, STOPPED, EnvData, PoolStatus, Session
+from .report import EnvReport, live_report, plan_report
 
 TARGET = "ddp_magic"
 PROTOCOL = 1  # labextension/src/model.ts PROTOCOL
@@ -81,8 +85,16 @@ def bridge() -> Optional["LabBridge"]:
     return _bridge
 
 
+def env_report(env: EnvData) -> EnvReport:
+    """The report of the session's env data, planned or live: what %ddp_env shows and the panel's env request returns."""
+    if env.live is not None:
+        return live_report(env.live, env.nproc, env.backend)
+    assert env.plan is not None
+    return plan_report(env.plan)
+
+
 # ---------------------------------------------------------------- registration
-def register(shell: Any, magics: Any) -> Optional["LabBridge"]:
+def register(shell: Any, session: Any) -> Optional["LabBridge"]:
     """Register the comm target for ``shell``'s kernel; None (and nothing done) without a comm manager."""
     global _bridge
     kernel = getattr(shell, "kernel", None)
@@ -91,7 +103,7 @@ def register(shell: Any, magics: Any) -> Optional["LabBridge"]:
         return None
     if _bridge is not None:
         _bridge.close()
-    _bridge = LabBridge(shell, magics, manager)
+    _bridge = LabBridge(shell, session, manager)
     return _bridge
 
 
@@ -104,18 +116,37 @@ def unregister(shell: Any = None) -> None:
 
 # ---------------------------------------------------------------- the bridge
 def _jsonable(value: Any) -> Any:
-    """What json can carry (tuples, sets, numbers as keys, odd objects as their str)."""
+    """What json can carry (tuples, numbers as keys, enums as their value, odd objects as their str)."""
     return json.loads(json.dumps(value, default=str))
+
+
+def _quietly(what: str, fn: Callable[[], Any]) -> None:
+    """Run a clean-up step that may fail (the kernel is going away, the comm is closed): log it, go on."""
+    try:
+        fn()
+    except Exception:
+        log.debug("labcomm: %s failed", what, exc_info=True)
+
+
+class _Heard(Listener):
+    """The notices a request's pool operation gives (the reply carries them), passed on to the panel too."""
+
+    def __init__(self) -> None:
+        self.lines: List[str] = []
+
+    def on_notice(self, text: str) -> None:
+        self.lines.append(f"ddp_magic: {text}")
+        notice(text)
 
 
 class LabBridge:
     """The comms of one kernel's front ends, and what they are told."""
 
-    def __init__(self, shell: Any, magics: Any, manager: Any) -> None:
+    def __init__(self, shell: Any, session: Session, manager: Any) -> None:
         self.shell = shell
-        self.magics = magics
+        self.session = session
         self.manager = manager
-        self.session = uuid.uuid4().hex[:12]
+        self.session_id = uuid.uuid4().hex[:12]  # the snapshots' "session": a new one per registration
         self.seq = 0
         self.comms: Dict[str, Any] = {}
         self.notices: Deque[str] = deque(maxlen=5)
@@ -125,9 +156,6 @@ class LabBridge:
         self._last_time = float("-inf")
         self._last_key: Optional[str] = None
         self._timer: Optional[threading.Timer] = None
-        self._checks_for: Optional[tuple] = None
-        self._checks: List[dict] = []
-        self._verdict = ""
         self.cell_running = False  # a cell runs on the main thread (between pre_ and post_run_cell)
         self._main = threading.main_thread()
         self._loop = _main_loop()
@@ -136,17 +164,22 @@ class LabBridge:
         shell.events.register("pre_run_cell", self._pre_run_cell)
         shell.events.register("post_run_cell", self._post_run_cell)
 
+    def _failed(self, what: str, e: BaseException) -> None:
+        """A hook failed (its caller has logged it): keep the last one for tests, never raise into the kernel."""
+        self.last_error = f"{what}: {type(e).__name__}: {e}"
+
     # ------------------------------------------------------------ lifecycle
     def _make_announcement(self) -> Any:
         """A registered comm of our target that no front end has: comm_info_request then lists the target."""
         try:
             from ipykernel.comm import Comm
 
-            comm = Comm(comm_id=f"ddp_magic-announce-{self.session}", primary=False, target_name=TARGET, show_warning=False)
+            comm = Comm(comm_id=f"ddp_magic-announce-{self.session_id}", primary=False, target_name=TARGET, show_warning=False)
             self.manager.register_comm(comm)
             return comm
         except Exception as e:  # an ipykernel without it: the front end then finds us after %%ddp cells only
-            self.last_error = f"announce: {type(e).__name__}: {e}"
+            log.debug("labcomm: announce failed", exc_info=True)
+            self._failed("announce", e)
             return None
 
     def close(self) -> None:
@@ -155,19 +188,15 @@ class LabBridge:
                 self._timer.cancel()
                 self._timer = None
         for comm in list(self.comms.values()):
-            with contextlib.suppress(Exception):
-                comm.close()
+            _quietly("closing a comm", comm.close)
         self.comms.clear()
-        with contextlib.suppress(Exception):
-            self.manager.unregister_target(TARGET, self._on_open)
+        _quietly("unregistering the target", lambda: self.manager.unregister_target(TARGET, self._on_open))
         if self._announce is not None:
-            with contextlib.suppress(Exception):
-                self.manager.unregister_comm(self._announce)
+            _quietly("unregistering the announcement", lambda: self.manager.unregister_comm(self._announce))
             self._announce._closed = True  # it was never open on any front end: no comm_close to send
             self._announce = None
-        for event, fn in (("pre_run_cell", self._pre_run_cell), ("post_run_cell", self._post_run_cell)):
-            with contextlib.suppress(Exception):
-                self.shell.events.unregister(event, fn)
+        _quietly("unregistering pre_run_cell", lambda: self.shell.events.unregister("pre_run_cell", self._pre_run_cell))
+        _quietly("unregistering post_run_cell", lambda: self.shell.events.unregister("post_run_cell", self._post_run_cell))
 
     # ------------------------------------------------------------ comms
     def _on_open(self, comm: Any, msg: dict) -> None:
@@ -191,7 +220,8 @@ class LabBridge:
                 return
             self._answer(comm, rid, op, args)
         except Exception as e:
-            self.last_error = f"request: {type(e).__name__}: {e}"
+            log.debug("labcomm: request failed", exc_info=True)
+            self._failed("request", e)
 
     def _answer(self, comm: Any, rid: Any, op: str, args: Dict[str, Any]) -> None:
         try:
@@ -199,45 +229,40 @@ class LabBridge:
             reply.update(type="reply", id=rid, op=op)
             self._send(comm, _jsonable(reply))
         except Exception as e:
-            self.last_error = f"request: {type(e).__name__}: {e}"
+            log.debug("labcomm: request failed", exc_info=True)
+            self._failed("request", e)
         self.publish(final=True)
 
     def _send(self, comm: Any, data: dict) -> None:
         try:
             comm.send(data)
         except Exception as e:
-            self.last_error = f"send: {type(e).__name__}: {e}"
+            log.debug("labcomm: send failed", exc_info=True)
+            self._failed("send", e)
 
     # ------------------------------------------------------------ requests
     def handle(self, op: str, args: Dict[str, Any]) -> Dict[str, Any]:
-        """Run a front-end request through the magics; returns ok, message, and error or report."""
+        """Run a front-end request on the session; returns ok, message, and error, output or report."""
         if op not in OPS:
             return {"ok": False, "message": "", "error": f"unknown request {op!r}; known: {', '.join(OPS)}"}
-        out, err = io.StringIO(), io.StringIO()
+        heard = _Heard()
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                if op == "restart":
-                    line = "restart"
-                    if args.get("nproc") is not None:
-                        line += f" -n {int(args['nproc'])}"
-                    self.magics.ddp(line)
-                elif op == "stop":
-                    self.magics.ddp("stop")
-                elif op == "status":
-                    self.magics.ddp("status")
-                else:
-                    if self.magics.pool is None:
-                        return {"ok": False, "message": "", "error": "no pool is running: %ddp_env -n N in a cell shows a planned env"}
-                    report = self.magics.ddp_env("--json")
-                    text = out.getvalue().strip()
-                    return {"ok": True, "message": f"%ddp_env: {report.get('verdict', '')}".strip(), "report": report, "output": text}
+            if op == "env":
+                report = env_report(self.session.env()).to_dict()
+                return {"ok": True, "message": f"%ddp_env: {report.get('verdict', '')}".strip(), "report": report}
+            if op == "stop":
+                return {"ok": True, "message": STOPPED if self.session.stop() else NO_POOL}
+            if op == "restart":
+                nproc = args.get("nproc")
+                spec = self.session.spec_for(int(nproc)) if nproc is not None else None
+                message = self.session.restart(spec, heard).ready_text()
+                return {"ok": True, "message": message, "output": "\n".join(heard.lines + [message])}
+            text = self.session.status().text()
+            return {"ok": True, "message": text.splitlines()[0], "output": text}
         except (Exception, KeyboardInterrupt) as e:  # a kernel interrupt while a request runs ends the request, not the kernel's loop
-            from ..errors import UsageError
-
+            log.debug("labcomm: request %s failed", op, exc_info=True)
             why = str(e) if isinstance(e, UsageError) else f"{type(e).__name__}: {e}"
-            return {"ok": False, "message": _last_line(out.getvalue()), "error": why.strip(), "output": (out.getvalue() + err.getvalue()).strip()}
-        text = out.getvalue().strip()
-        return {"ok": True, "message": _last_line(text) or f"{op}: done", "output": (text + "\n" + err.getvalue()).strip()}
+            return {"ok": False, "message": "", "error": why.strip(), "output": "\n".join(heard.lines)}
 
     # ------------------------------------------------------------ snapshots
     def publish(self, final: bool = False) -> None:
@@ -265,7 +290,8 @@ class LabBridge:
                 self._timer = timer
                 timer.start()
         except Exception as e:
-            self.last_error = f"publish: {type(e).__name__}: {e}"
+            log.debug("labcomm: publish failed", exc_info=True)
+            self._failed("publish", e)
 
     def _on_timer(self) -> None:
         try:
@@ -275,7 +301,8 @@ class LabBridge:
                 self._timer = None
                 self._broadcast(final=False)
         except Exception as e:
-            self.last_error = f"timer: {type(e).__name__}: {e}"
+            log.debug("labcomm: timer failed", exc_info=True)
+            self._failed("timer", e)
 
     def _broadcast(self, final: bool, only_if_changed: bool = False) -> None:
         snap = self.snapshot(final=final)
@@ -306,7 +333,7 @@ class LabBridge:
 
         return {
             "type": "snapshot",
-            "session": self.session,
+            "session": self.session_id,
             "seq": seq,
             "version": __version__,
             "protocol": PROTOCOL,
@@ -316,61 +343,27 @@ class LabBridge:
         }
 
     def _pool_dict(self) -> Optional[Dict[str, Any]]:
-        pool = getattr(self.magics, "pool", None)
-        if pool is None:
+        status = self.session.status()
+        if not status.exists:
             return None
-        ranks = []
-        for r, info in sorted(dict(pool.ranks).items()):
-            ranks.append(
-                {
-                    "rank": r,
-                    "state": info.state,
-                    "pid": info.pid,
-                    "device": info.device,
-                    "host": info.host,
-                    "exit_code": info.exit_code,
-                    "elapsed": round(info.elapsed, 3),
-                    "memory": info.memory,
-                    "last_line": (info.last_line or "")[-300:],
-                }
-            )
-        plan = pool.plan
-        checks, verdict = self._env_checks(pool)
-        start_seconds = getattr(pool, "start_seconds", None)
-        return _jsonable(
-            {
-                "nproc": pool.nproc,
-                "world_size": plan.world_size,
-                "backend": pool.backend,
-                "started": bool(pool.started),
-                "broken": pool.broken,
-                "generation": pool.generation,
-                "master_addr": plan.master_addr,
-                "master_port": plan.master_port,
-                "start_method": getattr(pool, "start_method", ""),
-                "start_seconds": round(start_seconds, 3) if isinstance(start_seconds, (int, float)) else None,
-                "ranks": ranks,
-                "checks": checks,
-                "verdict": verdict,
-                "names": sorted(getattr(self.magics, "worker_owned", ()) or ()),
-            }
-        )
+        ranks = [dict(row._asdict(), elapsed=round(row.elapsed, 3), last_line=(row.last_line or "")[-300:]) for row in status.ranks]
+        checks, verdict = self._env_checks(status)
+        seconds = status.start_seconds
+        pool = {k: getattr(status, k) for k in ("nproc", "backend", "started", "broken", "generation", "master_addr", "master_port", "start_method")}
+        pool.update(world_size=status.nproc, start_seconds=round(seconds, 3) if isinstance(seconds, (int, float)) else None)
+        pool.update(ranks=ranks, checks=checks, verdict=verdict, names=list(status.owned))
+        return _jsonable(pool)
 
-    def _env_checks(self, pool: Any) -> "tuple[List[dict], str]":
-        """env.py's checks of the pool's plan, computed once per plan and start state."""
-        key = (pool.plan.run_id, bool(pool.started))
-        if key != self._checks_for:
-            try:
-                from ..plan.plan import checks_verdict, plan_checks
-
-                checks = plan_checks(pool.plan, started=bool(pool.started))
-                self._checks = [c.to_dict() for c in checks]
-                self._verdict = checks_verdict(checks)
-            except Exception as e:  # a check must never break a cell
-                self._checks = [{"name": "env checks", "ok": False, "level": "warning", "mark": "!", "detail": f"could not run: {type(e).__name__}: {e}"}]
-                self._verdict = "env ! could not check"
-            self._checks_for = key
-        return self._checks, self._verdict
+    def _env_checks(self, status: PoolStatus) -> Tuple[List[dict], str]:
+        """The checks of the pool's plan (plan_checks caches them: a snapshot may ask often)."""
+        try:
+            assert status.plan is not None
+            checks = plan_checks(status.plan, started=status.started)
+            return [c.to_dict() for c in checks], checks_verdict(checks)
+        except Exception as e:  # a check must never break a cell
+            log.debug("labcomm: env checks failed", exc_info=True)
+            failed = {"name": "env checks", "ok": False, "level": "warning", "mark": "!", "detail": f"could not run: {type(e).__name__}: {e}"}
+            return [failed], "env ! could not check"
 
 
 def _main_loop() -> Optional[asyncio.AbstractEventLoop]:
@@ -380,16 +373,12 @@ def _main_loop() -> Optional[asyncio.AbstractEventLoop]:
     try:
         return asyncio.get_running_loop()
     except RuntimeError:
-        pass
+        pass  # no loop running in this very call: ask the policy for the thread's loop
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             loop = asyncio.get_event_loop_policy().get_event_loop()
         return loop if loop.is_running() else None
     except Exception:
+        log.debug("labcomm: no event loop on the main thread; requests from subshells run where they arrive", exc_info=True)
         return None
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""

@@ -1,7 +1,8 @@
 """What %ddp_env shows: the env each rank gets (or sees), and the checks, as text, HTML and data.
 
-The checks themselves live in env.py; this module only renders them. The
-status widget (widget.py) uses the same rendering helpers for its env section.
+The checks themselves live in plan/ (pure functions); this module only renders
+them. The status view (status_render.py) uses the same helpers for its env
+section and its text tables.
 """
 from __future__ import annotations
 
@@ -57,10 +58,11 @@ def env_columns(envs: Sequence[Mapping[str, str]], first: Sequence[str] = SHOWN_
     return cols + extra
 
 
-def env_table_text(envs: Sequence[Mapping[str, str]], cols: Sequence[str]) -> List[str]:
-    rows = [list(cols)] + [[str(e.get(k, "")) for k in cols] for e in envs]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    return ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+def table_text(rows: Sequence[Mapping[str, Any]], cols: Sequence[str]) -> List[str]:
+    """A text table: a header line, then one line per row, each column padded to its widest cell."""
+    table = [list(cols)] + [[str(row.get(k, "")) for k in cols] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
+    return ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table]
 
 
 ENV_TABLE_CSS = "div table.ddp-env-table.ddp-env-table th,div table.ddp-env-table.ddp-env-table td{text-align:left;padding:1px 8px 1px 0;border:none}"
@@ -133,7 +135,7 @@ class EnvReport:
 
     def __repr__(self) -> str:
         lines = [f"{self.title} — {self.verdict}"]
-        lines += env_table_text(self.envs, self._columns())
+        lines += table_text(self.envs, self._columns())
         lines.append("")
         lines += checks_text(self.checks)
         return "\n".join(lines)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..logs import log
+
 
 class RankResults(list):
     """A list indexed by rank (``out[0]`` is rank 0's value) that prints rank by rank."""
@@ -32,6 +34,7 @@ class RankResults(list):
                     eq = bool(eq.all())
                 if not eq:
                     return False
-            except Exception:
+            except Exception:  # values that cannot be compared are not the same
+                log.debug("RankResults.same: could not compare two ranks' values", exc_info=True)
                 return False
         return True

@@ -23,6 +23,8 @@ SYNC_END = b"\x00"
 
 
 class FdCapture:
+    """Rank side: fds 1 and 2 become the kernel's output sockets; ``sync`` marks a cell's end in both."""
+
     def __init__(self, streams: Dict[str, socket.socket]) -> None:
         for fd, name in ((1, "stdout"), (2, "stderr")):
             os.dup2(streams[name].fileno(), fd)
@@ -30,7 +32,10 @@ class FdCapture:
         # Line-buffered text streams on the captured fds (tqdm flushes after each \r redraw).
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True)
-        sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
+        # Code that writes to sys.__stdout__ must reach the kernel too;
+        # typeshed marks these names Final, but assigning them is what this class is for.
+        sys.__stdout__ = sys.stdout  # type: ignore[misc]
+        sys.__stderr__ = sys.stderr  # type: ignore[misc]
 
     def sync(self, token: int) -> None:
         """Flush Python's buffers and put a marker after everything written so far."""

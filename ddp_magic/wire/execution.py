@@ -1,4 +1,5 @@
-"""Running a cell's source the way IPython would: statements, then the last expression's value.
+"""Running a cell's source the way IPython would: statements, then the last expression's value;
+and what a failure looks like to the user (traceback text, errors as data).
 
 Shared by the worker (which executes) and the kernel (which parses first, so a
 syntax error never reaches a worker).
@@ -16,8 +17,9 @@ def split_last_expression(source: str, filename: str) -> Tuple[ast.Module, Optio
     """Parse the cell; peel off a final bare expression (a trailing ';' only hides it, in the kernel)."""
     tree = ast.parse(source, filename=filename, mode="exec")
     last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        node = tree.body.pop()
+    node = tree.body[-1] if tree.body else None
+    if isinstance(node, ast.Expr):
+        tree.body.pop()
         last = ast.Expression(body=node.value)
         ast.copy_location(last, node)
     return tree, last
@@ -38,7 +40,9 @@ def run_source(source: str, filename: str, namespace: dict) -> Any:
     return eval(compile(last, filename, "eval"), namespace)
 
 
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+# ddp_magic's own frames (this runner, the worker's SIGINT handler, the patched
+# init_process_group) are hidden from the user: every file under the package.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def format_user_traceback(exc: BaseException, cell_filename: str) -> str:
@@ -53,8 +57,14 @@ def format_user_traceback(exc: BaseException, cell_filename: str) -> str:
     if tb is None:
         tb = exc.__traceback__
     te = traceback.TracebackException(type(exc), exc, tb)
-    te.stack = traceback.StackSummary.from_list([f for f in te.stack if os.path.dirname(os.path.abspath(f.filename)) != _OWN_DIR])
+    te.stack = traceback.StackSummary.from_list([f for f in te.stack if not os.path.abspath(f.filename).startswith(_PACKAGE_DIR)])
     return "".join(te.format())
+
+
+def error_data(exc: BaseException, text: str) -> dict:
+    """Errors cross processes as data (type name, message, traceback text), never as pickled exceptions:
+    the kernel can always read them, whatever the rank had imported."""
+    return {"type": type(exc).__name__, "message": str(exc), "traceback": text}
 
 
 def syntax_error_text(err: SyntaxError) -> str:

@@ -10,43 +10,40 @@ from __future__ import annotations
 import builtins
 import symtable
 import types
-from typing import Dict, Iterable, Optional, Set
+from typing import Callable, Dict, Iterable, Optional, Set
 
 # Names IPython puts in every user namespace; never shipped.
 IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "_ih", "_oh", "_dh", "_", "__", "___", "_i", "_ii", "_iii"})
 BUILTIN_NAMES = frozenset(dir(builtins))
 
 
-def _walk(table: symtable.SymbolTable) -> Iterable[symtable.SymbolTable]:
-    yield table
+def _nested(table: symtable.SymbolTable) -> Iterable[symtable.SymbolTable]:
     for child in table.get_children():
-        yield from _walk(child)
+        yield child
+        yield from _nested(child)
+
+
+def _global_names(source: str, filename: str, at_top: Callable[[symtable.Symbol], bool], nested: Callable[[symtable.Symbol], bool]) -> Set[str]:
+    """Names of the cell's module scope that pass at_top, plus those of nested scopes that pass nested."""
+    top = symtable.symtable(source, filename, "exec")
+    names = {s.get_name() for s in top.get_symbols() if at_top(s)}
+    for table in _nested(top):
+        names.update(s.get_name() for s in table.get_symbols() if nested(s))
+    return names
 
 
 def used_globals(source: str, filename: str) -> Set[str]:
     """Global names the cell reads anywhere, nested functions and classes included."""
-    top = symtable.symtable(source, filename, "exec")
-    names = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
-    for table in _walk(top):
-        if table is top:
-            continue
-        for s in table.get_symbols():
-            if s.is_referenced() and s.is_global():
-                names.add(s.get_name())
-    return names
+    return _global_names(source, filename, lambda s: s.is_referenced(), lambda s: s.is_referenced() and s.is_global())
 
 
 def assigned_globals(source: str, filename: str) -> Set[str]:
     """Global names the cell binds (assignments, defs, classes, imports, `global` in functions)."""
-    top = symtable.symtable(source, filename, "exec")
-    names = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()}
-    for table in _walk(top):
-        if table is top:
-            continue
-        for s in table.get_symbols():
-            if s.is_declared_global() and s.is_assigned():
-                names.add(s.get_name())
-    return names
+    return _global_names(
+        source, filename,
+        lambda s: s.is_assigned() or s.is_imported() or s.is_namespace(),
+        lambda s: s.is_declared_global() and s.is_assigned(),
+    )
 
 
 def names_to_ship(source: str, filename: str, user_ns: Dict[str, object], worker_owned: Set[str]) -> Dict[str, object]:

@@ -1,9 +1,11 @@
 """Framing, authentication and encoding of the kernel <-> worker control channel.
 
-This is the only module that turns bytes into objects. Nothing is unpickled
-before the peer has proved it knows the pool's secret (HMAC challenge in both
-directions), so a stranger who connects to the port can neither run code in a
-worker nor make the kernel unpickle anything.
+Nothing is unpickled before the peer has proved it knows the pool's secret
+(HMAC challenge in both directions), so a stranger who connects to the port can
+neither run code in a worker nor make the kernel unpickle anything. Frames are
+unpickled here (``recv``, ``FrameReader``) and only after the handshake; the
+values inside them (results, notebook names) are unpickled by transfer.py, from
+frames that already passed it.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import os
 import pickle
 import socket
 import struct
+from enum import Enum
 from typing import Any, Optional
 
 MAGIC = b"DDPM1"
@@ -35,6 +38,17 @@ STACK = "stack"          # kernel -> worker (request) and back (reply): where is
 ENV = "env"              # kernel -> worker (request) and back (reply): the env as the rank sees it
 SHUTDOWN = "shutdown"    # kernel -> worker: exit cleanly
 KILL = "kill"            # kernel -> worker: exit now, whatever the main thread is stuck in
+
+
+class CellStatus(str, Enum):
+    """The "status" field of DONE: how the cell ended on one rank (sent as its plain value)."""
+
+    OK = "ok"
+    ERROR = "error"  # the cell raised, or a notebook variable could not be loaded
+    INTERRUPTED = "interrupted"  # KeyboardInterrupt: Ctrl-C or the kernel's INTERRUPT
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class AuthenticationError(ConnectionError):

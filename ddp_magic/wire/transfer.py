@@ -18,6 +18,8 @@ from typing import Any, List, Optional, Tuple
 
 import cloudpickle
 
+from ..logs import log
+
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "ddp_magic-"
 SHM_THRESHOLD = 1 << 20  # buffers smaller than this in total travel inline
@@ -124,16 +126,6 @@ def unpack(packed: dict) -> Any:
     return pickle.loads(packed["pickle"], buffers=[bytearray(b) for b in packed["buffers"]])
 
 
-def discard(packed: dict) -> None:
-    """Free what pack() left in /dev/shm when the value will never be unpacked."""
-    path = packed.get("shm")
-    if path:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
-
 def dumps_names(namespace: dict) -> Tuple[dict, Optional[Tuple[str, str]]]:
     """Pickle each name on its own so a failure names the variable; returns (blobs, failure)."""
     blobs = {}
@@ -141,5 +133,11 @@ def dumps_names(namespace: dict) -> Tuple[dict, Optional[Tuple[str, str]]]:
         try:
             blobs[name] = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:  # pickling can raise nearly anything
+            log.debug("could not pickle notebook variable %r", name, exc_info=True)
             return blobs, (name, f"{type(value).__name__}: {type(e).__name__}: {e}")
     return blobs, None
+
+
+def load_name(blob: bytes) -> Any:
+    """Worker side: one notebook value from dumps_names (the frame carrying it was authenticated)."""
+    return cloudpickle.loads(blob)

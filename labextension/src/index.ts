@@ -7,7 +7,7 @@
  *   stop it, show %ddp_env; interrupting stays the kernel's own interrupt,
  * - the %%ddp line of a cell marked as a magic (the body is highlighted as Python).
  *
- * The kernel side is ddp_magic/labcomm.py, registered by `%load_ext ddp_magic`.
+ * The kernel side is ddp_magic/ui/labcomm.py, registered by `%load_ext ddp_magic`.
  * Without this extension the magics work the same (VS Code, Notebook 7, IPython).
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';

@@ -5,12 +5,12 @@
  * turns kernel messages into status text, rank rows and command availability is
  * unit-tested with node's own test runner (src/__tests__/model.test.ts).
  *
- * The kernel side is ddp_magic/labcomm.py; its messages on the "ddp_magic" comm:
+ * The kernel side is ddp_magic/ui/labcomm.py; its messages on the "ddp_magic" comm:
  *   {type: "snapshot", seq, version, pool: PoolSnapshot | null, notice?, final}
  *   {type: "reply", id, op, ok, message, error?, report?}
  */
 
-/** The comm target the IPython extension registers (ddp_magic/labcomm.py TARGET). */
+/** The comm target the IPython extension registers (ddp_magic/ui/labcomm.py TARGET). */
 export const COMM_TARGET = 'ddp_magic';
 /** Message format version; the kernel's PROTOCOL must be the same. */
 export const PROTOCOL = 1;
@@ -23,9 +23,27 @@ export interface ICheck {
   detail: string;
 }
 
+/** The states a rank goes through, in order: the same names as ddp_magic/states.py RankState (a test checks). */
+export const RANK_STATES = [
+  'starting',
+  'connecting',
+  'ready',
+  'running',
+  'done',
+  'failed',
+  'interrupted',
+  'dead',
+  'stopped'
+] as const;
+export type RankState = (typeof RANK_STATES)[number];
+
+/** Why a rank counts as failed: the same names as ddp_magic/states.py FailureKind (a test checks). */
+export const FAILURE_KINDS = ['error', 'interrupted', 'died', 'killed', 'init', 'timeout'] as const;
+export type FailureKind = (typeof FAILURE_KINDS)[number];
+
 export interface IRankSnapshot {
   rank: number;
-  state: string; // starting, connecting, ready, running, done, failed, interrupted, dead, stopped
+  state: RankState;
   pid: number | null;
   device: string;
   host: string;
@@ -249,8 +267,8 @@ export function rankStateLabel(r: IRankSnapshot): string {
   return `died (exit ${r.exit_code})`;
 }
 
-const ACTIVE = ['starting', 'connecting', 'running'];
-const BAD = ['failed', 'dead'];
+const ACTIVE: readonly RankState[] = ['starting', 'connecting', 'running'];
+const BAD: readonly RankState[] = ['failed', 'dead'];
 
 export function isActive(r: IRankSnapshot): boolean {
   return ACTIVE.indexOf(r.state) >= 0;

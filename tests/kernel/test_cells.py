@@ -1,6 +1,7 @@
 """Real %%ddp -n 2 cells in a real Jupyter kernel with real workers."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -17,7 +18,8 @@ pytestmark = pytest.mark.kernel
 def test_env_values_reach_every_rank(ddp2):
     ex = ddp2.run(
         "%%ddp --ordered\nimport os\n"
-        "keys = ['MASTER_ADDR','MASTER_PORT','WORLD_SIZE','RANK','LOCAL_RANK','LOCAL_WORLD_SIZE','NODE_RANK','GROUP_RANK','ROLE_RANK','TORCHELASTIC_RUN_ID','OMP_NUM_THREADS']\n"
+        "keys = ['MASTER_ADDR','MASTER_PORT','WORLD_SIZE','RANK','LOCAL_RANK','LOCAL_WORLD_SIZE',\n"
+        "        'NODE_RANK','GROUP_RANK','ROLE_RANK','TORCHELASTIC_RUN_ID','OMP_NUM_THREADS']\n"
         "{k: os.environ.get(k) for k in keys}"
     ).ok()
     envs = ddp2.value("list(_)")
@@ -111,7 +113,9 @@ def test_ranks_filter_limits_display(ddp2):
 
 
 def test_progress_bar_carriage_returns_survive(ddp2):
-    ex = ddp2.run("%%ddp --ranks 0\nimport sys, time\nfor i in range(3):\n    sys.stdout.write(f'\\rstep {i}'); sys.stdout.flush(); time.sleep(0.05)\nprint()").ok()
+    ex = ddp2.run(
+        "%%ddp --ranks 0\nimport sys, time\nfor i in range(3):\n    sys.stdout.write(f'\\rstep {i}'); sys.stdout.flush(); time.sleep(0.05)\nprint()"
+    ).ok()
     assert "\r" in ex.stdout
     assert "[rank 0] step 2" in ex.stdout
 
@@ -162,6 +166,15 @@ def test_bad_flags_are_short_usage_errors(ddp2):
         ex = ddp2.run(f"%%ddp {line}\n1")
         assert ex.error is not None and ex.error[0] == "UsageError", (line, ex.error)
         assert needle in ex.error[1], (line, ex.error[1])
+        if needle != "ranks 0..1":  # a parser's error points to the generated help
+            assert ex.error[1].endswith("See %ddp? for every option, with examples."), ex.error[1]
+
+
+def test_help_and_log_actions(kernel):
+    ex = kernel.run("%%ddp -h\n1").ok()
+    assert "show this help" in ex.stdout and "%ddp log" in ex.stdout and "%%ddp -n 4" in ex.stdout
+    ex = kernel.run("%ddp log").ok()
+    assert ex.stdout.startswith("ddp_magic log:") and "DDP_MAGIC_LOG=debug" in ex.stdout
 
 
 def test_busy_master_port_is_named():
@@ -245,11 +258,9 @@ def test_kernel_sigkill_leaves_no_worker():
     t0 = time.monotonic()
     gone = wait_until(lambda: not any(pid_alive(p) for p in workers), 10)
     print(f"workers gone {time.monotonic() - t0:.2f}s after the kernel's SIGKILL")
-    try:
+    with contextlib.suppress(Exception):  # the kernel is gone: its channels may already be closed
         k.kc.stop_channels()
         k.km.cleanup_resources()
-    except Exception:
-        pass
     assert gone, [p for p in workers if pid_alive(p)]
 
 

@@ -210,7 +210,8 @@ def test_bad_input_is_a_short_error_that_spawns_nothing(line, needle):
 def test_privileged_port_message(monkeypatch):
     import errno
 
-    from ddp_magic.plan import plan as env
+    from ddp_magic.errors import PlanError
+    from ddp_magic.plan import net
 
     class Sock:
         def __init__(self, *a):
@@ -225,9 +226,9 @@ def test_privileged_port_message(monkeypatch):
         def bind(self, addr):
             raise OSError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(env.socket, "socket", Sock)
-    with pytest.raises(env.PlanError, match="privileged"):
-        env.check_master_port("127.0.0.1", 80)
+    monkeypatch.setattr(net.socket, "socket", Sock)
+    with pytest.raises(PlanError, match="privileged"):
+        net.validate_master_port("127.0.0.1", 80)
 
 
 def test_enormous_output_line_is_shown_in_pieces(k4):

@@ -1,13 +1,15 @@
 """The GPU path (nccl, device pinning, GPU memory). Runs where NVIDIA GPUs are visible;
 skipped with the reason elsewhere. The decisions behind it (backend, device mapping) are plain
-Python, tested everywhere with fake device counts in test_units.py and test_gpu_logic below."""
+Python, tested everywhere with fake device counts in tests/unit/test_plan.py and test_gpu_logic below."""
 from __future__ import annotations
 
 import time
 
 import pytest
 
-from ddp_magic.plan.plan import GPUInfo, PlanError, choose_backend, detect_gpus, device_map
+from ddp_magic.errors import PlanError
+from ddp_magic.plan.gpus import GPUInfo, detect_gpus, device_map
+from ddp_magic.plan.plan import choose_backend
 
 GPUS = detect_gpus()
 needs_gpu = pytest.mark.skipif(GPUS.count == 0, reason=f"no NVIDIA GPU visible here ({GPUS.source})")
@@ -100,9 +102,10 @@ def test_too_many_ranks_for_nccl_is_refused(gpu_kernel):
 
 def test_gpu_logic_ddp_env_shows_the_device_of_each_rank():
     from ddp_magic.plan.plan import make_plan
+    from ddp_magic.plan.spec import PoolSpec
     from ddp_magic.ui.report import plan_report
 
-    plan = make_plan(2, backend="nccl", gpus=GPUInfo(count=4, cuda_built=True), environ={}, strict=False)
+    plan = make_plan(PoolSpec(2, backend="nccl"), gpus=GPUInfo(count=4, cuda_built=True), environ={}, strict=False)
     report = plan_report(plan, environ={"CUDA_VISIBLE_DEVICES": "2,3"})
     assert "rank 0 → cuda:0 (physical GPU 2), rank 1 → cuda:1 (physical GPU 3)" in repr(report)
     assert report.to_dict()["devices"] == {0: "cuda:0 (physical GPU 2)", 1: "cuda:1 (physical GPU 3)"}

@@ -1,4 +1,4 @@
-"""The kernel side of the JupyterLab extension (ddp_magic/labcomm.py), driven like the front end drives it.
+"""The kernel side of the JupyterLab extension (ddp_magic/ui/labcomm.py), driven like the front end drives it.
 
 A real kernel, a real pool of 2 ranks. The test plays the part of labextension/src/connection.ts:
 comm_info_request for the target, comm_open, requests on the comm, snapshots read from iopub.
@@ -246,6 +246,7 @@ def test_env_request_returns_the_live_report(front: Front) -> None:
 def test_status_and_unknown_requests(front: Front) -> None:
     reply = front.reply(front.request("status"))
     assert reply["ok"] and "rank 1: pid" in reply["output"]
+    assert reply["message"].startswith("pool of 2 rank(s), backend gloo"), reply["message"]
     bad = front.reply(front.request("format-disk"))
     assert not bad["ok"] and "unknown request" in bad["error"]
 
@@ -311,7 +312,7 @@ def test_unload_closes_the_comm_and_removes_the_target(front: Front) -> None:
 
 
 def test_plain_ipython_has_no_comm_and_the_magics_work() -> None:
-    code = "%load_ext ddp_magic\nfrom ddp_magic import labcomm\nprint('bridge', labcomm.bridge())\n%ddp status\n"
+    code = "%load_ext ddp_magic\nfrom ddp_magic.ui import labcomm\nprint('bridge', labcomm.bridge())\n%ddp status\n"
     env = dict(os.environ, PYTHONPATH=ROOT)
     cmd = [sys.executable, "-m", "IPython", "--quick", "--no-banner", "--colors=NoColor", "-c", code]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)

@@ -105,7 +105,7 @@ def test_node_that_never_joins_times_out_clearly(mk):
 
 
 def test_bad_node_count():
-    from ddp_magic.plan.plan import PlanError
+    from ddp_magic.errors import PlanError
     from ddp_magic.kernel.pool import Pool
 
     with pytest.raises(PlanError, match="split evenly"):

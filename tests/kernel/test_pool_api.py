@@ -1,4 +1,4 @@
-"""The plain-Python API the magics sit on: Pool.run without a kernel, both start methods."""
+"""The plain-Python API the magics and the session sit on: Pool.run without a kernel, both start methods."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,11 @@ import threading
 
 import pytest
 
-from ddp_magic.kernel.pool import Listener, Pool
+from ddp_magic.errors import PlanError
+from ddp_magic.kernel import CellOutcome, Listener, Pool, RankInfo
+from ddp_magic.plan.spec import PoolSpec
+from ddp_magic.states import FailureKind, RankState
+from ddp_magic.wire.transfer import Unpicklable
 
 
 class Recorder(Listener):
@@ -28,11 +32,12 @@ def test_run_output_results_and_death(method):
     pool = Pool(2, start_method=method)
     rec = Recorder()
     try:
-        out = pool.run("import os, sys, torch.distributed as dist\nprint('hi', dist.get_rank())\nprint('oops', file=sys.stderr)\ndist.get_rank() * 10", listener=rec)
+        src = "import os, sys, torch.distributed as dist\nprint('hi', dist.get_rank())\nprint('oops', file=sys.stderr)\ndist.get_rank() * 10"
+        out = pool.run(src, listener=rec)
         assert out.ok and out.values == [0, 10]
         text = {(r, s): "".join(t for rr, ss, t in rec.out if (rr, ss) == (r, s)) for r in (0, 1) for s in ("stdout", "stderr")}
         assert text[(1, "stdout")] == "hi 1\n" and text[(0, "stderr")] == "oops\n"
-        assert (0, "running") in rec.states and (1, "done") in rec.states
+        assert (0, RankState.RUNNING) in rec.states and (1, RankState.DONE) in rec.states
         # each rank leads a session of its own, as under torchrun (the scheduler shares
         # the cores per session), and none is in the caller's
         out = pool.run("(os.getsid(0) == os.getpid(), os.getsid(0))", listener=rec)
@@ -96,6 +101,47 @@ def test_a_quiet_cell_does_not_wake_the_caller_often():
         assert out.ok and out.values == [2, 2]
         assert woke <= 25, f"the caller woke {woke} times during a quiet 3 s cell"
         out = pool.run("import time\ntime.sleep(30)", timeout=1.0)  # a deadline still ends the sleep on time
-        assert [f.kind for f in out.failures][:1] == ["timeout"] and out.elapsed < 6
+        assert [f.kind for f in out.failures][:1] == [FailureKind.TIMEOUT] and out.elapsed < 6
     finally:
         pool.stop()
+
+
+def test_a_pool_is_made_from_a_spec_or_from_options():
+    assert Pool(2, backend="gloo", grace=2.0).spec == PoolSpec(nproc=2, backend="gloo", grace=2.0)
+    with pytest.raises(PlanError, match="unknown pool option"):
+        Pool(2, colour="red")
+    with pytest.raises(TypeError):
+        Pool(PoolSpec(nproc=2), backend="gloo")
+    pool = Pool(PoolSpec(nproc=4, nnodes=2))
+    assert pool.nproc == 4 and pool.plan.nproc == 2 and pool.plan.nnodes == 2 and not pool.started
+
+
+BOOM = """
+import os
+def _explode(pid):
+    import os
+    if os.getpid() != pid:
+        raise RuntimeError("loads only on the rank")
+    return pid
+class Boom:
+    def __reduce__(self):
+        return (_explode, (os.getpid(),))
+Boom() if dist.get_rank() == 1 else 5
+"""
+
+
+def test_an_unloadable_result_and_a_restart_with_a_new_spec():
+    pool = Pool(PoolSpec(nproc=2))
+    try:
+        out = pool.run("import torch.distributed as dist\n" + BOOM)
+        assert isinstance(out, CellOutcome) and out.ok and out.values[0] == 5
+        assert isinstance(out.values[1], Unpicklable) and "loads only on the rank" in out.values[1].reason
+        assert any("rank 1 could not be unpickled" in n for n in out.notes)
+        generation = pool.generation
+        pool.restart(spec=pool.spec.with_options(nproc=3))
+        assert pool.spec.nproc == 3 and pool.generation == generation + 1
+        assert all(isinstance(i, RankInfo) and i.state == RankState.READY for i in pool.ranks.values())
+        assert pool.run("import torch.distributed as dist\ndist.get_world_size()").values == [3, 3, 3]
+    finally:
+        pool.stop()
+    assert all(i.state == RankState.STOPPED for i in pool.ranks.values()) and not pool.started

@@ -1,10 +1,13 @@
-"""The per-rank status widget (ddp_magic.ui.status.StatusView).
+"""The status view's presenter (ddp_magic.ui.status_view.StatusView) and its displays.
 
 Part 1 drives a real Pool in this process with the view as its listener, and a
 recording comm in place of the kernel's (ipywidgets' own testing approach, see
 ipywidgets/widgets/tests/utils.py): every widget message is kept, and the
-state transitions each rank showed are read back from the messages.
-Part 2 runs cells in a real kernel and inspects its iopub traffic.
+state transitions each rank showed are read back from the messages. The
+throttling, quick-cell and mode tests use the same comm with a fake clock.
+Part 2 runs cells in a real kernel and inspects its iopub traffic; part 3
+renders a cell in real JupyterLab. The words and tables themselves are tested
+without any of this in tests/unit/test_status_render.py.
 """
 from __future__ import annotations
 
@@ -27,9 +30,11 @@ pytest.importorskip("ipywidgets")
 
 from comm.base_comm import BaseComm  # noqa: E402
 
-from ddp_magic.plan.plan import Check, GPUInfo, make_plan  # noqa: E402
 from ddp_magic.kernel.pool import Pool, RankInfo  # noqa: E402
-from ddp_magic.ui.status import WIDGET_MIME, StatusView, choose_mode, state_label  # noqa: E402
+from ddp_magic.plan.plan import make_plan  # noqa: E402
+from ddp_magic.states import RankState  # noqa: E402
+from ddp_magic.ui.status_display import WIDGET_MIME  # noqa: E402
+from ddp_magic.ui.status_view import StatusView  # noqa: E402
 
 ROW = re.compile(r"data-rank='(\d+)' data-state='([a-z]+)'")
 
@@ -211,14 +216,7 @@ def test_env_section_shows_variables_and_checks(pool, comms, displays):
     assert "data-check='ranks unique and complete' data-ok='true'" in env
     assert "data-check='backend available' data-ok='true'" in env
     view.finish(None, RuntimeError("never ran"))
-    # a failing check is shown with its reason, first
-    bad = StatusView(2, plan=make_plan(2), mode="widget", live_after=0.0, ticker=False, display=displays.display, update_display=displays.update,
-                     checks=[Check("ranks unique and complete", False, "rank(s) [1] appear more than once"), Check("variables set", True, "all set")]).show()
-    html = bad.env_html()
-    assert html.index("appear more than once") < html.index("all set")
-    assert "env ✗ 1 failed" in bad.header_html()
-    assert "✗ ranks unique and complete: rank(s) [1] appear more than once" in bad.static_text()
-    bad.finish(None)
+    assert view.summary().startswith("2 ranks ✗ RuntimeError: never ran · ")
 
 
 # ---------------------------------------------------------------- throttling
@@ -230,7 +228,7 @@ class FakeClock:
         return self.t
 
 
-def fake_infos(n: int, state: str = "running", started: float = 1000.0) -> List[RankInfo]:
+def fake_infos(n: int, state: RankState = RankState.RUNNING, started: float = 1000.0) -> List[RankInfo]:
     return [RankInfo(rank=r, state=state, pid=4000 + r, device="cpu", started=started) for r in range(n)]
 
 
@@ -248,7 +246,7 @@ def test_chatty_output_is_coalesced(comms, displays):
             view.on_output(info.rank, "stdout", f"line {i}\n")
         clock.t += 0.0002
     for info in infos:
-        info.state, info.finished = "done", clock.t
+        info.state, info.finished = RankState.DONE, clock.t
         view.on_state(info)
     view.finish(types.SimpleNamespace(ok=True, elapsed=2.0, failures=[]))
     sent = len(comms.updates()) - before
@@ -335,7 +333,7 @@ def test_a_long_cell_goes_live_then_settles(comms, displays):
     assert displays.updated[0][WIDGET_MIME]["model_id"] == root[0]
     assert comms.transitions() == {0: ["running"], 1: ["running"]}, "the widget opens with the held-back state"
     for info in infos:
-        info.state, info.finished = "done", clock.t
+        info.state, info.finished = RankState.DONE, clock.t
         view.on_state(info)
     view.finish(types.SimpleNamespace(ok=True, elapsed=0.5, failures=[]))
     assert comms.transitions() == {0: ["running", "done"], 1: ["running", "done"]}
@@ -353,7 +351,7 @@ def test_the_ticker_makes_a_silent_cell_live(comms, displays):
     assert set(displays.updated[-1]) == {"text/html"}
 
 
-# ---------------------------------------------------------------- other modes, many ranks
+# ---------------------------------------------------------------- other modes, a broken view
 def test_html_mode_without_ipywidgets(displays, comms):
     clock = FakeClock()
     view = StatusView(2, plan=make_plan(2), mode="html", ticker=False, clock=clock, min_interval=0.2,
@@ -379,69 +377,13 @@ def test_text_mode_prints_the_summary_once_at_the_end(displays, comms):
     assert comms.log == []
 
 
-def test_sixty_four_ranks_stay_readable(displays, comms):
-    clock = FakeClock()
-    view = StatusView(64, plan=make_plan(64), mode="widget", live_after=0.0, ticker=False, clock=clock, display=displays.display, update_display=displays.update).show()
-    infos = fake_infos(64)
-    for info in infos:
-        view.on_state(info)
-    for info in infos[:4]:
-        info.state = "done"
-        view.on_state(info)
-    clock.t += 3.2
-    assert view.summary().startswith("64 ranks · running 60, done 4 · 3.20 s · gloo")
-    ranks = view.ranks_html()
-    assert "max-height:20em;overflow:auto" in ranks and len(ROW.findall(ranks)) == 64
-    assert len(ranks) < 40_000
-    header = view.header_html()
-    assert header.count("title='rank ") == 64  # one small square per rank
-    assert len(view.static_text().splitlines()) < 64 + 15
-    view.finish(types.SimpleNamespace(ok=True, elapsed=3.3, failures=[]))
-    assert view.summary().startswith("64 ranks ✓ 3.30 s · gloo · env")
-
-
-def test_labels():
-    assert state_label(RankInfo(rank=0, state="dead", exit_code=-9)) == "killed"
-    assert state_label(RankInfo(rank=0, state="dead", exit_code=3)) == "died"
-    assert state_label(RankInfo(rank=0, state="connecting")) == "connecting"
-
-
-def test_gpu_memory_column(displays, comms):
-    view = StatusView(2, plan=make_plan(2, backend="nccl", gpus=GPUInfo(count=2, cuda_built=True, physical=2), strict=False), mode="widget", live_after=0.0, ticker=False,
-                      display=displays.display, update_display=displays.update).show()
-    for r in range(2):
-        view.on_state(RankInfo(rank=r, state="done", device=f"cuda:{r}", pid=10 + r, memory=(r + 1) * 3 << 29))
-    html = view.ranks_html()
-    assert ">memory<" in html and ">1.5 GiB<" in html and ">3.0 GiB<" in html and ">cuda:1<" in html
-    view.finish(None)
-
-
 def test_a_broken_view_never_breaks_the_cell(displays, comms, capsys):
     view = StatusView(2, plan=make_plan(2), mode="widget", live_after=0.0, ticker=False, display=displays.display, update_display=displays.update).show()
-    view._widgets["ranks"] = None  # rendering now raises
+    view.display.widgets["ranks"] = None  # rendering now raises
     view.on_state(fake_infos(1)[0])
     view.on_output(0, "stdout", "x")
     view.finish(None)
     assert "status view stopped updating" in capsys.readouterr().err
-
-
-def test_choose_mode(monkeypatch):
-    assert choose_mode(enabled=False) == "off"
-    assert choose_mode(environ={"DDP_MAGIC_WIDGET": "0"}) == "off"
-    assert choose_mode(environ={}) == "off"  # no IPython shell in this process
-    import IPython
-
-    monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(kernel=None))
-    assert choose_mode(environ={}) == "text"
-    monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(kernel=object()))
-    assert choose_mode(environ={}) == "widget"
-
-
-def test_importing_ddp_magic_does_not_import_ipywidgets():
-    code = "import sys, ddp_magic, ddp_magic.magics, ddp_magic.ui.status\nprint('ipywidgets' in sys.modules, 'torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "False"]
 
 
 # ---------------------------------------------------------------- part 2: a real kernel

@@ -1,4 +1,4 @@
-"""Every env check of env.py, case by case: a case that makes it pass and one that makes it fail.
+"""Every env check of plan/checks*.py, case by case: a case that makes it pass and one that makes it fail.
 
 The table CASES maps each check's name to a passing and a failing situation;
 test_every_check_is_covered makes sure no check produced by plan_checks or
@@ -16,20 +16,27 @@ from typing import Callable, Dict, List, Tuple
 
 import pytest
 
-from ddp_magic.plan import plan as E
-from ddp_magic.plan.plan import Check, GPUInfo, PlanError, make_plan
+from ddp_magic.errors import PlanError
+from ddp_magic.plan import checks_host as host
+from ddp_magic.plan import checks_live as livec
+from ddp_magic.plan import checks_net as netc
+from ddp_magic.plan import checks_ranks as ranks
+from ddp_magic.plan import net
+from ddp_magic.plan.check import Check, checks_verdict
+from ddp_magic.plan.checks import live_checks, plan_checks
+from ddp_magic.plan.gpus import BackendInfo, GPUInfo
+from ddp_magic.plan.plan import Plan, make_plan
+from ddp_magic.plan.spec import PoolSpec
 from ddp_magic.ui.report import live_report, plan_report
 
 NO_GPU = GPUInfo(count=0, cuda_built=False, source="test: no GPU", physical=0)
 FOUR_GPUS = GPUInfo(count=4, cuda_built=True, source="test: 4 GPUs", physical=4)
 TWO_GPUS = GPUInfo(count=2, cuda_built=True, source="test: 2 GPUs", physical=2)
-GLOO_ONLY = E.BackendInfo({"nccl": False, "gloo": True, "mpi": False}, "test")
+GLOO_ONLY = BackendInfo({"nccl": False, "gloo": True, "mpi": False}, "test")
 
 
-def plan(n: int = 2, **kw) -> E.Plan:
-    kw.setdefault("gpus", NO_GPU)
-    kw.setdefault("environ", {})
-    return make_plan(n, **kw)
+def plan(n: int = 2, strict: bool = True, **options) -> Plan:
+    return make_plan(PoolSpec(n, **options), gpus=NO_GPU, environ={}, strict=strict)
 
 
 def envs(n: int = 2) -> List[Dict[str, str]]:
@@ -71,54 +78,54 @@ def live(n: int = 2, **pg_overrides) -> Dict[int, dict]:
 def _port_taken() -> List[Check]:
     s = listening_socket()
     try:
-        return [E.check_port("127.0.0.1", s.getsockname()[1])]
+        return [netc.check_port("127.0.0.1", s.getsockname()[1])]
     finally:
         s.close()
 
 
 # name -> (passing situation, failing situation); each returns the checks to look in
 CASES: Dict[str, Tuple[Callable[[], List[Check]], Callable[[], List[Check]]]] = {
-    "variables set": (lambda: E.check_rank_envs(envs()), lambda: E.check_rank_envs(edit(envs(), 1, RANK=None))),
-    "same MASTER_ADDR": (lambda: E.check_rank_envs(envs()), lambda: E.check_rank_envs(edit(envs(), 1, MASTER_ADDR="10.0.0.9"))),
-    "same MASTER_PORT": (lambda: E.check_rank_envs(envs()), lambda: E.check_rank_envs(edit(envs(), 0, MASTER_PORT="1234"))),
-    "same WORLD_SIZE": (lambda: E.check_rank_envs(envs()), lambda: E.check_rank_envs(edit(envs(), 1, WORLD_SIZE="3"))),
+    "variables set": (lambda: ranks.check_rank_envs(envs()), lambda: ranks.check_rank_envs(edit(envs(), 1, RANK=None))),
+    "same MASTER_ADDR": (lambda: ranks.check_rank_envs(envs()), lambda: ranks.check_rank_envs(edit(envs(), 1, MASTER_ADDR="10.0.0.9"))),
+    "same MASTER_PORT": (lambda: ranks.check_rank_envs(envs()), lambda: ranks.check_rank_envs(edit(envs(), 0, MASTER_PORT="1234"))),
+    "same WORLD_SIZE": (lambda: ranks.check_rank_envs(envs()), lambda: ranks.check_rank_envs(edit(envs(), 1, WORLD_SIZE="3"))),
     "WORLD_SIZE matches the ranks": (
-        lambda: E.check_rank_envs(envs()),
-        lambda: E.check_rank_envs(edit(edit(envs(), 0, WORLD_SIZE="3"), 1, WORLD_SIZE="3")),
+        lambda: ranks.check_rank_envs(envs()),
+        lambda: ranks.check_rank_envs(edit(edit(envs(), 0, WORLD_SIZE="3"), 1, WORLD_SIZE="3")),
     ),
-    "ranks unique and complete": (lambda: E.check_rank_envs(envs(4)), lambda: E.check_rank_envs(edit(envs(4), 3, RANK="1", LOCAL_RANK="1"))),
-    "LOCAL_RANK consistent": (lambda: E.check_rank_envs(envs(4)), lambda: E.check_rank_envs(edit(envs(4), 2, LOCAL_RANK="7"))),
+    "ranks unique and complete": (lambda: ranks.check_rank_envs(envs(4)), lambda: ranks.check_rank_envs(edit(envs(4), 3, RANK="1", LOCAL_RANK="1"))),
+    "LOCAL_RANK consistent": (lambda: ranks.check_rank_envs(envs(4)), lambda: ranks.check_rank_envs(edit(envs(4), 2, LOCAL_RANK="7"))),
     "MASTER_PORT valid": (
-        lambda: E.check_rank_envs(envs()),
-        lambda: E.check_rank_envs([dict(e, MASTER_PORT="70000") for e in envs()]),
+        lambda: ranks.check_rank_envs(envs()),
+        lambda: ranks.check_rank_envs([dict(e, MASTER_PORT="70000") for e in envs()]),
     ),
-    "master port free": (lambda: [E.check_port("127.0.0.1", E.free_port())], _port_taken),
-    "master address resolves": (lambda: [E.check_master_addr_resolves("localhost")], lambda: [E.check_master_addr_resolves("no-such-host.invalid")]),
-    "master address is local": (lambda: [E.check_master_addr_local("127.0.0.1")], lambda: [E.check_master_addr_local("192.0.2.1")]),
-    "GPUs for the backend": (lambda: [E.check_gpus("nccl", 4, FOUR_GPUS)], lambda: [E.check_gpus("nccl", 4, TWO_GPUS)]),
-    "backend available": (lambda: [E.check_backend_available("gloo", GLOO_ONLY)], lambda: [E.check_backend_available("mpi", GLOO_ONLY)]),
+    "master port free": (lambda: [netc.check_port("127.0.0.1", net.free_port())], _port_taken),
+    "master address resolves": (lambda: [netc.check_master_addr_resolves("localhost")], lambda: [netc.check_master_addr_resolves("no-such-host.invalid")]),
+    "master address is local": (lambda: [netc.check_master_addr_local("127.0.0.1")], lambda: [netc.check_master_addr_local("192.0.2.1")]),
+    "GPUs for the backend": (lambda: [host.check_gpus("nccl", 4, FOUR_GPUS)], lambda: [host.check_gpus("nccl", 4, TWO_GPUS)]),
+    "backend available": (lambda: [host.check_backend_available("gloo", GLOO_ONLY)], lambda: [host.check_backend_available("mpi", GLOO_ONLY)]),
     "no stale dist variables in the kernel": (
-        lambda: E.check_kernel_env({}, NO_GPU),
-        lambda: E.check_kernel_env({"RANK": "3", "WORLD_SIZE": "8"}, NO_GPU),
+        lambda: host.check_kernel_env({}, NO_GPU),
+        lambda: host.check_kernel_env({"RANK": "3", "WORLD_SIZE": "8"}, NO_GPU),
     ),
     "CUDA_VISIBLE_DEVICES": (
-        lambda: [E.check_visible_devices({"CUDA_VISIBLE_DEVICES": "0,1"}, FOUR_GPUS)],
-        lambda: [E.check_visible_devices({"CUDA_VISIBLE_DEVICES": "0,5"}, FOUR_GPUS)],
+        lambda: [host.check_visible_devices({"CUDA_VISIBLE_DEVICES": "0,1"}, FOUR_GPUS)],
+        lambda: [host.check_visible_devices({"CUDA_VISIBLE_DEVICES": "0,5"}, FOUR_GPUS)],
     ),
     "OMP_NUM_THREADS": (
-        lambda: [E.check_omp(None, 2, {"OMP_NUM_THREADS": "2"}, cpus=8)],
-        lambda: [E.check_omp(None, 2, {"OMP_NUM_THREADS": "many"}, cpus=8)],
+        lambda: [host.check_omp(None, 2, {"OMP_NUM_THREADS": "2"}, cpus=8)],
+        lambda: [host.check_omp(None, 2, {"OMP_NUM_THREADS": "many"}, cpus=8)],
     ),
     "NCCL settings": (
-        lambda: [E.check_nccl_env({"NCCL_DEBUG": "INFO"}, "nccl")],
-        lambda: [E.check_nccl_env({"NCCL_ASYNC_ERROR_HANDLING": "1"}, "nccl")],
+        lambda: [host.check_nccl_env({"NCCL_DEBUG": "INFO"}, "nccl")],
+        lambda: [host.check_nccl_env({"NCCL_ASYNC_ERROR_HANDLING": "1"}, "nccl")],
     ),
     "socket interface": (
-        lambda: [E.check_socket_ifname({"GLOO_SOCKET_IFNAME": "lo"}, "gloo", ["lo", "eth0"])],
-        lambda: [E.check_socket_ifname({"GLOO_SOCKET_IFNAME": "ib7"}, "gloo", ["lo", "eth0"])],
+        lambda: [host.check_socket_ifname({"GLOO_SOCKET_IFNAME": "lo"}, "gloo", ["lo", "eth0"])],
+        lambda: [host.check_socket_ifname({"GLOO_SOCKET_IFNAME": "ib7"}, "gloo", ["lo", "eth0"])],
     ),
-    "every rank answered": (lambda: E.live_checks(live(), 2, "gloo"), lambda: E.live_checks({0: live()[0]}, 2, "gloo")),
-    "process group": (lambda: E.live_checks(live(), 2, "gloo"), lambda: E.live_checks(live(**{"1": {"initialised": False}}), 2, "gloo")),
+    "every rank answered": (lambda: live_checks(live(), 2, "gloo"), lambda: live_checks({0: live()[0]}, 2, "gloo")),
+    "process group": (lambda: live_checks(live(), 2, "gloo"), lambda: live_checks(live(**{"1": {"initialised": False}}), 2, "gloo")),
 }
 # Checks that inform and cannot fail, by design (both of their states are tested below).
 INFORM_ONLY = {"CUDA in the kernel"}
@@ -140,33 +147,33 @@ def test_check_fails_with_a_reason(name):
 
 
 def test_every_check_is_covered():
-    names = {c.name for c in E.plan_checks(plan(2), {}, NO_GPU, backends=GLOO_ONLY)}
-    names |= {c.name for c in E.live_checks(live(), 2, "gloo")}
+    names = {c.name for c in plan_checks(plan(2), {}, NO_GPU, backends=GLOO_ONLY)}
+    names |= {c.name for c in live_checks(live(), 2, "gloo")}
     missing = names - set(CASES) - INFORM_ONLY
     assert not missing, f"checks without a pass/fail case: {missing}"
 
 
 # ---------------------------------------------------------------- details of single checks
 def test_rank_env_failures_name_the_problem():
-    dup = by_name(E.check_rank_envs(edit(envs(4), 3, RANK="1", LOCAL_RANK="1")), "ranks unique and complete")
+    dup = by_name(ranks.check_rank_envs(edit(envs(4), 3, RANK="1", LOCAL_RANK="1")), "ranks unique and complete")
     assert "[1]" in dup.detail and "missing" in dup.detail and "[3]" in dup.detail
-    out = by_name(E.check_rank_envs(edit(envs(2), 1, RANK="5")), "ranks unique and complete")
+    out = by_name(ranks.check_rank_envs(edit(envs(2), 1, RANK="5")), "ranks unique and complete")
     assert "outside 0..1" in out.detail
-    bad = by_name(E.check_rank_envs(edit(envs(2), 1, RANK="one")), "ranks unique and complete")
+    bad = by_name(ranks.check_rank_envs(edit(envs(2), 1, RANK="one")), "ranks unique and complete")
     assert not bad.ok and "as numbers" in bad.detail
-    missing = by_name(E.check_rank_envs(edit(envs(2), 1, RANK=None, MASTER_ADDR=None)), "variables set")
+    missing = by_name(ranks.check_rank_envs(edit(envs(2), 1, RANK=None, MASTER_ADDR=None)), "variables set")
     assert "MASTER_ADDR" in missing.detail and "RANK" in missing.detail
-    port = by_name(E.check_rank_envs([dict(e, MASTER_PORT="http") for e in envs()]), "MASTER_PORT valid")
+    port = by_name(ranks.check_rank_envs([dict(e, MASTER_PORT="http") for e in envs()]), "MASTER_PORT valid")
     assert not port.ok and "'http'" in port.detail
-    assert not by_name(E.check_rank_envs([]), "variables set").ok
+    assert not by_name(ranks.check_rank_envs([]), "variables set").ok
 
 
 def test_local_rank_problems():
-    shifted = by_name(E.check_rank_envs(edit(envs(4), 1, RANK="1", LOCAL_RANK="2")), "LOCAL_RANK consistent")
+    shifted = by_name(ranks.check_rank_envs(edit(envs(4), 1, RANK="1", LOCAL_RANK="2")), "LOCAL_RANK consistent")
     assert "means RANK 2" in shifted.detail
-    dup = E.check_local_ranks(edit(edit(envs(2), 1, LOCAL_RANK="0"), 1, RANK="1"))
+    dup = ranks.check_local_ranks(edit(edit(envs(2), 1, LOCAL_RANK="0"), 1, RANK="1"))
     assert not dup.ok and "share a GPU" in dup.detail
-    sizes = E.check_local_ranks(edit(envs(2), 1, LOCAL_WORLD_SIZE="4"))
+    sizes = ranks.check_local_ranks(edit(envs(2), 1, LOCAL_WORLD_SIZE="4"))
     assert not sizes.ok and "LOCAL_WORLD_SIZE" in sizes.detail
 
 
@@ -174,83 +181,44 @@ def test_port_holder_is_named():
     s = listening_socket()
     try:
         port = s.getsockname()[1]
-        check = E.check_port("127.0.0.1", port)
+        check = netc.check_port("127.0.0.1", port)
         assert not check.ok
         assert f"pid {os.getpid()}" in check.detail, check.detail
         assert "in use" in check.detail
-        chosen = E.check_port("127.0.0.1", port, given=False)
+        chosen = netc.check_port("127.0.0.1", port, given=False)
         assert "chosen port" in chosen.detail
-        running = E.check_port("127.0.0.1", port, started=True)
+        running = netc.check_port("127.0.0.1", port, started=True)
         assert running.ok and "running pool" in running.detail
     finally:
         s.close()
 
 
 def test_master_address_reachability_for_several_nodes(monkeypatch):
-    assert E.check_master_addr_local("127.0.0.1", nnodes=2).ok
-    monkeypatch.setattr(E, "_route_source", lambda family, ip: "10.1.2.3")
-    ok = E.check_master_addr_local("192.0.2.1", nnodes=2)
+    assert netc.check_master_addr_local("127.0.0.1", nnodes=2).ok
+    monkeypatch.setattr(net, "route_source", lambda family, ip: "10.1.2.3")
+    ok = netc.check_master_addr_local("192.0.2.1", nnodes=2)
     assert ok.ok and ok.name == "master address reachable" and "10.1.2.3" in ok.detail
-    monkeypatch.setattr(E, "_route_source", lambda family, ip: None)
-    bad = E.check_master_addr_local("192.0.2.1", nnodes=2)
+    monkeypatch.setattr(net, "route_source", lambda family, ip: None)
+    bad = netc.check_master_addr_local("192.0.2.1", nnodes=2)
     assert not bad.ok and "no route" in bad.detail
-    unresolved = E.check_master_addr_local("no-such-host.invalid")
+    unresolved = netc.check_master_addr_local("no-such-host.invalid")
     assert not unresolved.ok and "does not resolve" in unresolved.detail
 
 
 def test_gpu_checks():
-    assert not E.check_gpus("nccl", 2, NO_GPU).ok
-    assert "--backend gloo" in E.check_gpus("nccl", 2, NO_GPU).detail
-    assert "-n 2" in E.check_gpus("nccl", 4, TWO_GPUS).detail
-    gloo = E.check_gpus("gloo", 4, TWO_GPUS)
+    assert not host.check_gpus("nccl", 2, NO_GPU).ok
+    assert "--backend gloo" in host.check_gpus("nccl", 2, NO_GPU).detail
+    assert "-n 2" in host.check_gpus("nccl", 4, TWO_GPUS).detail
+    gloo = host.check_gpus("gloo", 4, TWO_GPUS)
     assert gloo.ok and gloo.level == "info" and "fewer" in gloo.detail
-
-
-def test_backend_availability_from_an_imported_torch_distributed():
-    fake = types.SimpleNamespace(is_available=lambda: True, is_nccl_available=lambda: True, is_gloo_available=lambda: True, is_mpi_available=lambda: False)
-    info = E.backend_availability({"torch.distributed": fake})
-    assert info.available == {"nccl": True, "gloo": True, "mpi": False}
-    assert "already imported" in info.source
-    off = types.SimpleNamespace(is_available=lambda: False)
-    assert E.backend_availability({"torch.distributed": off}).available == {"nccl": False, "gloo": False, "mpi": False}
-
-
-def _fake_torch(tmp_path, defs: str, cuda: str = "None", nccl_lib: bool = False) -> str:
-    torch_dir = tmp_path / "site" / "torch"
-    cmake = torch_dir / "share" / "cmake" / "Caffe2"
-    cmake.mkdir(parents=True)
-    (cmake / "Caffe2Targets.cmake").write_text(f'set_target_properties(torch_cpu PROPERTIES\n  INTERFACE_COMPILE_DEFINITIONS "{defs}"\n)\n')
-    (torch_dir / "version.py").write_text(f"__version__ = '2.13.0'\ncuda = {cuda}\n")
-    if nccl_lib:
-        lib = tmp_path / "site" / "nvidia" / "nccl" / "lib"
-        lib.mkdir(parents=True)
-        (lib / "libnccl.so.2").write_bytes(b"")
-    return str(torch_dir)
-
-
-def test_backend_availability_from_torch_build_files(tmp_path):
-    cpu = E.backend_availability({}, _fake_torch(tmp_path / "a", "USE_DISTRIBUTED;USE_C10D_GLOO"))
-    assert cpu.available == {"nccl": False, "gloo": True, "mpi": False}
-    assert "not imported" in cpu.source
-    gpu = E.backend_availability({}, _fake_torch(tmp_path / "b", "USE_DISTRIBUTED;USE_C10D_GLOO;USE_C10D_MPI", cuda="'12.4'", nccl_lib=True))
-    assert gpu.available == {"nccl": True, "gloo": True, "mpi": True}
-    nodist = E.backend_availability({}, _fake_torch(tmp_path / "c", "USE_RPC"))
-    assert not any(nodist.available.values())
-    empty = tmp_path / "d" / "torch"
-    empty.mkdir(parents=True)
-    unknown = E.backend_availability({}, str(empty))
-    assert unknown.available == {"nccl": None, "gloo": None, "mpi": None}
-    check = E.check_backend_available("gloo", unknown)
-    assert not check.ok and check.level == "warning" and check.mark == "!"
-    assert "built without nccl" in E.check_backend_available("nccl", cpu).detail
 
 
 def test_this_torch_reports_gloo_without_importing_torch():
     code = (
         "import sys\n"
-        "from ddp_magic.plan.plan import backend_availability, plan_checks, make_plan\n"
+        "from ddp_magic.plan import PoolSpec, backend_availability, plan_checks, make_plan\n"
         "info = backend_availability()\n"
-        "checks = plan_checks(make_plan(2))\n"
+        "checks = plan_checks(make_plan(PoolSpec(2)))\n"
         "assert 'torch' not in sys.modules, 'the checks imported torch'\n"
         "print(info.available['gloo'], all(c.ok or c.level != 'error' for c in checks))\n"
     )
@@ -260,16 +228,16 @@ def test_this_torch_reports_gloo_without_importing_torch():
 
 
 def test_cuda_in_the_kernel_informs_in_both_states():
-    cold = E.check_cuda_in_kernel({"torch": types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: False))})
-    hot = E.check_cuda_in_kernel({"torch": types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))})
-    absent = E.check_cuda_in_kernel({})
+    cold = host.check_cuda_in_kernel({"torch": types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: False))})
+    hot = host.check_cuda_in_kernel({"torch": types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))})
+    absent = host.check_cuda_in_kernel({})
     assert cold.ok and hot.ok and absent.ok
     assert "harmless" in hot.detail and "never forked" in hot.detail
     assert "not initialised" in cold.detail and "not imported" in absent.detail
 
 
 def test_stale_variables_are_listed():
-    check = E.check_kernel_env({"RANK": "3", "LOCAL_RANK": "1"}, NO_GPU)[0]
+    check = host.check_kernel_env({"RANK": "3", "LOCAL_RANK": "1"}, NO_GPU)[0]
     assert check.level == "warning" and "RANK=3" in check.detail and "LOCAL_RANK=1" in check.detail
 
 
@@ -288,7 +256,7 @@ def test_stale_variables_are_listed():
 )
 def test_cuda_visible_devices(value, gpus, ok, words):
     environ = {} if value is None else {"CUDA_VISIBLE_DEVICES": value}
-    check = E.check_visible_devices(environ, gpus)
+    check = host.check_visible_devices(environ, gpus)
     assert check.ok is ok, check
     assert words in check.detail
 
@@ -305,81 +273,115 @@ def test_cuda_visible_devices(value, gpus, ok, words):
 )
 def test_omp_num_threads(planned, value, nproc, ok, words):
     environ = {} if value is None else {"OMP_NUM_THREADS": value}
-    check = E.check_omp(planned, nproc, environ, cpus=4)
+    check = host.check_omp(planned, nproc, environ, cpus=4)
     assert check.ok is ok, check
     assert words in check.detail
 
 
 def test_nccl_settings():
-    none = E.check_nccl_env({}, "gloo")
+    none = host.check_nccl_env({}, "gloo")
     assert none.ok and "unused" in none.detail
-    bad_level = E.check_nccl_env({"NCCL_DEBUG": "LOUD"}, "nccl")
+    bad_level = host.check_nccl_env({"NCCL_DEBUG": "LOUD"}, "nccl")
     assert not bad_level.ok and "NCCL_DEBUG" in bad_level.detail
-    renamed = E.check_nccl_env({"NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "10"}, "nccl")
+    renamed = host.check_nccl_env({"NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "10"}, "nccl")
     assert not renamed.ok and "TORCH_NCCL_BLOCKING_WAIT" in renamed.detail and "TORCH_NCCL_TRACE_BUFFER_SIZE=10" in renamed.detail
 
 
 def test_socket_interfaces():
     have = ["lo", "eth0", "ib0"]
-    assert E.check_socket_ifname({}, "gloo", have).ok
-    assert E.check_socket_ifname({"NCCL_SOCKET_IFNAME": "eth"}, "nccl", have).ok  # a prefix
-    assert E.check_socket_ifname({"NCCL_SOCKET_IFNAME": "^docker,lo"}, "nccl", have).ok  # an exclusion
-    exact = E.check_socket_ifname({"NCCL_SOCKET_IFNAME": "=eth"}, "nccl", have)
+    assert host.check_socket_ifname({}, "gloo", have).ok
+    assert host.check_socket_ifname({"NCCL_SOCKET_IFNAME": "eth"}, "nccl", have).ok  # a prefix
+    assert host.check_socket_ifname({"NCCL_SOCKET_IFNAME": "^docker,lo"}, "nccl", have).ok  # an exclusion
+    exact = host.check_socket_ifname({"NCCL_SOCKET_IFNAME": "=eth"}, "nccl", have)
     assert not exact.ok and exact.level == "error"
-    other = E.check_socket_ifname({"NCCL_SOCKET_IFNAME": "wlan"}, "gloo", have)
+    other = host.check_socket_ifname({"NCCL_SOCKET_IFNAME": "wlan"}, "gloo", have)
     assert not other.ok and other.level == "warning"  # not fatal: gloo does not read it
-    gloo = E.check_socket_ifname({"GLOO_SOCKET_IFNAME": "ib7"}, "gloo", have)
+    gloo = host.check_socket_ifname({"GLOO_SOCKET_IFNAME": "ib7"}, "gloo", have)
     assert gloo.failed and "init_process_group fails" in gloo.detail
 
 
 def test_process_group_problems():
-    size = E.check_process_group(live(**{"0": {"world_size": 3}, "1": {"world_size": 3}}), 2, "gloo")
+    size = livec.check_process_group(live(**{"0": {"world_size": 3}, "1": {"world_size": 3}}), 2, "gloo")
     assert not size.ok and "world size 3" in size.detail
-    mixed = E.check_process_group(live(**{"1": {"backend": "nccl"}}), 2, "gloo")
+    mixed = livec.check_process_group(live(**{"1": {"backend": "nccl"}}), 2, "gloo")
     assert not mixed.ok and "different backends" in mixed.detail
-    planned = E.check_process_group(live(), 2, "nccl")
+    planned = livec.check_process_group(live(), 2, "nccl")
     assert not planned.ok and "planned nccl" in planned.detail
-    swapped = E.check_process_group(live(**{"0": {"rank": 1}, "1": {"rank": 0}}), 2, "gloo")
+    swapped = livec.check_process_group(live(**{"0": {"rank": 1}, "1": {"rank": 0}}), 2, "gloo")
     assert not swapped.ok
-    none = E.check_process_group(live(**{"0": {"initialised": False}, "1": {"initialised": False}}), 2, "gloo")
+    none = livec.check_process_group(live(**{"0": {"initialised": False}, "1": {"initialised": False}}), 2, "gloo")
     assert none.ok and none.level == "info" and "not initialised" in none.detail
 
 
 def test_seen_settings_are_compared_across_ranks():
-    same = E.check_seen_settings([{"OMP_NUM_THREADS": "2", "NCCL_DEBUG": "WARN"}] * 2)
+    same = livec.check_seen_settings([{"OMP_NUM_THREADS": "2", "NCCL_DEBUG": "WARN"}] * 2)
     assert all(c.ok for c in same)
-    differ = E.check_seen_settings([{"OMP_NUM_THREADS": "2", "NCCL_DEBUG": "WARN"}, {"OMP_NUM_THREADS": "1"}])
+    differ = livec.check_seen_settings([{"OMP_NUM_THREADS": "2", "NCCL_DEBUG": "WARN"}, {"OMP_NUM_THREADS": "1"}])
     assert [c.ok for c in differ] == [False, False]
 
 
 def test_verdict():
-    assert E.checks_verdict([Check("a", True, "x")]) == "env ✓"
-    assert E.checks_verdict([Check("a", True, "x"), Check("b", False, "y", level="warning")]) == "env ! 1 warning"
-    assert E.checks_verdict([Check("a", False, "x"), Check("b", False, "y", level="warning")]) == "env ✗ 1 failed"
+    assert checks_verdict([Check("a", True, "x")]) == "env ✓"
+    assert checks_verdict([Check("a", True, "x"), Check("b", False, "y", level="warning")]) == "env ! 1 warning"
+    assert checks_verdict([Check("a", False, "x"), Check("b", False, "y", level="warning")]) == "env ✗ 1 failed"
+
+
+# ---------------------------------------------------------------- the cache
+def test_plan_checks_are_cached_by_what_they_read(monkeypatch):
+    from ddp_magic.plan import checks as C
+
+    calls = []
+    real = C._plan_checks
+    monkeypatch.setattr(C, "_plan_checks", lambda *a: calls.append(a) or real(*a))
+    C.clear_cache()
+    p, env = plan(2), {"NCCL_DEBUG": "WARN"}
+    first = plan_checks(p, env)
+    again = plan_checks(p, dict(env))
+    assert again == first and again is not first and len(calls) == 1, "the same question is answered from the cache"
+    again.append(Check("extra", True, "a caller's own"))
+    assert plan_checks(p, env) == first, "a caller's list is its own"
+    plan_checks(p, env, started=True)
+    plan_checks(p, {"NCCL_DEBUG": "INFO"})
+    plan_checks(plan(2), env)
+    assert len(calls) == 4, "another start state, env or plan is another question"
+    plan_checks(p, env, NO_GPU)
+    plan_checks(p, env, backends=GLOO_ONLY)
+    assert len(calls) == 6, "injected facts bypass the cache"
+    C.clear_cache()
+    plan_checks(p, env)
+    assert len(calls) == 7
+
+
+def test_plan_checks_notice_cuda_in_the_kernel():
+    cold = {"torch": types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: False))}
+    hot = {"torch": types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))}
+    p = plan(2)
+    assert "not initialised" in by_name(plan_checks(p, {}, modules=cold), "CUDA in the kernel").detail
+    assert "harmless" in by_name(plan_checks(p, {}, modules=hot), "CUDA in the kernel").detail
 
 
 # ---------------------------------------------------------------- plans and reports
 def test_lenient_plan_reports_what_a_strict_plan_refuses():
     with pytest.raises(PlanError):
-        make_plan(4, backend="nccl", gpus=NO_GPU, environ={})
-    lenient = make_plan(4, backend="nccl", gpus=NO_GPU, environ={}, strict=False)
+        plan(4, backend="nccl")
+    lenient = plan(4, backend="nccl", strict=False)
     assert lenient.backend == "nccl"
-    checks = E.plan_checks(lenient, {}, NO_GPU, backends=GLOO_ONLY)
+    checks = plan_checks(lenient, {}, NO_GPU, backends=GLOO_ONLY)
     assert not by_name(checks, "GPUs for the backend").ok
     assert not by_name(checks, "backend available").ok
     s = listening_socket()
     try:
         port = s.getsockname()[1]
         with pytest.raises(PlanError, match="in use"):
-            make_plan(2, master_port=port, gpus=NO_GPU, environ={})
-        taken = make_plan(2, master_port=port, gpus=NO_GPU, environ={}, strict=False)
-        assert not by_name(E.plan_checks(taken, {}, NO_GPU, backends=GLOO_ONLY), "master port free").ok
+            plan(2, master_port=port)
+        taken = plan(2, master_port=port, strict=False)
+        assert not by_name(plan_checks(taken, {}, NO_GPU, backends=GLOO_ONLY), "master port free").ok
     finally:
         s.close()
     with pytest.raises(PlanError, match="does not resolve"):
-        make_plan(2, master_addr="no-such-host.invalid", gpus=NO_GPU, environ={})
-    far = make_plan(2, master_addr="192.0.2.1", gpus=NO_GPU, environ={}, strict=False)
-    assert not by_name(E.plan_checks(far, {}, NO_GPU, backends=GLOO_ONLY), "master address is local").ok
+        plan(2, master_addr="no-such-host.invalid")
+    far = plan(2, master_addr="192.0.2.1", strict=False)
+    assert not by_name(plan_checks(far, {}, NO_GPU, backends=GLOO_ONLY), "master address is local").ok
 
 
 def test_plan_report_text_html_and_json():

@@ -1,0 +1,126 @@
+"""One cell's run from the failure policy's side: the pool's poll loop, with the policy's decisions carried out.
+
+``FailurePolicy`` (policy.py) decides; ``CellRun`` asks it after every event
+of the poll loop and does what it says through ``RankOps``, the narrow part
+of the pool it needs. Nothing here blocks the loop: stopping ranks is a
+sequence of policy states, so rank output keeps flowing meanwhile.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional, Protocol, Sequence
+
+from ..errors import RankFailure
+from ..states import RankState
+from ..wire import protocol as P
+from .policy import Action, CaptureStacks, FailurePolicy, GiveUp, Interrupt, Signal, States, running
+from .ranks import RankInfo
+
+Tick = Callable[[], None]  # runs after each wake of the poll loop
+Due = Callable[[], Optional[float]]  # when the next tick is needed at the latest (monotonic), or None
+STACK_TIMEOUT_S = 1.0  # how long to wait for the ranks' stacks before interrupting them
+
+
+class RankOps(Protocol):
+    """What a cell's failure handling needs from the pool, and nothing more."""
+
+    ranks: Dict[int, RankInfo]
+    grace: float
+
+    def pump(self, until: Callable[[], bool], deadline: Optional[float], tick: Optional[Tick] = None, due: Optional[Due] = None) -> bool:
+        """Run the poll loop (output, messages, exits) until ``until()`` or the deadline; ``tick``
+        after each wake, and no later than ``due()``."""
+        ...
+
+    def ask(self, op: str, timeout: float) -> Dict[int, dict]:
+        """Send ``op`` (STACK) to every live rank; the replies that came within ``timeout``."""
+        ...
+
+    def interrupt(self, ranks: Sequence[int]) -> None:
+        """Ask these ranks to raise KeyboardInterrupt in their cell."""
+        ...
+
+    def signal_ranks(self, ranks: Sequence[int], sig: int) -> None:
+        """Stop these ranks: ``sig`` to those whose process is ours, a KILL message to remote ones."""
+        ...
+
+    def done_message(self, rank: int) -> Optional[dict]:
+        """The rank's DONE message for this cell, if it sent one."""
+        ...
+
+    def death_failure(self, rank: int) -> RankFailure:
+        """How a dead rank died (exit code, last lines), as a failure."""
+        ...
+
+    def mark_dead(self, rank: int) -> None:
+        """Count the rank as dead even though its exit was not seen."""
+        ...
+
+    def mark_broken(self, why: str) -> None:
+        """The next cell must restart the pool, because ``why``."""
+        ...
+
+
+class CellRun:
+    """Drives one cell to its end: pumps the pool's loop and carries out the failure policy."""
+
+    def __init__(self, ops: RankOps, policy: FailurePolicy, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ops = ops
+        self.policy = policy
+        self.clock = clock  # the policy's time; tests pass a fake one
+        self.notes: List[str] = policy.notes  # for the user, in the order they arose
+        self.stacks: Dict[int, str] = policy.stacks  # where ranks were when asked (timeout, failure)
+
+    # ------------------------------------------------------------ what the pool reads afterwards
+    # (the policy's findings; notes and stacks are the policy's own list and dict, filled as it goes)
+    cancelled = property(lambda self: self.policy.cancelled, doc="Results are not collected: interrupted, timed out, or a rank failed.")
+    state_lost = property(lambda self: self.policy.state_lost, doc="Ranks were stopped: the pool restarts on the next cell.")
+    timed_out = property(lambda self: self.policy.timed_out, doc="The cell ran past its --timeout.")
+    user_interrupt = property(lambda self: self.policy.user_interrupted, doc="Ctrl-C interrupted the cell.")
+
+    def failures(self) -> List[RankFailure]:
+        """The cell's failures, root cause first."""
+        ranks = self.ops.ranks
+        done = {r: m for r, m in ((r, self.ops.done_message(r)) for r in ranks) if m is not None}
+        deaths = {r: self.ops.death_failure(r) for r, info in ranks.items() if info.state == RankState.DEAD}
+        pids = {r: info.pid for r, info in ranks.items()}
+        return self.policy.failures(self._states(), done, deaths, pids, self.clock())
+
+    # ------------------------------------------------------------ the run
+    def drive(self) -> None:
+        """Pump until every rank has finished (or been given up). Ctrl-C is the policy's to handle:
+        the first interrupts every rank, a further one stops them, and the loop goes on."""
+        while True:
+            try:
+                self.ops.pump(self._finished, None, tick=self._tick, due=self.policy.next_due)
+                return
+            except KeyboardInterrupt:
+                self._carry_out(self.policy.user_interrupt(self.clock(), running(self._states())))
+
+    def _states(self) -> States:
+        return {r: (info.state, info.finished) for r, info in self.ops.ranks.items()}
+
+    def _finished(self) -> bool:
+        if any(info.state == RankState.RUNNING for info in self.ops.ranks.values()):
+            return False
+        if self.policy.stopping:  # the last stopped rank just went: let the policy give up now
+            self._tick()
+        return not self.policy.stopping
+
+    def _tick(self) -> None:
+        self._carry_out(self.policy.decide(self._states(), self.clock()))
+
+    def _carry_out(self, actions: List[Action]) -> None:
+        for action in actions:
+            if isinstance(action, CaptureStacks):
+                replies = self.ops.ask(P.STACK, STACK_TIMEOUT_S)
+                texts = {r: str(m.get("text", "")) for r, m in replies.items()}
+                self._carry_out(self.policy.stacks_taken(texts, self.clock()))
+            elif isinstance(action, Interrupt):
+                self.ops.interrupt(action.ranks)
+            elif isinstance(action, Signal):
+                self.ops.signal_ranks(action.ranks, action.sig)
+            elif isinstance(action, GiveUp):
+                for rank in action.ranks:
+                    self.ops.mark_dead(rank)
+                self.ops.mark_broken(action.why)

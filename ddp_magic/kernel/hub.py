@@ -1,0 +1,387 @@
+"""The control hub: every rank's sockets, one poll loop over them, and what their messages mean.
+
+Everything happens on the caller's thread in ``pump``: it waits on the ranks'
+control and output sockets, the admission wake-up and the launcher's exit
+events, forwards output as it arrives, and dispatches messages. A rank's DONE
+counts only once both of its output streams have shown the sync marker of
+that cell, so nothing a rank printed arrives after its cell has ended. While a
+cell runs the loop sleeps until an event or the caller's next deadline: a
+kernel running a long cell wakes about twice a second, not twenty times.
+"""
+from __future__ import annotations
+
+import codecs
+import select
+import socket
+import time
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+
+from ..errors import RankFailure
+from ..logs import log
+from ..states import FailureKind, RankState
+from ..wire import protocol as P
+from ..wire.capture import MarkerScanner
+from .admission import Admission
+from .launchers import Launcher
+from .ranks import Listener, RankInfo
+
+POLL_S = 0.05  # the wait while starting, asking, or with a launcher that has no exit-event fd
+IDLE_POLL_S = 0.5  # the longest sleep while a cell runs: a safety net, every event wakes the loop sooner
+STREAMS = ("stdout", "stderr")
+_DONE_STATES = {"ok": RankState.DONE, "interrupted": RankState.INTERRUPTED}  # any other status: FAILED
+
+
+class _Conn:
+    """A rank's control socket: framed messages."""
+
+    def __init__(self, rank: int, sock: socket.socket) -> None:
+        self.rank = rank
+        self.sock = sock
+        self.reader = P.FrameReader()
+
+
+class _OutConn:
+    """A rank's raw stdout or stderr socket (its fd 1 or 2), with sync markers in the bytes."""
+
+    def __init__(self, rank: int, stream: str, sock: socket.socket) -> None:
+        self.rank = rank
+        self.stream = stream
+        self.sock = sock
+        self.scanner = MarkerScanner()
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.synced = -1  # the last cell whose marker has been read
+        self.eof = False
+
+
+class Hub:
+    """The registry of the ranks' sockets and the one poll loop that reads them.
+
+    ``on_death(rank, code)`` is told when a rank's process is gone while it held
+    state (the pool marks itself broken); ``listener`` hears output and states.
+    """
+
+    def __init__(self, launcher: Launcher, on_death: Callable[[int, Optional[int]], None]) -> None:
+        self.launcher = launcher
+        self.on_death = on_death
+        self.listener: Listener = Listener()
+        self.ranks: Dict[int, RankInfo] = {}
+        self.conns: Dict[int, _Conn] = {}
+        self.outs: Dict[Tuple[int, str], _OutConn] = {}
+        self.admission: Optional[Admission] = None  # set while ranks join
+        self.ready: Set[int] = set()  # ranks whose process group is up (READY)
+        self.init_failures: List[RankFailure] = []
+        self.done: Dict[int, dict] = {}  # this cell's DONE messages, once their output is synced
+        self.results: Dict[int, dict] = {}  # this cell's RESULT messages (after DECIDE)
+        self.replies: Dict[str, Dict[int, dict]] = {}  # STACK / ENV replies
+        self._by_fd: Dict[int, Union[_Conn, _OutConn]] = {}
+        self._unsynced: Dict[int, dict] = {}  # DONE messages waiting for their output markers
+
+    # ------------------------------------------------------------ registry
+    def reset(self, ranks: Dict[int, RankInfo], admission: Optional[Admission]) -> None:
+        """A new start: these ranks, admitted through ``admission``."""
+        self.ranks = ranks
+        self.admission = admission
+        self.ready = set()
+        self.init_failures = []
+
+    def begin_cell(self) -> None:
+        self.done, self.results, self.replies = {}, {}, {}
+
+    def register(self, sock: socket.socket, hello: dict) -> None:
+        """Take one authenticated socket: a rank's control socket, or one of its output streams."""
+        rank = hello.get("rank")
+        if hello["op"] == P.HELLO_OUT:
+            stream = hello.get("stream")
+            if rank not in self.ranks or stream not in STREAMS or (rank, stream) in self.outs:
+                sock.close()
+                return
+            out = self.outs[(rank, stream)] = _OutConn(rank, stream, sock)
+            sock.setblocking(False)
+            self._by_fd[sock.fileno()] = out
+            return
+        if rank not in self.ranks or rank in self.conns:
+            sock.close()
+            return
+        conn = self.conns[rank] = _Conn(rank, sock)
+        sock.setblocking(False)
+        self._by_fd[sock.fileno()] = conn
+        info = self.ranks[rank]
+        info.pid, info.host, info.device, info.state = hello["pid"], hello["host"], hello["device"], RankState.CONNECTING
+        info.node, info.local_rank = hello.get("node", 0), hello.get("local_rank", rank)
+        self.launcher.adopt(info.pid, rank, info.host)
+        self.listener.on_state(info)
+
+    def close_all(self) -> None:
+        """Close every socket and forget what was pending."""
+        for sock in [c.sock for c in self.conns.values()] + [o.sock for o in self.outs.values()]:
+            _close(sock)
+        self.conns.clear()
+        self.outs.clear()
+        self._by_fd.clear()
+        self._unsynced.clear()
+
+    def dead_ranks(self) -> List[int]:
+        return [r for r, info in self.ranks.items() if info.state == RankState.DEAD]
+
+    def death_failure(self, rank: int) -> RankFailure:
+        """How a dead rank died (exit code, last lines), as a failure."""
+        info = self.ranks[rank]
+        return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, exit_code=info.exit_code, last_lines=list(info.tail)[-10:])
+
+    def any_peer_open(self) -> bool:
+        """Whether some rank still holds its control connection open (ranks on other hosts exit late)."""
+        return any(_peer_open(c.sock) for c in self.conns.values())
+
+    # ------------------------------------------------------------ sending
+    def broadcast(self, msg: dict, ranks: Optional[Sequence[int]] = None) -> None:
+        """Send to the given ranks (default: all connected); a rank that cannot take it is dropped."""
+        frame = P.encode(msg)
+        for rank in list(ranks if ranks is not None else self.conns):
+            conn = self.conns.get(rank)
+            if conn is None:
+                continue
+            try:
+                _send_all_nonblocking(conn.sock, frame)
+            except OSError:
+                log.debug("rank %s's control socket failed on send", rank, exc_info=True)
+                self._drop_conn(conn)
+
+    def shutdown_all(self) -> None:
+        """Ask every connected rank to exit cleanly (best effort, a short wait per rank)."""
+        frame = P.encode(P.message(P.SHUTDOWN))
+        for conn in list(self.conns.values()):
+            try:
+                conn.sock.setblocking(True)
+                conn.sock.settimeout(0.2)
+                conn.sock.sendall(frame)
+            except OSError:
+                log.debug("SHUTDOWN to rank %s not sent", conn.rank, exc_info=True)
+
+    # ------------------------------------------------------------ the poll loop
+    def pump(
+        self,
+        until: Callable[[], bool],
+        deadline: Optional[float],
+        tick: Optional[Callable[[], None]] = None,
+        due: Optional[Callable[[], Optional[float]]] = None,
+    ) -> bool:
+        """Dispatch messages and exits until until() holds (True) or the deadline passes (False).
+
+        ``tick`` runs after each wake; ``due`` says when it next needs to run (a monotonic
+        time, or None for "only on events"), so a quiet cell costs the kernel no busy polling.
+        """
+        poller = select.poll()
+        registered: Set[int] = set()
+        launcher_fd = self.launcher.fileno()
+        while True:
+            if until():
+                return True
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return False
+            fds = self._watched_fds(launcher_fd)
+            for fd in fds - registered:
+                poller.register(fd, select.POLLIN)
+            for fd in registered - fds:
+                poller.unregister(fd)
+            registered = fds
+            wait = IDLE_POLL_S if (due is not None and launcher_fd is not None) else POLL_S
+            for limit in (deadline, due() if due is not None else None):
+                if limit is not None:
+                    wait = min(wait, limit - now)
+            wait = max(0.0, wait)
+            if fds:
+                self._handle(fd for fd, _ in poller.poll(wait * 1000))
+            else:
+                time.sleep(wait)
+            for rank, pid, code in self.launcher.poll(0):
+                self.on_exit(rank, pid, code)
+            if tick is not None:
+                tick()
+
+    def _watched_fds(self, launcher_fd: Optional[int]) -> Set[int]:
+        fds = set(self._by_fd)
+        if launcher_fd is not None:
+            fds.add(launcher_fd)
+        if self.admission is not None:
+            fds.add(self.admission.fileno())
+        return fds
+
+    def _handle(self, ready_fds: Iterable[int]) -> None:
+        for fd in ready_fds:
+            if self.admission is not None and fd == self.admission.fileno():
+                for sock, hello in self.admission.take():
+                    self.register(sock, hello)
+                continue
+            conn = self._by_fd.get(fd)
+            if isinstance(conn, _OutConn):
+                self._read_out(conn)
+            elif conn is not None:
+                self._read_conn(conn)
+
+    # ------------------------------------------------------------ reading
+    def _read_conn(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            log.debug("rank %s's control socket failed on read", conn.rank, exc_info=True)
+            data = b""
+        if not data:
+            self._drop_conn(conn)
+            if not self.launcher.reports_exits:  # no exit code to wait for: the rank is gone
+                info = self.ranks.get(conn.rank)
+                if info is not None and info.state not in (RankState.STOPPED, RankState.DEAD):
+                    self.on_exit(conn.rank, info.pid or 0, None)
+            return
+        for msg in conn.reader.feed(data):
+            self._dispatch(conn.rank, msg)
+
+    def _drop_conn(self, conn: _Conn) -> None:
+        self._by_fd.pop(conn.sock.fileno(), None)
+        self.conns.pop(conn.rank, None)
+        _close(conn.sock)
+
+    def _read_out(self, out: _OutConn, limit: int = 1 << 20) -> bool:
+        """Forward what a rank wrote to fd 1/2; returns False at EOF or when nothing was there."""
+        try:
+            data = out.sock.recv(limit)
+        except BlockingIOError:
+            return False
+        except OSError:
+            log.debug("rank %s's %s socket failed on read", out.rank, out.stream, exc_info=True)
+            data = b""
+        if not data:
+            out.eof = True
+            self._by_fd.pop(out.sock.fileno(), None)
+            self._emit_text(out, out.scanner.rest(), final=True)
+            self._release_done(out.rank)
+            return False
+        text, tokens = out.scanner.feed(data)
+        self._emit_text(out, text)
+        if tokens:
+            out.synced = max(out.synced, *tokens)
+            self._release_done(out.rank)
+        return True
+
+    def _emit_text(self, out: _OutConn, data: bytes, final: bool = False) -> None:
+        text = out.decoder.decode(data, final=final)
+        if not text:
+            return
+        info = self.ranks.get(out.rank)
+        if info is not None:
+            info.note_output(text)
+        self.listener.on_output(out.rank, out.stream, text)
+
+    def _release_done(self, rank: int) -> None:
+        """A DONE counts once both streams have shown everything printed before it."""
+        msg = self._unsynced.get(rank)
+        if msg is None:
+            return
+        for stream in STREAMS:
+            out = self.outs.get((rank, stream))
+            if out is not None and not out.eof and out.synced < msg["cell"]:
+                return
+        del self._unsynced[rank]
+        self._finish_rank(rank, msg)
+
+    def _drain_outs(self, rank: int, timeout: float = 0.5) -> None:
+        """Read what a (dead) rank left in its output sockets, until EOF or a quiet moment."""
+        deadline = time.monotonic() + timeout
+        for stream in STREAMS:
+            out = self.outs.get((rank, stream))
+            while out is not None and not out.eof and time.monotonic() < deadline:
+                r, _, _ = select.select([out.sock], [], [], min(0.05, max(0.0, deadline - time.monotonic())))
+                if not r or not self._read_out(out):
+                    break
+
+    def _read_leftovers(self, conn: _Conn) -> None:
+        """Whatever a rank sent before dying is still in its control socket."""
+        try:
+            while True:
+                data = conn.sock.recv(1 << 20)
+                if not data:
+                    return
+                for msg in conn.reader.feed(data):
+                    self._dispatch(conn.rank, msg)
+        except OSError:  # BlockingIOError included: nothing more is there
+            return
+
+    # ------------------------------------------------------------ meaning
+    def _dispatch(self, rank: int, msg: dict) -> None:
+        op = msg["op"]
+        info = self.ranks.get(rank)
+        if op == P.DONE:
+            self._unsynced[rank] = msg
+            self._release_done(rank)
+        elif op == P.RESULT:
+            self.results[rank] = msg
+        elif op == P.READY:
+            if info is not None:
+                info.device = msg.get("device", info.device)
+            self.ready.add(rank)
+        elif op == P.INIT_FAILED:
+            err, pid = msg["error"], info.pid if info else None
+            failure = RankFailure(rank=rank, kind=FailureKind.INIT, type=err["type"], message=err["message"], traceback=err["traceback"], pid=pid)
+            self.init_failures.append(failure)
+        elif op in (P.STACK, P.ENV):
+            self.replies.setdefault(op, {})[rank] = msg
+
+    def _finish_rank(self, rank: int, msg: dict) -> None:
+        self.done[rank] = msg
+        info = self.ranks.get(rank)
+        if info is not None:
+            info.state = _DONE_STATES.get(msg["status"], RankState.FAILED)
+            info.finished = time.monotonic()
+            info.memory = msg.get("memory")
+            self.listener.on_state(info)
+
+    def on_exit(self, rank: Optional[int], pid: int, code: Optional[int]) -> None:
+        """A rank's process ended (code None: its connection was lost). A DONE already sent still counts."""
+        if rank is None or rank not in self.ranks or self.ranks[rank].pid not in (None, pid):
+            return
+        info = self.ranks[rank]
+        if info.state == RankState.STOPPED:
+            return
+        conn = self.conns.get(rank)
+        if conn is not None:
+            self._read_leftovers(conn)
+        self._drain_outs(rank)
+        pending = self._unsynced.pop(rank, None)
+        if pending is not None and info.state == RankState.RUNNING:
+            self._finish_rank(rank, pending)
+            return
+        info.pid = info.pid or pid
+        info.state = RankState.DEAD
+        info.exit_code = code
+        info.finished = time.monotonic()
+        self.on_death(rank, code)
+        self.listener.on_state(info)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        log.debug("closing a rank socket failed", exc_info=True)
+
+
+def _peer_open(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def _send_all_nonblocking(sock: socket.socket, frame: bytes) -> None:
+    view = memoryview(frame)
+    while view:
+        try:
+            n = sock.send(view)
+        except BlockingIOError:
+            select.select([], [sock], [], 1.0)
+            continue
+        view = view[n:]

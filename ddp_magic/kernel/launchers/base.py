@@ -1,0 +1,141 @@
+"""What every launcher is to the pool: one interface, with flags for what differs.
+
+The pool calls only the methods below and reads only the capability flags;
+it never asks which launcher it has. A launcher makes rank processes exist
+(locally, or on other hosts as well) and says when they end; it never talks
+to a rank (the control channel is the pool's).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from ...logs import log
+
+if TYPE_CHECKING:
+    from ...plan.plan import Plan
+
+Exit = Tuple[Optional[int], int, int]  # (rank, pid, exit code or -signal)
+
+
+class LaunchError(RuntimeError):
+    """Ranks could not be launched; the message says what failed and what it printed."""
+
+
+def worker_env() -> Dict[str, str]:
+    """The kernel's env for a worker process, less what must not leak into ranks."""
+    env = dict(os.environ)
+    for key in ("PYTEST_CURRENT_TEST", "JPY_PARENT_PID", "MPLBACKEND"):
+        env.pop(key, None)
+    env["PYTHONUNBUFFERED"] = "1"
+    # The kernel's own sys.path (e.g. a source checkout) must reach the workers.
+    path = [p for p in sys.path if p and os.path.isdir(p)]
+    if os.getcwd() not in path:
+        path.insert(0, os.getcwd())
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path + env.get("PYTHONPATH", "").split(os.pathsep)).keys()).strip(os.pathsep)
+    return env
+
+
+def signal_pid(pid: int, sig: int) -> None:
+    """Signal one of our own pids; gone already is fine. (Never by name, never someone else's.)"""
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        log.debug("signal %s to pid %s: already gone or not ours", sig, pid, exc_info=True)
+
+
+class Launcher(ABC):
+    """How rank processes come to exist and how the pool learns that they ended.
+
+    Capability flags (class attributes), the only differences the pool acts on:
+
+    ``remote_ranks``
+        ranks may run on other hosts: after SHUTDOWN the pool waits for their
+        connections to close, asks a rank to exit by message before signalling
+        the ones it owns, and a closed control connection counts as the rank's
+        exit, since no exit code comes.
+    ``reports_exits``
+        ``poll()`` reports (rank, pid, code) for every rank exit.
+    ``keeps_template``
+        a warm template survives a restart; when False the pool's teardown
+        closes the launcher and the next start launches afresh.
+    """
+
+    name = ""
+    remote_ranks = False
+    reports_exits = True
+    keeps_template = True
+
+    def __init__(self, secret: bytes, python: str = sys.executable) -> None:
+        self.secret = secret
+        self.python = python
+        self.log = tempfile.TemporaryFile()  # what the launched processes print outside a cell
+        self.secret_file: Optional[str] = None  # a file other hosts read the secret from, if any
+
+    def start(self, timeout: float = 0) -> str:
+        """Warm up (e.g. import torch once in a template); returns a line describing it."""
+        return f"{self.name}: no template"
+
+    @abstractmethod
+    def launch(self, plan: Plan, base_env: Dict[str, str], control_addr: str, control_port: int, store_path: Optional[str] = None) -> Optional[str]:
+        """Start every rank of this host; returns the command other hosts must run, or None."""
+
+    @abstractmethod
+    def adopt(self, pid: int, rank: int, host: str) -> None:
+        """A rank joined from ``host`` with ``pid``; a launcher that did not start it itself may take it on."""
+
+    @abstractmethod
+    def live_pids(self) -> Dict[int, int]:
+        """pid -> rank of the live rank processes on this host that we started."""
+
+    def owns(self, pid: int) -> bool:
+        """Whether ``pid`` is one of our rank processes, so ours to signal."""
+        return pid in self.live_pids()
+
+    @abstractmethod
+    def poll(self, timeout: float = 0.0) -> List[Exit]:
+        """Rank exits seen since the last poll, waiting up to ``timeout`` for one."""
+
+    def fileno(self) -> Optional[int]:
+        """A descriptor that becomes readable when an exit event is waiting; None: poll on a timer."""
+        return None
+
+    @abstractmethod
+    def alive(self) -> bool:
+        """Whether the launcher can still start or watch ranks (its template or agent is up)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop every process we started (ranks, template, agent) and release what we hold."""
+
+    def log_text(self, limit: int = 4000) -> str:
+        """The last ``limit`` characters the launched processes printed outside cells."""
+        try:
+            self.log.seek(0)
+            return self.log.read().decode(errors="replace")[-limit:]
+        except (OSError, ValueError):
+            log.debug("the launcher's log could not be read", exc_info=True)
+            return ""
+
+
+class LocalLauncher(Launcher):
+    """Ranks started one by one on this host: each one our child, with an exit code we read."""
+
+    def launch(self, plan: Plan, base_env: Dict[str, str], control_addr: str, control_port: int, store_path: Optional[str] = None) -> Optional[str]:
+        for rank in range(plan.world_size):
+            env = dict(base_env, **plan.rank_env(rank))
+            if store_path:
+                env["DDP_MAGIC_STORE"] = store_path
+            self.spawn(rank, {"env": env, "kernel_addr": control_addr, "kernel_port": control_port})
+        return None
+
+    def adopt(self, pid: int, rank: int, host: str) -> None:
+        """Nothing to learn: we started the process ourselves and know its pid already."""
+        return None
+
+    @abstractmethod
+    def spawn(self, rank: int, config: dict) -> None:
+        """Start one rank with ``config`` (its env and where the kernel listens)."""

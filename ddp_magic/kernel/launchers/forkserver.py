@@ -1,0 +1,134 @@
+"""The fork-server launcher: one template process imports torch once; each rank is a fork of it.
+
+The kernel itself is never forked. The template reports each child's exit
+as an event on its stdout, so the pool sees a dead rank within one poll,
+whatever killed it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+from ...logs import log
+from .base import Exit, LaunchError, LocalLauncher, signal_pid, worker_env
+
+
+class ForkServerLauncher(LocalLauncher):
+    """One template process imports torch once; each rank is a fork of it (milliseconds)."""
+
+    name = "forkserver"
+    remote_ranks = False
+    reports_exits = True
+    keeps_template = True
+
+    def __init__(self, secret: bytes, python: str = sys.executable) -> None:
+        super().__init__(secret, python)
+        self.proc: Optional[subprocess.Popen] = None  # the template (bench reads its pid)
+        self._buf = b""
+        self._exits: List[Exit] = []
+        self._pids: Dict[int, int] = {}  # pid -> rank, live children
+
+    def start(self, timeout: float = 120.0) -> str:
+        if self.proc is not None and self.proc.poll() is None:
+            return "template already running"
+        self.proc = subprocess.Popen(
+            [self.python, "-m", "ddp_magic.procs.forkserver"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=worker_env(),
+            start_new_session=True,  # Jupyter's SIGINT to the kernel's group must not hit ranks
+            close_fds=True,
+        )
+        self._write({"secret": self.secret.hex()})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for ev in self._read_events(timeout=0.2):
+                if ev["event"] == "ready":
+                    return str(ev.get("info", ""))
+                if ev["event"] == "error":
+                    self.close()
+                    raise LaunchError(f"the worker template could not start: {ev['message']}\n{ev.get('traceback', '')}")
+            if self.proc.poll() is not None:
+                text, code = self.log_text(), self.proc.returncode
+                self.close()
+                raise LaunchError(f"the worker template exited with code {code}:\n{text}")
+        self.close()
+        raise LaunchError(f"the worker template did not start within {timeout:.0f}s")
+
+    def _write(self, obj: dict) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(obj) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def fileno(self) -> Optional[int]:
+        return self.proc.stdout.fileno() if self.proc and self.proc.stdout else None
+
+    def _read_events(self, timeout: float = 0.0) -> List[dict]:
+        fd = self.fileno()
+        if fd is None:
+            return []
+        events = []
+        r, _, _ = select.select([fd], [], [], timeout)
+        if r:
+            data = os.read(fd, 65536)
+            if not data:
+                return [{"event": "template_gone"}]
+            self._buf += data
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            events.append(json.loads(line))
+        for ev in events:
+            if ev["event"] == "spawned":
+                self._pids[ev["pid"]] = ev["rank"]
+            elif ev["event"] == "exited":
+                self._pids.pop(ev["pid"], None)
+                self._exits.append((ev["rank"], ev["pid"], ev["code"]))
+        return events
+
+    def spawn(self, rank: int, config: dict) -> None:
+        self._write({"op": "spawn", "rank": rank, "config": config})
+
+    def live_pids(self) -> Dict[int, int]:
+        return dict(self._pids)
+
+    def poll(self, timeout: float = 0.0) -> List[Exit]:
+        """Exits since the last poll. A vanished template counts as every child dying."""
+        events = self._read_events(timeout)
+        if any(ev["event"] == "template_gone" for ev in events):
+            for pid, rank in list(self._pids.items()):
+                self._exits.append((rank, pid, -signal.SIGKILL))
+            self._pids.clear()
+        out, self._exits = self._exits, []
+        return out
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        for pid in list(self._pids):
+            signal_pid(pid, signal.SIGKILL)
+        try:
+            if self.proc.poll() is None:
+                self._write({"op": "exit"})
+                self.proc.wait(timeout=3)
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            log.debug("the template did not exit when asked; killing it", exc_info=True)
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                log.debug("closing a pipe to the template failed", exc_info=True)
+        self._pids.clear()
+        self.proc = None

@@ -1,0 +1,106 @@
+"""What a front end sees of a pool: each rank's state (RankInfo), a cell's outcome, and the Listener.
+
+Plain data and callbacks, shared by the pool, the control hub, the failure
+policy and every view (status view, JupyterLab comm, benchmarks).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, List, Optional
+
+from ..errors import RankFailure
+from ..logs import log
+from ..states import RankState
+
+
+@dataclass
+class RankInfo:
+    """What the kernel knows of one rank right now."""
+
+    rank: int
+    state: RankState = RankState.STARTING
+    pid: Optional[int] = None
+    device: str = ""
+    host: str = ""
+    node: int = 0
+    local_rank: Optional[int] = None
+    exit_code: Optional[int] = None
+    started: float = field(default_factory=time.monotonic)
+    finished: Optional[float] = None
+    memory: Optional[int] = None
+    last_line: str = ""
+    tail: Deque[str] = field(default_factory=lambda: deque(maxlen=20))
+
+    @property
+    def elapsed(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
+
+    def note_output(self, text: str) -> None:
+        """Keep the last lines a rank printed: a failure report quotes them, the view shows the last."""
+        pieces = text.replace("\r", "\n").split("\n")
+        for piece in pieces[:-1]:
+            if piece.strip():
+                self.tail.append(piece[-300:])
+        if pieces[-1].strip():
+            self.last_line = pieces[-1][-300:]
+        elif len(pieces) > 1 and self.tail:
+            self.last_line = self.tail[-1]
+
+
+@dataclass
+class CellOutcome:
+    """What a cell produced: per-rank values, failures (root cause first) and notes for the user."""
+
+    values: List[Any]
+    failures: List[RankFailure]
+    notes: List[str]
+    elapsed: float
+    stacks: Dict[int, str] = field(default_factory=dict)
+    state_lost: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+class Listener:
+    """What a front end hears from a pool. Override what you need; all are called on the caller's thread."""
+
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        pass
+
+    def on_state(self, info: RankInfo) -> None:
+        pass
+
+    def on_notice(self, text: str) -> None:
+        pass
+
+
+class GuardedListener(Listener):
+    """Wraps a front end's listener: a bug in a view must not leave a cell half-run.
+
+    The first failure becomes a note in the cell's outcome (``errors``); every one is logged.
+    """
+
+    def __init__(self, inner: Listener) -> None:
+        self.inner = inner
+        self.errors: List[str] = []
+
+    def _call(self, name: str, *args: Any) -> None:
+        try:
+            getattr(self.inner, name)(*args)
+        except Exception as e:  # report once, keep the pool's bookkeeping going
+            log.debug("the listener's %s failed", name, exc_info=True)
+            if not self.errors:
+                self.errors.append(f"the listener's {name} failed ({type(e).__name__}: {e}); its view may be incomplete")
+
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        self._call("on_output", rank, stream, text)
+
+    def on_state(self, info: RankInfo) -> None:
+        self._call("on_state", info)
+
+    def on_notice(self, text: str) -> None:
+        self._call("on_notice", text)

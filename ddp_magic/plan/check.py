@@ -1,0 +1,53 @@
+"""One check's result, and the verdict over many: what every check in plan/checks*.py returns.
+
+Every check returns a Check; none raises, none imports torch (unless the
+kernel already did), none starts a process. ``%ddp_env``, the status view, the
+JupyterLab panel and the tests read the same functions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Sequence
+
+
+@dataclass(frozen=True)
+class Check:
+    """One validation result: shown with a mark, and a reason in words when it fails (a value: cached lists share them)."""
+
+    name: str
+    ok: bool
+    detail: str
+    level: str = "error"  # "error" fails the check; "warning" and "info" only inform
+
+    @property
+    def mark(self) -> str:
+        if self.ok:
+            return "✓"
+        return "✗" if self.level == "error" else "!"
+
+    @property
+    def failed(self) -> bool:
+        """A failure that stops a pool from working (warnings do not)."""
+        return not self.ok and self.level == "error"
+
+    def to_dict(self) -> Dict[str, object]:
+        return {"name": self.name, "ok": self.ok, "level": self.level, "mark": self.mark, "detail": self.detail}
+
+
+def checks_verdict(checks: Sequence[Check]) -> str:
+    """'env ✓', 'env ✗ 2 failed' or 'env ! 1 warning': the env part of a one-line summary."""
+    failed = [c for c in checks if c.failed]
+    warned = [c for c in checks if not c.ok and not c.failed]
+    if failed:
+        return f"env ✗ {len(failed)} failed"
+    if warned:
+        return f"env ! {len(warned)} warning{'s' if len(warned) > 1 else ''}"
+    return "env ✓"
+
+
+def few(items: Sequence[str], limit: int = 4) -> str:
+    """The first ``limit`` problems and how many more: a failed check stays one readable line."""
+    items = list(items)
+    if len(items) <= limit:
+        return "; ".join(items)
+    return "; ".join(items[:limit]) + f"; and {len(items) - limit} more"

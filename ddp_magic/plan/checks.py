@@ -1,0 +1,119 @@
+"""Which checks run when: ``plan_checks`` (a plan, before or while its pool runs) and ``live_checks``
+(what a running pool's ranks report), and the one cache of check results.
+
+The status view and the JupyterLab panel ask for a pool's checks on every
+refresh; some checks resolve names, bind ports and read torch's build files,
+so ``plan_checks`` answers a repeated question about the kernel's own state
+from a small cache keyed by everything it reads.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections import OrderedDict
+from typing import Any, Hashable, List, Mapping, Optional, Sequence, Tuple
+
+from .check import Check
+from .checks_host import (
+    check_backend_available,
+    check_cuda_in_kernel,
+    check_gpus,
+    check_kernel_env,
+    check_nccl_env,
+    check_omp,
+    check_socket_ifname,
+)
+from .checks_live import Live, check_process_group, check_seen_settings
+from .checks_net import check_master_addr_local, check_master_addr_resolves, check_port
+from .checks_ranks import check_rank_envs
+from .gpus import BackendInfo, GPUInfo, backend_availability, cuda_initialised, detect_gpus
+from .plan import Plan
+
+CACHE_SIZE = 16
+_cache: "OrderedDict[Hashable, Tuple[Check, ...]]" = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def plan_checks(
+    plan: Plan,
+    environ: Mapping[str, str] = os.environ,
+    gpus: Optional[GPUInfo] = None,
+    *,
+    started: bool = False,
+    modules: Mapping[str, object] = sys.modules,
+    backends: Optional[BackendInfo] = None,
+    interfaces: Optional[Sequence[str]] = None,
+    cpus: Optional[int] = None,
+) -> List[Check]:
+    """Every check that can be made in the kernel about a plan: before a pool starts, or (started=True) for one that runs.
+
+    Asked again about the same plan, start state, env and torch state, it answers
+    from the cache (a new list each time). Facts given by the caller (gpus,
+    backends, interfaces, cpus: what tests inject) bypass the cache.
+    """
+    if (gpus, backends, interfaces, cpus) != (None, None, None, None):
+        return _plan_checks(plan, environ, gpus, started, modules, backends, interfaces, cpus)
+    key = _cache_key(plan, environ, started, modules)
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return list(hit)
+    checks = _plan_checks(plan, environ, None, started, modules, None, None, None)
+    with _cache_lock:
+        _cache[key] = tuple(checks)
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return checks
+
+
+def _cache_key(plan: Plan, environ: Mapping[str, str], started: bool, modules: Mapping[str, object]) -> Hashable:
+    """What plan_checks reads: the plan, the start state, the kernel's env and what of torch the kernel imported."""
+    planned = (plan.run_id, plan.nproc, plan.nnodes, plan.backend, plan.master_addr, plan.master_port, plan.port_was_given, plan.omp_threads)
+    torch = ("torch" in modules, "torch.distributed" in modules, cuda_initialised(modules))
+    return (planned, started, tuple(sorted(environ.items())), torch)
+
+
+def clear_cache() -> None:
+    """Forget every cached answer (after a change the key does not see, e.g. a GPU added)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+def _plan_checks(
+    plan: Plan,
+    environ: Mapping[str, str],
+    gpus: Optional[GPUInfo],
+    started: bool,
+    modules: Mapping[str, object],
+    backends: Optional[BackendInfo],
+    interfaces: Optional[Sequence[str]],
+    cpus: Optional[int],
+) -> List[Check]:
+    gpus = gpus if gpus is not None else detect_gpus(environ)
+    checks = check_rank_envs(plan.all_envs(), nnodes=plan.nnodes)
+    checks.append(check_port(plan.master_addr, plan.master_port, plan.port_was_given, started))
+    checks.append(check_master_addr_resolves(plan.master_addr))
+    checks.append(check_master_addr_local(plan.master_addr, plan.nnodes))
+    checks.append(check_gpus(plan.backend, plan.nproc, gpus))
+    checks.append(check_backend_available(plan.backend, backends if backends is not None else backend_availability(modules)))
+    checks.append(check_cuda_in_kernel(modules))
+    checks.extend(check_kernel_env(environ, gpus))
+    checks.append(check_omp(plan.omp_threads, plan.nproc, environ, cpus))
+    checks.append(check_nccl_env(environ, plan.backend))
+    checks.append(check_socket_ifname(environ, plan.backend, interfaces))
+    return checks
+
+
+def live_checks(live: Live, nproc: int, backend: str) -> List[Check]:
+    """Checks of what each rank of a running pool reports about itself (its os.environ and process group)."""
+    envs: List[Mapping[str, Any]] = [dict(live[r].get("env") or {}) for r in sorted(live)]
+    checks = check_rank_envs(envs, count=nproc) if envs else []
+    missing = [r for r in range(nproc) if r not in live]
+    answered = f"all {nproc} ranks answered" if not missing else f"no answer from rank(s) {missing} within the timeout (dead or stuck?)"
+    checks.append(Check("every rank answered", not missing, answered))
+    checks.append(check_process_group(live, nproc, backend))
+    if envs:
+        checks.extend(check_seen_settings(envs))
+    return checks

@@ -1,0 +1,175 @@
+"""A rank's torch.distributed: devices, the process group, the result gather, GPU memory.
+
+Of the rank's modules, this is the only one that calls torch.distributed
+(the template only imports it, the rendezvous program only hosts a TCPStore).
+torch is imported inside functions only, so a spawned rank connects to the
+kernel (and shows as connecting) before it pays for importing torch.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import sys
+import time
+from typing import Any, List, Optional
+
+from ..logs import log
+
+
+def planned_device(local_rank: int) -> str:
+    """The device the rank will use, known before torch is imported (sent in HELLO)."""
+    if os.environ.get("DDP_MAGIC_BACKEND") == "nccl":
+        return f"cuda:{local_rank}"
+    return "cpu"
+
+
+def setup(local_rank: int) -> str:
+    """Threads and device as the plan set them; returns the rank's device."""
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads and threads.isdigit():
+        torch.set_num_threads(int(threads))
+    device = "cpu"
+    if os.environ.get("DDP_MAGIC_BACKEND", "gloo") == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = f"cuda:{local_rank}"
+    _patch_init_process_group()
+    return device
+
+
+def _patch_init_process_group() -> None:
+    """Tutorial code calls init_process_group itself: keep ours instead of failing twice-init."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    real = c10d.init_process_group
+    if getattr(real, "_ddp_magic", False):
+        return
+    noticed: List[bool] = []
+
+    @functools.wraps(real)
+    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
+        if dist.is_initialized():
+            current = str(dist.get_backend())
+            asked = kwargs.get("backend", backend)
+            if asked is not None and str(asked).lower() != current and not noticed:
+                noticed.append(True)
+                print(
+                    f"[ddp_magic] the process group is already initialised with {current}; "
+                    f"keeping it (the cell asked for {asked})",
+                    file=sys.stderr,
+                )
+            return None
+        return real(backend, *args, **kwargs)
+
+    init_process_group._ddp_magic = True  # type: ignore[attr-defined]
+    c10d.init_process_group = init_process_group
+    dist.init_process_group = init_process_group
+
+
+def init_process_group(rank: int, device: str) -> None:
+    """The pool's process group, from the env the plan wrote (DDP_MAGIC_INIT=0 skips it)."""
+    import torch.distributed as dist
+
+    if os.environ.get("DDP_MAGIC_INIT", "1") != "1":
+        return
+    backend = os.environ.get("DDP_MAGIC_BACKEND", "gloo")
+    kwargs: dict = {}
+    timeout = os.environ.get("DDP_MAGIC_PG_TIMEOUT")
+    if timeout:
+        from datetime import timedelta
+
+        # Short by default in a notebook: a collective whose peer is gone fails in
+        # minutes, not torch's 10 (nccl) or 30 (gloo) minutes.
+        kwargs["timeout"] = timedelta(seconds=float(timeout))
+    if backend == "nccl":
+        import torch
+
+        kwargs["device_id"] = torch.device(device)
+    store_path = os.environ.get("DDP_MAGIC_STORE")
+    if store_path:
+        # One host: a file store in /dev/shm. No port to race for and no TCPStore, whose
+        # reverse DNS lookup of its peers stalled 1 start in 10 by 5 s on some hosts.
+        world = int(os.environ["WORLD_SIZE"])
+        kwargs.update(store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    elif rank != 0:
+        _wait_for_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), float(timeout or 300))
+    try:
+        dist.init_process_group(backend=backend, **kwargs)
+    except TypeError:  # torch without device_id
+        kwargs.pop("device_id", None)
+        dist.init_process_group(backend=backend, **kwargs)
+
+
+def _wait_for_store(host: str, port: int, timeout: float) -> None:
+    """Wait (5 ms steps) until rank 0's store listens: torch's own retry after a refused
+    connection sleeps 0.25 s and more, which made a pool start or restart stall for nothing."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.005)
+
+
+def remove_file_store(rank: int) -> None:
+    """Rank 0 removes the pool's FileStore: the kernel may be gone (even SIGKILLed), so leave nothing in /dev/shm."""
+    store = os.environ.get("DDP_MAGIC_STORE")
+    if store and rank == 0:
+        try:
+            os.unlink(store)
+        except OSError:
+            pass  # another rank's exit or the template got there first
+
+
+def process_group_report() -> dict:
+    """The process group as this rank sees it (for %ddp_env)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return {"initialised": True, "backend": str(dist.get_backend()), "world_size": dist.get_world_size(), "rank": dist.get_rank()}
+    except Exception as e:  # a broken torch install is reported, not raised
+        log.debug("could not describe the process group", exc_info=True)
+        return {"initialised": False, "error": str(e)}
+    return {"initialised": False}
+
+
+def collective_candidate(value: Any, gather: str) -> bool:
+    """Whether a tensor result may come back through all_gather (the kernel decides after DONE)."""
+    if gather == "direct" or "torch" not in sys.modules:
+        return False
+    import torch
+    import torch.distributed as dist
+
+    if not isinstance(value, torch.Tensor) or not (dist.is_available() and dist.is_initialized()):
+        return False
+    return gather == "collective" or value.is_cuda
+
+
+def all_gather(value: Any) -> List[Any]:
+    """Every rank's copy of a tensor result, on every rank (each rank must call it)."""
+    import torch.distributed as dist
+
+    t = value.detach().contiguous()
+    parts = [t.new_empty(t.shape) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t)
+    return parts
+
+
+def tensor_meta(t: Any) -> dict:
+    return {"shape": tuple(t.shape), "dtype": str(t.dtype), "device": str(t.device)}
+
+
+def gpu_memory() -> Optional[int]:
+    """Bytes this rank holds on its GPU, or None when CUDA is not in use (never imports torch)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.memory_allocated())
+    except Exception:  # a figure for the status view is not worth failing a cell
+        log.debug("could not read the GPU memory in use", exc_info=True)
+    return None

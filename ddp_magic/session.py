@@ -1,0 +1,344 @@
+"""One kernel's session: its pool, the names that live on the workers, and what a front end may ask.
+
+The magics (magics.py) and the JupyterLab comm (ui/labcomm.py) both drive the
+pool through a :class:`Session`; it returns data (:class:`PoolStatus`,
+:class:`EnvData`, :class:`CellResult`) and raises the user-facing errors of
+errors.py, and it never prints: each front end renders what it gets. It holds
+the only reference a front end has to the pool, so the magics, the comm and a
+plain-Python caller all see the same pool and the same worker-owned names.
+
+No IPython here (tests/unit/test_structure.py checks that): a test or a script
+drives a session exactly as a notebook does.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
+
+from .errors import PlanError, ShipError, UsageError
+from .kernel import CellOutcome, Listener
+from .kernel.pool import Pool
+from .logs import log
+from .plan.plan import Plan, make_plan
+from .plan.spec import PoolSpec
+from .states import RankState
+from .wire import namespace, transfer
+from .wire.execution import syntax_error_text
+
+CELL_FILENAME = "<ddp-cell>"  # what names are read from; tracebacks name each cell <ddp-cell-N>
+NAMES_GONE = "variables defined in earlier %%ddp cells are gone"
+NO_POOL = "no pool is running"
+STOPPED = "stopped the pool; its workers have exited"
+NEED_N_FOR_CELL = "no pool is running yet: give the number of ranks on the first cell, e.g. %%ddp -n 2"
+NEED_N_FOR_RESTART = "no pool to restart: start one with %%ddp -n N, or give -n here"
+NEED_N_FOR_ENV = "no pool is running: give the number of ranks to plan for, e.g. %ddp_env -n 4"
+
+
+class RankRow(NamedTuple):
+    """One rank as a status shows it."""
+
+    rank: int
+    pid: Optional[int]
+    state: RankState
+    device: str
+    host: str = ""
+    exit_code: Optional[int] = None
+    elapsed: float = 0.0
+    memory: Optional[int] = None
+    last_line: str = ""
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """The session's pool as plain data; ``nproc == 0`` means there is none."""
+
+    started: bool = False
+    nproc: int = 0
+    backend: str = ""
+    master_addr: str = ""
+    master_port: Optional[int] = None
+    start_method: str = ""
+    broken: Optional[str] = None  # why the next cell restarts the pool
+    generation: int = 0
+    start_seconds: Optional[float] = None
+    ranks: Tuple[RankRow, ...] = ()
+    owned: Tuple[str, ...] = ()  # names assigned by earlier cells, living on the workers
+    plan: Optional[Plan] = None  # the pool's plan, for the env checks of a view
+
+    @property
+    def exists(self) -> bool:
+        return self.nproc > 0
+
+    @property
+    def pids(self) -> List[Optional[int]]:
+        return [r.pid for r in self.ranks]
+
+    def text(self) -> str:
+        """What ``%ddp status`` prints."""
+        if not self.started:
+            return f"{NO_POOL}; start one with %%ddp -n N"
+        head = f"pool of {self.nproc} rank(s), backend {self.backend}, MASTER_PORT {self.master_port}"
+        rows = [head + (f" — needs restart: {self.broken}" if self.broken else "")]
+        rows += [f"  rank {r.rank}: pid {r.pid}  {str(r.state):<11} {r.device}" for r in self.ranks]
+        if self.owned:
+            rows.append("names on the workers: " + ", ".join(self.owned))
+        return "\n".join(rows)
+
+    def ready_text(self) -> str:
+        """The one line a (re)start answers with."""
+        took = f"{self.start_seconds:.2f}s" if self.start_seconds is not None else "?"
+        return f"pool of {self.nproc} ({self.backend}) ready in {took}, pids {self.pids}"
+
+
+@dataclass(frozen=True)
+class EnvData:
+    """The env of every rank: planned (``plan``: what a pool would get) or live (``live``: what each worker reports)."""
+
+    nproc: int
+    backend: str
+    plan: Optional[Plan] = None
+    live: Optional[Dict[int, Dict[str, Any]]] = None
+
+    @property
+    def state(self) -> str:
+        return "live" if self.live is not None else "planned"
+
+
+@dataclass(frozen=True)
+class CellOptions:
+    """How one cell runs; ``spec`` None means "on the pool as it is"."""
+
+    spec: Optional[PoolSpec] = None
+    restart: bool = False  # restart the pool first (state on the workers is lost)
+    timeout: Optional[float] = None
+    gather: str = "auto"
+    argv: Optional[List[str]] = None  # sys.argv on the ranks; None: ["ddp_cell", "--local_rank=N"]
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """What a cell did: the pool's outcome, and the label its tracebacks carry (<ddp-cell-N>)."""
+
+    outcome: CellOutcome
+    label: str
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome.ok
+
+
+class CellListener(Listener):
+    """A Listener that also hears which pool a cell will run on, before any rank of it starts.
+
+    A front end shows its status view there (above the ranks' output) and checks
+    what depends on the pool's size; an exception it raises stops the cell.
+    """
+
+    def on_pool(self, pool: Pool) -> None:
+        pass
+
+
+@dataclass
+class Session:
+    """The pool of one kernel and the names its workers own. Every method runs on the kernel's main thread,
+    except ``status``, which only reads."""
+
+    pool: Optional[Pool] = None
+    owned: Set[str] = field(default_factory=set)
+    cells: int = 0  # numbers tracebacks' <ddp-cell-N>: unique even when the front end stores no history
+
+    # ------------------------------------------------------------ specs
+    def spec_for(self, nproc: Optional[int] = None, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> Optional[PoolSpec]:
+        """The spec a request asks for: the pool's own with these options changed, or a new one.
+
+        ``None`` options keep what the pool has; the result is None when there is no
+        pool and no ``nproc`` (each caller says in its own words what is missing).
+        """
+        try:
+            if self.pool is not None:
+                return self.pool.spec.with_options(nproc, extra_env=extra_env, **options)
+            if nproc is None:
+                return None
+            return PoolSpec.from_options(nproc, extra_env=extra_env, **options)
+        except PlanError as e:
+            raise UsageError(str(e)) from None
+
+    def changes(self, spec: PoolSpec) -> List[str]:
+        """What ``spec`` changes about the pool, as the user would say it; empty: keep the pool.
+
+        A backend named explicitly that "auto" already chose is no change, and the
+        join timeout only matters while a pool starts: neither restarts one.
+        """
+        pool = self.pool
+        if pool is None:
+            return []
+        old = pool.spec.with_options(backend=pool.backend) if spec.backend == pool.backend else pool.spec
+        return spec.with_options(start_timeout=old.start_timeout).changes_from(old)
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, spec: PoolSpec, listener: Optional[Listener] = None) -> PoolStatus:
+        """Start a pool of ``spec`` (a running pool with other options is restarted, with a notice)."""
+        listener = listener or Listener()
+        self._pool_for(spec, listener, NEED_N_FOR_CELL).start(listener)
+        return self.status()
+
+    def restart(self, spec: Optional[PoolSpec] = None, listener: Optional[Listener] = None) -> PoolStatus:
+        """Restart the pool (fresh port, the names on the workers are gone), with ``spec``'s options if given."""
+        listener = listener or Listener()
+        pool = self._pool_for(spec, listener, NEED_N_FOR_RESTART)
+        if pool.started:
+            pool.restart(listener)
+        else:
+            pool.start(listener)
+        self.owned.clear()
+        return self.status()
+
+    def stop(self) -> bool:
+        """Stop every worker; False when there was no pool."""
+        pool, self.pool = self.pool, None
+        self.owned.clear()
+        if pool is None:
+            return False
+        pool.stop()
+        return True
+
+    def _pool_for(self, spec: Optional[PoolSpec], listener: Listener, missing: str) -> Pool:
+        """The pool ``spec`` asks for: the running one, a new one, or a replacement (validated before the old one goes)."""
+        pool = self.pool
+        if pool is None:
+            if spec is None:
+                raise UsageError(missing)
+            self.pool = _new_pool(spec)
+            return self.pool
+        changes = self.changes(spec) if spec is not None else []
+        if not changes:
+            return pool
+        assert spec is not None
+        new = _new_pool(spec)
+        listener.on_notice("restarting the pool (" + ", ".join(changes) + "); " + NAMES_GONE)
+        pool.stop()
+        self.pool = new
+        self.owned.clear()
+        return new
+
+    # ------------------------------------------------------------ reading
+    def status(self) -> PoolStatus:
+        """The pool as data; safe from any thread (it only reads)."""
+        pool = self.pool
+        if pool is None:
+            return PoolStatus()
+        rows = tuple(
+            RankRow(r, i.pid, i.state, i.device, i.host, i.exit_code, i.elapsed, i.memory, i.last_line)
+            for r, i in sorted(dict(pool.ranks).items())
+        )
+        return PoolStatus(
+            started=bool(pool.started),
+            nproc=pool.nproc,
+            backend=pool.backend,
+            master_addr=pool.plan.master_addr,
+            master_port=pool.plan.master_port,
+            start_method=pool.spec.launcher_method,
+            broken=pool.broken,
+            generation=pool.generation,
+            start_seconds=getattr(pool, "start_seconds", None),
+            ranks=rows,
+            owned=tuple(sorted(self.owned)),
+            plan=pool.plan,
+        )
+
+    def env(self, spec: Optional[PoolSpec] = None) -> EnvData:
+        """The env each rank sees (read from the live workers) or, given a spec or without a live pool, will get."""
+        pool = self.pool
+        if spec is None and pool is not None and pool.alive:
+            return EnvData(nproc=pool.nproc, backend=pool.backend, live=pool.live_env())
+        spec = spec or (pool.spec if pool is not None else None)
+        if spec is None:
+            raise UsageError(NEED_N_FOR_ENV)
+        try:
+            plan = make_plan(spec, strict=False)
+        except PlanError as e:
+            raise UsageError(str(e)) from None
+        return EnvData(nproc=spec.nproc, backend=plan.backend, plan=plan)
+
+    # ------------------------------------------------------------ cells
+    def run(self, source: str, user_ns: Mapping[str, Any], options: Optional[CellOptions] = None, listener: Optional[Listener] = None) -> CellResult:
+        """Run a cell on every rank: ship the notebook names it uses, run it, keep track of the names it leaves there.
+
+        Raises UsageError (a syntax error: nothing ran) or ShipError (a name that
+        cannot be pickled: nothing was sent); a cell that fails on a rank is an
+        outcome with failures, not an exception.
+        """
+        options = options or CellOptions()
+        listener = listener or Listener()
+        blobs = self._ship(source, user_ns)
+        pool = self._pool_for(options.spec, listener, NEED_N_FOR_CELL)
+        if isinstance(listener, CellListener):
+            listener.on_pool(pool)
+        if options.restart and pool.started:
+            pool.restart(listener)
+            self.owned.clear()
+            listener.on_notice("restarted the pool; " + NAMES_GONE)
+        generation = pool.generation
+        self.cells += 1
+        label = str(self.cells)
+        outcome = pool.run(
+            source, blobs, listener=listener, timeout=options.timeout, gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned)
+        )
+        if pool.generation != generation:  # the pool (re)started for this cell: earlier names are gone
+            self.owned.clear()
+        if outcome.state_lost:  # ranks were stopped: this cell's names are gone too
+            self.owned.clear()
+        else:
+            self.owned |= namespace.assigned_globals(source, CELL_FILENAME)
+        return CellResult(outcome=outcome, label=label)
+
+    def _ship(self, source: str, user_ns: Mapping[str, Any]) -> Dict[str, bytes]:
+        """The notebook values the cell uses and the workers do not own, pickled; nothing runs when one fails."""
+        try:
+            compile(source, CELL_FILENAME, "exec", dont_inherit=True)
+            needed = namespace.names_to_ship(source, CELL_FILENAME, dict(user_ns), self.owned)
+        except SyntaxError as e:
+            raise UsageError("SyntaxError in the cell; nothing was run:\n" + syntax_error_text(e)) from None
+        blobs, failure = transfer.dumps_names(needed)
+        if failure:
+            name, why = failure
+            raise ShipError(
+                f"cannot send the notebook variable {name!r} to the workers ({why}).\n"
+                f"Create it inside the %%ddp cell instead, or make it picklable (cloudpickle)."
+            )
+        return blobs
+
+
+def _new_pool(spec: PoolSpec) -> Pool:
+    """A pool for ``spec``, validated (nothing started yet); a bad request is a short UsageError."""
+    try:
+        pool = Pool(spec)
+    except PlanError as e:
+        raise UsageError(str(e)) from None
+    _warm_torch_import()
+    return pool
+
+
+def _warm_torch_import() -> None:
+    """Results (tensors) unpickle in the kernel, which then needs torch: import it in the
+    background while the ranks start, instead of making the first result wait ~2 s."""
+    if "torch" in sys.modules:
+        return
+
+    def _import() -> None:
+        if sys.platform.startswith("linux"):  # elsewhere a thread id is no pid: never renice another process
+            try:
+                # Linux nice is per thread: on few cores the template's own import of torch,
+                # which every rank waits for, goes first.
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+            except OSError:
+                log.debug("could not lower the priority of the torch import", exc_info=True)
+        try:
+            import torch  # noqa: F401
+        except Exception:
+            log.debug("background import of torch failed", exc_info=True)
+
+    threading.Thread(target=_import, name="ddp-warm-torch", daemon=True).start()

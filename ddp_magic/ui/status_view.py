@@ -1,0 +1,376 @@
+"""The status view of a ``%%ddp`` cell: a pool Listener that only presents.
+
+It hears the pool's events (``on_state``, ``on_output``, ``on_notice``) and
+shows, for each rank, its state, elapsed time, device, pid, exit code or
+signal, last printed line and GPU memory, plus the env each rank received and
+the plan's checks. It decides nothing: the pool decides, the view shows.
+What it says comes from status_render.py (pure functions of a ``Snapshot``);
+where it goes, from status_display.py (widget, html, text or off, chosen once).
+
+Never the only copy of anything: the cell's output stays in its streams and
+its result. The display bundle carries ``text/html`` beside the widget, and
+when the cell ends it is replaced (update_display) by that static form alone:
+the same one-line summary with the rank table and the env checks behind
+``<details>``. Saved notebooks, nbviewer, GitHub and a reloaded JupyterLab
+show it without widget state; plain IPython gets the summary as text. nbval
+sees the first bundle (it does not apply display updates), whose HTML holds
+timings and pids: strict nbval runs sanitise it (e.g. the pattern
+``(?s)<div class='ddp-status'.*``) or turn the view off (``%%ddp --no-widget``,
+or ``DDP_MAGIC_WIDGET=0`` in the kernel's env).
+
+Updates are throttled: events only mark the view dirty. A change of state is
+rendered at most once per ``min_interval`` (default 0.2 s); printed lines alone
+(the "last line" column) at most once per ``refresh`` (default 1 s), the pace
+at which the elapsed times move anyway. Each render is a couple of widget
+messages, sent by the event that finds its interval elapsed or by a small
+ticker thread that sleeps until the next render is due, so a long training
+cell costs the kernel about one wake-up a second. ``finish()`` always renders
+the final state.
+"""
+from __future__ import annotations
+
+import contextvars
+import functools
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, cast
+
+from ..kernel.pool import Listener, RankInfo
+from ..logs import log
+from ..plan.plan import DIST_VARS, Check, Plan, plan_checks
+from ..states import RankState
+from . import status_render as R
+from .status_display import Bundle, make_display
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _guarded(method: F) -> F:
+    """A view's work that must never break the cell: the first error stops the view, never the cell."""
+
+    @functools.wraps(method)
+    def run(self: "StatusView", *args: Any) -> Any:
+        if self._error:
+            return None
+        try:
+            return method(self, *args)
+        except Exception as e:
+            log.debug("the status view failed in %s", method.__name__, exc_info=True)
+            self._fail(e)
+            return None
+
+    return cast(F, run)
+
+
+def _says(render: Callable[[R.Snapshot], str]) -> Callable[["StatusView"], str]:
+    """A method of the view that renders its snapshot now with one of status_render's functions."""
+
+    def method(self: "StatusView") -> str:
+        return render(self.snapshot())
+
+    method.__name__, method.__doc__ = render.__name__, render.__doc__
+    return method
+
+
+class StatusView(Listener):
+    """Live per-rank status of one %%ddp cell; ``mode`` is widget, html, text or off (see status_display.py)."""
+
+    def __init__(
+        self,
+        nproc: int,
+        plan: Optional[Plan] = None,
+        *,
+        pool: Any = None,
+        mode: str = "widget",
+        min_interval: float = 0.2,
+        refresh: float = 1.0,
+        live_after: float = 0.3,
+        ticker: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        display: Optional[Callable[..., Any]] = None,
+        update_display: Optional[Callable[..., Any]] = None,
+        checks: Optional[Sequence[Check]] = None,
+    ) -> None:
+        self.nproc = nproc
+        self._plan = plan
+        self._pool = pool
+        self.mode = mode
+        self.display = make_display(mode, self)
+        self.min_interval = min_interval
+        self.refresh = refresh
+        self.live_after = live_after
+        self.use_ticker = ticker
+        self.clock = clock
+        self._display_fn = display
+        self._update_fn = update_display
+        self._fixed_checks = list(checks) if checks is not None else None
+        self._checks: List[Check] = []
+        self._checks_for: Optional[str] = None
+        self._envs: List[Dict[str, str]] = []
+        self._envs_for: Optional[str] = None
+        self.infos: Dict[int, RankInfo] = {}
+        self.history: List[Tuple[int, R.Label]] = []  # (rank, label) each time a rank's shown state changed
+        self.notices: List[str] = []
+        self.renders = 0  # how many times the live view was re-rendered (each sends at most a few widget messages)
+        self.finished = False
+        self.result_ok: Optional[bool] = None
+        self.result_note = ""
+        self.elapsed_final: Optional[float] = None
+        self.started_in: Optional[float] = None
+        self._labels: Dict[int, R.Label] = {}
+        self.started_at = clock()
+        self._run_t0: Optional[float] = None
+        self._dirty = False  # a state or notice changed: render within min_interval
+        self._dirty_output = False  # only printed lines changed: render within refresh
+        self._last_render = float("-inf")
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()  # the ticker's sleep ends early: something is due sooner
+        self._thread: Optional[threading.Thread] = None
+        self._display_id: Optional[str] = None
+        self.shown = False
+        self._error: Optional[str] = None
+        if pool is not None and getattr(pool, "started", False):
+            for r, info in dict(getattr(pool, "ranks", {}) or {}).items():  # a running pool: its ranks as they are now
+                self.infos[r] = info
+                self._labels[r] = R.state_label(info)
+
+    # ------------------------------------------------------------ facts
+    @property
+    def plan(self) -> Optional[Plan]:
+        if self._pool is not None:
+            return getattr(self._pool, "plan", self._plan)
+        return self._plan
+
+    @property
+    def backend(self) -> str:
+        plan = self.plan
+        return plan.backend if plan is not None else ""
+
+    @property
+    def checks(self) -> List[Check]:
+        """The checks of the pool's plan, computed once per plan."""
+        if self._fixed_checks is not None:
+            return self._fixed_checks
+        plan = self.plan
+        if plan is None:
+            return []
+        if self._checks_for != plan.run_id:
+            try:
+                self._checks = plan_checks(plan, started=bool(getattr(self._pool, "started", False)))
+            except Exception as e:  # a check must never break a cell
+                log.debug("the status view could not run the env checks", exc_info=True)
+                self._checks = [Check("env checks", False, f"could not run: {type(e).__name__}: {e}", level="warning")]
+            self._checks_for = plan.run_id
+        return self._checks
+
+    def label(self, rank: int) -> R.Label:
+        info = self.infos.get(rank)
+        return R.state_label(info) if info is not None else RankState.STARTING
+
+    def start_seconds(self) -> Optional[float]:
+        """How long the pool took to start in this cell (the pool's own measure when it has one)."""
+        if self.started_in is None:
+            return None
+        measured = getattr(self._pool, "start_seconds", None)
+        return measured if isinstance(measured, (int, float)) else self.started_in
+
+    def elapsed(self) -> float:
+        if self.elapsed_final is not None:
+            return self.elapsed_final
+        return self.clock() - (self._run_t0 if self._run_t0 is not None else self.started_at)
+
+    def _rank_envs(self) -> List[Dict[str, str]]:
+        """The DIST_VARS each rank of the plan receives, computed once per plan."""
+        plan = self.plan
+        if plan is None:
+            return []
+        if self._envs_for != plan.run_id:
+            self._envs = [{k: v for k, v in env.items() if k in DIST_VARS} for env in plan.all_envs()]
+            self._envs_for = plan.run_id
+        return self._envs
+
+    def snapshot(self) -> R.Snapshot:
+        """What the view shows now, for the renderer."""
+        return R.Snapshot(
+            nproc=self.nproc,
+            infos=dict(self.infos),
+            now=self.clock(),
+            elapsed=self.elapsed(),
+            backend=self.backend,
+            checks=self.checks,
+            envs=self._rank_envs(),
+            notices=list(self.notices),
+            finished=self.finished,
+            ok=bool(self.result_ok),
+            note=self.result_note,
+            started_in=self.start_seconds(),
+        )
+
+    # ------------------------------------------------------------ listener events
+    @_guarded
+    def on_state(self, info: RankInfo) -> None:
+        self.infos[info.rank] = info
+        label = R.state_label(info)
+        if self._labels.get(info.rank) != label:
+            self._labels[info.rank] = label
+            self.history.append((info.rank, label))
+        if label == RankState.RUNNING and self._run_t0 is None:
+            self._run_t0 = info.started if info.started else self.clock()
+        if label == RankState.READY:
+            self.started_in = max(self.started_in or 0.0, info.elapsed)
+        self._changed()
+
+    @_guarded
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        self._changed(urgent=False)
+
+    @_guarded
+    def on_notice(self, text: str) -> None:
+        self.notices.append(text)
+        self._changed()
+
+    def _fail(self, e: BaseException) -> None:
+        """The view broke: stop updating it, never the cell."""
+        self._error = f"{type(e).__name__}: {e}"
+        self._stop.set()
+        self._wake.set()
+        try:
+            print(f"ddp_magic: the status view stopped updating ({self._error})", file=sys.stderr)
+        except Exception:
+            log.debug("could not say that the status view stopped", exc_info=True)
+
+    # ------------------------------------------------------------ throttling
+    def _changed(self, urgent: bool = True) -> None:
+        if urgent:
+            self._dirty = True
+        else:
+            self._dirty_output = True
+        if not self.shown or not self.display.live:
+            return
+        if self.clock() - self._last_render >= (self.min_interval if self._dirty else self.refresh):
+            self.render()
+        elif urgent:
+            self._wake.set()  # the ticker may be sleeping until a later moment
+
+    def render(self) -> None:
+        """Bring the page up to date now (the display may hold it back: the view stays dirty then)."""
+        with self._lock:
+            if self._error or not self.shown or self.display.holds():
+                return
+            self._dirty = self._dirty_output = False
+            self._last_render = self.clock()
+            self.renders += 1
+            self.display.render()
+
+    def _next_render(self) -> float:
+        """When the ticker must render next (the view's clock): the display's own moment (the widget
+        going live), a held-back change of state, or the once-a-refresh move of times and last lines."""
+        due = self.display.due()
+        if due is not None:
+            return due  # the display renders then, with whatever is held back
+        if self._dirty:
+            return self._last_render + self.min_interval
+        if self._dirty_output or any(self.label(r) in R.ACTIVE for r in R.all_ranks(self.nproc, self.infos)):
+            return self._last_render + self.refresh
+        return self.clock() + self.refresh  # nothing moves: look again later (an event wakes it sooner)
+
+    def _tick_loop(self) -> None:
+        while not self._stop.is_set():
+            self._tick()
+
+    @_guarded
+    def _tick(self) -> None:
+        self._wake.wait(max(0.0, min(self._next_render() - self.clock(), self.refresh)))
+        self._wake.clear()
+        if not self._stop.is_set() and self.clock() >= self._next_render():
+            self.render()
+
+    # ------------------------------------------------------------ display
+    def show(self) -> "StatusView":
+        """Put the view at the top of the cell's output (before any rank prints)."""
+        if self.shown:
+            return self
+        first = self.display.first_bundle()
+        if first is not None:
+            handle = self._put(first)
+            self._display_id = getattr(handle, "display_id", None)
+        self.shown = True
+        if self.display.live:
+            self._last_render = self.clock()
+            if self.use_ticker:
+                ctx = contextvars.copy_context()  # comm messages keep the cell as their parent
+                self._thread = threading.Thread(target=ctx.run, args=(self._tick_loop,), name="ddp-status", daemon=True)
+                self._thread.start()
+        return self
+
+    def finish(self, outcome: Any = None, error: Optional[BaseException] = None) -> None:
+        """The cell ended: render the final state, collapse to the one-line summary, leave a static copy."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        if self.finished:
+            return
+        self.finished = True
+        self.result_ok, self.result_note = R.verdict(outcome, error)
+        if outcome is not None:
+            self.elapsed_final = getattr(outcome, "elapsed", None)
+        if self.elapsed_final is None:
+            self.elapsed_final = self.clock() - (self._run_t0 if self._run_t0 is not None else self.started_at)
+        self._settle()
+
+    @_guarded
+    def _settle(self) -> None:
+        self.display.finish()
+
+    def _put(self, bundle: Bundle) -> Any:
+        if self._display_fn is not None:
+            return self._display_fn(bundle, raw=True, display_id=True)
+        from IPython.display import display
+
+        return display(bundle, raw=True, display_id=True)
+
+    def put(self, bundle: Bundle) -> None:
+        """Display a bundle of its own (not the one updated in place)."""
+        self._put(bundle)
+
+    def replace(self, bundle: Bundle) -> None:
+        """Replace what the view put at the top of the cell (no-op before it was shown)."""
+        if self._display_id is None:
+            return
+        if self._update_fn is not None:
+            self._update_fn(bundle, raw=True, display_id=self._display_id)
+            return
+        from IPython.display import update_display
+
+        update_display(bundle, raw=True, display_id=self._display_id)
+
+    def bundle(self, widget: bool = True) -> Bundle:
+        """The display bundle: the widget (while the cell runs) and its static HTML form.
+
+        No text/plain on purpose: a cell's text/plain results stay the cell's own
+        (tools that read "the cell's result" from display text are not misled), and
+        the first and the final bundle carry the same MIME types, so a notebook
+        checker that sees only the first one (nbval) compares like with like.
+        """
+        data: Bundle = {"text/html": R.static_html(self.snapshot())}
+        if widget:
+            data.update(self.display.widget_bundle())
+        return data
+
+    # ------------------------------------------------------------ what it says (status_render.py, of the snapshot now)
+    summary = _says(R.summary)
+    header_html = _says(R.header_html)
+    ranks_html = _says(R.ranks_html)
+    env_html = _says(R.env_html)
+    static_html = _says(R.static_html)
+    static_text = _says(R.static_text)
+
+    def _repr_html_(self) -> str:
+        return self.static_html()
+
+    def __repr__(self) -> str:
+        return self.static_text()
+

@@ -1,0 +1,68 @@
+"""How failures read: exit codes and signals, each kind's headline, a cell's report."""
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+import ddp_magic.errors as errors
+from ddp_magic.errors import CellError, PlanError, RankFailure, describe_exit, signal_name
+from ddp_magic.states import FailureKind
+
+
+def test_signal_names_have_one_home():
+    assert signal_name(-signal.SIGKILL) == "SIGKILL" and signal_name(-signal.SIGTERM) == "SIGTERM"
+    assert signal_name(3) is None and signal_name(None) is None and signal_name(0) is None
+    assert signal_name(-999) == "signal 999"
+
+
+def test_describe_exit_says_what_to_suspect():
+    assert describe_exit(3) == "exited with code 3"
+    assert describe_exit(-9).startswith("was killed by SIGKILL (out of memory?")
+    assert describe_exit(-11) == "was killed by SIGSEGV (a crash in native code)"
+    assert describe_exit(-15) == "was killed by SIGTERM"
+    assert "lost its connection" in describe_exit(None)
+
+
+@pytest.mark.parametrize(
+    "failure, headline",
+    [
+        (RankFailure(rank=1, kind=FailureKind.DIED, pid=7, exit_code=4), "rank 1 (pid 7) exited with code 4"),
+        (RankFailure(rank=1, kind=FailureKind.KILLED, pid=7, exit_code=-15), "rank 1 (pid 7) did not respond to the interrupt and was stopped (SIGTERM)"),
+        (RankFailure(rank=1, kind=FailureKind.KILLED, pid=7, exit_code=-9), "rank 1 (pid 7) did not respond to the interrupt and was stopped (SIGKILL)"),
+        (RankFailure(rank=1, kind=FailureKind.KILLED, pid=7, exit_code=2), "rank 1 (pid 7) did not respond to the interrupt and was stopped (exited with code 2)"),  # noqa: E501
+        (RankFailure(rank=0, kind=FailureKind.TIMEOUT, message="the cell ran past --timeout 1s"), "the cell ran past --timeout 1s"),
+        (RankFailure(rank=2, kind=FailureKind.INTERRUPTED), "rank 2 was interrupted"),
+        (RankFailure(rank=3, kind=FailureKind.ERROR, type="ValueError", message="bad"), "rank 3 raised ValueError: bad"),
+        (RankFailure(rank=3, kind=FailureKind.INIT, type="RuntimeError"), "rank 3 raised RuntimeError"),
+    ],
+)
+def test_headline_per_kind(failure, headline):
+    assert failure.headline() == headline
+
+
+def test_a_cell_error_puts_the_root_cause_first_and_sums_up_the_stopped():
+    err = CellError(
+        [
+            RankFailure(rank=1, kind=FailureKind.DIED, pid=9, exit_code=-11, last_lines=["a", "b"]),
+            RankFailure(rank=0, kind=FailureKind.ERROR, type="RuntimeError", message="Connection reset by peer"),
+            RankFailure(rank=2, kind=FailureKind.KILLED, pid=8, exit_code=-9),
+        ],
+        notes=["rank 2 did not respond to the interrupt and was stopped"],
+    )
+    lines = str(err).splitlines()
+    assert lines[0] == "rank 1 (pid 9) was killed by SIGSEGV (a crash in native code)"
+    assert "--- last lines rank 1 printed ---" in lines and "rank 0 raised RuntimeError: Connection reset by peer" in lines
+    assert not any("(pid 8)" in ln for ln in lines)  # the stopped rank is in the notes only
+    assert lines[-1] == "rank 2 did not respond to the interrupt and was stopped"
+    assert err.ranks == [1, 0, 2] and err._render_traceback_()[0].startswith("CellError: rank 1")
+
+
+def test_a_cell_error_without_failures_shows_its_notes():
+    assert str(CellError([], notes=["interrupted by the user"])) == "interrupted by the user"
+    assert str(CellError([])) == "the cell failed"
+
+
+def test_plan_error_is_a_value_error_and_lives_here():
+    assert issubclass(PlanError, ValueError)
+    assert not hasattr(errors, "CellTimeout")  # a --timeout is a CellError with a TIMEOUT failure

@@ -1,0 +1,346 @@
+"""The failure policy, case by case, without processes: a fake pool (RankOps) and a fake clock.
+
+FailurePolicy is pure (states and time in, actions out); CellRun carries its
+actions out through the pool's narrow interface. The fake pool below plays
+ranks that finish, raise, die, honour or ignore an interrupt, and survive or
+not a SIGTERM, on a clock that only moves when the loop waits.
+"""
+from __future__ import annotations
+
+import signal
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+import pytest
+
+from ddp_magic.errors import RankFailure
+from ddp_magic.kernel.cell import CellRun, RankOps
+from ddp_magic.kernel.policy import (
+    FAILURE,
+    CaptureStacks,
+    FailurePolicy,
+    GiveUp,
+    Interrupt,
+    Signal,
+    last_cell_line,
+    root_cause_rank,
+)
+from ddp_magic.kernel.ranks import RankInfo
+from ddp_magic.states import FailureKind, RankState
+
+STUCK = (
+    "Traceback (most recent call last):\n"
+    '  File "<ddp-cell-3>", line 5, in <module>\n'
+    "    dist.all_reduce(x)\n"
+    '  File "/torch/distributed/c10d.py", line 2050, in all_reduce\n'
+    "    work.wait()\n"
+)
+ERROR = {"type": "ValueError", "message": "rank 1 cannot go on", "traceback": "Traceback ...\nValueError: rank 1 cannot go on\n"}
+PEER = {"type": "RuntimeError", "message": "[gloo] Connection closed by peer [127.0.0.1]:1234", "traceback": ""}
+REACT_S = 0.05  # how long a fake rank takes to react to an interrupt or a signal
+
+
+class FakePool:
+    """Plays the pool's side of RankOps on a fake clock, with ranks that behave as told."""
+
+    def __init__(
+        self,
+        n: int,
+        interruptible: Sequence[int] = (),
+        term_ok: Sequence[int] = (),
+        kill_ok: Sequence[int] = (),
+        grace: float = 1.0,
+    ) -> None:
+        self.now = 0.0
+        self.grace = grace
+        self.ranks: Dict[int, RankInfo] = {r: RankInfo(rank=r, state=RankState.RUNNING, pid=1000 + r, started=0.0) for r in range(n)}
+        self.interruptible: Set[int] = set(interruptible)
+        self.term_ok, self.kill_ok = set(term_ok), set(kill_ok)
+        self.events: List[Tuple[float, Callable[[], None]]] = []
+        self.done: Dict[int, dict] = {}
+        self.log: List[tuple] = []  # what the policy had the pool do, with the time
+        self.broken: Optional[str] = None
+        self.pump_calls = 0
+        self.ticks = 0
+
+    # ------------------------------------------------------------ scripting
+    def at(self, t: float, what: Callable[[], None]) -> None:
+        self.events.append((t, what))
+
+    def finish(self, rank: int, status: str, error: Optional[dict] = None) -> Callable[[], None]:
+        def go() -> None:
+            info = self.ranks[rank]
+            if info.state != RankState.RUNNING:
+                return
+            self.done[rank] = {"op": "done", "status": status, "error": error}
+            info.state = {"ok": RankState.DONE, "interrupted": RankState.INTERRUPTED}.get(status, RankState.FAILED)
+            info.finished = self.now
+
+        return go
+
+    def die(self, rank: int, code: int) -> Callable[[], None]:
+        def go() -> None:
+            info = self.ranks[rank]
+            if info.state == RankState.RUNNING:
+                info.state, info.exit_code, info.finished = RankState.DEAD, code, self.now
+
+        return go
+
+    def ctrl_c(self) -> None:
+        raise KeyboardInterrupt
+
+    # ------------------------------------------------------------ RankOps
+    def pump(self, until, deadline, tick=None, due=None) -> bool:
+        self.pump_calls += 1
+        for _ in range(10_000):
+            if until():
+                return True
+            wake = [t for t, _ in self.events] + [self.now + 0.5]
+            d = due() if due is not None else None
+            self.now = max(self.now, min(wake + ([d] if d is not None else [])))
+            if deadline is not None and self.now >= deadline:
+                return False
+            ready = sorted((e for e in self.events if e[0] <= self.now), key=lambda e: e[0])
+            self.events = [e for e in self.events if e[0] > self.now]
+            for _, what in ready:
+                what()
+            if tick is not None:
+                self.ticks += 1
+                tick()
+        raise AssertionError("the loop never ended")
+
+    def ask(self, op: str, timeout: float) -> Dict[int, dict]:
+        self.log.append(("ask", op, self.now))
+        self.now += 0.01
+        return {r: {"op": op, "text": STUCK} for r, i in self.ranks.items() if i.state == RankState.RUNNING}
+
+    def interrupt(self, ranks: Sequence[int]) -> None:
+        self.log.append(("interrupt", tuple(ranks), self.now))
+        for r in ranks:
+            if r in self.interruptible:
+                self.at(self.now + REACT_S, self.finish(r, "interrupted", {"type": "KeyboardInterrupt", "message": "", "traceback": ""}))
+
+    def signal_ranks(self, ranks: Sequence[int], sig: int) -> None:
+        self.log.append(("signal", tuple(ranks), sig, self.now))
+        for r in ranks:
+            if r in (self.term_ok if sig == signal.SIGTERM else self.kill_ok):
+                self.at(self.now + REACT_S, self.die(r, -sig))
+
+    def done_message(self, rank: int) -> Optional[dict]:
+        return self.done.get(rank)
+
+    def death_failure(self, rank: int) -> RankFailure:
+        info = self.ranks[rank]
+        return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, exit_code=info.exit_code)
+
+    def mark_dead(self, rank: int) -> None:
+        self.log.append(("dead", rank, self.now))
+        info = self.ranks[rank]
+        info.state, info.finished = RankState.DEAD, info.finished or self.now
+
+    def mark_broken(self, why: str) -> None:
+        self.broken = why
+
+    # ------------------------------------------------------------ helpers
+    def did(self, what: str) -> List[tuple]:
+        return [e for e in self.log if e[0] == what]
+
+
+def _run(pool: FakePool, timeout: Optional[float] = None) -> CellRun:
+    ops: RankOps = pool  # the fake satisfies the pool's narrow interface
+    run = CellRun(ops, FailurePolicy(timeout, pool.grace, 0.0), clock=lambda: pool.now)
+    run.drive()
+    return run
+
+
+# ------------------------------------------------------------------ a rank raises while the others wait
+def test_a_rank_raises_while_others_wait_in_a_collective():
+    pool = FakePool(4, term_ok=[0, 2, 3])  # stuck in all_reduce: deaf to the interrupt, not to SIGTERM
+    pool.at(0.1, pool.finish(1, "error", ERROR))
+    run = _run(pool)
+
+    # grace -> stacks -> interrupt -> grace -> SIGTERM -> (they exit) -> given up
+    assert pool.did("ask") == [("ask", "stack", pytest.approx(1.1))]
+    assert pool.did("interrupt") == [("interrupt", (0, 2, 3), pytest.approx(1.11))]
+    assert pool.did("signal") == [("signal", (0, 2, 3), signal.SIGTERM, pytest.approx(2.11))]
+    assert pool.now < 2.5, "no SIGKILL wait once every stopped rank has exited"
+    assert run.notes == [
+        "after rank 1 failed, ranks 0, 2, 3 were still running (rank 0 at cell line 5: dist.all_reduce(x), "
+        "rank 2 at cell line 5: dist.all_reduce(x), rank 3 at cell line 5: dist.all_reduce(x)); interrupted",
+        "ranks 0, 2, 3 did not respond to the interrupt (stuck in a collective or native code) and were stopped; "
+        "the pool restarts on the next cell and variables defined in earlier %%ddp cells are lost",
+    ]
+    assert pool.broken == "ranks 0, 2, 3 did not respond to the interrupt and were stopped"
+    assert run.cancelled and run.state_lost and not run.timed_out and not run.user_interrupt
+    failures = run.failures()
+    assert [(f.rank, f.kind) for f in failures] == [(1, "error"), (0, "killed"), (2, "killed"), (3, "killed")]
+    assert failures[0].headline() == "rank 1 raised ValueError: rank 1 cannot go on"
+    assert failures[1].kind is FailureKind.KILLED and failures[1].exit_code == -signal.SIGTERM
+    assert set(run.stacks) == {0, 2, 3}
+    assert pool.pump_calls == 1, "stopping ranks happens inside the one poll loop, not in a loop of its own"
+
+
+def test_sigkill_follows_sigterm_after_a_second_and_then_the_ranks_are_given_up():
+    pool = FakePool(2)  # rank 0 survives everything (a process in uninterruptible sleep)
+    pool.at(0.2, pool.finish(1, "error", ERROR))
+    run = _run(pool)
+    signals = pool.did("signal")
+    assert [(s[1], s[2]) for s in signals] == [((0,), signal.SIGTERM), ((0,), signal.SIGKILL)]
+    assert signals[1][3] - signals[0][3] == pytest.approx(1.0)
+    assert pool.did("dead") == [("dead", 0, pytest.approx(signals[1][3] + 3.0))]
+    assert run.notes[-1].startswith("rank 0 did not respond to the interrupt (stuck in a collective or native code) and was stopped;")
+    assert pool.broken == "rank 0 did not respond to the interrupt and was stopped"
+    assert [(f.rank, f.kind) for f in run.failures()] == [(1, "error"), (0, "killed")]
+
+
+def test_output_keeps_flowing_while_ranks_are_stopped():
+    pool = FakePool(2, kill_ok=[0])
+    pool.at(0.1, pool.finish(1, "error", ERROR))
+    ticks_at_term: List[int] = []
+    pool.at(2.5, lambda: ticks_at_term.append(pool.ticks))  # between SIGTERM (2.11) and SIGKILL (3.11)
+    _run(pool)
+    assert ticks_at_term, "the loop ran (and would have read output) while the ranks were being stopped"
+
+
+# ------------------------------------------------------------------ a rank dies
+def test_a_dead_rank_is_the_root_cause_before_the_peer_errors_it_caused():
+    pool = FakePool(4)
+    pool.at(0.2, pool.finish(0, "error", PEER))  # arrives first
+    pool.at(0.3, pool.die(2, -signal.SIGKILL))
+    pool.at(0.4, pool.finish(1, "error", PEER))
+    pool.at(0.4, pool.finish(3, "error", PEER))
+    run = _run(pool)
+    failures = run.failures()
+    assert [(f.rank, f.kind) for f in failures] == [(2, "died"), (0, "error"), (1, "error"), (3, "error")]
+    assert failures[0].headline().startswith("rank 2 (pid 1002) was killed by SIGKILL")
+    assert not pool.log, "every rank finished on its own: nothing to interrupt or stop"
+    assert run.notes == [] and not run.state_lost
+
+
+def test_a_real_error_ranks_before_a_peer_connection_error_that_came_first():
+    pool = FakePool(2)
+    pool.at(0.1, pool.finish(0, "error", PEER))
+    pool.at(0.2, pool.finish(1, "error", ERROR))
+    failures = _run(pool).failures()
+    assert [f.rank for f in failures] == [1, 0]
+    assert [root_cause_rank(f) for f in failures] == [1, 2]
+
+
+# ------------------------------------------------------------------ a rank ignores the interrupt
+def test_a_rank_ignoring_the_user_interrupt_is_stopped_after_the_grace():
+    pool = FakePool(2, interruptible=[0], term_ok=[1])
+    pool.at(1.0, pool.ctrl_c)
+    run = _run(pool)
+    assert pool.did("interrupt") == [("interrupt", (0, 1), 1.0)]
+    assert pool.did("signal") == [("signal", (1,), signal.SIGTERM, pytest.approx(2.0))]
+    assert run.notes[0] == "interrupted by the user (Ctrl-C / kernel interrupt)"
+    assert run.notes[1].startswith("rank 1 did not respond to the interrupt (stuck in a collective or native code) and was stopped;")
+    assert [(f.rank, f.kind) for f in run.failures()] == [(1, "killed"), (0, "interrupted")]
+    assert run.user_interrupt and run.cancelled and run.state_lost
+
+
+# ------------------------------------------------------------------ the timeout
+def test_the_timeout_captures_every_stack_and_interrupts():
+    pool = FakePool(3, interruptible=[0, 1, 2])
+    run = _run(pool, timeout=2.0)
+    assert pool.did("ask") == [("ask", "stack", 2.0)]
+    assert pool.did("interrupt") == [("interrupt", (0, 1, 2), pytest.approx(2.01))]
+    assert not pool.did("signal") and pool.broken is None and not run.state_lost
+    assert run.notes[0] == "where each rank was when the timeout expired:"
+    assert run.notes[1:] == [f"--- rank {r} ---\n{STUCK.rstrip()}" for r in range(3)]
+    failures = run.failures()
+    assert failures[0].kind is FailureKind.TIMEOUT and failures[0].headline() == "the cell ran past --timeout 2s"
+    assert [f.kind for f in failures[1:]] == ["interrupted"] * 3
+    assert run.timed_out and run.cancelled
+
+
+def test_a_timeout_after_a_real_error_reports_the_error_first():
+    pool = FakePool(2, interruptible=[0], grace=5.0)
+    pool.at(0.5, pool.finish(1, "error", ERROR))
+    run = _run(pool, timeout=1.0)
+    assert run.timed_out
+    assert [(f.rank, f.kind) for f in run.failures()] == [(1, "error"), (0, "interrupted")]
+
+
+# ------------------------------------------------------------------ Ctrl-C
+def test_ctrl_c_once_interrupts_every_rank_and_keeps_the_pool():
+    pool = FakePool(3, interruptible=[0, 1, 2])
+    pool.at(0.7, pool.ctrl_c)
+    run = _run(pool)
+    assert pool.did("interrupt") == [("interrupt", (0, 1, 2), 0.7)]
+    assert not pool.did("signal") and not pool.did("ask") and pool.broken is None
+    assert run.notes == ["interrupted by the user (Ctrl-C / kernel interrupt)"]
+    assert [(f.rank, f.kind) for f in run.failures()] == [(0, "interrupted"), (1, "interrupted"), (2, "interrupted")]
+    assert run.user_interrupt and run.cancelled and not run.state_lost
+
+
+def test_ctrl_c_twice_stops_the_ranks_without_waiting_for_the_grace():
+    pool = FakePool(2, term_ok=[0, 1])
+    pool.at(0.5, pool.ctrl_c)
+    pool.at(0.6, pool.ctrl_c)
+    run = _run(pool)
+    assert pool.did("signal") == [("signal", (0, 1), signal.SIGTERM, 0.6)]
+    assert pool.broken == "ranks 0, 1 did not respond to the interrupt and were stopped"
+    assert run.state_lost
+    assert [(f.rank, f.kind) for f in run.failures()] == [(0, "killed"), (1, "killed")]
+
+
+def test_ctrl_c_when_nothing_answered_still_reports_an_interrupt():
+    pool = FakePool(1, interruptible=[])
+    pool.at(0.5, pool.ctrl_c)
+    pool.at(0.6, pool.finish(0, "ok"))  # finished before the interrupt reached it
+    run = _run(pool)
+    failures = run.failures()
+    assert [(f.rank, f.kind) for f in failures] == [(0, "interrupted")]
+
+
+# ------------------------------------------------------------------ nothing goes wrong
+def test_nothing_happens_when_every_rank_finishes():
+    pool = FakePool(4)
+    for r in range(4):
+        pool.at(0.1 * (r + 1), pool.finish(r, "ok"))
+    run = _run(pool, timeout=10.0)
+    assert pool.log == [] and run.notes == [] and run.failures() == []
+    assert not (run.cancelled or run.state_lost or run.timed_out or run.user_interrupt)
+    assert pool.now == pytest.approx(0.4)
+
+
+# ------------------------------------------------------------------ the policy alone, with a clock in hand
+def _states(**ranks: RankState) -> Dict[int, Tuple[RankState, Optional[float]]]:
+    return {int(k[1:]): (v, 0.5 if v != RankState.RUNNING else None) for k, v in ranks.items()}
+
+
+def test_the_escalation_is_a_sequence_of_policy_states():
+    p = FailurePolicy(None, 1.0, 0.0)
+    assert p.next_due() is None
+    states = _states(r0=RankState.RUNNING, r1=RankState.FAILED)
+    assert p.decide(states, 0.5) == []
+    assert p.next_due() == 1.5
+    assert p.decide(states, 1.0) == []
+    assert p.decide(states, 1.5) == [CaptureStacks((0,), FAILURE)]
+    assert p.decide(states, 1.6) == [], "nothing more until the stacks are in"
+    assert p.stacks_taken({0: STUCK}, 1.6) == [Interrupt((0,))]
+    assert p.notes == ["after rank 1 failed, rank 0 was still running (rank 0 at cell line 5: dist.all_reduce(x)); interrupted"]
+    assert p.next_due() == pytest.approx(2.6)
+    assert p.decide(states, 2.6) == [Signal((0,), signal.SIGTERM)]
+    assert p.stopping and p.next_due() == pytest.approx(3.6)
+    assert p.decide(states, 3.0) == []
+    assert p.decide(states, 3.6) == [Signal((0,), signal.SIGKILL)]
+    assert p.next_due() == pytest.approx(6.6)
+    assert p.decide(states, 6.6) == [GiveUp((0,), "rank 0 did not respond to the interrupt and was stopped")]
+    assert not p.stopping and p.state_lost
+
+
+def test_an_interrupted_rank_counts_as_a_failure_only_before_we_interrupted_anyone():
+    p = FailurePolicy(None, 1.0, 0.0)
+    p.decide(_states(r0=RankState.INTERRUPTED, r1=RankState.RUNNING), 0.2)
+    assert p.order == [0] and p.first_failure == 0.2
+    q = FailurePolicy(None, 1.0, 0.0)
+    q.user_interrupt(0.1, [0, 1])
+    q.decide(_states(r0=RankState.INTERRUPTED, r1=RankState.RUNNING), 0.2)
+    assert q.order == []
+
+
+def test_where_a_stack_stands_in_the_cell():
+    assert last_cell_line(STUCK) == "cell line 5: dist.all_reduce(x)"
+    assert last_cell_line('  File "<ddp-cell-1>", line 2, in <module>') == "cell line 2"
+    assert last_cell_line("no cell frame here") == "an unknown place"
