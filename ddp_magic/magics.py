@@ -24,7 +24,7 @@ from .kernel.pool import Pool
 from .plan.spec import BACKENDS
 from .session import NO_POOL, STOPPED, CellListener, CellOptions, Session
 from .ui import labcomm
-from .ui.labcomm import env_report
+from .ui.report import env_report
 from .ui.output import RankPrinter, parse_ranks
 from .ui.results import RankResults
 

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 from .errors import PlanError, ShipError, UsageError
 from .kernel import CellOutcome, Listener
 from .kernel.pool import Pool
+from .kernel.texts import NAMES_GONE
 from .logs import log
 from .plan.plan import Plan, make_plan
 from .plan.spec import PoolSpec
@@ -29,7 +30,6 @@ from .wire import namespace, transfer
 from .wire.execution import syntax_error_text
 
 CELL_FILENAME = "<ddp-cell>"  # what names are read from; tracebacks name each cell <ddp-cell-N>
-NAMES_GONE = "variables defined in earlier %%ddp cells are gone"
 NO_POOL = "no pool is running"
 STOPPED = "stopped the pool; its workers have exited"
 NEED_N_FOR_CELL = "no pool is running yet: give the number of ranks on the first cell, e.g. %%ddp -n 2"

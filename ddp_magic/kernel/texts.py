@@ -63,9 +63,12 @@ def start_failure_text(nproc: int, failures: Sequence[RankFailure], worker_log: 
     return "\n".join(lines)
 
 
+NAMES_GONE = "variables defined in earlier %%ddp cells are gone"
+
+
 def restarted_notice(why: Optional[str]) -> str:
     """What the user reads when a cell had to restart a broken pool first."""
-    return f"restarted the pool ({why}); variables defined in earlier %%ddp cells are gone"
+    return f"restarted the pool ({why}); {NAMES_GONE}"
 
 
 def restarts_next_note(why: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..errors import PlanError
 from .gpus import GPUInfo, detect_gpus
@@ -164,12 +164,11 @@ def _master_port(spec: PoolSpec, strict: bool) -> Tuple[int, bool]:
 
 
 def make_plan(
-    spec: Any = None,
+    spec: PoolSpec,
     *,
     environ: Mapping[str, str] = os.environ,
     gpus: Optional[GPUInfo] = None,
     strict: bool = True,
-    **legacy: Any,
 ) -> Plan:
     """Turn a PoolSpec into a Plan for one node; raises PlanError with the fix.
 
@@ -180,8 +179,6 @@ def make_plan(
     ``plan_checks`` can show each problem as a failed check instead of stopping
     at the first one.
     """
-    if not isinstance(spec, PoolSpec):  # TRANSITION: make_plan(nproc, backend=...) until every caller passes a spec
-        spec = PoolSpec.from_options(legacy.pop("nproc", spec), **legacy)
     gpus = gpus if gpus is not None else detect_gpus(environ)
     backend, reason = _backend(spec, gpus, strict)
     if strict:
@@ -201,12 +198,3 @@ def make_plan(
         pg_timeout=spec.pg_timeout,
         extra_env=spec.env,
     )
-
-
-def __getattr__(name: str) -> Any:
-    """TRANSITION: the checks moved to plan/check*.py; a caller still importing them from here finds them."""
-    from .. import plan as package
-
-    if name.startswith("__") or not hasattr(package, name):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(package, name)

@@ -53,8 +53,8 @@ from ..errors import UsageError
 from ..kernel import Listener
 from ..logs import log
 from ..plan import checks_verdict, plan_checks
-from ..session import NO_POOL, STOPPED, EnvData, PoolStatus, Session
-from .report import EnvReport, live_report, plan_report
+from ..session import NO_POOL, STOPPED, PoolStatus, Session
+from .report import env_report
 
 TARGET = "ddp_magic"
 PROTOCOL = 1  # labextension/src/model.ts PROTOCOL
@@ -83,14 +83,6 @@ def notice(text: str) -> None:
 
 def bridge() -> Optional["LabBridge"]:
     return _bridge
-
-
-def env_report(env: EnvData) -> EnvReport:
-    """The report of the session's env data, planned or live: what %ddp_env shows and the panel's env request returns."""
-    if env.live is not None:
-        return live_report(env.live, env.nproc, env.backend)
-    assert env.plan is not None
-    return plan_report(env.plan)
 
 
 # ---------------------------------------------------------------- registration

@@ -11,7 +11,8 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ..plan.plan import DIST_VARS, Check, Plan, checks_verdict, device_map, live_checks, plan_checks
+from ..plan import DIST_VARS, Check, Plan, checks_verdict, device_map, live_checks, plan_checks
+from ..session import EnvData
 
 SHOWN_VARS = DIST_VARS + ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 SEEN_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")  # shown too, as the ranks will see them
@@ -187,3 +188,11 @@ def live_report(live: Dict[int, Dict[str, Any]], nproc: int, backend: str) -> En
         "process_group": {r: live[r].get("process_group") for r in live},
     }
     return EnvReport(f"live env of {nproc} rank(s), backend {backend}", envs, checks, extra)
+
+
+def env_report(env: EnvData) -> EnvReport:
+    """The report of the session's env data, planned or live: what %ddp_env shows and the panel's env request returns."""
+    if env.live is not None:
+        return live_report(env.live, env.nproc, env.backend)
+    assert env.plan is not None
+    return plan_report(env.plan)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 from ..errors import describe_exit
-from ..plan.plan import DIST_VARS, Check, checks_verdict
+from ..plan import DIST_VARS, Check, checks_verdict
 from ..states import FailureKind, RankState
 from .report import checks_html, checks_text, env_digest, env_table_html, table_text, verdict_html
 

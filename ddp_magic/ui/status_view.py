@@ -36,9 +36,9 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, cast
 
-from ..kernel.pool import Listener, RankInfo
+from ..kernel import Listener, RankInfo
 from ..logs import log
-from ..plan.plan import DIST_VARS, Check, Plan, plan_checks
+from ..plan import DIST_VARS, Check, Plan, plan_checks
 from ..states import RankState
 from . import status_render as R
 from .status_display import Bundle, make_display

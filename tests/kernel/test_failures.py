@@ -392,7 +392,10 @@ def test_soak_500_cells_no_growth(k4):
     took = time.monotonic() - t0
     rss1, fds1 = _kernel_rss_fds(k4)
     kids = worker_pids_of(k4.pid)
-    print(f"SOAK 500 cells (-n 4, {failed} failing) in {took:.1f}s: kernel RSS {rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB, fds {fds0} -> {fds1}, processes {len(kids)}")
+    print(
+        f"SOAK 500 cells (-n 4, {failed} failing) in {took:.1f}s: kernel RSS {rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB, "
+        f"fds {fds0} -> {fds1}, processes {len(kids)}"
+    )
     assert failed == 50
     assert fds1 - fds0 <= 2
     assert rss1 - rss0 < 30 * 2**20

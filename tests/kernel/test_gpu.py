@@ -78,7 +78,9 @@ def test_gpu_memory_is_reported(gpu_kernel):
 @needs_gpu
 @pytest.mark.gpu
 def test_nccl_debug_output_is_attributed(gpu_kernel):
-    ex = gpu_kernel.run("%%ddp --nccl-debug INFO\nimport torch, torch.distributed as dist\nx = torch.ones(1, device='cuda')\ndist.all_reduce(x)\nx.item()", timeout=240).ok()
+    ex = gpu_kernel.run(
+        "%%ddp --nccl-debug INFO\nimport torch, torch.distributed as dist\nx = torch.ones(1, device='cuda')\ndist.all_reduce(x)\nx.item()", timeout=240
+    ).ok()
     assert "NCCL INFO" in ex.stdout + ex.stderr and "[rank 0]" in ex.stdout + ex.stderr
 
 
@@ -87,7 +89,10 @@ def test_nccl_debug_output_is_attributed(gpu_kernel):
 def test_dead_rank_mid_nccl_all_reduce_ends_promptly(gpu_kernel):
     gpu_kernel.run("%%ddp -n 2 --pg-timeout 30\nimport torch, torch.distributed as dist", timeout=240).ok()
     t0 = time.monotonic()
-    ex = gpu_kernel.run("%%ddp\nimport os\nx = torch.ones(1, device='cuda')\nif dist.get_rank() == 1:\n    os._exit(9)\ndist.all_reduce(x)\ntorch.cuda.synchronize()", timeout=120)
+    ex = gpu_kernel.run(
+        "%%ddp\nimport os\nx = torch.ones(1, device='cuda')\nif dist.get_rank() == 1:\n    os._exit(9)\ndist.all_reduce(x)\ntorch.cuda.synchronize()",
+        timeout=120,
+    )
     took = time.monotonic() - t0
     print(f"nccl: dead rank mid all_reduce reported in {took:.1f}s")
     assert ex.error is not None and "rank 1" in ex.error[1] and took < 30

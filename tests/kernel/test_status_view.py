@@ -30,8 +30,9 @@ pytest.importorskip("ipywidgets")
 
 from comm.base_comm import BaseComm  # noqa: E402
 
-from ddp_magic.kernel.pool import Pool, RankInfo  # noqa: E402
-from ddp_magic.plan.plan import make_plan  # noqa: E402
+from ddp_magic.kernel import RankInfo  # noqa: E402
+from ddp_magic.kernel.pool import Pool  # noqa: E402
+from ddp_magic.plan import PoolSpec, make_plan  # noqa: E402
 from ddp_magic.states import RankState  # noqa: E402
 from ddp_magic.ui.status_display import WIDGET_MIME  # noqa: E402
 from ddp_magic.ui.status_view import StatusView  # noqa: E402
@@ -234,7 +235,7 @@ def fake_infos(n: int, state: RankState = RankState.RUNNING, started: float = 10
 
 def test_chatty_output_is_coalesced(comms, displays):
     clock = FakeClock()
-    view = StatusView(4, plan=make_plan(4), mode="widget", live_after=0.0, min_interval=0.2, ticker=False, clock=clock,
+    view = StatusView(4, plan=make_plan(PoolSpec(4)), mode="widget", live_after=0.0, min_interval=0.2, ticker=False, clock=clock,
                       display=displays.display, update_display=displays.update).show()
     infos = fake_infos(4)
     for info in infos:
@@ -257,7 +258,7 @@ def test_chatty_output_is_coalesced(comms, displays):
 
 
 def test_ticker_sends_what_was_held_back_and_moves_the_clock(comms, displays):
-    view = StatusView(2, plan=make_plan(2), mode="widget", live_after=0.0, min_interval=0.2, refresh=0.3,
+    view = StatusView(2, plan=make_plan(PoolSpec(2)), mode="widget", live_after=0.0, min_interval=0.2, refresh=0.3,
                       display=displays.display, update_display=displays.update).show()
     infos = fake_infos(2, started=time.monotonic())
     view.on_state(infos[0])  # within min_interval of show(): held back
@@ -282,7 +283,7 @@ def test_the_ticker_sleeps_between_renders(comms, displays):
     and printed lines alone are rendered once a refresh, not once a min_interval."""
     if not os.path.isdir("/proc/self/task"):
         pytest.skip("counts wake-ups in Linux /proc")
-    view = StatusView(2, plan=make_plan(2), mode="widget", live_after=0.0, min_interval=0.05, refresh=0.5,
+    view = StatusView(2, plan=make_plan(PoolSpec(2)), mode="widget", live_after=0.0, min_interval=0.05, refresh=0.5,
                       display=displays.display, update_display=displays.update).show()
     for info in fake_infos(2, started=time.monotonic()):
         view.on_state(info)
@@ -321,7 +322,7 @@ def test_quick_cell_never_builds_widgets(pool, comms, displays):
 
 def test_a_long_cell_goes_live_then_settles(comms, displays):
     clock = FakeClock()
-    view = StatusView(2, plan=make_plan(2), mode="widget", live_after=0.3, min_interval=0.0, ticker=False, clock=clock,
+    view = StatusView(2, plan=make_plan(PoolSpec(2)), mode="widget", live_after=0.3, min_interval=0.0, ticker=False, clock=clock,
                       display=displays.display, update_display=displays.update).show()
     infos = fake_infos(2, started=clock.t)
     view.on_state(infos[0])  # before live_after: held back, nothing sent
@@ -343,7 +344,7 @@ def test_a_long_cell_goes_live_then_settles(comms, displays):
 
 
 def test_the_ticker_makes_a_silent_cell_live(comms, displays):
-    view = StatusView(2, plan=make_plan(2), mode="widget", live_after=0.2, min_interval=0.05,
+    view = StatusView(2, plan=make_plan(PoolSpec(2)), mode="widget", live_after=0.2, min_interval=0.05,
                       display=displays.display, update_display=displays.update).show()
     time.sleep(0.6)  # no event at all: the ticker alone puts the widget up
     assert any(WIDGET_MIME in b for b in displays.updated)
@@ -354,7 +355,7 @@ def test_the_ticker_makes_a_silent_cell_live(comms, displays):
 # ---------------------------------------------------------------- other modes, a broken view
 def test_html_mode_without_ipywidgets(displays, comms):
     clock = FakeClock()
-    view = StatusView(2, plan=make_plan(2), mode="html", ticker=False, clock=clock, min_interval=0.2,
+    view = StatusView(2, plan=make_plan(PoolSpec(2)), mode="html", ticker=False, clock=clock, min_interval=0.2,
                       display=displays.display, update_display=displays.update).show()
     assert WIDGET_MIME not in displays.shown[0] and "text/html" in displays.shown[0]
     for info in fake_infos(2):
@@ -368,7 +369,7 @@ def test_html_mode_without_ipywidgets(displays, comms):
 
 
 def test_text_mode_prints_the_summary_once_at_the_end(displays, comms):
-    view = StatusView(2, plan=make_plan(2), mode="text", ticker=False, display=displays.display, update_display=displays.update).show()
+    view = StatusView(2, plan=make_plan(PoolSpec(2)), mode="text", ticker=False, display=displays.display, update_display=displays.update).show()
     for info in fake_infos(2):
         view.on_state(info)
     assert displays.shown == []
@@ -378,7 +379,9 @@ def test_text_mode_prints_the_summary_once_at_the_end(displays, comms):
 
 
 def test_a_broken_view_never_breaks_the_cell(displays, comms, capsys):
-    view = StatusView(2, plan=make_plan(2), mode="widget", live_after=0.0, ticker=False, display=displays.display, update_display=displays.update).show()
+    view = StatusView(
+        2, plan=make_plan(PoolSpec(2)), mode="widget", live_after=0.0, ticker=False, display=displays.display, update_display=displays.update
+    ).show()
     view.display.widgets["ranks"] = None  # rendering now raises
     view.on_state(fake_infos(1)[0])
     view.on_output(0, "stdout", "x")

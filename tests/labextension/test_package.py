@@ -97,7 +97,7 @@ def test_wheel_ships_the_prebuilt_extension() -> None:
         assert prefix + "static/style.js" in data
         install = json.loads(zipfile.ZipFile(os.path.join(out_dir, wheel)).read(next(n for n in names if n.endswith(prefix + "install.json"))))
         assert install["packageName"] == "ddp_magic" and install["packageManager"] == "python"
-        assert "ddp_magic/labcomm.py" in names
+        assert "ddp_magic/ui/labcomm.py" in names
         assert not [n for n in names if n.startswith("ddp_magic/labextension/")], "the bundle ships once, as data"
         assert not [n for n in names if "node_modules" in n or n.endswith(".ts")]
     finally:

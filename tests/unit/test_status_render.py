@@ -12,8 +12,8 @@ import sys
 import types
 from typing import Any, List
 
-from ddp_magic.kernel.pool import RankInfo
-from ddp_magic.plan.plan import DIST_VARS, Check, GPUInfo, make_plan
+from ddp_magic.kernel import RankInfo
+from ddp_magic.plan import DIST_VARS, Check, GPUInfo, PoolSpec, make_plan
 from ddp_magic.states import FailureKind, RankState
 from ddp_magic.ui import status_render as R
 from ddp_magic.ui.status import choose_mode
@@ -41,7 +41,7 @@ def snap(n: int, ranks: List[RankInfo], **kw: Any) -> R.Snapshot:
 
 
 def rank_envs(n: int) -> List[dict]:
-    return [{k: v for k, v in env.items() if k in DIST_VARS} for env in make_plan(n).all_envs()]
+    return [{k: v for k, v in env.items() if k in DIST_VARS} for env in make_plan(PoolSpec(n)).all_envs()]
 
 
 def test_labels():
@@ -118,7 +118,7 @@ def test_sixty_four_ranks_stay_readable():
 
 
 def test_gpu_memory_column():
-    plan = make_plan(2, backend="nccl", gpus=GPUInfo(count=2, cuda_built=True, physical=2), strict=False)
+    plan = make_plan(PoolSpec(2, backend="nccl"), gpus=GPUInfo(count=2, cuda_built=True, physical=2), strict=False)
     ranks = [RankInfo(rank=r, state=RankState.DONE, device=f"cuda:{r}", pid=10 + r, memory=(r + 1) * 3 << 29) for r in range(2)]
     table = R.ranks_html(snap(2, ranks, backend=plan.backend))
     assert ">memory<" in table and ">1.5 GiB<" in table and ">3.0 GiB<" in table and ">cuda:1<" in table
