@@ -14,10 +14,8 @@ from ..errors import RankFailure
 from ..states import RankState
 from ..wire import protocol as P
 from .policy import Action, CaptureStacks, FailurePolicy, GiveUp, Interrupt, Signal, States, running
-from .ranks import RankInfo
+from .ranks import Due, RankInfo, Tick
 
-Tick = Callable[[], None]  # runs after each wake of the poll loop
-Due = Callable[[], Optional[float]]  # when the next tick is needed at the latest (monotonic), or None
 STACK_TIMEOUT_S = 1.0  # how long to wait for the ranks' stacks before interrupting them
 
 

@@ -23,7 +23,7 @@ from ..wire import protocol as P
 from ..wire.capture import MarkerScanner
 from .admission import Admission
 from .launchers import Launcher
-from .ranks import Listener, RankInfo
+from .ranks import Due, Listener, RankInfo, Tick
 
 POLL_S = 0.05  # the wait while starting, asking, or with a launcher that has no exit-event fd
 IDLE_POLL_S = 0.5  # the longest sleep while a cell runs: a safety net, every event wakes the loop sooner
@@ -158,13 +158,7 @@ class Hub:
                 log.debug("SHUTDOWN to rank %s not sent", conn.rank, exc_info=True)
 
     # ------------------------------------------------------------ the poll loop
-    def pump(
-        self,
-        until: Callable[[], bool],
-        deadline: Optional[float],
-        tick: Optional[Callable[[], None]] = None,
-        due: Optional[Callable[[], Optional[float]]] = None,
-    ) -> bool:
+    def pump(self, until: Callable[[], bool], deadline: Optional[float], tick: Optional[Tick] = None, due: Optional[Due] = None) -> bool:
         """Dispatch messages and exits until until() holds (True) or the deadline passes (False).
 
         ``tick`` runs after each wake; ``due`` says when it next needs to run (a monotonic

@@ -35,7 +35,7 @@ from .cell import CellRun
 from .hub import Hub
 from .launchers import LaunchError, Launcher, make_launcher, signal_pid, worker_env
 from .policy import FailurePolicy
-from .ranks import CellOutcome, GuardedListener, Listener, RankInfo
+from .ranks import CellOutcome, Due, GuardedListener, Listener, RankInfo, Tick
 
 SHUTDOWN_WAIT_S = 1.0  # local ranks get this long to exit on SHUTDOWN before SIGKILL
 REMOTE_SHUTDOWN_WAIT_S = 3.0  # ranks on other hosts get this long to close their connections
@@ -337,13 +337,7 @@ class Pool:
         return {r: m["env"] for r, m in self.ask(P.ENV, timeout).items()}
 
     # ------------------------------------------------------------ RankOps (what a CellRun acts through)
-    def pump(
-        self,
-        until: Callable[[], bool],
-        deadline: Optional[float],
-        tick: Optional[Callable[[], None]] = None,
-        due: Optional[Callable[[], Optional[float]]] = None,
-    ) -> bool:
+    def pump(self, until: Callable[[], bool], deadline: Optional[float], tick: Optional[Tick] = None, due: Optional[Due] = None) -> bool:
         return self.hub.pump(until, deadline, tick=tick, due=due)
 
     def interrupt(self, ranks: Sequence[int]) -> None:

@@ -8,11 +8,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 from ..errors import RankFailure
 from ..logs import log
 from ..states import RankState
+
+Tick = Callable[[], None]  # runs after each wake of the poll loop
+Due = Callable[[], Optional[float]]  # when the next tick is needed at the latest (monotonic), or None
 
 
 @dataclass

@@ -180,3 +180,12 @@ def test_no_issue_numbers_in_tests() -> None:
             if re.search(r"\b[Ii]ssue #?\d+\b|#\d+\b.*\b(issue|task)\b", line):
                 hits.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()[:100]}")
     assert not hits, "issue numbers in tests:\n" + "\n".join(hits)
+
+
+def test_architecture_page_lists_every_module() -> None:
+    """docs/architecture.md copies each module's docstring; scripts/architecture_files.py rewrites it."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "architecture_files.py"), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
