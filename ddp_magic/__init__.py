@@ -24,7 +24,7 @@ from typing import Any, Dict, List
 
 from ._version import __version__
 
-__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", "Pool"]
+__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", "Pool", "save"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -42,6 +42,7 @@ def unload_ipython_extension(ipython: Any) -> None:
     labcomm.unregister(ipython)
     magics = ipython.magics_manager.registry.get("DDPMagics")
     if magics is not None:
+        ipython.events.unregister("post_run_cell", magics.record_cell)  # %ddp_export's history of this load
         magics.session.stop()
 
 
@@ -55,4 +56,12 @@ def __getattr__(name: str) -> Any:
         from .kernel.pool import Pool
 
         return Pool
+    if name == "breakpoint":  # ddp_magic.breakpoint(rank=1) in a %%ddp cell: pdb on that rank only (docs/debugging.md)
+        from .procs.rank_debug import breakpoint
+
+        return breakpoint
+    if name == "save":  # ddp_magic.save(state_dict, "model.pt"): sharded results written as full tensors
+        from .kernel.combine import save
+
+        return save
     raise AttributeError(name)

@@ -27,9 +27,10 @@ from .ui import labcomm
 from .ui.report import env_report
 from .ui.output import RankPrinter, parse_ranks
 from .ui.results import RankResults
+from .ui import debugging
 
 SEE_HELP = "See %ddp? for every option, with examples."
-POOL_KEYS = ("backend", "master_addr", "master_port", "init", "start_method", "nnodes", "start_timeout", "pg_timeout")
+POOL_KEYS = ("backend", "master_addr", "master_port", "init", "start_method", "nnodes", "start_timeout", "pg_timeout", "mesh")
 F = TypeVar("F", bound=Callable[..., Any])
 
 CELL_EXAMPLES = """
@@ -81,6 +82,7 @@ POOL_ARGUMENTS = (
     argument("--join-timeout", dest="start_timeout", type=float, metavar="SECONDS", help="wait for every rank (and node) to join (default 180)"),
     argument("--pg-timeout", type=float, metavar="SECONDS", help="before a collective with a missing peer fails (default 300)"),
     argument("--nccl-debug", choices=("WARN", "INFO", "TRACE"), help="set NCCL_DEBUG on the ranks (NCCL's own output appears per rank)"),
+    argument("--mesh", metavar="DIMS", help="a DeviceMesh named `mesh` on every rank, e.g. dp=2,tp=2 (sizes multiply to -n); none: no mesh"),
 )
 HELP_ARGUMENT = argument("-h", "--help", action="store_true", help="show this help")
 
@@ -129,9 +131,13 @@ def _ranks(text: str, world: Optional[int] = None) -> Any:
 
 
 def _argv(text: Optional[str]) -> Optional[List[str]]:
+    """``--argv "--epochs 3 --lr 0.1"``: IPython's line splitting keeps the quotes, so one quoted whole is the arguments."""
     if text is None:
         return None
-    return ["ddp_cell"] + shlex.split(text)
+    parts = shlex.split(text)
+    if len(parts) == 1 and len(text) > 1 and text[0] in "\"'" and text[-1] == text[0]:
+        parts = shlex.split(parts[0])
+    return ["ddp_cell"] + parts
 
 
 def log_text(limit: int = 200) -> str:
@@ -158,6 +164,7 @@ class _MagicListener(CellListener):
         from .ui.status import show_status  # lazy: ipywidgets is imported when a cell first runs
 
         self.view = show_status(pool, enabled=self.widget)  # above any output of the ranks
+        self.printer.world = pool.nproc  # a stderr line every rank sent is shown once, at once
 
     def on_output(self, rank: int, stream: str, text: str) -> None:
         if self.view is not None:
@@ -189,6 +196,23 @@ class DDPMagics(Magics):
     def __init__(self, shell: Any, session: Optional[Session] = None) -> None:
         super().__init__(shell)
         self.session = session or Session()
+        self.last_failures: List[Any] = []  # the last failed %%ddp cell's, for %ddp_debug
+        if shell is not None:  # %ddp_export reads every cell in execution order (nbval keeps no IPython history)
+            self.session.history.start_at(shell.execution_count)
+            shell.events.register("post_run_cell", self.record_cell)
+            shell.events.register("post_run_cell", self.newest_definition)
+
+    def record_cell(self, result: Any) -> None:
+        """IPython's post_run_cell: one more cell in the history %ddp_export reads."""
+        info = result.info  # without stored history (nbval) every cell has the same count: the history numbers them
+        number = result.execution_count if getattr(info, "store_history", True) else None
+        self.session.history.cell(number, getattr(info, "raw_cell", "") or "", bool(result.success))
+
+    def newest_definition(self, result: Any) -> None:
+        """IPython's post_run_cell: what an ordinary cell defined replaces the workers' copy (session.notebook_cell)."""
+        raw = getattr(result.info, "raw_cell", "") or ""
+        if self.shell is not None and not raw.lstrip().startswith("%%"):  # a %%ddp cell's names are the session's business
+            self.session.notebook_cell(raw, self.shell.transform_cell)
 
     @property
     def user_ns(self) -> Dict[str, Any]:
@@ -211,9 +235,10 @@ class DDPMagics(Magics):
     @argument("--out", metavar="NAME", help="also store the per-rank results in this notebook variable")
     @argument("--restart", action="store_true", help="restart the pool before running the cell")
     @argument("--gather", choices=("auto", "collective", "direct"), default="auto", help="how tensors come back")
-    @argument("--argv", help="sys.argv[1:] on the workers (default: --local_rank=LOCAL_RANK)")
+    @argument("--argv", help="sys.argv[1:] on the workers (default: none, as torchrun; argparse parsers that declare --local_rank get it)")
     @argument("--quiet", action="store_true", help="no notices from ddp_magic")
     @argument("--no-widget", action="store_true", help="no status view above the output")
+    @argument("--pdb", action="store_true", help="on failure, open pdb on the failing rank (post-mortem; %%pdb on does it for every cell)")
     @HELP_ARGUMENT
     def ddp(self, line: str, cell: Optional[str] = None) -> Any:
         """Run the cell on N worker processes (ranks) with torch.distributed ready.
@@ -237,7 +262,9 @@ class DDPMagics(Magics):
         listener = _MagicListener(printer, args.quiet, args.ranks, widget=not args.no_widget)
         request = _pool_request(args)
         spec = self.session.spec_for(**request) if request else None
-        options = CellOptions(spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv))
+        options = CellOptions(
+            spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), stdin=debugging.kernel_ask(printer.flush)
+        )
         try:
             try:
                 result = self.session.run(cell, self.user_ns, options, listener)
@@ -249,15 +276,20 @@ class DDPMagics(Magics):
         outcome = result.outcome
         listener.finish(outcome)
         results = RankResults(outcome.values)
+        value = results if outcome.combined is None else outcome.combined  # DTensors: one ShardedResult each
         if args.out:
-            self.user_ns[args.out] = results
+            self.user_ns[args.out] = value
         if outcome.failures:
+            self.last_failures = list(outcome.failures)
+            if args.pdb or getattr(self.shell, "call_pdb", False):  # --pdb, or IPython's %pdb on
+                debugging.once_instead_of_ipython(self.shell)
+                self._post_mortem("", quiet=True)
             raise CellError(outcome.failures, outcome.notes, partial=results)
         for note in outcome.notes:
             listener.on_notice(note)
         if all(v is None for v in outcome.values) or cell.rstrip().endswith(";"):
             return None
-        return results
+        return value
 
     def _ddp_line(self, line: str) -> None:
         args = _parse(_ddp_line, line, "%ddp")
@@ -276,6 +308,26 @@ class DDPMagics(Magics):
             print(log_text())
         else:
             print(self.session.status().text())
+
+    # ------------------------------------------------------------ %ddp_debug
+    @line_magic
+    def ddp_debug(self, line: str = "") -> None:
+        """Post-mortem: pdb on a rank's traceback from the last failed %%ddp cell, as %debug does for a plain cell.
+
+        examples:
+          %ddp_debug                 the rank whose error explains the failure (the root cause)
+          %ddp_debug 2               rank 2
+        The frames stay on the rank until the next %%ddp cell or until you quit pdb. See docs/debugging.md.
+        """
+        self._post_mortem(line)
+
+    def _post_mortem(self, line: str, quiet: bool = False) -> None:
+        printer = RankPrinter()
+        try:
+            listener = _MagicListener(printer, widget=False)
+            debugging.post_mortem(self.session.pool, self.last_failures, line, listener, debugging.kernel_ask(printer.flush), quiet)
+        finally:
+            printer.flush()
 
     # ------------------------------------------------------------ %ddp_env
     @line_magic
@@ -300,3 +352,41 @@ class DDPMagics(Magics):
         report = env_report(self.session.env(spec))
         return report.to_dict() if args.json else report
 
+    # ------------------------------------------------------------ %ddp_export
+    @line_magic
+    @magic_arguments()
+    @argument("path", nargs="?", default="train.py", help="the script to write (default train.py)")
+    @argument("--cells", metavar="RANGE", help="export these cells (In [n] numbers), e.g. 3-9 or 2,4-6; the definitions they use come along")
+    @argument("--n", dest="nproc", type=_positive_int, metavar="N", help="ranks in the launch line (default: the pool's)")
+    @argument("--slurm", action="store_true", help="also write an sbatch file: srun torchrun on each node, c10d rendezvous")
+    @argument("--nodes", type=_positive_int, metavar="N", help="nodes of the sbatch job (default: the pool's --nnodes)")
+    @argument("--gpus-per-node", type=_positive_int, metavar="G", help="ranks (GPUs) per node of the sbatch job (default: ranks / nodes)")
+    @argument("--accelerate", action="store_true", help="launch lines with accelerate launch instead of torchrun")
+    @argument("--check", action="store_true", help="run the script under torchrun --standalone here and compare it with the cells")
+    @HELP_ARGUMENT
+    def ddp_export(self, line: str) -> None:
+        """Write the %%ddp cells that ran, and the notebook definitions they used, as a script torchrun or Slurm runs.
+
+        examples:
+          %ddp_export train.py                 every %%ddp cell that ran, with the cells defining what they used
+          %ddp_export train.py --cells 3-9     only these cells (definitions they use come along)
+          %ddp_export train.py --slurm --nodes 2 --gpus-per-node 8     also train.sbatch (srun torchrun)
+          %ddp_export train.py --check         run it under torchrun here and compare it with the cells
+        See docs/export.md.
+        """
+        args = _parse(self.ddp_export, line, "%ddp_export")
+        if args.help:
+            print(self.ddp_export.__doc__)
+            return
+        from .export import check, write  # lazy: loading the extension stays light
+
+        opts = write.ExportOptions(args.path, args.cells, args.nproc, args.slurm, args.nodes, args.gpus_per_node, args.accelerate)
+        result = write.export_files(self.session.history.cells, opts)
+        print(result.text())
+        for warning in result.warnings:
+            print(f"ddp_export: {warning}", file=sys.stderr)
+        if args.check:
+            report = check.run_check(result.script, len(result.expected.lines), result.expected, cwd=os.getcwd())
+            if not report.ok:
+                raise write.ExportError(report.text)
+            print(report.text)

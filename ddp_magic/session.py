@@ -16,9 +16,10 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 from .errors import PlanError, ShipError, UsageError
+from .export.record import History
 from .kernel import CellOutcome, Listener
 from .kernel.pool import Pool
 from .kernel.texts import NAMES_GONE
@@ -116,6 +117,7 @@ class CellOptions:
     timeout: Optional[float] = None
     gather: str = "auto"
     argv: Optional[List[str]] = None  # sys.argv on the ranks; None: ["ddp_cell", "--local_rank=N"]
+    stdin: Optional[Callable[[str, bool], str]] = None  # answers the ranks' input() and pdb (kernel/stdin.py); None: EOF
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,8 @@ class Session:
     pool: Optional[Pool] = None
     owned: Set[str] = field(default_factory=set)
     cells: int = 0  # numbers tracebacks' <ddp-cell-N>: unique even when the front end stores no history
+    definitions: namespace.Definitions = field(default_factory=namespace.Definitions)  # the newest definition wins
+    history: History = field(default_factory=History)  # the cells as %ddp_export reads them (export/record.py)
 
     # ------------------------------------------------------------ specs
     def spec_for(self, nproc: Optional[int] = None, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> Optional[PoolSpec]:
@@ -273,7 +277,9 @@ class Session:
         """
         options = options or CellOptions()
         listener = listener or Listener()
-        blobs = self._ship(source, user_ns)
+        newer = self.definitions.stale(self.owned)
+        blobs = self._ship(source, user_ns, newer)
+        self._newest_wins(newer, user_ns, listener)
         pool = self._pool_for(options.spec, listener, NEED_N_FOR_CELL)
         if isinstance(listener, CellListener):
             listener.on_pool(pool)
@@ -285,21 +291,43 @@ class Session:
         self.cells += 1
         label = str(self.cells)
         outcome = pool.run(
-            source, blobs, listener=listener, timeout=options.timeout, gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned)
+            source, blobs, listener=self.history.tap(listener), timeout=options.timeout, gather=options.gather, argv=options.argv, label=label,
+            owned=sorted(self.owned), stdin=options.stdin,
         )
         if pool.generation != generation:  # the pool (re)started for this cell: earlier names are gone
             self.owned.clear()
         if outcome.state_lost:  # ranks were stopped: this cell's names are gone too
             self.owned.clear()
         else:
-            self.owned |= namespace.assigned_globals(source, CELL_FILENAME)
+            self.owned |= namespace.assigned_globals(source, CELL_FILENAME) | ({"mesh"} if pool.spec.mesh else set())  # --mesh made it there
+        self.definitions.ddp_cell(self.owned, newer)
+        self.history.ran(source, blobs, user_ns, pool, outcome)
         return CellResult(outcome=outcome, label=label)
 
-    def _ship(self, source: str, user_ns: Mapping[str, Any]) -> Dict[str, bytes]:
-        """The notebook values the cell uses and the workers do not own, pickled; nothing runs when one fails."""
+    def notebook_cell(self, source: str, transform: Callable[[str], str] = str) -> None:
+        """An ordinary notebook cell ran (IPython's post_run_cell): what it defined is now the newest definition.
+
+        ``transform`` turns the cell's magics into Python (IPython's transform_cell)."""
+        try:
+            self.definitions.notebook_cell(namespace.assigned_globals(transform(source), "<cell>"))
+        except Exception:  # bookkeeping must never disturb the notebook's own cell
+            log.debug("could not read the names a notebook cell defined", exc_info=True)
+
+    def _newest_wins(self, newer: Set[str], user_ns: Mapping[str, Any], listener: Listener) -> None:
+        """Names the workers held that an ordinary cell defined since are no longer theirs (this cell sends them)."""
+        self.owned -= newer
+        news = {n for n in newer if not namespace.by_reference(user_ns.get(n))}  # `import torch` again is no news
+        if news and not self.definitions.noticed:
+            self.definitions.noticed = True
+            listener.on_notice(namespace.newer_notice(news))
+
+    def _ship(self, source: str, user_ns: Mapping[str, Any], newer: Iterable[str] = ()) -> Dict[str, bytes]:
+        """The notebook values the cell uses and the workers do not own (and those ``newer`` there), pickled;
+        nothing runs when one fails."""
         try:
             compile(source, CELL_FILENAME, "exec", dont_inherit=True)
             needed = namespace.names_to_ship(source, CELL_FILENAME, dict(user_ns), self.owned)
+            needed.update(namespace.shippable(newer, dict(user_ns)))
         except SyntaxError as e:
             raise UsageError("SyntaxError in the cell; nothing was run:\n" + syntax_error_text(e)) from None
         blobs, failure = transfer.dumps_names(needed)

@@ -16,7 +16,7 @@ from typing import Dict, List, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "ddp_magic"
 ARCH = ROOT / "docs" / "architecture.md"
-ORDER = ["", "plan", "kernel", "kernel/launchers", "wire", "procs", "ui"]
+ORDER = ["", "plan", "kernel", "kernel/launchers", "wire", "procs", "ui", "export"]
 TITLES = {
     "": "top level: the kernel's entry points and what every role shares",
     "plan": "plan/ (kernel): what the user asked for, and the env each rank gets",
@@ -25,6 +25,7 @@ TITLES = {
     "wire": "wire/ (kernel and ranks): both ends of each cross-process mechanism",
     "procs": "procs/ (ranks, template, store): the separate programs",
     "ui": "ui/ (kernel): what the notebook and JupyterLab show",
+    "export": "export/ (kernel): %ddp_export, the notebook's %%ddp cells as a torchrun or Slurm script",
 }
 SPECIAL = {
     "_version.py": "the version, the one source (package.json and the wheel read it)",

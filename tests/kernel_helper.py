@@ -5,7 +5,7 @@ import os
 import queue
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from jupyter_client.manager import start_new_kernel
 
@@ -21,6 +21,7 @@ class Execution:
     messages: List[dict] = field(default_factory=list)  # every iopub message of this cell
     stream_times: List[Tuple[float, str, str]] = field(default_factory=list)  # (seconds since execute, name, text)
     elapsed: float = 0.0
+    prompts: List[Tuple[str, bool]] = field(default_factory=list)  # the input_request messages (prompt, password) answered
 
     @property
     def result(self) -> Optional[str]:
@@ -43,11 +44,15 @@ class Kernel:
     def pid(self) -> int:
         return self.km.provisioner.process.pid  # type: ignore[union-attr]
 
-    def run(self, code: str, timeout: float = 120.0, interrupt_after: Optional[float] = None, on_stream: Any = None) -> Execution:
-        """Execute code; on_stream(name, text) is called as each stream message arrives."""
+    def run(
+        self, code: str, timeout: float = 120.0, interrupt_after: Optional[float] = None, on_stream: Any = None,
+        answer: Optional[Callable[[str, bool], str]] = None, allow_stdin: Optional[bool] = None,
+    ) -> Execution:
+        """Execute code; on_stream(name, text) is called as each stream message arrives; answer(prompt, password)
+        replies to each input_request (as a notebook's input box would); allow_stdin=False: a front end without stdin."""
         ex = Execution(code)
         t0 = time.monotonic()
-        msg_id = self.kc.execute(code)
+        msg_id = self.kc.execute(code, allow_stdin=True if answer is not None else allow_stdin)
         interrupted = False
         while True:
             if interrupt_after is not None and not interrupted and time.monotonic() - t0 >= interrupt_after:
@@ -56,8 +61,10 @@ class Kernel:
             left = timeout - (time.monotonic() - t0)
             if left <= 0:
                 raise TimeoutError(f"cell did not finish in {timeout}s: {code[:80]!r}\nstdout so far: {ex.stdout[-2000:]}\nstderr: {ex.stderr[-2000:]}")
+            if answer is not None:
+                self._answer_stdin(ex, answer)
             try:
-                msg = self.kc.get_iopub_msg(timeout=min(left, 0.1 if interrupt_after is not None else left))
+                msg = self.kc.get_iopub_msg(timeout=min(left, 0.1 if interrupt_after is not None or answer is not None else left))
             except queue.Empty:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
@@ -82,6 +89,16 @@ class Kernel:
                 break
         ex.elapsed = time.monotonic() - t0
         return ex
+
+    def _answer_stdin(self, ex: Execution, answer: Callable[[str, bool], str]) -> None:
+        try:
+            req = self.kc.get_stdin_msg(timeout=0.01)
+        except queue.Empty:
+            return
+        if req["msg_type"] == "input_request":
+            prompt, password = req["content"]["prompt"], bool(req["content"].get("password"))
+            ex.prompts.append((prompt, password))
+            self.kc.input(answer(prompt, password))
 
     def value(self, expr: str) -> Any:
         """Evaluate an expression in the kernel and return its repr's literal value."""

@@ -15,6 +15,7 @@ from ..states import RankState
 from ..wire import protocol as P
 from .policy import Action, CaptureStacks, FailurePolicy, GiveUp, Interrupt, Signal, States, running
 from .ranks import Due, RankInfo, Tick
+from .stdin import Ask
 
 STACK_TIMEOUT_S = 1.0  # how long to wait for the ranks' stacks before interrupting them
 
@@ -58,12 +59,22 @@ class RankOps(Protocol):
         """The next cell must restart the pool, because ``why``."""
         ...
 
+    def answer_input(self, ask: Optional[Ask], cancelled: bool) -> None:
+        """Answer the ranks' pending input requests (EOF for all when ``cancelled``)."""
+        ...
+
+    def holding(self) -> bool:
+        """Some rank is in the debugger or waits for input."""
+        ...
+
 
 class CellRun:
     """Drives one cell to its end: pumps the pool's loop and carries out the failure policy."""
 
-    def __init__(self, ops: RankOps, policy: FailurePolicy, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ops: RankOps, policy: FailurePolicy, clock: Callable[[], float] = time.monotonic, stdin: Optional[Ask] = None) -> None:
         self.ops = ops
+        self.stdin = stdin  # answers the ranks' input() and pdb (kernel/stdin.py)
+        self._held_since: Optional[float] = None  # a rank debugs: the policy's clocks stand still
         self.policy = policy
         self.clock = clock  # the policy's time; tests pass a fake one
         self.notes: List[str] = policy.notes  # for the user, in the order they arose
@@ -90,10 +101,14 @@ class CellRun:
         the first interrupts every rank, a further one stops them, and the loop goes on."""
         while True:
             try:
-                self.ops.pump(self._finished, None, tick=self._tick, due=self.policy.next_due)
+                self.ops.pump(self._finished, None, tick=self._tick, due=self._due)
                 return
             except KeyboardInterrupt:
                 self._carry_out(self.policy.user_interrupt(self.clock(), running(self._states())))
+
+    def _due(self) -> Optional[float]:
+        """The policy's next step; none while a rank debugs (its clocks stand still, ``_tick``)."""
+        return None if self._held_since is not None else self.policy.next_due()
 
     def _states(self) -> States:
         return {r: (info.state, info.finished) for r, info in self.ops.ranks.items()}
@@ -106,7 +121,15 @@ class CellRun:
         return not self.policy.stopping
 
     def _tick(self) -> None:
-        self._carry_out(self.policy.decide(self._states(), self.clock()))
+        self.ops.answer_input(self.stdin, self.policy.cancelled)
+        now = self.clock()
+        if self.ops.holding():  # a rank in pdb or at input() is not hung, and its peers wait for it
+            self._held_since = self._held_since if self._held_since is not None else now
+            return
+        if self._held_since is not None:
+            self.policy.pause(now - self._held_since)
+            self._held_since = None
+        self._carry_out(self.policy.decide(self._states(), now))
 
     def _carry_out(self, actions: List[Action]) -> None:
         for action in actions:

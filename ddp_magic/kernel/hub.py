@@ -10,7 +10,6 @@ kernel running a long cell wakes about twice a second, not twenty times.
 """
 from __future__ import annotations
 
-import codecs
 import select
 import socket
 import time
@@ -20,37 +19,16 @@ from ..errors import RankFailure
 from ..logs import log
 from ..states import FailureKind, RankState
 from ..wire import protocol as P
-from ..wire.capture import MarkerScanner
 from .admission import Admission
+from .conns import Conn, OutConn, close_socket, peer_open, send_all_nonblocking
 from .launchers import Launcher
 from .ranks import Due, Listener, RankInfo, Tick
+from .stdin import InputDesk
 
 POLL_S = 0.05  # the wait while starting, asking, or with a launcher that has no exit-event fd
 IDLE_POLL_S = 0.5  # the longest sleep while a cell runs: a safety net, every event wakes the loop sooner
 STREAMS = ("stdout", "stderr")
 _DONE_STATES = {"ok": RankState.DONE, "interrupted": RankState.INTERRUPTED}  # any other status: FAILED
-
-
-class _Conn:
-    """A rank's control socket: framed messages."""
-
-    def __init__(self, rank: int, sock: socket.socket) -> None:
-        self.rank = rank
-        self.sock = sock
-        self.reader = P.FrameReader()
-
-
-class _OutConn:
-    """A rank's raw stdout or stderr socket (its fd 1 or 2), with sync markers in the bytes."""
-
-    def __init__(self, rank: int, stream: str, sock: socket.socket) -> None:
-        self.rank = rank
-        self.stream = stream
-        self.sock = sock
-        self.scanner = MarkerScanner()
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.synced = -1  # the last cell whose marker has been read
-        self.eof = False
 
 
 class Hub:
@@ -65,16 +43,17 @@ class Hub:
         self.on_death = on_death
         self.listener: Listener = Listener()
         self.ranks: Dict[int, RankInfo] = {}
-        self.conns: Dict[int, _Conn] = {}
-        self.outs: Dict[Tuple[int, str], _OutConn] = {}
+        self.conns: Dict[int, Conn] = {}
+        self.outs: Dict[Tuple[int, str], OutConn] = {}
         self.admission: Optional[Admission] = None  # set while ranks join
         self.ready: Set[int] = set()  # ranks whose process group is up (READY)
         self.init_failures: List[RankFailure] = []
         self.done: Dict[int, dict] = {}  # this cell's DONE messages, once their output is synced
         self.results: Dict[int, dict] = {}  # this cell's RESULT messages (after DECIDE)
         self.replies: Dict[str, Dict[int, dict]] = {}  # STACK / ENV replies
-        self._by_fd: Dict[int, Union[_Conn, _OutConn]] = {}
+        self._by_fd: Dict[int, Union[Conn, OutConn]] = {}
         self._unsynced: Dict[int, dict] = {}  # DONE messages waiting for their output markers
+        self.stdin = InputDesk()  # the ranks' questions and who sits in pdb (kernel/stdin.py)
 
     # ------------------------------------------------------------ registry
     def reset(self, ranks: Dict[int, RankInfo], admission: Optional[Admission]) -> None:
@@ -86,6 +65,7 @@ class Hub:
 
     def begin_cell(self) -> None:
         self.done, self.results, self.replies = {}, {}, {}
+        self.stdin.reset()
 
     def register(self, sock: socket.socket, hello: dict) -> None:
         """Take one authenticated socket: a rank's control socket, or one of its output streams."""
@@ -95,14 +75,14 @@ class Hub:
             if rank not in self.ranks or stream not in STREAMS or (rank, stream) in self.outs:
                 sock.close()
                 return
-            out = self.outs[(rank, stream)] = _OutConn(rank, stream, sock)
+            out = self.outs[(rank, stream)] = OutConn(rank, stream, sock)
             sock.setblocking(False)
             self._by_fd[sock.fileno()] = out
             return
         if rank not in self.ranks or rank in self.conns:
             sock.close()
             return
-        conn = self.conns[rank] = _Conn(rank, sock)
+        conn = self.conns[rank] = Conn(rank, sock)
         sock.setblocking(False)
         self._by_fd[sock.fileno()] = conn
         info = self.ranks[rank]
@@ -114,7 +94,7 @@ class Hub:
     def close_all(self) -> None:
         """Close every socket and forget what was pending."""
         for sock in [c.sock for c in self.conns.values()] + [o.sock for o in self.outs.values()]:
-            _close(sock)
+            close_socket(sock)
         self.conns.clear()
         self.outs.clear()
         self._by_fd.clear()
@@ -130,7 +110,7 @@ class Hub:
 
     def any_peer_open(self) -> bool:
         """Whether some rank still holds its control connection open (ranks on other hosts exit late)."""
-        return any(_peer_open(c.sock) for c in self.conns.values())
+        return any(peer_open(c.sock) for c in self.conns.values())
 
     # ------------------------------------------------------------ sending
     def broadcast(self, msg: dict, ranks: Optional[Sequence[int]] = None) -> None:
@@ -141,7 +121,7 @@ class Hub:
             if conn is None:
                 continue
             try:
-                _send_all_nonblocking(conn.sock, frame)
+                send_all_nonblocking(conn.sock, frame)
             except OSError:
                 log.debug("rank %s's control socket failed on send", rank, exc_info=True)
                 self._drop_conn(conn)
@@ -208,13 +188,13 @@ class Hub:
                     self.register(sock, hello)
                 continue
             conn = self._by_fd.get(fd)
-            if isinstance(conn, _OutConn):
+            if isinstance(conn, OutConn):
                 self._read_out(conn)
             elif conn is not None:
                 self._read_conn(conn)
 
     # ------------------------------------------------------------ reading
-    def _read_conn(self, conn: _Conn) -> None:
+    def _read_conn(self, conn: Conn) -> None:
         try:
             data = conn.sock.recv(1 << 20)
         except BlockingIOError:
@@ -232,12 +212,12 @@ class Hub:
         for msg in conn.reader.feed(data):
             self._dispatch(conn.rank, msg)
 
-    def _drop_conn(self, conn: _Conn) -> None:
+    def _drop_conn(self, conn: Conn) -> None:
         self._by_fd.pop(conn.sock.fileno(), None)
         self.conns.pop(conn.rank, None)
-        _close(conn.sock)
+        close_socket(conn.sock)
 
-    def _read_out(self, out: _OutConn, limit: int = 1 << 20) -> bool:
+    def _read_out(self, out: OutConn, limit: int = 1 << 20) -> bool:
         """Forward what a rank wrote to fd 1/2; returns False at EOF or when nothing was there."""
         try:
             data = out.sock.recv(limit)
@@ -259,7 +239,7 @@ class Hub:
             self._release_done(out.rank)
         return True
 
-    def _emit_text(self, out: _OutConn, data: bytes, final: bool = False) -> None:
+    def _emit_text(self, out: OutConn, data: bytes, final: bool = False) -> None:
         text = out.decoder.decode(data, final=final)
         if not text:
             return
@@ -280,7 +260,7 @@ class Hub:
         del self._unsynced[rank]
         self._finish_rank(rank, msg)
 
-    def _drain_outs(self, rank: int, timeout: float = 0.5) -> None:
+    def drain_outs(self, rank: int, timeout: float = 0.5) -> None:
         """Read what a (dead) rank left in its output sockets, until EOF or a quiet moment."""
         deadline = time.monotonic() + timeout
         for stream in STREAMS:
@@ -290,7 +270,7 @@ class Hub:
                 if not r or not self._read_out(out):
                     break
 
-    def _read_leftovers(self, conn: _Conn) -> None:
+    def _read_leftovers(self, conn: Conn) -> None:
         """Whatever a rank sent before dying is still in its control socket."""
         try:
             while True:
@@ -321,9 +301,27 @@ class Hub:
             self.init_failures.append(failure)
         elif op in (P.STACK, P.ENV):
             self.replies.setdefault(op, {})[rank] = msg
+        elif op == P.INPUT:
+            self.stdin.request(rank, msg)
+            self.debug_changed(rank)
+        elif op == P.DEBUG:
+            self.stdin.debugger(rank, bool(msg.get("on")))
+            self.debug_changed(rank)
+
+    def debug_changed(self, rank: int) -> None:
+        """A rank asked for input, entered or left pdb, or finished: show it, and tell every rank whether to hold."""
+        info = self.ranks.get(rank)
+        if info is not None and info.debugging != self.stdin.what(rank):
+            info.debugging = self.stdin.what(rank)
+            self.listener.on_state(info)
+        hold = self.stdin.hold_change()
+        if hold is not None:
+            self.broadcast(hold)
 
     def _finish_rank(self, rank: int, msg: dict) -> None:
         self.done[rank] = msg
+        self.stdin.forget(rank)
+        self.debug_changed(rank)
         info = self.ranks.get(rank)
         if info is not None:
             info.state = _DONE_STATES.get(msg["status"], RankState.FAILED)
@@ -341,7 +339,7 @@ class Hub:
         conn = self.conns.get(rank)
         if conn is not None:
             self._read_leftovers(conn)
-        self._drain_outs(rank)
+        self.drain_outs(rank)
         pending = self._unsynced.pop(rank, None)
         if pending is not None and info.state == RankState.RUNNING:
             self._finish_rank(rank, pending)
@@ -352,30 +350,3 @@ class Hub:
         info.finished = time.monotonic()
         self.on_death(rank, code)
         self.listener.on_state(info)
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.close()
-    except OSError:
-        log.debug("closing a rank socket failed", exc_info=True)
-
-
-def _peer_open(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-
-
-def _send_all_nonblocking(sock: socket.socket, frame: bytes) -> None:
-    view = memoryview(frame)
-    while view:
-        try:
-            n = sock.send(view)
-        except BlockingIOError:
-            select.select([], [sock], [], 1.0)
-            continue
-        view = view[n:]

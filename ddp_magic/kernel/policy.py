@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 from dataclasses import dataclass
+from enum import Enum
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import RankFailure
@@ -27,7 +28,16 @@ States = Mapping[int, Tuple[RankState, Optional[float]]]  # rank -> (state, when
 
 TERM_WAIT_S = 1.0  # after SIGTERM, how long before SIGKILL
 KILL_WAIT_S = 3.0  # after SIGKILL, how long before the ranks are given up as dead
-TIMEOUT, FAILURE = "timeout", "failure"  # why stacks are captured
+
+
+class StackReason(str, Enum):
+    """Why the ranks' stacks are captured: what the policy does with the replies depends on it."""
+
+    TIMEOUT = "timeout"  # the cell ran past --timeout: show where every rank was, then interrupt
+    FAILURE = "failure"  # a rank failed and others still run: name where they wait, then interrupt
+
+
+TIMEOUT, FAILURE = StackReason.TIMEOUT, StackReason.FAILURE
 
 
 @dataclass(frozen=True)
@@ -35,7 +45,7 @@ class CaptureStacks:
     """Ask these ranks where they are; hand the replies to ``FailurePolicy.stacks_taken``."""
 
     ranks: Tuple[int, ...]
-    reason: str  # TIMEOUT or FAILURE
+    reason: StackReason
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,13 @@ class FailurePolicy:
                 if self.first_failure is None:
                     self.first_failure = now
 
+    def pause(self, seconds: float) -> None:
+        """A rank sat in the debugger (or at input()) this long: no clock of the policy counts that time."""
+        self.t0 += seconds
+        self.first_failure = None if self.first_failure is None else self.first_failure + seconds
+        self.interrupt_sent = None if self.interrupt_sent is None else self.interrupt_sent + seconds
+        self._sig_at += seconds
+
     def next_due(self) -> Optional[float]:
         """When ``decide`` next has something to decide (the timeout, a grace period's end, an
         escalation step); None: only on events.
@@ -142,7 +159,7 @@ class FailurePolicy:
             return self._stop(live, now)
         return []
 
-    def _ask_stacks(self, ranks: Sequence[int], reason: str) -> List[Action]:
+    def _ask_stacks(self, ranks: Sequence[int], reason: StackReason) -> List[Action]:
         self._awaiting = CaptureStacks(tuple(ranks), reason)
         return [self._awaiting]
 

@@ -36,6 +36,7 @@ from .hub import Hub
 from .launchers import LaunchError, Launcher, make_launcher, signal_pid, worker_env
 from .policy import FailurePolicy
 from .ranks import CellOutcome, Due, GuardedListener, Listener, RankInfo, Tick
+from .stdin import Ask, answer_all
 
 SHUTDOWN_WAIT_S = 1.0  # local ranks get this long to exit on SHUTDOWN before SIGKILL
 REMOTE_SHUTDOWN_WAIT_S = 3.0  # ranks on other hosts get this long to close their connections
@@ -268,6 +269,7 @@ class Pool:
         argv: Optional[List[str]] = None,
         label: Optional[str] = None,
         owned: Sequence[str] = (),
+        stdin: Optional[Ask] = None,
     ) -> CellOutcome:
         """Run source on every rank; names are cloudpickled notebook values to bind first.
 
@@ -276,7 +278,8 @@ class Pool:
         Returns when every rank has finished, or, after a failure, once the
         others finished, were interrupted, or were stopped (which breaks the pool;
         the next run restarts it). KeyboardInterrupt interrupts every rank, then
-        a failed outcome is returned.
+        a failed outcome is returned. ``stdin(prompt, password)`` answers the ranks' input() and pdb
+        (kernel/stdin.py); without it they read EOF.
         """
         guarded = GuardedListener(listener or Listener())
         with self._bound(guarded):
@@ -284,7 +287,7 @@ class Pool:
             if notice:
                 guarded.on_notice(notice)
             t0 = self._send_cell(source, names or {}, gather, argv, label, owned)
-            cell = CellRun(self, FailurePolicy(timeout=timeout, grace=self.grace, t0=t0))
+            cell = CellRun(self, FailurePolicy(timeout=timeout, grace=self.grace, t0=t0), stdin=stdin)
             cell.drive()
             return self._outcome(cell, guarded, t0)
 
@@ -339,6 +342,12 @@ class Pool:
     # ------------------------------------------------------------ RankOps (what a CellRun acts through)
     def pump(self, until: Callable[[], bool], deadline: Optional[float], tick: Optional[Tick] = None, due: Optional[Due] = None) -> bool:
         return self.hub.pump(until, deadline, tick=tick, due=due)
+
+    def answer_input(self, ask: Optional[Ask], cancelled: bool) -> None:
+        answer_all(self.hub, self.ranks, ask, cancelled)
+
+    def holding(self) -> bool:
+        return self.hub.stdin.holding(self.ranks)
 
     def interrupt(self, ranks: Sequence[int]) -> None:
         self.hub.broadcast(P.message(P.INTERRUPT), ranks)

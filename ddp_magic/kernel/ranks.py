@@ -13,6 +13,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional
 from ..errors import RankFailure
 from ..logs import log
 from ..states import RankState
+from .combine import combine
 
 Tick = Callable[[], None]  # runs after each wake of the poll loop
 Due = Callable[[], Optional[float]]  # when the next tick is needed at the latest (monotonic), or None
@@ -34,6 +35,7 @@ class RankInfo:
     finished: Optional[float] = None
     memory: Optional[int] = None
     last_line: str = ""
+    debugging: str = ""  # "in debugger" / "waiting for input" while the rank waits on the notebook (kernel/stdin.py)
     tail: Deque[str] = field(default_factory=lambda: deque(maxlen=20))
 
     @property
@@ -62,6 +64,11 @@ class CellOutcome:
     elapsed: float
     stacks: Dict[int, str] = field(default_factory=dict)
     state_lost: bool = False
+    combined: Any = field(init=False, default=None)  # one value for all ranks when they returned pieces of the same DTensors
+
+    def __post_init__(self) -> None:
+        """Put the ranks' DTensor shards together here, so every outcome has its one value (kernel/combine.py)."""
+        self.combined = None if self.failures else combine(self.values, self.notes)
 
     @property
     def ok(self) -> bool:

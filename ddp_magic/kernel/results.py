@@ -5,7 +5,9 @@ RESULT message once the kernel has decided how it travels (``gather_mode``):
 gathered to rank 0 in one collective when every rank returned the same shape,
 or rank by rank. Either way it is unpacked here, and a value that cannot be
 unpickled in the kernel becomes a ``transfer.Unpicklable`` with a note, never
-an exception that would lose the other ranks' results.
+an exception that would lose the other ranks' results. A DTensor is never
+gathered: each rank sends its local shard (wire/sharded.py), and the outcome
+(``CellOutcome.combined``) puts the ranks' shards together (kernel/combine.py).
 """
 from __future__ import annotations
 

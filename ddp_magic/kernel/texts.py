@@ -19,8 +19,13 @@ def node_instructions(nproc: int, nnodes: int, per_node: int, command: str, secr
         f"On each of the other {nnodes - 1} node(s), run (node ranks are given in the order nodes join):\n"
         f"  {command}\n"
         f"The secret file {secret_file} must be readable there with mode 0600: on a shared home it already is,\n"
-        f"otherwise copy it (scp -p). Under Slurm: srun --nodes={nnodes - 1} --ntasks-per-node=1 {command}"
+        f"otherwise copy it (scp -p). Under Slurm: {srun_prefix(nnodes - 1)} {command}"
     )
+
+
+def srun_prefix(nodes: int) -> str:
+    """How Slurm starts one torchrun agent per node: the pool's instructions and %ddp_export's sbatch file say it alike."""
+    return f"srun --nodes={nodes} --ntasks-per-node=1"
 
 
 def missing_nodes_text(

@@ -14,6 +14,42 @@ from ..errors import PlanError
 
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
 START_METHODS = ("auto", "fork", "spawn", "torchrun")
+MESH_ENV = "DDP_MAGIC_MESH"
+MESH_SYNTAX = "give --mesh NAME=SIZE,NAME=SIZE (e.g. --mesh dp=2,tp=2), or --mesh none"
+
+
+def parse_mesh(text: str) -> Tuple[Tuple[str, int], ...]:
+    """'dp=2,tp=2' -> (('dp', 2), ('tp', 2)); 'none' or '' -> (); bad syntax is a one-line PlanError."""
+    text = text.strip()
+    if text.lower() in ("", "none"):
+        return ()
+    out = []
+    for part in text.split(","):
+        name, eq, size = (x.strip() for x in part.partition("="))
+        if not eq or not name.isidentifier() or not size.isdigit() or int(size) < 1:
+            raise PlanError(f"--mesh {text!r}: {part.strip()!r} is not NAME=SIZE with a size of 1 or more; {MESH_SYNTAX}")
+        out.append((name, int(size)))
+    return tuple(out)
+
+
+def mesh_text(mesh: Tuple[Tuple[str, int], ...]) -> str:
+    return ",".join(f"{n}={s}" for n, s in mesh)
+
+
+def check_mesh(mesh: Tuple[Tuple[str, int], ...], nproc: int, init: bool) -> None:
+    """The mesh's sizes multiply to the world size, its names differ, and the ranks have a process group."""
+    if not mesh:
+        return
+    names = [n for n, _ in mesh]
+    if len(set(names)) != len(names):
+        raise PlanError(f"--mesh {mesh_text(mesh)}: a dim name appears twice; give each dim its own name")
+    product = 1
+    for _, size in mesh:
+        product *= size
+    if product != nproc:
+        raise PlanError(f"--mesh {mesh_text(mesh)} makes {product} ranks but -n is {nproc}: give sizes that multiply to {nproc}, or --mesh none")
+    if not init:
+        raise PlanError(f"--mesh {mesh_text(mesh)} needs the pool's process group; leave out --no-init")
 
 
 @dataclass(frozen=True)
@@ -32,6 +68,7 @@ class PoolSpec:
     grace: float = 1.0  # seconds a rank gets to finish or honour an interrupt
     listen_addr: Optional[str] = None  # the control channel; None: loopback, or master_addr across nodes
     extra_env: Tuple[Tuple[str, str], ...] = field(default=())  # sorted (name, value) pairs for every rank
+    mesh: Tuple[Tuple[str, int], ...] = ()  # --mesh dp=2,tp=2: a DeviceMesh named `mesh` on every rank (a str is parsed)
 
     def __post_init__(self) -> None:
         n = self.nproc
@@ -47,6 +84,8 @@ class PoolSpec:
             raise PlanError(f"unknown start method {self.start_method!r}; use auto, fork, spawn or torchrun")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise PlanError(f"--master-port {self.master_port} is not a TCP port; give 1024-65535 or leave it out to get a free one")
+        object.__setattr__(self, "mesh", parse_mesh(self.mesh) if isinstance(self.mesh, str) else tuple(self.mesh))
+        check_mesh(self.mesh, n, self.init)
         for name in ("start_timeout", "pg_timeout", "grace"):
             if getattr(self, name) <= 0:
                 raise PlanError(f"{name.replace('_', '-')} must be more than 0 seconds (got {getattr(self, name)!r})")
@@ -76,7 +115,10 @@ class PoolSpec:
 
     @property
     def env(self) -> Dict[str, str]:
-        return dict(self.extra_env)
+        env = dict(self.extra_env)
+        if self.mesh:
+            env[MESH_ENV] = mesh_text(self.mesh)  # read by procs/mesh.py on every rank
+        return env
 
     @property
     def launcher_method(self) -> str:
@@ -98,5 +140,7 @@ class PoolSpec:
             label = "-n" if f.name == "nproc" else f.name.replace("_", "-")
             if f.name == "extra_env":
                 a, b = dict(a), dict(b)
+            if f.name == "mesh":
+                a, b = mesh_text(a) or "none", mesh_text(b) or "none"
             out.append(f"{label} {a} → {b}")
         return out

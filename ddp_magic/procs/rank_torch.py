@@ -1,13 +1,13 @@
 """A rank's torch.distributed: devices, the process group, the result gather, GPU memory.
 
-Of the rank's modules, this is the only one that calls torch.distributed
-(the template only imports it, the rendezvous program only hosts a TCPStore).
+Of the rank's modules, this and rank_group.py (what scripts' own init and destroy
+do to the pool's group) call torch.distributed (the template only imports it, the
+rendezvous program only hosts a TCPStore).
 torch is imported inside functions only, so a spawned rank connects to the
 kernel (and shows as connecting) before it pays for importing torch.
 """
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import sys
@@ -15,6 +15,10 @@ import time
 from typing import Any, List, Optional
 
 from ..logs import log
+from ..wire import sharded
+from . import rank_debug, rank_group
+
+_STORES: List[str] = []  # FileStores of re-formed groups (removed with the pool's own)
 
 
 def planned_device(local_rank: int) -> str:
@@ -35,42 +39,15 @@ def setup(local_rank: int) -> str:
     if os.environ.get("DDP_MAGIC_BACKEND", "gloo") == "nccl":
         torch.cuda.set_device(local_rank)
         device = f"cuda:{local_rank}"
-    _patch_init_process_group()
+    rank_group.install()  # scripts' own init/destroy keep the pool's group; sub-groups get its timeout
     return device
 
 
-def _patch_init_process_group() -> None:
-    """Tutorial code calls init_process_group itself: keep ours instead of failing twice-init."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
+def init_process_group(rank: int, device: str, generation: int = 0) -> None:
+    """The pool's process group, from the env the plan wrote (DDP_MAGIC_INIT=0 skips it).
 
-    real = c10d.init_process_group
-    if getattr(real, "_ddp_magic", False):
-        return
-    noticed: List[bool] = []
-
-    @functools.wraps(real)
-    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> None:
-        if dist.is_initialized():
-            current = str(dist.get_backend())
-            asked = kwargs.get("backend", backend)
-            if asked is not None and str(asked).lower() != current and not noticed:
-                noticed.append(True)
-                print(
-                    f"[ddp_magic] the process group is already initialised with {current}; "
-                    f"keeping it (the cell asked for {asked})",
-                    file=sys.stderr,
-                )
-            return None
-        return real(backend, *args, **kwargs)
-
-    init_process_group._ddp_magic = True  # type: ignore[attr-defined]
-    c10d.init_process_group = init_process_group
-    dist.init_process_group = init_process_group
-
-
-def init_process_group(rank: int, device: str) -> None:
-    """The pool's process group, from the env the plan wrote (DDP_MAGIC_INIT=0 skips it)."""
+    ``generation`` > 0 re-forms a group that went: a fresh FileStore, none of the old keys.
+    """
     import torch.distributed as dist
 
     if os.environ.get("DDP_MAGIC_INIT", "1") != "1":
@@ -83,7 +60,7 @@ def init_process_group(rank: int, device: str) -> None:
 
         # Short by default in a notebook: a collective whose peer is gone fails in
         # minutes, not torch's 10 (nccl) or 30 (gloo) minutes.
-        kwargs["timeout"] = timedelta(seconds=float(timeout))
+        kwargs["timeout"] = timedelta(seconds=rank_debug.group_timeout(float(timeout)))  # --pg-timeout: rank_debug's watchdog
     if backend == "nccl":
         import torch
 
@@ -93,6 +70,9 @@ def init_process_group(rank: int, device: str) -> None:
         # One host: a file store in /dev/shm. No port to race for and no TCPStore, whose
         # reverse DNS lookup of its peers stalled 1 start in 10 by 5 s on some hosts.
         world = int(os.environ["WORLD_SIZE"])
+        if generation:
+            store_path = f"{store_path}.{generation}"
+            _STORES.append(store_path)
         kwargs.update(store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     elif rank != 0:
         _wait_for_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), float(timeout or 300))
@@ -101,6 +81,7 @@ def init_process_group(rank: int, device: str) -> None:
     except TypeError:  # torch without device_id
         kwargs.pop("device_id", None)
         dist.init_process_group(backend=backend, **kwargs)
+    rank_group.adopt()
 
 
 def _wait_for_store(host: str, port: int, timeout: float) -> None:
@@ -118,9 +99,11 @@ def _wait_for_store(host: str, port: int, timeout: float) -> None:
 def remove_file_store(rank: int) -> None:
     """Rank 0 removes the pool's FileStore: the kernel may be gone (even SIGKILLed), so leave nothing in /dev/shm."""
     store = os.environ.get("DDP_MAGIC_STORE")
-    if store and rank == 0:
+    if not store or rank != 0:
+        return
+    for path in [store, *_STORES]:
         try:
-            os.unlink(store)
+            os.unlink(path)
         except OSError:
             pass  # another rank's exit or the template got there first
 
@@ -146,6 +129,8 @@ def collective_candidate(value: Any, gather: str) -> bool:
     import torch.distributed as dist
 
     if not isinstance(value, torch.Tensor) or not (dist.is_available() and dist.is_initialized()):
+        return False
+    if sharded.is_dtensor(value):  # goes as its local shard, no collective (wire/sharded.py)
         return False
     return gather == "collective" or value.is_cuda
 

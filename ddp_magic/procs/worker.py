@@ -29,7 +29,8 @@ from ..wire.capture import FdCapture
 from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
 from ..wire.protocol import CellStatus
-from . import rank_torch
+from . import rank_argv, rank_group, rank_torch
+from . import mesh, rank_debug
 from .parent import die_with_parent
 
 
@@ -115,6 +116,8 @@ class Worker:
                     self.shutdown(0)
                 elif op == P.KILL:
                     os._exit(137)
+                elif op in rank_debug.OPS:  # input replies, the debugger's hold
+                    rank_debug.on_message(msg)
         except (ConnectionError, OSError, EOFError):
             log.debug("rank %d: control channel closed", self.rank, exc_info=True)
         self.shutdown(1)
@@ -151,11 +154,15 @@ class Worker:
         try:
             self.device = rank_torch.setup(self.local_rank)
             rank_torch.init_process_group(self.rank, self.device)
+            mesh.install(self.user_ns, self.device)  # --mesh: `mesh` before the first cell
         except BaseException as e:
             log.debug("rank %d: start-up failed (reported to the kernel)", self.rank, exc_info=True)
             self.capture.sync(0)
             self.chan.send(P.INIT_FAILED, rank=self.rank, error=error_data(e, traceback.format_exc()))
             return 1
+        rank_argv.install()  # before any cell: argparse gets --local_rank only where a parser declares it
+        rank_group.keep_groups()  # what the pool made before the first cell outlives a script's destroy
+        rank_debug.install(self.chan.send, self.rank, self.main_ident)  # stdin, breakpoint(), post-mortem via the kernel
         self.chan.send(P.READY, rank=self.rank, device=self.device)
         while True:
             self.run_cell(self.runs.get())
@@ -163,7 +170,8 @@ class Worker:
     def run_cell(self, msg: dict) -> None:
         self.shm_ok = bool(msg.get("shm", True))
         value = None
-        error = self._load_names(msg)
+        rank_debug.begin_cell(msg["source"])  # the last failure's frames go (unless this is its post-mortem)
+        error = self._reform_group() or self._load_names(msg)
         status = CellStatus.OK if error is None else CellStatus.ERROR
         if error is None:
             status, error, value = self._run_user_code(msg)
@@ -179,6 +187,20 @@ class Worker:
             return
         self.chan.send(P.DONE, **fields, **self._packed(value))
 
+    def _reform_group(self) -> Optional[dict]:
+        """A new cell: the pool's process group, re-formed if a cell destroyed it around the deferral (error data if that fails)."""
+        rank_group.begin_cell()
+        if not rank_group.gone():
+            return None
+        try:
+            rank_group.STATE.reforms += 1
+            rank_torch.init_process_group(self.rank, self.device, generation=rank_group.STATE.reforms)
+        except BaseException as e:
+            log.debug("rank %d: could not re-form the process group", self.rank, exc_info=True)
+            return error_data(e, "the pool's process group was gone and could not be re-formed (%ddp restart gives a fresh pool):\n" + traceback.format_exc())
+        rank_group.notice("the pool's process group had been destroyed (around ddp_magic's deferral); re-formed it for this cell")
+        return None
+
     def _load_names(self, msg: dict) -> Optional[dict]:
         """Put the notebook values the cell needs into the rank's namespace; error data if one fails."""
         owned = set(msg.get("owned", ()))
@@ -193,17 +215,22 @@ class Worker:
     def _run_user_code(self, msg: dict) -> Tuple[CellStatus, Optional[dict], Any]:
         """The cell itself: (status, error data, the last expression's value)."""
         filename = msg["filename"]
-        sys.argv = list(msg.get("argv") or ["ddp_cell"])
+        sys.argv = rank_argv.cell_argv(msg.get("argv"), self.local_rank)
         try:
             self.running_user_code = True
             try:
                 return CellStatus.OK, None, run_source(msg["source"], filename, self.user_ns)
             finally:
                 self.running_user_code = False  # from here on an interrupt cannot hit our own code
+                rank_argv.end_cell()
         except KeyboardInterrupt as e:
             return CellStatus.INTERRUPTED, error_data(e, format_user_traceback(e, filename)), None
+        except SystemExit as e:  # a script's sys.exit(): as under torchrun, 0/None is a normal end
+            ended, why = rank_argv.exit_outcome(e)
+            return (CellStatus.OK, None, None) if ended else (CellStatus.ERROR, {"type": "SystemExit", "message": why, "traceback": ""}, None)
         except BaseException as e:
             log.debug("rank %d: the cell raised (reported to the kernel)", self.rank, exc_info=True)
+            rank_debug.keep(e, filename)  # for %ddp_debug
             return CellStatus.ERROR, error_data(e, format_user_traceback(e, filename)), None
 
     def _packed(self, value: Any) -> dict:

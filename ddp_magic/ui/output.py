@@ -5,15 +5,25 @@ at once with their rank's prefix; a partial line waits for its end (or for the
 cell's end). A ``\\r`` keeps its meaning, so a tqdm bar on one rank redraws in
 place. Hidden ranks (``--ranks``) are dropped here and nowhere else: the pool
 and the widget still see everything.
+
+Identical stderr lines from several ranks (the same warning from every rank)
+become one line, ``[ranks 0-3] UserWarning: …`` (``LineMerger``): a stderr line
+waits until every shown rank has sent it, or ``MERGE_WINDOW`` seconds. stdout is
+never merged: users read it rank by rank.
 """
 from __future__ import annotations
 
+import contextvars
 import re
 import sys
+import threading
+import time
+from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Set, TextIO, Tuple
 
 _PIECES = re.compile(r"[^\r\n]*(?:\r\n|\n|\r)|[^\r\n]+$")
 MAX_PARTIAL = 1 << 16  # an endless line is shown in pieces of this size, never held forever
+MERGE_WINDOW = 0.5  # seconds a stderr line waits for the same line from the other ranks
 
 
 def parse_ranks(spec: str, world: Optional[int] = None) -> Set[int]:
@@ -34,6 +44,62 @@ def parse_ranks(spec: str, world: Optional[int] = None) -> Set[int]:
     return out
 
 
+def ranks_label(ranks: Iterable[int]) -> str:
+    """``[rank 2] `` or ``[ranks 0-3] `` / ``[ranks 0,2] ``: the prefix of a line from these ranks."""
+    rs = sorted(set(ranks))
+    if len(rs) == 1:
+        return f"[rank {rs[0]}] "
+    runs: List[List[int]] = []
+    for r in rs:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return "[ranks " + ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs) + "] "
+
+
+@dataclass
+class _Held:
+    line: str
+    since: float
+    ranks: Set[int] = field(default_factory=set)
+
+
+class LineMerger:
+    """Complete stderr lines held briefly so that the same line from several ranks is shown once.
+
+    A line goes out, in arrival order, once every expected rank has sent it or it has
+    waited ``window`` seconds; a rank's own lines keep their order. Pure: the caller
+    gives the time.
+    """
+
+    def __init__(self, window: float = MERGE_WINDOW) -> None:
+        self.window = window
+        self.expected: Optional[Set[int]] = None  # the ranks that may send a line (None: unknown, wait the window)
+        self._held: List[_Held] = []
+
+    def add(self, rank: int, line: str, now: float) -> None:
+        for held in self._held:  # the oldest identical line this rank has not sent yet
+            if held.line == line and rank not in held.ranks:
+                held.ranks.add(rank)
+                return
+        self._held.append(_Held(line, now, {rank}))
+
+    def ready(self, now: float, final: bool = False) -> List[Tuple[Set[int], str]]:
+        """The lines due now (all of them when ``final``), as (ranks, line), in order."""
+        out = []
+        while self._held:
+            head = self._held[0]
+            complete = self.expected is not None and head.ranks >= self.expected
+            if not (final or complete or now - head.since >= self.window):
+                break
+            out.append((head.ranks, self._held.pop(0).line))
+        return out
+
+    def next_due(self) -> Optional[float]:
+        return self._held[0].since + self.window if self._held else None
+
+
 class RankPrinter:
     """Writes each rank's text to stdout/stderr with a ``[rank r] `` prefix per line."""
 
@@ -44,6 +110,18 @@ class RankPrinter:
         self._open: Dict[str, Optional[int]] = {"stdout": None, "stderr": None}  # rank whose \r-line is on screen
         self.ordered = ordered
         self._held: Dict[Tuple[int, str], List[str]] = {}
+        self.merger = LineMerger()
+        self._lock = threading.RLock()  # the merge timer writes from its own thread
+        self._timer: Optional[threading.Timer] = None
+
+    @property
+    def world(self) -> Optional[int]:
+        return None if self.merger.expected is None else len(self.merger.expected)
+
+    @world.setter
+    def world(self, nproc: int) -> None:
+        """The pool's size: a stderr line sent by every shown rank goes out at once."""
+        self.merger.expected = {r for r in range(nproc) if self.shows(r)}
 
     def shows(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
@@ -51,6 +129,11 @@ class RankPrinter:
     def feed(self, rank: int, stream: str, text: str) -> None:
         if not self.shows(rank):
             return
+        with self._lock:
+            self._feed(rank, stream, text)
+            self._drain(final=False)
+
+    def _feed(self, rank: int, stream: str, text: str) -> None:
         key = (rank, stream)
         buf = self._partial.pop(key, "") + text
         out: List[str] = []
@@ -71,7 +154,36 @@ class RankPrinter:
         if self.ordered:
             self._held.setdefault((rank, stream), []).extend(pieces)
             return
-        prefix = f"[rank {rank}] "
+        if stream == "stderr":
+            now = time.monotonic()
+            for piece in pieces:
+                if piece.endswith("\n"):
+                    self.merger.add(rank, piece, now)
+                else:  # a progress redraw (\r) is never merged, and waits for the lines before it
+                    self._drain(final=True)
+                    self._write({rank}, stream, [piece])
+            return
+        self._write({rank}, stream, pieces)
+
+    def _drain(self, final: bool) -> None:
+        """Write the merged stderr lines that are due; arm the timer for the next one."""
+        for ranks, line in self.merger.ready(time.monotonic(), final):
+            self._write(ranks, "stderr", [line])
+        due = self.merger.next_due()
+        if due is not None and self._timer is None:
+            ctx = contextvars.copy_context()  # the kernel routes the timer's output to this cell
+            self._timer = threading.Timer(max(0.0, due - time.monotonic()) + 0.01, ctx.run, args=(self._on_timer,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _on_timer(self) -> None:
+        with self._lock:
+            self._timer = None
+            self._drain(final=False)
+
+    def _write(self, ranks: Set[int], stream: str, pieces: List[str]) -> None:
+        rank = min(ranks)
+        prefix = ranks_label(ranks)
         parts: List[str] = []
         for piece in pieces:
             if self._open[stream] is not None and self._open[stream] != rank:
@@ -83,6 +195,13 @@ class RankPrinter:
 
     def flush(self) -> None:
         """The cell ended: finish partial lines, and in ordered mode write everything rank by rank."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._flush()
+
+    def _flush(self) -> None:
         for key in sorted(self._partial):
             piece = self._partial.pop(key)
             self._emit(key[0], key[1], [piece + "\n"])
@@ -92,6 +211,7 @@ class RankPrinter:
             for (rank, stream) in sorted(held, key=lambda k: (k[1] != "stdout", k[0])):
                 self._emit(rank, stream, held[(rank, stream)])
             self.ordered = True
+        self._drain(final=True)
         for stream in ("stdout", "stderr"):
             if self._open[stream] is not None:
                 self._streams[stream]().write("\n")

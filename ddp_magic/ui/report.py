@@ -167,7 +167,7 @@ def plan_report(plan: Plan, environ: Mapping[str, str] = os.environ, started: bo
         "master_port": plan.master_port,
         "nproc": plan.nproc,
     }
-    checks = plan_checks(plan, environ, started=started)
+    checks = plan_checks(plan, environ, started=started) + mesh_checks([plan.rank_env(0)])
     if plan.backend == "nccl":
         mapping = device_map(plan.nproc, environ)
         extra["devices"] = mapping
@@ -178,7 +178,7 @@ def plan_report(plan: Plan, environ: Mapping[str, str] = os.environ, started: bo
 def live_report(live: Dict[int, Dict[str, Any]], nproc: int, backend: str) -> EnvReport:
     """From each worker's own os.environ and process-group state."""
     envs = [live[r]["env"] if r in live else {} for r in range(nproc)]
-    checks = live_checks(live, nproc, backend)
+    checks = live_checks(live, nproc, backend) + mesh_checks(envs)
     extra = {
         "state": "live",
         "backend": backend,
@@ -188,6 +188,16 @@ def live_report(live: Dict[int, Dict[str, Any]], nproc: int, backend: str) -> En
         "process_group": {r: live[r].get("process_group") for r in live},
     }
     return EnvReport(f"live env of {nproc} rank(s), backend {backend}", envs, checks, extra)
+
+
+def mesh_checks(envs: Sequence[Mapping[str, str]]) -> List[Check]:
+    """--mesh, in words: the DeviceMesh every rank finds as ``mesh``."""
+    text = envs[0].get("DDP_MAGIC_MESH") if envs else None
+    if not text:
+        return []
+    dims = " × ".join(text.split(","))
+    names = ", ".join(part.split("=")[0] for part in text.split(","))
+    return [Check("device mesh", True, f"{dims}: a DeviceMesh named `mesh` on every rank (dim names {names})", level="info")]
 
 
 def env_report(env: EnvData) -> EnvReport:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..logs import log
+from . import sharded as _sharded  # noqa: F401  (makes it ShardedResult's repr)
 
 
 class RankResults(list):

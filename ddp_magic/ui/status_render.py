@@ -220,7 +220,7 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
         parts = [f"{n} {style.mark(s.ok)} {note}{style.esc(fmt_seconds(s.elapsed))}"]
     else:
         counts = Counter(s.label(r) for r in s.ranks)
-        states = ", ".join(style.count(label, counts[label]) for label in STATE_COLORS if counts.get(label))
+        states = debugging_text(s) or ", ".join(style.count(label, counts[label]) for label in STATE_COLORS if counts.get(label))
         parts = [n, states, style.esc(fmt_seconds(s.elapsed))]
     if s.backend:
         parts.append(style.esc(s.backend))
@@ -228,6 +228,17 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
     if s.finished and s.started_in is not None:
         parts.append(f"pool started in {style.esc(fmt_seconds(s.started_in))}")
     return parts
+
+
+def debugging_text(s: Snapshot) -> str:
+    """'rank 1 in debugger, 3 waiting' while ranks wait on the notebook (kernel/stdin.py); "" otherwise."""
+    infos = [i for i in (s.infos.get(r) for r in s.ranks) if i is not None]
+    what = {i.rank: str(getattr(i, "debugging", "") or "") for i in infos}
+    held = [(r, w) for r, w in what.items() if w]
+    if not held:
+        return ""
+    others = sum(1 for i in infos if i.state == RankState.RUNNING and not what[i.rank])
+    return ", ".join([f"rank {r} {what}" for r, what in held] + ([f"{others} waiting"] if others else []))
 
 
 def summary(s: Snapshot) -> str:

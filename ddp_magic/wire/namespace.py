@@ -3,7 +3,9 @@
 The rule (also in the README): a name assigned by a ``%%ddp`` cell lives on the
 workers from then on; any other name a cell uses is taken fresh from the
 notebook each time, pickled with cloudpickle (by value for what the notebook
-defined, by reference for importable modules and their contents).
+defined, by reference for importable modules and their contents). The newest
+definition wins (``Definitions``): a name an ordinary cell defines after the
+workers got theirs is sent again and replaces the workers' copy.
 """
 from __future__ import annotations
 
@@ -48,7 +50,12 @@ def assigned_globals(source: str, filename: str) -> Set[str]:
 
 def names_to_ship(source: str, filename: str, user_ns: Dict[str, object], worker_owned: Set[str]) -> Dict[str, object]:
     """The notebook values this cell needs from the kernel, by the ownership rule."""
-    wanted = used_globals(source, filename) - worker_owned - IPYTHON_NAMES
+    return shippable(used_globals(source, filename) - worker_owned, user_ns)
+
+
+def shippable(wanted: Iterable[str], user_ns: Dict[str, object]) -> Dict[str, object]:
+    """Of ``wanted``, the notebook's own values (not IPython's, builtins', or modules named __main__)."""
+    wanted = set(wanted) - IPYTHON_NAMES
     out = {}
     for name in sorted(wanted):
         if name not in user_ns:
@@ -97,3 +104,59 @@ def adopt(value: object, ns: Dict[str, object], owned: Set[str], _memo: Optional
                     setattr(value, attr, type(member)(adopted) if raw is not member else adopted)
         return value
     return value
+
+
+class Definitions:
+    """Where each name was defined last: an ordinary notebook cell or a ``%%ddp`` cell; the newest wins.
+
+    Times are a counter bumped per cell, in the order the kernel ran them (the
+    execution count's order, also for a session driven without IPython).
+    """
+
+    def __init__(self) -> None:
+        self._now = 0
+        self.notebook: Dict[str, int] = {}  # name -> when an ordinary cell last defined it
+        self.workers: Dict[str, int] = {}  # name -> when the workers' copy was last set (a %%ddp cell, or sent by this rule)
+        self.replaced: Set[str] = set()  # names this rule sent: the workers' own code may call them, so they stay watched
+        self.noticed = False  # the rule's one-line notice is shown once
+
+    def _tick(self) -> int:
+        self._now += 1
+        return self._now
+
+    def notebook_cell(self, names: Iterable[str]) -> None:
+        now = self._tick()
+        self.notebook.update(dict.fromkeys(names, now))
+
+    def stale(self, owned: Set[str]) -> Set[str]:
+        """Of the names the workers own (or got from this rule), those an ordinary cell defined since.
+
+        They are sent with the next %%ddp cell, used there or not, so that the workers'
+        own functions calling them see the new definition too. A plain notebook value
+        (never defined on the workers) is sent only when a cell uses it, as before.
+        """
+        return {n for n in owned | self.replaced if self.notebook.get(n, -1) > self.workers.get(n, -1)}
+
+    def ddp_cell(self, owned: Iterable[str], sent: Iterable[str]) -> None:
+        """A %%ddp cell ran: the workers hold ``owned`` (their own) and ``sent`` (the stale names it carried)."""
+        now = self._tick()
+        sent = set(sent)
+        self.replaced |= sent
+        self.workers.update(dict.fromkeys(set(owned) | sent, now))
+
+
+def by_reference(value: object) -> bool:
+    """A module, or a function or class of one: the same object on the workers, so replacing it there is no news."""
+    if isinstance(value, types.ModuleType):
+        return True
+    module = getattr(value, "__module__", None) if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)) else None
+    return module is not None and module != "__main__"
+
+
+def newer_notice(names: Iterable[str]) -> str:
+    """The rule, said the first time it applies."""
+    shown = ", ".join(sorted(names))
+    return (
+        f"{shown}: defined in the notebook after the workers' definition; the newest definition wins, "
+        "so the notebook's is sent and replaces the workers' copy (said once)"
+    )

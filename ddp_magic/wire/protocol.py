@@ -38,6 +38,12 @@ STACK = "stack"          # kernel -> worker (request) and back (reply): where is
 ENV = "env"              # kernel -> worker (request) and back (reply): the env as the rank sees it
 SHUTDOWN = "shutdown"    # kernel -> worker: exit cleanly
 KILL = "kill"            # kernel -> worker: exit now, whatever the main thread is stuck in
+INPUT = "input"          # worker -> kernel: read a line for this rank (id, prompt, password); kernel -> worker: the reply (id, text or eof)
+DEBUG = "debug"          # worker -> kernel: the rank entered (on=True) or left its debugger
+HOLD = "hold"            # kernel -> worker: some rank debugs or waits for input (on): collective waits do not count as hangs
+
+# The cell %ddp_debug runs on every rank: pdb on ``rank``'s kept traceback, nothing on the others (procs/rank_debug.py).
+POST_MORTEM_SOURCE = '__import__("ddp_magic.procs.rank_debug", fromlist=["post_mortem"]).post_mortem({rank})'
 
 
 class CellStatus(str, Enum):

@@ -19,6 +19,7 @@ from typing import Any, List, Optional, Tuple
 import cloudpickle
 
 from ..logs import log
+from . import sharded
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "ddp_magic-"
@@ -65,6 +66,10 @@ class _Pickler(cloudpickle.Pickler):
                     return _rebuild_tensor, (bytearray(), dtype, tuple(t.shape))
                 raw = flat.view(torch.uint8).numpy()
                 return _rebuild_tensor, (pickle.PickleBuffer(raw), dtype, tuple(t.shape))
+        if torch is not None and isinstance(obj, torch.Tensor):  # a subclass: a DTensor goes as its local shard
+            reduced = sharded.reduce_dtensor(obj)
+            if reduced is not None:
+                return reduced
         return super().reducer_override(obj)
 
 

@@ -34,3 +34,30 @@ def test_adopted_function_sees_the_ranks_names_but_not_the_notebooks_owned_ones(
     g = namespace.adopt(f, rank_ns, owned={"model"})
     assert g is not f and g.__globals__ is rank_ns
     assert g(3) == (6, "rank's") and rank_ns["scale"] == 2
+
+
+def test_newest_definition_wins():
+    defs = namespace.Definitions()
+    owned = {"run", "model"}
+    defs.ddp_cell(owned, ())  # a %%ddp cell defined run and model
+    assert defs.stale(owned) == set()
+    defs.notebook_cell({"run", "lr"})  # an ordinary cell redefines run (and defines lr)
+    assert defs.stale(owned) == {"run"}  # lr never lived on the workers: sent only when used
+    owned -= {"run"}
+    defs.ddp_cell(owned, {"run"})  # the next %%ddp cell carried it
+    assert defs.stale(owned) == set()
+    defs.notebook_cell({"run"})  # redefined again: the workers' functions calling it must see it too
+    assert defs.stale(owned) == {"run"}
+    defs.ddp_cell(owned, {"run"})
+    defs.ddp_cell(owned | {"lr"}, ())  # the reverse stays as it was: a %%ddp cell defined lr after the notebook
+    assert defs.stale(owned | {"lr"}) == set()
+    assert "run" in namespace.newer_notice({"run"}) and "newest definition wins" in namespace.newer_notice({"run"})
+
+
+def test_importable_values_are_by_reference():
+    import os.path
+
+    assert namespace.by_reference(os) and namespace.by_reference(os.path.join) and namespace.by_reference(types.SimpleNamespace)
+    ns: dict = {}
+    exec("def f(): pass\nclass C: pass\nx = 1", {"__name__": "__main__"}, ns)
+    assert not any(namespace.by_reference(ns[n]) for n in ("f", "C", "x"))

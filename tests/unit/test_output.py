@@ -68,3 +68,65 @@ def test_parse_ranks(spec, want):
 def test_parse_ranks_rejects(spec):
     with pytest.raises(ValueError):
         parse_ranks(spec)
+
+
+def test_identical_stderr_lines_from_every_rank_become_one_line():
+    p, out, err = _printer()
+    p.world = 4
+    for run in (1, 2):  # the second run of a cell merges the same way
+        for r in (2, 0, 3, 1):
+            p.feed(r, "stderr", "train.py:3: UserWarning: pin_memory is on\n")
+            p.feed(r, "stdout", "step 1\n")
+        assert err.getvalue().count("UserWarning") == run  # out at once: every rank has sent it
+        p.flush()
+    assert err.getvalue() == "[ranks 0-3] train.py:3: UserWarning: pin_memory is on\n" * 2
+    assert out.getvalue().count("step 1") == 8  # stdout is never merged: users read it per rank
+
+
+def test_stderr_lines_that_differ_or_come_from_some_ranks_keep_their_order():
+    p, _, err = _printer(ranks={0, 2, 3})
+    p.world = 4
+    p.feed(0, "stderr", "rank-only note\nsame\n")
+    p.feed(2, "stderr", "same\n")
+    p.feed(1, "stderr", "same\n")  # hidden by --ranks: not waited for, not counted
+    assert err.getvalue() == ""
+    p.feed(3, "stderr", "same\nlast\n")
+    p.flush()
+    assert err.getvalue() == "[rank 0] rank-only note\n[ranks 0,2-3] same\n[rank 3] last\n"
+
+
+def test_a_held_line_goes_out_after_the_window(monkeypatch):
+    from ddp_magic.ui import output
+
+    clock = [100.0]
+    monkeypatch.setattr(output.time, "monotonic", lambda: clock[0])
+    p, _, err = _printer()
+    p.world = 2
+    p.feed(0, "stderr", "only rank 0 warns\n")
+    assert err.getvalue() == ""
+    clock[0] += output.MERGE_WINDOW + 0.01
+    p.feed(1, "stdout", "x\n")  # any output after the window lets it out (and so does the timer)
+    assert err.getvalue() == "[rank 0] only rank 0 warns\n"
+    p.flush()
+
+
+def test_progress_on_stderr_is_not_held():
+    p, _, err = _printer()
+    p.world = 2
+    p.feed(0, "stderr", "loading\n\r 10%")
+    p.feed(0, "stderr", "\r 20%\r")
+    assert err.getvalue().startswith("[rank 0] loading\n[rank 0]  10%")
+    p.flush()
+
+
+def test_merger_and_labels():
+    from ddp_magic.ui.output import LineMerger, ranks_label
+
+    assert ranks_label([3]) == "[rank 3] " and ranks_label([0, 1, 2, 3]) == "[ranks 0-3] " and ranks_label([0, 2, 3]) == "[ranks 0,2-3] "
+    m = LineMerger(window=1.0)
+    m.add(0, "a\n", 0.0)
+    m.add(0, "a\n", 0.1)  # the same rank again: a second line, not a merge
+    m.add(1, "a\n", 0.2)
+    assert m.ready(0.5) == [] and m.next_due() == 1.0
+    assert m.ready(1.05) == [({0, 1}, "a\n")]
+    assert m.ready(0.0, final=True) == [({0}, "a\n")]

@@ -61,6 +61,7 @@ class FakePool:
         self.broken: Optional[str] = None
         self.pump_calls = 0
         self.ticks = 0
+        self.debugging: Set[int] = set()  # ranks in the debugger (holding)
 
     # ------------------------------------------------------------ scripting
     def at(self, t: float, what: Callable[[], None]) -> None:
@@ -132,6 +133,12 @@ class FakePool:
         info = self.ranks[rank]
         return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, exit_code=info.exit_code)
 
+    def answer_input(self, ask, cancelled) -> None:
+        pass
+
+    def holding(self) -> bool:
+        return bool(self.debugging)  # ranks in the debugger: the policy's clocks stand still
+
     def mark_dead(self, rank: int) -> None:
         self.log.append(("dead", rank, self.now))
         info = self.ranks[rank]
@@ -177,6 +184,17 @@ def test_a_rank_raises_while_others_wait_in_a_collective():
     assert failures[1].kind is FailureKind.KILLED and failures[1].exit_code == -signal.SIGTERM
     assert set(run.stacks) == {0, 2, 3}
     assert pool.pump_calls == 1, "stopping ranks happens inside the one poll loop, not in a loop of its own"
+
+
+def test_a_rank_in_the_debugger_pauses_the_grace_and_the_timeout():
+    """Time a rank spends in pdb (or at input()) is not counted against the peers or the cell."""
+    pool = FakePool(3, interruptible=[0, 2])
+    pool.at(0.1, pool.finish(1, "error", ERROR))
+    pool.at(0.2, lambda: pool.debugging.add(2))  # rank 2 stops in pdb; rank 0 waits for it
+    pool.at(30.0, lambda: pool.debugging.discard(2))  # ... for 30 s, far past the grace and the timeout
+    run = _run(pool, timeout=10.0)
+    assert [e[2] for e in pool.did("interrupt")] == [pytest.approx(30.0 + 0.9 + 0.01, abs=0.6)]
+    assert not run.timed_out
 
 
 def test_sigkill_follows_sigterm_after_a_second_and_then_the_ranks_are_given_up():

@@ -21,12 +21,13 @@ ALLOWED: Dict[str, Set[str]] = {
     "procs": {"procs", "wire", "logs"},  # the separate programs: rank, template, store
     "plan": {"plan", "errors", "states", "logs"},
     "kernel": {"kernel", "wire", "plan", "errors", "states", "logs"},
-    "session": {"session", "kernel", "plan", "wire", "errors", "states", "logs"},
+    "export": {"export", "kernel", "plan", "wire", "errors", "states", "logs"},  # %ddp_export: history -> script (kernel side)
+    "session": {"session", "export", "kernel", "plan", "wire", "errors", "states", "logs"},
     "ui": {"ui", "session", "kernel", "plan", "wire", "errors", "states", "logs", "_version"},
-    "magics": {"magics", "session", "ui", "kernel", "plan", "wire", "errors", "states", "logs"},
-    "__init__": {"magics", "ui", "kernel", "session", "_version", "logs"},
+    "magics": {"magics", "session", "export", "ui", "kernel", "plan", "wire", "errors", "states", "logs"},
+    "__init__": {"magics", "ui", "kernel", "session", "procs", "_version", "logs"},  # procs: ddp_magic.breakpoint, called on a rank
 }
-NO_IPYTHON = {"wire", "procs", "plan", "kernel", "session", "errors", "states", "logs"}
+NO_IPYTHON = {"wire", "procs", "plan", "kernel", "export", "session", "errors", "states", "logs"}
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 

@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from ...plan.plan import Plan
 
 
+def rendezvous_args(nnodes: int, nproc_per_node: int, endpoint: str, run_id: str) -> List[str]:
+    """torchrun's options for a c10d rendezvous over nodes: one list for the pool and for %ddp_export's sbatch file."""
+    return ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", "0"]
+
+
 class TorchrunLauncher(Launcher):
     """This node's torchrun agent and the rendezvous store; ranks elsewhere are reached by message only."""
 
@@ -66,8 +72,7 @@ class TorchrunLauncher(Launcher):
             raise LaunchError(f"the rendezvous store on {host}:{port} did not start:\n{self.log_text()}")
         worker_args = ["-m", "ddp_magic.procs.worker", "--connect", f"{control_addr}:{control_port}", "--secret-file", self.secret_file,
                        "--backend", plan.backend] + ([] if plan.init else ["--no-init"])
-        rdzv = ["--nnodes", str(plan.nnodes), "--nproc-per-node", str(plan.nproc), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", plan.run_id, "--max-restarts", "0"]
+        rdzv = rendezvous_args(plan.nnodes, plan.nproc, f"{host}:{port}", plan.run_id)
         self.agent = subprocess.Popen(
             [self.python, "-m", "torch.distributed.run"] + rdzv + ["--rdzv-conf", "is_host=false"] + worker_args,
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=base_env, start_new_session=True, close_fds=True,

@@ -1,0 +1,159 @@
+"""What the session remembers of a notebook for %ddp_export: every cell in execution order, and what each %%ddp cell did.
+
+The export needs more than IPython's history (which nbval and other front ends
+that run cells with ``store_history=False`` leave empty): which cells were
+``%%ddp`` cells, the pool's options when they ran, which notebook names were
+shipped to the ranks, what each rank printed and what the cell returned. The
+magics feed ``History.cell`` from IPython's ``post_run_cell`` event; the session
+feeds ``tap`` and ``ran`` while a ``%%ddp`` cell runs. Everything here is a
+small copy (reprs and the last lines), never the values themselves.
+"""
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ..kernel.ranks import Listener
+from ..logs import log
+
+KEEP_LINES = 50  # the last lines of stdout kept per rank and cell: what --check compares
+KEEP_REPR = 20_000  # characters of a returned value's repr kept per rank
+KEEP_CELLS = 5_000  # cells remembered; the oldest go first
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """One notebook name a %%ddp cell received: what it was and how big its pickle was."""
+
+    name: str
+    kind: str  # "function", "class", "module" or "value"
+    size: int  # bytes of its pickle (tensors included)
+
+
+@dataclass(frozen=True)
+class DdpRun:
+    """One run of a %%ddp cell's body on the pool, with the pool's options as they were."""
+
+    body: str
+    nproc: int
+    nnodes: int = 1
+    backend: str = "gloo"  # what the pool used
+    backend_asked: str = "auto"  # what the user asked for ("auto": nccl with a GPU per rank, else gloo)
+    pg_timeout: float = 300.0
+    init: bool = True
+    shipped: Tuple[Shipped, ...] = ()
+    ok: bool = True
+    values: Optional[Tuple[str, ...]] = None  # repr of each rank's value; None: the cell returned nothing
+    stdout: Tuple[Tuple[str, ...], ...] = ()  # per rank, the last lines it printed
+    mesh: Optional[str] = None  # the pool's --mesh, which made `mesh` on every rank
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """One executed notebook cell: its number (In [n]), its text as typed, whether it succeeded, its %%ddp runs."""
+
+    number: int
+    source: str
+    ok: bool = True
+    runs: Tuple[DdpRun, ...] = ()
+
+    @property
+    def is_ddp(self) -> bool:
+        return bool(self.runs)
+
+
+class _Tap(Listener):
+    """Passes everything on to the front end's listener, keeping each rank's stdout lines."""
+
+    def __init__(self, inner: Listener, out: Dict[int, List[str]]) -> None:
+        self.inner = inner
+        self.out = out
+        self.partial: Dict[int, str] = {}
+
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        if stream == "stdout":
+            lines = (self.partial.pop(rank, "") + text).split("\n")
+            self.partial[rank] = lines.pop()
+            kept = self.out.setdefault(rank, [])
+            kept.extend(lines)
+            del kept[:-KEEP_LINES]
+        self.inner.on_output(rank, stream, text)
+
+    def on_state(self, info: Any) -> None:
+        self.inner.on_state(info)
+
+    def on_notice(self, text: str) -> None:
+        self.inner.on_notice(text)
+
+    def finish(self) -> None:
+        for rank, rest in self.partial.items():
+            if rest:
+                self.out.setdefault(rank, []).append(rest)
+        self.partial.clear()
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, types.ModuleType):
+        return "module"
+    if isinstance(value, type):
+        return "class"
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+        return "function"
+    return "value"
+
+
+def _repr(value: Any) -> str:
+    try:
+        return repr(value)[:KEEP_REPR]
+    except Exception as e:  # a broken __repr__ must not fail the cell that returned it
+        log.debug("could not repr a cell's value for %%ddp_export", exc_info=True)
+        return f"<unrepresentable {type(value).__name__}: {e}>"
+
+
+class History:
+    """The notebook's cells in execution order, as the export reads them."""
+
+    def __init__(self) -> None:
+        self.cells: List[CellRecord] = []
+        self._pending: List[DdpRun] = []
+        self._out: Dict[int, List[str]] = {}
+        self._tap: Optional[_Tap] = None
+        self._next = 1
+
+    def tap(self, listener: Listener) -> Listener:
+        """The listener a %%ddp run should report to, so that its stdout is remembered."""
+        self._out = {}
+        self._tap = _Tap(listener, self._out)
+        return self._tap
+
+    def ran(self, body: str, blobs: Mapping[str, bytes], user_ns: Mapping[str, Any], pool: Any, outcome: Any) -> None:
+        """A %%ddp cell's body ran on ``pool``: remember the options, the names shipped, the output and the values."""
+        if self._tap is not None:
+            self._tap.finish()
+        spec = pool.spec
+        values = None
+        if outcome.values and any(v is not None for v in outcome.values):
+            values = tuple(_repr(v) for v in outcome.values)
+        self._pending.append(DdpRun(
+            body=body, nproc=pool.nproc, nnodes=spec.nnodes, backend=pool.backend, backend_asked=spec.backend,
+            pg_timeout=spec.pg_timeout, init=spec.init, ok=outcome.ok, values=values,
+            shipped=tuple(Shipped(n, _kind(user_ns.get(n)), len(b)) for n, b in sorted(blobs.items())),
+            stdout=tuple(tuple(self._out.get(r, ())) for r in range(pool.nproc)), mesh=getattr(spec, "mesh", None) or None,
+        ))
+        self._tap = None
+
+    def cell(self, number: Optional[int], source: str, ok: bool) -> None:
+        """A notebook cell finished (``number`` None: the front end keeps no history, so we count)."""
+        if not source.strip():
+            return  # an empty cell has no number in the notebook either
+        if number is None:
+            number = self._next
+        self._next = number + 1
+        self.cells.append(CellRecord(number, source, ok, tuple(self._pending)))
+        self._pending = []
+        del self.cells[:-KEEP_CELLS]
+
+    def start_at(self, number: int) -> None:
+        """Where our own count starts when the front end keeps no history (the cell that loaded us)."""
+        self._next = number
