@@ -41,6 +41,17 @@ class RankState(str, Enum):
         return self in (RankState.DONE, RankState.FAILED, RankState.INTERRUPTED, RankState.DEAD, RankState.STOPPED)
 
 
+class Waiting(str, Enum):
+    """Why a RUNNING rank is not hung though it makes no progress: it waits on the notebook (kernel/stdin.py)."""
+
+    NO = ""  # it does not: its waits are the cell's own
+    DEBUGGER = "in debugger"  # it sits in pdb (breakpoint(), post-mortem)
+    INPUT = "waiting for input"  # input(), getpass or sys.stdin asked the notebook for a line
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class FailureKind(str, Enum):
     """Why a rank counts as failed in a cell's outcome; the root-cause order lives in kernel/policy.py."""
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional
 
 from ..errors import RankFailure
 from ..logs import log
-from ..states import RankState
+from ..states import RankState, Waiting
 from .combine import combine
 
 Tick = Callable[[], None]  # runs after each wake of the poll loop
@@ -35,7 +35,7 @@ class RankInfo:
     finished: Optional[float] = None
     memory: Optional[int] = None
     last_line: str = ""
-    debugging: str = ""  # "in debugger" / "waiting for input" while the rank waits on the notebook (kernel/stdin.py)
+    debugging: Waiting = Waiting.NO  # what a RUNNING rank waits on the notebook for (kernel/stdin.py)
     tail: Deque[str] = field(default_factory=lambda: deque(maxlen=20))
 
     @property

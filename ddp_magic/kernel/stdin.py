@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Dict, Mapping, Optional, Protocol, Sequence, Set
 
-from ..states import RankState
+from ..states import RankState, Waiting
 from ..wire import protocol as P
 from .ranks import RankInfo
 
@@ -25,7 +25,6 @@ NO_STDIN = (
 )
 NO_ASKER = "this pool was run without a way to ask for input (Pool.run(stdin=...)); the rank reads EOF"
 CANCELLED = "the cell was interrupted while this rank waited for input"
-IN_DEBUGGER, WAITING_INPUT = "in debugger", "waiting for input"
 
 
 class InputDesk:
@@ -51,11 +50,11 @@ class InputDesk:
         self.pending.pop(rank, None)
         self.in_pdb.discard(rank)
 
-    def what(self, rank: int) -> str:
-        """What the status view says of the rank: in debugger, waiting for input, or ""."""
+    def what(self, rank: int) -> Waiting:
+        """What the rank waits on the notebook for, if anything (the status view says it)."""
         if rank in self.in_pdb:
-            return IN_DEBUGGER
-        return WAITING_INPUT if rank in self.pending else ""
+            return Waiting.DEBUGGER
+        return Waiting.INPUT if rank in self.pending else Waiting.NO
 
     def holding(self, ranks: Optional[Mapping[int, RankInfo]] = None) -> bool:
         """Some rank (of ``ranks``, still running) debugs or waits for a line: the others' waits are not hangs."""

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from ..errors import describe_exit
 from ..plan import DIST_VARS, Check, checks_verdict
-from ..states import FailureKind, RankState
+from ..states import FailureKind, RankState, Waiting
 from .report import checks_html, checks_text, env_digest, env_table_html, table_text, verdict_html
 
 TEXT_PREFIX = "ddp_magic status: "
@@ -73,6 +73,7 @@ class RankLike(Protocol):
     memory: Optional[int]
     last_line: str
     tail: Any  # the last lines printed, newest last
+    debugging: Waiting  # what it waits on the notebook for (Waiting.NO: nothing)
 
 
 @dataclass(frozen=True)
@@ -233,12 +234,11 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
 def debugging_text(s: Snapshot) -> str:
     """'rank 1 in debugger, 3 waiting' while ranks wait on the notebook (kernel/stdin.py); "" otherwise."""
     infos = [i for i in (s.infos.get(r) for r in s.ranks) if i is not None]
-    what = {i.rank: str(getattr(i, "debugging", "") or "") for i in infos}
-    held = [(r, w) for r, w in what.items() if w]
+    held = [(i.rank, i.debugging) for i in infos if i.debugging != Waiting.NO]
     if not held:
         return ""
-    others = sum(1 for i in infos if i.state == RankState.RUNNING and not what[i.rank])
-    return ", ".join([f"rank {r} {what}" for r, what in held] + ([f"{others} waiting"] if others else []))
+    others = sum(1 for i in infos if i.state == RankState.RUNNING and i.debugging == Waiting.NO)
+    return ", ".join([f"rank {r} {waiting}" for r, waiting in held] + ([f"{others} waiting"] if others else []))
 
 
 def summary(s: Snapshot) -> str:

@@ -14,7 +14,7 @@ from typing import Any, List
 
 from ddp_magic.kernel import RankInfo
 from ddp_magic.plan import DIST_VARS, Check, GPUInfo, PoolSpec, make_plan
-from ddp_magic.states import FailureKind, RankState
+from ddp_magic.states import FailureKind, RankState, Waiting
 from ddp_magic.ui import status_render as R
 from ddp_magic.ui.status import choose_mode
 
@@ -195,3 +195,16 @@ def test_importing_the_status_view_does_not_import_ipywidgets():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_rank_in_the_debugger_is_named_and_the_others_wait():
+    ranks = infos(4)
+    ranks[1].debugging = Waiting.DEBUGGER
+    s = snap(4, ranks)
+    assert R.debugging_text(s) == "rank 1 in debugger, 3 waiting"
+    assert "rank 1 in debugger, 3 waiting" in R.summary(s)
+    ranks[2].debugging = Waiting.INPUT
+    ranks[3].state = RankState.DONE
+    assert R.debugging_text(snap(4, ranks)) == "rank 1 in debugger, rank 2 waiting for input, 1 waiting"
+    ranks[1].debugging = ranks[2].debugging = Waiting.NO
+    assert R.debugging_text(snap(4, ranks)) == ""
