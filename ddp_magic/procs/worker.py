@@ -29,8 +29,7 @@ from ..wire.capture import FdCapture
 from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
 from ..wire.protocol import CellStatus
-from . import rank_argv, rank_group, rank_torch
-from . import mesh, rank_debug
+from . import mesh, rank_argv, rank_debug, rank_group, rank_torch
 from .parent import die_with_parent
 
 
