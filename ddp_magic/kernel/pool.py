@@ -28,7 +28,7 @@ from ..plan.plan import Plan, make_plan
 from ..plan.spec import PoolSpec
 from ..states import FailureKind, RankState
 from ..wire import protocol as P
-from ..wire import transfer
+from ..wire import shm
 from . import results, texts
 from .admission import Admission, raise_fd_limit
 from .cell import CellRun
@@ -71,6 +71,7 @@ class Pool:
         self.hub = Hub(make_launcher(spec.launcher_method, self.secret), lambda rank, code: _note_death(me, rank, code))
         self.node_command: Optional[str] = None  # what the other nodes run (a pool over nodes)
         self.store_path: Optional[str] = None  # the process group's FileStore (one host)
+        self.shm_prefix = shm.pool_prefix(os.urandom(4).hex())  # every file of this pool in /dev/shm (wire/shm.py)
         self.started = False
         self.broken: Optional[str] = None  # why the next cell must restart the pool
         self.generation = 0
@@ -79,7 +80,7 @@ class Pool:
         self.rejected_peers = 0
         self.control_port: Optional[int] = None  # open only until every rank has joined
         self._cell = 0
-        self._finalizer = weakref.finalize(self, _stop_quietly, self.hub)
+        self._finalizer = weakref.finalize(self, _stop_quietly, self.hub, self.shm_prefix)
         atexit.register(self._finalizer)
 
     # ------------------------------------------------------------ properties
@@ -111,6 +112,7 @@ class Pool:
         if self.started:
             return
         t0 = time.monotonic()
+        shm.remove_orphans()  # files of this host's dead kernels that had no template to remove them
         self._warm_up()
         raise_fd_limit(3 * self.nproc + 64)  # three sockets per rank: control, stdout, stderr
         admission = Admission(self.spec.control_addr, self.secret, max(64, self.nproc), self._count_rejected)
@@ -151,8 +153,9 @@ class Pool:
             # A broken NCCL collective errors out (and the rank exits) instead of spinning
             # the GPU forever; a value set in the kernel's env wins.
             base_env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        base_env[shm.ENV] = self.shm_prefix
         # A FileStore in /dev/shm is shared only by ranks on this host.
-        self.store_path = None if self.launcher.remote_ranks else _file_store_path(self.plan.run_id)
+        self.store_path = None if self.launcher.remote_ranks else shm.new_store(self.shm_prefix, self.plan.run_id)
         command = self.launcher.launch(self.plan, base_env, self.spec.control_addr, port, self.store_path)
         if command:
             self.node_command = command
@@ -217,14 +220,8 @@ class Pool:
             signal_pid(pid, signal.SIGKILL)
         self._wait_for_exits(KILL_WAIT_S)
         self.hub.close_all()
-        if self.store_path:
-            try:
-                os.unlink(self.store_path)
-            except FileNotFoundError:  # no rank got as far as creating it
-                pass
-            except OSError:
-                log.debug("the FileStore %s could not be removed", self.store_path, exc_info=True)
-            self.store_path = None
+        shm.remove_pool_files(self.shm_prefix)  # the stores, and results a killed rank left half written
+        self.store_path = None
         for info in self.ranks.values():
             if info.state not in (RankState.DEAD, RankState.FAILED):
                 info.state = RankState.STOPPED
@@ -376,13 +373,6 @@ class Pool:
         self.broken = why
 
 
-def _file_store_path(run_id: str) -> Optional[str]:
-    """Where a one-host pool's ranks meet to initialise the process group (None: use env://)."""
-    if not os.path.isdir(transfer.SHM_DIR):
-        return None
-    return os.path.join(transfer.SHM_DIR, f"{transfer.SHM_PREFIX}store-{run_id}-{os.getpid()}")
-
-
 def _note_death(pool_ref: "weakref.ref[Pool]", rank: int, code: Optional[int]) -> None:
     """A rank's process is gone while it held state: the next cell restarts the pool."""
     pool = pool_ref()
@@ -390,10 +380,11 @@ def _note_death(pool_ref: "weakref.ref[Pool]", rank: int, code: Optional[int]) -
         pool.broken = f"rank {rank} {describe_exit(code)}"
 
 
-def _stop_quietly(hub: Hub) -> None:
-    """At exit or when a Pool is collected without stop(): close the sockets and the launcher."""
+def _stop_quietly(hub: Hub, shm_prefix: str) -> None:
+    """At exit or when a Pool is collected without stop(): close the sockets and the launcher, remove the files."""
     try:
         hub.close_all()
         hub.launcher.close()
+        shm.remove_pool_files(shm_prefix)
     except Exception:  # interpreter shutdown: modules may already be half torn down
         log.debug("stopping a pool at exit failed", exc_info=True)

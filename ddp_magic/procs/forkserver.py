@@ -9,7 +9,8 @@ in the child.
 Protocol, one JSON object a line: the kernel writes commands on our stdin
 (``spawn``, ``exit``); we write events on stdout (``ready``, ``spawned``,
 ``exited``, ``error``). Our stdin closing means the kernel is gone: every child
-is killed and we exit; Linux's parent-death signal covers a SIGKILLed kernel too.
+is killed, the pool's files in /dev/shm are removed (wire/shm.py) and we exit;
+Linux's parent-death signal (SIGTERM) covers a SIGKILLed kernel too.
 """
 from __future__ import annotations
 
@@ -23,14 +24,19 @@ import traceback
 from typing import Dict, Set
 
 from ..logs import log
+from ..wire import shm
 from .parent import die_with_parent
 
 
 def _emit(event: dict) -> None:
+    """One event to the kernel; a kernel that is gone reads none (and must not stop our cleanup)."""
     data = (json.dumps(event) + "\n").encode()
-    while data:
-        n = os.write(1, data)
-        data = data[n:]
+    try:
+        while data:
+            n = os.write(1, data)
+            data = data[n:]
+    except OSError:  # EPIPE: the kernel died; kernel_gone still kills the ranks and removes the files
+        log.debug("the kernel no longer reads our events", exc_info=True)
 
 
 def _warm_imports() -> str:
@@ -80,23 +86,25 @@ def _child(cmd: dict, secret: bytes, wake_r: int, wake_w: int) -> None:
 
 
 class Template:
-    """The template's state: its children (ranks) and their FileStores, and the SIGCHLD wake-up pipe."""
+    """The template's state: its children (ranks), their pools' file prefixes, and the SIGCHLD wake-up pipe."""
 
     def __init__(self) -> None:
         self.secret = b""
         self.children: Dict[int, int] = {}  # pid -> rank
-        self.stores: Set[str] = set()  # process-group FileStores in /dev/shm that our ranks use
+        self.prefixes: Set[str] = set()  # the pools whose files in /dev/shm our ranks make (wire/shm.py)
         self.wake_r = self.wake_w = -1
 
     def kernel_gone(self, *_: object) -> None:
-        """The kernel is gone or asked us to exit: our ranks and their files go with us."""
-        _kill_all(self.children)
-        for path in self.stores:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass  # rank 0 removed it already
-        os._exit(0)
+        """The kernel is gone or asked us to exit: our ranks go, then every file their pool left."""
+        try:
+            _kill_all(self.children)
+        finally:
+            for prefix in self.prefixes:
+                try:
+                    shm.remove_pool_files(prefix)
+                except Exception:  # a bad prefix in a spawn command: nothing of ours to remove
+                    log.debug("could not remove the files of %r", prefix, exc_info=True)
+            os._exit(0)
 
     def watch_children(self) -> None:
         """SIGCHLD wakes the select loop through a pipe (signal.set_wakeup_fd)."""
@@ -108,9 +116,9 @@ class Template:
 
     def spawn(self, cmd: dict) -> None:
         cmd["parent"] = os.getpid()
-        store = cmd["config"]["env"].get("DDP_MAGIC_STORE")
-        if store:
-            self.stores.add(store)
+        prefix = cmd["config"]["env"].get(shm.ENV)
+        if prefix:
+            self.prefixes.add(prefix)
         pid = os.fork()
         if pid == 0:
             _child(cmd, self.secret, self.wake_r, self.wake_w)

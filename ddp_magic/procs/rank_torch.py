@@ -15,10 +15,8 @@ import time
 from typing import Any, List, Optional
 
 from ..logs import log
-from ..wire import sharded
+from ..wire import sharded, shm
 from . import rank_debug, rank_group
-
-_STORES: List[str] = []  # FileStores of re-formed groups (removed with the pool's own)
 
 
 def planned_device(local_rank: int) -> str:
@@ -72,7 +70,7 @@ def init_process_group(rank: int, device: str, generation: int = 0) -> None:
         world = int(os.environ["WORLD_SIZE"])
         if generation:
             store_path = f"{store_path}.{generation}"
-            _STORES.append(store_path)
+        shm.create_private(store_path)  # before torch creates it 0644; the kernel or template removes it (wire/shm.py)
         kwargs.update(store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     elif rank != 0:
         _wait_for_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), float(timeout or 300))
@@ -94,18 +92,6 @@ def _wait_for_store(host: str, port: int, timeout: float) -> None:
             return
         except OSError:
             time.sleep(0.005)
-
-
-def remove_file_store(rank: int) -> None:
-    """Rank 0 removes the pool's FileStore: the kernel may be gone (even SIGKILLed), so leave nothing in /dev/shm."""
-    store = os.environ.get("DDP_MAGIC_STORE")
-    if not store or rank != 0:
-        return
-    for path in [store, *_STORES]:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass  # another rank's exit or the template got there first
 
 
 def process_group_report() -> dict:

@@ -24,7 +24,7 @@ from typing import Any, Optional, Tuple
 
 from ..logs import log
 from ..wire import protocol as P
-from ..wire import transfer
+from ..wire import shm, transfer
 from ..wire.capture import FdCapture
 from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
@@ -122,7 +122,6 @@ class Worker:
         self.shutdown(1)
 
     def shutdown(self, code: int) -> None:
-        rank_torch.remove_file_store(self.rank)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -235,7 +234,7 @@ class Worker:
     def _packed(self, value: Any) -> dict:
         try:
             # /dev/shm is only a shortcut when the kernel runs on this same host.
-            return {"result": transfer.pack(value, shm_dir=transfer.SHM_DIR if self.shm_ok else None)}
+            return {"result": transfer.pack(value, shm_dir=transfer.SHM_DIR if self.shm_ok else None, prefix=shm.result_prefix(self.rank))}
         except BaseException as e:
             log.debug("rank %d: the result could not be pickled (reported to the kernel)", self.rank, exc_info=True)
             return {"result": None, "result_error": {"type": type(value).__module__ + "." + type(value).__qualname__, "reason": f"{type(e).__name__}: {e}"}}

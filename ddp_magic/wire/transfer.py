@@ -20,9 +20,8 @@ import cloudpickle
 
 from ..logs import log
 from . import sharded
+from .shm import SHM_DIR, SHM_PREFIX
 
-SHM_DIR = "/dev/shm"
-SHM_PREFIX = "ddp_magic-"
 SHM_THRESHOLD = 1 << 20  # buffers smaller than this in total travel inline
 
 
@@ -87,14 +86,17 @@ def dumps(value: Any) -> Tuple[bytes, List[pickle.PickleBuffer]]:
     return f.getvalue(), buffers
 
 
-def pack(value: Any, shm_dir: Optional[str] = SHM_DIR) -> dict:
-    """A message-ready form of value: pickle bytes plus buffers inline or in one shm file."""
+def pack(value: Any, shm_dir: Optional[str] = SHM_DIR, prefix: str = SHM_PREFIX) -> dict:
+    """A message-ready form of value: pickle bytes plus buffers inline or in one shm file.
+
+    The file is 0600 and named ``prefix`` + random (a rank passes its pool's, shm.result_prefix),
+    so a file a killed rank half wrote is found and removed with the pool's others."""
     data, buffers = dumps(value)
     views = [b.raw() for b in buffers]
     sizes = [v.nbytes for v in views]
     total = sum(sizes)
     if total >= SHM_THRESHOLD and shm_dir and os.path.isdir(shm_dir):
-        path = os.path.join(shm_dir, SHM_PREFIX + secrets.token_hex(12))
+        path = os.path.join(shm_dir, prefix + secrets.token_hex(12))
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         try:
             for v in views:

@@ -49,17 +49,6 @@ def test_planned_device_follows_the_backend(monkeypatch):
     assert rank_torch.planned_device(3) == "cpu"
 
 
-def test_rank_zero_removes_the_file_store(tmp_path, monkeypatch):
-    store = tmp_path / "store"
-    store.write_text("")
-    monkeypatch.setenv("DDP_MAGIC_STORE", str(store))
-    rank_torch.remove_file_store(1)
-    assert store.exists()
-    rank_torch.remove_file_store(0)
-    assert not store.exists()
-    rank_torch.remove_file_store(0)  # already gone: no error
-
-
 def test_only_rank_torch_calls_torch_distributed():
     """The template imports it to warm up and the rendezvous program hosts a TCPStore; the rest of
     the rank-side code leaves torch.distributed to rank_torch.py (its docstring says so)."""
