@@ -151,7 +151,8 @@ def test_signal_pid_to_a_gone_process_is_quiet():
 # ------------------------------------------------------------------ spawn, with a fake interpreter
 def test_spawn_launcher_reports_each_exit_and_forgets_the_pid(tmp_path):
     # one write() per rank: both ranks share the launcher's log, and print() may write piecewise
-    python = _fake_python(tmp_path, "import json, os, sys\nconf = json.loads(sys.stdin.readline())\nos.write(1, f\"rank {conf['env']['RANK']} up\\n\".encode())\nsys.exit(3)\n")
+    program = "import json, os, sys\nconf = json.loads(sys.stdin.readline())\nos.write(1, f\"rank {conf['env']['RANK']} up\\n\".encode())\nsys.exit(3)\n"
+    python = _fake_python(tmp_path, program)
     launcher = SpawnLauncher(SECRET, python=python)
     launcher.launch(FakePlan(nproc=2), dict(os.environ), "127.0.0.1", 1, None)
     pids = launcher.live_pids()
