@@ -6,13 +6,15 @@ that run cells with ``store_history=False`` leave empty): which cells were
 shipped to the ranks, what each rank printed and what the cell returned. The
 magics feed ``History.cell`` from IPython's ``post_run_cell`` event; the session
 feeds ``tap`` and ``ran`` while a ``%%ddp`` cell runs. Everything here is a
-small copy (reprs and the last lines), never the values themselves.
+small copy (the last lines, cheap reprs) or a weak reference to a returned value,
+whose repr is made only when an export asks for it.
 """
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..kernel.ranks import Listener
 from ..logs import log
@@ -47,6 +49,11 @@ class DdpRun:
     values: Optional[Tuple[str, ...]] = None  # repr of each rank's value; None: the cell returned nothing
     stdout: Tuple[Tuple[str, ...], ...] = ()  # per rank, the last lines it printed
     mesh: Optional[str] = None  # the pool's --mesh, which made `mesh` on every rank
+    held: Optional["HeldValues"] = field(default=None, compare=False)  # values whose repr is made only if an export asks
+
+    def value_reprs(self) -> Optional[Tuple[str, ...]]:
+        """Each rank's value as text (None: nothing returned, or the values are gone from the notebook)."""
+        return self.values if self.held is None else self.held.reprs()
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,41 @@ def _repr(value: Any) -> str:
         return f"<unrepresentable {type(value).__name__}: {e}>"
 
 
+CHEAP = (type(None), bool, int, float, complex, str)  # their repr costs nothing: made at once
+
+
+class HeldValues:
+    """A cell's values, their reprs made only when an export asks (a big tensor's repr takes milliseconds per rank).
+
+    Tensors and other objects are held weakly: the notebook keeps them (Out, ``_``, ``--out``) as long as
+    it wants; once they are gone the export compares printed lines only. A value that can be neither
+    held weakly nor repr'd cheaply (a list, a dict) is repr'd at once, as before.
+    """
+
+    def __init__(self, values: Sequence[Any]) -> None:
+        self._items: List[Any] = [self._hold(v) for v in values]
+
+    @staticmethod
+    def _hold(value: Any) -> Any:
+        if isinstance(value, CHEAP):
+            return _repr(value)
+        try:
+            return weakref.ref(value)
+        except TypeError:  # not weakly referable (list, dict, tuple): the repr now
+            return _repr(value)
+
+    def reprs(self) -> Optional[Tuple[str, ...]]:
+        out = []
+        for item in self._items:
+            if isinstance(item, weakref.ref):
+                value = item()
+                if value is None:
+                    return None
+                item = _repr(value)
+            out.append(item)
+        return tuple(out)
+
+
 class History:
     """The notebook's cells in execution order, as the export reads them."""
 
@@ -132,12 +174,15 @@ class History:
         if self._tap is not None:
             self._tap.finish()
         spec = pool.spec
-        values = None
+        values, held = None, None
         if outcome.values and any(v is not None for v in outcome.values):
-            values = tuple(_repr(v) for v in outcome.values)
+            if all(isinstance(v, CHEAP) for v in outcome.values):
+                values = tuple(_repr(v) for v in outcome.values)
+            else:
+                held = HeldValues(outcome.values)
         self._pending.append(DdpRun(
             body=body, nproc=pool.nproc, nnodes=spec.nnodes, backend=pool.backend, backend_asked=spec.backend,
-            pg_timeout=spec.pg_timeout, init=spec.init, ok=outcome.ok, values=values,
+            pg_timeout=spec.pg_timeout, init=spec.init, ok=outcome.ok, values=values, held=held,
             shipped=tuple(Shipped(n, _kind(user_ns.get(n)), len(b)) for n, b in sorted(blobs.items())),
             stdout=tuple(tuple(self._out.get(r, ())) for r in range(pool.nproc)), mesh=getattr(spec, "mesh", None) or None,
         ))

@@ -68,7 +68,7 @@ def expected_of(sel: Selection) -> Expected:
     assert final is not None and final.run is not None
     runs = [c.run for c in sel.cells if c.run is not None]
     lines = tuple(tuple(ln for r in runs for ln in (r.stdout[rank] if rank < len(r.stdout) else ())) for rank in range(final.run.nproc))
-    return Expected(lines=lines, values=final.run.values, final_cell=final.number)
+    return Expected(lines=lines, values=final.run.value_reprs(), final_cell=final.number)
 
 
 def export_files(history: Sequence[CellRecord], opts: ExportOptions, notebook: str = "the notebook") -> ExportResult:

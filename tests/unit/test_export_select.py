@@ -183,3 +183,19 @@ def test_history_keeps_each_ranks_stdout_lines_the_options_and_the_values():
     assert run.shipped == (Shipped("f", "function", 3),)
     h.cell(6, "   ", True)
     assert [c.number for c in h.cells] == [5], "empty cells have no number in the notebook either"
+
+
+def test_a_cells_tensor_values_are_repr_d_only_when_an_export_asks():
+    import gc
+
+    import torch
+
+    from ddp_magic.export.record import HeldValues
+
+    a, b = torch.ones(3), torch.zeros(2)
+    held = HeldValues([a, b, [1, 2], 7])
+    assert held._items[2:] == ["[1, 2]", "7"], "what cannot be held weakly is repr'd at once"
+    assert held.reprs() == (repr(a), repr(b), "[1, 2]", "7")
+    del a
+    gc.collect()
+    assert held.reprs() is None, "once the notebook dropped a value, the export compares printed lines only"
