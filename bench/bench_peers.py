@@ -106,17 +106,18 @@ if __name__ == "__main__":
 TRAIN_BLOCK = 50  # steps per turn (the two jobs take turns); each turn prints one loss line, so every turn is alike
 
 
-def train_body(backend: str, blocks: int, warmup: int, dev: str, referee_port: int, tag: str) -> str:
+def train_body(backend: str, blocks: int, warmup: int, dev: str, referee_port: int, tag: str, log_steps: bool = False) -> str:
     """The same DDP loop for the %%ddp cell and the torchrun script.
 
     The two jobs run at the same time and take turns: before each block of TRAIN_BLOCK steps
     every rank waits for its job's turn from the bench's referee (a loopback socket), then
     reports the block's time. Both jobs see the machine in the same state, block by block:
     on a shared machine whose speed drifts by a fifth within seconds, runs one after the
-    other cannot resolve a difference of 3 %.
+    other cannot resolve a difference of 3 %. ``log_steps`` (--train-log, the %%ddp side only):
+    one ``ddp_magic.log(step, loss)`` per step, the live chart's cost.
     """
     return (
-        "import socket as _socket, time, torch, torch.distributed as dist\n"
+        "import socket as _socket, time, torch, torch.distributed as dist" + (", ddp_magic\n" if log_steps else "\n") +
         "from torch.nn.parallel import DistributedDataParallel as _DDP\n"
         f"_dev = {dev}\n"
         "torch.manual_seed(0)\n"
@@ -146,6 +147,7 @@ def train_body(backend: str, blocks: int, warmup: int, dev: str, referee_port: i
         "    _t0 = time.perf_counter()\n"
         f"    for _ in range({TRAIN_BLOCK}):\n"
         "        _loss = _step()\n"
+        + ("        ddp_magic.log(step=_i, loss=_loss)\n" if log_steps else "") +
         f"        if _i % {TRAIN_BLOCK} == 0:\n"
         "            print(f'step {_i} loss {_loss.item():.4f}')\n"
         "        _i += 1\n"
@@ -1009,7 +1011,7 @@ def train_turns(d: "Tool", n: int, args: argparse.Namespace, tmp: str) -> Tuple[
     proc = subprocess.Popen(torchrun_argv(n) + [path], env=core.child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        body = train_body(args.backend, blocks, args.train_warmup, "t.device", referee.port, "ddp")
+        body = train_body(args.backend, blocks, args.train_warmup, "t.device", referee.port, "ddp", getattr(args, "train_log", False))
         ex = d.ok(f"%%ddp\n{body}", timeout=900)
         out, err = proc.communicate(timeout=300)
         thread.join(60)
@@ -1571,6 +1573,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--lines-repeats", type=int, help="big-output cells per tool (default 2; --quick 1)")
     p.add_argument("--train-steps", type=int, help=f"timed training steps, taken in turns of {TRAIN_BLOCK} (default 1000; --quick 200)")
     p.add_argument("--train-warmup", type=int, default=20)
+    p.add_argument("--train-log", action="store_true", help="the %%ddp side calls ddp_magic.log(step, loss) every step (its cost)")
     p.add_argument("--train-repeats", type=int, help="training runs, each a pair of jobs taking turns (default 3; --quick 2)")
     p.add_argument("--mem-n", type=int, help="n at which the kernel runs --mem-cells cells (default 2)")
     p.add_argument("--mem-cells", type=int, help="cells the kernels run for the memory figure (default 500; --quick 100)")

@@ -16,7 +16,8 @@ checks the rules, docs/architecture.md explains them):
 - procs/      the separate programs: rank, fork-server template, rendezvous store
 - states.py, errors.py, logs.py   rank states and failure kinds, user-facing errors, ddp_magic's log
 
-Loading the extension starts nothing and imports no torch; the first %%ddp cell starts the pool.
+Loading the extension starts the template (which imports torch) at low priority, and the kernel imports torch once
+idle (kernel/templates.py; DDP_MAGIC_WARM_TEMPLATE=0: neither); the first %%ddp cell starts the pool.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import Any, Dict, List
 
 from ._version import __version__
 
-__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", "Pool", "save"]
+__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", "Pool", "save", "scatter", "log"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -34,6 +35,7 @@ def load_ipython_extension(ipython: Any) -> None:
     magics = DDPMagics(ipython)  # owns the kernel's Session: the pool and the names on the workers
     ipython.register_magics(magics)
     labcomm.register(ipython, magics.session)  # the JupyterLab extension's comm target; nothing without a kernel
+    magics.session.template.begin()  # imports torch in a template now, at low priority: the first %%ddp cell need not wait
 
 
 def unload_ipython_extension(ipython: Any) -> None:
@@ -60,6 +62,15 @@ def __getattr__(name: str) -> Any:
         from .procs.rank_debug import breakpoint
 
         return breakpoint
+    if name == "log":  # ddp_magic.log(step=i, loss=loss) in a %%ddp cell: the live chart and %ddp metrics (docs/metrics.md)
+        from .procs.rank_metrics import log
+
+        globals()["log"] = log  # found directly from now on: a call per training step pays no lookup here
+        return log
+    if name == "scatter":  # ddp_magic.scatter(x, dim=0) in the notebook: rank r of a %%ddp cell gets only its shard of x
+        from .session import scatter
+
+        return scatter
     if name == "save":  # ddp_magic.save(state_dict, "model.pt"): sharded results written as full tensors
         from .kernel.combine import save
 

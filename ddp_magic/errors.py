@@ -6,6 +6,7 @@ raises one of the exceptions below. Each renders short: IPython calls
 """
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
@@ -115,7 +116,7 @@ class CellError(DDPError):
         if same:
             lines += ["", f"{'ranks' if len(same) > 1 else 'rank'} {', '.join(str(f.rank) for f in same)} failed the same way"]
         for f in others:
-            if f in same or f.kind == FailureKind.KILLED:  # stopped ranks are summed up in the notes
+            if f in same or f.kind == FailureKind.KILLED or f.message.startswith("released"):  # summed up in the notes
                 continue
             lines += ["", f.headline()]
             if f.kind == FailureKind.DIED and f.last_lines:
@@ -126,5 +127,20 @@ class CellError(DDPError):
 
     def _render_traceback_(self) -> List[str]:
         text = self.render().splitlines()
-        return [f"CellError: {text[0]}"] + text[1:]
+        return colour_traceback("\n".join([f"CellError: {text[0]}"] + text[1:])).splitlines()
 
+
+_COLOURED = (
+    (re.compile(r"^(\s*)Cell In\[(\d+)\], line (\d+)", re.M), "\\1\x1b[96mCell\x1b[39m \x1b[32mIn[\\2], line \\3\x1b[39m"),
+    (re.compile(r'^(\s*)File "([^"]+)", line (\d+)', re.M), '\\1\x1b[96mFile\x1b[39m \x1b[32m"\\2", line \\3\x1b[39m'),
+    (re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning))(:|$)", re.M), "\x1b[91m\\1\x1b[39m\\2"),
+)
+
+
+def colour_traceback(text: str) -> str:
+    """IPython's colours for a traceback's frame lines and exception name (ANSI: every Jupyter front end shows them).
+
+    Only for what a front end renders as a traceback (``_render_traceback_``), never for an exception's message."""
+    for pattern, replacement in _COLOURED:
+        text = pattern.sub(replacement, text)
+    return text

@@ -21,12 +21,13 @@ from . import logs
 from .errors import CellError, UsageError
 from .kernel import RankInfo
 from .kernel.pool import Pool
-from .plan.spec import BACKENDS
+from .plan.spec import BACKENDS, port as _port, positive_int as _positive_int
 from .session import NO_POOL, STOPPED, CellListener, CellOptions, Session
 from .ui import labcomm
 from .ui.report import env_report
 from .ui.output import RankPrinter, parse_ranks
-from .ui.results import RankResults
+from .ui.results import CellNumbers, RankResults
+from .ui.metrics_view import MetricsView, metrics_data
 from .ui import debugging
 
 SEE_HELP = "See %ddp? for every option, with examples."
@@ -42,6 +43,8 @@ examples:
   %%ddp --no-widget          no status view above the output (DDP_MAGIC_WIDGET=0 in the env: never)
   %%ddp -n 8 --nnodes 2      8 ranks over 2 nodes (torchrun); the kernel prints what to run on the other node
   %%ddp --restart            a fresh pool first (fresh port; state on the workers is lost)
+  %%ddp --scatter x          rank r gets only its shard of the notebook tensor x (ddp_magic.scatter(x, dim=1) for another dim)
+  %%ddp --profile trace.json torch.profiler on every rank, one merged trace, a straggler table (docs/metrics.md)
 """
 LINE_EXAMPLES = """
 examples:
@@ -49,26 +52,10 @@ examples:
   %ddp restart [-n N]        restart the pool (fresh port, state on the workers is lost)
   %ddp stop                  stop every worker
   %ddp log                   ddp_magic's recent log records, to attach to a bug report
+  %ddp metrics [--df]        what the last cell's ranks logged with ddp_magic.log: a dict of lists (--df: a DataFrame)
                              (DDP_MAGIC_LOG=debug in the kernel's env also prints them as they happen)
   %ddp_env [-n N]            the env each rank will get (or sees, once the pool runs), with checks
 """
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} ranks makes no pool; give 1 or more")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
 
 
 POOL_ARGUMENTS = (
@@ -96,7 +83,8 @@ def pool_arguments(func: F) -> F:
 
 @magic_arguments("ddp")
 @kwds(epilog=LINE_EXAMPLES)
-@argument("action", nargs="?", choices=("status", "stop", "restart", "log"), default="status", help="what to do (default: status)")
+@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics"), default="status", help="what to do (default: status)")
+@argument("--df", action="store_true", help="with metrics: a pandas DataFrame instead of a dict of lists")
 @pool_arguments
 @HELP_ARGUMENT
 def _ddp_line() -> None:
@@ -157,6 +145,7 @@ class _MagicListener(CellListener):
         self.ranks = ranks
         self.widget = widget
         self.view: Optional[Any] = None  # the status view (ui/status.StatusView), once shown
+        self.metrics = MetricsView()  # ddp_magic.log's live chart, and its static picture when the cell ends
 
     def on_pool(self, pool: Pool) -> None:
         if self.ranks:
@@ -164,6 +153,7 @@ class _MagicListener(CellListener):
         from .ui.status import show_status  # lazy: ipywidgets is imported when a cell first runs
 
         self.view = show_status(pool, enabled=self.widget)  # above any output of the ranks
+        self.metrics.attach(self.view)  # ddp_magic.log's live chart: a section of the view
         self.printer.world = pool.nproc  # a stderr line every rank sent is shown once, at once
 
     def on_output(self, rank: int, stream: str, text: str) -> None:
@@ -184,9 +174,13 @@ class _MagicListener(CellListener):
             self.view.on_state(info)
         labcomm.changed()
 
-    def finish(self, outcome: Any = None, error: Optional[BaseException] = None) -> None:
+    def on_metrics(self, rank: int, rows: Any) -> None:
+        self.metrics.on_metrics(rank, rows)
+
+    def finish(self, outcome: Any = None, error: Optional[BaseException] = None, metrics: Any = None) -> None:
         if self.view is not None:
             self.view.finish(outcome, error)
+        self.metrics.finish(metrics)  # the session's copy: complete, and labelled with the cell
 
 
 @magics_class
@@ -197,6 +191,7 @@ class DDPMagics(Magics):
         super().__init__(shell)
         self.session = session or Session()
         self.last_failures: List[Any] = []  # the last failed %%ddp cell's, for %ddp_debug
+        self.cell_numbers = CellNumbers()  # tracebacks say Cell In[N] with the prompt's number
         if shell is not None:  # %ddp_export reads every cell in execution order (nbval keeps no IPython history)
             self.session.history.start_at(shell.execution_count)
             shell.events.register("post_run_cell", self.record_cell)
@@ -233,12 +228,14 @@ class DDPMagics(Magics):
     @argument("--ordered", action="store_true", help="print output rank by rank when the cell ends (deterministic)")
     @argument("--timeout", type=float, metavar="SECONDS", help="stop the cell after this long (every rank's stack is shown)")
     @argument("--out", metavar="NAME", help="also store the per-rank results in this notebook variable")
+    @argument("--scatter", type=lambda t: tuple(filter(None, t.split(","))), default=(), metavar="X,Y", help="each rank gets only its shard of these tensors")
     @argument("--restart", action="store_true", help="restart the pool before running the cell")
     @argument("--gather", choices=("auto", "collective", "direct"), default="auto", help="how tensors come back")
     @argument("--argv", help="sys.argv[1:] on the workers (default: none, as torchrun; argparse parsers that declare --local_rank get it)")
     @argument("--quiet", action="store_true", help="no notices from ddp_magic")
     @argument("--no-widget", action="store_true", help="no status view above the output")
     @argument("--pdb", action="store_true", help="on failure, open pdb on the failing rank (post-mortem; %%pdb on does it for every cell)")
+    @argument("--profile", nargs="?", const="", metavar="TRACE.json", help="run under torch.profiler on every rank; one merged trace (default ddp_trace.json)")
     @HELP_ARGUMENT
     def ddp(self, line: str, cell: Optional[str] = None) -> Any:
         """Run the cell on N worker processes (ranks) with torch.distributed ready.
@@ -263,7 +260,8 @@ class DDPMagics(Magics):
         request = _pool_request(args)
         spec = self.session.spec_for(**request) if request else None
         options = CellOptions(
-            spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), stdin=debugging.kernel_ask(printer.flush)
+            spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), stdin=debugging.kernel_ask(printer.flush),
+            profile=args.profile, scatter=args.scatter,
         )
         try:
             try:
@@ -274,8 +272,12 @@ class DDPMagics(Magics):
             listener.finish(None, e)
             raise
         outcome = result.outcome
-        listener.finish(outcome)
+        notes = self.cell_numbers.name(result.label, self.shell, outcome.failures, outcome.notes)
+        listener.finish(outcome, metrics=result.metrics)
         results = RankResults(outcome.values)
+        results.metrics = result.metrics.columns() if result.metrics else {}
+        if result.profile is not None:
+            print(result.profile.text())
         value = results if outcome.combined is None else outcome.combined  # DTensors: one ShardedResult each
         if args.out:
             self.user_ns[args.out] = value
@@ -284,19 +286,21 @@ class DDPMagics(Magics):
             if args.pdb or getattr(self.shell, "call_pdb", False):  # --pdb, or IPython's %pdb on
                 debugging.once_instead_of_ipython(self.shell)
                 self._post_mortem("", quiet=True)
-            raise CellError(outcome.failures, outcome.notes, partial=results)
-        for note in outcome.notes:
+            raise CellError(outcome.failures, notes, partial=results)
+        for note in notes:
             listener.on_notice(note)
         if all(v is None for v in outcome.values) or cell.rstrip().endswith(";"):
             return None
         return value
 
-    def _ddp_line(self, line: str) -> None:
+    def _ddp_line(self, line: str) -> Any:
         args = _parse(_ddp_line, line, "%ddp")
         if args.help:
             print(self.ddp.__doc__)
-            return
+            return None
         request = _pool_request(args)
+        if args.action == "metrics":
+            return metrics_data(self.session.metrics, args.df)
         if args.action in ("status", "log") and request:
             raise UsageError("%ddp: pool options need an action, e.g. %ddp restart -n 2 (or put them on a %%ddp cell)")
         if args.action == "stop":

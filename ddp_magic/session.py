@@ -12,22 +12,22 @@ drives a session exactly as a notebook does.
 """
 from __future__ import annotations
 
-import os
-import sys
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 from .errors import PlanError, ShipError, UsageError
 from .export.record import History
 from .kernel import CellOutcome, Listener
+from .kernel.metrics import CellMetrics
+from .kernel import templates
 from .kernel.pool import Pool
+from .kernel.profile_merge import ProfileReport, ProfileRun
 from .kernel.texts import NAMES_GONE
 from .logs import log
 from .plan.plan import Plan, make_plan
 from .plan.spec import PoolSpec
 from .states import RankState
-from .wire import namespace, transfer
+from .wire import namespace, notebook_data
 from .wire.execution import syntax_error_text
 
 CELL_FILENAME = "<ddp-cell>"  # what names are read from; tracebacks name each cell <ddp-cell-N>
@@ -36,6 +36,7 @@ STOPPED = "stopped the pool; its workers have exited"
 NEED_N_FOR_CELL = "no pool is running yet: give the number of ranks on the first cell, e.g. %%ddp -n 2"
 NEED_N_FOR_RESTART = "no pool to restart: start one with %%ddp -n N, or give -n here"
 NEED_N_FOR_ENV = "no pool is running: give the number of ranks to plan for, e.g. %ddp_env -n 4"
+scatter = notebook_data.Scatter  # ddp_magic.scatter(x, dim=0): each rank gets its shard of x (wire/notebook_data.py)
 
 
 class RankRow(NamedTuple):
@@ -118,6 +119,8 @@ class CellOptions:
     gather: str = "auto"
     argv: Optional[List[str]] = None  # sys.argv on the ranks; None: ["ddp_cell", "--local_rank=N"]
     stdin: Optional[Callable[[str, bool], str]] = None  # answers the ranks' input() and pdb (kernel/stdin.py); None: EOF
+    scatter: Tuple[str, ...] = ()  # --scatter x,y: these notebook names reach each rank as its shard (wire/notebook_data.py)
+    profile: Optional[str] = None  # --profile: the merged trace's path ("": the default); None: no profiler (kernel/profile_merge.py)
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,8 @@ class CellResult:
 
     outcome: CellOutcome
     label: str
+    metrics: Optional[CellMetrics] = None  # what the ranks logged with ddp_magic.log (kernel/metrics.py)
+    profile: Optional[ProfileReport] = None  # --profile: the merged trace and the straggler table
 
     @property
     def ok(self) -> bool:
@@ -153,6 +158,9 @@ class Session:
     cells: int = 0  # numbers tracebacks' <ddp-cell-N>: unique even when the front end stores no history
     definitions: namespace.Definitions = field(default_factory=namespace.Definitions)  # the newest definition wins
     history: History = field(default_factory=History)  # the cells as %ddp_export reads them (export/record.py)
+    template: templates.WarmTemplate = field(default_factory=templates.WarmTemplate)  # started at %load_ext; the first pool adopts it
+    data: notebook_data.Outbox = field(default_factory=notebook_data.Outbox)  # notebook tensors in /dev/shm, sent once; .sent counts bytes
+    metrics: Optional[CellMetrics] = None  # the last cell's that logged any: %ddp metrics
 
     # ------------------------------------------------------------ specs
     def spec_for(self, nproc: Optional[int] = None, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> Optional[PoolSpec]:
@@ -186,14 +194,18 @@ class Session:
     def start(self, spec: PoolSpec, listener: Optional[Listener] = None) -> PoolStatus:
         """Start a pool of ``spec`` (a running pool with other options is restarted, with a notice)."""
         listener = listener or Listener()
-        self._pool_for(spec, listener, NEED_N_FOR_CELL).start(listener)
+        pool = self._pool_for(spec, listener, NEED_N_FOR_CELL)
+        templates.start_replaced(pool, listener)
+        pool.start(listener)
         return self.status()
 
     def restart(self, spec: Optional[PoolSpec] = None, listener: Optional[Listener] = None) -> PoolStatus:
         """Restart the pool (fresh port, the names on the workers are gone), with ``spec``'s options if given."""
         listener = listener or Listener()
         pool = self._pool_for(spec, listener, NEED_N_FOR_RESTART)
-        if pool.started:
+        if templates.start_replaced(pool, listener):
+            pass  # a new pool of the options asked for: just started
+        elif pool.started:
             pool.restart(listener)
         else:
             pool.start(listener)
@@ -201,9 +213,11 @@ class Session:
         return self.status()
 
     def stop(self) -> bool:
-        """Stop every worker; False when there was no pool."""
+        """Stop every worker, the template and the notebook data in /dev/shm; False when there was no pool."""
         pool, self.pool = self.pool, None
         self.owned.clear()
+        self.template.close()
+        self.data.clear()
         if pool is None:
             return False
         pool.stop()
@@ -216,14 +230,14 @@ class Session:
             if spec is None:
                 raise UsageError(missing)
             self.pool = _new_pool(spec)
+            self.template.give(self.pool)  # the template %load_ext started, torch imported already
             return self.pool
         changes = self.changes(spec) if spec is not None else []
         if not changes:
             return pool
         assert spec is not None
         new = _new_pool(spec)
-        listener.on_notice("restarting the pool (" + ", ".join(changes) + "); " + NAMES_GONE)
-        pool.stop()
+        templates.hand_over(pool, new, changes)  # the new ranks fork from the same template where they can; start_replaced says so
         self.pool = new
         self.owned.clear()
         return new
@@ -278,11 +292,12 @@ class Session:
         options = options or CellOptions()
         listener = listener or Listener()
         newer = self.definitions.stale(self.owned)
-        blobs = self._ship(source, user_ns, newer)
+        blobs = self._ship(source, user_ns, newer, options)
         self._newest_wins(newer, user_ns, listener)
         pool = self._pool_for(options.spec, listener, NEED_N_FOR_CELL)
         if isinstance(listener, CellListener):
             listener.on_pool(pool)
+        templates.start_replaced(pool, listener)
         if options.restart and pool.started:
             pool.restart(listener)
             self.owned.clear()
@@ -290,9 +305,11 @@ class Session:
         generation = pool.generation
         self.cells += 1
         label = str(self.cells)
+        metrics = CellMetrics(label)  # outermost listener: keeps ddp_magic.log rows, passes them to the front end
+        profile = ProfileRun.arm(pool, listener, options.profile) if options.profile is not None else None
         outcome = pool.run(
-            source, blobs, listener=self.history.tap(listener), timeout=options.timeout, gather=options.gather, argv=options.argv, label=label,
-            owned=sorted(self.owned), stdin=options.stdin,
+            source, blobs, listener=metrics.tee(self.history.tap(listener), listener), timeout=options.timeout, gather=options.gather,
+            argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin,
         )
         if pool.generation != generation:  # the pool (re)started for this cell: earlier names are gone
             self.owned.clear()
@@ -302,7 +319,8 @@ class Session:
             self.owned |= namespace.assigned_globals(source, CELL_FILENAME) | ({"mesh"} if pool.spec.mesh else set())  # --mesh made it there
         self.definitions.ddp_cell(self.owned, newer)
         self.history.ran(source, blobs, user_ns, pool, outcome)
-        return CellResult(outcome=outcome, label=label)
+        self.metrics = metrics if metrics else self.metrics
+        return CellResult(outcome=outcome, label=label, metrics=metrics, profile=profile.collect(pool) if profile is not None else None)
 
     def notebook_cell(self, source: str, transform: Callable[[str], str] = str) -> None:
         """An ordinary notebook cell ran (IPython's post_run_cell): what it defined is now the newest definition.
@@ -321,16 +339,21 @@ class Session:
             self.definitions.noticed = True
             listener.on_notice(namespace.newer_notice(news))
 
-    def _ship(self, source: str, user_ns: Mapping[str, Any], newer: Iterable[str] = ()) -> Dict[str, bytes]:
-        """The notebook values the cell uses and the workers do not own (and those ``newer`` there), pickled;
-        nothing runs when one fails."""
+    def _ship(self, source: str, user_ns: Mapping[str, Any], newer: Iterable[str] = (), options: Optional[CellOptions] = None) -> Dict[str, bytes]:
+        """The notebook values the cell uses and the workers do not own (and those ``newer`` there), pickled, large
+        tensors through /dev/shm once (wire/notebook_data.py); nothing runs when one fails."""
+        options = options or CellOptions()
         try:
             compile(source, CELL_FILENAME, "exec", dont_inherit=True)
             needed = namespace.names_to_ship(source, CELL_FILENAME, dict(user_ns), self.owned)
             needed.update(namespace.shippable(newer, dict(user_ns)))
+            needed = notebook_data.scattered(needed, options.scatter, user_ns, self.owned)
         except SyntaxError as e:
             raise UsageError("SyntaxError in the cell; nothing was run:\n" + syntax_error_text(e)) from None
-        blobs, failure = transfer.dumps_names(needed)
+        except ValueError as e:  # --scatter of a name the cell cannot take
+            raise UsageError(str(e)) from None
+        spec = options.spec or (self.pool.spec if self.pool is not None else None)
+        blobs, failure = self.data.dumps_names(needed, spec.nproc if spec else 1, local=spec is None or spec.nnodes == 1)
         if failure:
             name, why = failure
             raise ShipError(
@@ -346,27 +369,5 @@ def _new_pool(spec: PoolSpec) -> Pool:
         pool = Pool(spec)
     except PlanError as e:
         raise UsageError(str(e)) from None
-    _warm_torch_import()
+    templates.warm_torch_import()  # the kernel unpickles tensor results: import torch while the ranks start
     return pool
-
-
-def _warm_torch_import() -> None:
-    """Results (tensors) unpickle in the kernel, which then needs torch: import it in the
-    background while the ranks start, instead of making the first result wait ~2 s."""
-    if "torch" in sys.modules:
-        return
-
-    def _import() -> None:
-        if sys.platform.startswith("linux"):  # elsewhere a thread id is no pid: never renice another process
-            try:
-                # Linux nice is per thread: on few cores the template's own import of torch,
-                # which every rank waits for, goes first.
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-            except OSError:
-                log.debug("could not lower the priority of the torch import", exc_info=True)
-        try:
-            import torch  # noqa: F401
-        except Exception:
-            log.debug("background import of torch failed", exc_info=True)
-
-    threading.Thread(target=_import, name="ddp-warm-torch", daemon=True).start()

@@ -7,7 +7,8 @@ Each notebook runs top to bottom through scripts/run_notebook.py --save (a fresh
 worker processes). Then two things that change on every run and mean nothing in a saved notebook
 are dropped, so a refresh only changes the lines whose outputs changed: the state of the status
 widgets, which are closed when their cell ends (each cell keeps its static HTML form), and
-nbclient's per-cell execution timestamps.
+nbclient's per-cell execution timestamps; and the kernelspec is the one JupyterLab writes
+(``KERNELSPEC``), so a notebook opened fresh does not show as modified.
 
 Run it on a CPU-only machine (or with CUDA_VISIBLE_DEVICES=): the committed outputs are gloo's, and
 `pytest notebooks` compares against them. Then run `pytest notebooks` (twice, to see it is stable).
@@ -25,9 +26,14 @@ HERE = Path(__file__).resolve().parent
 RUNNER = HERE.parent / "scripts" / "run_notebook.py"
 
 
+# The kernelspec JupyterLab and Notebook 7 write for ipykernel's python3: saved so, a notebook opened fresh is not "modified".
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+
 def tidy(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     nb.metadata.pop("widgets", None)
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
     nbformat.write(nb, path)

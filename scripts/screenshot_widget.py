@@ -132,21 +132,28 @@ def take(
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")  # do not wait for the run
             cell = page.locator(".jp-CodeCell").nth(1)
             live: Dict[str, object] = {}
-            if live_out:  # the ipywidgets view while the ranks run: every rank running and printing
+            if live_out:  # the ipywidgets view while the ranks run: every rank running and printing, the strip opened
                 page.wait_for_function(
-                    f"() => document.querySelectorAll(\".ddp-status-ranks tr[data-state='running']\").length === {n}"
-                    " && document.querySelector('.ddp-status-ranks').textContent.includes('step 1')",
+                    f"() => document.querySelectorAll(\".ddp-status-live .ddp-status-strip [data-state='running']\").length === {n}",
+                    timeout=timeout * 1000,
+                )
+                cell.locator(".ddp-status-live .widget-toggle-button", has_text="▾").first.click()  # opens the rank table
+                page.wait_for_function(
+                    "() => { const t = document.querySelector('.ddp-status-live .ddp-status-ranks');"
+                    " return t && t.textContent.includes('step 1'); }",
                     timeout=timeout * 1000,
                 )
                 live["live_header"] = " ".join(cell.locator(".ddp-status-header").first.inner_text().split())
-                live["live_widget"] = cell.locator(".ddp-status.jupyter-widgets, .ddp-status.widget-vbox").count() > 0
+                live["live_widget"] = cell.locator(".ddp-status-live").count() > 0
                 page.mouse.move(0, 0)
                 cell.screenshot(path=live_out)
-            page.wait_for_selector(".ddp-status-header[data-state='finished']", timeout=timeout * 1000)
-            title = "Ranks" if section == "ranks" else "Env validation"
-            if section != "none":  # the settled form: a summary line, the tables behind <details>
-                cell.locator(".ddp-status details > summary", has_text=title).first.click()
+            page.wait_for_selector("div.ddp-status .ddp-status-header[data-state='finished']", timeout=timeout * 1000)
+            if section != "none":  # the settled form: one summary line, the tables behind its <details>
+                cell.locator("details.ddp-status-details > summary").first.click()
                 page.wait_for_timeout(300)
+                if section == "env":
+                    cell.locator(".ddp-status-env details > summary").first.click()
+                    page.wait_for_timeout(300)
             header = cell.locator(".ddp-status-header").first.inner_text()
             rows = cell.locator(".ddp-status-ranks tr[data-rank]").count()
             done = cell.locator(".ddp-status-ranks tr[data-state='done']").count()

@@ -34,6 +34,24 @@ def worker_pids_of(root_pid: int) -> List[int]:
     return out
 
 
+def ranks_of(root_pid: int) -> List[int]:
+    """The kernel's descendants but its fork-server template, which %load_ext starts (kernel/templates.py): what cells spawned."""
+
+    def template(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return b"ddp_magic.procs.forkserver" in f.read().split(b"\0") and _ppid(pid) == root_pid
+        except OSError:
+            return False
+
+    return [p for p in worker_pids_of(root_pid) if not template(p)]
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
 
 from jupyter_client.manager import start_new_kernel
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes: assertions read the text a person reads
 
 
 @dataclass
@@ -75,16 +78,17 @@ class Kernel:
                 ex.stream_times.append((time.monotonic() - t0, content["name"], content["text"]))
                 if on_stream is not None:
                     on_stream(content["name"], content["text"])
+                text = ANSI.sub("", content["text"])  # rank prefixes are coloured; the raw text stays in messages
                 if content["name"] == "stdout":
-                    ex.stdout += content["text"]
+                    ex.stdout += text
                 else:
-                    ex.stderr += content["text"]
+                    ex.stderr += text
             elif kind in ("execute_result", "display_data"):
                 ex.displays.append(content["data"])
                 if "text/plain" in content["data"]:
                     ex.results.append(content["data"]["text/plain"])
             elif kind == "error":
-                ex.error = (content["ename"], content["evalue"], content["traceback"])
+                ex.error = (content["ename"], content["evalue"], [ANSI.sub("", line) for line in content["traceback"]])
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         ex.elapsed = time.monotonic() - t0

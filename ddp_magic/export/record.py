@@ -30,7 +30,7 @@ class Shipped:
 
     name: str
     kind: str  # "function", "class", "module" or "value"
-    size: int  # bytes of its pickle (tensors included)
+    size: int  # bytes of its data: a tensor's or array's own (they travel through shared memory), else its pickle
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,12 @@ def _kind(value: Any) -> str:
     return "value"
 
 
+def _size(value: Any, blob: bytes) -> int:
+    """A tensor's or array's data size: its pickle is only a reference to the shared-memory copy (wire/notebook_data.py)."""
+    nbytes = getattr(value, "nbytes", None)
+    return max(nbytes, len(blob)) if isinstance(nbytes, int) else len(blob)
+
+
 def _repr(value: Any) -> str:
     try:
         return repr(value)[:KEEP_REPR]
@@ -183,7 +189,7 @@ class History:
         self._pending.append(DdpRun(
             body=body, nproc=pool.nproc, nnodes=spec.nnodes, backend=pool.backend, backend_asked=spec.backend,
             pg_timeout=spec.pg_timeout, init=spec.init, ok=outcome.ok, values=values, held=held,
-            shipped=tuple(Shipped(n, _kind(user_ns.get(n)), len(b)) for n, b in sorted(blobs.items())),
+            shipped=tuple(Shipped(n, _kind(user_ns.get(n)), _size(user_ns.get(n), b)) for n, b in sorted(blobs.items())),
             stdout=tuple(tuple(self._out.get(r, ())) for r in range(pool.nproc)), mesh=getattr(spec, "mesh", None) or None,
         ))
         self._tap = None

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Sequence
 from ..errors import RankFailure
 from ..states import RankState
 from ..wire import protocol as P
-from .policy import Action, CaptureStacks, FailurePolicy, GiveUp, Interrupt, Signal, States, running
+from .policy import Abort, Action, CaptureStacks, FailurePolicy, GiveUp, Interrupt, Signal, States, running
 from .ranks import Due, RankInfo, Tick
 from .stdin import Ask
 
@@ -37,6 +37,10 @@ class RankOps(Protocol):
 
     def interrupt(self, ranks: Sequence[int]) -> None:
         """Ask these ranks to raise KeyboardInterrupt in their cell."""
+        ...
+
+    def abort(self, ranks: Sequence[int], why: str) -> None:
+        """Abort the process group on these ranks (their collective waits raise); re-form it after the cell."""
         ...
 
     def signal_ranks(self, ranks: Sequence[int], sig: int) -> None:
@@ -86,6 +90,7 @@ class CellRun:
     state_lost = property(lambda self: self.policy.state_lost, doc="Ranks were stopped: the pool restarts on the next cell.")
     timed_out = property(lambda self: self.policy.timed_out, doc="The cell ran past its --timeout.")
     user_interrupt = property(lambda self: self.policy.user_interrupted, doc="Ctrl-C interrupted the cell.")
+    aborted = property(lambda self: self.policy.aborted, doc="The process group was aborted: the pool re-forms it.")
 
     def failures(self) -> List[RankFailure]:
         """The cell's failures, root cause first."""
@@ -98,13 +103,16 @@ class CellRun:
     # ------------------------------------------------------------ the run
     def drive(self) -> None:
         """Pump until every rank has finished (or been given up). Ctrl-C is the policy's to handle:
-        the first interrupts every rank, a further one stops them, and the loop goes on."""
+        the first asks where the ranks are and interrupts them, a further one stops them, and the loop goes on."""
+        pending: List[Action] = []
         while True:
             try:
+                actions, pending = pending, []
+                self._carry_out(actions)  # a Ctrl-C's, outside the handler, so a further Ctrl-C lands here too
                 self.ops.pump(self._finished, None, tick=self._tick, due=self._due)
                 return
             except KeyboardInterrupt:
-                self._carry_out(self.policy.user_interrupt(self.clock(), running(self._states())))
+                pending = self.policy.user_interrupt(self.clock(), running(self._states()))
 
     def _due(self) -> Optional[float]:
         """The policy's next step; none while a rank debugs (its clocks stand still, ``_tick``)."""
@@ -136,9 +144,12 @@ class CellRun:
             if isinstance(action, CaptureStacks):
                 replies = self.ops.ask(P.STACK, STACK_TIMEOUT_S)
                 texts = {r: str(m.get("text", "")) for r, m in replies.items()}
-                self._carry_out(self.policy.stacks_taken(texts, self.clock()))
+                collectives = {r: m.get("collective") for r, m in replies.items()}
+                self._carry_out(self.policy.stacks_taken(texts, self.clock(), collectives))
             elif isinstance(action, Interrupt):
                 self.ops.interrupt(action.ranks)
+            elif isinstance(action, Abort):
+                self.ops.abort(action.ranks, action.why)
             elif isinstance(action, Signal):
                 self.ops.signal_ranks(action.ranks, action.sig)
             elif isinstance(action, GiveUp):

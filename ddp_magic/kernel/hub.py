@@ -100,6 +100,19 @@ class Hub:
         self._by_fd.clear()
         self._unsynced.clear()
 
+    def forget_rank(self, rank: int) -> None:
+        """A dead rank's sockets and messages go, so a new process can join at its RANK (kernel/recovery.py)."""
+        conn = self.conns.get(rank)
+        if conn is not None:
+            self._drop_conn(conn)
+        for stream in STREAMS:
+            out = self.outs.pop((rank, stream), None)
+            if out is not None:
+                self._by_fd.pop(out.sock.fileno(), None)
+                close_socket(out.sock)
+        self.ready.discard(rank)
+        self._unsynced.pop(rank, None)
+
     def dead_ranks(self) -> List[int]:
         return [r for r, info in self.ranks.items() if info.state == RankState.DEAD]
 
@@ -299,7 +312,7 @@ class Hub:
             err, pid = msg["error"], info.pid if info else None
             failure = RankFailure(rank=rank, kind=FailureKind.INIT, type=err["type"], message=err["message"], traceback=err["traceback"], pid=pid)
             self.init_failures.append(failure)
-        elif op in (P.STACK, P.ENV):
+        elif op in (P.STACK, P.ENV, P.REFORM):
             self.replies.setdefault(op, {})[rank] = msg
         elif op == P.INPUT:
             self.stdin.request(rank, msg)
@@ -307,6 +320,8 @@ class Hub:
         elif op == P.DEBUG:
             self.stdin.debugger(rank, bool(msg.get("on")))
             self.debug_changed(rank)
+        elif op == P.METRICS:  # ddp_magic.log rows: the cell's store (kernel/metrics.py) and the views hear them
+            self.listener.on_metrics(rank, msg.get("rows") or [])
 
     def debug_changed(self, rank: int) -> None:
         """A rank asked for input, entered or left pdb, or finished: show it, and tell every rank whether to hold."""

@@ -1,11 +1,15 @@
 """The failure policy while a cell runs: who failed first, when to interrupt, when to stop ranks.
 
 A rank that raises or dies makes the cell fail; the others get ``grace``
-seconds to finish, then are asked where they are (their stacks) and
-interrupted; ranks that still do not finish (a gloo or NCCL wait cannot be
-interrupted) are stopped with SIGTERM, then SIGKILL, and the pool restarts on
-the next cell. Failures are ordered so the one that explains the others
-comes first.
+seconds to finish, then are asked where they are (their stacks and the
+collective each is in: forensics.py) and interrupted; when some wait in a
+collective, the process group is aborted on every live rank as well, which
+releases them (a gloo or NCCL wait cannot be interrupted), and the pool re-forms
+the group after the cell in the same processes (recovery.py). Ranks that still do
+not finish get one more grace with the group aborted, then are stopped with
+SIGTERM, then SIGKILL, and the pool restarts on the next cell. Ctrl-C and
+``--timeout`` take the same path. Failures are ordered so the one that explains
+the others comes first.
 
 Pure on purpose: no I/O, no signals, no sockets, no clock. It is given the
 ranks' states and the time, and returns actions; ``kernel/cell.py`` carries
@@ -18,11 +22,13 @@ import dataclasses
 import signal
 from dataclasses import dataclass
 from enum import Enum
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import RankFailure
 from ..states import FailureKind, RankState
+from ..wire.execution import group_places
 from ..wire.protocol import CellStatus
+from . import forensics
 
 States = Mapping[int, Tuple[RankState, Optional[float]]]  # rank -> (state, when it finished)
 
@@ -35,9 +41,10 @@ class StackReason(str, Enum):
 
     TIMEOUT = "timeout"  # the cell ran past --timeout: show where every rank was, then interrupt
     FAILURE = "failure"  # a rank failed and others still run: name where they wait, then interrupt
+    USER = "user"  # Ctrl-C: show where the ranks were, then interrupt
 
 
-TIMEOUT, FAILURE = StackReason.TIMEOUT, StackReason.FAILURE
+TIMEOUT, FAILURE, USER = StackReason.TIMEOUT, StackReason.FAILURE, StackReason.USER
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,14 @@ class Interrupt:
 
 
 @dataclass(frozen=True)
+class Abort:
+    """Abort the process group on these live ranks: their collective waits raise; the pool re-forms it after the cell."""
+
+    ranks: Tuple[int, ...]
+    why: str
+
+
+@dataclass(frozen=True)
 class Signal:
     """Send ``sig`` to these ranks (those whose process is ours to signal; others by message)."""
 
@@ -71,7 +86,8 @@ class GiveUp:
     why: str
 
 
-Action = Union[CaptureStacks, Interrupt, Signal, GiveUp]
+Action = Union[CaptureStacks, Interrupt, Abort, Signal, GiveUp]
+Collectives = Mapping[int, Optional[Mapping[str, object]]]  # rank -> the collective its STACK reply named
 
 
 def running(states: States) -> List[int]:
@@ -90,6 +106,11 @@ class FailurePolicy:
         self.killed: List[int] = []  # ranks we signalled
         self.notes: List[str] = []
         self.stacks: Dict[int, str] = {}
+        self.collectives: Dict[int, Optional[Mapping[str, object]]] = {}  # where the ranks were (forensics.py)
+        self.aborted = False  # the process group was aborted: the pool re-forms it after the cell
+        self._interrupted: Set[int] = set()  # ranks sent an interrupt this cell
+        self._abort_at: Optional[int] = None  # len(order) when it was: later peer errors are released ranks, not failures
+        self._states: States = {}
         self.cancelled = False  # results are not collected
         self.user_interrupted = False
         self.timed_out = False
@@ -106,10 +127,11 @@ class FailurePolicy:
         return self._stopping is not None
 
     def _note_failures(self, states: States, now: float) -> None:
+        self._states = states
         for r, (state, _) in sorted(states.items(), key=lambda kv: kv[1][1] or 0):
             if r in self.order:
                 continue
-            if state in (RankState.FAILED, RankState.DEAD) or (state == RankState.INTERRUPTED and self.interrupt_sent is None):
+            if state in (RankState.FAILED, RankState.DEAD) or (state == RankState.INTERRUPTED and self.interrupt_sent is None and not self.user_interrupted):
                 self.order.append(r)
                 if self.first_failure is None:
                     self.first_failure = now
@@ -156,31 +178,66 @@ class FailurePolicy:
             self.cancelled = True
             return self._ask_stacks(live, FAILURE)
         if self.interrupt_sent is not None and now >= self.interrupt_sent + self.grace:
+            if any(r not in self._interrupted for r in live):  # released by the abort, yet still running: interrupt them
+                return self._interrupt(live, now)
+            if not self.aborted:  # deaf to the interrupt: perhaps in a collective we could not see (DDP's buckets)
+                self.notes.append(f"{forensics.ranks_text(live)} did not respond to the interrupt; aborted the process group to release {_them(live)}")
+                self.interrupt_sent = now
+                return [self._abort("did not respond to the interrupt")]
             return self._stop(live, now)
         return []
+
+    def _abort(self, why: str) -> Abort:
+        self.aborted = True
+        self._abort_at = len(self.order) if self._abort_at is None else self._abort_at
+        live = [r for r, (state, _) in self._states.items() if state not in (RankState.DEAD, RankState.STOPPED)]
+        return Abort(tuple(sorted(live)), why)
+
+    def _where(self, ranks: Sequence[int]) -> Dict[int, str]:
+        """Each rank's place for the forensics: its cell line, or why it is not in the cell any more."""
+        words = {RankState.FAILED: "raised", RankState.DEAD: "died", RankState.DONE: "finished the cell", RankState.INTERRUPTED: "was interrupted"}
+        out = {r: f"at {last_cell_line(self.stacks[r])}" for r in ranks if r in self.stacks}
+        for r, (state, _) in self._states.items():
+            if r not in out and state in words:
+                out[r] = words[state]
+        return out
 
     def _ask_stacks(self, ranks: Sequence[int], reason: StackReason) -> List[Action]:
         self._awaiting = CaptureStacks(tuple(ranks), reason)
         return [self._awaiting]
 
-    def stacks_taken(self, replies: Mapping[int, str], now: float) -> List[Action]:
-        """The stack texts that came back for a ``CaptureStacks``: note where ranks were, interrupt them."""
+    def stacks_taken(self, replies: Mapping[int, str], now: float, collectives: Optional[Collectives] = None) -> List[Action]:
+        """The stacks (and collectives) that came back for a ``CaptureStacks``: note where ranks were,
+        abort the group if some wait in a collective, interrupt them."""
         asked, self._awaiting = self._awaiting, None
         if asked is None:
             return []
         self.stacks.update({r: replies[r] for r in asked.ranks if r in replies})
+        self.collectives.update({r: (collectives or {}).get(r) for r in asked.ranks})
+        ranks, where = asked.ranks, self._where(asked.ranks)
+        waiting = [r for r in ranks if self.collectives.get(r)]
+        everyone = sorted(self._states) or sorted(ranks)
+        self.notes += forensics.verdicts(everyone, self.collectives, where) if waiting else []
         if asked.reason == TIMEOUT:
-            self.notes.append("where each rank was when the timeout expired:")
+            self.notes += ["where each rank was when the timeout expired:"] + ["  " + ln for ln in forensics.table(everyone, self.collectives, where)]
             self.notes += [f"--- rank {r} ---\n{self.stacks.get(r, '(no answer)').rstrip()}" for r in sorted(self.stacks)]
-        else:
-            ranks = asked.ranks
-            where = ", ".join(f"rank {r} at {last_cell_line(self.stacks.get(r, ''))}" for r in ranks)
-            who = f"rank {ranks[0]} was" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} were"
-            self.notes.append(f"after rank {self.order[0]} failed, {who} still running ({where}); interrupted")
-        return self._interrupt(asked.ranks, now)
+        elif waiting:
+            self.notes += ["where each rank was:"] + ["  " + ln for ln in forensics.table(everyone, self.collectives, where)]
+        elif asked.reason == FAILURE:
+            places = group_places({r: where.get(r, "at an unknown place") for r in ranks})
+            self.notes.append(f"after rank {self.order[0]} failed, {_who(ranks)} still running ({places}); interrupted")
+        if not waiting:
+            return self._interrupt(ranks, now)
+        self.notes.append(forensics.released_text(waiting, self.collectives, where))
+        self.interrupt_sent = now  # the abort releases the waiting ranks; an interrupt, the others
+        others = [r for r in ranks if r not in waiting]
+        self._interrupted.update(others)
+        actions: List[Action] = [self._abort(f"{forensics.ranks_text(waiting)} waited in a collective")]
+        return actions + ([Interrupt(tuple(others))] if others else [])
 
     def _interrupt(self, ranks: Sequence[int], now: float) -> List[Action]:
         self.interrupt_sent = now
+        self._interrupted.update(ranks)
         return [Interrupt(tuple(ranks))]
 
     def _stop(self, ranks: Sequence[int], now: float) -> List[Action]:
@@ -223,7 +280,8 @@ class FailurePolicy:
             self.user_interrupted = self.cancelled = True
             self._awaiting = None  # a stack capture the Ctrl-C cut short
             self.notes.append("interrupted by the user (Ctrl-C / kernel interrupt)")
-            return self._interrupt(ranks, now) if ranks else []
+            return self._ask_stacks(ranks, USER) if ranks else []
+        self._awaiting = None
         if self._stopping is None:
             return self._stop(ranks, now) if ranks else []
         alive = [r for r in self._stopping if r in ranks]
@@ -245,22 +303,54 @@ class FailurePolicy:
                 f = deaths[r]
                 out.append(dataclasses.replace(f, kind=FailureKind.KILLED) if r in self.killed else f)
             elif msg is not None and msg["status"] != CellStatus.OK:
-                err = msg["error"] or {}
+                err = dict(msg["error"] or {})
                 kind = FailureKind.INTERRUPTED if msg["status"] == CellStatus.INTERRUPTED else FailureKind.ERROR
+                if kind == FailureKind.ERROR and self._released(r, err.get("message", "")):  # a peer's abort reached it before its own
+                    kind, err["message"] = FailureKind.INTERRUPTED, "released: the process group was aborted"
                 out.append(RankFailure(
                     rank=r, kind=kind, type=err.get("type", ""), message=err.get("message", ""), traceback=err.get("traceback", ""), pid=pids.get(r)
                 ))
         out.sort(key=root_cause_rank)  # stable: arrival order within each kind
         if self.user_interrupted and not out:
             out.append(RankFailure(rank=0, kind=FailureKind.INTERRUPTED))
-        if self.timed_out and not self.order:
+        if self.timed_out and not self.order[: self._abort_at]:
             assert self.timeout is not None
             first = min(self.stacks or {0: ""})
             out.insert(0, RankFailure(rank=first, kind=FailureKind.TIMEOUT, type="TimeoutError", message=f"the cell ran past --timeout {self.timeout:g}s"))
         return out
 
 
+    def _released(self, rank: int, message: str) -> bool:
+        """A collective that broke after we aborted the group, because of the abort."""
+        after = self._abort_at is not None and rank in self.order and self.order.index(rank) >= self._abort_at
+        return after and any(e in message for e in _PEER_ERRORS)
+
+
 _PEER_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "connection closed")
+
+
+def _who(ranks: Sequence[int]) -> str:
+    """"rank 0 was" / "ranks 0, 2 were"."""
+    return f"rank {ranks[0]} was" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} were"
+
+
+def _them(ranks: Sequence[int]) -> str:
+    return "it" if len(ranks) == 1 else "them"
+
+
+STOPPED_BY_US = (FailureKind.KILLED, FailureKind.INTERRUPTED)
+
+
+def causes(failures: Sequence[RankFailure]) -> Dict[int, Tuple[str, str]]:
+    """rank -> (kind, "root" | "stopped"): the failures that explain the cell, and the ranks stopped (or released)
+    because of them. The one rule the cell's view, the panel and the status bar colour ranks by."""
+    own = [f for f in failures if f.kind not in STOPPED_BY_US]
+    best = min((root_cause_rank(f) for f in own), default=None)
+    out: Dict[int, Tuple[str, str]] = {}
+    for f in failures:
+        root = best is not None and f.kind not in STOPPED_BY_US and root_cause_rank(f) == best
+        out.setdefault(f.rank, (str(f.kind), "root" if root else "stopped"))
+    return out
 
 
 def root_cause_rank(f: RankFailure) -> int:

@@ -36,6 +36,7 @@ from .hub import Hub
 from .launchers import LaunchError, Launcher, make_launcher, signal_pid, worker_env
 from .policy import FailurePolicy
 from .ranks import CellOutcome, Due, GuardedListener, Listener, RankInfo, Tick
+from .recovery import Recovery
 from .stdin import Ask, answer_all
 
 SHUTDOWN_WAIT_S = 1.0  # local ranks get this long to exit on SHUTDOWN before SIGKILL
@@ -74,6 +75,7 @@ class Pool:
         self.shm_prefix = shm.pool_prefix(os.urandom(4).hex())  # every file of this pool in /dev/shm (wire/shm.py)
         self.started = False
         self.broken: Optional[str] = None  # why the next cell must restart the pool
+        self.recovery = Recovery()  # re-forms the group after a failure, starts a dead rank again (recovery.py)
         self.generation = 0
         self.template_info = ""
         self.start_seconds: Optional[float] = None
@@ -118,6 +120,7 @@ class Pool:
         admission = Admission(self.spec.control_addr, self.secret, max(64, self.nproc), self._count_rejected)
         self.control_port = admission.port
         self.generation += 1
+        self.recovery.reset()
         self.ranks = {r: RankInfo(rank=r) for r in range(self.nproc)}
         self.hub.reset(self.ranks, admission)
         with self._bound(listener):
@@ -148,7 +151,7 @@ class Pool:
 
     def _launch(self, listener: Listener, port: int) -> None:
         """Start this host's ranks; a pool over nodes also tells the user what to run on the others."""
-        base_env = worker_env()  # the kernel's env now, not when the template started
+        base_env = self.launch_env = worker_env()  # the kernel's env now, not when the template started (kept for a rank started again)
         if self.plan.backend == "nccl":
             # A broken NCCL collective errors out (and the rank exits) instead of spinning
             # the GPU forever; a value set in the kernel's env wins.
@@ -187,9 +190,9 @@ class Pool:
     def _count_rejected(self) -> None:
         self.rejected_peers += 1
 
-    def stop(self) -> None:
-        """Stop every rank and the template. Only our own pids are signalled."""
-        self._teardown(close_launcher=True)
+    def stop(self, keep_template: bool = False) -> None:
+        """Stop every rank and the template (``keep_template``: the next pool takes it, kernel/templates.py). Only our own pids are signalled."""
+        self._teardown(close_launcher=not keep_template)
         self.started = False
 
     def restart(self, listener: Optional[Listener] = None, spec: Optional[PoolSpec] = None) -> None:
@@ -243,11 +246,13 @@ class Pool:
             self.hub.listener = before
 
     # ------------------------------------------------------------ cells
-    def ensure_started(self, listener: Optional[Listener] = None) -> Optional[str]:
-        """Start, or restart a broken pool. Returns a notice for the user when state was lost."""
+    def ensure_started(self, listener: Optional[Listener] = None, owned: Sequence[str] = ()) -> Optional[str]:
+        """Start, restart a broken pool, or start a dead rank again alone. Returns a notice for the user when state was lost."""
         listener = listener or Listener()
         if self.started and not self.broken and self.launcher.alive():
-            return None
+            notice = self.recovery.before_cell(self, listener, owned)
+            if not self.broken:
+                return notice
         why = self.broken
         if self.started:
             self.restart(listener)
@@ -280,7 +285,7 @@ class Pool:
         """
         guarded = GuardedListener(listener or Listener())
         with self._bound(guarded):
-            notice = self.ensure_started(guarded)
+            notice = self.ensure_started(guarded, owned)
             if notice:
                 guarded.on_notice(notice)
             t0 = self._send_cell(source, names or {}, gather, argv, label, owned)
@@ -313,6 +318,7 @@ class Pool:
     def _outcome(self, cell: CellRun, guarded: GuardedListener, t0: float) -> CellOutcome:
         failures, notes = cell.failures(), list(cell.notes)
         fetched = {} if cell.cancelled else results.fetch_pending(self.hub, failures, RESULT_WAIT_S)
+        self.recovery.after_cell(self, cell, notes)  # the group re-formed in place, if the cell broke it
         values = results.cell_values(self.nproc, self.hub.done, fetched, notes)
         notes += guarded.errors
         lost = cell.state_lost or bool(self.broken)
@@ -349,6 +355,9 @@ class Pool:
     def interrupt(self, ranks: Sequence[int]) -> None:
         self.hub.broadcast(P.message(P.INTERRUPT), ranks)
 
+    def abort(self, ranks: Sequence[int], why: str) -> None:
+        self.hub.broadcast(P.message(P.ABORT, why=why), ranks)
+
     def signal_ranks(self, ranks: Sequence[int], sig: int) -> None:
         if self.launcher.remote_ranks:  # ranks on other hosts: their reader thread exits the process for us
             self.hub.broadcast(P.message(P.KILL), ranks)
@@ -377,7 +386,7 @@ def _note_death(pool_ref: "weakref.ref[Pool]", rank: int, code: Optional[int]) -
     """A rank's process is gone while it held state: the next cell restarts the pool."""
     pool = pool_ref()
     if pool is not None:
-        pool.broken = f"rank {rank} {describe_exit(code)}"
+        pool.broken = pool.recovery.on_death(pool, rank, code, describe_exit(code)) or pool.broken  # None: started again alone
 
 
 def _stop_quietly(hub: Hub, shm_prefix: str) -> None:

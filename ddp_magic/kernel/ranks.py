@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ..errors import RankFailure
 from ..logs import log
@@ -87,6 +87,9 @@ class Listener:
     def on_notice(self, text: str) -> None:
         pass
 
+    def on_metrics(self, rank: int, rows: List[Tuple[int, float, Dict[str, float]]]) -> None:
+        """Rows of ``ddp_magic.log`` from one rank, in the order it logged them: (step, wall time, {name: value})."""
+
 
 class GuardedListener(Listener):
     """Wraps a front end's listener: a bug in a view must not leave a cell half-run.
@@ -114,3 +117,6 @@ class GuardedListener(Listener):
 
     def on_notice(self, text: str) -> None:
         self._call("on_notice", text)
+
+    def on_metrics(self, rank: int, rows: List[Tuple[int, float, Dict[str, float]]]) -> None:
+        self._call("on_metrics", rank, rows)

@@ -7,6 +7,7 @@ and ``spec.changes_from(old)`` says what a new request changes (a restart).
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -50,6 +51,25 @@ def check_mesh(mesh: Tuple[Tuple[str, int], ...], nproc: int, init: bool) -> Non
         raise PlanError(f"--mesh {mesh_text(mesh)} makes {product} ranks but -n is {nproc}: give sizes that multiply to {nproc}, or --mesh none")
     if not init:
         raise PlanError(f"--mesh {mesh_text(mesh)} needs the pool's process group; leave out --no-init")
+
+
+def positive_int(text: str) -> int:
+    """-n's text as a number of ranks (the magics' argument type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} ranks makes no pool; give 1 or more")
+    return value
+
+
+def port(text: str) -> int:
+    """--master-port's text as a number (the magics' argument type; PoolSpec checks the range)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from types import FrameType, TracebackType
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..logs import log
 from ..wire import protocol as P
@@ -158,8 +158,10 @@ class Watchdog:
     The group's own timeout is long (``group_timeout``): a peer already waiting in a
     collective when another rank stops in pdb keeps waiting. This thread samples the
     main thread: the same collective call (same frame, same group sequence number) for
-    longer than --pg-timeout, not counting held time, ends the rank with a message
-    (a gloo or NCCL wait cannot be interrupted), and the pool restarts on the next cell.
+    longer than --pg-timeout, not counting held time, aborts the rank's process group
+    (``EXPIRED``, set by rank_recover.py: a gloo or NCCL wait cannot be interrupted, but an
+    aborted group releases it); the cell fails with the message and the kernel re-forms
+    the group in the same processes. Without that hook the rank exits, as it used to.
     """
 
     def __init__(self, main_ident: int, limit: float) -> None:
@@ -183,12 +185,15 @@ class Watchdog:
                 waited += STEP_S
             if waited >= self.limit:
                 self._expire(str(now[2]))
+                waited = float("-inf")  # once per wait
 
     def _expire(self, name: str) -> None:
-        print(
-            f"\nddp_magic: rank {STATE.rank} waited {self.limit:g}s (--pg-timeout) in torch.distributed.{name} for a peer that "
-            "never joined it; ending this rank (the pool restarts on the next cell)", file=sys.stderr, flush=True,
-        )
+        why = f"rank {STATE.rank} waited {self.limit:g}s (--pg-timeout) in torch.distributed.{name} for a peer that never joined it"
+        if EXPIRED is not None:
+            print(f"\nddp_magic: {why}; aborting its process group (re-formed after the cell)", file=sys.stderr, flush=True)
+            EXPIRED(why)
+            return
+        print(f"\nddp_magic: {why}; ending this rank (the pool restarts on the next cell)", file=sys.stderr, flush=True)
         os._exit(1)
 
 
@@ -214,6 +219,7 @@ def _collective(frame: Optional[FrameType]) -> Optional[tuple]:
 
 
 WATCHDOG: Optional[Watchdog] = None
+EXPIRED: Optional[Callable[[str], None]] = None  # abort this rank's group (rank_recover.abort_local), given why
 
 
 # ---------------------------------------------------------------- wiring

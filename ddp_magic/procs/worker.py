@@ -29,7 +29,7 @@ from ..wire.capture import FdCapture
 from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
 from ..wire.protocol import CellStatus
-from . import mesh, rank_argv, rank_debug, rank_group, rank_torch
+from . import mesh, rank_argv, rank_collectives, rank_debug, rank_group, rank_metrics, rank_profile, rank_recover, rank_torch
 from .parent import die_with_parent
 
 
@@ -108,7 +108,11 @@ class Worker:
                     if self.running_user_code:
                         signal.pthread_kill(self.main_ident, signal.SIGINT)
                 elif op == P.STACK:
-                    self.chan.send(P.STACK, rank=self.rank, text=self.main_stack())
+                    self.chan.send(P.STACK, rank=self.rank, text=self.main_stack(), collective=rank_collectives.describe())
+                elif op == P.ABORT:  # release the main thread's collective wait (rank_recover.py)
+                    rank_recover.on_abort(msg)
+                elif op == P.REFORM:  # a new process group, formed by the main thread between cells
+                    self.runs.put(msg)
                 elif op == P.ENV:
                     self.chan.send(P.ENV, rank=self.rank, env=self.env_report())
                 elif op == P.SHUTDOWN:
@@ -117,6 +121,8 @@ class Worker:
                     os._exit(137)
                 elif op in rank_debug.OPS:  # input replies, the debugger's hold
                     rank_debug.on_message(msg)
+                elif op == P.PROFILE:  # the next cell runs under torch.profiler (it comes before that cell's RUN)
+                    rank_profile.arm(msg)
         except (ConnectionError, OSError, EOFError):
             log.debug("rank %d: control channel closed", self.rank, exc_info=True)
         self.shutdown(1)
@@ -133,7 +139,7 @@ class Worker:
         frame = sys._current_frames().get(self.main_ident)
         if frame is None:
             return "(no main thread)"
-        lines = traceback.format_stack(frame)
+        lines = [ln for ln in traceback.format_stack(frame) if "rank_collectives.py" not in ln]  # not our record's wrapper
         cell = [ln for ln in lines if "<ddp-cell" in ln]
         shown = lines[lines.index(cell[0]) :] if cell else lines[-6:]
         state = "running the cell" if self.running_user_code else "idle"
@@ -151,6 +157,7 @@ class Worker:
         threading.Thread(target=self.reader, name="ddp-reader", daemon=True).start()
         try:
             self.device = rank_torch.setup(self.local_rank)
+            rank_recover.install()  # before the group forms: its sockets, the collectives' record
             rank_torch.init_process_group(self.rank, self.device)
             mesh.install(self.user_ns, self.device)  # --mesh: `mesh` before the first cell
         except BaseException as e:
@@ -161,20 +168,32 @@ class Worker:
         rank_argv.install()  # before any cell: argparse gets --local_rank only where a parser declares it
         rank_group.keep_groups()  # what the pool made before the first cell outlives a script's destroy
         rank_debug.install(self.chan.send, self.rank, self.main_ident)  # stdin, breakpoint(), post-mortem via the kernel
+        rank_metrics.install(self.chan.send, self.rank)  # ddp_magic.log(...) rows to the kernel's chart
         self.chan.send(P.READY, rank=self.rank, device=self.device)
         while True:
-            self.run_cell(self.runs.get())
+            msg = self.runs.get()
+            if msg["op"] == P.REFORM:
+                self.chan.send(P.REFORM, **rank_recover.reform(msg, self.rank, self.device, self.user_ns))
+            else:
+                self.run_cell(msg)
 
     def run_cell(self, msg: dict) -> None:
         self.shm_ok = bool(msg.get("shm", True))
         value = None
         rank_debug.begin_cell(msg["source"])  # the last failure's frames go (unless this is its post-mortem)
+        rank_recover.begin_cell()
+        rank_metrics.begin_cell(msg["cell"])
         error = self._reform_group() or self._load_names(msg)
         status = CellStatus.OK if error is None else CellStatus.ERROR
-        if error is None:
-            status, error, value = self._run_user_code(msg)
+        with rank_profile.profiled(self.rank, self.device, self.shm_ok):  # --profile armed it: torch.profiler around the cell
+            if error is None:
+                status, error, value = self._run_user_code(msg)
+        rank_metrics.end_cell()  # every row logged before DONE
+        status, error = rank_recover.cell_status(status, error)  # a wait released by ABORT ends as interrupted
         self.capture.sync(msg["cell"])
         fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status.value, "error": error, "memory": rank_torch.gpu_memory()}
+        fields.update(rank_profile.take())
+        fields.update(rank_recover.done_fields())
         if status != CellStatus.OK or value is None:
             self.chan.send(P.DONE, result=None, **fields)
             return

@@ -13,9 +13,12 @@ Kernel → front end, on every open comm:
 
 - ``{"type": "snapshot", "session", "seq", "version", "protocol", "pool", "notices", "final"}``
   where ``pool`` is None (no pool) or the session's ``PoolStatus`` (world size,
-  backend, start state, per-rank rows) with the env checks of its plan. While a
-  cell runs, snapshots follow the pool's events, at most one per ``MIN_INTERVAL``
-  (a trailing timer sends the last change of a burst); when a cell ends one more
+  backend, start state, per-rank rows, the last failed cell's root cause) with the
+  env checks of its plan (ui/labsnap.py builds it). While a cell runs, snapshots
+  follow the pool's events, at most one per ``MIN_INTERVAL`` (a trailing timer
+  sends the last change of a burst), and a watcher looks every ``MIN_INTERVAL``
+  for changes no event announces (a pool being created and started, a restart):
+  the panel never says less than the cell's own view. When a cell ends one more
   is sent if anything changed.
 - ``{"type": "reply", "id", "op", "ok", "message", "error"?, "report"?}`` for a request.
 
@@ -47,13 +50,13 @@ import time
 import uuid
 import warnings
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 from ..errors import UsageError
 from ..kernel import Listener
 from ..logs import log
-from ..plan import checks_verdict, plan_checks
-from ..session import NO_POOL, STOPPED, PoolStatus, Session
+from ..session import NO_POOL, STOPPED, Session
+from .labsnap import PoolSnapshots, jsonable
 from .report import env_report
 
 TARGET = "ddp_magic"
@@ -79,6 +82,16 @@ def notice(text: str) -> None:
         bridge.notices.append(text)
         if bridge.comms:
             bridge.publish()
+
+
+def metrics(payload: Dict[str, Any], final: bool = False) -> None:
+    """A cell's ``ddp_magic.log`` chart data (ui/metrics_view.py, at most once a second, and once with final
+    when the cell ends): ``{"type": "metrics", "session", "final", "cell", "names", "ranks", "rows", "series", "summary"}``."""
+    bridge = _bridge
+    if bridge is not None and bridge.comms:
+        data = jsonable(dict(payload, type="metrics", session=bridge.session_id, final=final))
+        for comm in list(bridge.comms.values()):
+            bridge._send(comm, data)
 
 
 def bridge() -> Optional["LabBridge"]:
@@ -107,11 +120,6 @@ def unregister(shell: Any = None) -> None:
 
 
 # ---------------------------------------------------------------- the bridge
-def _jsonable(value: Any) -> Any:
-    """What json can carry (tuples, numbers as keys, enums as their value, odd objects as their str)."""
-    return json.loads(json.dumps(value, default=str))
-
-
 def _quietly(what: str, fn: Callable[[], Any]) -> None:
     """Run a clean-up step that may fail (the kernel is going away, the comm is closed): log it, go on."""
     try:
@@ -137,6 +145,7 @@ class LabBridge:
     def __init__(self, shell: Any, session: Session, manager: Any) -> None:
         self.shell = shell
         self.session = session
+        self.pools = PoolSnapshots(session)
         self.manager = manager
         self.session_id = uuid.uuid4().hex[:12]  # the snapshots' "session": a new one per registration
         self.seq = 0
@@ -149,6 +158,9 @@ class LabBridge:
         self._last_key: Optional[str] = None
         self._timer: Optional[threading.Timer] = None
         self.cell_running = False  # a cell runs on the main thread (between pre_ and post_run_cell)
+        self._watching = 0  # the cell a watcher thread looks for changes for (0: none runs)
+        self._watch_seq = 0
+        self._cell_ctx = contextvars.copy_context()
         self._main = threading.main_thread()
         self._loop = _main_loop()
         manager.register_target(TARGET, self._on_open)
@@ -197,6 +209,7 @@ class LabBridge:
         comm.on_close(lambda m, cid=comm.comm_id: self.comms.pop(cid, None))
         with self._lock:
             self._send(comm, self.snapshot(final=True))
+        self._start_watch()  # connected while a cell runs: changes no event announces reach it too
 
     def _on_msg(self, comm: Any, msg: dict) -> None:
         try:
@@ -219,7 +232,7 @@ class LabBridge:
         try:
             reply = self.handle(op, args)
             reply.update(type="reply", id=rid, op=op)
-            self._send(comm, _jsonable(reply))
+            self._send(comm, jsonable(reply))
         except Exception as e:
             log.debug("labcomm: request failed", exc_info=True)
             self._failed("request", e)
@@ -308,14 +321,43 @@ class LabBridge:
             self._send(comm, snap)
 
     def _pre_run_cell(self, info: Any = None) -> None:
-        if threading.current_thread() is self._main:
-            self.cell_running = True
+        if threading.current_thread() is not self._main:
+            return
+        self.cell_running = True
+        self.pools.cell_started(str(getattr(info, "raw_cell", "") or ""))
+        self._watch_seq += 1
+        self._cell_ctx = contextvars.copy_context()  # a watcher's messages keep this cell as their parent
+        if self.comms:  # no front end, no watcher: a plain cell costs no thread
+            self._start_watch()
+
+    def _start_watch(self) -> None:
+        """One watcher for the running cell, from its start or from the moment a front end connects."""
+        with self._lock:
+            if not self.cell_running or self._watching == self._watch_seq:
+                return
+            self._watching = self._watch_seq
+        threading.Thread(target=self._cell_ctx.copy().run, args=(self._watch, self._watching), name="ddp_magic-labcomm-watch", daemon=True).start()
 
     def _post_run_cell(self, result: Any = None) -> None:
         if threading.current_thread() is self._main:
             self.cell_running = False
+            self._watching = 0
+            self.pools.cell_ended(result)
         if self.comms:
             self.publish(final=True)
+
+    def _watch(self, cell: int) -> None:
+        """While cell ``cell`` runs: send what changed without an event (a pool created, starting, restarting)."""
+        while self._watching == cell and _bridge is self:
+            time.sleep(MIN_INTERVAL)
+            try:
+                with self._lock:
+                    due = self.comms and self._timer is None and time.monotonic() - self._last_time >= MIN_INTERVAL
+                    if due and self._watching == cell:
+                        self._broadcast(final=False, only_if_changed=True)
+            except Exception as e:
+                log.debug("labcomm: watch failed", exc_info=True)
+                self._failed("watch", e)
 
     def snapshot(self, final: bool = False) -> Dict[str, Any]:
         with self._lock:
@@ -335,27 +377,7 @@ class LabBridge:
         }
 
     def _pool_dict(self) -> Optional[Dict[str, Any]]:
-        status = self.session.status()
-        if not status.exists:
-            return None
-        ranks = [dict(row._asdict(), elapsed=round(row.elapsed, 3), last_line=(row.last_line or "")[-300:]) for row in status.ranks]
-        checks, verdict = self._env_checks(status)
-        seconds = status.start_seconds
-        pool = {k: getattr(status, k) for k in ("nproc", "backend", "started", "broken", "generation", "master_addr", "master_port", "start_method")}
-        pool.update(world_size=status.nproc, start_seconds=round(seconds, 3) if isinstance(seconds, (int, float)) else None)
-        pool.update(ranks=ranks, checks=checks, verdict=verdict, names=list(status.owned))
-        return _jsonable(pool)
-
-    def _env_checks(self, status: PoolStatus) -> Tuple[List[dict], str]:
-        """The checks of the pool's plan (plan_checks caches them: a snapshot may ask often)."""
-        try:
-            assert status.plan is not None
-            checks = plan_checks(status.plan, started=status.started)
-            return [c.to_dict() for c in checks], checks_verdict(checks)
-        except Exception as e:  # a check must never break a cell
-            log.debug("labcomm: env checks failed", exc_info=True)
-            failed = {"name": "env checks", "ok": False, "level": "warning", "mark": "!", "detail": f"could not run: {type(e).__name__}: {e}"}
-            return [failed], "env ! could not check"
+        return self.pools.pool_dict()
 
 
 def _main_loop() -> Optional[asyncio.AbstractEventLoop]:

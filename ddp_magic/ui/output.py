@@ -2,9 +2,14 @@
 
 Chunks arrive from several ranks at once, cut anywhere. Complete lines go out
 at once with their rank's prefix; a partial line waits for its end (or for the
-cell's end). A ``\\r`` keeps its meaning, so a tqdm bar on one rank redraws in
-place. Hidden ranks (``--ranks``) are dropped here and nowhere else: the pool
-and the widget still see everything.
+cell's end). A ``\\r`` keeps its meaning per rank: a line redrawn in place (a
+tqdm bar) is not written while it changes, only its final state is, once it
+ends with a newline or the cell ends; the live state is the status view's
+(ui/progress.py), so four ranks' bars never flood the cell. The prefix is
+coloured per rank with ANSI codes (``ui/colours.py``), which every front end
+and a saved notebook show; ``NO_COLOR`` or ``DDP_MAGIC_COLOR=0`` turns that off.
+Hidden ranks (``--ranks``) are dropped here and nowhere else: the pool and the
+widget still see everything.
 
 Identical stderr lines from several ranks (the same warning from every rank)
 become one line, ``[ranks 0-3] UserWarning: …`` (``LineMerger``): a stderr line
@@ -14,12 +19,15 @@ never merged: users read it rank by rank.
 from __future__ import annotations
 
 import contextvars
+import os
 import re
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Set, TextIO, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, TextIO, Tuple
+
+from .colours import rank_ansi
 
 _PIECES = re.compile(r"[^\r\n]*(?:\r\n|\n|\r)|[^\r\n]+$")
 MAX_PARTIAL = 1 << 16  # an endless line is shown in pieces of this size, never held forever
@@ -44,11 +52,19 @@ def parse_ranks(spec: str, world: Optional[int] = None) -> Set[int]:
     return out
 
 
-def ranks_label(ranks: Iterable[int]) -> str:
-    """``[rank 2] `` or ``[ranks 0-3] `` / ``[ranks 0,2] ``: the prefix of a line from these ranks."""
+def use_colour(environ: Mapping[str, str] = os.environ) -> bool:
+    """ANSI-coloured prefixes unless NO_COLOR (no-color.org) or DDP_MAGIC_COLOR=0 says otherwise."""
+    return "NO_COLOR" not in environ and environ.get("DDP_MAGIC_COLOR", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def ranks_label(ranks: Iterable[int], colour: bool = False) -> str:
+    """``[rank 2] `` or ``[ranks 0-3] `` / ``[ranks 0,2] ``: the prefix of a line from these ranks.
+
+    ``colour``: the words inside the brackets in the rank's ANSI colour (``[`` and ``]`` stay plain,
+    so ``"] "`` still ends every prefix)."""
     rs = sorted(set(ranks))
     if len(rs) == 1:
-        return f"[rank {rs[0]}] "
+        return f"[\x1b[{rank_ansi(rs[0])}mrank {rs[0]}\x1b[0m] " if colour else f"[rank {rs[0]}] "
     runs: List[List[int]] = []
     for r in rs:
         if runs and r == runs[-1][-1] + 1:
@@ -103,11 +119,15 @@ class LineMerger:
 class RankPrinter:
     """Writes each rank's text to stdout/stderr with a ``[rank r] `` prefix per line."""
 
-    def __init__(self, ranks: Optional[Iterable[int]] = None, streams: Optional[Dict[str, Callable[[], TextIO]]] = None, ordered: bool = False) -> None:
+    def __init__(
+        self, ranks: Optional[Iterable[int]] = None, streams: Optional[Dict[str, Callable[[], TextIO]]] = None, ordered: bool = False,
+        colour: Optional[bool] = None,
+    ) -> None:
         self.ranks = set(ranks) if ranks is not None else None
         self._streams = streams or {"stdout": lambda: sys.stdout, "stderr": lambda: sys.stderr}
         self._partial: Dict[Tuple[int, str], str] = {}
-        self._open: Dict[str, Optional[int]] = {"stdout": None, "stderr": None}  # rank whose \r-line is on screen
+        self.colour = use_colour() if colour is None else colour
+        self._wrote: Set[str] = set()  # the streams written since the last flush (only those need flushing)
         self.ordered = ordered
         self._held: Dict[Tuple[int, str], List[str]] = {}
         self.merger = LineMerger()
@@ -138,12 +158,12 @@ class RankPrinter:
         buf = self._partial.pop(key, "") + text
         out: List[str] = []
         for piece in _PIECES.findall(buf):
-            if piece == "\r":
-                continue  # a bare carriage return: the next piece redraws the line anyway
+            if piece.endswith("\r") and not piece.endswith("\r\n"):
+                continue  # a redraw in place (tqdm): the next piece replaces it; only a line's final state is written
             while len(piece) > MAX_PARTIAL + 2:
                 out.append(piece[:MAX_PARTIAL] + "\n")
                 piece = piece[MAX_PARTIAL:]
-            if piece.endswith(("\n", "\r")):
+            if piece.endswith("\n"):
                 out.append(piece)
             elif piece:
                 self._partial[key] = piece
@@ -157,11 +177,7 @@ class RankPrinter:
         if stream == "stderr":
             now = time.monotonic()
             for piece in pieces:
-                if piece.endswith("\n"):
-                    self.merger.add(rank, piece, now)
-                else:  # a progress redraw (\r) is never merged, and waits for the lines before it
-                    self._drain(final=True)
-                    self._write({rank}, stream, [piece])
+                self.merger.add(rank, piece, now)
             return
         self._write({rank}, stream, pieces)
 
@@ -182,16 +198,9 @@ class RankPrinter:
             self._drain(final=False)
 
     def _write(self, ranks: Set[int], stream: str, pieces: List[str]) -> None:
-        rank = min(ranks)
-        prefix = ranks_label(ranks)
-        parts: List[str] = []
-        for piece in pieces:
-            if self._open[stream] is not None and self._open[stream] != rank:
-                parts.append("\n")  # another rank's progress line stays visible above ours
-            parts.append(prefix + piece)
-            self._open[stream] = rank if piece.endswith("\r") and not piece.endswith("\r\n") else None
-        f = self._streams[stream]()
-        f.write("".join(parts))
+        prefix = ranks_label(ranks, self.colour)
+        self._streams[stream]().write("".join(prefix + piece for piece in pieces))
+        self._wrote.add(stream)
 
     def flush(self) -> None:
         """The cell ended: finish partial lines, and in ordered mode write everything rank by rank."""
@@ -204,7 +213,8 @@ class RankPrinter:
     def _flush(self) -> None:
         for key in sorted(self._partial):
             piece = self._partial.pop(key)
-            self._emit(key[0], key[1], [piece + "\n"])
+            if piece.strip():  # a line left unfinished, or a bar's last redraw: its final state (a cleared bar leaves nothing)
+                self._emit(key[0], key[1], [piece + "\n"])
         if self.ordered:
             held, self._held = self._held, {}
             self.ordered = False
@@ -212,10 +222,8 @@ class RankPrinter:
                 self._emit(rank, stream, held[(rank, stream)])
             self.ordered = True
         self._drain(final=True)
-        for stream in ("stdout", "stderr"):
-            if self._open[stream] is not None:
-                self._streams[stream]().write("\n")
-                self._open[stream] = None
+        wrote, self._wrote = self._wrote, set()
+        for stream in sorted(wrote):  # a flush waits for the kernel's IO thread: only where something was written
             try:
                 self._streams[stream]().flush()
             except (OSError, ValueError):

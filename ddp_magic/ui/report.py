@@ -13,11 +13,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..plan import DIST_VARS, Check, Plan, checks_verdict, device_map, live_checks, plan_checks
 from ..session import EnvData
+from . import colours
 
 SHOWN_VARS = DIST_VARS + ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 SEEN_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")  # shown too, as the ranks will see them
 SECRET_HINTS = ("SECRET", "TOKEN", "PASSWORD", "KEY")
-MARK_COLORS = {"✓": "#1a7f37", "✗": "#cf222e", "!": "#9a6700"}
+MARK_TONES = {"✓": "ok", "✗": "fail", "!": "warn"}
 
 
 def _redact(env: Mapping[str, str]) -> Dict[str, str]:
@@ -30,13 +31,39 @@ def _shown(key: str) -> bool:
 
 # ---------------------------------------------------------------- shared rendering
 def mark_html(mark: str) -> str:
-    return f"<span style='color:{MARK_COLORS.get(mark, 'inherit')};font-weight:bold'>{html.escape(mark)}</span>"
+    tone = MARK_TONES.get(mark)
+    style = colours.color(tone) if tone else "color:inherit"
+    return f"<span style='{style};font-weight:bold'>{html.escape(mark)}</span>"
+
+
+def checks_line(checks: Sequence[Check]) -> str:
+    """'✓ 19 checks passed', '✗ 2 of 19 checks failed' or '! 1 warning, 18 checks passed': the checks in one line."""
+    failed = [c for c in checks if c.failed]
+    warned = [c for c in checks if not c.ok and not c.failed]
+    passed = len(checks) - len(failed) - len(warned)
+    if failed:
+        return f"✗ {len(failed)} of {plural(len(checks), 'check')} failed"
+    if warned:
+        return f"! {plural(len(warned), 'warning')}, {plural(passed, 'check')} passed"
+    return f"✓ {plural(passed, 'check')} passed"
+
+
+FACTS = ("GPU per rank", "device mesh")  # the report's own informative lines: worth a line even when all is well
+
+
+def worth_saying(checks: Sequence[Check]) -> List[Check]:
+    """What a healthy env's short form still shows: the problems, and the facts this report adds (the GPU map, the mesh)."""
+    return [c for c in checks if not c.ok or c.name in FACTS]
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def verdict_html(checks: Sequence[Check]) -> str:
-    verdict = checks_verdict(checks)
-    color = MARK_COLORS["✗"] if "✗" in verdict else MARK_COLORS["!"] if "!" in verdict else MARK_COLORS["✓"]
-    return f"<span style='color:{color};font-weight:bold'>{html.escape(verdict)}</span>"
+    line = checks_line(checks)
+    tone = MARK_TONES.get(line[:1], "ok")
+    return f"<span style='{colours.color(tone)};font-weight:bold'>{html.escape(line)}</span>"
 
 
 def checks_text(checks: Sequence[Check]) -> List[str]:
@@ -47,7 +74,8 @@ def checks_html(checks: Sequence[Check]) -> str:
     """Failures first, each with its mark and the reason in words."""
     order = sorted(checks, key=lambda c: (c.ok, c.level != "error"))
     items = "".join(
-        f"<li data-check='{html.escape(c.name)}' data-ok='{str(c.ok).lower()}'>{mark_html(c.mark)} <b>{html.escape(c.name)}</b>: {html.escape(c.detail)}</li>"
+        f"<li data-check='{html.escape(c.name)}' data-ok='{str(c.ok).lower()}'>{c.mark if c.ok else mark_html(c.mark)} "
+        f"<b>{html.escape(c.name)}</b>: {html.escape(c.detail)}</li>"
         for c in order
     )
     return f"<ul style='list-style:none;padding-left:0;margin:2px 0;font-size:12px;line-height:1.5'>{items}</ul>"
@@ -66,14 +94,15 @@ def table_text(rows: Sequence[Mapping[str, Any]], cols: Sequence[str]) -> List[s
     return ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in table]
 
 
-ENV_TABLE_CSS = "div table.ddp-env-table.ddp-env-table th,div table.ddp-env-table.ddp-env-table td{text-align:left;padding:1px 8px 1px 0;border:none}"
+TD = "text-align:left;padding:0 8px 0 0"
 
 
 def env_table_html(envs: Sequence[Mapping[str, str]], cols: Sequence[str], max_height: str = "16em") -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(e.get(c, '')))}</td>" for c in cols) + "</tr>" for e in envs)
+    """Every style inline: untrusted notebooks drop <style> blocks."""
+    head = "".join(f"<th style='{TD}'>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td style='{TD}'>{html.escape(str(e.get(c, '')))}</td>" for c in cols) + "</tr>" for e in envs)
     return (
-        f"<div style='max-height:{max_height};overflow:auto'><style>{ENV_TABLE_CSS}</style>"
+        f"<div style='max-height:{max_height};overflow:auto'>"
         f"<table class='ddp-env-table' style='font-family:monospace;font-size:12px;border-collapse:collapse'>"
         f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
     )
@@ -135,17 +164,29 @@ class EnvReport:
         return env_columns(self.envs)
 
     def __repr__(self) -> str:
-        lines = [f"{self.title} — {self.verdict}"]
+        """The title, the env table, and only the checks that did not pass (``full_text()``: all of them)."""
+        return self.full_text(every_check=False)
+
+    def full_text(self, every_check: bool = True) -> str:
+        lines = [f"{self.title} — {checks_line(self.checks)}"]
         lines += table_text(self.envs, self._columns())
-        lines.append("")
-        lines += checks_text(self.checks)
+        shown = self.checks if every_check else worth_saying(self.checks)
+        if shown:
+            lines.append("")
+            lines += checks_text(shown)
+        if not every_check and len(shown) < len(self.checks):
+            lines.append("(every check: print(_.full_text()), or _.to_dict())")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
+        """The verdict and the problems; every check one click away (inline styles only)."""
+        said = worth_saying(self.checks)
         return (
             f"<div class='ddp-env'><b>{html.escape(self.title)}</b> — {verdict_html(self.checks)}"
+            f"{checks_html(said) if said else ''}"
             f"{env_table_html(self.envs, self._columns(), max_height='24em')}"
-            f"{checks_html(self.checks)}</div>"
+            f"<details class='ddp-env-checks'><summary style='cursor:pointer'>all {plural(len(self.checks), 'check')}</summary>"
+            f"{checks_html(self.checks)}</details></div>"
         )
 
 

@@ -1,8 +1,11 @@
 """The status view's entry point: which mode this front end gets, and showing the view of one cell.
 
-The view itself is three modules: status_render.py (the words and tables, pure
-functions of a snapshot), status_display.py (widget, html, text or off: where
-it goes) and status_view.py (``StatusView``, the pool Listener that presents).
+The view itself: status_render.py (the summary line and the words, pure functions
+of a snapshot), status_tables.py (the rank table, the env, the whole page),
+status_display.py (widget, html, text or off: where it goes), status_view.py
+(``StatusView``, the pool Listener that presents; extra sections plug in through
+``status_view.SECTION_FACTORIES``), ticker.py (the one thread that renders live
+views), progress.py (each rank's live line and tqdm bar) and colours.py.
 The magics call ``show_status``; the names others use are importable from here.
 
 Importing this module does not import ipywidgets; showing a widget does.

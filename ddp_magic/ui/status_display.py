@@ -3,11 +3,11 @@
 ``status.choose_mode`` names the mode, ``make_display`` turns it into one of:
 
 - ``WidgetDisplay``: stock ipywidgets updated live over the comm (a kernel with
-  ipywidgets). A cell that ends within ``live_after`` seconds never builds them:
-  its static summary is shown at the start and replaced once at the end, two
-  messages instead of the ~30 comm messages of a widget's life (which cost a
-  quick cell ~13 ms, five times the pool's own ~2.5 ms). When the cell ends the
-  widgets are closed and the static HTML form replaces them;
+  ipywidgets). A cell that ends within ``live_after`` seconds never builds them,
+  and shows nothing until it ends: one small display message then (a placeholder
+  goes up first only when a rank prints, so that the view stays above the
+  output), instead of the ~30 comm messages of a widget's life. When the cell
+  ends the widgets are closed and the static HTML form replaces them;
 - ``HtmlDisplay``: a text/html display updated in place (a kernel without ipywidgets);
 - ``TextDisplay``: nothing live; the summary is displayed when the cell ends (plain IPython);
 - ``OffDisplay``: nothing at all.
@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, Dict, Optional, Protocol, Type
 
 from . import status_render as R
+from . import status_tables as T
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 Bundle = Dict[str, Any]
@@ -57,6 +58,10 @@ class Display(ABC):
         """What goes up at the top of the cell's output when the view is shown; None: nothing yet."""
         return None
 
+    def placeholder(self) -> Bundle:
+        """What goes up before a rank's first output when nothing is shown yet: the summary line alone."""
+        return {"text/html": T.brief_html(self.view.snapshot())}
+
     def holds(self) -> bool:
         """Whether a due render must wait (the view stays dirty and renders later)."""
         return False
@@ -91,24 +96,31 @@ class TextDisplay(Display):
         pass  # nothing live: the summary comes when the cell ends
 
     def finish(self) -> None:
-        self.view.put({"text/plain": R.final_text(self.view.snapshot())})
+        self.view.put({"text/plain": T.final_text(self.view.snapshot())})
 
 
 class HtmlDisplay(Display):
     live = True
 
-    def first_bundle(self) -> Optional[Bundle]:
-        return self.view.bundle(widget=False)
+    def holds(self) -> bool:
+        return self.view.clock() - self.view.started_at < self.view.live_after
+
+    def due(self) -> Optional[float]:
+        return self.view.started_at + self.view.live_after if self.holds() else None
 
     def render(self) -> None:
         self.view.replace(self.view.bundle(widget=False))
 
     def finish(self) -> None:
         if self.view.shown:
-            self.view.render()
+            self.view.replace(self.view.bundle(widget=False))
 
 
 class WidgetDisplay(Display):
+    """Live: one line (the summary, with a square or a small bar per rank) and a ▸/▾ toggle that opens the
+    rank table and the env below it, in the browser alone (a jslink: no kernel round trip while the cell runs).
+    Every update is a widget trait (an HTML value): never Output.append_* from a thread, which VS Code drops."""
+
     live = True
 
     def __init__(self, view: Presenter) -> None:
@@ -123,9 +135,8 @@ class WidgetDisplay(Display):
     def first_bundle(self) -> Optional[Bundle]:
         if self.view.live_after <= 0:
             self._build()
-        # Before it goes live only the summary line: a quick cell's placeholder should cost
-        # little, its tables come with the final summary.
-        return self.view.bundle(widget=True) if self.built else {"text/html": R.brief_html(self.view.snapshot())}
+            return self.view.bundle(widget=True)
+        return None  # a quick cell shows one display, at its end (or a placeholder before a rank's first output)
 
     def holds(self) -> bool:
         return not self.built and self.view.clock() - self.view.started_at < self.view.live_after
@@ -139,16 +150,14 @@ class WidgetDisplay(Display):
         return {WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.widgets["root"].model_id}}
 
     def render(self) -> None:
-        if not self.built:  # the cell is taking a while: the static summary at the top becomes the live widget
+        if not self.built:  # the cell is taking a while: the summary at the top becomes the live widget
             self._build()
             self.view.replace(self.view.bundle(widget=True))
             return
         w, s = self.widgets, self.view.snapshot()
-        w["header"].value = R.header_html(s)
-        w["ranks"].value = R.ranks_html(s)
-        env = R.env_html(s)
-        if w["env"].value != env:
-            w["env"].value = env
+        for name, value in (("header", R.header_html(s)), ("body", T.body_html(s))):
+            if w[name].value != value:
+                w[name].value = value
 
     def finish(self) -> None:
         if not self.view.shown:
@@ -157,8 +166,7 @@ class WidgetDisplay(Display):
             self.view.replace(self.view.bundle(widget=False))  # a quick cell: its summary, never a widget
             return
         self.view.render()
-        self.widgets["details"].selected_index = None  # settled: the one-line summary
-        # What stays in the notebook is the static form (the same summary, the tables behind
+        # What stays in the notebook is the static form (the same line, the tables behind
         # <details>): it renders after a reload, in nbviewer, on GitHub and in VS Code without
         # a widget manager or saved widget state. The widgets go.
         self.view.replace(self.view.bundle(widget=False))
@@ -168,12 +176,15 @@ class WidgetDisplay(Display):
         import ipywidgets as W
 
         s = self.view.snapshot()
-        self.widgets["header"] = W.HTML(value=R.header_html(s), layout=W.Layout(margin="0 0 2px 0"))
-        self.widgets["ranks"] = W.HTML(value=R.ranks_html(s))
-        self.widgets["env"] = W.HTML(value=R.env_html(s))
-        details = W.Accordion(children=[self.widgets["ranks"], self.widgets["env"]], titles=("Ranks", "Env validation"), selected_index=0)
-        self.widgets["details"] = details
-        self.widgets["root"] = W.VBox([self.widgets["header"], details], layout=W.Layout(width="100%"), _dom_classes=("ddp-status",))
+        header = W.HTML(value=R.header_html(s), layout=W.Layout(margin="0", flex="1 1 auto", overflow="hidden"))
+        toggle = W.ToggleButtons(options=[("▸", 0), ("▾", 1)], value=0, tooltips=["hide the ranks and the env", "show the ranks and the env"],
+                                 style={"button_width": "22px"}, layout=W.Layout(margin="0 4px 0 0", flex="0 0 auto", width="auto"))
+        body = W.HTML(value=T.body_html(s))
+        stack = W.Stack(children=[W.Box(), body], selected_index=0)  # an empty Box: no height while closed
+        link = W.jslink((toggle, "index"), (stack, "selected_index"))
+        line = W.HBox([toggle, header], layout=W.Layout(align_items="center", width="100%"))
+        self.widgets.update(header=header, body=body, toggle=toggle, stack=stack, link=link, line=line, empty=stack.children[0])
+        self.widgets["root"] = W.VBox([line, stack], layout=W.Layout(width="100%"), _dom_classes=("ddp-status", "ddp-status-live"))
 
     def _close(self) -> None:
         """Close every model the view opened (its layouts and styles too), so none lingers in the kernel."""

@@ -5,13 +5,16 @@ hands it here. Two models are rendered twice, as text (plain IPython, repr,
 a terminal) and as HTML (the live widget and the static form left in the
 notebook), so the two forms cannot drift apart:
 
-- the summary line (``summary_parts``): '4 ranks ✓ 2.31 s · gloo · env ✓' at the
-  end, the count of each state while the cell runs;
-- the rank rows (``rank_rows``): one ``RankRow`` per rank, its cells by column.
+- the summary line (``summary_parts``): '4 ranks ✓ 2.31 s · gloo · ✓ 19 checks passed'
+  at the end, the count of each state while the cell runs;
+- the rank rows (status_tables.py): one ``RankRow`` per rank, its cells by column.
 
-The text tables are report.py's ``table_text``; the env checks are report.py's.
-nbval compares the first line of the static HTML (notebooks/nbval_sanitize.cfg
-replaces the rest), so the summary's wording is part of the interface.
+One clock: the plain seconds are always the cell's run time (from the cell
+being sent to the ranks); the pool's start is its own, labelled clock ('start
+5.4 s' while it starts, 'pool started in 5.4 s' after). All HTML styling is
+inline ``style=`` (no ``<style>`` block: untrusted notebooks drop those), with
+colours from colours.py. The HTML's class names and data attributes are an
+interface (browser tests, nbval's sanitizer): see docs in ``static_html``.
 """
 from __future__ import annotations
 
@@ -20,42 +23,38 @@ import re
 import signal
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
-from ..errors import describe_exit
-from ..plan import DIST_VARS, Check, checks_verdict
+from ..plan import Check
 from ..states import FailureKind, RankState, Waiting
-from .report import checks_html, checks_text, env_digest, env_table_html, table_text, verdict_html
+from . import colours
+from .progress import Bar
+from .report import checks_line
 
 TEXT_PREFIX = "ddp_magic status: "
 
-# What a rank is shown as: its state, with DEAD told apart as killed (a signal) or died (an exit code).
+# What a rank is shown as: its state, with DEAD told apart as killed (a signal) or died (an exit code),
+# and ranks ddp_magic stopped because another failed shown as STOPPED.
 Label = Union[RankState, FailureKind]
 
-# label -> colour; the order is the order of the counts in the running summary
-STATE_COLORS: Dict[Label, str] = {
-    RankState.STARTING: "#6e7781",
-    RankState.CONNECTING: "#6e7781",
-    RankState.READY: "#0969da",
-    RankState.RUNNING: "#0969da",
-    RankState.DONE: "#1a7f37",
-    RankState.FAILED: "#cf222e",
-    RankState.INTERRUPTED: "#9a6700",
-    FailureKind.KILLED: "#82071e",
-    FailureKind.DIED: "#82071e",
-    RankState.STOPPED: "#6e7781",
+# label -> tone (colours.py); the order is the order of the counts in the running summary
+STATE_TONES: Dict[Label, str] = {
+    RankState.STARTING: "neutral",
+    RankState.CONNECTING: "neutral",
+    RankState.READY: "info",
+    RankState.RUNNING: "info",
+    RankState.DONE: "ok",
+    RankState.FAILED: "fail",
+    FailureKind.DIED: "fail",
+    FailureKind.KILLED: "warn",
+    RankState.INTERRUPTED: "warn",
+    RankState.STOPPED: "neutral",
 }
-GREY = "#6e7781"
 ACTIVE = (RankState.STARTING, RankState.CONNECTING, RankState.RUNNING)
-STRIP_CSS = ".ddp-status-strip i{display:inline-block;width:9px;height:9px;margin:0 1px;border-radius:2px}"
-_R = "div.ddp-status-ranks.ddp-status-ranks table"  # specific enough to win over JupyterLab's rendered-HTML table rules
-RANKS_CSS = (
-    f"{_R} th,{_R} td{{text-align:left;padding:1px 10px 1px 0;white-space:nowrap;border:none}}"
-    f"{_R} th{{position:sticky;top:0;background:var(--jp-layout-color1,#fff)}}"
-    f"{_R} .st{{color:#fff;border-radius:3px;padding:0 5px}}"
-    f"{_R} td.ll{{font-family:monospace;max-width:48em;overflow:hidden;text-overflow:ellipsis}}"
-)
+ROOT_CAUSES = (RankState.FAILED, FailureKind.DIED, FailureKind.KILLED)  # a rank that failed by itself
+STOPPED_BY_US = (RankState.INTERRUPTED, FailureKind.KILLED)  # what the others show once a root cause exists
 FONT = "font-family:var(--jp-ui-font-family,sans-serif)"
+LINE = "font-size:13px;line-height:20px"
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -76,6 +75,10 @@ class RankLike(Protocol):
     debugging: Waiting  # what it waits on the notebook for (Waiting.NO: nothing)
 
 
+# An extra section of the view (e.g. a metrics chart): (title, html of a snapshot, text lines of a snapshot).
+Section = Tuple[str, Callable[["Snapshot"], str], Callable[["Snapshot"], List[str]]]
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything the view shows, at one moment."""
@@ -83,7 +86,7 @@ class Snapshot:
     nproc: int
     infos: Mapping[int, RankLike]
     now: float  # the view's clock: a running rank's time is now - started
-    elapsed: float  # of the cell (from its first running rank), or since the view was made
+    elapsed: float  # the run clock: since the cell was sent to the ranks (0 while the pool starts)
     backend: str = ""
     checks: Sequence[Check] = ()
     envs: Sequence[Mapping[str, str]] = ()  # the DIST_VARS each rank received, by rank
@@ -92,6 +95,12 @@ class Snapshot:
     ok: bool = False
     note: str = ""  # why it failed, in a few words
     started_in: Optional[float] = None  # seconds the pool took to start, when it started in this cell
+    starting_for: Optional[float] = None  # the start clock, while the pool starts in this cell
+    root: Optional[int] = None  # the rank whose failure explains the others
+    stopped: FrozenSet[int] = frozenset()  # ranks stopped or released because of it (kernel.policy.causes)
+    lines: Mapping[int, str] = field(default_factory=dict)  # each rank's live line (progress.LiveLines)
+    bars: Mapping[int, Bar] = field(default_factory=dict)  # each rank's tqdm bar, when it shows one
+    sections: Sequence[Section] = ()  # extra sections, after the ranks and the env
 
     @property
     def ranks(self) -> List[int]:
@@ -99,17 +108,10 @@ class Snapshot:
 
     def label(self, rank: int) -> Label:
         info = self.infos.get(rank)
-        return state_label(info) if info is not None else RankState.STARTING
-
-
-@dataclass(frozen=True)
-class RankRow:
-    """One rank as the table shows it: the text of each column, plus the exit in words for a tooltip."""
-
-    rank: int
-    label: Label
-    cells: Dict[str, str] = field(default_factory=dict)
-    exit_title: str = ""
+        label = state_label(info) if info is not None else RankState.STARTING
+        if rank in self.stopped or (self.root is not None and rank != self.root and label in STOPPED_BY_US):
+            return RankState.STOPPED  # ddp_magic stopped it because another rank failed: not its fault
+        return label
 
 
 # ---------------------------------------------------------------- words for one value
@@ -137,8 +139,13 @@ def exit_text(info: RankLike) -> str:
 
 
 def fmt_seconds(s: Optional[float]) -> str:
+    """'<1 ms', '35 ms', '2.31 s', '3 m 05 s', '1 h 02 m': never '0.00 s' for a quick cell."""
     if s is None:
         return ""
+    if s < 0.001:
+        return "<1 ms"
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
     if s < 60:
         return f"{s:.2f} s"
     m, sec = divmod(int(round(s)), 60)
@@ -166,8 +173,12 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _esc(x: Any) -> str:
+def esc(x: Any) -> str:
     return html.escape(str(x), quote=True)
+
+
+def tone_of(label: Label) -> str:
+    return STATE_TONES.get(label, "neutral")
 
 
 # ---------------------------------------------------------------- the summary line: one model, two forms
@@ -187,46 +198,49 @@ class TextStyle:
         return f"{label} {n}"
 
     def verdict(self, checks: Sequence[Check]) -> str:
-        return checks_verdict(checks)
+        return checks_line(checks)
 
 
 class HtmlStyle(TextStyle):
     """The same parts in HTML: escaped, the marks and counts coloured inline (they survive sanitizers)."""
 
     def esc(self, x: Any) -> str:
-        return _esc(x)
+        return esc(x)
 
     def mark(self, ok: bool) -> str:
-        color = STATE_COLORS[RankState.DONE] if ok else STATE_COLORS[RankState.FAILED]
-        return f"<span style='color:{color};font-weight:bold'>{super().mark(ok)}</span>"
+        return f"<span style='{colours.color('ok' if ok else 'fail')};font-weight:bold'>{super().mark(ok)}</span>"
 
     def note(self, text: str) -> str:
-        return f"<span style='color:{STATE_COLORS[RankState.FAILED]}'>{_esc(text)}</span>"
+        return f"<span style='{colours.color('fail')}'>{esc(text)}</span>"
 
     def count(self, label: Label, n: int) -> str:
-        return f"<span style='color:{STATE_COLORS[label]}'>{label} {n}</span>"
+        return f"<span style='{colours.color(tone_of(label))}'>{label} {n}</span>"
 
     def verdict(self, checks: Sequence[Check]) -> str:
-        return verdict_html(checks)
+        line = checks_line(checks)
+        tone = "fail" if line.startswith("✗") else "warn" if line.startswith("!") else "ok"
+        return f"<span class='ddp-status-checks' style='{colours.color(tone)}'>{esc(line)}</span>"
 
 
 TEXT, HTML = TextStyle(), HtmlStyle()
 
 
 def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
-    """The parts of the summary line, joined by ' · ': the outcome (or the counts), backend, checks, start time."""
+    """The parts of the summary line, joined by ' · ': the outcome (or the counts), the run clock, backend, checks, start."""
     n = plural(len(s.ranks), "rank")
     if s.finished:
         note = f"{style.note(s.note)} · " if not s.ok and s.note else ""
         parts = [f"{n} {style.mark(s.ok)} {note}{style.esc(fmt_seconds(s.elapsed))}"]
     else:
         counts = Counter(s.label(r) for r in s.ranks)
-        states = debugging_text(s) or ", ".join(style.count(label, counts[label]) for label in STATE_COLORS if counts.get(label))
-        parts = [n, states, style.esc(fmt_seconds(s.elapsed))]
+        states = debugging_text(s) or ", ".join(style.count(label, counts[label]) for label in STATE_TONES if counts.get(label))
+        clock = f"start {fmt_seconds(s.starting_for)}" if s.starting_for is not None else fmt_seconds(s.elapsed)
+        parts = [n, states, style.esc(clock)]
     if s.backend:
         parts.append(style.esc(s.backend))
-    parts.append(style.verdict(s.checks))
-    if s.finished and s.started_in is not None:
+    if s.checks:
+        parts.append(style.verdict(s.checks))
+    if s.started_in is not None and s.starting_for is None:
         parts.append(f"pool started in {style.esc(fmt_seconds(s.started_in))}")
     return parts
 
@@ -242,151 +256,44 @@ def debugging_text(s: Snapshot) -> str:
 
 
 def summary(s: Snapshot) -> str:
-    """One line: '4 ranks ✓ 2.31 s · gloo · env ✓' at the end, the counts of each state while it runs."""
+    """One line: '4 ranks ✓ 2.31 s · gloo · ✓ 19 checks passed' at the end, the counts of each state while it runs."""
     return " · ".join(summary_parts(s, TEXT))
 
 
 def header_html(s: Snapshot) -> str:
-    """The summary line in HTML, with a square per rank and the last notices under it."""
-    strip = strip_html(s) if len(s.ranks) > 1 else ""
-    notices = "".join(f"<div style='color:#9a6700;font-size:12px'>{_esc(clean_line(t, 300))}</div>" for t in s.notices[-3:])
+    """The summary line in HTML, then one square (or progress bar) per rank: always one line high."""
     state = "finished" if s.finished else "running"
     return (
-        f"<div class='ddp-status-header' data-state='{state}' style='font-size:13px;line-height:1.6'>"
-        f"<b>%%ddp</b> {' · '.join(summary_parts(s, HTML))}{strip}{notices}</div>"
+        f"<span class='ddp-status-header' data-state='{state}' style='{colours.defs()}{LINE};white-space:nowrap'>"
+        f"<b>%%ddp</b> {' · '.join(summary_parts(s, HTML))}{strip_html(s)}</span>"
     )
+
+
+SQUARE = "display:inline-block;width:9px;height:9px;margin:0 1px;border-radius:2px;vertical-align:middle"
+BAR = "display:inline-block;width:24px;height:7px;margin:0 2px;border-radius:2px;vertical-align:middle;overflow:hidden;border:1px solid"
 
 
 def strip_html(s: Snapshot) -> str:
-    """One small square per rank, coloured by state: readable at a glance with 64 ranks."""
-    cells = "".join(f"<i title='rank {r}: {s.label(r)}' style='background:{STATE_COLORS.get(s.label(r), GREY)}'></i>" for r in s.ranks)
-    return f" <span class='ddp-status-strip'><style>{STRIP_CSS}</style>{cells}</span>"
+    """One small square per rank coloured by state, or a small bar while the rank shows a tqdm bar: 64 ranks fit."""
+    if len(s.ranks) < 2 and not s.bars:
+        return ""
+    cells = []
+    for r in s.ranks:
+        label, bar = s.label(r), s.bars.get(r)
+        tone = tone_of(label)
+        if bar is not None and bar.fraction is not None and label in ACTIVE:
+            pct = f"{100 * bar.fraction:.0f}"
+            cells.append(
+                f"<i class='ddp-status-bar' data-rank='{r}' data-n='{bar.n:g}' data-total='{bar.total:g}' title='rank {r}: {esc(bar.text())}' style='{BAR}'>"
+                f"<i style='display:block;height:100%;width:{pct}%;{colours.background_ref(tone)}'></i></i>"
+            )
+        else:
+            square = f"{SQUARE};{colours.background_ref(tone)}"
+            cells.append(f"<i class='ddp-status-square' data-rank='{r}' data-state='{label}' title='rank {r}: {label}' style='{square}'></i>")
+    return f" <span class='ddp-status-strip'>{''.join(cells)}</span>"
 
 
-# ---------------------------------------------------------------- the rank table: one row model, two forms
-def rank_row(rank: int, label: Label, info: Optional[RankLike], now: float) -> RankRow:
-    cells = {"rank": str(rank), "state": str(label)}
-    if info is None:
-        cells.update({c: "" for c in ("time", "device", "pid", "exit", "memory", "host", "last line")})
-        return RankRow(rank, label, cells)
-    exit_ = exit_text(info)
-    cells.update(
-        {
-            "time": fmt_seconds((info.finished or now) - info.started),
-            "device": info.device or "",
-            "pid": str(info.pid or ""),
-            "exit": exit_,
-            "memory": fmt_bytes(info.memory) if (info.device or "").startswith("cuda") else "",
-            "host": info.host or "",
-            "last line": clean_line(info.last_line or (info.tail[-1] if info.tail else "")),
-        }
-    )
-    return RankRow(rank, label, cells, describe_exit(info.exit_code) if exit_ else "")
-
-
-def rank_rows(s: Snapshot) -> List[RankRow]:
-    return [rank_row(r, s.label(r), s.infos.get(r), s.now) for r in s.ranks]
-
-
-def row_columns(rows: Sequence[RankRow]) -> List[str]:
-    """The columns worth showing: memory only with a GPU, host only with more than one."""
-    cols = ["rank", "state", "time", "device", "pid", "exit"]
-    if any(row.cells["device"].startswith("cuda") for row in rows):
-        cols.append("memory")
-    if len({row.cells["host"] for row in rows if row.cells["host"]}) > 1:
-        cols.append("host")
-    return cols + ["last line"]
-
-
-def _cell_html(row: RankRow, col: str) -> str:
-    value = row.cells[col]
-    if col == "state":
-        return f"<td><span class='st' style='background:{STATE_COLORS.get(row.label, GREY)}'>{_esc(value)}</span></td>"
-    if col == "exit" and value:
-        return f"<td title='{_esc(row.exit_title)}'>{_esc(value)}</td>"
-    if col == "last line":
-        return f"<td class='ll' title='{_esc(value)}'>{_esc(value)}</td>" if value else "<td class='ll'></td>"
-    return f"<td>{_esc(value)}</td>"
-
-
-def ranks_html(s: Snapshot) -> str:
-    """The rank table. Cell styles live in one scoped <style> (64 rows stay ~15 kB); colours are inline, so they survive sanitizers."""
-    rows = rank_rows(s)
-    cols = row_columns(rows)
-    head = "".join(f"<th>{c}</th>" for c in cols)
-    body = "".join(
-        f"<tr data-rank='{row.rank}' data-state='{_esc(row.label)}'>" + "".join(_cell_html(row, c) for c in cols) + "</tr>" for row in rows
-    )
-    return (
-        "<div class='ddp-status-ranks' style='max-height:20em;overflow:auto;line-height:1.4'>"
-        f"<style>{RANKS_CSS}</style>"
-        f"<table style='font-size:12px;border-collapse:collapse'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
-    )
-
-
-def ranks_text(s: Snapshot) -> List[str]:
-    rows = rank_rows(s)
-    return table_text([row.cells for row in rows], row_columns(rows))
-
-
-# ---------------------------------------------------------------- the env section
-def env_html(s: Snapshot) -> str:
-    table = env_table_html(s.envs, list(DIST_VARS)) if s.envs else ""
-    digest = f"<div style='font-family:monospace'>{_esc(env_digest(s.envs, list(DIST_VARS)))}</div>" if s.envs else ""
-    return (
-        f"<div class='ddp-status-env' style='font-size:12px;line-height:1.4'>{verdict_html(s.checks)} — {len(s.checks)} checks of the env each rank received"
-        f"{checks_html(s.checks)}<div style='margin-top:4px'><b>Variables each rank received</b></div>{digest}{table}</div>"
-    )
-
-
-def env_text(s: Snapshot) -> List[str]:
-    """The checks that did not pass, and the env in one line (plus a table of what varies oddly by rank)."""
-    lines = []
-    if s.checks:
-        bad = [c for c in s.checks if not c.ok]
-        lines.append(f"{checks_verdict(s.checks)}: {len(s.checks) - len(bad)} of {len(s.checks)} checks passed")
-        lines += checks_text(bad)
-    envs = s.envs
-    if envs:
-        lines.append("env: " + env_digest(envs, list(DIST_VARS)))
-        by_rank = [str(i) for i in range(len(envs))]
-        varying = [c for c in DIST_VARS if len({e.get(c) for e in envs}) > 1 and [e.get(c) for e in envs] != by_rank]
-        if varying:
-            lines += table_text(envs, ["RANK"] + [c for c in varying if c != "RANK"])
-    return lines
-
-
-# ---------------------------------------------------------------- the whole view, and how the cell ended
-def static_text(s: Snapshot) -> str:
-    """The plain-text form of everything the widget shows (terminals, repr)."""
-    lines = [TEXT_PREFIX + summary(s)]
-    lines += ["  " + line for line in ranks_text(s)]
-    lines += [f"  {t}" for t in s.notices[-3:]]
-    lines += ["  " + line for line in env_text(s)]
-    return "\n".join(lines)
-
-
-def brief_html(s: Snapshot) -> str:
-    """The summary line alone: a quick cell's placeholder costs little."""
-    return f"<div class='ddp-status' style='{FONT}'>{header_html(s)}</div>"
-
-
-def static_html(s: Snapshot) -> str:
-    """The summary with the rank table and the env checks behind <details>: renders without a widget manager."""
-    return (
-        f"<div class='ddp-status' style='{FONT}'>{header_html(s)}"
-        f"<details><summary style='cursor:pointer;font-size:12px'>Ranks</summary>{ranks_html(s)}</details>"
-        f"<details><summary style='cursor:pointer;font-size:12px'>Env validation</summary>{env_html(s)}</details></div>"
-    )
-
-
-def final_text(s: Snapshot) -> str:
-    """What a terminal shows when the cell ends: the summary and any check that did not pass."""
-    lines = [TEXT_PREFIX + summary(s)]
-    lines += ["  " + line for line in checks_text([c for c in s.checks if not c.ok])]
-    return "\n".join(lines)
-
-
+# ---------------------------------------------------------------- how the cell ended
 def verdict(outcome: Any, error: Optional[BaseException]) -> Tuple[bool, str]:
     """Whether the cell succeeded, and why not in a few words (its first failure, or the error)."""
     if outcome is not None:
@@ -397,3 +304,9 @@ def verdict(outcome: Any, error: Optional[BaseException]) -> Tuple[bool, str]:
         first = (str(error).strip().splitlines() or [""])[0]
         return False, clean_line(f"{type(error).__name__}: {first}" if first else type(error).__name__, 100)
     return False, "the cell did not finish"
+
+
+def root_rank(outcome: Any) -> Optional[int]:
+    """The rank whose failure explains the others (the policy lists it first)."""
+    failures = list(getattr(outcome, "failures", []) or [])
+    return getattr(failures[0], "rank", None) if failures else None

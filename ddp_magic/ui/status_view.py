@@ -22,26 +22,35 @@ Updates are throttled: events only mark the view dirty. A change of state is
 rendered at most once per ``min_interval`` (default 0.2 s); printed lines alone
 (the "last line" column) at most once per ``refresh`` (default 1 s), the pace
 at which the elapsed times move anyway. Each render is a couple of widget
-messages, sent by the event that finds its interval elapsed or by a small
-ticker thread that sleeps until the next render is due, so a long training
+messages, sent by the event that finds its interval elapsed or by the kernel's
+one ticker thread (ticker.py) that sleeps until the next render is due, so a long training
 cell costs the kernel about one wake-up a second. ``finish()`` always renders
 the final state.
 """
 from __future__ import annotations
 
-import contextvars
 import functools
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, cast
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, TypeVar, cast
 
 from ..kernel import Listener, RankInfo
+from ..kernel.policy import causes
 from ..logs import log
-from ..plan import DIST_VARS, Check, Plan, plan_checks
+from ..plan import Check, Plan
 from ..states import RankState
 from . import status_render as R
+from . import status_tables as T
+from .progress import LiveLines
 from .status_display import Bundle, make_display
+from .status_facts import PlanFacts
+from .ticker import TICKER
+
+# Extra sections of every view (e.g. a metrics chart): each factory gets the new view and returns a
+# status_render.Section, or None when it has nothing to show for this cell. A section whose data
+# changes calls ``view.changed()``; the view renders it (throttled) in the live body and in the static form.
+SECTION_FACTORIES: List[Callable[["StatusView"], Optional[R.Section]]] = []
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,7 +82,7 @@ def _says(render: Callable[[R.Snapshot], str]) -> Callable[["StatusView"], str]:
     return method
 
 
-class StatusView(Listener):
+class StatusView(PlanFacts, Listener):
     """Live per-rank status of one %%ddp cell; ``mode`` is widget, html, text or off (see status_display.py)."""
 
     def __init__(
@@ -126,44 +135,22 @@ class StatusView(Listener):
         self._last_render = float("-inf")
         self._lock = threading.RLock()
         self._stop = threading.Event()
-        self._wake = threading.Event()  # the ticker's sleep ends early: something is due sooner
-        self._thread: Optional[threading.Thread] = None
         self._display_id: Optional[str] = None
         self.shown = False
         self._error: Optional[str] = None
+        self._attach()
         if pool is not None and getattr(pool, "started", False):
             for r, info in dict(getattr(pool, "ranks", {}) or {}).items():  # a running pool: its ranks as they are now
                 self.infos[r] = info
                 self._labels[r] = R.state_label(info)
 
     # ------------------------------------------------------------ facts
-    @property
-    def plan(self) -> Optional[Plan]:
-        if self._pool is not None:
-            return getattr(self._pool, "plan", self._plan)
-        return self._plan
-
-    @property
-    def backend(self) -> str:
-        plan = self.plan
-        return plan.backend if plan is not None else ""
-
-    @property
-    def checks(self) -> List[Check]:
-        """The checks of the pool's plan, computed once per plan."""
-        if self._fixed_checks is not None:
-            return self._fixed_checks
-        plan = self.plan
-        if plan is None:
-            return []
-        if self._checks_for != plan.run_id:
-            try:
-                self._checks = plan_checks(plan, started=bool(getattr(self._pool, "started", False)))
-            except Exception as e:  # a check must never break a cell
-                log.debug("the status view could not run the env checks", exc_info=True)
-                self._checks = [Check("env checks", False, f"could not run: {type(e).__name__}: {e}", level="warning")]
-            self._checks_for = plan.run_id
-        return self._checks
+    def _attach(self) -> None:
+        """The live lines, the root cause and the extra sections: what the view adds to the pool's own facts."""
+        self.live_lines = LiveLines()  # each rank's line now and its tqdm bar, from its raw output
+        self.root: Optional[int] = None  # the rank whose failure explains the others
+        self.stopped: FrozenSet[int] = frozenset()  # ranks stopped or released because of it, once the cell ended
+        self.sections: List[R.Section] = [sec for sec in (f(self) for f in SECTION_FACTORIES) if sec is not None]
 
     def label(self, rank: int) -> R.Label:
         info = self.infos.get(rank)
@@ -177,19 +164,18 @@ class StatusView(Listener):
         return measured if isinstance(measured, (int, float)) else self.started_in
 
     def elapsed(self) -> float:
+        """The run clock: from the cell reaching the ranks (0 before), the same definition everywhere."""
         if self.elapsed_final is not None:
             return self.elapsed_final
-        return self.clock() - (self._run_t0 if self._run_t0 is not None else self.started_at)
+        return self.clock() - self._run_t0 if self._run_t0 is not None else 0.0
 
-    def _rank_envs(self) -> List[Dict[str, str]]:
-        """The DIST_VARS each rank of the plan receives, computed once per plan."""
-        plan = self.plan
-        if plan is None:
-            return []
-        if self._envs_for != plan.run_id:
-            self._envs = [{k: v for k, v in env.items() if k in DIST_VARS} for env in plan.all_envs()]
-            self._envs_for = plan.run_id
-        return self._envs
+    def starting_for(self) -> Optional[float]:
+        """The start clock, while the pool starts for this cell (None once the cell runs, or with a pool already up)."""
+        if self._run_t0 is not None or self.finished:
+            return None
+        if any(self.label(r) in (RankState.STARTING, RankState.CONNECTING) for r in R.all_ranks(self.nproc, self.infos)):
+            return self.clock() - self.started_at
+        return None
 
     def snapshot(self) -> R.Snapshot:
         """What the view shows now, for the renderer."""
@@ -206,6 +192,12 @@ class StatusView(Listener):
             ok=bool(self.result_ok),
             note=self.result_note,
             started_in=self.start_seconds(),
+            starting_for=self.starting_for(),
+            root=self.root,
+            stopped=self.stopped,
+            lines=dict(self.live_lines.lines),
+            bars=dict(self.live_lines.bars) if not self.finished else {},
+            sections=list(self.sections),
         )
 
     # ------------------------------------------------------------ listener events
@@ -216,6 +208,8 @@ class StatusView(Listener):
         if self._labels.get(info.rank) != label:
             self._labels[info.rank] = label
             self.history.append((info.rank, label))
+        if label in R.ROOT_CAUSES and self.root is None:
+            self.root = info.rank
         if label == RankState.RUNNING and self._run_t0 is None:
             self._run_t0 = info.started if info.started else self.clock()
         if label == RankState.READY:
@@ -224,6 +218,13 @@ class StatusView(Listener):
 
     @_guarded
     def on_output(self, rank: int, stream: str, text: str) -> None:
+        self.live_lines.feed(rank, stream, text)
+        if self.shown and self._display_id is None and self.display.live:  # stay above the ranks' output
+            self._display_id = getattr(self._put(self.display.placeholder()), "display_id", None)
+        self._changed(urgent=False)
+
+    def changed(self) -> None:
+        """Something an extra section shows changed: render it within the refresh interval."""
         self._changed(urgent=False)
 
     @_guarded
@@ -235,7 +236,7 @@ class StatusView(Listener):
         """The view broke: stop updating it, never the cell."""
         self._error = f"{type(e).__name__}: {e}"
         self._stop.set()
-        self._wake.set()
+        TICKER.remove(self)
         try:
             print(f"ddp_magic: the status view stopped updating ({self._error})", file=sys.stderr)
         except Exception:
@@ -252,7 +253,7 @@ class StatusView(Listener):
         if self.clock() - self._last_render >= (self.min_interval if self._dirty else self.refresh):
             self.render()
         elif urgent:
-            self._wake.set()  # the ticker may be sleeping until a later moment
+            TICKER.wake()  # the ticker may be sleeping until a later moment
 
     def render(self) -> None:
         """Bring the page up to date now (the display may hold it back: the view stays dirty then)."""
@@ -276,16 +277,15 @@ class StatusView(Listener):
             return self._last_render + self.refresh
         return self.clock() + self.refresh  # nothing moves: look again later (an event wakes it sooner)
 
-    def _tick_loop(self) -> None:
-        while not self._stop.is_set():
-            self._tick()
+    def next_render(self) -> float:
+        return self._next_render()
 
     @_guarded
-    def _tick(self) -> None:
-        self._wake.wait(max(0.0, min(self._next_render() - self.clock(), self.refresh)))
-        self._wake.clear()
-        if not self._stop.is_set() and self.clock() >= self._next_render():
-            self.render()
+    def tick(self) -> None:
+        """The shared ticker (ticker.py) found a render due."""
+        with self._lock:  # finish() sets _stop under the same lock
+            if not self._stop.is_set() and self.clock() >= self._next_render():
+                self.render()
 
     # ------------------------------------------------------------ display
     def show(self) -> "StatusView":
@@ -300,25 +300,25 @@ class StatusView(Listener):
         if self.display.live:
             self._last_render = self.clock()
             if self.use_ticker:
-                ctx = contextvars.copy_context()  # comm messages keep the cell as their parent
-                self._thread = threading.Thread(target=ctx.run, args=(self._tick_loop,), name="ddp-status", daemon=True)
-                self._thread.start()
+                TICKER.add(self)  # renders in this context: comm messages keep the cell as their parent
         return self
 
     def finish(self, outcome: Any = None, error: Optional[BaseException] = None) -> None:
         """The cell ended: render the final state, collapse to the one-line summary, leave a static copy."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2)
+        with self._lock:  # a tick renders under the lock too: once this holds, no tick renders again
+            self._stop.set()
+        TICKER.remove(self)
         if self.finished:
             return
         self.finished = True
         self.result_ok, self.result_note = R.verdict(outcome, error)
+        self.root = R.root_rank(outcome) if outcome is not None else self.root
+        found = causes(list(getattr(outcome, "failures", None) or []))
+        self.stopped = frozenset(r for r, (_, cause) in found.items() if cause == "stopped")
         if outcome is not None:
             self.elapsed_final = getattr(outcome, "elapsed", None)
         if self.elapsed_final is None:
-            self.elapsed_final = self.clock() - (self._run_t0 if self._run_t0 is not None else self.started_at)
+            self.elapsed_final = self.clock() - self._run_t0 if self._run_t0 is not None else 0.0
         self._settle()
 
     @_guarded
@@ -337,8 +337,11 @@ class StatusView(Listener):
         self._put(bundle)
 
     def replace(self, bundle: Bundle) -> None:
-        """Replace what the view put at the top of the cell (no-op before it was shown)."""
+        """Replace what the view put at the top of the cell; the first time, put it there (a quick cell's one message)."""
+        if not self.shown:
+            return
         if self._display_id is None:
+            self._display_id = getattr(self._put(bundle), "display_id", None)
             return
         if self._update_fn is not None:
             self._update_fn(bundle, raw=True, display_id=self._display_id)
@@ -355,7 +358,7 @@ class StatusView(Listener):
         the first and the final bundle carry the same MIME types, so a notebook
         checker that sees only the first one (nbval) compares like with like.
         """
-        data: Bundle = {"text/html": R.static_html(self.snapshot())}
+        data: Bundle = {"text/html": T.static_html(self.snapshot())}
         if widget:
             data.update(self.display.widget_bundle())
         return data
@@ -363,10 +366,10 @@ class StatusView(Listener):
     # ------------------------------------------------------------ what it says (status_render.py, of the snapshot now)
     summary = _says(R.summary)
     header_html = _says(R.header_html)
-    ranks_html = _says(R.ranks_html)
-    env_html = _says(R.env_html)
-    static_html = _says(R.static_html)
-    static_text = _says(R.static_text)
+    ranks_html = _says(T.ranks_html)
+    env_html = _says(T.env_html)
+    static_html = _says(T.static_html)
+    static_text = _says(T.static_text)
 
     def _repr_html_(self) -> str:
         return self.static_html()

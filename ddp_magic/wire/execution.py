@@ -9,8 +9,9 @@ from __future__ import annotations
 import ast
 import linecache
 import os
+import re
 import traceback
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 
 def split_last_expression(source: str, filename: str) -> Tuple[ast.Module, Optional[ast.Expression]]:
@@ -79,3 +80,32 @@ def syntax_error_text(err: SyntaxError) -> str:
     if stripped.startswith(("%", "!")):
         hint = "\nIPython magics and ! shell commands do not run on the workers; use plain Python in a %%ddp cell."
     return f"{err.msg} ({where})\n    {line.strip()}{caret}{hint}"
+
+
+# ---------------------------------------------------------------- what the kernel shows of a traceback
+_CELL_FRAME = re.compile(r'^(\s*)File "<ddp-cell-([^>]+)>", line (\d+), in (.+)$', re.M)
+
+
+def name_cells(text: str, numbers: Mapping[str, Optional[int]]) -> str:
+    """A traceback's frames in the cells named as IPython names its own: ``Cell In[10], line 5`` for ``<ddp-cell-L>``.
+
+    ``numbers``: a cell label (the session's) -> the prompt number the front end shows for it (IPython's
+    execution count); a label it lacks keeps its ``<ddp-cell-L>`` name."""
+
+    def frame(m: "re.Match[str]") -> str:
+        indent, label, line, func = m.groups()
+        number = numbers.get(label)
+        if number is None:
+            return m.group(0)
+        return f"{indent}Cell In[{number}], line {line}" + ("" if func == "<module>" else f", in {func}")
+
+    return _CELL_FRAME.sub(frame, text)
+
+
+def group_places(places: Mapping[int, str]) -> str:
+    """Ranks at one place said once: {0: 'at cell line 5: f(x)', 2: 'at cell line 5: f(x)', 1: 'raised'} ->
+    'ranks 0, 2 at cell line 5: f(x); rank 1 raised'."""
+    by_place: Dict[str, List[int]] = {}
+    for rank in sorted(places):
+        by_place.setdefault(places[rank], []).append(rank)
+    return "; ".join(f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} {place}" for place, ranks in by_place.items())

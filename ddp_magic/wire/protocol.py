@@ -41,6 +41,10 @@ KILL = "kill"            # kernel -> worker: exit now, whatever the main thread 
 INPUT = "input"          # worker -> kernel: read a line for this rank (id, prompt, password); kernel -> worker: the reply (id, text or eof)
 DEBUG = "debug"          # worker -> kernel: the rank entered (on=True) or left its debugger
 HOLD = "hold"            # kernel -> worker: some rank debugs or waits for input (on): collective waits do not count as hangs
+ABORT = "abort"          # kernel -> worker: release every collective wait by aborting the process group (why)
+REFORM = "reform"        # kernel -> worker: form a new default group (gen, store); worker -> kernel: done (ok, seconds, swapped, stale)
+METRICS = "metrics"      # worker -> kernel: rows of ddp_magic.log(step, **scalars), buffered, in order (procs/rank_metrics.py)
+PROFILE = "profile"      # kernel -> worker: run the next cell under torch.profiler (procs/rank_profile.py); its DONE carries the trace
 
 # The cell %ddp_debug runs on every rank: pdb on ``rank``'s kept traceback, nothing on the others (procs/rank_debug.py).
 POST_MORTEM_SOURCE = '__import__("ddp_magic.procs.rank_debug", fromlist=["post_mortem"]).post_mortem({rank})'

@@ -1,12 +1,13 @@
 """The pool's files in /dev/shm: one name prefix per pool, every file private (0600), swept by whoever outlives the ranks.
 
-Two kinds of file: the process group's FileStore (``<prefix>store-<run id>``, and
-``.N`` for a group a cell re-formed) and large results on their way to the kernel
-(``<prefix>r<rank>-<random>``, transfer.py). The prefix names the kernel's pid
+Three kinds of file: the process group's FileStore (``<prefix>store-<run id>``, and
+``.N`` for a group a cell re-formed), large results on their way to the kernel
+(``<prefix>r<rank>-<random>``, transfer.py), and notebook data on its way to the ranks
+(``<prefix>n-<random>``, notebook_data.py; one prefix per session, as its files outlive pools). The prefix names the kernel's pid
 namespace, its pid and a token per Pool, so every path finds them by name:
 
 - the kernel removes its pool's files after every stop, restart and teardown (the ranks are gone then);
-- the template removes them when the kernel goes, even SIGKILLed (forkserver.py);
+- the template removes them when the kernel goes, even SIGKILLed (forkserver.py), and then every file named after that kernel;
 - a rank killed mid-write leaves a half-written file that the pool's next teardown removes;
 - a starting pool removes the files of dead kernels of this pid namespace (a spawn pool whose kernel was SIGKILLed).
 
@@ -48,7 +49,12 @@ def owner(name: str) -> Optional[Tuple[int, int]]:
 
 def result_prefix(rank: int) -> str:
     """On a rank: the prefix of its result files (the pool's, or the bare one outside a pool)."""
-    return os.environ.get(ENV, SHM_PREFIX) + f"r{rank}-"
+    return rank_prefix(os.environ.get(ENV, SHM_PREFIX), rank)
+
+
+def rank_prefix(pool: str, rank: int) -> str:
+    """The prefix of one rank's files in a pool: what a rank that died alone may have left half written."""
+    return pool + f"r{rank}-"
 
 
 def create_private(path: str, fresh: bool = False) -> None:
@@ -107,6 +113,16 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:  # someone else's process
         return True
     return True
+
+
+def remove_kernel_files(kernel_pid: int, shm_dir: str = SHM_DIR) -> List[str]:
+    """Remove every file of one kernel of this pid namespace (call once it is dead): its pools' and its notebook data."""
+    ns = pid_namespace()
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return []
+    return [os.path.join(shm_dir, n) for n in names if owner(n) == (ns, kernel_pid) and remove(os.path.join(shm_dir, n))]
 
 
 def remove_orphans(shm_dir: str = SHM_DIR) -> List[str]:

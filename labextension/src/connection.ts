@@ -25,6 +25,9 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import * as M from './model';
 
+/** How long a comm_info question over a subshell may go unanswered before the next one may be asked. */
+const PROBE_TIMEOUT_MS = 10000;
+
 export class PoolConnection implements IDisposable {
   constructor(sessionContext: ISessionContext, version: string) {
     this._session = sessionContext;
@@ -74,25 +77,35 @@ export class PoolConnection implements IDisposable {
     if (!kernel || this._comm || this._disposed) {
       return;
     }
-    if (this._probing) {
-      // one question at a time; ask again when this one is answered (it may predate %load_ext)
-      this._reprobe = this._reprobe === null ? overSubshell : this._reprobe || overSubshell;
+    // A question on the main shell waits for the running cells (Run All: all of them); one over a
+    // subshell is answered at once. So one of each may be in flight: a main-shell question asked
+    // before Run All must not hold back the subshell question asked after its %load_ext cell.
+    const way: 'main' | 'sub' = overSubshell && kernel.supportsSubshells ? 'sub' : 'main';
+    if (this._asking[way]) {
+      this._reprobe = this._reprobe === null ? overSubshell : this._reprobe || overSubshell; // ask again once answered
       return;
     }
-    this._probing = true;
+    this._asking[way] = true;
+    const round = this._probeRound;
     try {
-      if ((await this._hasTarget(kernel, overSubshell)) && kernel === this._kernel() && !this._comm && !this._disposed) {
+      const asked = this._hasTarget(kernel, way === 'sub');
+      // a subshell answers at once; one that does not (the kernel restarted meanwhile) must not block the next question
+      const late = new Promise<boolean>((_, reject) => setTimeout(() => reject(new Error('no answer')), PROBE_TIMEOUT_MS));
+      const found = await (way === 'sub' ? Promise.race([asked, late]) : asked);
+      if (found && round === this._probeRound && kernel === this._kernel() && !this._comm && !this._disposed) {
         this._openComm(kernel);
         void this._dropSubshell();
       }
     } catch (e) {
       // a kernel that went away while we asked: the next status change probes again
     } finally {
-      this._probing = false;
+      if (round === this._probeRound) {
+        this._asking[way] = false;
+      }
     }
     const again = this._reprobe;
     this._reprobe = null;
-    if (again !== null && !this._comm) {
+    if (again !== null && !this._comm && round === this._probeRound) {
       await this.probe(again);
     }
   }
@@ -259,6 +272,8 @@ export class PoolConnection implements IDisposable {
   private _onKernelChanged(): void {
     this._comm = null; // the old kernel's comm is gone with it
     this._subshell = null;
+    this._probeRound++;
+    this._asking = { main: false, sub: false };
     this._mainBusy = false;
     this._sessionStatus = this._kernel()?.status ?? 'unknown';
     this._rejectAll('the kernel changed');
@@ -289,6 +304,9 @@ export class PoolConnection implements IDisposable {
     if (next === 'restarting' || next === 'autorestarting' || next === 'dead') {
       this._comm = null;
       this._subshell = null; // a restarted kernel has no subshells
+      this._probeRound++; // a question in flight is never answered by the new kernel
+      this._asking = { main: false, sub: false };
+      this._reprobe = null;
       this._rejectAll(`the kernel is ${next === 'dead' ? 'dead' : 'restarting'}`);
     }
     this._set(M.withKernelStatus(this._state, next));
@@ -334,7 +352,8 @@ export class PoolConnection implements IDisposable {
   private _state: M.IUIState = M.initialState();
   private _changed = new Signal<this, void>(this);
   private _comm: Kernel.IComm | null = null;
-  private _probing = false;
+  private _asking = { main: false, sub: false }; // a comm_info question in flight on the main shell, over a subshell
+  private _probeRound = 0; // bumped when the kernel restarts or changes: questions in flight are abandoned
   private _reprobe: boolean | null = null; // a probe asked for while one was in flight (over a subshell?)
   private _sessionStatus: Kernel.Status = 'unknown';
   private _mainBusy = false; // the main shell runs an execute_request (from iopub status messages)

@@ -17,7 +17,7 @@ import { DocumentRegistry } from '@jupyterlab/docregistry';
 import { IMainMenu } from '@jupyterlab/mainmenu';
 import { INotebookModel, INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
-import { LabIcon, ToolbarButton } from '@jupyterlab/ui-components';
+import { LabIcon, listIcon, stopIcon, ToolbarButton } from '@jupyterlab/ui-components';
 import { DisposableDelegate, IDisposable } from '@lumino/disposable';
 import { Menu, Widget } from '@lumino/widgets';
 
@@ -133,14 +133,10 @@ async function runOp(tracker: ConnectionTracker, op: 'restart' | 'stop' | 'env')
       return null;
     }
   }
-  const id = Notification.emit(
-    policy.mode === 'waits' ? `${label}: waits for the running cell to end…` : `${label}…`,
-    'in-progress',
-    { autoClose: false }
-  );
+  const progress = new Progress(policy.mode === 'waits' ? `${label}: waits for the running cell to end…` : `${label}…`);
   try {
     const reply = await conn.request(op);
-    Notification.update({ id, message: M.replyText(reply), type: reply.ok ? 'success' : 'error', autoClose: reply.ok ? 4000 : 10000 });
+    progress.done(M.replyText(reply), reply.ok ? 'success' : 'error', reply.ok ? 4000 : 10000);
     if (op === 'env' && reply.ok && reply.report) {
       void showDialog({
         title: reply.report.title ?? '%ddp_env',
@@ -150,9 +146,37 @@ async function runOp(tracker: ConnectionTracker, op: 'restart' | 'stop' | 'env')
     }
     return reply;
   } catch (e) {
-    Notification.update({ id, message: `${label}: ${(e as Error).message}`, type: 'error', autoClose: 10000 });
+    progress.done(`${label}: ${(e as Error).message}`, 'error', 10000);
     return null;
   }
+}
+
+/**
+ * A progress toast that never outlives its result. It appears only if the reply takes longer than
+ * PROGRESS_DELAY_MS (a fast reply shows just the result), and the result is a new toast with the
+ * spinning one dismissed: updating a toast in place can be lost when the reply races the toast's
+ * first render, which left it spinning after the result had arrived.
+ */
+const PROGRESS_DELAY_MS = 400;
+
+class Progress {
+  constructor(message: string) {
+    this._timer = window.setTimeout(() => {
+      this._id = Notification.emit(message, 'in-progress', { autoClose: false });
+    }, PROGRESS_DELAY_MS);
+  }
+
+  done(message: string, type: 'success' | 'error', autoClose: number): void {
+    window.clearTimeout(this._timer);
+    if (this._id !== null) {
+      Notification.dismiss(this._id);
+      this._id = null;
+    }
+    Notification.emit(message, type, { autoClose });
+  }
+
+  private _timer: number;
+  private _id: string | null = null;
 }
 
 class ToolbarMenu implements DocumentRegistry.IWidgetExtension<NotebookPanel, INotebookModel> {
@@ -229,12 +253,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
     commands.addCommand(CommandIDs.stop, {
       label: () => (policyOf('stop').mode === 'waits' ? 'Stop DDP Pool (waits for the running cell)' : 'Stop DDP Pool'),
       caption: () => caption('stop', 'Stop every rank of the pool; the next %%ddp -n N cell starts a new one'),
+      icon: stopIcon,
       isEnabled: () => policyOf('stop').mode !== 'refused',
       execute: () => runOp(tracker, 'stop')
     });
     commands.addCommand(CommandIDs.env, {
       label: () => (policyOf('env').mode === 'waits' ? 'Show %ddp_env (waits for the running cell)' : 'Show %ddp_env'),
       caption: () => caption('env', 'The env each rank sees, read live from the workers, with its checks'),
+      icon: listIcon,
       isEnabled: () => policyOf('env').mode !== 'refused',
       execute: () => runOp(tracker, 'env')
     });

@@ -8,6 +8,7 @@
  * The kernel side is ddp_magic/ui/labcomm.py; its messages on the "ddp_magic" comm:
  *   {type: "snapshot", seq, version, pool: PoolSnapshot | null, notice?, final}
  *   {type: "reply", id, op, ok, message, error?, report?}
+ *   {type: "metrics", session, final, cell, names, ranks, rows, series, summary}  (ddp_magic.log's chart data)
  */
 
 /** The comm target the IPython extension registers (ddp_magic/ui/labcomm.py TARGET). */
@@ -51,7 +52,13 @@ export interface IRankSnapshot {
   elapsed: number; // seconds, at the time the snapshot was sent
   memory: number | null; // bytes
   last_line: string;
+  /** After a failed %%ddp cell (ddp_magic/ui/labsnap.py): the failure's kind, and whether it is the root cause. */
+  kind?: FailureKind;
+  cause?: Cause;
 }
+
+/** "root": the failure that explains the cell's others; "stopped": ddp_magic interrupted or stopped the rank because of it. */
+export type Cause = 'root' | 'stopped';
 
 export interface IPoolSnapshot {
   nproc: number;
@@ -62,7 +69,8 @@ export interface IPoolSnapshot {
   generation: number;
   master_addr: string;
   master_port: number;
-  start_method: string;
+  start_method: string; // the method used: "fork" for "auto" on Linux
+  start_method_asked?: string; // what the spec said ("auto")
   start_seconds: number | null;
   ranks: IRankSnapshot[];
   checks: ICheck[];
@@ -141,6 +149,10 @@ export interface IUIState {
   pending: IPending[];
   lastReply: IReplyMsg | null;
   notices: string[];
+  /** The chart data of the last cell that logged anything with ddp_magic.log (what %ddp metrics gives). */
+  metrics: IMetricsMsg | null;
+  /** A snapshot showed a cell running since that chart came: live data after its final picture is a new cell's. */
+  cellSinceMetrics: boolean;
 }
 
 export function initialState(): IUIState {
@@ -151,7 +163,9 @@ export function initialState(): IUIState {
     receivedAt: 0,
     pending: [],
     lastReply: null,
-    notices: []
+    notices: [],
+    metrics: null,
+    cellSinceMetrics: false
   };
 }
 
@@ -170,7 +184,11 @@ export function applyMessage(state: IUIState, data: unknown, now: number): IUISt
       return state; // an older snapshot overtaken by a newer one
     }
     const notices = snap.notices && snap.notices.length ? snap.notices.slice(-5) : state.notices;
-    return { ...state, connected: true, snapshot: snap, receivedAt: now, notices };
+    // a cell (or a start) after the last reply: that reply's message is history, not the news
+    const running = !!snap.pool && (snap.pool.ranks || []).some(isActive);
+    const lastReply = running ? null : state.lastReply;
+    const cellSinceMetrics = state.cellSinceMetrics || running;
+    return { ...state, connected: true, snapshot: snap, receivedAt: now, notices, lastReply, cellSinceMetrics };
   }
   if (msg.type === 'queued') {
     const q = data as IQueuedMsg;
@@ -178,6 +196,10 @@ export function applyMessage(state: IUIState, data: unknown, now: number): IUISt
       ...state,
       pending: state.pending.map(p => (p.id === q.id ? { ...p, waits: true, queued: true } : p))
     };
+  }
+  if (msg.type === 'metrics') {
+    const m = parseMetrics(data);
+    return m && takesOver(state.metrics, m, state.cellSinceMetrics) ? { ...state, metrics: m, cellSinceMetrics: false } : state;
   }
   if (msg.type === 'reply') {
     const reply = data as IReplyMsg;
@@ -206,20 +228,59 @@ export function withRequest(state: IUIState, pending: IPending): IUIState {
   return { ...state, pending: [...state.pending, pending] };
 }
 
+/** The comm closed or the kernel changed: what the kernel told us is gone with it (the chart too: %ddp metrics is). */
 export function disconnected(state: IUIState): IUIState {
-  return { ...state, connected: false, snapshot: null, pending: [] };
+  return { ...state, connected: false, snapshot: null, pending: [], metrics: null };
 }
 
 // ------------------------------------------------------------------ formatting
 
-/** 12 -> "0:12", 75 -> "1:15", 3725 -> "1:02:05". */
-export function formatClock(seconds: number): string {
-  const s = Math.max(0, Math.floor(seconds));
-  const h = Math.floor(s / 3600);
-  const m = Math.floor((s % 3600) / 60);
-  const sec = s % 60;
+/**
+ * Seconds as the cell's status view writes them (ddp_magic/ui/status_render.py fmt_seconds;
+ * tests/labextension/test_model_mirror.py checks the two agree): "<1 ms", "35 ms", "10.09 s", "1 m 05 s", "1 h 02 m".
+ */
+export function fmtSeconds(seconds: number | null | undefined): string {
+  if (seconds === null || seconds === undefined) {
+    return '';
+  }
+  if (seconds < 0.001) {
+    return '<1 ms';
+  }
+  if (seconds < 1) {
+    return `${pyRound(seconds * 1000)} ms`; // Python's f"{x:.0f}": half to even
+  }
+  if (seconds < 60) {
+    return `${pyFixed2(seconds)} s`;
+  }
+  const total = pyRound(seconds);
   const pad = (n: number) => (n < 10 ? `0${n}` : `${n}`);
-  return h > 0 ? `${h}:${pad(m)}:${pad(sec)}` : `${m}:${pad(sec)}`;
+  const m = Math.floor(total / 60);
+  const sec = total % 60;
+  if (m < 60) {
+    return `${m} m ${pad(sec)} s`;
+  }
+  return `${Math.floor(m / 60)} h ${pad(m % 60)} m`;
+}
+
+/** Python's round() of a float to an int: halves to even. */
+function pyRound(x: number): number {
+  const f = Math.floor(x);
+  const d = x - f;
+  return d > 0.5 || (d === 0.5 && f % 2 === 1) ? f + 1 : f;
+}
+
+/**
+ * Python's f"{x:.2f}". toFixed rounds the exact binary value too, and differs only on exact ties
+ * (x a multiple of 1/8, e.g. 0.125), where Python rounds half to even and toFixed up.
+ */
+function pyFixed2(x: number): string {
+  if (Number.isInteger(x * 8) && !Number.isInteger(x * 100)) {
+    const scaled = x * 100; // exact for multiples of 1/8
+    if (scaled - Math.floor(scaled) === 0.5) {
+      return (pyRound(scaled) / 100).toFixed(2);
+    }
+  }
+  return x.toFixed(2);
 }
 
 export function formatBytes(n: number | null | undefined): string {
@@ -253,10 +314,16 @@ const SIGNALS: Record<number, string> = {
   15: 'SIGTERM'
 };
 
-/** The word shown for a rank's state: "dead" becomes "killed (SIGKILL)" or "died (exit 3)". */
-export function rankStateLabel(r: IRankSnapshot): string {
+/** The word shown for a rank's state: "dead" becomes "killed (SIGKILL)" or "died (exit 3)"; stopped by ddp_magic, "stopped". */
+export function rankStateLabel(r: IRankSnapshot, cause: Cause | null = r.cause ?? null): string {
+  if (r.state === 'failed' && cause === 'stopped') {
+    return 'aborted'; // it raised because the root cause broke its collective (a peer went away)
+  }
   if (r.state !== 'dead') {
     return r.state;
+  }
+  if (cause === 'stopped') {
+    return 'stopped';
   }
   if (r.exit_code === null || r.exit_code === undefined) {
     return 'died';
@@ -269,6 +336,35 @@ export function rankStateLabel(r: IRankSnapshot): string {
 
 const ACTIVE: readonly RankState[] = ['starting', 'connecting', 'running'];
 const BAD: readonly RankState[] = ['failed', 'dead'];
+const BY_US_SIGNALS = [-15, -9]; // SIGTERM, SIGKILL: how ddp_magic stops a rank that ignores an interrupt
+
+/**
+ * Why each failed rank counts: "root" (the failure that explains the others) or "stopped" (ddp_magic
+ * interrupted or stopped it because of that failure). The kernel says so once the cell has ended
+ * (rank.cause); while it runs, a rank that raised or died on its own is a root cause, and a rank
+ * killed by SIGTERM/SIGKILL beside one is taken as stopped by ddp_magic.
+ */
+export function rankCauses(ranks: IRankSnapshot[]): Map<number, Cause> {
+  const out = new Map<number, Cause>();
+  if (ranks.some(r => r.cause)) {
+    for (const r of ranks) {
+      if (r.cause) {
+        out.set(r.rank, r.cause);
+      } else if (BAD.indexOf(r.state) >= 0) {
+        out.set(r.rank, 'stopped'); // the kernel does not count it among the cell's failures (a rank it released)
+      }
+    }
+    return out;
+  }
+  const killed = (r: IRankSnapshot) => r.state === 'dead' && r.exit_code !== null && BY_US_SIGNALS.indexOf(r.exit_code) >= 0;
+  const own = ranks.filter(r => r.state === 'failed' || (r.state === 'dead' && !killed(r)));
+  for (const r of ranks) {
+    if (BAD.indexOf(r.state) >= 0) {
+      out.set(r.rank, own.length && killed(r) ? 'stopped' : 'root');
+    }
+  }
+  return out;
+}
 
 export function isActive(r: IRankSnapshot): boolean {
   return ACTIVE.indexOf(r.state) >= 0;
@@ -292,7 +388,8 @@ export interface IPhase {
 /** Where the pool is, from its ranks: failures first, then activity, then rest. */
 export function poolPhase(pool: IPoolSnapshot, receivedAt: number, now: number): IPhase {
   const ranks = pool.ranks || [];
-  const bad = ranks.filter(r => BAD.indexOf(r.state) >= 0).map(r => r.rank);
+  const causes = rankCauses(ranks);
+  const bad = ranks.filter(r => causes.get(r.rank) === 'root').map(r => r.rank);
   const active = ranks.filter(isActive);
   const elapsed = active.length ? Math.max(...active.map(r => rankElapsed(r, receivedAt, now))) : null;
   if (active.some(r => r.state === 'running')) {
@@ -307,7 +404,7 @@ export function poolPhase(pool: IPoolSnapshot, receivedAt: number, now: number):
   if (pool.broken) {
     return { phase: 'broken', bad, elapsed: null };
   }
-  if (ranks.some(r => r.state === 'interrupted')) {
+  if (ranks.some(r => r.state === 'interrupted' || causes.get(r.rank) === 'stopped')) {
     return { phase: 'interrupted', bad, elapsed: null };
   }
   if (!pool.started && !ranks.length) {
@@ -337,13 +434,13 @@ export function statusText(state: IUIState, now: number): string | null {
   let tail: string;
   switch (p.phase) {
     case 'running':
-      tail = `running ${formatClock(p.elapsed || 0)}`;
+      tail = `running ${fmtSeconds(p.elapsed || 0)}`;
       if (p.bad.length) {
         tail += ` · ${rankList(p.bad)} failed`;
       }
       break;
     case 'starting':
-      tail = p.elapsed === null ? 'starting' : `starting ${formatClock(p.elapsed)}`;
+      tail = p.elapsed === null ? 'starting' : `starting ${fmtSeconds(p.elapsed)}`;
       break;
     case 'failed':
       tail = `${rankList(p.bad)} failed`;
@@ -382,13 +479,18 @@ export interface IRankRow {
   pid: string;
   device: string;
   state: string;
-  stateClass: string; // css modifier: active | ok | bad | idle
+  stateClass: string; // css modifier: active | ok | bad | warn | idle
+  /** Why the state is what it is, for a tooltip ("stopped by ddp_magic (SIGTERM) after rank 1 failed"). */
+  why: string;
   elapsed: string;
   memory: string;
   lastLine: string;
 }
 
-export function stateClass(r: IRankSnapshot): string {
+export function stateClass(r: IRankSnapshot, cause: Cause | null = r.cause ?? null): string {
+  if (cause === 'stopped') {
+    return 'idle'; // ddp_magic stopped it: neutral, the root cause is the failure
+  }
   if (BAD.indexOf(r.state) >= 0) {
     return 'bad';
   }
@@ -410,18 +512,31 @@ export function rankRows(state: IUIState, now: number): IRankRow[] {
   if (!pool) {
     return [];
   }
-  return [...(pool.ranks || [])]
+  const ranks = pool.ranks || [];
+  const causes = rankCauses(ranks);
+  const roots = ranks.filter(r => causes.get(r.rank) === 'root').map(r => r.rank);
+  return [...ranks]
     .sort((a, b) => a.rank - b.rank)
     .map(r => ({
       rank: r.rank,
       pid: r.pid === null || r.pid === undefined ? '' : String(r.pid),
       device: r.device || '',
-      state: rankStateLabel(r),
-      stateClass: stateClass(r),
-      elapsed: formatClock(rankElapsed(r, state.receivedAt, now)),
+      state: rankStateLabel(r, causes.get(r.rank) ?? null),
+      stateClass: stateClass(r, causes.get(r.rank) ?? null),
+      why: causes.get(r.rank) === 'stopped' ? stoppedWhy(r, roots) : '',
+      elapsed: fmtSeconds(rankElapsed(r, state.receivedAt, now)),
       memory: formatBytes(r.memory),
       lastLine: cleanLine(r.last_line || '')
     }));
+}
+
+/** The tooltip of a rank that failed only because of another one. */
+function stoppedWhy(r: IRankSnapshot, roots: number[]): string {
+  const after = roots.length ? ` after ${rankList(roots)} failed` : '';
+  if (r.state === 'failed') {
+    return `its collective broke${after}: a consequence, not the cause`;
+  }
+  return `stopped by ddp_magic (${rankStateLabel(r, null)})${after}`;
 }
 
 // eslint-disable-next-line no-control-regex
@@ -549,4 +664,247 @@ export function reportColumns(report: IEnvReport): string[] {
     }
   }
   return cols;
+}
+
+// ------------------------------------------------------------------ metrics: ddp_magic.log's chart
+
+/** (step, value); a value the kernel could not put in JSON (NaN, ±inf) is null. */
+export type MetricPoint = [number, number | null];
+
+/** One metric over the ranks (ddp_magic/kernel/metrics.py MetricSummary). */
+export interface IMetricSummary {
+  name: string;
+  last: number | null; // mean over the ranks of each rank's last value
+  last_lo: number | null;
+  last_hi: number | null;
+  min: number | null;
+  mean: number | null;
+  slowest: number | null; // the rank that reached the latest common step last (null: none stands out)
+  lag: number | null; // how much later than the first rank, seconds
+  steps: [number, number];
+}
+
+/** ui/labcomm.py metrics(): the kernel's CellMetrics.payload, at most once a second while a cell logs, once more with final. */
+export interface IMetricsMsg {
+  type: 'metrics';
+  session: string;
+  final: boolean;
+  cell: string;
+  names: string[];
+  ranks: number[];
+  rows: number;
+  series: Record<string, Record<string, MetricPoint[]>>; // metric -> rank (a string, JSON's keys) -> points
+  summary: IMetricSummary[];
+}
+
+const num = (x: unknown): number | null => (typeof x === 'number' && isFinite(x) ? x : null);
+
+/** A metrics message, checked and cleaned (points that are not [number, number|null] dropped); null if it is not one. */
+export function parseMetrics(data: unknown): IMetricsMsg | null {
+  const d = data as Record<string, unknown> | null;
+  if (!d || d.type !== 'metrics' || !Array.isArray(d.names) || !d.names.every(n => typeof n === 'string')) {
+    return null;
+  }
+  const names = d.names as string[];
+  const rawSeries = d.series && typeof d.series === 'object' ? (d.series as Record<string, unknown>) : {};
+  const series: IMetricsMsg['series'] = {};
+  for (const name of names) {
+    const lines = rawSeries[name] && typeof rawSeries[name] === 'object' ? (rawSeries[name] as Record<string, unknown>) : {};
+    series[name] = {};
+    for (const [rank, pts] of Object.entries(lines)) {
+      if (Array.isArray(pts)) {
+        series[name][rank] = pts
+          .filter(p => Array.isArray(p) && num(p[0]) !== null)
+          .map(p => [p[0] as number, num(p[1])] as MetricPoint);
+      }
+    }
+  }
+  const summary: IMetricSummary[] = (Array.isArray(d.summary) ? d.summary : [])
+    .filter(s => s && typeof s === 'object' && typeof (s as IMetricSummary).name === 'string')
+    .map(s => {
+      const r = s as Record<string, unknown>;
+      const steps = Array.isArray(r.steps) ? r.steps : [];
+      return {
+        name: r.name as string,
+        last: num(r.last),
+        last_lo: num(r.last_lo),
+        last_hi: num(r.last_hi),
+        min: num(r.min),
+        mean: num(r.mean),
+        slowest: num(r.slowest),
+        lag: num(r.lag),
+        steps: [num(steps[0]) ?? 0, num(steps[1]) ?? 0]
+      };
+    });
+  return {
+    type: 'metrics',
+    session: String(d.session ?? ''),
+    final: d.final === true,
+    cell: String(d.cell ?? ''),
+    names,
+    ranks: (Array.isArray(d.ranks) ? d.ranks : []).filter(r => num(r) !== null) as number[],
+    rows: num(d.rows) ?? 0,
+    series,
+    summary
+  };
+}
+
+/**
+ * Whether a metrics message replaces the chart shown: the last cell that logged anything stays (as
+ * %ddp metrics does), so a message with nothing logged never wipes it; a live message of a cell whose
+ * final picture is shown (a redraw that overtook the end), or of an earlier cell, is late. Without a
+ * cell label (the kernel may send "") live data after a final picture is a new cell's only once a
+ * snapshot has shown a cell running since (`cellRan`).
+ */
+export function takesOver(prev: IMetricsMsg | null, next: IMetricsMsg, cellRan = false): boolean {
+  if (!next.names.length) {
+    return false;
+  }
+  if (!prev || prev.session !== next.session) {
+    return true;
+  }
+  const [a, b] = [Number(prev.cell), Number(next.cell)];
+  if (isFinite(a) && isFinite(b) && b < a) {
+    return false;
+  }
+  if (prev.final && !next.final) {
+    return prev.cell || next.cell ? prev.cell !== next.cell : cellRan;
+  }
+  return true;
+}
+
+/** ddp_magic/ui/metrics_chart.py PALETTE: a rank's line has the same colour in the panel as in the cell's chart (a test checks). */
+export const RANK_PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22', '#17becf'];
+
+/** A rank's colour, as metrics_chart.rank_color: a theme may set --ddp-magic-rank-N; else the palette. */
+export function rankColour(rank: number): string {
+  return `var(--ddp-magic-rank-${rank}, ${RANK_PALETTE[((rank % RANK_PALETTE.length) + RANK_PALETTE.length) % RANK_PALETTE.length]})`;
+}
+
+/** Python's f"{x:.{p}g}" (except on exact decimal ties, which Python rounds half to even). */
+function pyG(x: number, p: number): string {
+  if (x === 0) {
+    return '0';
+  }
+  const [mant, expText] = x.toExponential(p - 1).split('e');
+  const e = Number(expText);
+  const strip = (t: string) => (t.indexOf('.') >= 0 ? t.replace(/0+$/, '').replace(/\.$/, '') : t);
+  if (e < -4 || e >= p) {
+    return `${strip(mant)}e${e < 0 ? '-' : '+'}${Math.abs(e) < 10 ? '0' : ''}${Math.abs(e)}`;
+  }
+  return strip(x.toFixed(Math.max(0, p - 1 - e)));
+}
+
+/** Short numbers as the cell's chart writes them (metrics_chart.fmt): 4 significant digits; 10k and up as k, M, G. */
+export function fmtValue(x: number | null | undefined): string {
+  if (x === null || x === undefined || !isFinite(x)) {
+    return '-';
+  }
+  for (const [div, suffix] of [
+    [1e9, 'G'],
+    [1e6, 'M'],
+    [1e4, 'k']
+  ] as Array<[number, string]>) {
+    if (Math.abs(x) >= div) {
+      return `${pyG(x / div, 3)}${suffix}`;
+    }
+  }
+  return pyG(x, 4);
+}
+
+/** The line over a chart: what was logged, by how many ranks, over which steps, and whether the cell still runs. */
+export function metricsHeadline(m: IMetricsMsg): string {
+  const steps = m.summary.reduce<number[]>((acc, s) => acc.concat(s.steps), []);
+  const span = steps.length ? `, steps ${Math.min(...steps)}-${Math.max(...steps)}` : '';
+  const ranks = `${m.ranks.length} rank${m.ranks.length === 1 ? '' : 's'}`;
+  return `${m.cell ? `cell ${m.cell}: ` : ''}${m.names.join(', ')} from ${ranks}${span}${m.final ? '' : ' (live)'}`;
+}
+
+/** The chart's box (pixels): the plot sits inside it, leaving room for the value labels at the left and the steps below. */
+export const CHART = { height: 96, left: 44, right: 6, top: 6, bottom: 16 };
+
+export interface IChartLine {
+  rank: number;
+  colour: string;
+  points: string; // an SVG polyline's points
+}
+
+export interface IChart {
+  name: string;
+  width: number;
+  height: number;
+  plot: { x0: number; x1: number; y0: number; y1: number }; // the plot area, in pixels
+  yTicks: Array<{ y: number; label: string }>; // the bottom, middle and top values, with a grid line each
+  xTicks: Array<{ x: number; label: string; anchor: 'start' | 'end' }>; // the first and last step
+  lines: IChartLine[]; // one per rank that logged the metric, in rank order
+}
+
+/** The data range of some lines (metrics_chart._bounds): a single step or a flat line is widened so it can be drawn. */
+export function chartBounds(lines: Record<string, MetricPoint[]>): [number, number, number, number] {
+  const pts = Object.values(lines).reduce<MetricPoint[]>((acc, p) => acc.concat(p.filter(q => q[1] !== null)), []);
+  if (!pts.length) {
+    return [0, 1, 0, 1];
+  }
+  let [x0, x1] = [Math.min(...pts.map(p => p[0])), Math.max(...pts.map(p => p[0]))];
+  let [y0, y1] = [Math.min(...pts.map(p => p[1] as number)), Math.max(...pts.map(p => p[1] as number))];
+  if (x1 === x0) {
+    [x0, x1] = [x0 - 1, x1 + 1];
+  }
+  if (y1 === y0) {
+    const pad = Math.abs(y0) * 0.05 || 1;
+    [y0, y1] = [y0 - pad, y1 + pad];
+  }
+  return [x0, x1, y0, y1];
+}
+
+/** One metric's chart, `width` pixels wide: a polyline per rank (points with no value skipped), step on x. */
+export function metricChart(m: IMetricsMsg, name: string, width: number, height = CHART.height): IChart {
+  const lines = m.series[name] || {};
+  const [x0, x1, y0, y1] = chartBounds(lines);
+  const plot = { x0: CHART.left, x1: width - CHART.right, y0: CHART.top, y1: height - CHART.bottom };
+  const px = (x: number) => plot.x0 + ((x - x0) / (x1 - x0)) * (plot.x1 - plot.x0);
+  const py = (y: number) => plot.y0 + ((y1 - y) / (y1 - y0)) * (plot.y1 - plot.y0);
+  const out: IChartLine[] = [];
+  for (const rank of Object.keys(lines).sort((a, b) => Number(a) - Number(b))) {
+    const points = lines[rank]
+      .filter(p => p[1] !== null)
+      .map(([x, y]) => `${px(x).toFixed(1)},${py(y as number).toFixed(1)}`)
+      .join(' ');
+    if (points) {
+      out.push({ rank: Number(rank), colour: rankColour(Number(rank)), points });
+    }
+  }
+  return {
+    name,
+    width,
+    height,
+    plot,
+    yTicks: [0, 0.5, 1].map(f => ({ y: py(y0 + f * (y1 - y0)), label: fmtValue(y0 + f * (y1 - y0)) })),
+    xTicks: [
+      { x: px(x0), label: fmtValue(x0), anchor: 'start' },
+      { x: px(x1), label: fmtValue(x1), anchor: 'end' }
+    ],
+    lines: out
+  };
+}
+
+export interface IMetricRow {
+  name: string;
+  last: string;
+  range: string; // the ranks' last values, lowest to highest, when they differ ('' when not)
+  min: string;
+  mean: string;
+  slowest: string;
+  /** The line under the row (the sidebar is narrow): the slowest rank, and the ranks' last values when they differ. */
+  note: string;
+}
+
+/** The summary table's rows (metrics_chart.table_html): last (mean over ranks), min, mean, slowest rank. */
+export function metricRows(m: IMetricsMsg): IMetricRow[] {
+  return m.summary.map(s => {
+    const range = s.last_lo !== s.last_hi ? `${fmtValue(s.last_lo)} to ${fmtValue(s.last_hi)}` : '';
+    const slowest = s.slowest !== null ? `rank ${s.slowest} (+${(s.lag ?? 0).toFixed(2)} s)` : '-';
+    const note = `slowest${m.final ? '' : ' so far'}: ${slowest}${range ? ` · last per rank: ${range}` : ''}`;
+    return { name: s.name, last: fmtValue(s.last), range, min: fmtValue(s.min), mean: fmtValue(s.mean), slowest, note };
+  });
 }

@@ -1,8 +1,9 @@
 /**
  * The DDP panel (right sidebar): the current notebook's pool, one row per rank
  * (pid, device, state, time, memory, last output line), the pool's env
- * validation, and buttons for the pool commands. It only presents: every
- * decision comes from model.ts, every action is a command.
+ * validation, the live chart of what the ranks log with ddp_magic.log, and
+ * buttons for the pool commands. It only presents: every decision comes from
+ * model.ts, every action is a command.
  */
 import { CommandRegistry } from '@lumino/commands';
 import { Widget } from '@lumino/widgets';
@@ -27,6 +28,46 @@ function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls?: string, text?: 
     node.textContent = text;
   }
   return node;
+}
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+function svg<K extends keyof SVGElementTagNameMap>(tag: K, attrs: Record<string, string | number>, text?: string): SVGElementTagNameMap[K] {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    node.setAttribute(k, String(v));
+  }
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+/** One metric's chart as inline SVG: grid lines with their values, the first and last step, a polyline per rank. */
+function chartSvg(c: M.IChart): SVGSVGElement {
+  const root = svg('svg', { class: 'jp-ddp-Metric-chart', width: c.width, height: c.height, viewBox: `0 0 ${c.width} ${c.height}` });
+  root.setAttribute('role', 'img');
+  root.setAttribute('aria-label', `${c.name}: one line per rank`);
+  for (const t of c.yTicks) {
+    const y = t.y.toFixed(1);
+    root.appendChild(svg('line', { class: 'jp-ddp-Metric-grid', x1: c.plot.x0, x2: c.plot.x1, y1: y, y2: y }));
+    root.appendChild(svg('text', { class: 'jp-ddp-Metric-tick', x: c.plot.x0 - 4, y: (t.y + 4).toFixed(1), 'text-anchor': 'end' }, t.label));
+  }
+  for (const t of c.xTicks) {
+    root.appendChild(svg('text', { class: 'jp-ddp-Metric-tick', x: t.x.toFixed(1), y: c.height - 3, 'text-anchor': t.anchor }, t.label));
+  }
+  for (const l of c.lines) {
+    const line = svg('polyline', { class: 'jp-ddp-Metric-line', points: l.points, 'data-rank': l.rank });
+    line.setAttribute('style', `stroke: ${l.colour}`); // a var() with a fallback: only a style resolves it
+    line.appendChild(svg('title', {}, `rank ${l.rank}`));
+    root.appendChild(line);
+  }
+  return root;
+}
+
+/** Keep a command such as "%%ddp -n N" on one line (no-break spaces). */
+function nowrap(text: string): string {
+  return text.replace(/ /g, '\u00a0');
 }
 
 export class PoolPanel extends Widget {
@@ -69,18 +110,18 @@ export class PoolPanel extends Widget {
     this._message = el('div', 'jp-ddp-Panel-message');
     this.node.appendChild(this._message);
 
-    const ranksBox = el('div', 'jp-ddp-Panel-section');
+    const ranksBox = el('div', 'jp-ddp-Panel-section jp-ddp-Panel-ranks');
+    this._ranksBox = ranksBox;
     ranksBox.appendChild(el('h3', '', 'Ranks'));
     this._table = el('table', 'jp-ddp-Ranks');
     const thead = el('thead');
     const hr = el('tr');
+    // narrow sidebar: four columns; device, memory and the last output line go on the line below
     for (const [key, h] of [
       ['rank', '#'],
       ['pid', 'pid'],
-      ['device', 'device'],
       ['state', 'state'],
-      ['time', 'time'],
-      ['memory', 'memory']
+      ['time', 'time']
     ]) {
       hr.appendChild(el('th', `jp-ddp-Rank-${key}`, h));
     }
@@ -91,6 +132,9 @@ export class PoolPanel extends Widget {
     ranksBox.appendChild(this._table);
     this.node.appendChild(ranksBox);
 
+    this._metricsBox = el('div', 'jp-ddp-Panel-section jp-ddp-Metrics');
+    this.node.appendChild(this._metricsBox);
+
     this._env = el('div', 'jp-ddp-Panel-section jp-ddp-Env');
     this.node.appendChild(this._env);
 
@@ -100,6 +144,11 @@ export class PoolPanel extends Widget {
     tracker.updated.connect(this.refresh, this);
     commands.commandChanged.connect(this._refreshButtons, this);
     this.refresh();
+  }
+
+  protected onResize(msg: Widget.ResizeMessage): void {
+    super.onResize(msg);
+    this._renderMetrics(this._tracker.current ? this._tracker.current.state.metrics : null);
   }
 
   protected onAfterShow(): void {
@@ -122,8 +171,8 @@ export class PoolPanel extends Widget {
       (!conn
         ? 'Open a notebook to see its pool.'
         : !state.connected
-          ? 'ddp_magic is not loaded in this kernel. Run %load_ext ddp_magic, then a %%ddp -n N cell.'
-          : 'No pool is running. A %%ddp -n N cell starts one.');
+          ? `ddp_magic is not loaded in this kernel. Run ${nowrap('%load_ext ddp_magic')}, then a ${nowrap('%%ddp -n N')} cell.`
+          : `No pool is running. A ${nowrap('%%ddp -n N')} cell starts one.`);
     this._summary.dataset.phase = pool ? M.poolPhase(pool, state.receivedAt, now).phase : 'none';
 
     // the message line: pending requests first, then the last reply
@@ -155,26 +204,41 @@ export class PoolPanel extends Widget {
       const cells: Array<[string, string]> = [
         ['rank', String(r.rank)],
         ['pid', r.pid],
-        ['device', r.device],
         ['state', r.state],
-        ['time', r.elapsed],
-        ['memory', r.memory]
+        ['time', r.elapsed]
       ];
       for (const [key, value] of cells) {
-        tr.appendChild(el('td', `jp-ddp-Rank-${key}`, value));
+        const td = el('td', `jp-ddp-Rank-${key}`, value);
+        if (key === 'state' && r.why) {
+          td.title = r.why;
+        }
+        tr.appendChild(td);
       }
       this._tbody.appendChild(tr);
       // the rank's last output line, under its row (the panel is narrow)
       const out = el('tr', `jp-ddp-RankOut jp-ddp-Rank-${r.stateClass}`);
       out.dataset.rank = String(r.rank);
-      const td = el('td', 'jp-ddp-Rank-last', r.lastLine || ' ');
+      const td = el('td', 'jp-ddp-Rank-last');
       td.colSpan = cells.length;
       td.title = r.lastLine;
+      for (const [key, value] of [
+        ['device', r.device],
+        ['memory', r.memory],
+        ['lastText', r.lastLine]
+      ]) {
+        if (value) {
+          td.appendChild(el('span', `jp-ddp-Rank-${key}`, value));
+        }
+      }
+      if (!td.childNodes.length) {
+        td.textContent = ' '; // keep the row's height
+      }
       out.appendChild(td);
       this._tbody.appendChild(out);
     }
-    this._table.style.display = rows.length ? '' : 'none';
-    this._table.dataset.memory = rows.some(r => r.memory) ? 'shown' : 'none'; // CPU ranks report none
+    this._ranksBox.style.display = rows.length ? '' : 'none'; // no pool: no empty "Ranks" heading
+
+    this._renderMetrics(state.metrics);
 
     // env validation
     this._env.textContent = '';
@@ -217,8 +281,8 @@ export class PoolPanel extends Widget {
     if (pool) {
       const facts = [
         `MASTER ${pool.master_addr}:${pool.master_port}`,
-        `start method ${pool.start_method}`,
-        pool.start_seconds !== null && pool.start_seconds !== undefined ? `started in ${pool.start_seconds.toFixed(2)} s` : '',
+        `start method ${pool.start_method}${pool.start_method_asked === 'auto' && pool.start_method !== 'auto' ? ' (auto)' : ''}`,
+        pool.start_seconds !== null && pool.start_seconds !== undefined ? `pool started in ${M.fmtSeconds(pool.start_seconds)}` : '',
         pool.broken ? `needs restart: ${pool.broken}` : ''
       ].filter(Boolean);
       this._extra.appendChild(el('div', 'jp-ddp-Panel-facts', facts.join(' · ')));
@@ -230,6 +294,92 @@ export class PoolPanel extends Widget {
       this._extra.appendChild(el('div', 'jp-ddp-Panel-notice', n));
     }
     this._refreshButtons();
+  }
+
+  /**
+   * The Metrics section: the headline, a legend of the ranks, a chart per metric as wide as the
+   * sidebar, and the summary table. Drawn again only when the data or the width changed (refresh
+   * runs every second while a cell runs).
+   */
+  private _renderMetrics(m: M.IMetricsMsg | null): void {
+    const box = this._metricsBox;
+    if (!m) {
+      box.textContent = '';
+      box.style.display = 'none';
+      this._metricsShown = null;
+      return;
+    }
+    box.style.display = '';
+    const avail = box.clientWidth || this.node.clientWidth - 20; // 0 while the panel is hidden: drawn again when shown
+    const width = avail > 0 ? Math.max(160, Math.floor(avail)) : 240;
+    if (m === this._metricsShown && width === this._metricsWidth) {
+      return;
+    }
+    this._metricsShown = m;
+    this._metricsWidth = width;
+    box.textContent = '';
+    box.dataset.final = String(m.final);
+    box.dataset.cell = m.cell;
+    box.appendChild(el('h3', '', 'Metrics'));
+    box.appendChild(el('div', 'jp-ddp-Metrics-head', M.metricsHeadline(m)));
+    const legend = el('div', 'jp-ddp-Metrics-legend');
+    for (const r of m.ranks.slice(0, 16)) {
+      const item = el('span', 'jp-ddp-Metrics-rank');
+      item.dataset.rank = String(r);
+      const swatch = el('span', 'jp-ddp-Metrics-swatch');
+      swatch.setAttribute('style', `background: ${M.rankColour(r)}`);
+      item.appendChild(swatch);
+      item.appendChild(document.createTextNode(`rank ${r}`));
+      legend.appendChild(item);
+    }
+    if (m.ranks.length > 16) {
+      legend.appendChild(el('span', 'jp-ddp-Metrics-more', `… ${m.ranks.length - 16} more`));
+    }
+    box.appendChild(legend);
+    for (const name of m.names) {
+      const fig = el('div', 'jp-ddp-Metric');
+      fig.dataset.name = name;
+      fig.appendChild(el('div', 'jp-ddp-Metric-name', name));
+      fig.appendChild(chartSvg(M.metricChart(m, name, width)));
+      box.appendChild(fig);
+    }
+    // narrow sidebar: four columns; the slowest rank and the ranks' last values go on the line below
+    const table = el('table', 'jp-ddp-MetricsTable');
+    const hr = el('tr');
+    for (const [key, h] of [
+      ['name', 'metric'],
+      ['last', 'last'],
+      ['min', 'min'],
+      ['mean', 'mean']
+    ]) {
+      hr.appendChild(el('th', `jp-ddp-Metrics-${key}`, h));
+    }
+    table.appendChild(el('thead')).appendChild(hr);
+    const body = table.appendChild(el('tbody'));
+    for (const r of M.metricRows(m)) {
+      const tr = el('tr', 'jp-ddp-MetricsRow');
+      tr.dataset.name = r.name;
+      for (const [key, value] of [
+        ['name', r.name],
+        ['last', r.last],
+        ['min', r.min],
+        ['mean', r.mean]
+      ]) {
+        const td = el('td', `jp-ddp-Metrics-${key}`, value);
+        if (key === 'last') {
+          td.title = "the mean of the ranks' last values";
+        }
+        tr.appendChild(td);
+      }
+      body.appendChild(tr);
+      const note = el('tr', 'jp-ddp-MetricsNote');
+      note.dataset.name = r.name;
+      const td = el('td', 'jp-ddp-Metrics-note', r.note);
+      td.colSpan = 4;
+      note.appendChild(td);
+      body.appendChild(note);
+    }
+    box.appendChild(table);
   }
 
   private _refreshButtons(): void {
@@ -255,8 +405,12 @@ export class PoolPanel extends Widget {
   private _summary: HTMLDivElement;
   private _message: HTMLDivElement;
   private _table: HTMLTableElement;
+  private _ranksBox: HTMLDivElement;
   private _tbody: HTMLTableSectionElement;
   private _env: HTMLDivElement;
+  private _metricsBox: HTMLDivElement;
+  private _metricsShown: M.IMetricsMsg | null = null;
+  private _metricsWidth = 0;
   private _extra: HTMLDivElement;
   private _envOpen = false;
   private _buttons = new Map<string, HTMLButtonElement>();

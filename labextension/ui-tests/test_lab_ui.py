@@ -1,7 +1,6 @@
 """Browser tests of the JupyterLab extension: real JupyterLab, headless Chromium from Debian.
 
-One JupyterLab server (a free port, a temporary notebook and settings dir) and one
-page for the whole module; the tests run in order on the same notebook and
+The session's one server and browser (ui_fixtures.py), one page for the whole module; the tests run in order on the same notebook and
 kernel, like a user would: run a ``%%ddp -n 2`` cell and watch the status bar
 and the DDP panel follow it, restart the pool from the panel and see new pids,
 ask for a restart while a cell runs (it waits for the cell, and says so), show
@@ -15,35 +14,14 @@ no browser is ever downloaded (never ``playwright install``).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
 from typing import Any, Dict, Iterator, List
 
 import pytest
+from ui_server import OUT, ROOT, Server, code_cell
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILT = os.path.join(ROOT, "ddp_magic", "labextension")
-CHROMIUM = os.environ.get("DDP_MAGIC_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-    "--disable-dev-shm-usage",
-]
-OUT = os.environ.get("DDP_MAGIC_UI_OUT", os.path.join(ROOT, "build", "ui-tests"))
 NOTEBOOK = "ddp_ui.ipynb"
 CELL = """%%ddp -n 2 --no-widget
 import time, torch.distributed as dist
@@ -54,107 +32,21 @@ dist.get_rank()"""
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-if not os.path.exists(CHROMIUM):
-    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium; scripts/setup.sh does)", allow_module_level=True)
 playwright_api = pytest.importorskip("playwright.sync_api", reason="Python Playwright is in requirements-dev.txt")
 expect = playwright_api.expect
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _code(src: str) -> Dict[str, Any]:
-    return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": src}
-
-
-def _descendants(pid: int) -> List[int]:
-    children: Dict[int, List[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 class Lab:
-    """The server, the browser and the page; and what the tests saved."""
+    """A JupyterLab page on the shared server (ui_fixtures.py), and the screenshots it saved."""
 
-    def __init__(self, tmp: str) -> None:
-        self.tmp = tmp
+    def __init__(self, server: Server, browser: Any) -> None:
+        self.server = server
         self.shots: Dict[str, str] = {}
-        settings = os.path.join(tmp, "settings", "@jupyterlab", "apputils-extension")
-        os.makedirs(settings)
-        with open(os.path.join(settings, "notification.jupyterlab-settings"), "w") as f:
-            json.dump({"fetchNews": "false", "checkForUpdates": False}, f)
-        self.nbdir = os.path.join(tmp, "nb")
-        os.makedirs(self.nbdir)
-        nb = {
-            "cells": [_code("%load_ext ddp_magic"), _code(CELL)],
-            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
-            "nbformat": 4,
-            "nbformat_minor": 5,
-        }
-        with open(os.path.join(self.nbdir, NOTEBOOK), "w") as f:
-            json.dump(nb, f)
-        # the extension as built in this tree (what the wheel ships), ahead of any installed copy
-        jp = os.path.join(tmp, "jupyter", "labextensions")
-        os.makedirs(jp)
-        os.symlink(BUILT, os.path.join(jp, "ddp-magic"))
-        self.port, self.token = _free_port(), "ddp-ui-test"
-        env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=os.path.join(tmp, "settings"), JUPYTERLAB_WORKSPACES_DIR=os.path.join(tmp, "ws"))
-        env["JUPYTER_PATH"] = os.pathsep.join(p for p in (os.path.join(tmp, "jupyter"), env.get("JUPYTER_PATH", "")) if p)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
-        env.pop("PYTEST_CURRENT_TEST", None)  # else ipykernel stops capturing child fds (see TOOLCHAIN.md)
-        self.log_path = os.path.join(tmp, "lab.log")
-        self.log = open(self.log_path, "wb")
-        self.server = subprocess.Popen(
-            [
-                sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={self.port}", "--ip=127.0.0.1",
-                f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.nbdir}",
-                "--LabApp.expose_app_in_browser=True", "--ServerApp.disable_check_xsrf=True",
-            ],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=self.nbdir, start_new_session=True,
-        )
-        self.pw = None
-        self.browser = None
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.server.poll() is not None:
-                raise RuntimeError(f"JupyterLab exited: {self.log_text()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api?token={self.token}", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.2)
-        raise TimeoutError(f"JupyterLab did not answer: {self.log_text()}")
-
-    def log_text(self) -> str:
-        self.log.flush()
-        with open(self.log_path, errors="replace") as f:
-            return f.read()[-4000:]
-
-    def open_browser(self) -> Any:
-        self.pw = playwright_api.sync_playwright().start()
-        self.browser = self.pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        self.page = self.browser.new_page(viewport={"width": 1400, "height": 820}, device_scale_factor=1)
+        server.write_notebook(NOTEBOOK, [code_cell("%load_ext ddp_magic"), code_cell(CELL)])
+        self.context = browser.new_context(viewport={"width": 1400, "height": 820}, device_scale_factor=1)
+        self.page = self.context.new_page()
         self.console: List[str] = []
         self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}"))
-        return self.page
 
     def shot(self, name: str, **kw: Any) -> str:
         os.makedirs(OUT, exist_ok=True)
@@ -165,51 +57,15 @@ class Lab:
         return path
 
     def close(self) -> None:
-        try:
-            if self.browser is not None:
-                self.browser.close()
-            if self.pw is not None:
-                self.pw.stop()
-        finally:
-            kids = _descendants(self.server.pid)  # kernels and their ddp workers
-            try:
-                os.killpg(self.server.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.server.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.server.pid, signal.SIGKILL)
-                self.server.wait(5)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and any(_alive(p) for p in kids):
-                time.sleep(0.1)
-            for p in kids:  # only processes this test started
-                if _alive(p):
-                    try:
-                        os.kill(p, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            self.log.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+        self.context.close()
 
 
 @pytest.fixture(scope="module")
-def lab() -> Iterator[Lab]:
-    assert os.path.exists(os.path.join(BUILT, "package.json")), "the extension is not built: run scripts/setup.sh (or jlpm build:prod in labextension/)"
-    tmp = tempfile.mkdtemp(prefix="ddp-lab-ui-")
-    lab = Lab(tmp)
+def lab(server: Server, browser: Any) -> Iterator[Lab]:
+    lab = Lab(server, browser)
     try:
-        lab.wait_ready()
-        page = lab.open_browser()
-        page.goto(f"http://127.0.0.1:{lab.port}/lab/tree/{NOTEBOOK}?token={lab.token}&reset", timeout=60_000)
+        page = lab.page
+        page.goto(server.url(f"lab/tree/{NOTEBOOK}?reset"), timeout=60_000)
         page.wait_for_function(
             "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
             " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
@@ -219,8 +75,11 @@ def lab() -> Iterator[Lab]:
         page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
         yield lab
     finally:
-        lab.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        # the kernel of this notebook is not needed by the other test files: shut it down with its workers
+        try:
+            lab.page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+        finally:
+            lab.close()
     if os.environ.get("DDP_MAGIC_UPDATE_DOCS_IMG") == "1" and "live.png" in lab.shots:
         shutil.copyfile(lab.shots["live.png"], os.path.join(ROOT, "docs", "img", "labextension.png"))
 
@@ -266,16 +125,16 @@ def test_status_bar_and_panel_follow_a_ddp_cell(lab: Lab) -> None:
     expect(_status(page)).to_be_hidden()  # no pool yet: nothing in the status bar
     expect(page.locator(".jp-ddp-ToolbarButton")).to_be_hidden()  # nor in the toolbar (ddp_magic not loaded yet)
     _run_all(page)
-    expect(_status(page)).to_have_text(re.compile(r"^DDP 2×gloo · (starting|running)( \d:\d\d)?$"), timeout=90_000)
+    expect(_status(page)).to_have_text(re.compile(r"^DDP 2×gloo · (starting|running)( \d+\.\d\d s)?$"), timeout=90_000)
     _status(page).click()  # opens the panel
     panel = page.locator("#ddp-magic-panel")
     expect(panel).to_be_visible()
-    expect(_status(page)).to_have_text(re.compile(r"^DDP 2×gloo · running \d:\d\d$"), timeout=60_000)
+    expect(_status(page)).to_have_text(re.compile(r"^DDP 2×gloo · running \d+\.\d\d s$"), timeout=60_000)
     expect(panel.locator(".jp-ddp-Rank")).to_have_count(2)
     expect(panel.locator(".jp-ddp-Rank-last").nth(1)).to_have_text(re.compile(r"step [1-7] on rank 1"), timeout=20_000)
     assert _states(page) == ["running", "running"]
     assert all(p.isdigit() for p in _pids(page))
-    assert [d.strip() for d in panel.locator("td.jp-ddp-Rank-device").all_inner_texts()] == ["cpu", "cpu"]
+    assert [d.strip() for d in panel.locator(".jp-ddp-Rank-device").all_inner_texts()] == ["cpu", "cpu"]
     expect(panel.locator(".jp-ddp-Env-verdict")).to_have_text(re.compile(r"^(✓ all \d+ checks passed|.* \(of \d+\))$"))
     expect(page.locator(".jp-ddp-ToolbarButton")).to_be_visible()
     # the clock moves between the kernel's messages
@@ -285,7 +144,7 @@ def test_status_bar_and_panel_follow_a_ddp_cell(lab: Lab) -> None:
     lab.shot("running.png")
     expect(_status(page)).to_have_text("DDP 2×gloo · ready", timeout=60_000)
     assert _states(page) == ["done", "done"]
-    expect(panel.locator(".jp-ddp-Rank-last").nth(0)).to_have_text("step 7 on rank 0")
+    expect(panel.locator(".jp-ddp-Rank-lastText").nth(0)).to_have_text("step 7 on rank 0")
     lab.shot("done.png")
     # the same cell again, now that the comm is open: the shot for the README
     page.evaluate(
@@ -293,7 +152,7 @@ def test_status_bar_and_panel_follow_a_ddp_cell(lab: Lab) -> None:
         " window.jupyterapp.commands.execute('notebook:run-cell'); }"
     )
     expect(panel.locator(".jp-ddp-Rank-last").nth(1)).to_have_text(re.compile(r"step [3-6] on rank 1"), timeout=30_000)
-    assert _status(page).inner_text().startswith("DDP 2×gloo · running 0:0")
+    assert re.match(r"DDP 2×gloo · running \d\.\d\d s$", _status(page).inner_text())
     lab.shot("live.png")
     expect(_status(page)).to_have_text("DDP 2×gloo · ready", timeout=60_000)
 
@@ -429,7 +288,7 @@ def test_kernel_restart_forgets_the_pool_and_a_new_one_is_followed(lab: Lab) -> 
     page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'", timeout=60_000)
     expect(page.locator(".jp-ddp-Panel-summary")).to_contain_text("not loaded in this kernel")
     _run_all(page)  # %load_ext, then the %%ddp cell at once: followed live from its start
-    expect(_status(page)).to_have_text(re.compile(r"^DDP 2×gloo · running \d:\d\d$"), timeout=90_000)
+    expect(_status(page)).to_have_text(re.compile(r"^DDP 2×gloo · running \d+\.\d\d s$"), timeout=90_000)
     expect(_status(page)).to_have_text("DDP 2×gloo · ready", timeout=60_000)
     errors = [c for c in lab.console if c.startswith("error") and "ddp" in c.lower()]
     assert not errors, errors

@@ -119,8 +119,8 @@ def test_pdb_option_enters_the_post_mortem_on_failure(dbg):
 def test_quit_in_pdb_ends_the_cell_as_an_interrupt_and_no_rank_is_stuck(dbg):
     ex = dbg.run("%%ddp\nif dist.get_rank() == 1:\n    breakpoint()\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()", answer=script("q"), timeout=120)
     assert ex.error is not None and "KeyboardInterrupt" in "".join(ex.error[2]) + ex.error[1], ex.error
-    # rank 0 waited in all_reduce (uninterruptible): it was stopped, and the next cell gets a fresh pool
-    assert "did not respond to the interrupt" in ex.error[1], ex.error[1]
+    # rank 0 waited in all_reduce (uninterruptible): the process group was aborted, rank 0 released, the group re-formed
+    assert "rank 0 was in all_reduce" in ex.error[1] and "was released" in ex.error[1], ex.error[1]
     dbg.run("%%ddp\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()", timeout=120).ok()
     assert dbg.value("list(_)") == [2.0, 2.0]
 
@@ -227,4 +227,5 @@ def test_input_box_in_jupyterlab(tmp_path):
         finally:
             server.terminate()
             server.wait(20)
-    shutil.copy(tmp_path / "debug-input.png", os.path.join(root, "docs", "img", "debug-input.png"))
+    if os.environ.get("DDP_MAGIC_UPDATE_DOCS_IMG") == "1":  # a test run leaves the tree clean
+        shutil.copy(tmp_path / "debug-input.png", os.path.join(root, "docs", "img", "debug-input.png"))

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import pid_alive, wait_until, worker_pids_of
+from conftest import pid_alive, ranks_of, wait_until, worker_pids_of
 from kernel_helper import Kernel
 
 pytestmark = pytest.mark.kernel
@@ -48,12 +48,12 @@ def test_rank_raises_while_others_wait_in_a_collective(k4):
     msg = ex.error[1]
     assert msg.startswith("rank 1 raised ValueError: rank 1 cannot go on")
     assert "raise ValueError('rank 1 cannot go on')" in msg  # the worker's own traceback
-    assert re.search(r"rank 0 at cell line 4: dist\.all_reduce\(x\)", msg), msg  # where the others were stuck
-    assert "variables defined in earlier %%ddp cells are lost" in msg
+    assert re.search(r"ranks 0, 2, 3 were in all_reduce #\d+ \(at cell line 4: dist\.all_reduce\(x\)\) and were released", msg), msg
+    assert "your variables are intact" in msg  # the group was re-formed in the same processes (test_recovery.py)
     t1 = time.monotonic()
     ex = k4.run("%%ddp\nimport torch.distributed as dist\ndist.get_rank()").ok()
-    _timed("next cell after the restart", t1)
-    assert "restarted the pool" in ex.stderr
+    _timed("next cell after the re-formed group", t1)
+    assert "restarted the pool" not in ex.stderr
     assert k4.value("list(_)") == [0, 1, 2, 3]
     k4.run("%%ddp\nimport torch, torch.distributed as dist").ok()
 
@@ -204,7 +204,7 @@ def test_bad_input_is_a_short_error_that_spawns_nothing(line, needle):
     assert ex.error is not None and ex.error[0] == "UsageError", ex.error
     assert needle in ex.error[1]
     assert len(ex.error[1].splitlines()) <= 8, "short, not a wall of text"
-    assert worker_pids_of(k.pid) == []
+    assert ranks_of(k.pid) == []
 
 
 def test_privileged_port_message(monkeypatch):
@@ -392,6 +392,7 @@ def test_soak_500_cells_no_growth(k4):
     took = time.monotonic() - t0
     rss1, fds1 = _kernel_rss_fds(k4)
     kids = worker_pids_of(k4.pid)
+    ranks = k4.value("get_ipython().magics_manager.registry['DDPMagics'].session.pool.pids")
     print(
         f"SOAK 500 cells (-n 4, {failed} failing) in {took:.1f}s: kernel RSS {rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB, "
         f"fds {fds0} -> {fds1}, processes {len(kids)}"
@@ -399,7 +400,8 @@ def test_soak_500_cells_no_growth(k4):
     assert failed == 50
     assert fds1 - fds0 <= 2
     assert rss1 - rss0 < 30 * 2**20
-    assert len(kids) == 5  # the template and four ranks, nothing left over
+    # the template, the four ranks and at most four idle spare ranks (forked for the next pool): nothing left over
+    assert set(ranks) <= set(kids) and len(kids) <= 1 + 4 + 4, (ranks, kids)
 
 
 # ----------------------------------------------------------------------------- helpers

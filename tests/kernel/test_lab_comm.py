@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import subprocess
 import sys
 import time
@@ -169,7 +170,7 @@ def test_a_front_end_that_never_opens_the_comm_gets_no_comm_message(front: Front
     # what nbclient, nbval, VS Code and Notebook 7 without the extension see: the magics, nothing else
     seen = front.run("%%ddp -n 2 --no-widget\nimport torch.distributed as dist\nprint('hello', dist.get_rank())")
     assert not [m for m in seen if m["msg_type"].startswith("comm")]
-    out = "".join(m["content"]["text"] for m in seen if m["msg_type"] == "stream")
+    out = re.sub(r"\x1b\[[0-9;]*m", "", "".join(m["content"]["text"] for m in seen if m["msg_type"] == "stream"))  # prefixes are coloured
     assert "[rank 0] hello 0" in out and "[rank 1] hello 1" in out
 
 
@@ -305,6 +306,44 @@ def test_stop_request_clears_the_pool_and_a_second_one_says_why(front: Front) ->
     assert not env["ok"] and "no pool is running" in env["error"]
 
 
+def test_a_starting_pool_is_shown_starting_from_the_cell_s_first_moment(front: Front) -> None:
+    """The panel must not say "no pool" while the cell's own view says "starting"."""
+    for _ in range(2):  # a start after a stop, twice: every start is shown
+        front.clear()
+        front.run("%%ddp -n 2 --no-widget\nprint('up')")
+        pools = [s["pool"] for s in front.snapshots()]
+        assert pools and pools[0] is not None, "the first snapshot of the cell already shows the pool"
+        starting = [p for p in pools if p is not None and not p["started"]]
+        assert starting, [p and p["started"] for p in pools]
+        first = starting[0]
+        assert [r["state"] for r in first["ranks"]] == ["starting", "starting"], first["ranks"]
+        assert first["start_method"] == "fork" and first["start_method_asked"] == "auto"
+        final = front.last_pool()
+        assert final["started"] and [r["state"] for r in final["ranks"]] == ["done", "done"]
+        assert final["start_seconds"] > 0
+        front.reply(front.request("stop"))
+        front.pump(lambda: front.snapshots()[-1]["pool"] is None, 30)  # the stop's own snapshot comes after its reply
+
+
+def test_a_failed_cell_names_its_root_cause_and_the_ranks_stopped_because_of_it(front: Front) -> None:
+    front.clear()
+    code = (
+        "%%ddp -n 2 --no-widget\nimport torch, torch.distributed as dist\n"
+        "if dist.get_rank() == 1:\n    raise ValueError('bad shard')\ndist.all_reduce(torch.ones(1))"
+    )
+    mid = front.execute(code)
+    front.wait_idle(mid, 180)
+    front.pump(lambda: bool(front.snapshots()) and front.snapshots()[-1]["final"], 30)
+    ranks = {r["rank"]: r for r in front.last_pool()["ranks"]}
+    assert (ranks[1]["cause"], ranks[1]["kind"], ranks[1]["state"]) == ("root", "error", "failed"), ranks[1]
+    assert ranks[0]["cause"] == "stopped" and ranks[0]["kind"] in ("killed", "interrupted"), ranks[0]
+    # the next %%ddp cell runs on a fresh pool: no cause left over from the failed one
+    front.clear()
+    front.run("%%ddp --no-widget\nprint('again')")
+    assert all("cause" not in r for r in front.last_pool()["ranks"])
+    front.reply(front.request("stop"))
+
+
 def test_unload_closes_the_comm_and_removes_the_target(front: Front) -> None:
     front.run("%unload_ext ddp_magic")
     front.pump(lambda: front.closed, 10)
@@ -330,3 +369,21 @@ def test_register_without_a_kernel_does_nothing() -> None:
     assert labcomm.register(SimpleNamespace(kernel=SimpleNamespace()), object()) is None
     labcomm.changed()  # hooks are no-ops without a bridge
     labcomm.notice("nothing listens")
+
+
+def test_causes_name_the_root_and_the_ranks_stopped_because_of_it() -> None:
+    from ddp_magic.errors import RankFailure
+    from ddp_magic.states import FailureKind as K
+    from ddp_magic.kernel.policy import causes
+
+    raised = RankFailure(rank=1, kind=K.ERROR, type="ValueError", message="bad shard")
+    peer = RankFailure(rank=0, kind=K.ERROR, type="RuntimeError", message="Connection closed by peer")
+    killed = RankFailure(rank=2, kind=K.KILLED, exit_code=-15)
+    interrupted = RankFailure(rank=3, kind=K.INTERRUPTED)
+    assert causes([raised, peer, killed, interrupted]) == {
+        1: ("error", "root"), 0: ("error", "stopped"), 2: ("killed", "stopped"), 3: ("interrupted", "stopped"),
+    }
+    died = RankFailure(rank=3, kind=K.DIED, exit_code=-9)
+    assert causes([died, raised])[3] == ("died", "root") and causes([died, raised])[1] == ("error", "stopped")
+    assert causes([interrupted]) == {3: ("interrupted", "stopped")}  # Ctrl-C: nobody is the root cause
+    assert causes([]) == {}

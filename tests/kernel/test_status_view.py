@@ -36,16 +36,19 @@ from ddp_magic.plan import PoolSpec, make_plan  # noqa: E402
 from ddp_magic.states import RankState  # noqa: E402
 from ddp_magic.ui.status_display import WIDGET_MIME  # noqa: E402
 from ddp_magic.ui.status_view import StatusView  # noqa: E402
+from ddp_magic.ui.ticker import TICKER  # noqa: E402
 
 ROW = re.compile(r"data-rank='(\d+)' data-state='([a-z]+)'")
 
 
 def text_of(fragment: str) -> str:
-    """The words of an HTML fragment's first line (its header), as a reader sees them."""
+    """The words of an HTML fragment's summary line (its header), as a reader sees them."""
     import html as _html
 
-    header = re.sub(r"(?s)<style>.*?</style>", "", fragment).split("</div>", 1)[0]
+    header = fragment.split("</summary>", 1)[0] if "<summary" in fragment else fragment
     return " ".join(_html.unescape(re.sub(r"<[^>]+>", " ", header)).split())
+
+DONE = r"%%ddp 2 ranks ✓ (<1 ms|\d+ ms|\d+\.\d\d s) · gloo · ✓ \d+ checks passed"
 
 
 # ---------------------------------------------------------------- a recording comm
@@ -157,10 +160,12 @@ def test_succeeding_cell_transitions(pool, comms, displays):
     for pid in pool.pids:
         assert f">{pid}<" in final
     header = comms.values("ddp-status-header")[-1]
-    assert "2 ranks <span" in header and "✓" in header and "gloo" in header and "env ✓" in header
-    # collapses to the summary: the accordion's last update closes it
-    closing = [m["data"]["state"]["selected_index"] for m in comms.updates() if "selected_index" in m["data"]["state"]]
-    assert closing[-1] is None
+    assert "2 ranks <span" in header and "✓" in header and "gloo" in header and "checks passed" in header
+    # the live form is one line and a toggle; the rank table and the env open below it in the browser alone
+    opened = comms.opened()
+    stacks = [st for st in opened.values() if st.get("_model_name") == "StackModel"]
+    assert len(stacks) == 1 and stacks[0]["selected_index"] == 0, "closed while live: one line high"
+    assert any(st.get("_model_name") == "LinkModel" for st in opened.values()), "the toggle opens it without the kernel"
     # one display at the top (the widget and its HTML form); when the cell ends the HTML form
     # alone replaces it, and the widgets are closed
     assert len(displays.shown) == 1 and len(displays.updated) == 1
@@ -168,8 +173,9 @@ def test_succeeding_cell_transitions(pool, comms, displays):
     root = [cid for cid, st in comms.opened().items() if st.get("_model_name") == "VBoxModel"]
     assert first[WIDGET_MIME]["model_id"] == root[0]
     assert set(first) == {WIDGET_MIME, "text/html"} and set(last) == {"text/html"}
-    assert re.match(r"%%ddp 2 ranks ✓ \d+\.\d\d s · gloo · env ✓ · pool started in \d+\.\d\d s", text_of(last["text/html"]))
-    assert "<details>" in last["text/html"] and "data-state='done'" in last["text/html"]
+    assert re.match(DONE + r" · pool started in \d+\.\d\d s", text_of(last["text/html"]))
+    assert "<details class='ddp-status-details'>" in last["text/html"] and "data-state='done'" in last["text/html"]
+    assert "<style" not in last["text/html"] and all("<style" not in v for v in comms.values("ddp-status"))
     assert "hello from rank 1" in last["text/html"] and ">MASTER_ADDR<" in last["text/html"]
     closed = {m["comm_id"] for m in comms.log if m["msg_type"] == "comm_close"}
     assert set(comms.opened()) <= closed
@@ -190,6 +196,18 @@ def test_failing_rank_transitions(pool, comms, displays):
     assert "rank 1 raised ValueError: boom" in text_of(displays.updated[-1]["text/html"])
 
 
+def test_the_root_cause_alone_is_failed(pool, comms, displays):
+    """Rank 1 raises while rank 0 waits in a collective: rank 1 failed; rank 0, stopped by ddp_magic, is 'stopped'."""
+    view = make_view(pool, displays)
+    source = "import torch, torch.distributed as dist\nif dist.get_rank() == 1:\n    raise ValueError('boom')\ndist.all_reduce(torch.ones(1))"
+    outcome = run_cell(pool, view, source)
+    assert not outcome.ok and outcome.failures[0].rank == 1
+    final = displays.updated[-1]["text/html"]
+    assert ROW.findall(final.split("ddp-status-ranks", 1)[1]) == [("0", "stopped"), ("1", "failed")]
+    assert "data-rank='0' data-state='stopped'" in final.split("</summary>", 1)[0], "the rank's square says so too"
+    assert "data-outcome='failed'" in final and "killed" not in text_of(final)
+
+
 def test_dying_rank_transitions(pool, comms, displays):
     view = make_view(pool, displays)
     outcome = run_cell(pool, view, "import os, signal, torch.distributed as dist\nif dist.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n'alive'")
@@ -205,7 +223,7 @@ def test_dying_rank_transitions(pool, comms, displays):
     outcome2 = pool.run("import os, torch.distributed as dist\nif dist.get_rank() == 0:\n    os._exit(3)\n", listener=view2)
     view2.finish(outcome2)
     assert [s for r, s in view2.history if r == 0][-2:] == ["running", "died"]
-    assert any("restarted the pool" in n for n in view2.notices)
+    assert any("restarted the pool" in n or "started it again" in n for n in view2.notices)
     assert "exit 3" in view2.ranks_html() and "exited with code 3" in view2.ranks_html()
 
 
@@ -214,6 +232,7 @@ def test_env_section_shows_variables_and_checks(pool, comms, displays):
     env = comms.values("ddp-status-env")[0]
     for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK"):
         assert f">{var}<" in env
+    assert re.search(r"✓ \d+ checks passed", env.split("<details>")[0]) and "<li" not in env.split("<details>")[0], "healthy: one line"
     assert "data-check='ranks unique and complete' data-ok='true'" in env
     assert "data-check='backend available' data-ok='true'" in env
     view.finish(None, RuntimeError("never ran"))
@@ -272,7 +291,7 @@ def test_ticker_sends_what_was_held_back_and_moves_the_clock(comms, displays):
     assert view.renders > n
     assert view.renders <= n + 1.0 / 0.2 + 1, "never more often than min_interval"
     view.finish(types.SimpleNamespace(ok=True, elapsed=1.7, failures=[]))
-    assert not view._thread.is_alive()
+    assert not TICKER.has(view)
     n = view.renders
     time.sleep(0.3)
     assert view.renders == n, "nothing renders after the cell ended"
@@ -288,7 +307,7 @@ def test_the_ticker_sleeps_between_renders(comms, displays):
     for info in fake_infos(2, started=time.monotonic()):
         view.on_state(info)
     time.sleep(0.2)
-    tid = view._thread.native_id
+    tid = TICKER.thread.native_id
     switches = lambda: int(open(f"/proc/self/task/{tid}/status").read().split("\nvoluntary_ctxt_switches:")[1].split()[0])  # noqa: E731
     before, renders = switches(), view.renders
     time.sleep(2.0)
@@ -301,12 +320,21 @@ def test_the_ticker_sleeps_between_renders(comms, displays):
         time.sleep(0.01)
     assert view.renders - renders <= 4, "printed lines are rendered once a refresh"
     view.finish(types.SimpleNamespace(ok=True, elapsed=3.2, failures=[]))
-    assert not view._thread.is_alive()
+    assert not TICKER.has(view) and TICKER.thread.is_alive(), "the kernel's one ticker outlives its cells"
 
 
 # ---------------------------------------------------------------- quick cells, and going live
 def test_quick_cell_never_builds_widgets(pool, comms, displays):
-    """A cell over before live_after: its summary at the top, replaced once at the end; no comm traffic."""
+    """A cell over before live_after: one display, at its end; no comm traffic. One that prints: its line goes up
+    before the first output (so the view stays above it), replaced once at the end."""
+    if not pool.started:
+        pool.start()
+    silent = StatusView(pool.nproc, pool=pool, live_after=5.0, ticker=False, display=displays.display, update_display=displays.update).show()
+    assert displays.shown == []
+    silent.finish(pool.run("1", listener=silent))
+    assert len(displays.shown) == 1 and displays.updated == [] and comms.log == []
+    assert re.match(DONE, text_of(displays.shown[0]["text/html"]))
+    displays.shown.clear()
     view = StatusView(pool.nproc, pool=pool, live_after=5.0, ticker=False, display=displays.display, update_display=displays.update).show()
     outcome = pool.run("import torch.distributed as dist\nprint('quick', dist.get_rank())\ndist.get_rank()", listener=view)
     view.finish(outcome)
@@ -316,7 +344,7 @@ def test_quick_cell_never_builds_widgets(pool, comms, displays):
     first, last = displays.shown[0], displays.updated[0]
     assert set(first) == {"text/html"} and set(last) == {"text/html"}
     assert text_of(first["text/html"]).startswith("%%ddp 2 ranks")
-    assert re.match(r"%%ddp 2 ranks ✓ \d+\.\d\d s · gloo · env ✓", text_of(last["text/html"]))
+    assert re.match(DONE, text_of(last["text/html"]))
     assert "quick 1" in last["text/html"] and "data-state='done'" in last["text/html"]
 
 
@@ -328,10 +356,10 @@ def test_a_long_cell_goes_live_then_settles(comms, displays):
     view.on_state(infos[0])  # before live_after: held back, nothing sent
     assert comms.log == [] and displays.updated == [] and view._dirty
     clock.t += 0.31
-    view.on_state(infos[1])  # the first change after live_after makes the summary the live widget
-    assert len(displays.updated) == 1 and WIDGET_MIME in displays.updated[0]
+    view.on_state(infos[1])  # the first change after live_after puts up the live widget
+    assert len(displays.shown) == 1 and WIDGET_MIME in displays.shown[0] and displays.updated == []
     root = [cid for cid, st in comms.opened().items() if st.get("_model_name") == "VBoxModel"]
-    assert displays.updated[0][WIDGET_MIME]["model_id"] == root[0]
+    assert displays.shown[0][WIDGET_MIME]["model_id"] == root[0]
     assert comms.transitions() == {0: ["running"], 1: ["running"]}, "the widget opens with the held-back state"
     for info in infos:
         info.state, info.finished = RankState.DONE, clock.t
@@ -347,7 +375,7 @@ def test_the_ticker_makes_a_silent_cell_live(comms, displays):
     view = StatusView(2, plan=make_plan(PoolSpec(2)), mode="widget", live_after=0.2, min_interval=0.05,
                       display=displays.display, update_display=displays.update).show()
     time.sleep(0.6)  # no event at all: the ticker alone puts the widget up
-    assert any(WIDGET_MIME in b for b in displays.updated)
+    assert any(WIDGET_MIME in b for b in displays.shown)
     view.finish(types.SimpleNamespace(ok=True, elapsed=0.6, failures=[]))
     assert set(displays.updated[-1]) == {"text/html"}
 
@@ -357,11 +385,11 @@ def test_html_mode_without_ipywidgets(displays, comms):
     clock = FakeClock()
     view = StatusView(2, plan=make_plan(PoolSpec(2)), mode="html", ticker=False, clock=clock, min_interval=0.2,
                       display=displays.display, update_display=displays.update).show()
-    assert WIDGET_MIME not in displays.shown[0] and "text/html" in displays.shown[0]
     for info in fake_infos(2):
         view.on_state(info)
     clock.t += 1
     view.on_output(0, "stdout", "x\n")
+    assert WIDGET_MIME not in displays.shown[0] and "text/html" in displays.shown[0]
     view.finish(types.SimpleNamespace(ok=True, elapsed=1.0, failures=[]))
     assert comms.log == []  # no widget at all
     assert text_of(displays.updated[-1]["text/html"]).startswith("%%ddp 2 ranks ✓ 1.00 s · gloo")
@@ -374,7 +402,7 @@ def test_text_mode_prints_the_summary_once_at_the_end(displays, comms):
         view.on_state(info)
     assert displays.shown == []
     view.finish(types.SimpleNamespace(ok=True, elapsed=1.5, failures=[]))
-    assert displays.shown == [{"text/plain": "ddp_magic status: 2 ranks ✓ 1.50 s · gloo · env ✓"}]
+    assert len(displays.shown) == 1 and re.fullmatch(r"ddp_magic status: 2 ranks ✓ 1\.50 s · gloo · ✓ \d+ checks passed", displays.shown[0]["text/plain"])
     assert comms.log == []
 
 
@@ -382,7 +410,7 @@ def test_a_broken_view_never_breaks_the_cell(displays, comms, capsys):
     view = StatusView(
         2, plan=make_plan(PoolSpec(2)), mode="widget", live_after=0.0, ticker=False, display=displays.display, update_display=displays.update
     ).show()
-    view.display.widgets["ranks"] = None  # rendering now raises
+    view.display.widgets["body"] = None  # rendering now raises
     view.on_state(fake_infos(1)[0])
     view.on_output(0, "stdout", "x")
     view.finish(None)
@@ -398,6 +426,11 @@ def _iopub(ex) -> Dict[str, List[dict]]:
     return kinds
 
 
+def _raw(ex, name: str) -> str:
+    """A stream's text exactly as the kernel sent it (ANSI colours included)."""
+    return "".join(m["content"]["text"] for m in ex.messages if m["msg_type"] == "stream" and m["content"]["name"] == name)
+
+
 def _widget_updates(ex) -> List[dict]:
     return [dict(m, index=i) for i, m in enumerate(ex.messages) if m["msg_type"] == "comm_msg" and m["content"]["data"].get("method") == "update"]
 
@@ -408,14 +441,14 @@ def test_kernel_iopub_carries_the_widget(kernel):
     kinds = _iopub(ex)
     opened = {m["content"]["comm_id"]: m["content"]["data"]["state"] for m in kinds["comm_open"] if m["content"]["target_name"] == "jupyter.widget"}
     assert any(st.get("_model_name") == "VBoxModel" and "ddp-status" in st.get("_dom_classes", []) for st in opened.values())
-    # the summary goes up first, at the top; the cell runs past live_after, so the same display becomes the widget
+    # one display, at the top: the summary line (a rank printed first) or the widget (the cell ran past live_after first)
     shown = kinds["display_data"]
     assert len(shown) == 1
-    assert set(shown[0]["content"]["data"]) == {"text/html"}  # no text/plain: the cell's result stays its own
+    assert set(shown[0]["content"]["data"]) <= {"text/html", WIDGET_MIME}  # no text/plain: the cell's result stays its own
     assert text_of(shown[0]["content"]["data"]["text/html"]).startswith("%%ddp 2 ranks ·")
     first_stream = min(m["index"] for m in kinds["stream"])
     assert shown[0]["index"] < first_stream, "the view is at the top, above the ranks' output"
-    live = [m for m in kinds["update_display_data"] if WIDGET_MIME in m["content"]["data"]]
+    live = [m for m in kinds["display_data"] + kinds["update_display_data"] if WIDGET_MIME in m["content"]["data"]]
     assert len(live) == 1 and live[0]["content"]["transient"]["display_id"] == shown[0]["content"]["transient"]["display_id"]
     model = live[0]["content"]["data"][WIDGET_MIME]["model_id"]
     assert model in opened
@@ -431,32 +464,33 @@ def test_kernel_iopub_carries_the_widget(kernel):
     final = kinds["update_display_data"][-1]["content"]
     assert final["transient"]["display_id"] == shown[0]["content"]["transient"]["display_id"]
     assert set(final["data"]) == {"text/html"}
-    assert re.match(r"%%ddp 2 ranks ✓ \d+\.\d\d s · gloo · env ✓( · pool started in \d+\.\d\d s)?$", text_of(final["data"]["text/html"]))
+    assert re.match(DONE + r"( · pool started in \d+\.\d\d s)?$", text_of(final["data"]["text/html"]))
     assert {m["content"]["comm_id"] for m in kinds["comm_close"]} == set(opened), "the widgets are closed when the cell ends"
-    assert "[rank 1] tick 3" in ex.stdout  # the streams still carry the output
+    assert "[\x1b[35mrank 1\x1b[0m] tick 3" in _raw(ex, "stdout")  # the streams still carry the output, the prefix in the rank's colour
 
 
 @pytest.mark.kernel
 def test_kernel_failing_rank_and_no_widget_option(kernel):
     ex = kernel.run("%%ddp -n 2\nimport torch.distributed as dist\nif dist.get_rank() == 1:\n    raise KeyError('lost')\n", timeout=180)
     assert ex.error is not None
-    final = text_of(_iopub(ex)["update_display_data"][-1]["content"]["data"]["text/html"])
+    kinds = _iopub(ex)
+    final = text_of((kinds["display_data"] + kinds["update_display_data"])[-1]["content"]["data"]["text/html"])
     assert final.startswith("%%ddp 2 ranks ✗ rank 1 raised KeyError")
     kernel.run("%%ddp\n1", timeout=180).ok()  # the pool restarts after the failure
     quick = kernel.run("%%ddp\n1", timeout=120).ok()  # a warm pool: over before the view would go live
     kinds = _iopub(quick)
     assert not kinds["comm_open"] and not kinds["comm_msg"], "a quick cell opens no widget"
-    assert [set(m["content"]["data"]) for m in kinds["display_data"] + kinds["update_display_data"]] == [{"text/html"}, {"text/html"}]
-    assert text_of(kinds["update_display_data"][0]["content"]["data"]["text/html"]).startswith("%%ddp 2 ranks ✓")
+    assert [set(m["content"]["data"]) for m in kinds["display_data"] + kinds["update_display_data"]] == [{"text/html"}], "one display message"
+    assert re.match(DONE, text_of(kinds["display_data"][0]["content"]["data"]["text/html"]))
     quiet = kernel.run("%%ddp --no-widget\nprint('plain')", timeout=120).ok()
     kinds = _iopub(quiet)
     assert not kinds["comm_open"] and not kinds["comm_msg"] and not kinds["display_data"]
-    assert "[rank 0] plain" in quiet.stdout
+    assert "[\x1b[34mrank 0\x1b[0m] plain" in _raw(quiet, "stdout")
 
 
 @pytest.mark.kernel
 def test_kernel_ddp_env_live_and_planned():
-    k = Kernel()  # a kernel of its own: a pool imports torch in the kernel (for results), the checks must not
+    k = Kernel(extra_env={"DDP_MAGIC_WARM_TEMPLATE": "0"})  # no warm-up at %load_ext: a pool imports torch in the kernel, the checks must not
     try:
         k.run("%load_ext ddp_magic").ok()
         data = k.value("%ddp_env -n 4 --backend nccl --json")
@@ -467,9 +501,11 @@ def test_kernel_ddp_env_live_and_planned():
         assert k.value("'torch' in __import__('sys').modules") is False, "the checks must not import torch in the kernel"
         k.run("%%ddp -n 2\n1", timeout=180).ok()
         live = k.run("%ddp_env").ok()
-        assert live.result.startswith("live env of 2 rank(s), backend gloo — env ✓")
-        assert "✓ process group: initialised on 2/2 ranks: backend gloo, world size 2" in live.result
-        assert "<table" in live.displays[-1]["text/html"]
+        assert re.match(r"live env of 2 rank\(s\), backend gloo — ✓ \d+ checks passed\n", live.result)
+        assert "process group" not in live.result, "a healthy env: the verdict, not every check"
+        page = live.displays[-1]["text/html"]
+        assert "<table" in page and "<style" not in page
+        assert "process group" in page.split("<details", 1)[1], "every check one click away"
     finally:
         k.shutdown()
 
@@ -485,6 +521,35 @@ def test_kernel_chatty_cell_on_four_ranks_is_throttled(kernel):
     final = _iopub(ex)["update_display_data"][-1]["content"]["data"]["text/html"]
     assert text_of(final).startswith("%%ddp 4 ranks ✓")
     assert "line 9999" in final
+
+
+def _ranks_of(line: str) -> List[int]:
+    """The ranks a '[rank 2] …' or '[ranks 0-1,3] …' line speaks for."""
+    label = line[1:].split("]", 1)[0].split(" ", 1)[1]
+    out: List[int] = []
+    for part in label.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+@pytest.mark.kernel
+def test_kernel_tqdm_on_four_ranks_leaves_one_line_per_rank(kernel):
+    """Each rank's bar redraws in place: the status view shows it live, the streams keep its final state only."""
+    pytest.importorskip("tqdm")
+    code = "%%ddp -n 4\nimport time\nfrom tqdm import tqdm\nfor i in tqdm(range(20), mininterval=0.05, desc='train'):\n    time.sleep(0.05)\nprint('after')"
+    for _run in range(2):  # the second run too
+        ex = kernel.run(code, timeout=300).ok()
+        raw = _raw(ex, "stderr")
+        lines = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", raw).splitlines() if ln.strip()]
+        assert "\r" not in raw, "no redraw fragments in the saved output"
+        ranks = sorted(r for ln in lines for r in _ranks_of(ln))  # identical final bars may be one '[ranks 1-2]' line
+        assert ranks == [0, 1, 2, 3], "at most one line per rank per bar"
+        assert all("20/20" in ln for ln in lines)
+        assert re.sub(r"\x1b\[[0-9;]*m", "", _raw(ex, "stdout")).count("] after") == 4
+        bars = [m["content"]["data"]["state"]["value"] for m in _widget_updates(ex) if "ddp-status-bar" in m["content"]["data"]["state"].get("value", "")]
+        assert bars, "the live view showed the ranks' bars"
+        assert re.search(r"data-total='20'", bars[-1])
 
 
 # ---------------------------------------------------------------- part 3: real JupyterLab in headless Chromium
@@ -509,5 +574,5 @@ def test_widget_renders_in_jupyterlab(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["rows"] == 4 and info["done"] == 4
-    assert re.match(r"%%ddp 4 ranks ✓ \d+\.\d\d s · gloo · env ✓", info["header"])
+    assert re.match(r"%%ddp 4 ranks ✓ (\d+ ms|\d+\.\d\d s) · gloo · ✓ \d+ checks passed", info["header"])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

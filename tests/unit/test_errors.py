@@ -55,7 +55,7 @@ def test_a_cell_error_puts_the_root_cause_first_and_sums_up_the_stopped():
     assert "--- last lines rank 1 printed ---" in lines and "rank 0 raised RuntimeError: Connection reset by peer" in lines
     assert not any("(pid 8)" in ln for ln in lines)  # the stopped rank is in the notes only
     assert lines[-1] == "rank 2 did not respond to the interrupt and was stopped"
-    assert err.ranks == [1, 0, 2] and err._render_traceback_()[0].startswith("CellError: rank 1")
+    assert err.ranks == [1, 0, 2] and err._render_traceback_()[0].startswith("\x1b[91mCellError\x1b[39m: rank 1")  # IPython's colour
 
 
 def test_a_cell_error_without_failures_shows_its_notes():

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 EXPECTED = [
     "01_quickstart", "02_env_and_validation", "03_train_ddp", "04_all_gather", "05_when_things_go_wrong", "06_debugging",
-    "07_fsdp2", "08_tensor_parallel", "09_export",
+    "07_fsdp2", "08_tensor_parallel", "09_export", "10_metrics_and_profile",
 ]
 EXPECTED_TO_FAIL = {"raises-exception", "nbval-raises-exception"}
 REFRESH = "re-execute and save it: python notebooks/refresh.py"
@@ -119,3 +119,33 @@ def test_the_test_run_includes_the_notebooks():
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
     assert "notebooks" in cfg["tool:pytest"]["testpaths"].split()
+
+
+def test_saved_with_the_kernelspec_jupyterlab_writes(nb):
+    """JupyterLab and Notebook 7 rewrite any other display name on open: the notebook would open as modified."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("refresh", NOTEBOOKS / "refresh.py")
+    refresh = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("refresh", refresh)
+    spec.loader.exec_module(refresh)
+    assert dict(nb.metadata["kernelspec"]) == refresh.KERNELSPEC == {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+
+EXTRA_IMPORTS = {"matplotlib": "matplotlib", "tqdm": "tqdm"}  # import name -> the `examples` extra's requirement
+
+
+def test_what_an_example_needs_beyond_ddp_magic_is_in_the_examples_extra(nb):
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        tomllib = pytest.importorskip("tomli")
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["examples"]
+    code = "\n".join(c.source for c in code_cells(nb))
+    needed = [m for m in EXTRA_IMPORTS if re.search(rf"^\s*(import|from) {m}\b", code, re.M)]
+    for module in needed:
+        assert any(req.startswith(EXTRA_IMPORTS[module]) for req in extra), f"{module} missing from the examples extra"
+    if needed:
+        first = next(c for c in nb.cells if c.cell_type == "markdown").source
+        assert 'pip install "ddp-magic[examples]"' in first, "say at the top of the notebook what it needs"

@@ -10,6 +10,7 @@ from ddp_magic.ui.output import RankPrinter, parse_ranks
 
 def _printer(**kw):
     out, err = io.StringIO(), io.StringIO()
+    kw.setdefault("colour", False)
     return RankPrinter(streams={"stdout": lambda: out, "stderr": lambda: err}, **kw), out, err
 
 
@@ -23,21 +24,57 @@ def test_lines_are_prefixed_and_partials_wait_for_their_end():
     assert out.getvalue().endswith("[rank 0] next\n")
 
 
-def test_carriage_return_progress_redraws_in_place():
+def test_carriage_return_redraws_leave_only_the_final_state():
     p, out, _ = _printer()
     for i in range(3):
         p.feed(0, "stdout", f"\r{i}/3")
+    assert out.getvalue() == "", "a line being redrawn is not written while it changes"
     p.feed(0, "stdout", "\r3/3\n")
-    text = out.getvalue()
-    assert "[rank 0] 0/3\r" in text and "[rank 0] 3/3\n" in text
-    assert "[rank 0] \r" not in text  # no empty prefixed redraws
+    assert out.getvalue() == "[rank 0] 3/3\n"
+    p.feed(0, "stdout", "\r1/9")  # a bar the cell leaves unfinished: its last state, once the cell ends
+    p.flush()
+    assert out.getvalue() == "[rank 0] 3/3\n[rank 0] 1/9\n"
 
 
-def test_other_rank_does_not_overwrite_an_open_progress_line():
+def test_other_rank_lines_are_not_garbled_by_a_redraw():
     p, out, _ = _printer()
     p.feed(0, "stdout", "\r50%\r")
     p.feed(1, "stdout", "log line\n")
-    assert out.getvalue() == "[rank 0] 50%\r\n[rank 1] log line\n"
+    p.feed(0, "stdout", "       \r")  # tqdm(leave=False) clears its line: nothing is left of it
+    p.flush()
+    assert out.getvalue() == "[rank 1] log line\n"
+
+
+def test_tqdm_on_four_ranks_leaves_one_line_per_rank_per_bar():
+    tqdm = pytest.importorskip("tqdm")
+    p, _, err = _printer()
+    p.world = 4
+    streams = {r: io.StringIO() for r in range(4)}
+    bars = {r: tqdm.tqdm(total=10, file=streams[r], mininterval=0, desc=f"epoch {r}", ascii=True, position=0) for r in range(4)}  # each rank: its own bar
+    for _step in range(10):
+        for r, bar in bars.items():
+            before = streams[r].tell()
+            bar.update(1)
+            p.feed(r, "stderr", streams[r].getvalue()[before:])
+    for r, bar in bars.items():
+        before = streams[r].tell()
+        bar.close()
+        p.feed(r, "stderr", streams[r].getvalue()[before:])
+    p.flush()
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 4 and "\r" not in err.getvalue()
+    assert sorted(ln.split("]")[0] for ln in lines) == [f"[rank {r}" for r in range(4)]
+    assert all("10/10" in ln for ln in lines)
+
+
+def test_prefixes_are_coloured_per_rank():
+    from ddp_magic.ui.output import use_colour
+
+    p, out, _ = _printer(colour=True)
+    p.feed(0, "stdout", "a\n")
+    p.feed(1, "stdout", "b\n")
+    assert out.getvalue() == "[\x1b[34mrank 0\x1b[0m] a\n[\x1b[35mrank 1\x1b[0m] b\n"
+    assert use_colour({}) and not use_colour({"NO_COLOR": ""}) and not use_colour({"DDP_MAGIC_COLOR": "0"})
 
 
 def test_rank_filter_and_ordered_mode():
@@ -110,13 +147,13 @@ def test_a_held_line_goes_out_after_the_window(monkeypatch):
     p.flush()
 
 
-def test_progress_on_stderr_is_not_held():
+def test_progress_on_stderr_keeps_its_final_state_only():
     p, _, err = _printer()
     p.world = 2
     p.feed(0, "stderr", "loading\n\r 10%")
-    p.feed(0, "stderr", "\r 20%\r")
-    assert err.getvalue().startswith("[rank 0] loading\n[rank 0]  10%")
+    p.feed(0, "stderr", "\r 20%")
     p.flush()
+    assert err.getvalue() == "[rank 0] loading\n[rank 0]  20%\n"
 
 
 def test_merger_and_labels():

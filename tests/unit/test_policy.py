@@ -16,6 +16,7 @@ from ddp_magic.errors import RankFailure
 from ddp_magic.kernel.cell import CellRun, RankOps
 from ddp_magic.kernel.policy import (
     FAILURE,
+    Abort,
     CaptureStacks,
     FailurePolicy,
     GiveUp,
@@ -49,6 +50,8 @@ class FakePool:
         term_ok: Sequence[int] = (),
         kill_ok: Sequence[int] = (),
         grace: float = 1.0,
+        collective: Optional[Dict[int, dict]] = None,
+        abortable: Sequence[int] = (),
     ) -> None:
         self.now = 0.0
         self.grace = grace
@@ -62,6 +65,8 @@ class FakePool:
         self.pump_calls = 0
         self.ticks = 0
         self.debugging: Set[int] = set()  # ranks in the debugger (holding)
+        self.collective: Dict[int, dict] = collective or {}  # what a rank's STACK reply says it waits in
+        self.abortable: Set[int] = set(abortable)  # ranks an aborted process group releases
 
     # ------------------------------------------------------------ scripting
     def at(self, t: float, what: Callable[[], None]) -> None:
@@ -112,7 +117,13 @@ class FakePool:
     def ask(self, op: str, timeout: float) -> Dict[int, dict]:
         self.log.append(("ask", op, self.now))
         self.now += 0.01
-        return {r: {"op": op, "text": STUCK} for r, i in self.ranks.items() if i.state == RankState.RUNNING}
+        return {r: {"op": op, "text": STUCK, "collective": self.collective.get(r)} for r, i in self.ranks.items() if i.state == RankState.RUNNING}
+
+    def abort(self, ranks: Sequence[int], why: str) -> None:
+        self.log.append(("abort", tuple(ranks), self.now))
+        for r in ranks:
+            if r in self.abortable:
+                self.at(self.now + REACT_S, self.finish(r, "interrupted", {"type": "RuntimeError", "message": "released", "traceback": ""}))
 
     def interrupt(self, ranks: Sequence[int]) -> None:
         self.log.append(("interrupt", tuple(ranks), self.now))
@@ -160,30 +171,61 @@ def _run(pool: FakePool, timeout: Optional[float] = None) -> CellRun:
 
 
 # ------------------------------------------------------------------ a rank raises while the others wait
-def test_a_rank_raises_while_others_wait_in_a_collective():
-    pool = FakePool(4, term_ok=[0, 2, 3])  # stuck in all_reduce: deaf to the interrupt, not to SIGTERM
+AR = {"op": "all_reduce", "seq": 5, "shape": [4], "dtype": "float32", "group": "default", "ranks": None, "waited": 1.0}
+
+
+def test_a_rank_raises_while_others_wait_in_a_collective_and_the_group_is_aborted():
+    pool = FakePool(4, collective={0: AR, 2: AR, 3: AR}, abortable=[0, 2, 3])
     pool.at(0.1, pool.finish(1, "error", ERROR))
     run = _run(pool)
 
-    # grace -> stacks -> interrupt -> grace -> SIGTERM -> (they exit) -> given up
+    # grace -> stacks (they wait in all_reduce) -> abort on every live rank + interrupt -> released
     assert pool.did("ask") == [("ask", "stack", pytest.approx(1.1))]
-    assert pool.did("interrupt") == [("interrupt", (0, 2, 3), pytest.approx(1.11))]
-    assert pool.did("signal") == [("signal", (0, 2, 3), signal.SIGTERM, pytest.approx(2.11))]
-    assert pool.now < 2.5, "no SIGKILL wait once every stopped rank has exited"
-    assert run.notes == [
-        "after rank 1 failed, ranks 0, 2, 3 were still running (rank 0 at cell line 5: dist.all_reduce(x), "
-        "rank 2 at cell line 5: dist.all_reduce(x), rank 3 at cell line 5: dist.all_reduce(x)); interrupted",
+    assert pool.did("abort") == [("abort", (0, 1, 2, 3), pytest.approx(1.11))]
+    assert not pool.did("interrupt"), "the abort releases them; an interrupt could not"
+    assert not pool.did("signal") and pool.broken is None
+    assert run.notes[0] == "rank 1 never arrived at all_reduce #5 (rank 1 raised)"
+    assert run.notes[1] == "where each rank was:"
+    assert "all_reduce #5  [4] float32  default  at cell line 5: dist.all_reduce(x)" in run.notes[3]
+    assert run.notes[-1] == "ranks 0, 2, 3 were in all_reduce #5 (at cell line 5: dist.all_reduce(x)) and were released"
+    assert run.aborted and run.cancelled and not run.state_lost
+    failures = run.failures()
+    assert [(f.rank, f.kind) for f in failures] == [(1, "error"), (0, "interrupted"), (2, "interrupted"), (3, "interrupted")]
+    assert failures[0].headline() == "rank 1 raised ValueError: rank 1 cannot go on"
+    assert pool.pump_calls == 1, "stopping ranks happens inside the one poll loop, not in a loop of its own"
+
+
+def test_ranks_that_not_even_the_abort_releases_are_stopped():
+    pool = FakePool(4, term_ok=[0, 2, 3], collective={0: AR, 2: AR, 3: AR})  # deaf to the abort, not to SIGTERM
+    pool.at(0.1, pool.finish(1, "error", ERROR))
+    run = _run(pool)
+    # abort (1.11) -> a grace -> still running: the interrupt they were spared (2.11) -> a grace -> SIGTERM
+    assert pool.did("interrupt") == [("interrupt", (0, 2, 3), pytest.approx(2.11))]
+    assert pool.did("signal") == [("signal", (0, 2, 3), signal.SIGTERM, pytest.approx(3.11))]
+    assert pool.now < 3.5, "no SIGKILL wait once every stopped rank has exited"
+    assert run.notes[-1] == (
         "ranks 0, 2, 3 did not respond to the interrupt (stuck in a collective or native code) and were stopped; "
-        "the pool restarts on the next cell and variables defined in earlier %%ddp cells are lost",
-    ]
+        "the pool restarts on the next cell and variables defined in earlier %%ddp cells are lost"
+    )
     assert pool.broken == "ranks 0, 2, 3 did not respond to the interrupt and were stopped"
-    assert run.cancelled and run.state_lost and not run.timed_out and not run.user_interrupt
+    assert run.state_lost
     failures = run.failures()
     assert [(f.rank, f.kind) for f in failures] == [(1, "error"), (0, "killed"), (2, "killed"), (3, "killed")]
-    assert failures[0].headline() == "rank 1 raised ValueError: rank 1 cannot go on"
     assert failures[1].kind is FailureKind.KILLED and failures[1].exit_code == -signal.SIGTERM
-    assert set(run.stacks) == {0, 2, 3}
-    assert pool.pump_calls == 1, "stopping ranks happens inside the one poll loop, not in a loop of its own"
+
+
+def test_a_rank_deaf_to_the_interrupt_gets_the_group_aborted_before_it_is_stopped():
+    """Not seen in a collective (DDP's buckets wait in C++), yet deaf: abort first, then the signals."""
+    pool = FakePool(2, abortable=[0])
+    pool.at(0.1, pool.finish(1, "error", ERROR))
+    run = _run(pool)
+    assert pool.did("interrupt") == [("interrupt", (0,), pytest.approx(1.11))]
+    assert pool.did("abort") == [("abort", (0, 1), pytest.approx(2.11))]
+    assert not pool.did("signal") and pool.broken is None and run.aborted and not run.state_lost
+    assert run.notes == [
+        "after rank 1 failed, rank 0 was still running (rank 0 at cell line 5: dist.all_reduce(x)); interrupted",
+        "rank 0 did not respond to the interrupt; aborted the process group to release it",
+    ]
 
 
 def test_a_rank_in_the_debugger_pauses_the_grace_and_the_timeout():
@@ -248,10 +290,13 @@ def test_a_rank_ignoring_the_user_interrupt_is_stopped_after_the_grace():
     pool = FakePool(2, interruptible=[0], term_ok=[1])
     pool.at(1.0, pool.ctrl_c)
     run = _run(pool)
-    assert pool.did("interrupt") == [("interrupt", (0, 1), 1.0)]
-    assert pool.did("signal") == [("signal", (1,), signal.SIGTERM, pytest.approx(2.0))]
+    assert pool.did("ask") == [("ask", "stack", 1.0)]  # where they were, for the message
+    assert pool.did("interrupt") == [("interrupt", (0, 1), pytest.approx(1.01))]
+    assert pool.did("abort") == [("abort", (0, 1), pytest.approx(2.01))]  # rank 0 is done; rank 1 is deaf: abort first
+    assert pool.did("signal") == [("signal", (1,), signal.SIGTERM, pytest.approx(3.01))]
     assert run.notes[0] == "interrupted by the user (Ctrl-C / kernel interrupt)"
-    assert run.notes[1].startswith("rank 1 did not respond to the interrupt (stuck in a collective or native code) and was stopped;")
+    assert run.notes[1] == "rank 1 did not respond to the interrupt; aborted the process group to release it"
+    assert run.notes[2].startswith("rank 1 did not respond to the interrupt (stuck in a collective or native code) and was stopped;")
     assert [(f.rank, f.kind) for f in run.failures()] == [(1, "killed"), (0, "interrupted")]
     assert run.user_interrupt and run.cancelled and run.state_lost
 
@@ -264,7 +309,9 @@ def test_the_timeout_captures_every_stack_and_interrupts():
     assert pool.did("interrupt") == [("interrupt", (0, 1, 2), pytest.approx(2.01))]
     assert not pool.did("signal") and pool.broken is None and not run.state_lost
     assert run.notes[0] == "where each rank was when the timeout expired:"
-    assert run.notes[1:] == [f"--- rank {r} ---\n{STUCK.rstrip()}" for r in range(3)]
+    assert run.notes[1].split() == ["rank", "collective", "tensor", "group", "where"]
+    assert run.notes[2].split()[:4] == ["0", "-", "-", "-"] and run.notes[2].endswith("at cell line 5: dist.all_reduce(x)")
+    assert run.notes[5:] == [f"--- rank {r} ---\n{STUCK.rstrip()}" for r in range(3)]
     failures = run.failures()
     assert failures[0].kind is FailureKind.TIMEOUT and failures[0].headline() == "the cell ran past --timeout 2s"
     assert [f.kind for f in failures[1:]] == ["interrupted"] * 3
@@ -284,8 +331,9 @@ def test_ctrl_c_once_interrupts_every_rank_and_keeps_the_pool():
     pool = FakePool(3, interruptible=[0, 1, 2])
     pool.at(0.7, pool.ctrl_c)
     run = _run(pool)
-    assert pool.did("interrupt") == [("interrupt", (0, 1, 2), 0.7)]
-    assert not pool.did("signal") and not pool.did("ask") and pool.broken is None
+    assert pool.did("ask") == [("ask", "stack", 0.7)]
+    assert pool.did("interrupt") == [("interrupt", (0, 1, 2), pytest.approx(0.71))]
+    assert not pool.did("signal") and not pool.did("abort") and pool.broken is None
     assert run.notes == ["interrupted by the user (Ctrl-C / kernel interrupt)"]
     assert [(f.rank, f.kind) for f in run.failures()] == [(0, "interrupted"), (1, "interrupted"), (2, "interrupted")]
     assert run.user_interrupt and run.cancelled and not run.state_lost
@@ -339,12 +387,14 @@ def test_the_escalation_is_a_sequence_of_policy_states():
     assert p.stacks_taken({0: STUCK}, 1.6) == [Interrupt((0,))]
     assert p.notes == ["after rank 1 failed, rank 0 was still running (rank 0 at cell line 5: dist.all_reduce(x)); interrupted"]
     assert p.next_due() == pytest.approx(2.6)
-    assert p.decide(states, 2.6) == [Signal((0,), signal.SIGTERM)]
-    assert p.stopping and p.next_due() == pytest.approx(3.6)
-    assert p.decide(states, 3.0) == []
-    assert p.decide(states, 3.6) == [Signal((0,), signal.SIGKILL)]
-    assert p.next_due() == pytest.approx(6.6)
-    assert p.decide(states, 6.6) == [GiveUp((0,), "rank 0 did not respond to the interrupt and was stopped")]
+    assert p.decide(states, 2.6) == [Abort((0, 1), "did not respond to the interrupt")]
+    assert p.aborted and p.next_due() == pytest.approx(3.6)
+    assert p.decide(states, 3.6) == [Signal((0,), signal.SIGTERM)]
+    assert p.stopping and p.next_due() == pytest.approx(4.6)
+    assert p.decide(states, 4.0) == []
+    assert p.decide(states, 4.6) == [Signal((0,), signal.SIGKILL)]
+    assert p.next_due() == pytest.approx(7.6)
+    assert p.decide(states, 7.6) == [GiveUp((0,), "rank 0 did not respond to the interrupt and was stopped")]
     assert not p.stopping and p.state_lost
 
 

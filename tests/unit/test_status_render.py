@@ -16,6 +16,8 @@ from ddp_magic.kernel import RankInfo
 from ddp_magic.plan import DIST_VARS, Check, GPUInfo, PoolSpec, make_plan
 from ddp_magic.states import FailureKind, RankState, Waiting
 from ddp_magic.ui import status_render as R
+from ddp_magic.ui import status_tables as T
+from ddp_magic.ui.progress import Bar, LiveLines, parse_bar
 from ddp_magic.ui.status import choose_mode
 
 ROW = re.compile(r"data-rank='(\d+)' data-state='([a-z]+)'")
@@ -23,8 +25,8 @@ OK_CHECKS = [Check("ranks unique and complete", True, "0..1"), Check("variables 
 
 
 def text_of(fragment: str) -> str:
-    """The words of an HTML fragment's first line (its header), as a reader sees them."""
-    header = re.sub(r"(?s)<style>.*?</style>", "", fragment).split("</div>", 1)[0]
+    """The words of an HTML fragment's summary line (its header), as a reader sees them."""
+    header = fragment.split("</summary>", 1)[0] if "<summary" in fragment else fragment
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", header)).split())
 
 
@@ -48,28 +50,55 @@ def test_labels():
     assert R.state_label(RankInfo(rank=0, state=RankState.DEAD, exit_code=-9)) == FailureKind.KILLED == "killed"
     assert R.state_label(RankInfo(rank=0, state=RankState.DEAD, exit_code=3)) == FailureKind.DIED
     assert R.state_label(RankInfo(rank=0, state="connecting")) is RankState.CONNECTING
-    assert set(R.STATE_COLORS) == (set(RankState) - {RankState.DEAD}) | {FailureKind.KILLED, FailureKind.DIED}
+    assert set(R.STATE_TONES) == (set(RankState) - {RankState.DEAD}) | {FailureKind.KILLED, FailureKind.DIED}
+    assert R.STATE_TONES[RankState.FAILED] != R.STATE_TONES[FailureKind.KILLED], "killed and failed are told apart"
 
 
 def test_running_summary_counts_states_in_order():
     ranks = infos(4)
     ranks[0].state = ranks[1].state = RankState.DONE
     s = snap(4, ranks)
-    assert R.summary(s) == "4 ranks · running 2, done 2 · 3.20 s · gloo · env ✓"
+    assert R.summary(s) == "4 ranks · running 2, done 2 · 3.20 s · gloo · ✓ 2 checks passed"
     assert text_of(R.header_html(s)).replace(" ,", ",") == "%%ddp " + R.summary(s)  # each count is its own <span>
     assert "data-state='running'" in R.header_html(s)
 
 
+def test_one_clock_start_time_apart():
+    """The plain seconds are always the run time; the pool's start has its own labelled clock."""
+    starting = snap(2, infos(2, state=RankState.STARTING), elapsed=0.0, starting_for=5.45)
+    assert R.summary(starting) == "2 ranks · starting 2 · start 5.45 s · gloo · ✓ 2 checks passed"
+    running = snap(2, infos(2), elapsed=0.08, started_in=5.4)
+    assert R.summary(running) == "2 ranks · running 2 · 80 ms · gloo · ✓ 2 checks passed · pool started in 5.40 s"
+    quick = snap(2, infos(2, state=RankState.DONE), finished=True, ok=True, elapsed=0.0004)
+    assert R.summary(quick).startswith("2 ranks ✓ <1 ms · ")
+    assert "0.00 s" not in R.summary(snap(2, infos(2, state=RankState.DONE), finished=True, ok=True, elapsed=0.004))
+
+
 def test_finished_summary_text_and_html_agree():
     ok = snap(2, infos(2, state=RankState.DONE), finished=True, ok=True, elapsed=2.31, started_in=1.5)
-    assert R.summary(ok) == "2 ranks ✓ 2.31 s · gloo · env ✓ · pool started in 1.50 s"
+    assert R.summary(ok) == "2 ranks ✓ 2.31 s · gloo · ✓ 2 checks passed · pool started in 1.50 s"
     assert text_of(R.header_html(ok)) == "%%ddp " + R.summary(ok)
     bad = snap(2, infos(2, state=RankState.FAILED), finished=True, ok=False, note="rank 1 raised ValueError: boom", elapsed=0.5)
-    assert R.summary(bad) == "2 ranks ✗ rank 1 raised ValueError: boom · 0.50 s · gloo · env ✓"
+    assert R.summary(bad) == "2 ranks ✗ rank 1 raised ValueError: boom · 500 ms · gloo · ✓ 2 checks passed"
     assert text_of(R.header_html(bad)) == "%%ddp " + R.summary(bad)
     assert "data-state='finished'" in R.header_html(bad)
-    assert R.static_text(bad).startswith(R.TEXT_PREFIX + R.summary(bad) + "\n")
-    assert R.final_text(bad) == R.TEXT_PREFIX + R.summary(bad)
+    assert "data-outcome='failed'" in T.static_html(bad) and "data-outcome='ok'" in T.static_html(ok)
+    assert T.static_text(bad).startswith(R.TEXT_PREFIX + R.summary(bad) + "\n")
+    assert T.final_text(bad) == R.TEXT_PREFIX + R.summary(bad)
+
+
+def test_the_root_cause_alone_is_failed_the_others_stopped():
+    ranks = infos(4, finished=1002.0)
+    ranks[1].state = RankState.FAILED
+    ranks[0].state = RankState.INTERRUPTED
+    ranks[2].state, ranks[2].exit_code = RankState.DEAD, -15
+    ranks[3].state, ranks[3].exit_code = RankState.DEAD, -9
+    s = snap(4, ranks, root=1, finished=True, ok=False, note="rank 1 raised ValueError: boom")
+    assert ROW.findall(T.ranks_html(s)) == [("0", "stopped"), ("1", "failed"), ("2", "stopped"), ("3", "stopped")]
+    assert [sq for sq in re.findall(r"data-rank='(\d)' data-state='(\w+)'", R.header_html(s))] == ROW.findall(T.ranks_html(s))
+    alone = snap(4, ranks)  # no root cause known (e.g. the user interrupted): the states as they are
+    assert ROW.findall(T.ranks_html(alone))[0] == ("0", "interrupted")
+    assert R.root_rank(types.SimpleNamespace(failures=[types.SimpleNamespace(rank=1), types.SimpleNamespace(rank=0)])) == 1
 
 
 def test_verdict_from_outcome_or_error():
@@ -85,20 +114,40 @@ def test_rank_table_html_and_text_come_from_the_same_rows():
     ranks[1].state, ranks[1].exit_code = RankState.DEAD, -9
     ranks[0].last_line = "hello \x1b[1mworld\x1b[0m"
     s = snap(2, ranks)
-    table = R.ranks_html(s)
+    table = T.ranks_html(s)
     assert ROW.findall(table) == [("0", "done"), ("1", "killed")]
     assert ">SIGKILL<" in table and "was killed by SIGKILL" in table  # the cell and its tooltip
     assert ">hello world<" in table and ">4000<" in table and ">2.00 s<" in table
-    lines = R.ranks_text(s)
+    lines = T.ranks_text(s)
     assert lines[0].split() == ["rank", "state", "time", "device", "pid", "exit", "last", "line"]
     assert lines[1].split() == ["0", "done", "2.00", "s", "cpu", "4000", "hello", "world"]
     assert lines[2].split()[:7] == ["1", "killed", "2.00", "s", "cpu", "4001", "SIGKILL"]
     assert lines[0].index("state") == lines[1].index("done") == lines[2].index("killed"), "columns line up"
 
 
+def test_the_last_line_is_the_newest_output_even_a_redraw():
+    ranks = infos(2)
+    ranks[0].last_line = "step 9"  # what the pool saw last as a complete line
+    live = LiveLines()
+    live.feed(0, "stderr", "step 9\n\rtrain:  50%|##   | 5/10 [00:01<00:01, 4.90it/s]")
+    s = snap(2, ranks, lines=live.lines, bars=live.bars)
+    row = T.rank_row(s, 0)
+    assert row.cells["last line"].startswith("train:  50%") and row.cells["progress"] == "train 5/10 4.90it/s"
+    assert "progress" in T.row_columns(T.rank_rows(s))
+    strip = R.header_html(s)
+    assert "class='ddp-status-bar' data-rank='0' data-n='5' data-total='10'" in strip and "width:50%" in strip
+
+
+def test_tqdm_lines_parse_into_bars():
+    assert parse_bar("epoch 2:  37%|###7      | 37/100 [00:01<00:02, 30.12it/s]") == Bar(37, 100, "30.12it/s", "epoch 2")
+    assert parse_bar(" 12%|#2        | 1.2k/10.0k [00:01<00:08, 1.1kit/s]") == Bar(1200, 10000, "1.1kit/s", "")
+    assert parse_bar("5it [00:00, 980.2it/s]") == Bar(5, None, "980.2it/s", "")
+    assert parse_bar("loss 0.31 at step 5/10") is None and parse_bar("") is None
+
+
 def test_a_rank_not_yet_heard_of_is_starting():
     s = snap(3, infos(1))
-    assert [r.label for r in R.rank_rows(s)] == [RankState.RUNNING, RankState.STARTING, RankState.STARTING]
+    assert [r.label for r in T.rank_rows(s)] == [RankState.RUNNING, RankState.STARTING, RankState.STARTING]
     assert R.summary(s).startswith("3 ranks · starting 2, running 1 · ")
 
 
@@ -108,63 +157,89 @@ def test_sixty_four_ranks_stay_readable():
         info.state = RankState.DONE
     s = snap(64, ranks, envs=rank_envs(64))
     assert R.summary(s).startswith("64 ranks · running 60, done 4 · 3.20 s · gloo")
-    table = R.ranks_html(s)
+    table = T.ranks_html(s)
     assert "max-height:20em;overflow:auto" in table and len(ROW.findall(table)) == 64
     assert len(table) < 40_000
     assert R.header_html(s).count("title='rank ") == 64  # one small square per rank
-    assert len(R.static_text(s).splitlines()) < 64 + 15
+    assert len(T.static_text(s).splitlines()) < 64 + 15
     done = snap(64, infos(64, state=RankState.DONE), finished=True, ok=True, elapsed=3.3)
-    assert R.summary(done).startswith("64 ranks ✓ 3.30 s · gloo · env")
+    assert R.summary(done).startswith("64 ranks ✓ 3.30 s · gloo · ✓ 2 checks")
 
 
 def test_gpu_memory_column():
     plan = make_plan(PoolSpec(2, backend="nccl"), gpus=GPUInfo(count=2, cuda_built=True, physical=2), strict=False)
     ranks = [RankInfo(rank=r, state=RankState.DONE, device=f"cuda:{r}", pid=10 + r, memory=(r + 1) * 3 << 29) for r in range(2)]
-    table = R.ranks_html(snap(2, ranks, backend=plan.backend))
+    table = T.ranks_html(snap(2, ranks, backend=plan.backend))
     assert ">memory<" in table and ">1.5 GiB<" in table and ">3.0 GiB<" in table and ">cuda:1<" in table
-    assert ">memory<" not in R.ranks_html(snap(2, infos(2)))
+    assert ">memory<" not in T.ranks_html(snap(2, infos(2)))
 
 
 def test_host_column_only_with_more_than_one_host():
     ranks = infos(2)
-    assert ">host<" not in R.ranks_html(snap(2, ranks))
+    assert ">host<" not in T.ranks_html(snap(2, ranks))
     ranks[0].host, ranks[1].host = "node-a", "node-b"
-    assert ">host<" in R.ranks_html(snap(2, ranks)) and ">node-b<" in R.ranks_html(snap(2, ranks))
+    assert ">host<" in T.ranks_html(snap(2, ranks)) and ">node-b<" in T.ranks_html(snap(2, ranks))
 
 
-def test_env_section_shows_variables_and_failing_checks_first():
+def test_env_section_says_the_verdict_and_only_the_problems_first():
     checks = [Check("ranks unique and complete", False, "rank(s) [1] appear more than once"), Check("variables set", True, "all set")]
     s = snap(2, infos(2), checks=checks, envs=rank_envs(2))
-    env = R.env_html(s)
+    env = T.env_html(s)
+    visible, behind = env.split("<details>", 1)
+    assert "✗ 1 of 2 checks failed" in visible and "appear more than once" in visible and "all set" not in visible
     for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK"):
-        assert f">{var}<" in env
-    assert env.index("appear more than once") < env.index("all set")
-    assert "data-check='ranks unique and complete' data-ok='false'" in env
-    assert "env ✗ 1 failed" in R.header_html(s)
-    text = R.static_text(s)
+        assert f">{var}<" in behind  # the variables once, one click away
+    assert "all set" in behind and "data-check='ranks unique and complete' data-ok='false'" in env
+    assert "✗ 1 of 2 checks failed" in R.header_html(s)
+    healthy = T.env_html(snap(2, infos(2), envs=rank_envs(2))).split("<details>", 1)[0]
+    assert "✓ 2 checks passed" in healthy and "<li" not in healthy
+    text = T.static_text(s)
     assert "✗ ranks unique and complete: rank(s) [1] appear more than once" in text
-    assert "  env ✗ 1 failed: 1 of 2 checks passed" in text
+    assert "  ✗ 1 of 2 checks failed" in text
     assert "RANK, LOCAL_RANK = rank (0..1)" in text
 
 
-def test_static_html_holds_the_summary_and_both_sections():
+def test_static_html_is_one_disclosure_line():
     s = snap(2, infos(2), envs=rank_envs(2))
-    page = R.static_html(s)
-    assert page.startswith("<div class='ddp-status'") and text_of(page) == "%%ddp " + R.summary(s)
-    assert page.count("<details>") == 2 and "ddp-status-ranks" in page and "ddp-status-env" in page
-    brief = R.brief_html(s)
-    assert text_of(brief) == text_of(page) and "<details>" not in brief
+    page = T.static_html(s)
+    assert page.startswith("<div class='ddp-status' ") and text_of(page) == "%%ddp " + R.summary(s)
+    assert page.count("<details class='ddp-status-details'>") == 1 and "ddp-status-ranks" in page and "ddp-status-env" in page
+    brief = T.brief_html(s)
+    assert text_of(brief) == text_of(page) and "ddp-status-ranks" not in brief
 
 
-def test_notices_show_under_the_summary():
+def test_notices_are_in_the_body_not_the_line():
     s = snap(2, infos(2), notices=["one", "two", "three", "restarted the pool"])
-    header = R.header_html(s)
-    assert "restarted the pool" in header and ">one<" not in header  # the last three
-    assert "  restarted the pool" in R.static_text(s).splitlines()
+    assert "restarted the pool" not in R.header_html(s), "the line keeps one height"
+    body = T.body_html(s)
+    assert "restarted the pool" in body and ">one<" not in body  # the last three
+    assert "  restarted the pool" in T.static_text(s).splitlines()
+
+
+def test_extra_sections_render_in_the_body_and_the_text():
+    section = ("metrics", lambda s: f"<svg data-n='{s.nproc}'></svg>", lambda s: ["loss 0.1"])
+    s = snap(2, infos(2), sections=[section])
+    assert "<div class='ddp-status-section' data-title='metrics'><svg data-n='2'></svg></div>" in T.body_html(s)
+    assert "  loss 0.1" in T.static_text(s).splitlines()
+
+
+def test_no_style_blocks_anywhere():
+    """Untrusted notebooks drop <style> elements: every style we emit is inline."""
+    from ddp_magic.ui.report import plan_report
+
+    ranks = infos(4)
+    ranks[2].state, ranks[2].exit_code = RankState.DEAD, -9
+    live = LiveLines()
+    live.feed(1, "stderr", "\r 50%|##  | 5/10 [00:01<00:01, 4.90it/s]")
+    s = snap(4, ranks, envs=rank_envs(4), notices=["n"], lines=live.lines, bars=live.bars)
+    report = plan_report(make_plan(PoolSpec(2)))
+    pages = [T.static_html(s), T.brief_html(s), T.body_html(s), R.header_html(s), report._repr_html_()]
+    for page in pages:
+        assert "<style" not in page.lower()
 
 
 def test_formatting():
-    assert [R.fmt_seconds(x) for x in (None, 2.314, 75, 3725)] == ["", "2.31 s", "1 m 15 s", "1 h 02 m"]
+    assert [R.fmt_seconds(x) for x in (None, 0.0, 0.0004, 0.012, 2.314, 75, 3725)] == ["", "<1 ms", "<1 ms", "12 ms", "2.31 s", "1 m 15 s", "1 h 02 m"]
     assert [R.fmt_bytes(x) for x in (None, 512, 2048, 3 << 29)] == ["", "512 B", "2.0 KiB", "1.5 GiB"]
     assert R.clean_line("\x1b[31mred\tline\x1b[0m  ") == "red line"
     assert R.clean_line("x" * 200, 10) == "x" * 9 + "…"

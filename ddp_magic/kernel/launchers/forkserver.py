@@ -3,6 +3,10 @@
 The kernel itself is never forked. The template reports each child's exit
 as an event on its stdout, so the pool sees a dead rank within one poll,
 whatever killed it.
+
+The template outlives pools (kernel/templates.py hands it from one to the next):
+each spawn carries the current pool's secret, and ``start`` replaces a template
+whose imports no longer fit, when the env that torch reads at import changed.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ...logs import log
 from .base import Exit, LaunchError, LocalLauncher, signal_pid, worker_env
@@ -33,25 +37,54 @@ class ForkServerLauncher(LocalLauncher):
         self._buf = b""
         self._exits: List[Exit] = []
         self._pids: Dict[int, int] = {}  # pid -> rank, live children
+        self.import_env: Tuple[Tuple[str, str], ...] = ()  # what the template's imports read (import_env)
+        self.ready_info = ""  # the template's "ready" line, once read
+        self.nice = 0  # the template imports at this nice value (a warm one, kernel/templates.py)
 
-    def start(self, timeout: float = 120.0) -> str:
-        if self.proc is not None and self.proc.poll() is None:
-            return "template already running"
+    def begin(self, nice: int = 0) -> None:
+        """Start the template without waiting for its imports (``nice``: import at lower priority)."""
+        if self.alive():
+            return
+        self.close()  # a template that died: its pipes go
+        env = worker_env()
+        self.import_env, self.ready_info, self.nice = import_env(env), "", nice
         self.proc = subprocess.Popen(
             [self.python, "-m", "ddp_magic.procs.forkserver"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
-            env=worker_env(),
+            env=env,
             start_new_session=True,  # Jupyter's SIGINT to the kernel's group must not hit ranks
             close_fds=True,
         )
-        self._write({"secret": self.secret.hex()})
+        self._write({"secret": self.secret.hex(), "nice": nice})
+
+    def stale(self) -> List[str]:
+        """What changed since the template imported: the names of env variables torch reads at import."""
+        now, then = dict(import_env(worker_env())), dict(self.import_env)
+        return sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+
+    def start(self, timeout: float = 120.0) -> str:
+        changed = self.stale() if self.alive() else []
+        if changed:  # what the template imported no longer fits: a new one
+            self.close()
+        if self.alive() and self.ready_info:
+            return "template already running"
+        if self.alive() and self.nice:  # a pool waits for the warm template now: its imports at normal priority, if allowed
+            self._write({"op": "hurry"})
+        self.begin()
+        info = self._await_ready(timeout)
+        return info + (f" (new template: {', '.join(changed)} changed)" if changed else "")
+
+    def _await_ready(self, timeout: float) -> str:
+        """Wait for the template's imports; a failed or silent template is a LaunchError."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for ev in self._read_events(timeout=0.2):
                 if ev["event"] == "ready":
-                    return str(ev.get("info", ""))
+                    self.ready_info = str(ev.get("info", "")) or "template ready"
+                    return self.ready_info
                 if ev["event"] == "error":
                     self.close()
                     raise LaunchError(f"the worker template could not start: {ev['message']}\n{ev.get('traceback', '')}")
@@ -93,7 +126,7 @@ class ForkServerLauncher(LocalLauncher):
         return events
 
     def spawn(self, rank: int, config: dict) -> None:
-        self._write({"op": "spawn", "rank": rank, "config": config})
+        self._write({"op": "spawn", "rank": rank, "config": config, "secret": self.secret.hex()})
 
     def live_pids(self) -> Dict[int, int]:
         return dict(self._pids)
@@ -132,3 +165,14 @@ class ForkServerLauncher(LocalLauncher):
                 log.debug("closing a pipe to the template failed", exc_info=True)
         self._pids.clear()
         self.proc = None
+        self.ready_info = ""
+
+
+# What torch and its libraries read once, at import (the rest of the env reaches each rank at fork):
+# thread pools, allocators, the CUDA and library paths, Python's own startup.
+IMPORT_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH_", "PYTORCH_", "CUDA_", "LD_", "PYTHON", "DNNL_", "ONEDNN_")
+
+
+def import_env(env: Dict[str, str]) -> Tuple[Tuple[str, str], ...]:
+    """The part of ``env`` that the template's imports read: a change means a new template."""
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES) and k != "PYTHONUNBUFFERED"))

@@ -3,6 +3,8 @@
  * Run with `jlpm test` (tsc -p tsconfig.test.json, then node's built-in test runner).
  */
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
 import { describe, it } from 'node:test';
 
 import * as M from '../model';
@@ -52,12 +54,14 @@ function connected(p: M.IPoolSnapshot | null, status: M.KernelStatus = 'idle', r
 }
 
 describe('formatting', () => {
-  it('formats clocks like a stopwatch', () => {
-    assert.equal(M.formatClock(0), '0:00');
-    assert.equal(M.formatClock(12.7), '0:12');
-    assert.equal(M.formatClock(75), '1:15');
-    assert.equal(M.formatClock(3725), '1:02:05');
-    assert.equal(M.formatClock(-3), '0:00');
+  it('formats seconds as the cell view does (status_render.fmt_seconds)', () => {
+    assert.equal(M.fmtSeconds(0), '<1 ms');
+    assert.equal(M.fmtSeconds(0.0355), '36 ms');
+    assert.equal(M.fmtSeconds(10.094), '10.09 s');
+    assert.equal(M.fmtSeconds(2.125), '2.12 s'); // half to even, as Python
+    assert.equal(M.fmtSeconds(65), '1 m 05 s');
+    assert.equal(M.fmtSeconds(3725), '1 h 02 m');
+    assert.equal(M.fmtSeconds(null), '');
   });
 
   it('formats memory in binary units', () => {
@@ -91,24 +95,54 @@ describe('status bar text', () => {
 
   it('shows world size, backend and a running clock that moves between messages', () => {
     const s = connected(pool([rank(0, { state: 'running', elapsed: 10 }), rank(1, { state: 'running', elapsed: 9 })], { world_size: 4, nproc: 4 }), 'busy', 1000);
-    assert.equal(M.statusText(s, 1000), 'DDP 4×gloo · running 0:10');
-    assert.equal(M.statusText(s, 3500), 'DDP 4×gloo · running 0:12');
+    assert.equal(M.statusText(s, 1000), 'DDP 4×gloo · running 10.00 s');
+    assert.equal(M.statusText(s, 3500), 'DDP 4×gloo · running 12.50 s');
   });
 
   it('says which rank failed', () => {
     const s = connected(pool([rank(0, { state: 'done' }), rank(1, { state: 'failed' })]));
     assert.equal(M.statusText(s, 0), 'DDP 2×gloo · rank 1 failed');
-    const dead = connected(pool([rank(0, { state: 'dead', exit_code: -9 }), rank(1, { state: 'failed' })], { broken: 'rank 0 was killed' }));
+    const dead = connected(pool([rank(0, { state: 'dead', exit_code: 3 }), rank(1, { state: 'failed' })], { broken: 'rank 0 died' }));
     assert.equal(M.statusText(dead, 0), 'DDP 2×gloo · ranks 0,1 failed');
+  });
+
+  it('names only the root cause, not the ranks ddp_magic stopped because of it', () => {
+    // live: rank 1 raised; the others, stuck in all_reduce, were stopped with SIGTERM
+    const live = pool([rank(0, { state: 'dead', exit_code: -15 }), rank(1, { state: 'failed' }), rank(2, { state: 'dead', exit_code: -15 })]);
+    assert.equal(M.statusText(connected(live), 0), 'DDP 3×gloo · rank 1 failed');
+    // once the cell has ended the kernel says so itself (ui/labsnap.py)
+    const told = pool([
+      rank(0, { state: 'interrupted', kind: 'interrupted', cause: 'stopped' }),
+      rank(1, { state: 'dead', exit_code: -9, kind: 'died', cause: 'root' }),
+      rank(2, { state: 'dead', exit_code: -15, kind: 'killed', cause: 'stopped' })
+    ]);
+    assert.equal(M.statusText(connected(told), 0), 'DDP 3×gloo · rank 1 failed');
+    const rows = M.rankRows(connected(told), 0);
+    assert.deepEqual(
+      rows.map(r => [r.state, r.stateClass]),
+      [
+        ['interrupted', 'idle'],
+        ['killed (SIGKILL)', 'bad'],
+        ['stopped', 'idle']
+      ]
+    );
+    assert.match(rows[2].why, /^stopped by ddp_magic \(killed \(SIGTERM\)\) after rank 1 failed$/);
+    // a rank whose collective broke because rank 1 went away: a consequence, shown neutral
+    const peer = M.rankRows(connected(pool([rank(0, { state: 'failed', kind: 'error', cause: 'stopped' }), rank(1, { state: 'failed', kind: 'error', cause: 'root' })])), 0);
+    assert.deepEqual(peer.map(r => [r.state, r.stateClass]), [['aborted', 'idle'], ['failed', 'bad']]);
+    // a failed rank the kernel does not list among the cell's failures (released by it): not a cause either
+    const released = connected(pool([rank(0, { state: 'failed' }), rank(1, { state: 'failed', kind: 'error', cause: 'root' })]));
+    assert.equal(M.statusText(released, 0), 'DDP 2×gloo · rank 1 failed');
+    assert.deepEqual(M.rankRows(released, 0).map(r => r.stateClass), ['idle', 'bad']);
   });
 
   it('keeps running visible while one rank has already failed', () => {
     const s = connected(pool([rank(0, { state: 'running', elapsed: 3 }), rank(1, { state: 'failed' })]));
-    assert.equal(M.statusText(s, 1000), 'DDP 2×gloo · running 0:03 · rank 1 failed');
+    assert.equal(M.statusText(s, 1000), 'DDP 2×gloo · running 3.00 s · rank 1 failed');
   });
 
   it('shows starting, ready, interrupted, needs restart and stopped', () => {
-    assert.equal(M.statusText(connected(pool([rank(0, { state: 'connecting', elapsed: 2 })])), 1000), 'DDP 1×gloo · starting 0:02');
+    assert.equal(M.statusText(connected(pool([rank(0, { state: 'connecting', elapsed: 2 })])), 1000), 'DDP 1×gloo · starting 2.00 s');
     assert.equal(M.statusText(connected(pool([rank(0, { state: 'done' })])), 0), 'DDP 1×gloo · ready');
     assert.equal(M.statusText(connected(pool([rank(0, { state: 'interrupted' })])), 0), 'DDP 1×gloo · interrupted');
     assert.equal(M.statusText(connected(pool([rank(0, { state: 'done' })], { broken: 'rank 0 died' })), 0), 'DDP 1×gloo · needs restart');
@@ -120,7 +154,7 @@ describe('status bar text', () => {
   it('mentions a request that waits for the running cell', () => {
     let s = connected(pool([rank(0, { state: 'running', elapsed: 1 })]), 'busy');
     s = M.withRequest(s, { id: 'a', op: 'restart', sentAt: 0, waits: true });
-    assert.equal(M.statusText(s, 1000), 'DDP 1×gloo · running 0:01 · restart waits for the cell');
+    assert.equal(M.statusText(s, 1000), 'DDP 1×gloo · running 1.00 s · restart waits for the cell');
   });
 
   it('explains itself in the tooltip', () => {
@@ -147,6 +181,14 @@ describe('messages', () => {
     assert.equal(M.applyMessage(s, null, 0), s);
     assert.equal(M.applyMessage(s, 'text', 0), s);
     assert.equal(M.applyMessage(s, { type: 'future-thing' }, 0), s);
+  });
+
+  it('drops the last reply once a later cell or start runs', () => {
+    let s = connected(pool([rank(0)]));
+    s = M.applyMessage(s, { type: 'reply', id: 'x', op: 'restart', ok: true, message: 'pool of 1 ready' }, 1);
+    assert.equal(s.lastReply?.message, 'pool of 1 ready');
+    s = M.applyMessage(s, snapshot(pool([rank(0, { state: 'running' })]), 5), 2);
+    assert.equal(s.lastReply, null);
   });
 
   it('matches replies to pending requests', () => {
@@ -207,8 +249,8 @@ describe('panel rows', () => {
     assert.deepEqual(
       rows.map(r => [r.rank, r.pid, r.device, r.state, r.stateClass, r.elapsed, r.memory, r.lastLine]),
       [
-        [0, '10', 'cuda:0', 'done', 'ok', '0:04', '1.0 MiB', ''],
-        [1, '11', 'cpu', 'running', 'active', '0:03', '', 'step 3']
+        [0, '10', 'cuda:0', 'done', 'ok', '4.00 s', '1.0 MiB', ''],
+        [1, '11', 'cpu', 'running', 'active', '3.00 s', '', 'step 3']
       ]
     );
   });
@@ -220,9 +262,11 @@ describe('panel rows', () => {
       rows.map(r => [r.state, r.stateClass, r.pid]),
       [
         ['failed', 'bad', '1000'],
-        ['killed (SIGKILL)', 'bad', '']
+        ['stopped', 'idle', ''] // SIGKILL beside a rank that raised: taken as stopped by ddp_magic
       ]
     );
+    const alone = M.rankRows(connected(pool([rank(0, { state: 'done' }), rank(1, { state: 'dead', exit_code: -9 })])), 0);
+    assert.deepEqual(alone.map(r => [r.state, r.stateClass]), [['done', 'ok'], ['killed (SIGKILL)', 'bad']]);
   });
 
   it('summarises env validation with failures before warnings', () => {
@@ -310,5 +354,212 @@ describe('phase', () => {
     assert.equal(p([]), 'stopped');
     assert.equal(p([], { started: false }), 'starting');
     assert.equal(p([rank(0, { state: 'ready' })]), 'ready');
+  });
+});
+
+// ------------------------------------------------------------------ metrics (ddp_magic.log's chart)
+function metrics(over: Partial<M.IMetricsMsg> = {}): M.IMetricsMsg {
+  return {
+    type: 'metrics',
+    session: 's1',
+    final: false,
+    cell: '3',
+    names: ['loss', 'lr'],
+    ranks: [0, 1],
+    rows: 5,
+    series: {
+      loss: {
+        '0': [
+          [0, 1.0],
+          [1, 0.5],
+          [2, 0.0]
+        ],
+        '1': [
+          [0, 1.0],
+          [1, null],
+          [2, 0.25]
+        ]
+      },
+      lr: { '0': [[0, 0.1]] }
+    },
+    summary: [
+      { name: 'loss', last: 0.125, last_lo: 0, last_hi: 0.25, min: 0, mean: 0.55, slowest: 1, lag: 0.0123, steps: [0, 2] },
+      { name: 'lr', last: 0.1, last_lo: 0.1, last_hi: 0.1, min: 0.1, mean: 0.1, slowest: null, lag: 0, steps: [0, 0] }
+    ],
+    ...over
+  };
+}
+
+describe('metrics messages', () => {
+  it('parses the kernel message and keeps it across snapshots', () => {
+    let s = connected(pool([rank(0)]));
+    s = M.applyMessage(s, JSON.parse(JSON.stringify(metrics())), 0);
+    assert.deepEqual(s.metrics, metrics());
+    s = M.applyMessage(s, snapshot(pool([rank(0, { state: 'done' })]), 2), 0);
+    assert.deepEqual(s.metrics, metrics(), 'a snapshot leaves the chart as it is');
+  });
+
+  it('drops what is not a metric point, and ignores what is not a metrics message', () => {
+    const raw = {
+      ...metrics(),
+      series: { loss: { '0': [[0, 1], ['x', 2], [1, 'NaN'], 5] }, lr: 'junk' },
+      summary: [{ name: 'loss', last: null, steps: [0] }, 'junk']
+    };
+    const m = M.parseMetrics(raw)!;
+    assert.deepEqual(m.series, {
+      loss: {
+        '0': [
+          [0, 1],
+          [1, null]
+        ]
+      },
+      lr: {}
+    });
+    assert.deepEqual(m.summary, [{ name: 'loss', last: null, last_lo: null, last_hi: null, min: null, mean: null, slowest: null, lag: null, steps: [0, 0] }]);
+    assert.equal(M.parseMetrics({ type: 'metrics', names: [1] }), null);
+    assert.equal(M.parseMetrics(null), null);
+    const s = connected(null);
+    assert.equal(M.applyMessage(s, { type: 'metrics', names: 'loss' }, 0), s);
+  });
+
+  it('keeps the last cell that logged anything, as %ddp metrics does', () => {
+    let s = M.applyMessage(connected(null), metrics({ final: true }), 0);
+    const shown = s.metrics;
+    // a cell that logs nothing sends nothing; a message with nothing logged would not wipe the chart either
+    s = M.applyMessage(s, metrics({ cell: '4', names: [], series: {}, summary: [], final: true }), 0);
+    assert.equal(s.metrics, shown);
+    // a live redraw that overtook the cell's end, and a message of an earlier cell, are late
+    assert.equal(M.applyMessage(s, metrics({ final: false }), 0).metrics, shown);
+    assert.equal(M.applyMessage(s, metrics({ cell: '2' }), 0).metrics, shown);
+    // the next cell that logs replaces it, live first
+    s = M.applyMessage(s, metrics({ cell: '5', rows: 1 }), 0);
+    assert.equal(s.metrics!.cell, '5');
+    assert.equal(s.metrics!.final, false);
+    s = M.applyMessage(s, metrics({ cell: '5', final: true }), 0);
+    assert.equal(s.metrics!.final, true);
+    // a new extension session (%reload_ext) counts its cells anew
+    assert.equal(M.applyMessage(s, metrics({ session: 's2', cell: '1' }), 0).metrics!.session, 's2');
+  });
+
+  it('without cell labels, takes live data after a final picture once a snapshot showed a cell running', () => {
+    let s = M.applyMessage(connected(pool([rank(0, { state: 'running' })]), 'busy'), metrics({ cell: '' }), 0);
+    s = M.applyMessage(s, snapshot(pool([rank(0, { state: 'running' })]), 2), 0);
+    s = M.applyMessage(s, metrics({ cell: '', final: true, rows: 9 }), 0);
+    assert.equal(s.metrics!.final, true);
+    s = M.applyMessage(s, snapshot(pool([rank(0, { state: 'done' })]), 3), 0);
+    const shown = s.metrics;
+    assert.equal(M.applyMessage(s, metrics({ cell: '', rows: 8 }), 0).metrics, shown, 'a redraw that overtook the end is late');
+    s = M.applyMessage(s, snapshot(pool([rank(0, { state: 'running' })]), 4), 0); // the next cell runs
+    s = M.applyMessage(s, metrics({ cell: '', rows: 1 }), 0);
+    assert.equal(s.metrics!.rows, 1);
+    assert.equal(s.metrics!.final, false);
+  });
+
+  it('forgets the chart when the kernel restarts or goes away', () => {
+    const s = M.applyMessage(connected(pool([rank(0)])), metrics({ final: true }), 0);
+    assert.notEqual(s.metrics, null);
+    assert.equal(M.withKernelStatus(s, 'busy').metrics, s.metrics);
+    assert.equal(M.withKernelStatus(s, 'restarting').metrics, null);
+    assert.equal(M.withKernelStatus(s, 'dead').metrics, null);
+    assert.equal(M.disconnected(s).metrics, null);
+  });
+});
+
+describe('metrics chart', () => {
+  it('formats numbers as the cell chart does (metrics_chart.fmt)', () => {
+    // what Python's fmt() gives for each (half-way ties aside, where Python rounds to even)
+    const cases: Array<[number | null, string]> = [
+      [0, '0'],
+      [0.5, '0.5'],
+      [0.6523, '0.6523'],
+      [1.23456, '1.235'],
+      [12345.6, '1.23k'],
+      [9999.6, '1e+04'],
+      [1e-5, '1e-05'],
+      [0.00012345, '0.0001234'],
+      [-3.5, '-3.5'],
+      [19134.2, '1.91k'],
+      [2.5e6, '2.5M'],
+      [3.2e9, '3.2G'],
+      [100, '100'],
+      [0.1 + 0.2, '0.3'],
+      [1e-4, '0.0001'],
+      [123456789012, '123G'],
+      [7, '7'],
+      [null, '-'],
+      [NaN, '-']
+    ];
+    for (const [x, want] of cases) {
+      assert.equal(M.fmtValue(x), want, String(x));
+    }
+  });
+
+  it('draws one polyline per rank over the data range, skipping missing values', () => {
+    const c = M.metricChart(metrics(), 'loss', 200, 96);
+    const { left, right, top, bottom } = M.CHART;
+    assert.deepEqual(c.plot, { x0: left, x1: 200 - right, y0: top, y1: 96 - bottom });
+    assert.deepEqual(
+      c.lines.map(l => l.rank),
+      [0, 1]
+    );
+    // steps 0..2 span the plot's width, values 0..1 its height (1 at the top)
+    const w = 200 - right - left;
+    const h = 96 - bottom - top;
+    const pt = (x: number, y: number) => `${(left + (x / 2) * w).toFixed(1)},${(top + (1 - y) * h).toFixed(1)}`;
+    assert.equal(c.lines[0].points, [pt(0, 1), pt(1, 0.5), pt(2, 0)].join(' '));
+    assert.equal(c.lines[1].points, [pt(0, 1), pt(2, 0.25)].join(' '), 'the null at step 1 is skipped');
+    assert.equal(c.lines[1].colour, 'var(--ddp-magic-rank-1, #ff7f0e)');
+    assert.deepEqual(
+      c.yTicks.map(t => t.label),
+      ['0', '0.5', '1']
+    );
+    assert.deepEqual(
+      c.xTicks.map(t => [t.label, t.anchor]),
+      [
+        ['0', 'start'],
+        ['2', 'end']
+      ]
+    );
+    for (const l of c.lines) {
+      for (const p of l.points.split(' ')) {
+        const [x, y] = p.split(',').map(Number);
+        assert.ok(x >= left && x <= 200 - right && y >= top && y <= 96 - bottom, `${p} inside the plot`);
+      }
+    }
+  });
+
+  it('widens a single step and a flat line, and draws nothing without values', () => {
+    assert.deepEqual(M.chartBounds({ '0': [[5, 2]] }), [4, 6, 1.9, 2.1]);
+    assert.deepEqual(M.chartBounds({ '0': [[5, 0]] }), [4, 6, -1, 1]);
+    assert.deepEqual(M.chartBounds({ '0': [[5, null]] }), [0, 1, 0, 1]);
+    assert.deepEqual(M.metricChart(metrics({ series: { loss: { '0': [[0, null]] } } }), 'loss', 200).lines, []);
+    assert.deepEqual(M.metricChart(metrics(), 'unknown', 200).lines, []);
+  });
+
+  it('gives a rank the colour of its line in the cell chart (ddp_magic/ui/metrics_chart.py PALETTE)', () => {
+    const py = fs.readFileSync(path.resolve(__dirname, '../../../ddp_magic/ui/metrics_chart.py'), 'utf8');
+    const line = /^PALETTE = \(([^)]*)\)/m.exec(py);
+    assert.ok(line, 'metrics_chart.py has a PALETTE tuple');
+    assert.deepEqual(M.RANK_PALETTE, line![1].split(',').map(s => s.trim().replace(/^"|"$/g, '')));
+    assert.equal(M.rankColour(12), 'var(--ddp-magic-rank-12, #2ca02c)');
+  });
+
+  it('sums up each metric in a row, and says what the chart shows', () => {
+    assert.deepEqual(M.metricRows(metrics()), [
+      {
+        name: 'loss',
+        last: '0.125',
+        range: '0 to 0.25',
+        min: '0',
+        mean: '0.55',
+        slowest: 'rank 1 (+0.01 s)',
+        note: 'slowest so far: rank 1 (+0.01 s) · last per rank: 0 to 0.25'
+      },
+      { name: 'lr', last: '0.1', range: '', min: '0.1', mean: '0.1', slowest: '-', note: 'slowest so far: -' }
+    ]);
+    assert.equal(M.metricRows(metrics({ final: true }))[0].note, 'slowest: rank 1 (+0.01 s) · last per rank: 0 to 0.25');
+    assert.equal(M.metricsHeadline(metrics()), 'cell 3: loss, lr from 2 ranks, steps 0-2 (live)');
+    assert.equal(M.metricsHeadline(metrics({ final: true, ranks: [0] })), 'cell 3: loss, lr from 1 rank, steps 0-2');
+    assert.equal(M.metricsHeadline(metrics({ cell: '' })), 'loss, lr from 2 ranks, steps 0-2 (live)');
   });
 });

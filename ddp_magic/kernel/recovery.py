@@ -1,0 +1,251 @@
+"""A failure costs a cell, not the workers' state: the process group re-formed in place, a dead rank replaced alone.
+
+After a cell in which the group was aborted (policy.py's ``Abort``: ranks waited in
+a collective for a peer that raised, was interrupted, timed out) or a rank
+reported its group broken, every live rank forms a new default group in the same
+process (procs/rank_recover.py): a fresh FileStore file (or a PrefixStore over
+the old TCP store), same backend, same ranks. The cell's message says so, with
+the time it took.
+
+A rank that died (SIGKILL, a segfault, ``os._exit``) costs only that rank, with a
+launcher that can start one rank alone (the fork server, spawn): at the next
+cell a new process takes its RANK and joins the survivors' new group, and the
+notice says whose variables are gone. torchrun pools restart whole, as before.
+A SIGKILL with the cgroup's OOM-kill counter gone up is named as an OOM kill.
+
+If the ranks cannot re-form within ``REFORM_WAIT_S`` the pool is marked broken
+(the next cell restarts it, as before), and the message says so.
+"""
+from __future__ import annotations
+
+import signal
+import time
+from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
+
+from ..logs import log
+from ..plan.plan import Plan
+from ..plan.spec import PoolSpec
+from ..states import RankState
+from ..wire import protocol as P
+from ..wire import shm
+from .admission import Admission
+from .cell import CellRun
+from .forensics import ranks_text
+from .hub import Hub
+from .launchers import Launcher
+from .ranks import Listener, RankInfo
+
+REFORM_WAIT_S = 10.0  # how long live ranks get to form the new group
+
+
+def oom_kills() -> Optional[int]:
+    """The OOM-kill count of this process's memory cgroup (v2 memory.events, v1 memory.oom_control); None if unreadable.
+
+    The ranks are forked from this kernel (or its template), so they share its cgroup."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [ln.strip().split(":", 2) for ln in f if ln.count(":") >= 2]
+    except OSError:
+        return None
+    paths = [f"/sys/fs/cgroup{p}/memory.events" for h, c, p in lines if h == "0" and c == ""]
+    paths += [f"/sys/fs/cgroup/memory{p}/memory.oom_control" for h, c, p in lines if "memory" in c.split(",")]
+    for path in paths:
+        try:
+            with open(path) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def oom_note(rank: int, code: Optional[int], before: Optional[int], after: Optional[int]) -> Optional[str]:
+    """The words for a SIGKILL the kernel's OOM killer sent (its cgroup counter went up), else None."""
+    if code != -signal.SIGKILL or before is None or after is None or after <= before:
+        return None
+    return f"rank {rank} was killed by the OOM killer: out of memory (the memory cgroup's oom_kill count went {before} → {after})"
+
+
+class Pool(Protocol):
+    """The part of the pool (kernel/pool.py) recovery acts on."""
+
+    hub: Hub
+    ranks: Dict[int, RankInfo]
+    spec: PoolSpec
+    plan: Plan
+    secret: bytes
+    store_path: Optional[str]
+    shm_prefix: str
+    launch_env: Dict[str, str]
+    broken: Optional[str]
+
+    @property
+    def launcher(self) -> Launcher: ...
+
+    def mark_broken(self, why: str) -> None: ...
+
+    def _count_rejected(self) -> None: ...
+
+
+class Recovery:
+    """One pool's recovery state: the group's generation, and the ranks that died and await replacement."""
+
+    def __init__(self) -> None:
+        self.gen = 0
+        self.lost: Dict[int, str] = {}  # rank -> how it died, until a new rank takes its place
+        self.notes: List[str] = []  # for the failing cell's message (an OOM kill)
+        self._oom: Optional[int] = None
+        self._store: Optional[str] = None  # the FileStore the ranks' group uses now (None: the pool's first)
+
+    def reset(self) -> None:
+        """A fresh start of the whole pool."""
+        self.lost.clear()
+        self.notes.clear()
+        self._store = None
+        self._oom = oom_kills()  # the baseline an OOM kill is seen against (again before every cell)
+
+    # ------------------------------------------------------------ deaths
+    def on_death(self, pool: Pool, rank: int, code: Optional[int], how: str) -> Optional[str]:
+        """A rank's process ended. Returns why the pool is broken, or None when the rank can be replaced alone."""
+        note = oom_note(rank, code, self._oom, oom_kills())
+        if note:
+            self.notes.append(note)
+        launcher = pool.launcher
+        if launcher.remote_ranks or not callable(getattr(launcher, "spawn", None)) or not pool.store_path:
+            return f"rank {rank} {how}"
+        self.lost[rank] = ("killed by the OOM killer" if note else how) + f" (pid {pool.ranks[rank].pid})"
+        return None
+
+    # ------------------------------------------------------------ after a cell
+    def after_cell(self, pool: Pool, cell: CellRun, notes: List[str]) -> None:
+        """Re-form the group if the cell aborted or broke it; a dead rank's survivors re-form at the next cell."""
+        notes += self.notes
+        self.notes.clear()
+        hub = pool.hub
+        broken = cell.aborted or any(m.get("group_broken") for m in hub.done.values())
+        if pool.broken or not (broken or self.lost):
+            return
+        if self.lost:
+            gone = sorted(self.lost)
+            notes.append(
+                f"{ranks_text(gone)} will be started again at the next cell (same RANK, same world); "
+                f"the other ranks keep their variables, {ranks_text(gone)}'s are gone"
+            )
+            return
+        live = [r for r in sorted(pool.ranks) if r in hub.conns]
+        seconds, error, replies = self.reform(pool, live, (), self.store(pool))
+        if error:
+            pool.mark_broken(f"the process group could not be re-formed ({error})")
+            return
+        notes.append(f"the process group was re-formed in {seconds:.2f} s; your variables are intact")
+        notes += swap_notes(replies)
+
+    def reform(self, pool: Pool, ranks: Sequence[int], joining: Sequence[int], store: Optional[str]) -> Tuple[float, Optional[str], Dict[int, dict]]:
+        """REFORM to ``ranks`` in ``store`` (and wait for the ``joining`` ones' READY); (seconds, error or None, replies)."""
+        hub = pool.hub
+        t0 = time.monotonic()
+        hub.replies[P.REFORM] = {}
+        hub.broadcast(P.message(P.REFORM, gen=self.gen, store=store), list(ranks))
+        replies = hub.replies[P.REFORM]
+
+        def settled() -> bool:
+            if hub.init_failures or any(pool.ranks[r].state == RankState.DEAD for r in list(ranks) + list(joining)):
+                return True
+            joined = all(r in hub.ready and (r, "stdout") in hub.outs and (r, "stderr") in hub.outs for r in joining)
+            return joined and all(r in replies for r in ranks)
+
+        wait = REFORM_WAIT_S + (pool.spec.start_timeout if joining else 0)
+        hub.pump(settled, t0 + wait)
+        seconds = time.monotonic() - t0
+        bad = [f"rank {r}: {m.get('error')}" for r, m in sorted(replies.items()) if not m.get("ok")]
+        bad += [f.headline() for f in hub.init_failures]
+        bad += [f"rank {r} died" for r in list(ranks) + list(joining) if pool.ranks[r].state == RankState.DEAD]
+        slow = [r for r in ranks if r not in replies] + [r for r in joining if r not in hub.ready]
+        if slow and not bad:
+            bad.append(f"{ranks_text(slow)} did not answer within {wait:.0f}s")
+        previous = self._store or pool.store_path
+        if not bad and store:
+            if previous and previous != store:
+                shm.remove(previous)  # every rank is on the new store; a long session would pile them up
+            self._store = store
+        return seconds, "; ".join(bad) or None, dict(replies)
+
+    def store(self, pool: Pool) -> Optional[str]:
+        """The new group's FileStore (None: a PrefixStore over the old TCP store, made on the ranks)."""
+        self.gen += 1
+        return f"{pool.store_path}.r{self.gen}" if pool.store_path else None
+
+    # ------------------------------------------------------------ before a cell
+    def before_cell(self, pool: Pool, listener: Listener, owned: Iterable[str]) -> Optional[str]:
+        """Deaths while idle are noticed; dead ranks are started again and join the survivors' new group.
+        Returns a notice for the user, or None; a replacement that fails marks the pool broken."""
+        for rank, pid, code in pool.launcher.poll(0):
+            pool.hub.on_exit(rank, pid, code)
+        self._oom = oom_kills()
+        if not self.lost or pool.broken:
+            return None
+        gone, how = sorted(self.lost), dict(self.lost)
+        t0 = time.monotonic()
+        error, replies = self._replace(pool, listener, gone)
+        if error:
+            pool.mark_broken(f"{ranks_text(gone)} could not be started again ({error})")
+            return None
+        self.lost.clear()
+        names = ", ".join(sorted(owned))
+        died = "; ".join(f"rank {r} {how[r]}" for r in gone)
+        new = ", ".join(f"rank {r} is pid {pool.ranks[r].pid}" for r in gone)
+        survivors = [r for r in sorted(pool.ranks) if r not in gone]
+        return (
+            f"{died}: started it again in {time.monotonic() - t0:.2f} s ({new}). "
+            f"{ranks_text(gone)}'s variables are gone" + (f" ({names})" if names else "")
+            + f"; {ranks_text(survivors)} kept {'its' if len(survivors) == 1 else 'theirs'}. %ddp restart gives every rank a fresh start."
+        ) + "".join("\n" + note for note in swap_notes(replies))
+
+    def _replace(self, pool: Pool, listener: Listener, gone: Sequence[int]) -> Tuple[Optional[str], Dict[int, dict]]:
+        """Fork new ranks at the dead ranks' RANKs; the survivors re-form with them. (An error text or None, their replies.)"""
+        hub = pool.hub
+        admission = Admission(pool.spec.control_addr, pool.secret, 64, pool._count_rejected)
+        replies: Dict[int, dict] = {}
+        try:
+            hub.admission = admission
+            for r in gone:
+                hub.forget_rank(r)
+                shm.remove_pool_files(shm.rank_prefix(pool.shm_prefix, r))  # results it left half written
+                pool.ranks[r] = RankInfo(rank=r)
+                listener.on_state(pool.ranks[r])
+            store = self.store(pool)
+            base = pool.launch_env
+            for r in gone:
+                env = dict(base, **pool.plan.rank_env(r), DDP_MAGIC_STORE=str(store))
+                pool.launcher.spawn(r, {"env": env, "kernel_addr": pool.spec.control_addr, "kernel_port": admission.port})  # type: ignore[attr-defined]
+            survivors = [r for r in sorted(pool.ranks) if r not in gone]
+            _, error, replies = self.reform(pool, survivors, gone, store)
+        except Exception as e:  # a launcher that cannot fork now: the pool restarts whole
+            log.debug("replacing ranks %s failed", gone, exc_info=True)
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            hub.admission = None
+            admission.close()
+        if error:
+            return error, replies
+        for r in gone:
+            info = pool.ranks[r]
+            info.state, info.finished = RankState.READY, time.monotonic()
+            listener.on_state(info)
+        return None, replies
+
+
+def swap_notes(replies: Dict[int, dict]) -> List[str]:
+    """What the ranks said about objects on the old group: DDP modules moved, the rest to re-create."""
+    out: List[str] = []
+    swapped = sorted({n for m in replies.values() for n in m.get("swapped", ())})
+    if swapped:
+        out.append(f"DDP module{'s' if len(swapped) > 1 else ''} {', '.join(swapped)} moved onto the new group (weights as they were)")
+    stale = sorted({(n, k) for m in replies.values() for n, k in m.get("stale", ())})
+    fixes = {"DDP": "{n} = DDP({n}.module)", "DeviceMesh": "make {n} again (init_device_mesh)", "FSDP2": "fully_shard {n} again on a new mesh",
+             "process group": "make {n} again (dist.new_group)"}
+    for name, kind in stale:
+        out.append(f"{name} ({kind}) holds the old process group: " + fixes.get(kind, "make it again").format(n=name))
+    return out

@@ -1,0 +1,127 @@
+"""Which torch.distributed collective a rank is in: its calls, recorded as they enter, for the hang forensics.
+
+When a cell hangs, the kernel asks every rank where it is (STACK); the reply
+names the collective the main thread waits in: op, the group's sequence number,
+the first tensor's shape and dtype, the group. That is what tells "rank 3 never
+arrived" from "rank 3 is in broadcast #12 while the others are in all_reduce #12".
+
+torch 2.13's Flight Recorder (``TORCH_FR_BUFFER_SIZE``, ``_dump_fr_trace``) does
+record gloo collectives, but it marks them only "scheduled" (no start or end for
+gloo), and it captures a Python stack per call when enabled. So each rank records
+for itself: the public collective functions are wrapped once at rank start, and a
+call costs one tuple stored and restored (measured in bench/bench_core.py's
+training benchmark: within noise). The record is read lazily, by the reader
+thread, only when the kernel asks: shapes and the sequence number are worked out then.
+
+Not recorded: ``async_op=True`` waits (the call returns at once; ``work.wait()`` is
+not wrapped), and collectives torch calls from C++ (DDP's gradient buckets): their
+place shows in the rank's stack instead.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from ..logs import log
+
+NAMES = (
+    "all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send", "recv", "all_gather_object",
+    "broadcast_object_list", "gather_object", "scatter_object_list", "monitored_barrier", "batch_isend_irecv",
+)
+
+
+class _State:
+    current: Optional[tuple] = None  # (op, args, kwargs, monotonic time entered) of the innermost call in progress
+
+
+STATE = _State()
+
+
+def _wrap(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(real)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        outer = STATE.current
+        STATE.current = (name, args, kwargs, time.monotonic())
+        try:
+            return real(*args, **kwargs)
+        finally:
+            STATE.current = outer
+
+    call._ddp_magic = True  # type: ignore[attr-defined]
+    return call
+
+
+def install() -> None:
+    """Wrap the collectives in torch.distributed and its c10d module (once, before any cell)."""
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    import torch.distributed.distributed_c10d as c10d
+
+    for name in NAMES:
+        real = getattr(c10d, name, None)
+        if real is None or getattr(real, "_ddp_magic", False):
+            continue
+        wrapped = _wrap(name, real)
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is real:
+            setattr(dist, name, wrapped)
+
+
+def _first_tensor(args: tuple, kwargs: dict) -> Any:
+    import torch
+
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+            value = value[0]
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+def _group(args: tuple, kwargs: dict) -> Any:
+    import torch.distributed as dist
+
+    group = kwargs.get("group")
+    if group is None:
+        group = next((a for a in args if isinstance(a, dist.ProcessGroup)), None)
+    return group
+
+
+def group_ranks(group: Any) -> Optional[List[int]]:
+    """The global ranks of a sub-group; None for the default group (every rank)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    if group is None or group is c10d._get_default_group():
+        return None
+    return list(dist.get_process_group_ranks(group))
+
+
+def describe() -> Optional[Dict[str, Any]]:
+    """The collective the main thread is in now, as plain data (None: none)."""
+    current = STATE.current
+    if current is None:
+        return None
+    op, args, kwargs, since = current
+    out: Dict[str, Any] = {"op": op, "seq": None, "shape": None, "dtype": None, "group": "default", "ranks": None, "waited": time.monotonic() - since}
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        group = _group(args, kwargs)
+        ranks = group_ranks(group)
+        out["group"], out["ranks"] = ("default", None) if ranks is None else (f"group {ranks}", ranks)
+        pg = group if group is not None else c10d._get_default_group()
+        out["seq"] = int(pg._get_sequence_number_for_group())  # type: ignore[union-attr]
+        tensor = _first_tensor(args, kwargs)
+        if tensor is not None:
+            out["shape"], out["dtype"] = list(tensor.shape), str(tensor.dtype).replace("torch.", "")
+    except Exception:  # a description is best effort: the op alone still helps
+        log.debug("could not describe the collective in progress", exc_info=True)
+    return out

@@ -1,0 +1,99 @@
+"""What the JupyterLab extension is told about the pool: the ``pool`` of a snapshot (ui/labcomm.py sends it).
+
+Apart from the comm's threads and requests because it is the part that must say
+the same as the cell's status view at every moment:
+
+- while the pool starts (the template warms up, no rank has joined yet) the ranks
+  are shown as ``starting``, as the cell view shows them, with the start's clock;
+- the start method is the one the pool uses (``fork`` for ``auto`` on Linux);
+- after a failed ``%%ddp`` cell each failed rank carries its ``kind``
+  (``states.FailureKind``) and ``cause``: ``root`` for the failure that explains
+  the others (the kernel's own order, kernel/policy.py), ``stopped`` for ranks
+  ddp_magic interrupted or stopped itself because of it. The panel colours only
+  the root cause as failed.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..errors import CellError
+from ..kernel.policy import causes
+from ..logs import log
+from ..plan import checks_verdict, plan_checks
+from ..session import PoolStatus, Session
+from ..states import RankState
+
+LAUNCHER_NAMES = {"forkserver": "fork"}  # a launcher's name -> the start method a user names (--start-method)
+BAD_STATES = (RankState.FAILED, RankState.DEAD, RankState.INTERRUPTED)
+
+
+def jsonable(value: Any) -> Any:
+    """What json can carry (tuples, numbers as keys, enums as their value, odd objects as their str)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+class PoolSnapshots:
+    """Builds the ``pool`` of each snapshot from one session; remembers the last failed cell's causes."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._causes: Dict[int, Tuple[str, str]] = {}
+        self._causes_of: Optional[Tuple[int, int]] = None  # (id(pool), generation) the causes belong to
+        self._start_seen: Optional[Tuple[int, float]] = None  # (id(pool), when) this unstarted pool was first seen
+
+    def cell_started(self, raw_cell: str) -> None:
+        if "ddp" in raw_cell:
+            self._causes = {}
+
+    def cell_ended(self, result: Any) -> None:
+        """Keep the failures of a %%ddp cell that failed (its CellError lists them, root cause first)."""
+        error = getattr(result, "error_in_exec", None)
+        pool = self.session.pool
+        if isinstance(error, CellError) and pool is not None:
+            self._causes = causes(error.failures)
+            self._causes_of = (id(pool), pool.generation)
+
+    def pool_dict(self) -> Optional[Dict[str, Any]]:
+        status = self.session.status()
+        pool = self.session.pool
+        if not status.exists or pool is None:
+            return None
+        ranks = [dict(row._asdict(), elapsed=round(row.elapsed, 3), last_line=(row.last_line or "")[-300:]) for row in status.ranks]
+        clock = self._start_clock(pool, status)
+        if clock is not None and not any(r["pid"] for r in ranks):  # the template warms up: every rank is on its way
+            ranks = [dict(rank=r, state=str(RankState.STARTING), pid=None, device="", host="", exit_code=None, elapsed=clock,
+                          memory=None, last_line="") for r in range(status.nproc)]
+        if self._causes and self._causes_of == (id(pool), pool.generation):
+            for r in ranks:
+                if r["rank"] in self._causes and RankState(r["state"]) in BAD_STATES:
+                    r["kind"], r["cause"] = self._causes[r["rank"]]
+        checks, verdict = self._env_checks(status)
+        seconds = status.start_seconds
+        out = {k: getattr(status, k) for k in ("nproc", "backend", "started", "broken", "generation", "master_addr", "master_port")}
+        name = getattr(getattr(pool, "launcher", None), "name", "") or ""
+        out.update(start_method=LAUNCHER_NAMES.get(name, name) or status.start_method, start_method_asked=status.start_method)
+        out.update(world_size=status.nproc, start_seconds=round(seconds, 3) if isinstance(seconds, (int, float)) else None)
+        out.update(ranks=ranks, checks=checks, verdict=verdict, names=list(status.owned))
+        return jsonable(out)
+
+    def _start_clock(self, pool: Any, status: PoolStatus) -> Optional[float]:
+        """Seconds since this start was first seen, while the pool starts; None once it has started."""
+        if status.started:
+            self._start_seen = None
+            return None
+        if self._start_seen is None or self._start_seen[0] != id(pool):
+            self._start_seen = (id(pool), time.monotonic())
+        return round(time.monotonic() - self._start_seen[1], 3)
+
+    def _env_checks(self, status: PoolStatus) -> Tuple[List[dict], str]:
+        """The checks of the pool's plan (plan_checks caches them: a snapshot may ask often)."""
+        try:
+            assert status.plan is not None
+            checks = plan_checks(status.plan, started=status.started)
+            return [c.to_dict() for c in checks], checks_verdict(checks)
+        except Exception as e:  # a check must never break a cell
+            log.debug("labcomm: env checks failed", exc_info=True)
+            failed = {"name": "env checks", "ok": False, "level": "warning", "mark": "!", "detail": f"could not run: {type(e).__name__}: {e}"}
+            return [failed], "env ! could not check"

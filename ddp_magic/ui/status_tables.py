@@ -1,0 +1,205 @@
+"""The status view's page: the rank table, the env section, and the whole view as HTML and text, from a snapshot.
+
+status_render.py says the summary line and the words for one value; this module
+puts the page together: the ``<details>`` form left in the notebook
+(``static_html``), what opens on click (``body_html``), and the text forms.
+Pure functions of a ``Snapshot``; inline styles only (no ``<style>``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import describe_exit
+from ..plan import DIST_VARS
+from . import colours
+from .report import checks_html, checks_line, checks_text, env_digest, env_table_html, table_text, worth_saying
+from .status_render import (
+    FONT, LINE, TEXT_PREFIX, Label, Snapshot, clean_line, esc, exit_text, fmt_bytes, fmt_seconds, header_html, summary, tone_of,
+)
+
+CELL = "text-align:left;padding:0 9px 0 0;white-space:nowrap"
+SMALL = "font-size:12px;line-height:18px"
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One rank as the table shows it: the text of each column, plus the exit in words for a tooltip."""
+
+    rank: int
+    label: Label
+    cells: Dict[str, str] = field(default_factory=dict)
+    exit_title: str = ""
+
+
+def rank_row(s: Snapshot, rank: int) -> RankRow:
+    label, info = s.label(rank), s.infos.get(rank)
+    cells = {"rank": str(rank), "state": str(label)}
+    bar = s.bars.get(rank)
+    cells["progress"] = bar.text() if bar is not None else ""
+    if info is None:
+        cells.update({c: "" for c in ("time", "device", "pid", "exit", "memory", "host", "last line")})
+        return RankRow(rank, label, cells)
+    exit_ = exit_text(info)
+    live = s.lines.get(rank) or info.last_line or (info.tail[-1] if info.tail else "")
+    cells.update(
+        {
+            "time": fmt_seconds((info.finished or s.now) - info.started) if info.started else "",
+            "device": info.device or "",
+            "pid": str(info.pid or ""),
+            "exit": exit_,
+            "memory": fmt_bytes(info.memory) if (info.device or "").startswith("cuda") else "",
+            "host": info.host or "",
+            "last line": clean_line(live),
+        }
+    )
+    return RankRow(rank, label, cells, describe_exit(info.exit_code) if exit_ else "")
+
+
+def rank_rows(s: Snapshot) -> List[RankRow]:
+    return [rank_row(s, r) for r in s.ranks]
+
+
+def row_columns(rows: Sequence[RankRow]) -> List[str]:
+    """The columns worth showing: progress only with a bar, memory only with a GPU, host only with more than one."""
+    cols = ["rank", "state", "time", "device", "pid", "exit"]
+    if any(row.cells["progress"] for row in rows):
+        cols.insert(3, "progress")
+    if any(row.cells["device"].startswith("cuda") for row in rows):
+        cols.append("memory")
+    if len({row.cells["host"] for row in rows if row.cells["host"]}) > 1:
+        cols.append("host")
+    return cols + ["last line"]
+
+
+def _cell_html(row: RankRow, col: str) -> str:
+    value = row.cells[col]
+    if col == "state":
+        return f"<td style='{CELL};{colours.color_ref(tone_of(row.label))};font-weight:bold'>{esc(value)}</td>"
+    if not value:
+        return "<td></td>"
+    if col == "exit":
+        return f"<td title='{esc(row.exit_title)}' style='{CELL}'>{esc(value)}</td>"
+    if col == "last line":
+        return f"<td title='{esc(value)}' style='{CELL};font-family:monospace;max-width:48em;overflow:hidden'>{esc(value)}</td>" if value else "<td></td>"
+    return f"<td style='{CELL}'>{esc(value)}</td>"
+
+
+def ranks_html(s: Snapshot) -> str:
+    """The rank table, every style inline (64 rows stay ~25 kB)."""
+    rows = rank_rows(s)
+    cols = row_columns(rows)
+    head = "".join(f"<th style='{CELL};font-weight:bold'>{c}</th>" for c in cols)
+    body = "".join(
+        f"<tr data-rank='{row.rank}' data-state='{esc(row.label)}'>" + "".join(_cell_html(row, c) for c in cols) + "</tr>"
+        for row in rows
+    )
+    return (
+        f"<div class='ddp-status-ranks' style='{colours.defs()}max-height:20em;overflow:auto;{SMALL}'>"
+        f"<table style='border-collapse:collapse;margin:0;{SMALL}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+    )
+
+
+def ranks_text(s: Snapshot) -> List[str]:
+    rows = rank_rows(s)
+    return table_text([row.cells for row in rows], row_columns(rows))
+
+
+def notices_html(s: Snapshot) -> str:
+    if not s.notices:
+        return ""
+    items = "".join(f"<div style='{colours.color('warn')}'>{esc(clean_line(t, 300))}</div>" for t in s.notices[-3:])
+    return f"<div class='ddp-status-notices' style='{SMALL}'>{items}</div>"
+
+
+# ---------------------------------------------------------------- the env section
+_ENV_CACHE: Dict[Tuple[Any, ...], str] = {}  # the env section is the same cell after cell: rendered once per plan and checks
+
+
+def env_html(s: Snapshot) -> str:
+    """'✓ 19 checks passed' and only the problems; every check and the variables one click further."""
+    if not s.checks and not s.envs:
+        return ""
+    key = (tuple(s.checks), tuple(tuple(sorted(e.items())) for e in s.envs))
+    if key not in _ENV_CACHE:
+        if len(_ENV_CACHE) > 16:
+            _ENV_CACHE.clear()
+        _ENV_CACHE[key] = _env_html(s)
+    return _ENV_CACHE[key]
+
+
+def _env_html(s: Snapshot) -> str:
+    bad = worth_saying(s.checks)
+    table = env_table_html(s.envs, list(DIST_VARS)) if s.envs else ""
+    problems = checks_html(bad) if bad else ""
+    return (
+        f"<div class='ddp-status-env' style='{SMALL}'>{esc(checks_line(s.checks))} (the env each rank received){problems}"
+        f"<details><summary style='cursor:pointer'>all checks and variables</summary>{checks_html(s.checks)}{table}</details></div>"
+    )
+
+
+def env_text(s: Snapshot) -> List[str]:
+    """The checks that did not pass, and the env in one line (plus a table of what varies oddly by rank)."""
+    lines = []
+    if s.checks:
+        bad = [c for c in s.checks if not c.ok]
+        lines.append(checks_line(s.checks))
+        lines += checks_text(bad)
+    envs = s.envs
+    if envs:
+        lines.append("env: " + env_digest(envs, list(DIST_VARS)))
+        by_rank = [str(i) for i in range(len(envs))]
+        varying = [c for c in DIST_VARS if len({e.get(c) for e in envs}) > 1 and [e.get(c) for e in envs] != by_rank]
+        if varying:
+            lines += table_text(envs, ["RANK"] + [c for c in varying if c != "RANK"])
+    return lines
+
+
+# ---------------------------------------------------------------- the whole view
+def static_text(s: Snapshot) -> str:
+    """The plain-text form of everything the widget shows (terminals, repr)."""
+    lines = [TEXT_PREFIX + summary(s)]
+    lines += ["  " + line for line in ranks_text(s)]
+    lines += [f"  {t}" for t in s.notices[-3:]]
+    lines += ["  " + line for line in env_text(s)]
+    for _title, _html, text in s.sections:
+        lines += ["  " + line for line in text(s)]
+    return "\n".join(lines)
+
+
+def body_html(s: Snapshot) -> str:
+    """What opens on click: the notices, the rank table, the env checks, and any extra section."""
+    extra = "".join(f"<div class='ddp-status-section' data-title='{esc(title)}'>{render(s)}</div>" for title, render, _text in s.sections)
+    return f"<div class='ddp-status-body' style='padding:2px 0 4px 14px'>{notices_html(s)}{ranks_html(s)}{env_html(s)}{extra}</div>"
+
+
+def static_html(s: Snapshot, body: bool = True, body_text: Optional[str] = None) -> str:
+    """The one-line summary as a ``<details>`` whose body is the rank table and the env: renders without widgets.
+
+    Structure (class names and data attributes are an interface: browser tests and notebooks/nbval_sanitize.cfg):
+    ``div.ddp-status[data-state=running|finished][data-outcome=ok|failed]`` > ``details.ddp-status-details`` >
+    ``summary`` > ``span.ddp-status-header`` (the line, with ``span.ddp-status-strip`` of ``i.ddp-status-square``
+    [data-rank][data-state] or ``i.ddp-status-bar`` [data-rank][data-n][data-total]), then ``div.ddp-status-body``
+    with ``div.ddp-status-ranks`` (``tr[data-rank][data-state]``), ``div.ddp-status-env`` (``li[data-check][data-ok]``)
+    and any ``div.ddp-status-section[data-title]``. ``body=False``: the line alone (a quick cell's placeholder).
+    """
+    state = "finished" if s.finished else "running"
+    outcome = f" data-outcome='{'ok' if s.ok else 'failed'}'" if s.finished else ""
+    inner = (body_text if body_text is not None else body_html(s)) if body else ""
+    return (
+        f"<div class='ddp-status' data-state='{state}'{outcome} style='{FONT};{LINE}'>"
+        f"<details class='ddp-status-details'><summary style='cursor:pointer;{LINE}'>{header_html(s)}</summary>{inner}</details></div>"
+    )
+
+
+def brief_html(s: Snapshot) -> str:
+    """The summary line alone, in the same disclosure form: a quick cell's placeholder costs little."""
+    return static_html(s, body=False)
+
+
+def final_text(s: Snapshot) -> str:
+    """What a terminal shows when the cell ends: the summary and any check that did not pass."""
+    lines = [TEXT_PREFIX + summary(s)]
+    lines += ["  " + line for line in checks_text([c for c in s.checks if not c.ok])]
+    return "\n".join(lines)
+

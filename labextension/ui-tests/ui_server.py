@@ -1,0 +1,159 @@
+"""The Jupyter server of the browser tests (ui_fixtures.py starts one for the whole session).
+
+The server is ``jupyter lab`` on a free port with a temporary root dir, settings, workspaces and data
+dir (so no notebook is trusted by an earlier run); it serves JupyterLab at ``/lab`` and, with the
+``notebook`` package installed, Notebook 7 at ``/notebooks``. The extension is the one built in this
+tree (``ddp_magic/labextension``), ahead of any installed copy. Python Playwright drives Debian's
+``/usr/bin/chromium``; no browser is ever downloaded (never ``playwright install``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any, Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILT = os.path.join(ROOT, "ddp_magic", "labextension")
+CHROMIUM = os.environ.get("DDP_MAGIC_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--disable-dev-shm-usage",
+]
+OUT = os.environ.get("DDP_MAGIC_UI_OUT", os.path.join(ROOT, "build", "ui-tests"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def code_cell(src: str) -> Dict[str, Any]:
+    return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": src}
+
+
+def descendants(pid: int) -> List[int]:
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Server:
+    """A Jupyter server (JupyterLab, and Notebook 7 when installed) on a temporary notebook dir."""
+
+    def __init__(self, tmp: str) -> None:
+        self.tmp = tmp
+        settings = os.path.join(tmp, "settings", "@jupyterlab", "apputils-extension")
+        os.makedirs(settings)
+        with open(os.path.join(settings, "notification.jupyterlab-settings"), "w") as f:
+            json.dump({"fetchNews": "false", "checkForUpdates": False}, f)
+        self.nbdir = os.path.join(tmp, "nb")
+        os.makedirs(self.nbdir)
+        jp = os.path.join(tmp, "jupyter", "labextensions")
+        os.makedirs(jp)
+        os.symlink(BUILT, os.path.join(jp, "ddp-magic"))
+        self.port, self.token = free_port(), "ddp-ui-test"
+        env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=os.path.join(tmp, "settings"), JUPYTERLAB_WORKSPACES_DIR=os.path.join(tmp, "ws"))
+        env["JUPYTER_PATH"] = os.pathsep.join(p for p in (os.path.join(tmp, "jupyter"), env.get("JUPYTER_PATH", "")) if p)
+        env["JUPYTER_DATA_DIR"] = os.path.join(tmp, "data")  # a fresh trust database: shipped notebooks open untrusted
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+        env.pop("PYTEST_CURRENT_TEST", None)  # else ipykernel stops capturing child fds (see TOOLCHAIN.md)
+        self.log_path = os.path.join(tmp, "server.log")
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={self.port}", "--ip=127.0.0.1",
+                f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.nbdir}",
+                "--LabApp.expose_app_in_browser=True", "--JupyterNotebookApp.expose_app_in_browser=True",
+                "--ServerApp.disable_check_xsrf=True",
+            ],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=self.nbdir, start_new_session=True,
+        )
+
+    def url(self, path: str) -> str:
+        sep = "&" if "?" in path else "?"
+        return f"http://127.0.0.1:{self.port}/{path}{sep}token={self.token}"
+
+    def write_notebook(self, name: str, cells: List[Dict[str, Any]]) -> str:
+        nb = {
+            "cells": cells,
+            "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+            "nbformat": 4,
+            "nbformat_minor": 5,
+        }
+        path = os.path.join(self.nbdir, name)
+        with open(path, "w") as f:
+            json.dump(nb, f)
+        return path
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the Jupyter server exited: {self.log_text()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api?token={self.token}", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise TimeoutError(f"the Jupyter server did not answer: {self.log_text()}")
+
+    def log_text(self) -> str:
+        self.log.flush()
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-4000:]
+
+    def close(self) -> None:
+        kids = descendants(self.proc.pid)  # kernels and their ddp workers
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(alive(p) for p in kids):
+            time.sleep(0.1)
+        for p in kids:  # only processes this test session started
+            if alive(p):
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.log.close()

@@ -1,0 +1,81 @@
+"""ddp_magic.log in real %%ddp -n 2 cells: every row arrives, in order, in the cell's metrics, and the chart stays in the output."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.kernel
+
+LOG_CELL = (
+    "%%ddp\nimport time, ddp_magic\n"
+    "r = dist.get_rank()\n"
+    "for i in range(300):\n"
+    "    ddp_magic.log(step=i, loss=r * 1000 + i, lr=0.5)\n"
+    "    if i % 100 == 99:\n"
+    "        time.sleep(0.3)  # several flushes while the cell runs, the rest at its end\n"
+)
+
+
+def _rows(m: dict, rank: int, key: str) -> list:
+    return [v for r, v in zip(m["rank"], m[key]) if r == rank]
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_rows_from_two_ranks_arrive_complete_and_in_order(ddp2, run):
+    ex = ddp2.run(LOG_CELL, timeout=120).ok()
+    ddp2.run("m = %ddp metrics").ok()
+    m = ddp2.value("{k: v for k, v in m.items() if k != 'time'}")
+    assert set(m) == {"rank", "step", "loss", "lr"}
+    for rank in (0, 1):
+        assert _rows(m, rank, "step") == list(range(300))  # every row, in the order logged, this run's only
+        assert _rows(m, rank, "loss") == [float(rank * 1000 + i) for i in range(300)]
+    assert m["rank"] == [0] * 300 + [1] * 300
+    charts = [d for d in ex.displays if d.get("text/html", "").startswith("<div class='ddp-metrics'")]
+    assert len(charts) == 1, "one static chart, after the cell's output"
+    html = charts[0]["text/html"]
+    assert html.count("<svg") == 2 and html.count("<polyline") == 4  # loss and lr, a line per rank
+    assert "<style" not in html and "var(--jp-" in html
+    assert charts[0]["text/plain"] == "ddp_magic metrics: loss, lr from 2 ranks, steps 0-299 (%ddp metrics gives the data)"
+
+
+def test_cell_value_carries_metrics_and_default_steps(ddp2):
+    ddp2.run("%%ddp --out res\nimport ddp_magic\nfor v in (3.0, torch.tensor(2.0), torch.tensor([1.5])):\n    ddp_magic.log(x=v)\ndist.get_rank()").ok()
+    assert ddp2.value("list(res)") == [0, 1]
+    assert ddp2.value("res.metrics['step']") == [0, 1, 2, 0, 1, 2]
+    assert ddp2.value("res.metrics['x']") == [3.0, 2.0, 1.5] * 2
+
+
+def test_a_cell_that_logs_nothing_keeps_the_last_metrics(ddp2):
+    ddp2.run("%%ddp\nimport ddp_magic\nddp_magic.log(step=5, y=dist.get_rank())").ok()
+    ex = ddp2.run("%%ddp\nx = 1").ok()
+    assert not [d for d in ex.displays if d.get("text/html", "").startswith("<div class='ddp-metrics'")]
+    ddp2.run("m = %ddp metrics").ok()
+    assert ddp2.value("m['y']") == [0.0, 1.0]
+
+
+def test_bad_values_say_what_to_log(ddp2):
+    ex = ddp2.run("%%ddp\nimport ddp_magic\nddp_magic.log(loss='high')")
+    assert ex.error is not None and "is not a number; log numbers or one-element tensors" in ex.stderr + str(ex.error)
+    ex = ddp2.run("%%ddp\nddp_magic.log(loss=torch.ones(3))")
+    assert ex.error is not None and "tensor of 3 elements" in ex.stderr + str(ex.error)
+
+
+def test_outside_a_cell_log_does_nothing_and_df_needs_pandas(ddp2):
+    ddp2.run("import ddp_magic\nddp_magic.log(step=1, loss=2.0)").ok()  # the kernel is no rank: a script runs the same everywhere
+    ex = ddp2.run("%ddp metrics --df")
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        assert "needs pandas" in ex.stderr + str(ex.error)
+    else:
+        ex.ok()
+        assert "DataFrame" in ddp2.run("type(_).__name__").ok().result
+
+
+def test_the_chart_is_live_in_the_status_view_while_the_cell_runs(ddp2):
+    ex = ddp2.run("%%ddp\nimport time, ddp_magic\nfor i in range(8):\n    ddp_magic.log(step=i, loss=1 / (i + 1))\n    time.sleep(0.5)").ok()
+    live = [json.dumps(m["content"]) for m in ex.messages if m["msg_type"] in ("comm_msg", "display_data", "update_display_data")]
+    assert any("data-title='Metrics'" in t and "<polyline" in t for t in live), "the status view's Metrics section drew the chart"
+    settled = [m["content"]["data"]["text/html"] for m in ex.messages if m["msg_type"] == "update_display_data"]
+    assert settled and "data-state='finished'" in settled[-1] and "<polyline" not in settled[-1], "no second copy in the settled view"

@@ -1,0 +1,51 @@
+"""%%ddp --profile in a real kernel: one merged Chrome trace with a lane group per rank, and the straggler named."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytestmark = pytest.mark.kernel
+
+SLOW_RANK_1 = (
+    "import time, torch\n"
+    "x = torch.ones(1000)\n"
+    "for i in range(8):\n"
+    "    if dist.get_rank() == 1:\n"
+    "        time.sleep(0.05)  # rank 1 is late to every all_reduce: rank 0 waits in it\n"
+    "    dist.all_reduce(x)\n"
+    "    ddp_magic.log(step=i, x=float(x[0]))\n"
+)
+
+
+def _trace_files() -> list:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("ddp_magic-") and ("-p0-" in n or "-p1-" in n))
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_profile_merges_every_rank_and_names_the_straggler(ddp2, tmp_path, run):
+    path = tmp_path / f"trace{run}.json"
+    ex = ddp2.run(f"%%ddp --profile {path}\nimport ddp_magic\n{SLOW_RANK_1}", timeout=180).ok()
+    assert "everyone waited for rank 1" in ex.stdout, ex.stdout
+    assert "https://ui.perfetto.dev" in ex.stdout and "chrome://tracing" in ex.stdout
+    trace = json.loads(path.read_text())
+    events = trace["traceEvents"]
+    lanes = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert "rank 0" in lanes.values() and "rank 1" in lanes.values()
+    for rank in (0, 1):
+        mine = [e for e in events if e.get("ph") == "X" and rank * 100 <= e["pid"] < rank * 100 + 100]
+        assert any(e["name"].startswith("gloo:all_reduce") or e["name"] == "c10d::allreduce_" for e in mine), f"rank {rank}: no collective"
+        steps = [e for e in events if e.get("cat") == "ddp_magic" and e["pid"] == rank * 100]
+        assert [e["name"] for e in steps] == [f"step {i}" for i in range(8)]
+    assert min(e["ts"] for e in events if "ts" in e) > -1e5  # one clock: the cell starts near 0 on every rank
+    assert _trace_files() == [], "the ranks' own trace files are removed once merged"
+
+
+def test_the_next_cell_is_not_profiled_and_a_bad_path_says_so(ddp2, tmp_path):
+    ex = ddp2.run("%%ddp\n1").ok()
+    assert "ddp_magic profile" not in ex.stdout
+    ex = ddp2.run(f"%%ddp --profile {tmp_path}/no/such/dir/t.json\n1")
+    assert ex.error is not None and "cannot write into" in ex.stderr + str(ex.error)
+    ex = ddp2.run("%%ddp\n2").ok()  # the refused profile armed nothing
+    assert "ddp_magic profile" not in ex.stdout

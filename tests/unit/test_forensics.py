@@ -1,0 +1,74 @@
+"""Hang forensics and recovery texts, without processes: what the ranks answered in, the lines a user reads out."""
+from __future__ import annotations
+
+import signal
+
+from ddp_magic.kernel import forensics as F
+from ddp_magic.kernel.recovery import oom_kills, oom_note, swap_notes
+
+
+def c(op: str, seq: int = 12, shape=(4,), dtype: str = "float32", group: str = "default", ranks=None) -> dict:
+    return {"op": op, "seq": seq, "shape": list(shape), "dtype": dtype, "group": group, "ranks": ranks, "waited": 3.0}
+
+
+def test_ranks_text_names_runs_and_lists():
+    assert F.ranks_text([3]) == "rank 3"
+    assert F.ranks_text([2, 0]) == "ranks 0, 2"
+    assert F.ranks_text([0, 1, 2]) == "ranks 0–2"
+    assert F.ranks_text([0, 1, 3]) == "ranks 0, 1, 3"
+
+
+def test_a_rank_in_another_collective_is_a_mismatch():
+    got = {0: c("all_reduce"), 1: c("all_reduce"), 2: c("all_reduce"), 3: c("broadcast")}
+    assert F.verdicts(range(4), got, {}) == ["rank 3 is in broadcast #12 while ranks 0–2 are in all_reduce #12: mismatched collective"]
+
+
+def test_a_rank_one_collective_ahead_is_a_mismatch_too():
+    got = {0: c("all_reduce", 12), 1: c("all_reduce", 13)}
+    assert F.verdicts(range(2), got, {}) == ["rank 1 is in all_reduce #13 while rank 0 is in all_reduce #12: mismatched collective"]
+
+
+def test_ranks_that_never_arrived_are_named_with_where_they_are():
+    got = {0: c("barrier", 3), 1: c("barrier", 3), 2: None, 3: None}
+    where = {2: "raised", 3: "at cell line 2: time.sleep(60)"}
+    assert F.verdicts(range(4), got, where) == ["ranks 2, 3 never arrived at barrier #3 (rank 2 raised; rank 3 at cell line 2: time.sleep(60))"]
+
+
+def test_a_sub_group_counts_only_its_own_ranks():
+    got = {0: c("all_reduce", 2, group="group [0, 1]", ranks=[0, 1]), 1: None, 2: None, 3: None}
+    assert F.verdicts(range(4), got, {}) == ["rank 1 never arrived at all_reduce #2 on group [0, 1]"]
+
+
+def test_the_table_has_one_aligned_line_per_rank():
+    lines = F.table([0, 1], {0: c("all_reduce", shape=(2, 3)), 1: None}, {0: "at cell line 4: dist.all_reduce(x)", 1: "raised"})
+    assert lines[0].split() == ["rank", "collective", "tensor", "group", "where"]
+    assert lines[1].split()[:5] == ["0", "all_reduce", "#12", "[2,", "3]"] and lines[1].endswith("at cell line 4: dist.all_reduce(x)")
+    assert lines[2].split()[:4] == ["1", "-", "-", "-"] and lines[2].endswith("raised")
+    assert lines[1].index("all_reduce") == lines[0].index("collective") == lines[2].index("-")  # aligned columns
+
+
+def test_released_names_the_collective_and_the_line():
+    got = {0: c("all_reduce"), 2: c("all_reduce"), 3: c("all_reduce")}
+    where = {r: "at cell line 7: dist.all_reduce(x)" for r in (0, 2, 3)}
+    assert F.released_text([0, 2, 3], got, where) == "ranks 0, 2, 3 were in all_reduce #12 (at cell line 7: dist.all_reduce(x)) and were released"
+    assert F.released_text([0], {0: None}, {}) == ""
+    assert F.report([0, 1], {0: None, 1: None}, {}) == []
+
+
+def test_an_oom_kill_is_named_only_with_the_cgroup_evidence():
+    assert oom_note(2, -signal.SIGKILL, 0, 1) == (
+        "rank 2 was killed by the OOM killer: out of memory (the memory cgroup's oom_kill count went 0 → 1)"
+    )
+    assert oom_note(2, -signal.SIGKILL, 1, 1) is None  # a SIGKILL from someone else
+    assert oom_note(2, -signal.SIGKILL, None, None) is None  # no cgroup to read
+    assert oom_note(2, -signal.SIGSEGV, 0, 1) is None
+    assert oom_kills() is None or oom_kills() >= 0
+
+
+def test_objects_on_the_old_group_are_named_with_their_fix():
+    replies = {0: {"swapped": ["model"], "stale": [["mesh2", "DeviceMesh"], ["net", "DDP"]]}, 1: {"swapped": ["model"], "stale": []}}
+    assert swap_notes(replies) == [
+        "DDP module model moved onto the new group (weights as they were)",
+        "mesh2 (DeviceMesh) holds the old process group: make mesh2 again (init_device_mesh)",
+        "net (DDP) holds the old process group: net = DDP(net.module)",
+    ]

@@ -1,0 +1,166 @@
+"""ddp_magic.log's pieces without processes: the rank's buffer, the kernel's store, the chart, the nbval rule."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ddp_magic.kernel.metrics import CellMetrics, thin
+from ddp_magic.procs import rank_metrics
+from ddp_magic.ui import metrics_chart
+from ddp_magic.ui.metrics_view import MetricsView, metrics_data
+from ddp_magic.wire import protocol as P
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _store() -> CellMetrics:
+    m = CellMetrics("3")
+    m.add(0, [(0, 100.0, {"loss": 2.0}), (1, 100.5, {"loss": 1.0, "tok_s": 50.0})])
+    m.add(1, [(0, 100.1, {"loss": 3.0}), (1, 101.5, {"loss": float("nan"), "tok_s": 40.0})])
+    return m
+
+
+def test_columns_are_equal_length_lists_rank_by_rank_with_none_where_not_logged():
+    c = _store().columns()
+    assert list(c) == ["rank", "step", "time", "loss", "tok_s"]
+    assert c["rank"] == [0, 0, 1, 1] and c["step"] == [0, 1, 0, 1]
+    assert c["tok_s"] == [None, 50.0, None, 40.0]
+    assert len({len(v) for v in c.values()}) == 1
+
+
+def test_summary_names_the_rank_that_reached_the_last_common_step_last():
+    loss, tok = _store().summary()
+    assert loss.name == "loss" and loss.min == 1.0 and loss.steps == (0, 1)
+    assert loss.slowest == 1 and loss.lag == pytest.approx(1.0)
+    assert tok.last == 45.0 and (tok.last_lo, tok.last_hi) == (40.0, 50.0)
+
+
+def test_payload_is_json_without_nan_and_thins_long_lines():
+    payload = _store().payload()
+    json.loads(json.dumps(payload, allow_nan=False))  # the comm's JSON has no NaN
+    assert payload["series"]["loss"]["1"][1] == [1, None]
+    pts = [(i, float(i)) for i in range(1000)]
+    kept = thin(pts, 200)
+    assert len(kept) == 200 and kept[0] == pts[0] and kept[-1] == pts[-1]
+
+
+def test_chart_is_inline_svg_with_theme_colours_and_a_stable_first_line():
+    html = metrics_chart.chart_html(_store().payload())
+    assert "<style" not in html and html.count("<svg") == 2 and html.count("<polyline") == 4
+    assert "var(--jp-ui-font-color1" in html and "rank 1 (+1.00 s)" in html
+    assert metrics_chart.chart_text(_store().payload()) == "ddp_magic metrics: loss, tok_s from 2 ranks, steps 0-1 (%ddp metrics gives the data)"
+    assert "nothing logged" in metrics_chart.chart_html(CellMetrics().payload())
+
+
+def _sanitize(text: str) -> str:
+    """The rules of notebooks/nbval_sanitize.cfg, read and applied as nbval does."""
+    cfg = (ROOT / "notebooks" / "nbval_sanitize.cfg").read_text()
+    for rx, rep in re.findall("^regex: (.*)$\n^replace: (.*)$", cfg, flags=re.MULTILINE):
+        text = re.sub(rx, rep, text)
+    return text
+
+
+def test_nbval_keeps_the_charts_first_line_and_replaces_its_numbers():
+    a = _store()
+    b = _store()
+    b.rows[0].pop()
+    b.add(0, [(1, 102.0, {"loss": 0.5, "tok_s": 55.0})])  # the same steps and names, other values
+    ha, hb = metrics_chart.chart_html(a.payload()), metrics_chart.chart_html(b.payload())
+    assert ha != hb and _sanitize(ha) == _sanitize(hb)
+    assert "loss, tok_s from 2 ranks, steps 0-1" in _sanitize(ha)
+
+
+def test_rank_log_buffers_and_sends_rows_in_order_off_the_main_thread():
+    sent = []
+    threads = set()
+
+    def send(op, **fields):
+        threads.add(threading.current_thread().name)
+        sent.append((op, fields))
+
+    rank_metrics.install(send, 3)
+    rank_metrics.begin_cell(7)
+    try:
+        for i in range(50):
+            rank_metrics.log(loss=float(i))
+        deadline = time.monotonic() + 5
+        while not sent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        rank_metrics.log(step=100, loss=1.0)
+        rank_metrics.end_cell()
+        rows = [r for op, f in sent for r in f["rows"]]
+        assert all(op == P.METRICS and f["rank"] == 3 and f["cell"] == 7 for op, f in sent)
+        assert [s for s, _, _ in rows] == list(range(50)) + [100]
+        assert "ddp-metrics" in threads
+        with pytest.raises(TypeError, match="is not a number"):
+            rank_metrics.log(loss="x")
+        with pytest.raises(TypeError, match="needs at least one named value"):
+            rank_metrics.log(step=1)
+        with pytest.raises(TypeError, match="not a whole number"):
+            rank_metrics.log(step=1.5, loss=1)
+    finally:
+        rank_metrics.STATE.send = None
+
+
+def test_view_redraws_at_most_once_an_interval_and_leaves_one_static_chart():
+    published, shown = [], []
+    view = MetricsView(interval=60, publish=lambda p, final: published.append(final), display=lambda d, raw: shown.append(d))
+    view.on_metrics(0, [(0, 1.0, {"loss": 1.0})])
+    view.on_metrics(0, [(1, 2.0, {"loss": 0.5})])  # within the interval: a timer draws it later
+    assert published == [False] and "ddp-metrics" in view.live_html()
+    view.finish()
+    assert published == [False, True] and len(shown) == 1 and "steps 0-1" in shown[0]["text/plain"]
+    assert metrics_data(None) == {"rank": [], "step": [], "time": []}
+    assert not math.isnan(view.data.summary()[0].mean)
+
+
+def test_the_lab_panel_gets_one_small_json_message():
+    from ddp_magic.ui import labcomm
+
+    class Bridge:
+        session_id = "s1"
+
+        def __init__(self):
+            self.comms = {"c": object()}
+            self.sent = []
+
+        def _send(self, comm, data):
+            self.sent.append(data)
+
+    before, labcomm._bridge = labcomm._bridge, Bridge()
+    try:
+        labcomm.metrics(_store().payload(), final=True)
+        (msg,) = labcomm._bridge.sent
+        assert msg["type"] == "metrics" and msg["final"] is True and msg["session"] == "s1"
+        assert msg["names"] == ["loss", "tok_s"] and msg["ranks"] == [0, 1] and msg["series"]["loss"]["1"][1] == [1, None]
+        assert len(json.dumps(msg)) < 2000
+    finally:
+        labcomm._bridge = before
+
+
+def test_the_chart_joins_the_status_view_only_once_something_was_logged():
+    class View:
+        def __init__(self):
+            self.sections, self.changes = [], 0
+
+        def changed(self):
+            self.changes += 1
+
+    class Snap:
+        finished = False
+
+    view = View()
+    mv = MetricsView(interval=0, publish=lambda p, final: None, display=lambda d, raw: None)
+    mv.attach(view)
+    assert view.sections == []  # a cell that logs nothing: the view is as it was
+    mv.on_metrics(1, [(0, 1.0, {"loss": 1.0})])
+    ((title, html, text),) = view.sections
+    assert title == "Metrics" and view.changes == 1 and "<svg" in html(Snap())
+    Snap.finished = True
+    assert "<svg" not in html(Snap()) and text(Snap()) == [mv.text]

@@ -1,0 +1,45 @@
+"""The template's keys and texts (kernel/templates.py, launchers/forkserver.py), without processes."""
+from __future__ import annotations
+
+import pytest
+
+from ddp_magic.kernel import templates
+from ddp_magic.kernel.launchers import worker_env
+from ddp_magic.kernel.launchers.forkserver import ForkServerLauncher, import_env
+from ddp_magic.kernel.pool import Pool
+
+
+def test_import_env_is_what_torch_reads_at_import() -> None:
+    env = {"OMP_NUM_THREADS": "2", "LD_LIBRARY_PATH": "/x", "PYTHONPATH": "/src", "HOME": "/root", "RANK": "3", "PYTHONUNBUFFERED": "1"}
+    assert dict(import_env(env)) == {"OMP_NUM_THREADS": "2", "LD_LIBRARY_PATH": "/x", "PYTHONPATH": "/src"}
+
+
+def test_a_template_is_stale_when_an_import_variable_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher = ForkServerLauncher(b"s")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    launcher.import_env = import_env(worker_env())  # the env a template gets, PYTHONPATH from sys.path included
+    monkeypatch.setenv("DDP_TEST_OTHER", "x")  # read per rank at fork: no new template
+    assert launcher.stale() == []
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert launcher.stale() == ["OMP_NUM_THREADS"]
+
+
+def test_a_pool_takes_only_a_running_fork_server_template() -> None:
+    pool = Pool(2, start_method="fork")
+    never_started = ForkServerLauncher(b"s")
+    assert templates.adopt(pool, never_started) is False and pool.launcher is not never_started
+    assert templates.adopt(Pool(2, start_method="spawn"), never_started) is False
+
+
+def test_the_restart_notice_says_what_was_kept() -> None:
+    text = templates.restart_notice(["-n 2 → 4"], 0.081, kept=True)
+    assert text.startswith("restarting the pool (-n 2 → 4): ranks restarted in 0.08 s, from the same template")
+    assert "variables defined in earlier %%ddp cells are gone" in text
+    assert "new template" in templates.restart_notice(["start-method fork → spawn"], 1.5, kept=False)
+
+
+def test_no_warm_template_when_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(templates.WARM_ENV, "0")
+    warm = templates.WarmTemplate()
+    warm.begin()
+    assert warm.launcher is None and warm.pid is None and warm.close() is False
