@@ -155,7 +155,8 @@ def coarse(label: str, css: str = "") -> str:
 
 def disagreement(sample: Dict[str, Any]) -> Optional[str]:
     """Why the cell view and the panel (and the status bar) disagree in this sample; None when they agree."""
-    clockless = lambda text: re.sub(r"\d+(\.\d+)? s\b", "N s", text or "")  # noqa: E731  (the two read the clock ms apart)
+    # the two read the clock ms apart: any time ("<1 ms", "35 ms", "2.31 s", "3 m 05 s") is a clock
+    clockless = lambda text: re.sub(r"<?\d+(\.\d+)? (ms|s|m \d+ s|h \d+ m)\b", "T", text or "")  # noqa: E731
     if sample["statusBar"] not in (None, "") and clockless(sample["statusBar"]) != clockless(sample["summary"]):
         return f"status bar {sample['statusBar']!r} vs panel {sample['summary']!r}"
     cell = {int(r): coarse(s) for r, s in sample["cellRanks"].items()}
