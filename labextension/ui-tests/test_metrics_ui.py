@@ -15,6 +15,7 @@ Runs with the other browser tests (ui_fixtures.py's server and browser); Python 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -39,20 +40,26 @@ playwright_api = pytest.importorskip("playwright.sync_api", reason="Python Playw
 expect = playwright_api.expect
 
 
-@pytest.fixture(scope="module")
-def page(server: Server, browser: Any) -> Iterator[Any]:
-    server.write_notebook(NOTEBOOK, [code_cell("%load_ext ddp_magic"), code_cell(CELL)])
-    context = browser.new_context(viewport={"width": 1200, "height": 860}, device_scale_factor=1)
+IDLE_JS = (
+    "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+    " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
+    " return k && k.status === 'idle' && !!window.jupyterapp.ddpMagic; }"
+)
+
+
+@contextlib.contextmanager
+def lab_page(server: Server, browser: Any, notebook: str, cells: List[str], height: int, panel: bool) -> Iterator[Any]:
+    """A JupyterLab page on ``notebook`` (these cells), its kernel idle, the left area closed, toasts hidden; the DDP
+    panel open when ``panel``. Its kernel is shut down after."""
+    server.write_notebook(notebook, [code_cell(c) for c in cells])
+    context = browser.new_context(viewport={"width": 1200, "height": height}, device_scale_factor=1)
     pg = context.new_page()
     try:
-        pg.goto(server.url(f"lab/tree/{NOTEBOOK}?reset"), timeout=60_000)
-        pg.wait_for_function(
-            "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-            " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
-            " return k && k.status === 'idle'; }",
-            timeout=90_000,
-        )
-        pg.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
+        pg.goto(server.url(f"lab/tree/{notebook}?reset"), timeout=60_000)
+        pg.wait_for_function(IDLE_JS, timeout=90_000)
+        pg.evaluate("() => { const s = window.jupyterapp.shell; if (!s.leftCollapsed) { s.collapseLeft(); } }")
+        if panel:
+            pg.evaluate("() => window.jupyterapp.commands.execute('ddp-magic:show-panel')")
         pg.add_style_tag(content=".Toastify { display: none !important; }")
         yield pg
     finally:
@@ -60,6 +67,12 @@ def page(server: Server, browser: Any) -> Iterator[Any]:
             pg.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
         finally:
             context.close()
+
+
+@pytest.fixture(scope="module")
+def page(server: Server, browser: Any) -> Iterator[Any]:
+    with lab_page(server, browser, NOTEBOOK, ["%load_ext ddp_magic", CELL], 860, panel=False) as pg:
+        yield pg
 
 
 def test_the_chart_is_live_while_the_cell_runs_and_stays_after(page: Any) -> None:
@@ -127,26 +140,8 @@ PANEL_CLIP_JS = """() => {
 
 @pytest.fixture(scope="module")
 def panel_page(server: Server, browser: Any) -> Iterator[Any]:
-    server.write_notebook(PANEL_NOTEBOOK, [code_cell("%load_ext ddp_magic"), code_cell(PANEL_CELL), code_cell(QUIET_CELL)])
-    context = browser.new_context(viewport={"width": 1200, "height": 900}, device_scale_factor=1)
-    pg = context.new_page()
-    try:
-        pg.goto(server.url(f"lab/tree/{PANEL_NOTEBOOK}?reset"), timeout=60_000)
-        pg.wait_for_function(
-            "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-            " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
-            " return k && k.status === 'idle' && !!window.jupyterapp.ddpMagic; }",
-            timeout=90_000,
-        )
-        pg.evaluate("() => { const s = window.jupyterapp.shell; if (!s.leftCollapsed) { s.collapseLeft(); } }")
-        pg.evaluate("() => window.jupyterapp.commands.execute('ddp-magic:show-panel')")
-        pg.add_style_tag(content=".Toastify { display: none !important; }")
+    with lab_page(server, browser, PANEL_NOTEBOOK, ["%load_ext ddp_magic", PANEL_CELL, QUIET_CELL], 900, panel=True) as pg:
         yield pg
-    finally:
-        try:
-            pg.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
-        finally:
-            context.close()
 
 
 def _run_cell(page: Any, index: int) -> None:
