@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 from .states import FailureKind
+from .words import ranks_phrase
 
 
 class DDPError(Exception):
@@ -113,8 +114,8 @@ class CellError(DDPError):
             lines += ["", f"--- last lines rank {root.rank} printed ---", *root.last_lines]
         others = self.failures[1:]
         same = [f for f in others if f.kind == root.kind and f.type == root.type and f.message == root.message]
-        if same:
-            lines += ["", f"{'ranks' if len(same) > 1 else 'rank'} {', '.join(str(f.rank) for f in same)} failed the same way"]
+        if same and root.kind != FailureKind.TIMEOUT:  # a timeout's headline names every rank it waited for
+            lines += ["", f"{ranks_phrase(f.rank for f in same)} failed the same way"]
         for f in others:
             if f in same or f.kind == FailureKind.KILLED or f.message.startswith("released"):  # summed up in the notes
                 continue

@@ -26,9 +26,10 @@ from .session import NO_POOL, STOPPED, CellListener, CellOptions, Session
 from .ui import labcomm
 from .ui.report import env_report
 from .ui.output import RankPrinter, parse_ranks
-from .ui.results import CellNumbers, RankResults
+from .ui.results import CellNumbers, RankResults, running_cell
 from .ui.metrics_view import MetricsView, metrics_data
 from .ui import debugging
+from .words import plural
 
 SEE_HELP = "See %ddp? for every option, with examples."
 POOL_KEYS = ("backend", "master_addr", "master_port", "init", "start_method", "nnodes", "start_timeout", "pg_timeout", "mesh")
@@ -131,13 +132,13 @@ def _argv(text: Optional[str]) -> Optional[List[str]]:
 def log_text(limit: int = 200) -> str:
     """What %ddp log shows: this kernel's recent ddp_magic records, oldest first."""
     records = logs.recent(limit)
-    head = f"ddp_magic log: the last {len(records)} record(s) of this kernel (pid {os.getpid()}); attach them to a bug report."
+    head = f"ddp_magic log: the last {plural(len(records), 'record')} of this kernel (pid {os.getpid()}); attach them to a bug report."
     hint = "DDP_MAGIC_LOG=debug in the kernel's env also prints every record, on the ranks too, as it happens."
     return "\n".join([head, hint, *records]) if records else f"ddp_magic log: no records yet.\n{hint}"
 
 
 class _MagicListener(CellListener):
-    """What a cell shows while it runs: rank-prefixed output, notices on stderr, the status view, the lab panel."""
+    """What a cell shows while it runs: rank-prefixed output, notices (on stdout), the status view, the lab panel."""
 
     def __init__(self, printer: RankPrinter, quiet: bool = False, ranks: Optional[str] = None, widget: bool = True) -> None:
         self.printer = printer
@@ -166,7 +167,7 @@ class _MagicListener(CellListener):
         if self.view is not None:
             self.view.on_notice(text)
         if not self.quiet:
-            print(f"ddp_magic: {text}", file=sys.stderr)
+            print(f"ddp_magic: {text}")  # a notice is not an error: stdout, in order with the ranks' lines
         labcomm.notice(text)
 
     def on_state(self, info: RankInfo) -> None:
@@ -259,9 +260,10 @@ class DDPMagics(Magics):
         listener = _MagicListener(printer, args.quiet, args.ranks, widget=not args.no_widget)
         request = _pool_request(args)
         spec = self.session.spec_for(**request) if request else None
+        number, first_line = running_cell(self.shell)  # In [n], and the editor's line of the body's first
         options = CellOptions(
             spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), stdin=debugging.kernel_ask(printer.flush),
-            profile=args.profile, scatter=args.scatter,
+            profile=args.profile, scatter=args.scatter, number=number, first_line=first_line,
         )
         try:
             try:
@@ -272,7 +274,7 @@ class DDPMagics(Magics):
             listener.finish(None, e)
             raise
         outcome = result.outcome
-        notes = self.cell_numbers.name(result.label, self.shell, outcome.failures, outcome.notes)
+        notes = self.cell_numbers.name(result.label, number, outcome.failures, outcome.notes)
         listener.finish(outcome, metrics=result.metrics)
         results = RankResults(outcome.values)
         results.metrics = result.metrics.columns() if result.metrics else {}

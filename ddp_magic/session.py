@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Opt
 from .errors import PlanError, ShipError, UsageError
 from .export.record import History
 from .kernel import CellOutcome, Listener
+from .kernel.ranks import LastCell
 from .kernel.metrics import CellMetrics
 from .kernel import templates
 from .kernel.pool import Pool
@@ -26,9 +27,10 @@ from .kernel.texts import NAMES_GONE
 from .logs import log
 from .plan.plan import Plan, make_plan
 from .plan.spec import PoolSpec
+from .words import fmt_seconds
 from .states import RankState
 from .wire import namespace, notebook_data
-from .wire.execution import syntax_error_text
+from .wire.execution import editor_lines, syntax_error_text
 
 CELL_FILENAME = "<ddp-cell>"  # what names are read from; tracebacks name each cell <ddp-cell-N>
 NO_POOL = "no pool is running"
@@ -69,6 +71,7 @@ class PoolStatus:
     ranks: Tuple[RankRow, ...] = ()
     owned: Tuple[str, ...] = ()  # names assigned by earlier cells, living on the workers
     plan: Optional[Plan] = None  # the pool's plan, for the env checks of a view
+    last_cell: Optional[LastCell] = None  # the last %%ddp cell that ran on this pool
 
     @property
     def exists(self) -> bool:
@@ -82,16 +85,18 @@ class PoolStatus:
         """What ``%ddp status`` prints."""
         if not self.started:
             return f"{NO_POOL}; start one with %%ddp -n N"
-        head = f"pool of {self.nproc} rank(s), backend {self.backend}, MASTER_PORT {self.master_port}"
+        head = f"pool of {self.nproc} rank{'s' if self.nproc != 1 else ''}, backend {self.backend}, MASTER_PORT {self.master_port}"
         rows = [head + (f" — needs restart: {self.broken}" if self.broken else "")]
         rows += [f"  rank {r.rank}: pid {r.pid}  {str(r.state):<11} {r.device}" for r in self.ranks]
         if self.owned:
             rows.append("names on the workers: " + ", ".join(self.owned))
+        if self.last_cell is not None and not self.last_cell.ok:
+            rows.append(self.last_cell.text())
         return "\n".join(rows)
 
     def ready_text(self) -> str:
         """The one line a (re)start answers with."""
-        took = f"{self.start_seconds:.2f}s" if self.start_seconds is not None else "?"
+        took = fmt_seconds(self.start_seconds) if self.start_seconds is not None else "?"  # as the cell's view says it
         return f"pool of {self.nproc} ({self.backend}) ready in {took}, pids {self.pids}"
 
 
@@ -121,6 +126,8 @@ class CellOptions:
     stdin: Optional[Callable[[str, bool], str]] = None  # answers the ranks' input() and pdb (kernel/stdin.py); None: EOF
     scatter: Tuple[str, ...] = ()  # --scatter x,y: these notebook names reach each rank as its shard (wire/notebook_data.py)
     profile: Optional[str] = None  # --profile: the merged trace's path ("": the default); None: no profiler (kernel/profile_merge.py)
+    number: Optional[int] = None  # the prompt number the cell runs under (In [n]): tracebacks, metrics and the panel name it so
+    first_line: int = 1  # the editor's line number of the source's first line (2 below a %%ddp line): every line named is the editor's
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,7 @@ class Session:
     template: templates.WarmTemplate = field(default_factory=templates.WarmTemplate)  # started at %load_ext; the first pool adopts it
     data: notebook_data.Outbox = field(default_factory=notebook_data.Outbox)  # notebook tensors in /dev/shm, sent once; .sent counts bytes
     metrics: Optional[CellMetrics] = None  # the last cell's that logged any: %ddp metrics
+    last: Optional[LastCell] = None  # the last %%ddp cell's outcome, while its pool runs (None once it stops or restarts)
 
     # ------------------------------------------------------------ specs
     def spec_for(self, nproc: Optional[int] = None, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> Optional[PoolSpec]:
@@ -210,12 +218,14 @@ class Session:
         else:
             pool.start(listener)
         self.owned.clear()
+        self.last = None
         return self.status()
 
     def stop(self) -> bool:
         """Stop every worker, the template and the notebook data in /dev/shm; False when there was no pool."""
         pool, self.pool = self.pool, None
         self.owned.clear()
+        self.last = None
         self.template.close()
         self.data.clear()
         if pool is None:
@@ -229,7 +239,7 @@ class Session:
         if pool is None:
             if spec is None:
                 raise UsageError(missing)
-            self.pool = _new_pool(spec)
+            self.pool, self.last = _new_pool(spec), None
             self.template.give(self.pool)  # the template %load_ext started, torch imported already
             return self.pool
         changes = self.changes(spec) if spec is not None else []
@@ -238,7 +248,7 @@ class Session:
         assert spec is not None
         new = _new_pool(spec)
         templates.hand_over(pool, new, changes)  # the new ranks fork from the same template where they can; start_replaced says so
-        self.pool = new
+        self.pool, self.last = new, None
         self.owned.clear()
         return new
 
@@ -265,13 +275,14 @@ class Session:
             ranks=rows,
             owned=tuple(sorted(self.owned)),
             plan=pool.plan,
+            last_cell=self.last if self.last is not None and self.last.generation == pool.generation else None,
         )
 
     def env(self, spec: Optional[PoolSpec] = None) -> EnvData:
         """The env each rank sees (read from the live workers) or, given a spec or without a live pool, will get."""
         pool = self.pool
         if spec is None and pool is not None and pool.alive:
-            return EnvData(nproc=pool.nproc, backend=pool.backend, live=pool.live_env())
+            return EnvData(nproc=pool.nproc, backend=pool.backend, plan=pool.plan, live=pool.live_env())  # plan: the checks the cell counts
         spec = spec or (pool.spec if pool is not None else None)
         if spec is None:
             raise UsageError(NEED_N_FOR_ENV)
@@ -305,12 +316,14 @@ class Session:
         generation = pool.generation
         self.cells += 1
         label = str(self.cells)
-        metrics = CellMetrics(label)  # outermost listener: keeps ddp_magic.log rows, passes them to the front end
+        metrics = CellMetrics(label if options.number is None else str(options.number))  # outermost listener: ddp_magic.log rows
         profile = ProfileRun.arm(pool, listener, options.profile) if options.profile is not None else None
+        self.last = None  # this cell is the news now
         outcome = pool.run(
-            source, blobs, listener=metrics.tee(self.history.tap(listener), listener), timeout=options.timeout, gather=options.gather,
-            argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin,
+            editor_lines(source, options.first_line), blobs, listener=metrics.tee(self.history.tap(listener), listener), timeout=options.timeout,
+            gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin,
         )
+        self.last = LastCell.of(outcome, options.number, label, pool.generation)
         if pool.generation != generation:  # the pool (re)started for this cell: earlier names are gone
             self.owned.clear()
         if outcome.state_lost:  # ranks were stopped: this cell's names are gone too
@@ -320,7 +333,7 @@ class Session:
         self.definitions.ddp_cell(self.owned, newer)
         self.history.ran(source, blobs, user_ns, pool, outcome)
         self.metrics = metrics if metrics else self.metrics
-        return CellResult(outcome=outcome, label=label, metrics=metrics, profile=profile.collect(pool) if profile is not None else None)
+        return CellResult(outcome=outcome, label=label, metrics=metrics, profile=profile.collect(pool, metrics) if profile is not None else None)
 
     def notebook_cell(self, source: str, transform: Callable[[str], str] = str) -> None:
         """An ordinary notebook cell ran (IPython's post_run_cell): what it defined is now the newest definition.
@@ -344,7 +357,7 @@ class Session:
         tensors through /dev/shm once (wire/notebook_data.py); nothing runs when one fails."""
         options = options or CellOptions()
         try:
-            compile(source, CELL_FILENAME, "exec", dont_inherit=True)
+            compile(editor_lines(source, options.first_line), CELL_FILENAME, "exec", dont_inherit=True)  # its line, as the editor numbers it
             needed = namespace.names_to_ship(source, CELL_FILENAME, dict(user_ns), self.owned)
             needed.update(namespace.shippable(newer, dict(user_ns)))
             needed = notebook_data.scattered(needed, options.scatter, user_ns, self.owned)

@@ -8,7 +8,12 @@ Rank state transitions (the kernel's view of one rank)::
 
     STARTING ──joined──▶ CONNECTING ──process group up──▶ READY
     READY ──cell sent──▶ RUNNING ──▶ DONE | FAILED | INTERRUPTED
-    DONE / FAILED / INTERRUPTED ──next cell──▶ RUNNING
+    DONE ──next cell──▶ RUNNING
+    FAILED / INTERRUPTED ──the cell over, the pool whole (its group re-formed)──▶ READY
+
+After a failed cell every rank of a pool that is whole is READY again: FAILED and
+INTERRUPTED are what a cell's own view shows of it; the cell's outcome outlives it
+as the session's last cell (session.py ``LastCell``), not as the ranks' states.
     any live state ──process exit seen──▶ DEAD
     any state but DEAD / FAILED ──pool stopped by us──▶ STOPPED
 

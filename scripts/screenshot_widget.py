@@ -107,6 +107,11 @@ def take(
         json.dump(_notebook(n), f)
     port, token = _free_port(), "ddpshot"
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=settings, JUPYTERLAB_WORKSPACES_DIR=os.path.join(tmp, "ws"))
+    built = os.path.join(ROOT, "ddp_magic", "labextension")  # this tree's extension (its CSS styles the view), ahead of an installed copy
+    if os.path.exists(os.path.join(built, "package.json")):
+        os.makedirs(os.path.join(tmp, "jupyter", "labextensions"))
+        os.symlink(built, os.path.join(tmp, "jupyter", "labextensions", "ddp-magic"))
+        env["JUPYTER_PATH"] = os.pathsep.join(p for p in (os.path.join(tmp, "jupyter"), env.get("JUPYTER_PATH", "")) if p)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
     env.pop("PYTEST_CURRENT_TEST", None)
     log = open(os.path.join(tmp, "lab.log"), "wb")

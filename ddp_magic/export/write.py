@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 from ..errors import DDPError
+from ..words import plural
 from .check import Expected
 from .record import CellRecord
 from .script import Launch, launch_line, sbatch_text, script_text
@@ -97,6 +98,6 @@ def export_files(history: Sequence[CellRecord], opts: ExportOptions, notebook: s
     summary = [f"wrote {path}: cells {numbers} ({sum(c.kind == 'ddp' for c in sel.cells)} %%ddp). Run it with:",
                f"  {launch_line(path, launch)}"]
     if sbatch:
-        summary.append(f"wrote {sbatch} ({launch.nodes} node(s) x {launch.per_node} rank(s)); submit it with: sbatch {sbatch}")
+        summary.append(f"wrote {sbatch} ({plural(launch.nodes, 'node')} x {plural(launch.per_node, 'rank')}); submit it with: sbatch {sbatch}")
     summary += sel.notes
     return ExportResult(path, sbatch, launch, sel, expected_of(sel), summary)

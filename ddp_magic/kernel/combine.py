@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..logs import log
+from ..words import rank_list
 from ..wire.sharded import ShardPiece
 from .sharded import ShardedResult, ShardMismatch
 
@@ -80,7 +81,7 @@ def _sharded(pieces: List[ShardPiece]) -> ShardedResult:
     results = [ShardedResult(g) for g in groups.values()]
     first = results[0].full()
     if not all(r.shape == results[0].shape and r.dtype == results[0].dtype and torch_equal(r.full(), first) for r in results[1:]):
-        meshes = " / ".join(",".join(map(str, mesh)) for mesh in groups)
+        meshes = " / ".join(rank_list(mesh) for mesh in groups)
         raise ShardMismatch(
             f"the ranks returned DTensors on {len(groups)} sub-meshes (ranks {meshes}) that hold different values; call .full_tensor() on the ranks"
         )

@@ -1,5 +1,9 @@
 """Hang forensics: one line per rank (the collective it is in, its place in the cell) and who never arrived or called another.
 
+Who never arrived, and who called another collective, is also who a hang is blamed on
+(``culprits``): the policy makes them the root cause of a cell that timed out, so every
+view names the rank the message names.
+
 Pure functions over what the ranks answered to STACK: each reply's ``collective``
 (procs/rank_collectives.py: op, the group's sequence number, shape, dtype, group,
 the group's ranks) and stack text, plus a word for ranks that had already left the
@@ -8,19 +12,12 @@ cell ("raised", "died"). The policy (policy.py) puts the text into the cell's no
 from __future__ import annotations
 
 from collections import Counter
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+from ..words import ranks_phrase
 
 Collective = Mapping[str, object]  # one rank's STACK reply field "collective"
-
-
-def ranks_text(ranks: Sequence[int]) -> str:
-    """"rank 3", "ranks 0, 2", "ranks 0–3" (a run of three or more)."""
-    ranks = sorted(ranks)
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if len(ranks) >= 3 and ranks[-1] - ranks[0] == len(ranks) - 1:
-        return f"ranks {ranks[0]}–{ranks[-1]}"
-    return "ranks " + ", ".join(map(str, ranks))
 
 
 def op_text(c: Collective) -> str:
@@ -53,8 +50,20 @@ def _key(c: Collective) -> Tuple[str, object]:
     return (str(c.get("op")), c.get("seq"))
 
 
-def verdicts(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]], where: Mapping[int, str]) -> List[str]:
-    """Per group: who called a different collective ("mismatched collective") and who never arrived."""
+@dataclass(frozen=True)
+class Finding:
+    """One group's hang: the collective most of its ranks are in, who is in another one, who never arrived."""
+
+    group: str
+    majority: Tuple[int, ...]  # the ranks in the collective most of the group is in
+    shown: str  # that collective, as "all_reduce #12"
+    odd: Tuple[Tuple[str, Tuple[int, ...]], ...]  # (another collective, the ranks in it): a mismatch
+    missing: Tuple[int, ...]  # members in no collective of this group
+
+
+def findings(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]]) -> List[Finding]:
+    """Per group (sorted by name): who called a different collective, and who never arrived. The one reading of
+    the STACK replies that both the words (``verdicts``) and the blame (``culprits``) come from."""
     by_group: Dict[str, Dict[int, Collective]] = {}
     members: Dict[str, Sequence[int]] = {}
     for r, c in collectives.items():
@@ -64,28 +73,48 @@ def verdicts(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective
         by_group.setdefault(group, {})[r] = c
         listed = c.get("ranks")
         members[group] = list(listed) if isinstance(listed, (list, tuple)) else list(ranks)
-    out: List[str] = []
+    out: List[Finding] = []
     for group, calls in sorted(by_group.items()):
         common, _ = Counter(_key(c) for c in calls.values()).most_common(1)[0]
-        majority = [r for r, c in calls.items() if _key(c) == common]
-        shown = op_text(calls[majority[0]])
-        suffix = "" if group == "default" else f" on {group}"
+        majority = tuple(r for r, c in calls.items() if _key(c) == common)
+        odd = []
         for key in sorted({_key(c) for c in calls.values()} - {common}, key=str):
-            odd = [r for r, c in calls.items() if _key(c) == key]
+            these = tuple(r for r, c in calls.items() if _key(c) == key)
+            odd.append((op_text(calls[these[0]]), these))
+        missing = tuple(r for r in members[group] if r not in calls)
+        out.append(Finding(group, majority, op_text(calls[majority[0]]), tuple(odd), missing))
+    return out
+
+
+def culprits(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]]) -> List[int]:
+    """The ranks a hang is blamed on: those in a mismatched collective and those that never arrived (sorted;
+    empty when the waiting ranks agree and nobody is missing)."""
+    out: Set[int] = set()
+    for f in findings(ranks, collectives):
+        out.update(f.missing)
+        out.update(r for _, these in f.odd for r in these)
+    return sorted(out)
+
+
+def verdicts(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]], where: Mapping[int, str]) -> List[str]:
+    """Per group: who called a different collective ("mismatched collective") and who never arrived."""
+    out: List[str] = []
+    for f in findings(ranks, collectives):
+        suffix = "" if f.group == "default" else f" on {f.group}"
+        for op, odd in f.odd:
             verb = "is" if len(odd) == 1 else "are"
             out.append(
-                f"{ranks_text(odd)} {verb} in {op_text(calls[odd[0]])} while {ranks_text(majority)} "
-                f"{'is' if len(majority) == 1 else 'are'} in {shown}{suffix}: mismatched collective"
+                f"{ranks_phrase(odd)} {verb} in {op} while {ranks_phrase(f.majority)} "
+                f"{'is' if len(f.majority) == 1 else 'are'} in {f.shown}{suffix}: mismatched collective"
             )
-        missing = [r for r in members[group] if r not in calls]
-        if missing:
-            why = "; ".join(f"rank {r} {where[r]}" for r in missing if where.get(r))
-            out.append(f"{ranks_text(missing)} never arrived at {shown}{suffix}" + (f" ({why})" if why else ""))
+        if f.missing:
+            why = "; ".join(f"rank {r} {where[r]}" for r in f.missing if where.get(r))
+            out.append(f"{ranks_phrase(f.missing)} never arrived at {f.shown}{suffix}" + (f" ({why})" if why else ""))
     return out
 
 
 def released_text(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]], where: Mapping[int, str]) -> str:
-    """"ranks 0, 2, 3 were in all_reduce #5 (cell line 4: dist.all_reduce(x)) and were released"."""
+    """"ranks 0, 2-3 were in all_reduce #5 (cell line 4: dist.all_reduce(x)) and were released"."""
     waiting = [r for r in ranks if collectives.get(r) is not None]
     if not waiting:
         return ""
@@ -96,7 +125,7 @@ def released_text(ranks: Sequence[int], collectives: Mapping[int, Optional[Colle
     lines = {where.get(r, "") for r in waiting} - {""}
     at = f" ({lines.pop()})" if len(lines) == 1 else ""
     verb = "was" if len(waiting) == 1 else "were"
-    return f"{ranks_text(waiting)} {verb} in {what}{at} and {verb} released"
+    return f"{ranks_phrase(waiting)} {verb} in {what}{at} and {verb} released"
 
 
 def report(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]], where: Mapping[int, str]) -> List[str]:
@@ -104,3 +133,19 @@ def report(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]]
     if not any(collectives.get(r) for r in ranks):
         return []
     return verdicts(ranks, collectives, where) + ["where each rank was:"] + ["  " + line for line in table(ranks, collectives, where)]
+
+
+def last_cell_line(stack: str) -> str:
+    """Where in the cell a stack stands: "cell line 5: dist.all_reduce(x)"."""
+    lines = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith('File "<ddp-cell')]
+    if not lines:
+        return "an unknown place"
+    last = lines[-1]
+    try:
+        lineno = last.split("line ", 1)[1].split(",", 1)[0]
+    except IndexError:
+        return last
+    code_lines = stack.splitlines()
+    idx = [i for i, ln in enumerate(code_lines) if ln.strip() == last][-1]
+    code = code_lines[idx + 1].strip() if idx + 1 < len(code_lines) else ""
+    return f"cell line {lineno}: {code}" if code else f"cell line {lineno}"

@@ -10,11 +10,20 @@ dict of equal-length lists, ``{"rank": [...], "step": [...], "time": [...], "los
 rank by rank, a missing value None. ``pandas.DataFrame(columns)`` takes it as it is.
 ``summary()`` and ``payload()`` are what the chart (ui/metrics_chart.py) and the
 JupyterLab panel show.
+
+The slowest rank has one rule (``Straggler``): when ``%%ddp --profile`` ran, the profile
+names it (kernel/profile_merge.py: the rank the others waited for in collectives) and every
+view says so; otherwise the steps do (the rank that logged the steps every rank logged later
+than the others, typically). Either way a rank is named only when it cost the others at least
+``STRAGGLER_MIN_S`` and a ``STRAGGLER_SHARE`` of the time (a step, or the profiled cell):
+less is noise, and a "slowest rank +0.00 s" names nobody.
 """
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .ranks import Listener, RankInfo
@@ -22,6 +31,31 @@ from .ranks import Listener, RankInfo
 Row = Tuple[int, float, Dict[str, float]]  # (step, wall time in s, {name: value})
 Point = Tuple[int, float]  # (step, value)
 MAX_POINTS = 200  # per line in a chart or a panel message: enough for a picture, small on the wire
+STRAGGLER_MIN_S = 0.01  # a rank that holds the others back by less is no straggler: noise, and "+0.00 s" at two decimals
+STRAGGLER_SHARE = 0.1  # ... nor one that costs them less than a tenth of a step (or of the profiled cell)
+
+
+def stands_out(lag: float, span: float) -> bool:
+    """Whether a delay of ``lag`` seconds, in ``span`` seconds (a step, or a profiled cell), names a straggler."""
+    return lag >= max(STRAGGLER_MIN_S, STRAGGLER_SHARE * span)
+
+
+class StragglerMeasure(str, Enum):
+    """What named the slowest rank: the profile's collectives when a profile ran, else the logged steps."""
+
+    STEPS = "steps"  # the ranks' wall clock at each ddp_magic.log step that every rank logged
+    PROFILE = "profile"  # %%ddp --profile: who the others waited for in collectives
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The slowest rank (None: no straggler) and by how much, in seconds: with STEPS, how much later it logged a
+    step than the first rank (the median over the steps every rank logged); with PROFILE, how much longer the
+    others sat in collectives than it did."""
+
+    rank: Optional[int]
+    lag: float
+    measure: StragglerMeasure
 
 
 @dataclass(frozen=True)
@@ -34,8 +68,9 @@ class MetricSummary:
     last_hi: float
     min: float  # the lowest value any rank logged
     mean: float  # the mean over every rank and step
-    slowest: Optional[int]  # the rank that reached the latest common step last (None: one rank, or all within 1 ms)
-    lag: float  # how much later it got there than the first rank (s)
+    slowest: Optional[int]  # the straggler (Straggler.rank; None: one rank, or none stands out)
+    lag: float  # Straggler.lag (s)
+    slowest_by: StragglerMeasure  # which measure named it
     steps: Tuple[int, int]  # the first and last step logged
 
 
@@ -47,6 +82,7 @@ class CellMetrics:
         self.rows: Dict[int, List[Row]] = {}
         self.names: List[str] = []  # metric names, first seen first
         self.version = 0  # moves with every add: a view redraws when it did
+        self.profiled: Optional[Straggler] = None  # --profile's verdict (kernel/profile_merge.py): it names the straggler
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -109,11 +145,11 @@ class CellMetrics:
         if not values:
             return None
         lasts = [p[-1][2] for p in per_rank.values()]
-        slowest, lag = _slowest(per_rank)
+        slow = self.profiled if self.profiled is not None else by_steps(per_rank)
         steps = [s for p in per_rank.values() for s, _, _ in p]
         return MetricSummary(
             name=name, last=_mean(lasts), last_lo=min(lasts), last_hi=max(lasts), min=min(values), mean=_mean(values),
-            slowest=slowest, lag=lag, steps=(min(steps), max(steps)),
+            slowest=slow.rank, lag=slow.lag, slowest_by=slow.measure, steps=(min(steps), max(steps)),
         )
 
     def payload(self, max_points: int = MAX_POINTS) -> Dict[str, Any]:
@@ -124,7 +160,8 @@ class CellMetrics:
             "ranks": sorted(self.rows),
             "rows": len(self),
             "series": {n: {str(r): [[s, _finite(v)] for s, v in thin(pts, max_points)] for r, pts in self.series(n).items()} for n in self.names},
-            "summary": [{k: _finite(v) for k, v in asdict(s).items()} | {"steps": list(s.steps)} for s in self.summary()],
+            "summary": [{k: _finite(v) for k, v in asdict(s).items()} | {"steps": list(s.steps), "slowest_by": s.slowest_by.value}
+                        for s in self.summary()],
         }
 
 
@@ -138,17 +175,26 @@ def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
-def _slowest(per_rank: Dict[int, List[Tuple[int, float, float]]]) -> Tuple[Optional[int], float]:
-    """The rank that logged the latest step every rank reached last, and by how much (s)."""
-    if len(per_rank) < 2:
-        return None, 0.0
-    common = min(max(s for s, _, _ in p) for p in per_rank.values())
-    when = {r: next(t for s, t, _ in p if s == common) for r, p in per_rank.items() if any(s == common for s, _, _ in p)}
-    if len(when) < 2:
-        return None, 0.0
-    rank = max(when, key=lambda r: when[r])
-    lag = when[rank] - min(when.values())
-    return (rank, lag) if lag >= 0.001 else (None, lag)
+def by_steps(per_rank: Dict[int, List[Tuple[int, float, float]]]) -> Straggler:
+    """The rank that logged the steps every rank logged latest: its median lag behind the first rank, if it stands out.
+
+    The median over the common steps, not the last one: one late wake-up under load names nobody, and a rank that
+    is late every step is named whether or not a collective makes the others wait for it later in the step."""
+    first: Dict[int, Dict[int, float]] = {}
+    for rank, points in per_rank.items():
+        mine = first.setdefault(rank, {})
+        for step, t, _ in points:
+            mine.setdefault(step, t)
+    common = sorted(set.intersection(*(set(f) for f in first.values()))) if len(first) > 1 else []
+    if not common:
+        return Straggler(None, 0.0, StragglerMeasure.STEPS)
+    earliest = {s: min(f[s] for f in first.values()) for s in common}
+    lags = {r: statistics.median(f[s] - earliest[s] for s in common) for r, f in first.items()}
+    rank = max(lags, key=lambda r: lags[r])
+    typical = 0.0  # the slowest rank's typical step: the time a lag is measured against
+    if len(common) > 1:
+        typical = max(statistics.median(f[b] - f[a] for a, b in zip(common, common[1:])) for f in first.values())
+    return Straggler(rank if stands_out(lags[rank], typical) else None, lags[rank], StragglerMeasure.STEPS)
 
 
 def thin(points: Sequence[Point], limit: int) -> List[Point]:

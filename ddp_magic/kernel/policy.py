@@ -28,6 +28,7 @@ from ..errors import RankFailure
 from ..states import FailureKind, RankState
 from ..wire.execution import group_places
 from ..wire.protocol import CellStatus
+from ..words import ranks_phrase
 from . import forensics
 
 States = Mapping[int, Tuple[RankState, Optional[float]]]  # rank -> (state, when it finished)
@@ -115,6 +116,7 @@ class FailurePolicy:
         self.user_interrupted = False
         self.timed_out = False
         self.state_lost = False
+        self._timed_out_on: Tuple[int, ...] = ()  # the ranks still running when the timeout expired
         self._awaiting: Optional[CaptureStacks] = None  # stacks asked for, not yet handed back
         self._stopping: Optional[List[int]] = None  # the ranks being stopped by signal
         self._sig: int = signal.SIGTERM  # the last signal sent to them
@@ -173,6 +175,7 @@ class FailurePolicy:
             return []
         if self.timeout is not None and not self.timed_out and now >= self.t0 + self.timeout:
             self.timed_out = self.cancelled = True
+            self._timed_out_on = tuple(live)
             return self._ask_stacks(live, TIMEOUT)
         if self.first_failure is not None and self.interrupt_sent is None and now >= self.first_failure + self.grace:
             self.cancelled = True
@@ -181,7 +184,7 @@ class FailurePolicy:
             if any(r not in self._interrupted for r in live):  # released by the abort, yet still running: interrupt them
                 return self._interrupt(live, now)
             if not self.aborted:  # deaf to the interrupt: perhaps in a collective we could not see (DDP's buckets)
-                self.notes.append(f"{forensics.ranks_text(live)} did not respond to the interrupt; aborted the process group to release {_them(live)}")
+                self.notes.append(f"{ranks_phrase(live)} did not respond to the interrupt; aborted the process group to release {_them(live)}")
                 self.interrupt_sent = now
                 return [self._abort("did not respond to the interrupt")]
             return self._stop(live, now)
@@ -196,7 +199,7 @@ class FailurePolicy:
     def _where(self, ranks: Sequence[int]) -> Dict[int, str]:
         """Each rank's place for the forensics: its cell line, or why it is not in the cell any more."""
         words = {RankState.FAILED: "raised", RankState.DEAD: "died", RankState.DONE: "finished the cell", RankState.INTERRUPTED: "was interrupted"}
-        out = {r: f"at {last_cell_line(self.stacks[r])}" for r in ranks if r in self.stacks}
+        out = {r: f"at {forensics.last_cell_line(self.stacks[r])}" for r in ranks if r in self.stacks}
         for r, (state, _) in self._states.items():
             if r not in out and state in words:
                 out[r] = words[state]
@@ -232,7 +235,7 @@ class FailurePolicy:
         self.interrupt_sent = now  # the abort releases the waiting ranks; an interrupt, the others
         others = [r for r in ranks if r not in waiting]
         self._interrupted.update(others)
-        actions: List[Action] = [self._abort(f"{forensics.ranks_text(waiting)} waited in a collective")]
+        actions: List[Action] = [self._abort(f"{ranks_phrase(waiting)} waited in a collective")]
         return actions + ([Interrupt(tuple(others))] if others else [])
 
     def _interrupt(self, ranks: Sequence[int], now: float) -> List[Action]:
@@ -265,7 +268,7 @@ class FailurePolicy:
         """The stopped ranks count as dead, whether or not their exit was seen; the pool is broken."""
         ranks, self._stopping = self._stopping or [], None
         self.state_lost = True
-        who, verb = (f"rank {ranks[0]}", "was") if len(ranks) == 1 else (f"ranks {', '.join(map(str, ranks))}", "were")
+        who, verb = ranks_phrase(ranks), ("was" if len(ranks) == 1 else "were")
         self.notes.append(
             f"{who} did not respond to the interrupt (stuck in a collective or native code) and {verb} stopped; "
             "the pool restarts on the next cell and variables defined in earlier %%ddp cells are lost"
@@ -314,10 +317,31 @@ class FailurePolicy:
         if self.user_interrupted and not out:
             out.append(RankFailure(rank=0, kind=FailureKind.INTERRUPTED))
         if self.timed_out and not self.order[: self._abort_at]:
-            assert self.timeout is not None
-            first = min(self.stacks or {0: ""})
-            out.insert(0, RankFailure(rank=first, kind=FailureKind.TIMEOUT, type="TimeoutError", message=f"the cell ran past --timeout {self.timeout:g}s"))
+            out = self._timeouts(out, pids)
         return out
+
+    def _timeouts(self, out: List[RankFailure], pids: Mapping[int, Optional[int]]) -> List[RankFailure]:
+        """A timeout no failure came before: the hung ranks are its root cause, one TIMEOUT failure each, first,
+        in place of what they did when we interrupted them; the others were released because of them."""
+        assert self.timeout is not None
+        hung, waited_for = self._hung()
+        head = f"the cell ran past --timeout {self.timeout:g}s"
+        who = ranks_phrase(hung)
+        message = f"{head}, waiting for {who}" if waited_for else f"{head}: {who} {'was' if len(hung) == 1 else 'were'} still running"
+        codes = {f.rank: f.exit_code for f in out}  # a hung rank we had to stop keeps how it ended
+        timeouts = [RankFailure(r, FailureKind.TIMEOUT, "TimeoutError", message, pid=pids.get(r), exit_code=codes.get(r)) for r in hung]
+        return timeouts + [f for f in out if f.rank not in hung]
+
+    def _hung(self) -> Tuple[List[int], bool]:
+        """Who a timeout is blamed on, and whether others waited for them in a collective: the ranks the forensics
+        say never arrived or called another collective; else those running outside any collective; else every
+        rank still running when it expired."""
+        everyone = sorted(self._states) or sorted(self._timed_out_on)
+        blamed = forensics.culprits(everyone, self.collectives)
+        if blamed:
+            return blamed, True
+        outside = [r for r in self._timed_out_on if not self.collectives.get(r)]
+        return outside or list(self._timed_out_on) or everyone[:1] or [0], False
 
 
     def _released(self, rank: int, message: str) -> bool:
@@ -331,7 +355,7 @@ _PEER_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken
 
 def _who(ranks: Sequence[int]) -> str:
     """"rank 0 was" / "ranks 0, 2 were"."""
-    return f"rank {ranks[0]} was" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} were"
+    return f"{ranks_phrase(ranks)} {'was' if len(ranks) == 1 else 'were'}"
 
 
 def _them(ranks: Sequence[int]) -> str:
@@ -354,26 +378,11 @@ def causes(failures: Sequence[RankFailure]) -> Dict[int, Tuple[str, str]]:
 
 
 def root_cause_rank(f: RankFailure) -> int:
-    """Which failure explains the others: a rank that died, then a real error, then the
-    collectives that broke because a peer went away, then ranks we interrupted or stopped."""
-    if f.kind == FailureKind.DIED:
+    """Which failure explains the others: a rank that died or that a timeout waited for (the policy
+    gives TIMEOUT only to the hung ranks, and only when no failure came first), then a real error,
+    then the collectives that broke because a peer went away, then ranks we interrupted or stopped."""
+    if f.kind in (FailureKind.DIED, FailureKind.TIMEOUT):
         return 0
     if f.kind == FailureKind.ERROR:
         return 2 if any(e in f.message for e in _PEER_ERRORS) else 1
     return 3
-
-
-def last_cell_line(stack: str) -> str:
-    """Where in the cell a stack stands: "cell line 5: dist.all_reduce(x)"."""
-    lines = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith('File "<ddp-cell')]
-    if not lines:
-        return "an unknown place"
-    last = lines[-1]
-    try:
-        lineno = last.split("line ", 1)[1].split(",", 1)[0]
-    except IndexError:
-        return last
-    code_lines = stack.splitlines()
-    idx = [i for i, ln in enumerate(code_lines) if ln.strip() == last][-1]
-    code = code_lines[idx + 1].strip() if idx + 1 < len(code_lines) else ""
-    return f"cell line {lineno}: {code}" if code else f"cell line {lineno}"

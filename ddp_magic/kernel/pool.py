@@ -324,7 +324,8 @@ class Pool:
         lost = cell.state_lost or bool(self.broken)
         if self.broken and not cell.state_lost:
             notes.append(texts.restarts_next_note(self.broken))
-        return CellOutcome(values=values, failures=failures, notes=notes, elapsed=time.monotonic() - t0, stacks=cell.stacks, state_lost=lost)
+        recovered = bool(failures) and self.recovery.ready_again(self)  # whole again: every rank READY
+        return CellOutcome(values, failures, notes, time.monotonic() - t0, stacks=cell.stacks, state_lost=lost, recovered=recovered)
 
     def ask(self, op: str, timeout: float = 5.0, listener: Optional[Listener] = None) -> Dict[int, dict]:
         """Ask every live rank for its STACK or ENV; returns the replies that came in time."""

@@ -17,7 +17,10 @@ The straggler table comes from the same events: per rank its wall time (the cell
 profiler), its time in collectives (the union of gloo/nccl/c10d and collective-named events
 over all its threads and GPU streams), the rest as compute, and its slowest step (from
 ``ddp_magic.log`` steps). The rank everyone waited for is the one that spent the least time in
-collectives: the others sat in theirs until it arrived.
+collectives: the others sat in theirs until it arrived. It is named only when the others waited
+for it at least a tenth of the cell (kernel/metrics.py ``stands_out``, the chart's rule too), and
+the cell's metrics take this verdict (``CellMetrics.profiled``), so the chart's "slowest rank"
+and this table never name two different ranks.
 """
 from __future__ import annotations
 
@@ -26,12 +29,13 @@ import os
 import re
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ..errors import UsageError
 from ..logs import log
 from ..wire import protocol as P
 from ..wire import shm
+from .metrics import CellMetrics, Straggler, StragglerMeasure, stands_out
 from .ranks import Listener
 
 DEFAULT_PATH = "ddp_trace.json"
@@ -81,6 +85,14 @@ class ProfileReport:
         return "\n".join(rows + self.errors)
 
 
+class Verdict(NamedTuple):
+    """Who the others waited for (None: nobody), how much longer they sat in collectives than it did (s), and why."""
+
+    rank: Optional[int]
+    gap: float
+    why: str
+
+
 class ProfileRun:
     """One profiled cell, from the kernel's side."""
 
@@ -101,8 +113,9 @@ class ProfileRun:
         pool.hub.broadcast(P.message(P.PROFILE))
         return run
 
-    def collect(self, pool: Any) -> ProfileReport:
-        """Read every rank's trace from its DONE, merge, write ``self.path``, and say who was waited for."""
+    def collect(self, pool: Any, metrics: Optional[CellMetrics] = None) -> ProfileReport:
+        """Read every rank's trace from its DONE, merge, write ``self.path``, and say who was waited for
+        (to ``metrics`` too: the cell's chart names the same straggler)."""
         traces: Dict[int, dict] = {}
         infos: Dict[int, dict] = {}
         report = ProfileReport(path=self.given, ranks=[])
@@ -122,7 +135,10 @@ class ProfileRun:
             json.dump(merged, f)
         report.events, report.size = len(merged["traceEvents"]), os.path.getsize(self.path)
         report.ranks = sorted(report.ranks + [rank_profile(r, merged, infos[r]) for r in traces], key=lambda p: p.rank)
-        report.waited_for, report.why = waited_for(report.ranks)
+        verdict = waited_for(report.ranks)
+        report.waited_for, report.why = verdict.rank, verdict.why
+        if metrics is not None and sum(1 for r in report.ranks if not r.error) > 1:
+            metrics.profiled = Straggler(verdict.rank, verdict.gap, StragglerMeasure.PROFILE)
         return report
 
 
@@ -239,18 +255,19 @@ def _slowest_step(info: dict) -> Optional[Tuple[int, float]]:
     return best
 
 
-def waited_for(ranks: List[RankProfile]) -> Tuple[Optional[int], str]:
-    """The rank the others waited for: the least time in collectives, if it clearly differs."""
+def waited_for(ranks: List[RankProfile]) -> Verdict:
+    """The rank the others waited for: the least time in collectives, if they waited for it a tenth of the cell."""
     ok = [r for r in ranks if not r.error]
     if len(ok) < 2:
-        return None, "one rank profiled: nobody to wait for"
+        return Verdict(None, 0.0, "one rank profiled: nobody to wait for")
     most = max(r.collectives for r in ok)
     if most <= 0:
-        return None, "no collectives recorded: no rank waited for another"
+        return Verdict(None, 0.0, "no collectives recorded: no rank waited for another")
     least = min(ok, key=lambda r: r.collectives)
     others = [r.collectives for r in ok if r is not least]
-    if min(others) - least.collectives < max(0.001, 0.2 * most):
-        return None, f"no straggler: every rank spent about as long in collectives ({least.collectives:.3f}-{most:.3f} s)"
+    gap = min(others) - least.collectives
+    if not stands_out(gap, max(r.wall for r in ok)):
+        return Verdict(None, gap, f"no straggler: no rank kept the others waiting a tenth of the cell (collectives {least.collectives:.3f}-{most:.3f} s)")
     spread = f"{min(others):.3f} s" if len(others) == 1 or min(others) == max(others) else f"{min(others):.3f}-{max(others):.3f} s"
     why = f"everyone waited for rank {least.rank}: it spent the least time in collectives ({least.collectives:.3f} s; the others {spread})"
-    return least.rank, why
+    return Verdict(least.rank, gap, why)

@@ -1,4 +1,4 @@
-"""What a front end sees of a pool: each rank's state (RankInfo), a cell's outcome, and the Listener.
+"""What a front end sees of a pool: each rank's state (RankInfo), a cell's outcome (and the last one's), and the Listener.
 
 Plain data and callbacks, shared by the pool, the control hub, the failure
 policy and every view (status view, JupyterLab comm, benchmarks).
@@ -8,12 +8,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import RankFailure
 from ..logs import log
 from ..states import RankState, Waiting
 from .combine import combine
+from ..words import ranks_phrase
+from .policy import causes
 
 Tick = Callable[[], None]  # runs after each wake of the poll loop
 Due = Callable[[], Optional[float]]  # when the next tick is needed at the latest (monotonic), or None
@@ -64,6 +66,7 @@ class CellOutcome:
     elapsed: float
     stacks: Dict[int, str] = field(default_factory=dict)
     state_lost: bool = False
+    recovered: bool = False  # it failed, and the pool is whole again: every rank READY, the workers' variables kept
     combined: Any = field(init=False, default=None)  # one value for all ranks when they returned pieces of the same DTensors
 
     def __post_init__(self) -> None:
@@ -73,6 +76,56 @@ class CellOutcome:
     @property
     def ok(self) -> bool:
         return not self.failures
+
+
+@dataclass(frozen=True)
+class LastCell:
+    """The last %%ddp cell's outcome, for the views that outlive its output (``%ddp status``, the JupyterLab panel).
+
+    A failed cell's ranks are READY again once the pool is whole (recovery.py): what failed, and who is to
+    blame, is kept here (the session holds the last one), the one copy those views read."""
+
+    number: Optional[int]  # the prompt number it ran under (In [n]); None outside a notebook
+    label: str  # the session's label of the cell (<ddp-cell-L>)
+    ok: bool
+    headline: str = ""  # its root cause, as the cell's error names it
+    recovered: bool = False  # it failed and the pool is whole again: every rank ready, the workers' variables kept
+    causes: Mapping[int, Tuple[str, str]] = field(default_factory=dict)  # rank -> (kind, root | stopped): kernel.policy.causes
+    generation: int = 0  # the start of the pool it ran on: a restart leaves it behind
+
+    @property
+    def name(self) -> str:
+        """The cell as the notebook names it: "In[4]" (or "<ddp-cell-3>" with no prompt number)."""
+        return f"In[{self.number}]" if self.number is not None else f"<ddp-cell-{self.label}>"
+
+    @property
+    def root(self) -> List[int]:
+        """The ranks whose failure explains the cell's, in rank order."""
+        return sorted(r for r, (_, cause) in self.causes.items() if cause == "root")
+
+    def text(self) -> str:
+        """"last cell In[4]: rank 1 raised ValueError: bad shard; recovered: every rank is ready, variables intact"."""
+        if self.ok:
+            return f"last cell {self.name}: ok"
+        after = "; recovered: every rank is ready, the workers' variables intact" if self.recovered else ""
+        return f"last cell {self.name}: {self.headline}{after}"
+
+    @classmethod
+    def of(cls, outcome: CellOutcome, number: Optional[int], label: str, generation: int) -> "LastCell":
+        """What the views that outlive a cell's output keep of it (``Session.last``)."""
+        found = causes(outcome.failures)
+        headline = outcome.failures[0].headline() if outcome.failures else ""
+        if found and all(cause == "stopped" for _, cause in found.values()):  # nobody to blame: Ctrl-C
+            who = sorted(found)
+            headline = f"{ranks_phrase(who)} {'was' if len(who) == 1 else 'were'} interrupted"
+        return cls(number, label, outcome.ok, headline, outcome.recovered, found, generation)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """What the JupyterLab panel is told (ui/labsnap.py)."""
+        return {
+            "number": self.number, "ok": self.ok, "headline": self.headline, "recovered": self.recovered, "root": self.root, "text": self.text(),
+            "causes": {str(r): {"kind": kind, "cause": cause} for r, (kind, cause) in sorted(self.causes.items())},
+        }
 
 
 class Listener:

@@ -14,28 +14,33 @@ notice says whose variables are gone. torchrun pools restart whole, as before.
 A SIGKILL with the cgroup's OOM-kill counter gone up is named as an OOM kill.
 
 If the ranks cannot re-form within ``REFORM_WAIT_S`` the pool is marked broken
-(the next cell restarts it, as before), and the message says so.
+(the next cell restarts it, as before), and the message says so. A pool that is whole
+after a failed cell is ready, and every rank says so (``ready_again``); the cell's
+outcome stays the cell's (its view, its error, the session's last cell).
 """
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
+from collections import deque
 from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 from ..logs import log
 from ..plan.plan import Plan
 from ..plan.spec import PoolSpec
-from ..states import RankState
+from ..states import RankState, Waiting
 from ..wire import protocol as P
 from ..wire import shm
 from .admission import Admission
 from .cell import CellRun
-from .forensics import ranks_text
+from ..words import fmt_seconds, ranks_phrase
 from .hub import Hub
 from .launchers import Launcher
 from .ranks import Listener, RankInfo
 
 REFORM_WAIT_S = 10.0  # how long live ranks get to form the new group
+_GONE = (RankState.DEAD, RankState.STOPPED)
 
 
 def oom_kills() -> Optional[int]:
@@ -130,8 +135,8 @@ class Recovery:
         if self.lost:
             gone = sorted(self.lost)
             notes.append(
-                f"{ranks_text(gone)} will be started again at the next cell (same RANK, same world); "
-                f"the other ranks keep their variables, {ranks_text(gone)}'s are gone"
+                f"{ranks_phrase(gone)} will be started again at the next cell (same RANK, same world); "
+                f"the other ranks keep their variables, {ranks_phrase(gone)}'s are gone"
             )
             return
         live = [r for r in sorted(pool.ranks) if r in hub.conns]
@@ -139,8 +144,20 @@ class Recovery:
         if error:
             pool.mark_broken(f"the process group could not be re-formed ({error})")
             return
-        notes.append(f"the process group was re-formed in {seconds:.2f} s; your variables are intact")
+        notes.append(f"the process group was re-formed in {fmt_seconds(seconds)}; your variables are intact")
         notes += swap_notes(replies)
+
+    def ready_again(self, pool: Pool) -> bool:
+        """After a failed cell: a pool that is whole (every rank alive and joined, its group re-formed if the cell
+        broke it) is ready, and says so: every rank READY. The cell's own views keep the RankInfo objects they
+        heard, with the cell's outcome; the pool takes copies. False (nothing changed) when it is not whole."""
+        hub = pool.hub
+        whole = not pool.broken and not self.lost and all(r in hub.conns and i.state not in _GONE for r, i in pool.ranks.items())
+        if not whole:
+            return False
+        for r, info in list(pool.ranks.items()):
+            pool.ranks[r] = dataclasses.replace(info, state=RankState.READY, debugging=Waiting.NO, tail=deque(info.tail, maxlen=info.tail.maxlen))
+        return True
 
     def reform(self, pool: Pool, ranks: Sequence[int], joining: Sequence[int], store: Optional[str]) -> Tuple[float, Optional[str], Dict[int, dict]]:
         """REFORM to ``ranks`` in ``store`` (and wait for the ``joining`` ones' READY); (seconds, error or None, replies)."""
@@ -164,7 +181,7 @@ class Recovery:
         bad += [f"rank {r} died" for r in list(ranks) + list(joining) if pool.ranks[r].state == RankState.DEAD]
         slow = [r for r in ranks if r not in replies] + [r for r in joining if r not in hub.ready]
         if slow and not bad:
-            bad.append(f"{ranks_text(slow)} did not answer within {wait:.0f}s")
+            bad.append(f"{ranks_phrase(slow)} did not answer within {wait:.0f}s")
         previous = self._store or pool.store_path
         if not bad and store:
             if previous and previous != store:
@@ -190,7 +207,7 @@ class Recovery:
         t0 = time.monotonic()
         error, replies = self._replace(pool, listener, gone)
         if error:
-            pool.mark_broken(f"{ranks_text(gone)} could not be started again ({error})")
+            pool.mark_broken(f"{ranks_phrase(gone)} could not be started again ({error})")
             return None
         self.lost.clear()
         names = ", ".join(sorted(owned))
@@ -198,9 +215,9 @@ class Recovery:
         new = ", ".join(f"rank {r} is pid {pool.ranks[r].pid}" for r in gone)
         survivors = [r for r in sorted(pool.ranks) if r not in gone]
         return (
-            f"{died}: started it again in {time.monotonic() - t0:.2f} s ({new}). "
-            f"{ranks_text(gone)}'s variables are gone" + (f" ({names})" if names else "")
-            + f"; {ranks_text(survivors)} kept {'its' if len(survivors) == 1 else 'theirs'}. %ddp restart gives every rank a fresh start."
+            f"{died}: started it again in {fmt_seconds(time.monotonic() - t0)} ({new}). "
+            f"{ranks_phrase(gone)}'s variables are gone" + (f" ({names})" if names else "")
+            + f"; {ranks_phrase(survivors)} kept {'its' if len(survivors) == 1 else 'theirs'}. %ddp restart gives every rank a fresh start."
         ) + "".join("\n" + note for note in swap_notes(replies))
 
     def _replace(self, pool: Pool, listener: Listener, gone: Sequence[int]) -> Tuple[Optional[str], Dict[int, dict]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Protocol, Sequence, Tuple
 
+from ..words import rank_list
 from ..wire.sharded import Placement, ShardPiece, placement_text
 
 Block = Tuple[Tuple[int, ...], Tuple[int, ...]]  # (offsets, sizes) in the global tensor
@@ -198,7 +199,7 @@ def _validate(pieces: Sequence[ShardPiece]) -> None:
 
 
 def _ranks(meta: Dict[str, Any]) -> str:
-    return ",".join(str(r) for r in meta["mesh_ranks"])
+    return rank_list(meta["mesh_ranks"])
 
 
 def _difference(a: Dict[str, Any], b: Dict[str, Any]) -> str:

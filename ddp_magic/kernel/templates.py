@@ -24,6 +24,7 @@ import weakref
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from ..logs import log
+from ..words import fmt_seconds
 from ..wire import protocol as P
 from .launchers import ForkServerLauncher, Launcher
 from .texts import NAMES_GONE
@@ -101,7 +102,7 @@ def restart_notice(changes: List[str], seconds: float, kept: bool, info: str = "
     """What the user reads once the new pool's ranks are up: what changed, how long it took, what was kept."""
     why = info[info.find("(new template: ") + len("(new template: ") : -1] if info.endswith(")") and "(new template: " in info else ""
     how = "from the same template: torch stayed imported" if kept else "with a new template" + (f" ({why})" if why else "")
-    return f"restarting the pool ({', '.join(changes)}): ranks restarted in {seconds:.2f} s, {how}; {NAMES_GONE}"
+    return f"restarting the pool ({', '.join(changes)}): ranks restarted in {fmt_seconds(seconds)}, {how}; {NAMES_GONE}"
 
 
 class WarmTemplate:

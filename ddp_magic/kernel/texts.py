@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import RankFailure
+from ..words import plural, ranks_phrase
 from ..states import RankState
 from .ranks import RankInfo
 
@@ -15,12 +16,19 @@ from .ranks import RankInfo
 def node_instructions(nproc: int, nnodes: int, per_node: int, command: str, secret_file: Optional[str]) -> str:
     """What the user runs on every other node of a pool over nodes (printed once the pool launches)."""
     return (
-        f"pool of {nproc} ranks on {nnodes} nodes: this node runs {per_node} of them under torchrun.\n"
-        f"On each of the other {nnodes - 1} node(s), run (node ranks are given in the order nodes join):\n"
+        f"pool of {plural(nproc, 'rank')} on {nnodes} nodes: this node runs {per_node} of them under torchrun.\n"
+        f"On {_other_nodes(nnodes)}, run (node ranks are given in the order nodes join):\n"
         f"  {command}\n"
         f"The secret file {secret_file} must be readable there with mode 0600: on a shared home it already is,\n"
         f"otherwise copy it (scp -p). Under Slurm: {srun_prefix(nnodes - 1)} {command}"
     )
+
+
+def _other_nodes(nnodes: int, each: bool = True) -> str:
+    """'the other node' or 'each of the other 3 nodes' ('the other 3 nodes' without ``each``)."""
+    if nnodes == 2:
+        return "the other node"
+    return f"each of the other {nnodes - 1} nodes" if each else f"the other {nnodes - 1} nodes"
 
 
 def srun_prefix(nodes: int) -> str:
@@ -37,11 +45,13 @@ def missing_nodes_text(
         if info.state != RankState.STARTING:
             joined.setdefault(info.node, (info.host, []))[1].append(info.rank)
     if joined:
-        seen = "; ".join(f"node {n} on {h} (ranks {min(r)}-{max(r)})" for n, (h, r) in sorted(joined.items()))
-        head = f"{nnodes - len(joined)} of {nnodes} nodes never joined within {start_timeout:.0f}s (joined: {seen}); {len(missing)} rank(s) missing."
+        seen = "; ".join(f"node {n} on {h} ({ranks_phrase(r)})" for n, (h, r) in sorted(joined.items()))
+        never = nnodes - len(joined)
+        head = (f"{never} of {nnodes} nodes never joined within {start_timeout:.0f}s (joined: {seen}); "
+                f"{plural(len(missing), 'rank')} missing.")
     else:  # torchrun starts no rank anywhere until every node is in the rendezvous
         head = (
-            f"the other {nnodes - 1} node(s) never joined the rendezvous at {rendezvous} "
+            f"{_other_nodes(nnodes, each=False)} never joined the rendezvous at {rendezvous} "
             f"within {start_timeout:.0f}s, so no rank started (this node's torchrun was waiting for them)."
         )
     return (
@@ -54,7 +64,7 @@ def missing_nodes_text(
 def start_failure_text(nproc: int, failures: Sequence[RankFailure], worker_log: str, master_port: Optional[int]) -> str:
     """Why the pool could not start: the root failure, its traceback and output, the launcher's log, a fix."""
     root = failures[0]
-    lines = [f"the pool of {nproc} could not start: {root.headline()}"]
+    lines = [f"the pool of {plural(nproc, 'rank')} could not start: {root.headline()}"]
     if root.traceback:
         lines += [root.traceback.rstrip()]
     if root.last_lines:

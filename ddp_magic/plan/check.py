@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Sequence
 
+from ..words import plural
+
 
 @dataclass(frozen=True)
 class Check:
@@ -35,14 +37,16 @@ class Check:
 
 
 def checks_verdict(checks: Sequence[Check]) -> str:
-    """'env ✓', 'env ✗ 2 failed' or 'env ! 1 warning': the env part of a one-line summary."""
+    """'✓ 19 checks passed', '✗ 2 of 19 checks failed' or '! 1 warning, 18 checks passed': the checks in one line,
+    the same words in the cell's status view, %ddp_env and the JupyterLab extension."""
     failed = [c for c in checks if c.failed]
     warned = [c for c in checks if not c.ok and not c.failed]
+    passed = len(checks) - len(failed) - len(warned)
     if failed:
-        return f"env ✗ {len(failed)} failed"
+        return f"✗ {len(failed)} of {plural(len(checks), 'check')} failed"
     if warned:
-        return f"env ! {len(warned)} warning{'s' if len(warned) > 1 else ''}"
-    return "env ✓"
+        return f"! {plural(len(warned), 'warning')}, {plural(passed, 'check')} passed"
+    return f"✓ {plural(passed, 'check')} passed"
 
 
 def few(items: Sequence[str], limit: int = 4) -> str:

@@ -1,6 +1,11 @@
 """Which checks run when: ``plan_checks`` (a plan, before or while its pool runs) and ``live_checks``
 (what a running pool's ranks report), and the one cache of check results.
 
+``plan_checks`` is the one list the cell's status view, %ddp_env and the JupyterLab
+panel count ('✓ 19 checks passed' everywhere for one plan), the plan's facts
+included (each rank's GPU, the device mesh); ``live_checks`` is what %ddp_env adds,
+said apart, on a running pool.
+
 The status view and the JupyterLab panel ask for a pool's checks on every
 refresh; some checks resolve names, bind ports and read torch's build files,
 so ``plan_checks`` answers a repeated question about the kernel's own state
@@ -27,8 +32,9 @@ from .checks_host import (
 from .checks_live import Live, check_process_group, check_seen_settings
 from .checks_net import check_master_addr_local, check_master_addr_resolves, check_port
 from .checks_ranks import check_rank_envs
-from .gpus import BackendInfo, GPUInfo, backend_availability, cuda_initialised, detect_gpus
+from .gpus import BackendInfo, GPUInfo, backend_availability, cuda_initialised, detect_gpus, device_map
 from .plan import Plan
+from ..words import ranks_phrase
 
 CACHE_SIZE = 16
 _cache: "OrderedDict[Hashable, Tuple[Check, ...]]" = OrderedDict()
@@ -103,7 +109,26 @@ def _plan_checks(
     checks.append(check_omp(plan.omp_threads, plan.nproc, environ, cpus))
     checks.append(check_nccl_env(environ, plan.backend))
     checks.append(check_socket_ifname(environ, plan.backend, interfaces))
-    return checks
+    return checks + plan_facts(plan, environ)
+
+
+def plan_facts(plan: Plan, environ: Mapping[str, str]) -> List[Check]:
+    """What the plan gives the ranks, worth a line even when all is well: each rank's GPU (nccl), the device mesh."""
+    facts = mesh_checks([plan.rank_env(0)])
+    if plan.backend == "nccl":
+        mapping = device_map(plan.nproc, environ)
+        facts.append(Check("GPU per rank", True, ", ".join(f"rank {r} → {d}" for r, d in mapping.items()), level="info"))
+    return facts
+
+
+def mesh_checks(envs: Sequence[Mapping[str, str]]) -> List[Check]:
+    """--mesh, in words: the DeviceMesh every rank finds as ``mesh``."""
+    text = envs[0].get("DDP_MAGIC_MESH") if envs else None
+    if not text:
+        return []
+    dims = " × ".join(text.split(","))
+    names = ", ".join(part.split("=")[0] for part in text.split(","))
+    return [Check("device mesh", True, f"{dims}: a DeviceMesh named `mesh` on every rank (dim names {names})", level="info")]
 
 
 def live_checks(live: Live, nproc: int, backend: str) -> List[Check]:
@@ -111,7 +136,9 @@ def live_checks(live: Live, nproc: int, backend: str) -> List[Check]:
     envs: List[Mapping[str, Any]] = [dict(live[r].get("env") or {}) for r in sorted(live)]
     checks = check_rank_envs(envs, count=nproc) if envs else []
     missing = [r for r in range(nproc) if r not in live]
-    answered = f"all {nproc} ranks answered" if not missing else f"no answer from rank(s) {missing} within the timeout (dead or stuck?)"
+    answered = "rank 0 answered" if nproc == 1 else f"all {nproc} ranks answered"
+    if missing:
+        answered = f"no answer from {ranks_phrase(missing)} within the timeout (dead or stuck?)"
     checks.append(Check("every rank answered", not missing, answered))
     checks.append(check_process_group(live, nproc, backend))
     if envs:

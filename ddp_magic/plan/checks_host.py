@@ -9,6 +9,7 @@ from . import net
 from .check import Check
 from .gpus import BackendInfo, GPUInfo, cuda_initialised, detect_gpus
 from .plan import STALE_VARS, threads_per_rank, usable_cpus
+from ..words import plural
 
 # What ranks see of NCCL that torch renamed (torch reads the old name and warns).
 DEPRECATED_NCCL_VARS = {
@@ -25,10 +26,10 @@ def check_gpus(backend: str, nproc: int, gpus: GPUInfo) -> Check:
     name = "GPUs for the backend"
     if backend == "nccl":
         if gpus.count >= nproc and gpus.count > 0:
-            return Check(name, True, f"{gpus.count} GPU(s) visible for {nproc} rank(s): one per rank")
+            return Check(name, True, f"{plural(gpus.count, 'GPU')} visible for {plural(nproc, 'rank')}: one per rank")
         fix = "use --backend gloo (CPU)" if gpus.count == 0 else f"use -n {gpus.count} or --backend gloo"
-        return Check(name, False, f"nccl needs one GPU per rank: {nproc} rank(s) but {gpus.count} GPU(s) visible ({gpus.source}); {fix}")
-    extra = f"; {gpus.count} GPU(s) visible, fewer than the {nproc} ranks nccl would need" if 0 < gpus.count < nproc else f"; {gpus.count} GPU(s) visible"
+        return Check(name, False, f"nccl needs one GPU per rank: {plural(nproc, 'rank')} but {plural(gpus.count, 'GPU')} visible ({gpus.source}); {fix}")
+    extra = f"; {plural(gpus.count, 'GPU')} visible" + (f", fewer than the {nproc} ranks nccl would need" if 0 < gpus.count < nproc else "")
     return Check(name, True, f"{backend} runs on CPU, no GPU needed{extra}", level="info")
 
 
@@ -73,17 +74,25 @@ def check_kernel_env(environ: Mapping[str, str], gpus: Optional[GPUInfo] = None)
     return checks
 
 
+def _all_gpus(n: int) -> str:
+    return "its one GPU" if n == 1 else f"all {n} GPUs"
+
+
+def _devices(ids: Sequence[str]) -> str:
+    return f"{'device' if len(ids) == 1 else 'devices'} {', '.join(ids)}"
+
+
 def check_visible_devices(environ: Mapping[str, str], gpus: GPUInfo) -> Check:
     """CUDA_VISIBLE_DEVICES in the kernel is inherited by every rank: it must name GPUs that exist."""
     name = "CUDA_VISIBLE_DEVICES"
     value = environ.get("CUDA_VISIBLE_DEVICES")
     physical = gpus.physical or 0
     if value is None:
-        return Check(name, True, f"not set in the kernel: the ranks may use all {physical} GPU(s)" if physical else "not set in the kernel", level="info")
+        return Check(name, True, f"not set in the kernel: the ranks may use {_all_gpus(physical)}" if physical else "not set in the kernel", level="info")
     ids = [v.strip() for v in value.split(",")]
     if value.strip() in ("", "-1"):
         if physical:
-            return Check(name, False, f"{value!r} in the kernel hides all {physical} GPU(s) from every rank: unset it to use them", level="warning")
+            return Check(name, False, f"{value!r} in the kernel hides {_all_gpus(physical)} from every rank: unset it to use them", level="warning")
         return Check(name, True, f"{value!r} in the kernel: no GPU for the ranks", level="info")
     odd = [i for i in ids if not (i.isdigit() or i.startswith(("GPU-", "MIG-")))]
     if odd:
@@ -91,10 +100,11 @@ def check_visible_devices(environ: Mapping[str, str], gpus: GPUInfo) -> Check:
         return Check(name, False, f"{value!r} in the kernel: {odd_text} is not a device index or UUID; CUDA stops reading the list there", level="warning")
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
-        return Check(name, False, f"{value!r} in the kernel lists device(s) {', '.join(dupes)} twice: CUDA then sees no device at all", level="warning")
+        detail = f"{value!r} in the kernel lists {_devices(dupes)} twice: CUDA then sees no device at all"
+        return Check(name, False, detail, level="warning")
     absent = [i for i in ids if i.isdigit() and physical and int(i) >= physical]
     if absent:
-        detail = f"{value!r} in the kernel names device(s) {', '.join(absent)}, but this machine has {physical} GPU(s) (0..{physical - 1})"
+        detail = f"{value!r} in the kernel names {_devices(absent)}, but this machine has {plural(physical, 'GPU')} (0..{physical - 1})"
         return Check(name, False, detail, level="warning")
     return Check(name, True, f"{value!r} in the kernel: every rank inherits it, rank i uses cuda:i among these", level="info")
 
@@ -104,7 +114,7 @@ def check_omp(omp_threads: Optional[int], nproc: int, environ: Mapping[str, str]
     name = "OMP_NUM_THREADS"
     cpus = cpus if cpus is not None else usable_cpus()
     if omp_threads is not None:
-        return Check(name, True, f"{omp_threads} per rank (not set in the kernel; ddp_magic shares the {cpus} core(s): cores / ranks)", level="info")
+        return Check(name, True, f"{omp_threads} per rank (not set in the kernel; ddp_magic shares the {plural(cpus, 'core')}: cores / ranks)", level="info")
     value = environ.get("OMP_NUM_THREADS", "")
     first = value.split(",")[0].strip()
     ours = threads_per_rank(nproc, cpus)
@@ -121,11 +131,11 @@ def check_omp(omp_threads: Optional[int], nproc: int, environ: Mapping[str, str]
         return Check(
             name,
             False,
-            f"{threads} per rank from the kernel's env × {nproc} ranks = {threads * nproc} threads on {cpus} core(s): "
+            f"{threads} per rank from the kernel's env × {nproc} ranks = {threads * nproc} threads on {plural(cpus, 'core')}: "
             f"oversubscribed, CPU ops will crawl; unset it to get {ours} per rank",
             level="warning",
         )
-    return Check(name, True, f"{threads} per rank (from the kernel's env; {threads * nproc} threads on {cpus} core(s))", level="info")
+    return Check(name, True, f"{threads} per rank (from the kernel's env; {plural(threads * nproc, 'thread')} on {plural(cpus, 'core')})", level="info")
 
 
 def check_nccl_env(environ: Mapping[str, str], backend: str) -> Check:

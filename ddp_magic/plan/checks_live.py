@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Sequence
 
 from .check import Check
+from ..words import ranks_phrase
 
 Live = Mapping[int, Mapping[str, Any]]
 
@@ -19,7 +20,7 @@ def check_process_group(live: Live, nproc: int, backend: str) -> Check:
         return Check(name, True, detail + (f"; ranks report: {', '.join(errors)}" if errors else ""), level="info")
     problems = []
     if len(init) < len(pgs):
-        problems.append(f"initialised on {len(init)}/{len(pgs)} ranks only (not on {sorted(set(pgs) - set(init))})")
+        problems.append(f"initialised on {len(init)}/{len(pgs)} ranks only (not on {ranks_phrase(set(pgs) - set(init))})")
     sizes = sorted({pg.get("world_size") for pg in pgs.values() if pg.get("initialised")}, key=str)
     backends = sorted({str(pg.get("backend")) for pg in pgs.values() if pg.get("initialised")})
     if sizes != [nproc]:
@@ -30,7 +31,8 @@ def check_process_group(live: Live, nproc: int, backend: str) -> Check:
         problems.append(f"backend {backends[0]}, the pool planned {backend}")
     wrong = [r for r, pg in pgs.items() if pg.get("initialised") and pg.get("rank") is not None and pg.get("rank") != r]
     if wrong:
-        problems.append(f"rank(s) {wrong} have another process-group rank than their RANK")
+        has, its = ("has", "its") if len(wrong) == 1 else ("have", "their")
+        problems.append(f"{ranks_phrase(wrong)} {has} another process-group rank than {its} RANK")
     if problems:
         return Check(name, False, "; ".join(problems))
     return Check(name, True, f"initialised on {len(init)}/{len(pgs)} ranks: backend {backends[0]}, world size {nproc}")

@@ -9,6 +9,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .check import Check, few
 from .plan import DIST_VARS
+from ..words import plural, ranks_phrase
 
 Env = Mapping[str, str]
 
@@ -54,8 +55,8 @@ def _same(envs: Sequence[Env], var: str) -> Check:
 def _world_size(world: int, n: int, nnodes: int) -> Check:
     name = "WORLD_SIZE matches the ranks"
     if world == n * nnodes:
-        return Check(name, True, f"WORLD_SIZE={world}: {n} rank(s)" + (f" × {nnodes} nodes" if nnodes > 1 else ""))
-    return Check(name, False, f"WORLD_SIZE={world} but the pool has {n * nnodes} rank(s): init_process_group would wait forever for the missing ones")
+        return Check(name, True, f"WORLD_SIZE={world}: {plural(n, 'rank')}" + (f" × {nnodes} nodes" if nnodes > 1 else ""))
+    return Check(name, False, f"WORLD_SIZE={world} but the pool has {plural(n * nnodes, 'rank')}: init_process_group would wait forever for the missing ones")
 
 
 def _ranks_complete(world: int, ranks: List[int], nnodes: int) -> Check:
@@ -66,12 +67,16 @@ def _ranks_complete(world: int, ranks: List[int], nnodes: int) -> Check:
     out_of_range = sorted(r for r in ranks if not 0 <= r < world)
     problems = []
     if dupes:
-        problems.append(f"rank(s) {dupes} appear more than once (two processes would claim one rank)")
+        problems.append(f"{ranks_phrase(dupes)} {_verb(dupes, 'appears', 'appear')} more than once (two processes would claim one rank)")
     if missing:
-        problems.append(f"rank(s) {missing} missing (the others would wait for them)")
+        problems.append(f"{ranks_phrase(missing)} missing (the others would wait for {_verb(missing, 'it', 'them')})")
     if out_of_range:
-        problems.append(f"rank(s) {out_of_range} outside 0..{world - 1}")
+        problems.append(f"{ranks_phrase(out_of_range)} outside 0..{world - 1}")
     return Check("ranks unique and complete", not problems, f"ranks 0..{world - 1} exactly once" if not problems else "; ".join(problems))
+
+
+def _verb(ranks: Sequence[int], one: str, many: str) -> str:
+    return one if len(ranks) == 1 else many
 
 
 def _master_port_valid(env: Env) -> Check:

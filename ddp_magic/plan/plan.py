@@ -17,6 +17,7 @@ from ..errors import PlanError
 from .gpus import GPUInfo, detect_gpus
 from .net import free_port, validate_master_addr, validate_master_port
 from .spec import BACKENDS, PoolSpec
+from ..words import plural
 
 DIST_VARS = (
     "MASTER_ADDR",
@@ -122,9 +123,9 @@ def choose_backend(requested: str, nproc: int, gpus: GPUInfo) -> Tuple[str, str]
         raise PlanError(f"unknown backend {requested!r}; use one of {', '.join(BACKENDS)}")
     if requested == "auto":
         if gpus.count >= nproc and gpus.count > 0:
-            return "nccl", f"{gpus.count} GPU(s) visible, one per rank"
+            return "nccl", f"{plural(gpus.count, 'GPU')} visible, one per rank"
         if gpus.count > 0:
-            return "gloo", f"{nproc} ranks but only {gpus.count} GPU(s): NCCL needs one GPU per rank, using gloo"
+            return "gloo", f"{nproc} ranks but only {plural(gpus.count, 'GPU')}: NCCL needs one GPU per rank, using gloo"
         return "gloo", "no GPU visible: gloo on CPU"
     if requested == "nccl":
         if gpus.count == 0:
@@ -134,7 +135,7 @@ def choose_backend(requested: str, nproc: int, gpus: GPUInfo) -> Tuple[str, str]
                 f"-n {nproc} with nccl needs {nproc} GPUs but {gpus.count} are visible "
                 f"(NCCL allows one rank per GPU); use -n {gpus.count} or --backend gloo"
             )
-        return "nccl", f"requested; {gpus.count} GPU(s) visible"
+        return "nccl", f"requested; {plural(gpus.count, 'GPU')} visible"
     return requested, "requested"
 
 

@@ -20,7 +20,7 @@ TONES: Dict[str, Tuple[str, str, str, float]] = {
     "warn": ("--jp-warn-color1", "#f57c00", "#9a6700", 0.70),
     "info": ("--jp-brand-color1", "#1976d2", "#0969da", 0.75),
 }
-# neutral (stopped by us, starting): the theme's text colour faded toward its background
+# neutral (stopped by us): the theme's text colour faded toward its background; starting is "info", as running
 NEUTRAL = ("--jp-content-font-color0", "#000000", "--jp-layout-color0", "#ffffff", "#57606a", 0.62)
 TEXT_VAR = ("--jp-content-font-color0", "#000000")
 

@@ -3,23 +3,21 @@
 ``%load_ext ddp_magic`` calls :func:`register`. In a kernel with a comm manager
 (ipykernel) it registers the comm target ``ddp_magic``; plain IPython has none,
 and then nothing happens here at all. The front end opens a comm of that target
-once it sees the target is there; it finds out with a ``comm_info_request`` for
-the target, so this module keeps one silent comm of the target registered (never
-opened towards any front end, never sent on) while the extension is loaded.
-Front ends without the extension (VS Code, Notebook 7 without it, nbclient,
-nbval) therefore never get a message from here, and the magics work the same.
+once a ``comm_info_request`` shows the target, so this module keeps one silent
+comm of it registered (never opened towards a front end) while loaded. Front ends
+without the extension (VS Code, nbclient, nbval) never get a message from here.
 
 Kernel → front end, on every open comm:
 
-- ``{"type": "snapshot", "session", "seq", "version", "protocol", "pool", "notices", "final"}``
-  where ``pool`` is None (no pool) or the session's ``PoolStatus`` (world size,
-  backend, start state, per-rank rows, the last failed cell's root cause) with the
-  env checks of its plan (ui/labsnap.py builds it). While a cell runs, snapshots
-  follow the pool's events, at most one per ``MIN_INTERVAL`` (a trailing timer
-  sends the last change of a burst), and a watcher looks every ``MIN_INTERVAL``
-  for changes no event announces (a pool being created and started, a restart):
-  the panel never says less than the cell's own view. When a cell ends one more
-  is sent if anything changed.
+- ``{"type": "snapshot", "session", "seq", "version", "protocol", "pool", "notices", "final"}``:
+  ``pool`` is None or the session's pool (ui/labsnap.py builds it: ranks, the last
+  cell, the env checks). While a cell runs, snapshots follow the pool's events, at
+  most one per ``MIN_INTERVAL`` (a trailing timer sends a burst's last change), and
+  a watcher looks every ``MIN_INTERVAL`` for changes no event announces (a pool
+  starting, a restart). When a cell ends one more is sent if anything changed.
+  ``notices`` are forgotten when the next ``%%ddp`` cell runs.
+- ``{"type": "metrics", ...}``: a cell's ``ddp_magic.log`` chart (:func:`metrics`); a
+  comm that opens later (a reload) gets the last one, if the pool it was logged on runs.
 - ``{"type": "reply", "id", "op", "ok", "message", "error"?, "report"?}`` for a request.
 
 Front end → kernel: ``{"type": "request", "id", "op", "args"}`` with op ``restart``
@@ -27,15 +25,12 @@ Front end → kernel: ``{"type": "request", "id", "op", "args"}`` with op ``rest
 :class:`~ddp_magic.session.Session` methods as ``%ddp restart``, ``%ddp stop``,
 ``%ddp_env --json`` and ``%ddp status``; the reply is built from what they return.
 
-Threads. A kernel handles comm messages on its shell channel: on the main thread
-between cells, or — JupyterLab ≥ 4.4 with ipykernel ≥ 7 sends comm messages over
-a kernel subshell by default — on a subshell's thread while a cell runs. The
-pool belongs to the main thread, so ``restart``, ``stop`` and ``env`` always run
-there: a request that arrives on another thread is handed to the main thread's
-event loop, which runs it as soon as no cell holds the thread (at once when the
-kernel is idle, else when the running cell ends); the front end first gets
-``{"type": "queued", "id", "op", "reason"}`` when a cell is running. ``status`` and
-snapshots only read, and are answered on whatever thread asks.
+Threads. Comm messages arrive on the shell channel: on the main thread between
+cells, or on a kernel subshell's thread while a cell runs (JupyterLab ≥ 4.4 with
+ipykernel ≥ 7). The pool belongs to the main thread: ``restart``, ``stop`` and
+``env`` from another thread go to the main thread's event loop, which runs them
+when no cell holds it, after a ``{"type": "queued", "id", "op", "reason"}`` while a
+cell runs. ``status`` and snapshots only read: answered on any thread.
 
 Nothing here may break a cell: every hook swallows its own errors (the last one
 is kept in ``LabBridge.last_error``, and each is logged: ``%ddp log`` shows them).
@@ -50,7 +45,7 @@ import time
 import uuid
 import warnings
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ..errors import UsageError
 from ..kernel import Listener
@@ -88,10 +83,13 @@ def metrics(payload: Dict[str, Any], final: bool = False) -> None:
     """A cell's ``ddp_magic.log`` chart data (ui/metrics_view.py, at most once a second, and once with final
     when the cell ends): ``{"type": "metrics", "session", "final", "cell", "names", "ranks", "rows", "series", "summary"}``."""
     bridge = _bridge
-    if bridge is not None and bridge.comms:
-        data = jsonable(dict(payload, type="metrics", session=bridge.session_id, final=final))
-        for comm in list(bridge.comms.values()):
-            bridge._send(comm, data)
+    if bridge is None:
+        return
+    data = jsonable(dict(payload, type="metrics", session=bridge.session_id, final=final))
+    if isinstance(bridge, LabBridge):
+        bridge.last_metrics = (data, bridge.pool_key())  # a page that connects later (a reload) gets it too
+    for comm in list(bridge.comms.values()):
+        bridge._send(comm, data)
 
 
 def bridge() -> Optional["LabBridge"]:
@@ -157,6 +155,7 @@ class LabBridge:
         self._last_time = float("-inf")
         self._last_key: Optional[str] = None
         self._timer: Optional[threading.Timer] = None
+        self.last_metrics: Optional[Tuple[Dict[str, Any], Any]] = None  # the last metrics message, and the pool it was logged on
         self.cell_running = False  # a cell runs on the main thread (between pre_ and post_run_cell)
         self._watching = 0  # the cell a watcher thread looks for changes for (0: none runs)
         self._watch_seq = 0
@@ -209,7 +208,15 @@ class LabBridge:
         comm.on_close(lambda m, cid=comm.comm_id: self.comms.pop(cid, None))
         with self._lock:
             self._send(comm, self.snapshot(final=True))
+        chart = self.last_metrics
+        if chart is not None and chart[1] == self.pool_key():  # a reload keeps the pool's chart; a restarted pool has none
+            self._send(comm, chart[0])
         self._start_watch()  # connected while a cell runs: changes no event announces reach it too
+
+    def pool_key(self) -> Any:
+        """Which start of which pool runs now (None: no pool): a chart belongs to the pool it was logged on."""
+        pool = self.session.pool
+        return None if pool is None else (id(pool), getattr(pool, "generation", 0))
 
     def _on_msg(self, comm: Any, msg: dict) -> None:
         try:
@@ -324,7 +331,10 @@ class LabBridge:
         if threading.current_thread() is not self._main:
             return
         self.cell_running = True
-        self.pools.cell_started(str(getattr(info, "raw_cell", "") or ""))
+        raw = str(getattr(info, "raw_cell", "") or "")
+        if "%ddp" in raw:  # %%ddp, %ddp restart, ...
+            self.notices.clear()  # a notice is about the cell that gave it: the next ddp cell is the news now
+        self.pools.cell_started(raw)
         self._watch_seq += 1
         self._cell_ctx = contextvars.copy_context()  # a watcher's messages keep this cell as their parent
         if self.comms:  # no front end, no watcher: a plain cell costs no thread
@@ -365,19 +375,8 @@ class LabBridge:
             seq = self.seq
         from .._version import __version__
 
-        return {
-            "type": "snapshot",
-            "session": self.session_id,
-            "seq": seq,
-            "version": __version__,
-            "protocol": PROTOCOL,
-            "pool": self._pool_dict(),
-            "notices": list(self.notices),
-            "final": final,
-        }
-
-    def _pool_dict(self) -> Optional[Dict[str, Any]]:
-        return self.pools.pool_dict()
+        return {"type": "snapshot", "session": self.session_id, "seq": seq, "version": __version__, "protocol": PROTOCOL,
+                "pool": self.pools.pool_dict(), "notices": list(self.notices), "final": final}
 
 
 def _main_loop() -> Optional[asyncio.AbstractEventLoop]:

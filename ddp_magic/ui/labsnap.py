@@ -6,11 +6,19 @@ the same as the cell's status view at every moment:
 - while the pool starts (the template warms up, no rank has joined yet) the ranks
   are shown as ``starting``, as the cell view shows them, with the start's clock;
 - the start method is the one the pool uses (``fork`` for ``auto`` on Linux);
-- after a failed ``%%ddp`` cell each failed rank carries its ``kind``
-  (``states.FailureKind``) and ``cause``: ``root`` for the failure that explains
-  the others (the kernel's own order, kernel/policy.py), ``stopped`` for ranks
-  ddp_magic interrupted or stopped itself because of it. The panel colours only
-  the root cause as failed.
+- ``last_cell``: the last ``%%ddp`` cell's outcome on this pool (session.py
+  ``LastCell.to_dict``): its prompt ``number`` (In [n], the numbering of tracebacks,
+  metrics and %ddp_export), ``ok``, ``headline`` (its root cause, as its error
+  says), ``recovered``, ``root`` (the ranks to blame) and ``causes``
+  (``{rank: {kind, cause}}``, kernel/policy.py ``causes``), ``text`` (what
+  ``%ddp status`` prints); null while a cell runs and before the first;
+- a failed cell's pool that is whole again is ready, and its ranks say so
+  (``ready``): the failure is the last cell's, not the ranks'. Only a rank still
+  failed, dead or interrupted (the pool not whole: a rank died, ranks were
+  stopped) carries its ``kind`` (``states.FailureKind``) and ``cause``: ``root``
+  for the failure that explains the others, ``stopped`` for ranks ddp_magic
+  interrupted, released or stopped because of it. The panel colours only the root
+  cause as failed.
 """
 from __future__ import annotations
 
@@ -18,8 +26,6 @@ import json
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..errors import CellError
-from ..kernel.policy import causes
 from ..logs import log
 from ..plan import checks_verdict, plan_checks
 from ..session import PoolStatus, Session
@@ -35,25 +41,17 @@ def jsonable(value: Any) -> Any:
 
 
 class PoolSnapshots:
-    """Builds the ``pool`` of each snapshot from one session; remembers the last failed cell's causes."""
+    """Builds the ``pool`` of each snapshot from one session (its status, its last cell)."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._causes: Dict[int, Tuple[str, str]] = {}
-        self._causes_of: Optional[Tuple[int, int]] = None  # (id(pool), generation) the causes belong to
         self._start_seen: Optional[Tuple[int, float]] = None  # (id(pool), when) this unstarted pool was first seen
 
     def cell_started(self, raw_cell: str) -> None:
-        if "ddp" in raw_cell:
-            self._causes = {}
+        """A cell starts (labcomm's pre_run_cell): nothing to do, the session knows which cell is the last."""
 
     def cell_ended(self, result: Any) -> None:
-        """Keep the failures of a %%ddp cell that failed (its CellError lists them, root cause first)."""
-        error = getattr(result, "error_in_exec", None)
-        pool = self.session.pool
-        if isinstance(error, CellError) and pool is not None:
-            self._causes = causes(error.failures)
-            self._causes_of = (id(pool), pool.generation)
+        """A cell ended (labcomm's post_run_cell): nothing to do, the session keeps the last %%ddp cell's outcome."""
 
     def pool_dict(self) -> Optional[Dict[str, Any]]:
         status = self.session.status()
@@ -65,17 +63,17 @@ class PoolSnapshots:
         if clock is not None and not any(r["pid"] for r in ranks):  # the template warms up: every rank is on its way
             ranks = [dict(rank=r, state=str(RankState.STARTING), pid=None, device="", host="", exit_code=None, elapsed=clock,
                           memory=None, last_line="") for r in range(status.nproc)]
-        if self._causes and self._causes_of == (id(pool), pool.generation):
-            for r in ranks:
-                if r["rank"] in self._causes and RankState(r["state"]) in BAD_STATES:
-                    r["kind"], r["cause"] = self._causes[r["rank"]]
+        last = status.last_cell
+        for r in ranks:
+            if last is not None and r["rank"] in last.causes and RankState(r["state"]) in BAD_STATES:
+                r["kind"], r["cause"] = last.causes[r["rank"]]
         checks, verdict = self._env_checks(status)
         seconds = status.start_seconds
         out = {k: getattr(status, k) for k in ("nproc", "backend", "started", "broken", "generation", "master_addr", "master_port")}
         name = getattr(getattr(pool, "launcher", None), "name", "") or ""
         out.update(start_method=LAUNCHER_NAMES.get(name, name) or status.start_method, start_method_asked=status.start_method)
         out.update(world_size=status.nproc, start_seconds=round(seconds, 3) if isinstance(seconds, (int, float)) else None)
-        out.update(ranks=ranks, checks=checks, verdict=verdict, names=list(status.owned))
+        out.update(ranks=ranks, checks=checks, verdict=verdict, names=list(status.owned), last_cell=last.to_dict() if last is not None else None)
         return jsonable(out)
 
     def _start_clock(self, pool: Any, status: PoolStatus) -> Optional[float]:

@@ -4,10 +4,13 @@ The magics' listener passes ``on_metrics`` here. While the cell runs the chart i
 redrawn at most once per ``interval`` (a trailing timer draws the last rows of a
 burst): into the status view, when it offers a section for it (``live_html``), and
 to the JupyterLab panel (ui/labcomm.py's ``metrics`` message). When the cell ends,
-``finish`` displays the static chart (ui/metrics_chart.py: inline SVG as text/html,
-its one-line summary as text/plain) as the cell's own output, after what the ranks
-printed: the saved notebook, nbviewer and nbval all see that one bundle, which is
-never updated in place. A cell that logged nothing shows nothing.
+``finish`` displays the saved chart (ui/metrics_chart.py: text/html that survives an
+untrusted notebook's sanitizer, each metric an <img> of an SVG; the headline and the
+table as text/plain) as the cell's own output, after what the ranks printed: the saved
+notebook, nbviewer and nbval all see that one bundle, which is never updated in place.
+With ``--profile`` the cell's metrics carry the profile's straggler by then
+(kernel/profile_merge.py), so the chart and the profile's table name the same rank.
+A cell that logged nothing shows nothing.
 """
 from __future__ import annotations
 

@@ -5,7 +5,12 @@ at once with their rank's prefix; a partial line waits for its end (or for the
 cell's end). A ``\\r`` keeps its meaning per rank: a line redrawn in place (a
 tqdm bar) is not written while it changes, only its final state is, once it
 ends with a newline or the cell ends; the live state is the status view's
-(ui/progress.py), so four ranks' bars never flood the cell. The prefix is
+(ui/progress.py), so four ranks' bars never flood the cell. That final state
+is progress, not an error (tqdm writes to stderr only to keep out of a pipe): it
+goes to stdout, among the rank's own lines in the order they came, never into a
+red stderr block of its own; what a rank really writes to stderr stays there. The
+two streams reach the kernel on two sockets, so "the order they came" is the
+order the kernel reads them. The prefix is
 coloured per rank with ANSI codes (``ui/colours.py``), which every front end
 and a saved notebook show; ``NO_COLOR`` or ``DDP_MAGIC_COLOR=0`` turns that off.
 Hidden ranks (``--ranks``) are dropped here and nowhere else: the pool and the
@@ -19,6 +24,7 @@ never merged: users read it rank by rank.
 from __future__ import annotations
 
 import contextvars
+import itertools
 import os
 import re
 import sys
@@ -27,11 +33,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, TextIO, Tuple
 
+from ..words import ranks_phrase
 from .colours import rank_ansi
 
 _PIECES = re.compile(r"[^\r\n]*(?:\r\n|\n|\r)|[^\r\n]+$")
 MAX_PARTIAL = 1 << 16  # an endless line is shown in pieces of this size, never held forever
 MERGE_WINDOW = 0.5  # seconds a stderr line waits for the same line from the other ranks
+BAR_WAIT = 0.25  # seconds a rank's stdout line waits while its bar's last state may still be on the stderr socket
 
 
 def parse_ranks(spec: str, world: Optional[int] = None) -> Set[int]:
@@ -58,20 +66,15 @@ def use_colour(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def ranks_label(ranks: Iterable[int], colour: bool = False) -> str:
-    """``[rank 2] `` or ``[ranks 0-3] `` / ``[ranks 0,2] ``: the prefix of a line from these ranks.
+    """``[rank 2] `` or ``[ranks 0-3] `` / ``[ranks 0, 2-3] ``: the prefix of a line from these ranks (words.py's
+    rank list, the one way ranks are listed).
 
     ``colour``: the words inside the brackets in the rank's ANSI colour (``[`` and ``]`` stay plain,
     so ``"] "`` still ends every prefix)."""
     rs = sorted(set(ranks))
-    if len(rs) == 1:
-        return f"[\x1b[{rank_ansi(rs[0])}mrank {rs[0]}\x1b[0m] " if colour else f"[rank {rs[0]}] "
-    runs: List[List[int]] = []
-    for r in rs:
-        if runs and r == runs[-1][-1] + 1:
-            runs[-1].append(r)
-        else:
-            runs.append([r])
-    return "[ranks " + ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs) + "] "
+    if len(rs) == 1 and colour:
+        return f"[\x1b[{rank_ansi(rs[0])}mrank {rs[0]}\x1b[0m] "
+    return f"[{ranks_phrase(rs)}] "
 
 
 @dataclass
@@ -126,6 +129,8 @@ class RankPrinter:
         self.ranks = set(ranks) if ranks is not None else None
         self._streams = streams or {"stdout": lambda: sys.stdout, "stderr": lambda: sys.stderr}
         self._partial: Dict[Tuple[int, str], str] = {}
+        self._redrawn: Set[Tuple[int, str]] = set()  # (rank, stream) whose line in progress was redrawn in place (a bar)
+        self._after_bar: Dict[int, Tuple[float, List[str]]] = {}  # rank -> (since, stdout lines that wait for its bar's end)
         self.colour = use_colour() if colour is None else colour
         self._wrote: Set[str] = set()  # the streams written since the last flush (only those need flushing)
         self.ordered = ordered
@@ -156,21 +161,39 @@ class RankPrinter:
     def _feed(self, rank: int, stream: str, text: str) -> None:
         key = (rank, stream)
         buf = self._partial.pop(key, "") + text
-        out: List[str] = []
+        out: List[Tuple[str, str]] = []  # (stream, piece) in the order the rank wrote them
         for piece in _PIECES.findall(buf):
             if piece.endswith("\r") and not piece.endswith("\r\n"):
-                continue  # a redraw in place (tqdm): the next piece replaces it; only a line's final state is written
+                self._redraw(key, piece)  # a redraw in place (tqdm): the next piece replaces it; only a line's final state is written
+                continue
             while len(piece) > MAX_PARTIAL + 2:
-                out.append(piece[:MAX_PARTIAL] + "\n")
+                out.append((stream, piece[:MAX_PARTIAL] + "\n"))
                 piece = piece[MAX_PARTIAL:]
             if piece.endswith("\n"):
-                out.append(piece)
+                out.append((self._final_stream(key), piece))
             elif piece:
                 self._partial[key] = piece
-        if out:
-            self._emit(rank, stream, out)
+        for name, group in itertools.groupby(out, key=lambda sp: sp[0]):
+            self._emit(rank, name, [piece for _, piece in group], bar=stream != name)
 
-    def _emit(self, rank: int, stream: str, pieces: List[str]) -> None:
+    def _redraw(self, key: Tuple[int, str], piece: str) -> None:
+        """A line redrawn in place ('\\r' then the line, as tqdm draws): the next line that ends is its final state;
+        a line cleared with blanks is gone."""
+        if piece == "\r" or piece.strip():
+            self._redrawn.add(key)
+        else:
+            self._redrawn.discard(key)
+
+    def _final_stream(self, key: Tuple[int, str]) -> str:
+        """Where a line that just ended goes: a redrawn line's final state (a tqdm bar, written to stderr only to
+        stay out of a pipe's way) is progress, not an error: it joins the rank's stdout, in the order it came."""
+        if key in self._redrawn:
+            self._redrawn.discard(key)
+            return "stdout"
+        return key[1]
+
+    def _emit(self, rank: int, stream: str, pieces: List[str], bar: bool = False) -> None:
+        """Write (or hold) a rank's complete lines; ``bar``: a bar's final state, come from its stderr."""
         if self.ordered:
             self._held.setdefault((rank, stream), []).extend(pieces)
             return
@@ -179,13 +202,36 @@ class RankPrinter:
             for piece in pieces:
                 self.merger.add(rank, piece, now)
             return
+        if not bar and self._bar_pending(rank):
+            self._after_bar.setdefault(rank, (time.monotonic(), []))[1].extend(pieces)
+            return
+        if not bar:
+            self._release(rank)
         self._write({rank}, stream, pieces)
+        if bar:
+            self._release(rank)
+
+    def _bar_pending(self, rank: int) -> bool:
+        """A bar redrawn on the rank's stderr whose final line may not have come yet. Two sockets carry a rank's
+        two streams, so the end of its bar and the line it printed next can reach the kernel swapped: that line
+        waits (at most BAR_WAIT) for the bar's final state, so the rank's lines keep the order it wrote them in."""
+        key = (rank, "stderr")
+        return key in self._redrawn and key in self._partial
+
+    def _release(self, rank: int) -> None:
+        waiting = self._after_bar.pop(rank, None)
+        if waiting is not None:
+            self._write({rank}, "stdout", waiting[1])
 
     def _drain(self, final: bool) -> None:
-        """Write the merged stderr lines that are due; arm the timer for the next one."""
-        for ranks, line in self.merger.ready(time.monotonic(), final):
+        """Write the merged stderr lines and the stdout lines waiting for a bar that are due; arm the timer for the next one."""
+        now = time.monotonic()
+        for rank in [r for r, (since, _) in self._after_bar.items() if final or now - since >= BAR_WAIT]:
+            self._release(rank)
+        for ranks, line in self.merger.ready(now, final):
             self._write(ranks, "stderr", [line])
-        due = self.merger.next_due()
+        dues = [d for d in [self.merger.next_due()] + [since + BAR_WAIT for since, _ in self._after_bar.values()] if d is not None]
+        due = min(dues) if dues else None
         if due is not None and self._timer is None:
             ctx = contextvars.copy_context()  # the kernel routes the timer's output to this cell
             self._timer = threading.Timer(max(0.0, due - time.monotonic()) + 0.01, ctx.run, args=(self._on_timer,))
@@ -214,7 +260,11 @@ class RankPrinter:
         for key in sorted(self._partial):
             piece = self._partial.pop(key)
             if piece.strip():  # a line left unfinished, or a bar's last redraw: its final state (a cleared bar leaves nothing)
-                self._emit(key[0], key[1], [piece + "\n"])
+                name = self._final_stream(key)
+                self._emit(key[0], name, [piece + "\n"], bar=name != key[1])
+        self._redrawn.clear()
+        for rank in sorted(self._after_bar):
+            self._release(rank)
         if self.ordered:
             held, self._held = self._held, {}
             self.ordered = False

@@ -17,6 +17,7 @@ _COUNT = re.compile(
     r"(?P<n>\d+(?:\.\d+)?)(?P<nu>[kMGT]?)(?:/(?P<total>\d+(?:\.\d+)?)(?P<tu>[kMGT]?))?(?:\s*\w*)? \[[\d:]+(?:<[\d:?]+)?(?:, *(?P<rate>[^\]]*))?\]"
 )
 _SCALE = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_RATE = re.compile(r"([\d.]+[kMGT]?)\s*([A-Za-z]+/[A-Za-z]+)")
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,27 @@ class Bar:
     def fraction(self) -> Optional[float]:
         return min(1.0, self.n / self.total) if self.total else None
 
+    @property
+    def percent(self) -> str:
+        """'43%' as tqdm rounds it; '' for a bar of unknown length."""
+        return f"{100 * self.fraction:.0f}%" if self.fraction is not None else ""
+
+    @property
+    def rate_text(self) -> str:
+        """The rate as a person writes it: '30.12 it/s', '1.1k it/s', '1.2 s/it' (tqdm writes '30.12it/s')."""
+        if self.rate.startswith("?"):
+            return ""  # tqdm's first redraw: no rate yet
+        m = _RATE.fullmatch(self.rate)
+        return f"{m.group(1)} {m.group(2)}" if m else self.rate
+
+    def short(self) -> str:
+        """'43% 12.3 it/s' (or '5 it 980.2 it/s' without a total): what a rank's mini bar says beside it."""
+        return " ".join(p for p in (self.percent or f"{self.n:g} it", self.rate_text) if p)
+
     def text(self) -> str:
+        """'train 43% 43/100 12.3 it/s': the rank table's progress cell."""
         count = f"{self.n:g}/{self.total:g}" if self.total else f"{self.n:g}"
-        return " ".join(p for p in (self.desc, count, self.rate) if p)
+        return " ".join(p for p in (self.desc, self.percent, count, self.rate_text) if p)
 
 
 def parse_bar(line: str) -> Optional[Bar]:

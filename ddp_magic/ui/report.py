@@ -2,16 +2,21 @@
 
 The checks themselves live in plan/ (pure functions); this module only renders
 them. The status view (status_render.py) uses the same helpers for its env
-section and its text tables.
+section and its text tables. One count for one plan: a report's checks are the
+plan's (``plan_checks``, the list the cell's status view counts); a live report
+adds, apart and said so, what the ranks report about themselves (``live_checks``).
+The variables every rank shares are said once; the table has only what differs.
 """
 from __future__ import annotations
 
 import html
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..plan import DIST_VARS, Check, Plan, checks_verdict, device_map, live_checks, plan_checks
+from ..plan.checks import mesh_checks
+from ..words import plural
 from ..session import EnvData
 from . import colours
 
@@ -38,14 +43,7 @@ def mark_html(mark: str) -> str:
 
 def checks_line(checks: Sequence[Check]) -> str:
     """'✓ 19 checks passed', '✗ 2 of 19 checks failed' or '! 1 warning, 18 checks passed': the checks in one line."""
-    failed = [c for c in checks if c.failed]
-    warned = [c for c in checks if not c.ok and not c.failed]
-    passed = len(checks) - len(failed) - len(warned)
-    if failed:
-        return f"✗ {len(failed)} of {plural(len(checks), 'check')} failed"
-    if warned:
-        return f"! {plural(len(warned), 'warning')}, {plural(passed, 'check')} passed"
-    return f"✓ {plural(passed, 'check')} passed"
+    return checks_verdict(checks)
 
 
 FACTS = ("GPU per rank", "device mesh")  # the report's own informative lines: worth a line even when all is well
@@ -54,10 +52,6 @@ FACTS = ("GPU per rank", "device mesh")  # the report's own informative lines: w
 def worth_saying(checks: Sequence[Check]) -> List[Check]:
     """What a healthy env's short form still shows: the problems, and the facts this report adds (the GPU map, the mesh)."""
     return [c for c in checks if not c.ok or c.name in FACTS]
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def verdict_html(checks: Sequence[Check]) -> str:
@@ -129,64 +123,94 @@ def env_digest(envs: Sequence[Mapping[str, str]], cols: Sequence[str]) -> str:
     return "; ".join(parts)
 
 
+def common_env(envs: Sequence[Mapping[str, str]], cols: Sequence[str]) -> Dict[str, str]:
+    """The variables every rank that answered has, with one value ({} for fewer than two ranks: a table says it all)."""
+    answered = [e for e in envs if e]
+    if len(answered) < 2:
+        return {}
+    return {c: answered[0][c] for c in cols if c != "RANK" and c in answered[0] and all(e.get(c) == answered[0][c] for e in answered)}
+
+
 # ---------------------------------------------------------------- the report
 class EnvReport:
-    """Per-rank env table plus checks; renders as HTML in Jupyter and as text elsewhere; to_dict() for programs."""
+    """The env every rank shares said once, a table of what differs by rank, and the checks; renders as HTML in
+    Jupyter and as text elsewhere; to_dict() for programs. ``checks`` are the plan's (the list the cell's status
+    view counts); ``reported``, on a live pool, what the ranks report about themselves, counted apart."""
 
-    def __init__(self, title: str, envs: Sequence[Mapping[str, str]], checks: List[Check], extra: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(self, title: str, envs: Sequence[Mapping[str, str]], checks: List[Check], extra: Optional[Dict[str, Any]] = None,
+                 reported: Optional[List[Check]] = None) -> None:
         self.title = title
         self.envs = [_redact(e) for e in envs]
         self.checks = checks
+        self.reported = reported
         self.extra = extra or {}
 
     @property
+    def all_checks(self) -> List[Check]:
+        return self.checks + (self.reported or [])
+
+    @property
     def ok(self) -> bool:
-        return not any(c.failed for c in self.checks)
+        return not any(c.failed for c in self.all_checks)
 
     @property
     def verdict(self) -> str:
-        return checks_verdict(self.checks)
+        """'✓ 19 checks passed', and on a live pool '; from the ranks: ✓ 12 checks passed'."""
+        head = checks_verdict(self.checks)
+        return head if self.reported is None else f"{head}; from the ranks: {checks_verdict(self.reported)}"
 
     def to_dict(self) -> Dict[str, Any]:
+        checks = [dict(c.to_dict(), source="plan") for c in self.checks] + [dict(c.to_dict(), source="ranks") for c in self.reported or []]
         return {
             "title": self.title,
             "ok": self.ok,
             "verdict": self.verdict,
             "ranks": [{k: e.get(k) for k in env_columns(self.envs) if k in e} for e in self.envs],
-            "checks": [c.to_dict() for c in self.checks],
+            "checks": checks,
             **self.extra,
         }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
 
-    def _columns(self) -> List[str]:
-        return env_columns(self.envs)
+    def _layout(self) -> Tuple[Dict[str, str], List[str]]:
+        """(what every rank shares, the table's columns: RANK and what differs)."""
+        cols = env_columns(self.envs)
+        common = common_env(self.envs, cols)
+        return common, [c for c in cols if c not in common]
 
     def __repr__(self) -> str:
-        """The title, the env table, and only the checks that did not pass (``full_text()``: all of them)."""
+        """The title, the env, and only the checks that did not pass (``full_text()``: all of them)."""
         return self.full_text(every_check=False)
 
     def full_text(self, every_check: bool = True) -> str:
-        lines = [f"{self.title} — {checks_line(self.checks)}"]
-        lines += table_text(self.envs, self._columns())
-        shown = self.checks if every_check else worth_saying(self.checks)
+        lines = [f"{self.title} — {self.verdict}"]
+        common, cols = self._layout()
+        if common:
+            lines.append("every rank: " + " ".join(f"{k}={v}" for k, v in common.items()))
+        lines += table_text(self.envs, cols)
+        shown = self.all_checks if every_check else worth_saying(self.all_checks)
         if shown:
             lines.append("")
             lines += checks_text(shown)
-        if not every_check and len(shown) < len(self.checks):
+        if not every_check and len(shown) < len(self.all_checks):
             lines.append("(every check: print(_.full_text()), or _.to_dict())")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         """The verdict and the problems; every check one click away (inline styles only)."""
-        said = worth_saying(self.checks)
+        said = worth_saying(self.all_checks)
+        common, cols = self._layout()
+        shared = " ".join(f"{html.escape(k)}={html.escape(v)}" for k, v in common.items())
+        line = f"<div class='ddp-env-common' style='font-family:monospace;font-size:12px'>every rank: {shared}</div>" if common else ""
+        every = checks_html(self.checks) + (f"<div>from the ranks:</div>{checks_html(self.reported)}" if self.reported else "")
         return (
             f"<div class='ddp-env'><b>{html.escape(self.title)}</b> — {verdict_html(self.checks)}"
-            f"{checks_html(said) if said else ''}"
-            f"{env_table_html(self.envs, self._columns(), max_height='24em')}"
-            f"<details class='ddp-env-checks'><summary style='cursor:pointer'>all {plural(len(self.checks), 'check')}</summary>"
-            f"{checks_html(self.checks)}</details></div>"
+            f"{'; from the ranks: ' + verdict_html(self.reported) if self.reported is not None else ''}"
+            f"{checks_html(said) if said else ''}{line}"
+            f"{env_table_html(self.envs, cols, max_height='24em')}"
+            f"<details class='ddp-env-checks'><summary style='cursor:pointer'>all {plural(len(self.all_checks), 'check')}</summary>"
+            f"{every}</details></div>"
         )
 
 
@@ -198,9 +222,10 @@ def seen_env(plan: Plan, rank: int, environ: Mapping[str, str] = os.environ) -> 
 
 
 def plan_report(plan: Plan, environ: Mapping[str, str] = os.environ, started: bool = False) -> EnvReport:
-    title = f"planned env for {plan.nproc} rank(s), backend {plan.backend} ({plan.backend_reason})"
+    """What a plan gives each rank, with the plan's checks (the same list and count as the cell's status view)."""
+    title = f"planned env for {plural(plan.nproc, 'rank')}, backend {plan.backend} ({plan.backend_reason})"
     envs = [seen_env(plan, r, environ) for r in range(plan.nproc)]
-    extra = {
+    extra: Dict[str, Any] = {
         "state": "planned",
         "backend": plan.backend,
         "backend_reason": plan.backend_reason,
@@ -208,18 +233,16 @@ def plan_report(plan: Plan, environ: Mapping[str, str] = os.environ, started: bo
         "master_port": plan.master_port,
         "nproc": plan.nproc,
     }
-    checks = plan_checks(plan, environ, started=started) + mesh_checks([plan.rank_env(0)])
     if plan.backend == "nccl":
-        mapping = device_map(plan.nproc, environ)
-        extra["devices"] = mapping
-        checks.append(Check("GPU per rank", True, ", ".join(f"rank {r} → {d}" for r, d in mapping.items()), level="info"))
-    return EnvReport(title, envs, checks, extra)
+        extra["devices"] = device_map(plan.nproc, environ)
+    return EnvReport(title, envs, plan_checks(plan, environ, started=started), extra)
 
 
-def live_report(live: Dict[int, Dict[str, Any]], nproc: int, backend: str) -> EnvReport:
-    """From each worker's own os.environ and process-group state."""
+def live_report(live: Dict[int, Dict[str, Any]], nproc: int, backend: str, plan: Optional[Plan] = None) -> EnvReport:
+    """From each worker's own os.environ and process-group state: the plan's checks (as the cell counts them, when the
+    plan is known) and, apart, the checks of what the ranks report."""
     envs = [live[r]["env"] if r in live else {} for r in range(nproc)]
-    checks = live_checks(live, nproc, backend) + mesh_checks(envs)
+    reported = live_checks(live, nproc, backend)
     extra = {
         "state": "live",
         "backend": backend,
@@ -228,22 +251,15 @@ def live_report(live: Dict[int, Dict[str, Any]], nproc: int, backend: str) -> En
         "devices": {r: live[r].get("device") for r in live},
         "process_group": {r: live[r].get("process_group") for r in live},
     }
-    return EnvReport(f"live env of {nproc} rank(s), backend {backend}", envs, checks, extra)
-
-
-def mesh_checks(envs: Sequence[Mapping[str, str]]) -> List[Check]:
-    """--mesh, in words: the DeviceMesh every rank finds as ``mesh``."""
-    text = envs[0].get("DDP_MAGIC_MESH") if envs else None
-    if not text:
-        return []
-    dims = " × ".join(text.split(","))
-    names = ", ".join(part.split("=")[0] for part in text.split(","))
-    return [Check("device mesh", True, f"{dims}: a DeviceMesh named `mesh` on every rank (dim names {names})", level="info")]
+    title = f"live env of {plural(nproc, 'rank')}, backend {backend}"
+    if plan is None:
+        return EnvReport(title, envs, reported + mesh_checks(envs), extra)
+    return EnvReport(title, envs, plan_checks(plan, started=True), extra, reported=reported)
 
 
 def env_report(env: EnvData) -> EnvReport:
     """The report of the session's env data, planned or live: what %ddp_env shows and the panel's env request returns."""
     if env.live is not None:
-        return live_report(env.live, env.nproc, env.backend)
+        return live_report(env.live, env.nproc, env.backend, env.plan)
     assert env.plan is not None
     return plan_report(env.plan)

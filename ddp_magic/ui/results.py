@@ -1,7 +1,8 @@
 """The value a %%ddp cell returns: one entry per rank, in rank order; and the prompt number its tracebacks name."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+import re
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..logs import log
 from ..wire.execution import name_cells
@@ -17,15 +18,24 @@ class RankResults(list):
         if cycle:
             p.text("RankResults(...)")
             return
-        with p.group(2, f"RankResults({len(self)} ranks):", ""):
-            for rank, value in enumerate(self):
-                p.break_()
-                with p.group(len(f"[{rank}] "), f"[{rank}] ", ""):
-                    p.pretty(value)
+        from IPython.lib.pretty import pretty  # lazy: a plain repr() needs no IPython
+
+        width = max(20, p.max_width - len(_prefix(len(self) - 1)))
+        p.text(self._lines(lambda value: pretty(value, max_width=width)))
 
     def __repr__(self) -> str:
-        body = "\n".join(f"  [{rank}] {value!r}" for rank, value in enumerate(self))
-        return f"RankResults({len(self)} ranks):\n{body}"
+        return self._lines(repr)
+
+    def _lines(self, show: Callable[[Any], str]) -> str:
+        """One entry per rank, each value formatted alone (the same way for every rank) and its further lines
+        indented under its first: no rank's value depends on where another's ended."""
+        rows = [f"RankResults({len(self)} rank{'' if len(self) == 1 else 's'}):"]
+        for rank, value in enumerate(self):
+            head = _prefix(rank)
+            first, *rest = show(value).split("\n") or [""]
+            rows.append(head + first)
+            rows += [" " * len(head) + line if line else line for line in rest]
+        return "\n".join(rows)
 
     @property
     def same(self) -> bool:
@@ -44,6 +54,29 @@ class RankResults(list):
         return True
 
 
+def _prefix(rank: int) -> str:
+    return f"  [{rank}] "
+
+
+def running_cell(shell: Any) -> Tuple[Optional[int], int]:
+    """The running cell's prompt number (In [n], the execution_count its execute_reply carries) and the editor's
+    line number of the first line of the ``%%ddp`` cell's body (2: right below the ``%%ddp`` line).
+
+    IPython 9 counts the next cell up before it runs this one (``shell.execution_count`` is n + 1 here): the
+    running cell's own ExecutionResult has n. Outside a cell (no result), the shell's count; no %%ddp line in
+    the cell (run_cell_magic called from code): the body's own numbering."""
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    count = getattr(result, "execution_count", None)
+    if not isinstance(count, int):
+        count = getattr(shell, "execution_count", None)
+    raw = str(getattr(getattr(result, "info", None), "raw_cell", "") or "")
+    at = next((i for i, line in enumerate(raw.splitlines()) if _MAGIC_LINE.match(line)), None)
+    return (count if isinstance(count, int) else None), (at + 2 if at is not None else 1)
+
+
+_MAGIC_LINE = re.compile(r"^%%ddp(\s|$)")
+
+
 class CellNumbers:
     """The prompt number (IPython's execution count) each %%ddp cell ran under, by the session's cell label:
     a rank's traceback then says ``Cell In[10], line 5`` as IPython's own do, for this cell and for functions
@@ -52,10 +85,10 @@ class CellNumbers:
     def __init__(self) -> None:
         self.numbers: Dict[str, Optional[int]] = {}
 
-    def name(self, label: str, shell: Any, failures: Sequence[Any], notes: Sequence[str]) -> List[str]:
-        """Rename the cells in the failures' tracebacks (in place) and in the notes (returned)."""
-        count = getattr(shell, "execution_count", None)
-        self.numbers[label] = count if isinstance(count, int) else None
+    def name(self, label: str, number: Optional[int], failures: Sequence[Any], notes: Sequence[str]) -> List[str]:
+        """Rename the cells in the failures' tracebacks (in place) and in the notes (returned); ``number``: the
+        prompt number the cell ran under (``running_cell``)."""
+        self.numbers[label] = number
         for f in failures:
             f.traceback = name_cells(f.traceback, self.numbers)
         return [name_cells(n, self.numbers) for n in notes]

@@ -12,6 +12,7 @@ import html
 from typing import Dict, List, Sequence, Tuple
 
 from ..kernel.sharded import ShardedResult
+from ..words import ranks_phrase
 from ..wire.sharded import placement_text
 
 MAX_CUTS = 8  # rows or columns drawn; more are elided
@@ -65,8 +66,9 @@ def grid(r: ShardedResult) -> Tuple[List[int], List[Span], List[Span], Dict[Tupl
 
 
 def _who(r: ShardedResult, ranks: Sequence[int]) -> str:
-    joiner = "+" if any(p[0] == "partial" for p in r.placement_specs) else ","
-    return ("rank " if len(ranks) == 1 else "ranks ") + joiner.join(str(x) for x in ranks)
+    if len(ranks) > 1 and any(p[0] == "partial" for p in r.placement_specs):
+        return "ranks " + "+".join(str(x) for x in ranks)  # partial values: the block is their sum
+    return ranks_phrase(ranks)
 
 
 def _span_text(span: Span) -> str:
@@ -77,14 +79,14 @@ def footnotes(r: ShardedResult) -> List[str]:
     notes = []
     empty = [rank for rank in r.ranks if 0 in r.block(rank)[1]]
     if empty:
-        notes.append(f"uneven: rank(s) {', '.join(map(str, empty))} hold an empty shard")
+        notes.append(f"uneven: {ranks_phrase(empty)} {'holds' if len(empty) == 1 else 'hold'} an empty shard")
     partial = [placement_text(p) for p in r.placement_specs if p[0] == "partial"]
     if partial:
         notes.append(f"{partial[0]}: the ranks of a block are reduced by .full()")
     if any(p[0] == "replicate" for p in r.placement_specs):
         notes.append("Replicate(): ranks of a block hold the same copy; .full() uses one")
     if r.copies:
-        others = "; ".join("ranks " + ",".join(map(str, ranks)) for ranks in r.copies)
+        others = "; ".join(ranks_phrase(ranks) for ranks in r.copies)
         notes.append(f"the same tensor on the sub-mesh of {others} too: equal copies")
     return notes
 

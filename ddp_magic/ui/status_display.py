@@ -18,8 +18,10 @@ words; a display only decides what goes on the page and when it may.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Dict, Optional, Protocol, Type
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Optional, Protocol, Type
 
+from ..logs import log
 from . import status_render as R
 from . import status_tables as T
 
@@ -50,6 +52,7 @@ class Display(ABC):
     """One front end's way of showing the view."""
 
     live = False  # re-rendered in place while the cell runs (the view keeps a ticker for it)
+    ticks_clock = False  # can send the one-line header alone, so the live clock moves between renders
 
     def __init__(self, view: Presenter) -> None:
         self.view = view
@@ -77,6 +80,9 @@ class Display(ABC):
     @abstractmethod
     def render(self) -> None:
         """Bring what is on the page up to date (the view renders only live displays while the cell runs)."""
+
+    def render_clock(self) -> None:  # noqa: B027 (a no-op unless the display ticks_clock)
+        """Bring the one-line header (its clock) up to date alone (only a display that ``ticks_clock``)."""
 
     @abstractmethod
     def finish(self) -> None:
@@ -122,10 +128,12 @@ class WidgetDisplay(Display):
     Every update is a widget trait (an HTML value): never Output.append_* from a thread, which VS Code drops."""
 
     live = True
+    ticks_clock = True
 
     def __init__(self, view: Presenter) -> None:
         super().__init__(view)
         self.widgets: Dict[str, Any] = {}
+        self.opened = False  # the body was opened by the view itself (once: a user who closes it keeps it closed)
 
     @property
     def built(self) -> bool:
@@ -158,6 +166,16 @@ class WidgetDisplay(Display):
         for name, value in (("header", R.header_html(s)), ("body", T.body_html(s))):
             if w[name].value != value:
                 w[name].value = value
+        if not self.opened and R.opens_itself(s):  # a chart or a progress bar to watch: open the body, once
+            self.opened = True
+            w["stack"].selected_index = 1
+            w["toggle"].index = 1
+
+    def render_clock(self) -> None:
+        if self.built:
+            value = R.header_html(self.view.snapshot())
+            if self.widgets["header"].value != value:
+                self.widgets["header"].value = value
 
     def finish(self) -> None:
         if not self.view.shown:
@@ -187,7 +205,8 @@ class WidgetDisplay(Display):
         self.widgets["root"] = W.VBox([line, stack], layout=W.Layout(width="100%"), _dom_classes=("ddp-status", "ddp-status-live"))
 
     def _close(self) -> None:
-        """Close every model the view opened (its layouts and styles too), so none lingers in the kernel."""
+        """Close every model the view opened (its layouts and styles too), so none lingers in the kernel; a
+        stand-in takes each one's late messages (see ``_Closed``)."""
         models = []
         for w in self.widgets.values():
             models += [getattr(w, "layout", None), getattr(w, "style", None), w]
@@ -195,7 +214,46 @@ class WidgetDisplay(Display):
         for m in models:
             if m is not None and id(m) not in seen and hasattr(m, "close"):
                 seen.add(id(m))
+                comm = getattr(m, "comm", None)
                 m.close()
+                if comm is not None:
+                    _Closed.stand_in(comm.comm_id)
+
+
+class _Closed:
+    """Stands in the kernel's comm manager for a widget model a view closed. The browser's messages on it (the ▾
+    toggle's index, the jslink's stack index) wait for the main shell, where ipykernel routes a comm's messages when
+    the kernel last sent on it from a cell: they are handled only after the cell that closed the model has ended.
+    Without a stand-in each one is a "No such comm" in the kernel's log, shown in JupyterLab's log console. Its
+    target is not ``jupyter.widget``, so a page that reloads never asks it for a widget's state."""
+
+    target_name = "ddp_magic.closed-widget"
+    KEPT = 512  # the last ~28 views' models (18 each): the messages of older ones were handled long ago
+    _kept: "Deque[_Closed]" = deque()
+
+    def __init__(self, comm_id: str) -> None:
+        self.comm_id = comm_id
+        self._closed = True
+
+    @classmethod
+    def stand_in(cls, comm_id: str) -> None:
+        try:
+            import comm as comms
+
+            manager = comms.get_comm_manager()
+            stand_in = cls(comm_id)
+            manager.register_comm(stand_in)  # type: ignore[arg-type]  # what a comm manager calls on a comm, no more
+            cls._kept.append(stand_in)
+            while len(cls._kept) > cls.KEPT:
+                manager.comms.pop(cls._kept.popleft().comm_id, None)
+        except Exception:  # no comm manager (not a kernel): nobody can send to the model anyway
+            log.debug("status view: no stand-in for a closed widget", exc_info=True)
+
+    def handle_msg(self, msg: Dict[str, Any]) -> None:
+        log.debug("status view: a late message for closed widget %s dropped", self.comm_id)
+
+    def handle_close(self, msg: Dict[str, Any]) -> None:
+        log.debug("status view: the browser closed widget %s too", self.comm_id)
 
 
 DISPLAYS: Dict[str, Type[Display]] = {"widget": WidgetDisplay, "html": HtmlDisplay, "text": TextDisplay, "off": OffDisplay}

@@ -11,7 +11,10 @@ notebook), so the two forms cannot drift apart:
 
 One clock: the plain seconds are always the cell's run time (from the cell
 being sent to the ranks); the pool's start is its own, labelled clock ('start
-5.4 s' while it starts, 'pool started in 5.4 s' after). All HTML styling is
+5.4 s' while it starts, 'pool started in 5.40 s' after). A clock that runs says
+tenths (``fmt_clock``: the view moves it ten times a second); a time that ended
+says ``fmt_seconds`` (words.py: '998 ms', '2.31 s'), as every notice does.
+While tqdm bars run, the line says the slowest one's '43% 12.3 it/s'. All HTML styling is
 inline ``style=`` (no ``<style>`` block: untrusted notebooks drop those), with
 colours from colours.py. The HTML's class names and data attributes are an
 interface (browser tests, nbval's sanitizer): see docs in ``static_html``.
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 from ..plan import Check
+from ..words import fmt_seconds, plural, ranks_phrase
 from ..states import FailureKind, RankState, Waiting
 from . import colours
 from .progress import Bar
@@ -39,8 +43,8 @@ Label = Union[RankState, FailureKind]
 
 # label -> tone (colours.py); the order is the order of the counts in the running summary
 STATE_TONES: Dict[Label, str] = {
-    RankState.STARTING: "neutral",
-    RankState.CONNECTING: "neutral",
+    RankState.STARTING: "info",  # on its way: the tone of running, as the JupyterLab panel and status bar show it
+    RankState.CONNECTING: "info",
     RankState.READY: "info",
     RankState.RUNNING: "info",
     RankState.DONE: "ok",
@@ -48,6 +52,7 @@ STATE_TONES: Dict[Label, str] = {
     FailureKind.DIED: "fail",
     FailureKind.KILLED: "warn",
     RankState.INTERRUPTED: "warn",
+    FailureKind.TIMEOUT: "fail",  # the rank the others waited for when --timeout ran out (its own state: interrupted)
     RankState.STOPPED: "neutral",
 }
 ACTIVE = (RankState.STARTING, RankState.CONNECTING, RankState.RUNNING)
@@ -98,6 +103,7 @@ class Snapshot:
     starting_for: Optional[float] = None  # the start clock, while the pool starts in this cell
     root: Optional[int] = None  # the rank whose failure explains the others
     stopped: FrozenSet[int] = frozenset()  # ranks stopped or released because of it (kernel.policy.causes)
+    timed_out: FrozenSet[int] = frozenset()  # root causes of a --timeout (kernel.policy.causes): shown as "timeout"
     lines: Mapping[int, str] = field(default_factory=dict)  # each rank's live line (progress.LiveLines)
     bars: Mapping[int, Bar] = field(default_factory=dict)  # each rank's tqdm bar, when it shows one
     sections: Sequence[Section] = ()  # extra sections, after the ranks and the env
@@ -109,9 +115,19 @@ class Snapshot:
     def label(self, rank: int) -> Label:
         info = self.infos.get(rank)
         label = state_label(info) if info is not None else RankState.STARTING
-        if rank in self.stopped or (self.root is not None and rank != self.root and label in STOPPED_BY_US):
-            return RankState.STOPPED  # ddp_magic stopped it because another rank failed: not its fault
+        # ddp_magic stopped it because another rank failed: not its fault. Once the cell ended, kernel.policy.causes
+        # (``stopped``) is the whole answer, so every root cause (a timeout may blame several ranks) keeps its own label.
+        if rank in self.stopped or (not self.finished and self.root is not None and rank != self.root and label in STOPPED_BY_US):
+            return RankState.STOPPED
+        if rank in self.timed_out and self.finished:
+            return FailureKind.TIMEOUT  # what the cell's message says of it: the others waited for this rank
         return label
+
+
+def by_cause(found: Mapping[int, Tuple[str, str]]) -> Tuple[FrozenSet[int], FrozenSet[int]]:
+    """kernel.policy.causes -> (the ranks stopped or released because of another, the root causes of a --timeout)."""
+    stopped = frozenset(r for r, (_, cause) in found.items() if cause == "stopped")
+    return stopped, frozenset(r for r, (kind, cause) in found.items() if cause == "root" and kind == str(FailureKind.TIMEOUT))
 
 
 # ---------------------------------------------------------------- words for one value
@@ -138,21 +154,14 @@ def exit_text(info: RankLike) -> str:
     return f"exit {info.exit_code}"
 
 
-def fmt_seconds(s: Optional[float]) -> str:
-    """'<1 ms', '35 ms', '2.31 s', '3 m 05 s', '1 h 02 m': never '0.00 s' for a quick cell."""
+def fmt_clock(s: Optional[float]) -> str:
+    """A live clock, at the precision it moves (the view ticks every ``status_view.CLOCK_TICK``): '0.4 s', '12.3 s',
+    then fmt_seconds' '3 m 05 s'. A duration that ended is fmt_seconds' ('2.31 s', '998 ms')."""
     if s is None:
         return ""
-    if s < 0.001:
-        return "<1 ms"
-    if s < 1:
-        return f"{s * 1000:.0f} ms"
     if s < 60:
-        return f"{s:.2f} s"
-    m, sec = divmod(int(round(s)), 60)
-    if m < 60:
-        return f"{m} m {sec:02d} s"
-    h, m = divmod(m, 60)
-    return f"{h} h {m:02d} m"
+        return f"{max(0.0, s):.1f} s" if round(s, 1) < 60 else "1 m 00 s"
+    return fmt_seconds(s)
 
 
 def fmt_bytes(n: Optional[int]) -> str:
@@ -167,10 +176,6 @@ def fmt_bytes(n: Optional[int]) -> str:
 def clean_line(text: str, limit: int = 160) -> str:
     text = _ANSI.sub("", text).replace("\t", " ").strip()
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def esc(x: Any) -> str:
@@ -200,6 +205,9 @@ class TextStyle:
     def verdict(self, checks: Sequence[Check]) -> str:
         return checks_line(checks)
 
+    def progress(self, text: str, s: "Snapshot") -> str:
+        return text
+
 
 class HtmlStyle(TextStyle):
     """The same parts in HTML: escaped, the marks and counts coloured inline (they survive sanitizers)."""
@@ -221,6 +229,11 @@ class HtmlStyle(TextStyle):
         tone = "fail" if line.startswith("✗") else "warn" if line.startswith("!") else "ok"
         return f"<span class='ddp-status-checks' style='{colours.color(tone)}'>{esc(line)}</span>"
 
+    def progress(self, text: str, s: "Snapshot") -> str:
+        """The slowest bar's '43% 12.3 it/s'; every rank's bar in its tooltip."""
+        every = "; ".join(f"rank {r}: {b.text()}" for r, b in sorted(s.bars.items()) if s.label(r) in ACTIVE)
+        return f"<span class='ddp-status-progress' title='{esc(every)}'>{esc(text)}</span>"
+
 
 TEXT, HTML = TextStyle(), HtmlStyle()
 
@@ -234,8 +247,11 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
     else:
         counts = Counter(s.label(r) for r in s.ranks)
         states = debugging_text(s) or ", ".join(style.count(label, counts[label]) for label in STATE_TONES if counts.get(label))
-        clock = f"start {fmt_seconds(s.starting_for)}" if s.starting_for is not None else fmt_seconds(s.elapsed)
+        clock = f"start {fmt_clock(s.starting_for)}" if s.starting_for is not None else fmt_clock(s.elapsed)
         parts = [n, states, style.esc(clock)]
+        progress = bars_text(s)
+        if progress:
+            parts.append(style.progress(progress, s))
     if s.backend:
         parts.append(style.esc(s.backend))
     if s.checks:
@@ -243,6 +259,11 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
     if s.started_in is not None and s.starting_for is None:
         parts.append(f"pool started in {style.esc(fmt_seconds(s.started_in))}")
     return parts
+
+
+def opens_itself(s: Snapshot) -> bool:
+    """Whether the live body is worth opening without a click: a chart to watch (a section) or a progress bar."""
+    return not s.finished and (bool(s.bars) or bool(s.sections))
 
 
 def debugging_text(s: Snapshot) -> str:
@@ -293,17 +314,43 @@ def strip_html(s: Snapshot) -> str:
     return f" <span class='ddp-status-strip'>{''.join(cells)}</span>"
 
 
+def slowest_bar(s: Snapshot) -> Optional[Tuple[int, Bar]]:
+    """The active rank whose bar is least far (the one the cell waits for), with its bar; None without bars."""
+    bars = [(r, b) for r, b in s.bars.items() if s.label(r) in ACTIVE]
+    if not bars:
+        return None
+    return min(bars, key=lambda rb: (rb[1].fraction if rb[1].fraction is not None else float("inf"), rb[1].n, rb[0]))
+
+
+def bars_text(s: Snapshot) -> str:
+    """'43% 12.3 it/s': the slowest running bar's progress and rate ('' without bars)."""
+    slowest = slowest_bar(s)
+    return slowest[1].short() if slowest is not None else ""
+
+
 # ---------------------------------------------------------------- how the cell ended
 def verdict(outcome: Any, error: Optional[BaseException]) -> Tuple[bool, str]:
     """Whether the cell succeeded, and why not in a few words (its first failure, or the error)."""
     if outcome is not None:
         failures = list(getattr(outcome, "failures", []) or [])
-        note = clean_line(failures[0].headline(), 100) if failures else ""
+        note = clean_line(failure_note(failures), 100) if failures else ""
         return bool(getattr(outcome, "ok", False)), note
     if error is not None:
         first = (str(error).strip().splitlines() or [""])[0]
         return False, clean_line(f"{type(error).__name__}: {first}" if first else type(error).__name__, 100)
     return False, "the cell did not finish"
+
+
+def failure_note(failures: Sequence[Any]) -> str:
+    """The root cause's headline; when other ranks raised the very same error, all of them, in rank order
+    ('ranks 0-3 raised ValueError: boom'), whichever rank's report came first."""
+    root = failures[0]
+    if getattr(root, "kind", None) != FailureKind.ERROR:
+        return str(root.headline())
+    same = [f.rank for f in failures if (f.kind, f.type, f.message) == (root.kind, root.type, root.message)]
+    if len(same) < 2:
+        return str(root.headline())
+    return f"{ranks_phrase(same)} raised {root.type}: {root.message}".rstrip(": ")
 
 
 def root_rank(outcome: Any) -> Optional[int]:

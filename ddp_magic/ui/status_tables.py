@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import describe_exit
 from ..plan import DIST_VARS
 from . import colours
-from .report import checks_html, checks_line, checks_text, env_digest, env_table_html, table_text, worth_saying
+from .report import checks_html, checks_line, checks_text, common_env, env_digest, env_table_html, table_text, worth_saying
 from .status_render import (
     FONT, LINE, TEXT_PREFIX, Label, Snapshot, clean_line, esc, exit_text, fmt_bytes, fmt_seconds, header_html, summary, tone_of,
 )
@@ -44,7 +44,7 @@ def rank_row(s: Snapshot, rank: int) -> RankRow:
     live = s.lines.get(rank) or info.last_line or (info.tail[-1] if info.tail else "")
     cells.update(
         {
-            "time": fmt_seconds((info.finished or s.now) - info.started) if info.started else "",
+            "time": fmt_seconds(info.finished - info.started) if info.started and info.finished else "",  # the header has the live clock
             "device": info.device or "",
             "pid": str(info.pid or ""),
             "exit": exit_,
@@ -61,15 +61,12 @@ def rank_rows(s: Snapshot) -> List[RankRow]:
 
 
 def row_columns(rows: Sequence[RankRow]) -> List[str]:
-    """The columns worth showing: progress only with a bar, memory only with a GPU, host only with more than one."""
-    cols = ["rank", "state", "time", "device", "pid", "exit"]
-    if any(row.cells["progress"] for row in rows):
-        cols.insert(3, "progress")
-    if any(row.cells["device"].startswith("cuda") for row in rows):
-        cols.append("memory")
+    """The columns worth showing: rank and state, then only those some rank has a value in (an exit only after
+    one, progress only with a bar, memory only on a GPU), host only with more than one."""
+    cols = ["rank", "state"] + [c for c in ("time", "progress", "device", "pid", "exit", "memory") if any(row.cells[c] for row in rows)]
     if len({row.cells["host"] for row in rows if row.cells["host"]}) > 1:
         cols.append("host")
-    return cols + ["last line"]
+    return cols + (["last line"] if any(row.cells["last line"] for row in rows) else [])
 
 
 def _cell_html(row: RankRow, col: str) -> str:
@@ -108,7 +105,7 @@ def ranks_text(s: Snapshot) -> List[str]:
 def notices_html(s: Snapshot) -> str:
     if not s.notices:
         return ""
-    items = "".join(f"<div style='{colours.color('warn')}'>{esc(clean_line(t, 300))}</div>" for t in s.notices[-3:])
+    items = "".join(f"<div>{esc(clean_line(t, 300))}</div>" for t in s.notices[-3:])  # a notice informs: the text's own colour
     return f"<div class='ddp-status-notices' style='{SMALL}'>{items}</div>"
 
 
@@ -130,7 +127,10 @@ def env_html(s: Snapshot) -> str:
 
 def _env_html(s: Snapshot) -> str:
     bad = worth_saying(s.checks)
-    table = env_table_html(s.envs, list(DIST_VARS)) if s.envs else ""
+    common = common_env(s.envs, list(DIST_VARS))
+    shared = " ".join(f"{esc(k)}={esc(v)}" for k, v in common.items())
+    table = (f"<div class='ddp-env-common' style='font-family:monospace'>every rank: {shared}</div>" if common else "") + (
+        env_table_html(s.envs, [c for c in DIST_VARS if c not in common]) if s.envs else "")
     problems = checks_html(bad) if bad else ""
     return (
         f"<div class='ddp-status-env' style='{SMALL}'>{esc(checks_line(s.checks))} (the env each rank received){problems}"

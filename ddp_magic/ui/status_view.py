@@ -20,11 +20,13 @@ or ``DDP_MAGIC_WIDGET=0`` in the kernel's env).
 
 Updates are throttled: events only mark the view dirty. A change of state is
 rendered at most once per ``min_interval`` (default 0.2 s); printed lines alone
-(the "last line" column) at most once per ``refresh`` (default 1 s), the pace
-at which the elapsed times move anyway. Each render is a couple of widget
-messages, sent by the event that finds its interval elapsed or by the kernel's
-one ticker thread (ticker.py) that sleeps until the next render is due, so a long training
-cell costs the kernel about one wake-up a second. ``finish()`` always renders
+(the "last line" column) at most once per ``refresh`` (default 1 s). The live
+clock moves at the precision it shows (status_render.fmt_clock: tenths): while a
+rank is active, every ``clock_tick`` (default 0.1 s) the display sends the
+one-line header alone (one small widget message; a display that cannot, html mode,
+keeps the refresh pace). Each render is a couple of widget messages, sent by the
+event that finds its interval elapsed or by the kernel's one ticker thread
+(ticker.py) that sleeps until the next render is due. ``finish()`` always renders
 the final state.
 """
 from __future__ import annotations
@@ -53,6 +55,7 @@ from .ticker import TICKER
 SECTION_FACTORIES: List[Callable[["StatusView"], Optional[R.Section]]] = []
 
 F = TypeVar("F", bound=Callable[..., Any])
+CLOCK_TICK = 0.1  # seconds between two moves of the live clock: it shows tenths (status_render.fmt_clock)
 
 
 def _guarded(method: F) -> F:
@@ -94,6 +97,7 @@ class StatusView(PlanFacts, Listener):
         mode: str = "widget",
         min_interval: float = 0.2,
         refresh: float = 1.0,
+        clock_tick: float = CLOCK_TICK,
         live_after: float = 0.3,
         ticker: bool = True,
         clock: Callable[[], float] = time.monotonic,
@@ -108,20 +112,18 @@ class StatusView(PlanFacts, Listener):
         self.display = make_display(mode, self)
         self.min_interval = min_interval
         self.refresh = refresh
+        self.clock_tick = clock_tick
         self.live_after = live_after
         self.use_ticker = ticker
         self.clock = clock
         self._display_fn = display
         self._update_fn = update_display
-        self._fixed_checks = list(checks) if checks is not None else None
-        self._checks: List[Check] = []
-        self._checks_for: Optional[str] = None
-        self._envs: List[Dict[str, str]] = []
-        self._envs_for: Optional[str] = None
+        self._fixed_checks = list(checks) if checks is not None else None  # the plan's facts: status_facts.PlanFacts
         self.infos: Dict[int, RankInfo] = {}
         self.history: List[Tuple[int, R.Label]] = []  # (rank, label) each time a rank's shown state changed
         self.notices: List[str] = []
         self.renders = 0  # how many times the live view was re-rendered (each sends at most a few widget messages)
+        self.clock_renders = 0  # how many times the live clock alone moved (the header line alone is sent)
         self.finished = False
         self.result_ok: Optional[bool] = None
         self.result_note = ""
@@ -133,6 +135,7 @@ class StatusView(PlanFacts, Listener):
         self._dirty = False  # a state or notice changed: render within min_interval
         self._dirty_output = False  # only printed lines changed: render within refresh
         self._last_render = float("-inf")
+        self._last_clock = float("-inf")  # the header (and its clock) was last sent then: by a render or a clock tick
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._display_id: Optional[str] = None
@@ -150,6 +153,7 @@ class StatusView(PlanFacts, Listener):
         self.live_lines = LiveLines()  # each rank's line now and its tqdm bar, from its raw output
         self.root: Optional[int] = None  # the rank whose failure explains the others
         self.stopped: FrozenSet[int] = frozenset()  # ranks stopped or released because of it, once the cell ended
+        self.timed_out: FrozenSet[int] = frozenset()  # root causes of a --timeout: the ranks the others waited for
         self.sections: List[R.Section] = [sec for sec in (f(self) for f in SECTION_FACTORIES) if sec is not None]
 
     def label(self, rank: int) -> R.Label:
@@ -194,7 +198,7 @@ class StatusView(PlanFacts, Listener):
             started_in=self.start_seconds(),
             starting_for=self.starting_for(),
             root=self.root,
-            stopped=self.stopped,
+            stopped=self.stopped, timed_out=self.timed_out,
             lines=dict(self.live_lines.lines),
             bars=dict(self.live_lines.bars) if not self.finished else {},
             sections=list(self.sections),
@@ -261,31 +265,49 @@ class StatusView(PlanFacts, Listener):
             if self._error or not self.shown or self.display.holds():
                 return
             self._dirty = self._dirty_output = False
-            self._last_render = self.clock()
+            self._last_render = self._last_clock = self.clock()
             self.renders += 1
             self.display.render()
 
+    def _ticking(self) -> bool:
+        """Whether the live clock moves between renders: a display that sends the header alone, a rank active."""
+        if not self.display.ticks_clock or self.finished or not self.shown or self.display.holds():
+            return False
+        return any(self.label(r) in R.ACTIVE for r in R.all_ranks(self.nproc, self.infos))
+
     def _next_render(self) -> float:
-        """When the ticker must render next (the view's clock): the display's own moment (the widget
-        going live), a held-back change of state, or the once-a-refresh move of times and last lines."""
+        """When the ticker must render everything next (the view's clock): the display's own moment (the widget
+        going live), a held-back change of state, or the once-a-refresh move of last lines (and of the clock, on a
+        display that cannot send the header alone)."""
         due = self.display.due()
         if due is not None:
             return due  # the display renders then, with whatever is held back
         if self._dirty:
             return self._last_render + self.min_interval
-        if self._dirty_output or any(self.label(r) in R.ACTIVE for r in R.all_ranks(self.nproc, self.infos)):
-            return self._last_render + self.refresh
-        return self.clock() + self.refresh  # nothing moves: look again later (an event wakes it sooner)
+        if self._dirty_output or (not self.display.ticks_clock and any(self.label(r) in R.ACTIVE for r in R.all_ranks(self.nproc, self.infos))):
+            return self._last_render + self.refresh  # new lines, or a clock only a whole render moves
+        return self.clock() + self.refresh  # nothing else moves (the clock ticks alone): look again later
 
     def next_render(self) -> float:
-        return self._next_render()
+        """The ticker's next moment: the next render, or sooner the next move of the live clock."""
+        due = self._next_render()
+        if self._ticking():
+            due = min(due, self._last_clock + self.clock_tick)
+        return due
 
     @_guarded
     def tick(self) -> None:
-        """The shared ticker (ticker.py) found a render due."""
+        """The shared ticker (ticker.py) found a render (or a move of the clock) due."""
         with self._lock:  # finish() sets _stop under the same lock
-            if not self._stop.is_set() and self.clock() >= self._next_render():
+            if self._stop.is_set():
+                return
+            now = self.clock()
+            if now >= self._next_render():
                 self.render()
+            elif self._ticking() and now >= self._last_clock + self.clock_tick:
+                self._last_clock = now
+                self.clock_renders += 1
+                self.display.render_clock()
 
     # ------------------------------------------------------------ display
     def show(self) -> "StatusView":
@@ -313,8 +335,7 @@ class StatusView(PlanFacts, Listener):
         self.finished = True
         self.result_ok, self.result_note = R.verdict(outcome, error)
         self.root = R.root_rank(outcome) if outcome is not None else self.root
-        found = causes(list(getattr(outcome, "failures", None) or []))
-        self.stopped = frozenset(r for r, (_, cause) in found.items() if cause == "stopped")
+        self.stopped, self.timed_out = R.by_cause(causes(list(getattr(outcome, "failures", None) or [])))
         if outcome is not None:
             self.elapsed_final = getattr(outcome, "elapsed", None)
         if self.elapsed_final is None:

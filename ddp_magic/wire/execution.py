@@ -13,6 +13,8 @@ import re
 import traceback
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from ..words import ranks_phrase
+
 
 def split_last_expression(source: str, filename: str) -> Tuple[ast.Module, Optional[ast.Expression]]:
     """Parse the cell; peel off a final bare expression (a trailing ';' only hides it, in the kernel)."""
@@ -24,6 +26,12 @@ def split_last_expression(source: str, filename: str) -> Tuple[ast.Module, Optio
         last = ast.Expression(body=node.value)
         ast.copy_location(last, node)
     return tree, last
+
+
+def editor_lines(source: str, first_line: int) -> str:
+    """The cell's source with its lines where the editor has them: body line k of a ``%%ddp`` cell is the editor's
+    line k + 1, and tracebacks, the hang forensics' "cell line N" and syntax errors all read line numbers off it."""
+    return "\n" * max(0, first_line - 1) + source
 
 
 def remember_source(filename: str, source: str) -> None:
@@ -108,4 +116,4 @@ def group_places(places: Mapping[int, str]) -> str:
     by_place: Dict[str, List[int]] = {}
     for rank in sorted(places):
         by_place.setdefault(places[rank], []).append(rank)
-    return "; ".join(f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} {place}" for place, ranks in by_place.items())
+    return "; ".join(f"{ranks_phrase(ranks)} {place}" for place, ranks in by_place.items())

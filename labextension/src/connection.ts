@@ -28,6 +28,26 @@ import * as M from './model';
 /** How long a comm_info question over a subshell may go unanswered before the next one may be asked. */
 const PROBE_TIMEOUT_MS = 10000;
 
+/**
+ * What `question` answers, or false when it has not answered within `ms`. The timer goes with the answer, and a
+ * late rejection is caught: neither may surface as an uncaught error in the page's console.
+ */
+export function answeredWithin(question: Promise<boolean>, ms: number): Promise<boolean> {
+  return new Promise<boolean>((resolve, reject) => {
+    const timer = setTimeout(() => resolve(false), ms);
+    question.then(
+      found => {
+        clearTimeout(timer);
+        resolve(found);
+      },
+      (e: unknown) => {
+        clearTimeout(timer);
+        reject(e);
+      }
+    );
+  });
+}
+
 export class PoolConnection implements IDisposable {
   constructor(sessionContext: ISessionContext, version: string) {
     this._session = sessionContext;
@@ -35,10 +55,18 @@ export class PoolConnection implements IDisposable {
     sessionContext.statusChanged.connect(this._onStatus, this);
     sessionContext.kernelChanged.connect(this._onKernelChanged, this);
     sessionContext.iopubMessage.connect(this._onIopub, this);
-    void sessionContext.ready.then(() => {
-      this._onStatus(sessionContext, sessionContext.session?.kernel?.status ?? 'unknown');
-      void this.probe();
-    });
+    sessionContext.ready.then(
+      () => {
+        this._onStatus(sessionContext, sessionContext.session?.kernel?.status ?? 'unknown');
+        void this.probe();
+      },
+      () => undefined // a notebook closed before its session was ready: there is nothing to follow
+    );
+  }
+
+  /** The ids of the comms this connection opened, oldest first (what a test tells apart from other front ends' comms). */
+  get commIds(): readonly string[] {
+    return this._commIds;
   }
 
   get changed(): ISignal<this, void> {
@@ -90,8 +118,7 @@ export class PoolConnection implements IDisposable {
     try {
       const asked = this._hasTarget(kernel, way === 'sub');
       // a subshell answers at once; one that does not (the kernel restarted meanwhile) must not block the next question
-      const late = new Promise<boolean>((_, reject) => setTimeout(() => reject(new Error('no answer')), PROBE_TIMEOUT_MS));
-      const found = await (way === 'sub' ? Promise.race([asked, late]) : asked);
+      const found = way === 'sub' ? await answeredWithin(asked, PROBE_TIMEOUT_MS) : await asked;
       if (found && round === this._probeRound && kernel === this._kernel() && !this._comm && !this._disposed) {
         this._openComm(kernel);
         void this._dropSubshell();
@@ -207,6 +234,7 @@ export class PoolConnection implements IDisposable {
   private _openComm(kernel: Kernel.IKernelConnection): void {
     const comm = kernel.createComm(M.COMM_TARGET);
     this._comm = comm;
+    this._commIds.push(comm.commId);
     comm.onMsg = msg => {
       if (this._comm !== comm) {
         return;
@@ -236,9 +264,12 @@ export class PoolConnection implements IDisposable {
   /** Open the comm, over its subshell when JupyterLab sends comms over subshells (so it is handled while a cell runs). */
   private async _open(kernel: Kernel.IKernelConnection, comm: Kernel.IComm): Promise<void> {
     const c = comm as Kernel.IComm & { subshellStarted?: Promise<void>; commsOverSubshells?: string };
-    if (this._mainBusy && kernel.supportsSubshells && c.subshellStarted && c.commsOverSubshells && c.commsOverSubshells !== 'disabled') {
-      // a cell runs: before its subshell exists, open() would go to the main shell and wait for that cell
-      await Promise.race([c.subshellStarted, new Promise(resolve => setTimeout(resolve, 3000))]);
+    if (kernel.supportsSubshells && c.subshellStarted && c.commsOverSubshells && c.commsOverSubshells !== 'disabled') {
+      // before its subshell exists, open() would go to the main shell and wait for the running cell, or for the one
+      // Run All starts a moment later (whether one runs cannot be known in time: wait for the subshell always)
+      let timer = 0;
+      await Promise.race([c.subshellStarted.catch(() => undefined), new Promise(resolve => (timer = window.setTimeout(resolve, 3000)))]);
+      window.clearTimeout(timer);
     }
     if (this._comm !== comm || comm.isDisposed || kernel.isDisposed) {
       return;
@@ -341,9 +372,10 @@ export class PoolConnection implements IDisposable {
     }
     if ((msg.content as KernelMessage.IStatusMsg['content']).execution_state === 'idle') {
       this._ddpCells.delete(parent.msg_id);
-      // That cell may have loaded ddp_magic. If the next cell starts at once (Run All), ask
-      // over a subshell so the answer does not wait for it; else the main shell answers now.
-      setTimeout(() => void this.probe(this._mainBusy), 150);
+      // That cell may have loaded ddp_magic. Ask over a subshell: answered at once, whether or not the next cell
+      // has started (Run All sends them all; under load it may start later than any guess), where the main shell
+      // would answer only after every cell queued before the question.
+      setTimeout(() => void this.probe(true), 150);
     }
   }
 
@@ -359,6 +391,7 @@ export class PoolConnection implements IDisposable {
   private _mainBusy = false; // the main shell runs an execute_request (from iopub status messages)
   private _subshell: { kernel: Kernel.IKernelConnection; id: string } | null = null;
   private _ddpCells = new Set<string>();
+  private _commIds: string[] = [];
   private _disposed = false;
   private _waiters = new Map<string, { resolve: (r: M.IReplyMsg) => void; reject: (e: Error) => void }>();
 }

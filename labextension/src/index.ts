@@ -110,7 +110,8 @@ async function runOp(tracker: ConnectionTracker, op: 'restart' | 'stop' | 'env')
       lines.push(policy.reason);
     }
     if (loses) {
-      lines.push(`The workers hold ${names.length} name(s) defined in %%ddp cells (${names.slice(0, 8).join(', ')}${names.length > 8 ? ', …' : ''}); a ${op} loses them.`);
+      const them = names.length === 1 ? 'it' : 'them';
+      lines.push(`The workers hold ${M.plural(names.length, 'name')} defined in %%ddp cells (${names.slice(0, 8).join(', ')}${names.length > 8 ? ', …' : ''}); a ${op} loses ${them}.`);
     }
     const buttons = [Dialog.cancelButton()];
     if (policy.mode === 'waits') {
@@ -218,6 +219,47 @@ class ToolbarMenu implements DocumentRegistry.IWidgetExtension<NotebookPanel, IN
   private _tracker: ConnectionTracker;
 }
 
+/** Where the panel's open state is kept: the browser's storage for this server (a key per app: Lab, Notebook 7). */
+function panelKey(app: JupyterFrontEnd): string {
+  return `ddp-magic:panel-open:${app.name}:${window.location.origin}`;
+}
+
+/**
+ * The panel stays open across reloads. JupyterLab's layout restorer brings the sidebar back; Notebook 7 restores no
+ * sidebar (it closed the panel on every reload), so the panel keeps whether it was open in the browser's storage and
+ * opens itself once the app is restored.
+ */
+function keepOpenAcrossReloads(app: JupyterFrontEnd, panel: PoolPanel): void {
+  const key = panelKey(app);
+  const store = (open: boolean) => {
+    try {
+      window.localStorage.setItem(key, open ? '1' : '0');
+    } catch (e) {
+      // no storage (a private window's quota): the panel opens when asked, as before
+    }
+  };
+  let restored = false;
+  panel.shownChanged.connect((_, open) => {
+    if (restored) {
+      store(open);
+    }
+  });
+  void app.restored.then(() => {
+    restored = true;
+    let saved: string | null = null;
+    try {
+      saved = window.localStorage.getItem(key);
+    } catch (e) {
+      saved = null;
+    }
+    if (saved === '1' && !panel.isVisible) {
+      app.shell.activateById(panel.id);
+    } else if (panel.isVisible) {
+      store(true);
+    }
+  });
+}
+
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'ddp-magic:plugin',
   description: 'The %%ddp worker pool at a glance (status bar, rank panel) and its controls.',
@@ -288,6 +330,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (restorer) {
       restorer.add(panel, 'ddp-magic-panel');
     }
+    keepOpenAcrossReloads(app, panel);
 
     // commands' enabled state and labels follow the current notebook's kernel
     tracker.updated.connect(() => {

@@ -76,6 +76,19 @@ export interface IPoolSnapshot {
   checks: ICheck[];
   verdict: string;
   names: string[]; // names the workers own
+  /** The last %%ddp cell's outcome on this pool (ddp_magic/kernel/ranks.py LastCell.to_dict); null while a cell runs and before the first. */
+  last_cell?: ILastCell | null;
+}
+
+/** What the kernel keeps of the last %%ddp cell once its ranks are ready again: its prompt number, and who failed. */
+export interface ILastCell {
+  number: number | null; // the prompt number: In[n]
+  ok: boolean;
+  headline: string; // its root cause, as the cell's error says it
+  recovered: boolean; // it failed, and the pool is whole again (every rank ready, the workers' variables kept)
+  root: number[]; // the ranks to blame
+  causes: Record<string, { kind: FailureKind; cause: Cause }>;
+  text: string; // what %ddp status prints
 }
 
 export interface ISnapshotMsg {
@@ -153,6 +166,8 @@ export interface IUIState {
   metrics: IMetricsMsg | null;
   /** A snapshot showed a cell running since that chart came: live data after its final picture is a new cell's. */
   cellSinceMetrics: boolean;
+  /** The pids of the pool the chart was logged on: a snapshot of a pool without any of them (restarted) clears it. */
+  metricsPids: number[];
 }
 
 export function initialState(): IUIState {
@@ -165,8 +180,30 @@ export function initialState(): IUIState {
     lastReply: null,
     notices: [],
     metrics: null,
-    cellSinceMetrics: false
+    cellSinceMetrics: false,
+    metricsPids: []
   };
+}
+
+function pidsOf(pool: IPoolSnapshot | null): number[] {
+  return pool ? (pool.ranks || []).map(r => r.pid).filter((p): p is number => typeof p === 'number') : [];
+}
+
+/**
+ * The chart after a snapshot: kept while the pool it was logged on runs (a rank replaced alone keeps it), gone once
+ * the pool stopped or restarted (no pid of the chart's pool left, or every rank starting anew).
+ */
+function chartAfter(state: IUIState, pool: IPoolSnapshot | null): Pick<IUIState, 'metrics' | 'metricsPids'> {
+  if (!state.metrics) {
+    return { metrics: null, metricsPids: [] };
+  }
+  const pids = pidsOf(pool);
+  const ranks = pool ? pool.ranks || [] : [];
+  const anew = ranks.length > 0 && ranks.every(r => r.state === 'starting' || r.state === 'connecting') && !pids.some(p => state.metricsPids.includes(p));
+  if (!pool || anew || (pids.length && state.metricsPids.length && !pids.some(p => state.metricsPids.includes(p)))) {
+    return { metrics: null, metricsPids: [] };
+  }
+  return { metrics: state.metrics, metricsPids: [...new Set([...state.metricsPids, ...pids])] };
 }
 
 // ------------------------------------------------------------------ reducers
@@ -183,12 +220,12 @@ export function applyMessage(state: IUIState, data: unknown, now: number): IUISt
     if (prev && prev.session === snap.session && snap.seq < prev.seq) {
       return state; // an older snapshot overtaken by a newer one
     }
-    const notices = snap.notices && snap.notices.length ? snap.notices.slice(-5) : state.notices;
+    const notices = (snap.notices || []).slice(-5); // the kernel's own list: it forgets a notice when the next %%ddp cell runs
     // a cell (or a start) after the last reply: that reply's message is history, not the news
     const running = !!snap.pool && (snap.pool.ranks || []).some(isActive);
     const lastReply = running ? null : state.lastReply;
     const cellSinceMetrics = state.cellSinceMetrics || running;
-    return { ...state, connected: true, snapshot: snap, receivedAt: now, notices, lastReply, cellSinceMetrics };
+    return { ...state, connected: true, snapshot: snap, receivedAt: now, notices, lastReply, cellSinceMetrics, ...chartAfter(state, snap.pool) };
   }
   if (msg.type === 'queued') {
     const q = data as IQueuedMsg;
@@ -199,7 +236,10 @@ export function applyMessage(state: IUIState, data: unknown, now: number): IUISt
   }
   if (msg.type === 'metrics') {
     const m = parseMetrics(data);
-    return m && takesOver(state.metrics, m, state.cellSinceMetrics) ? { ...state, metrics: m, cellSinceMetrics: false } : state;
+    if (!m || !takesOver(state.metrics, m, state.cellSinceMetrics)) {
+      return state;
+    }
+    return { ...state, metrics: m, cellSinceMetrics: false, metricsPids: pidsOf(state.snapshot ? state.snapshot.pool : null) };
   }
   if (msg.type === 'reply') {
     const reply = data as IReplyMsg;
@@ -230,7 +270,7 @@ export function withRequest(state: IUIState, pending: IPending): IUIState {
 
 /** The comm closed or the kernel changed: what the kernel told us is gone with it (the chart too: %ddp metrics is). */
 export function disconnected(state: IUIState): IUIState {
-  return { ...state, connected: false, snapshot: null, pending: [], metrics: null };
+  return { ...state, connected: false, snapshot: null, pending: [], metrics: null, metricsPids: [] };
 }
 
 // ------------------------------------------------------------------ formatting
@@ -416,8 +456,47 @@ export function poolPhase(pool: IPoolSnapshot, receivedAt: number, now: number):
   return { phase: 'ready', bad, elapsed: null };
 }
 
-function rankList(ranks: number[]): string {
-  return ranks.length === 1 ? `rank ${ranks[0]}` : `ranks ${ranks.join(',')}`;
+/** "3", "0-3", "0, 2-3": as ddp_magic/plan/words.py rank_list (a test compares them). */
+export function rankRuns(ranks: number[]): string {
+  const runs: number[][] = [];
+  for (const r of [...new Set(ranks)].sort((a, b) => a - b)) {
+    const last = runs[runs.length - 1];
+    if (last && r === last[last.length - 1] + 1) {
+      last.push(r);
+    } else {
+      runs.push([r]);
+    }
+  }
+  return runs.map(run => (run.length > 1 ? `${run[0]}-${run[run.length - 1]}` : `${run[0]}`)).join(', ');
+}
+
+/** "rank 1", "ranks 0, 2-3": as ddp_magic/plan/words.py ranks_phrase. */
+export function ranksPhrase(ranks: number[]): string {
+  const unique = [...new Set(ranks)];
+  return unique.length === 1 ? `rank ${unique[0]}` : `ranks ${rankRuns(unique)}`;
+}
+
+const rankList = ranksPhrase;
+
+/** The prompt a cell ran under, as its tracebacks and %ddp status name it: "In[5]" (or "a cell" without one). */
+export function cellName(number: number | string | null | undefined): string {
+  const n = typeof number === 'string' ? (number.trim() === '' ? NaN : Number(number)) : number ?? NaN;
+  return Number.isInteger(n) ? `In[${n}]` : typeof number === 'string' && number ? `cell ${number}` : 'a cell';
+}
+
+/**
+ * What the last %%ddp cell left to say once its pool is ready again: "In[5]: rank 1 failed" (null when it went
+ * well, or while ranks still show the failure themselves). The rank named is the kernel's root cause.
+ */
+export function lastCellNote(pool: IPoolSnapshot): string | null {
+  const last = pool.last_cell;
+  if (!last || last.ok) {
+    return null;
+  }
+  if (!last.root.length) {
+    return `${cellName(last.number)}: interrupted`; // Ctrl-C: nobody to blame, nothing to recover from
+  }
+  return `${cellName(last.number)}: ${rankList(last.root)} failed${last.recovered ? ', recovered' : ''}`;
 }
 
 /**
@@ -451,6 +530,10 @@ export function statusText(state: IUIState, now: number): string | null {
     default:
       tail = p.phase;
   }
+  const note = p.phase === 'ready' || p.phase === 'interrupted' ? lastCellNote(pool) : null;
+  if (note) {
+    tail += ` · ${note}`;
+  }
   const waiting = state.pending.filter(q => q.op !== 'status');
   if (waiting.length) {
     tail += ` · ${waiting[0].op} ${waiting[0].waits ? 'waits for the cell' : 'pending'}`;
@@ -465,10 +548,12 @@ export function statusTooltip(state: IUIState, now: number): string {
     return '';
   }
   const p = poolPhase(pool, state.receivedAt, now);
+  const last = pool.last_cell && !pool.last_cell.ok ? pool.last_cell.text : '';
   const lines = [
-    `ddp_magic pool: ${pool.nproc} rank(s), backend ${pool.backend}, MASTER_PORT ${pool.master_port}`,
+    `ddp_magic pool: ${pool.nproc} rank${pool.nproc === 1 ? '' : 's'}, backend ${pool.backend}, MASTER_PORT ${pool.master_port}`,
     `state: ${p.phase}${pool.broken ? ` (${pool.broken})` : ''}`,
-    `env: ${pool.verdict || 'not checked'}`,
+    `env checks: ${pool.verdict || 'not run'}`,
+    ...(last ? [last] : []),
     'Click to open the DDP panel.'
   ];
   return lines.join('\n');
@@ -485,7 +570,21 @@ export interface IRankRow {
   elapsed: string;
   memory: string;
   lastLine: string;
+  /** The last cell's word on a rank that is ready again: "root" (it failed), "stopped" (released because of it), "". */
+  lastCause: Cause | '';
+  /** "In[5]: raised" on the rank the last cell's failure names ('' otherwise). */
+  lastNote: string;
 }
+
+/** What a rank did in a failed cell, by its failure's kind (states.py FailureKind). */
+const KIND_WORDS: Record<FailureKind, string> = {
+  error: 'raised',
+  interrupted: 'interrupted',
+  died: 'died',
+  killed: 'stopped by ddp_magic',
+  init: 'failed to start',
+  timeout: 'timed out'
+};
 
 export function stateClass(r: IRankSnapshot, cause: Cause | null = r.cause ?? null): string {
   if (cause === 'stopped') {
@@ -515,19 +614,37 @@ export function rankRows(state: IUIState, now: number): IRankRow[] {
   const ranks = pool.ranks || [];
   const causes = rankCauses(ranks);
   const roots = ranks.filter(r => causes.get(r.rank) === 'root').map(r => r.rank);
+  const last = pool.last_cell && !pool.last_cell.ok ? pool.last_cell : null;
   return [...ranks]
     .sort((a, b) => a.rank - b.rank)
-    .map(r => ({
-      rank: r.rank,
-      pid: r.pid === null || r.pid === undefined ? '' : String(r.pid),
-      device: r.device || '',
-      state: rankStateLabel(r, causes.get(r.rank) ?? null),
-      stateClass: stateClass(r, causes.get(r.rank) ?? null),
-      why: causes.get(r.rank) === 'stopped' ? stoppedWhy(r, roots) : '',
-      elapsed: fmtSeconds(rankElapsed(r, state.receivedAt, now)),
-      memory: formatBytes(r.memory),
-      lastLine: cleanLine(r.last_line || '')
-    }));
+    .map(r => {
+      const was = last && !causes.has(r.rank) ? last.causes[String(r.rank)] : undefined;
+      const why = causes.get(r.rank) === 'stopped' ? stoppedWhy(r, roots) : '';
+      return {
+        rank: r.rank,
+        pid: r.pid === null || r.pid === undefined ? '' : String(r.pid),
+        device: r.device || '',
+        state: rankStateLabel(r, causes.get(r.rank) ?? null),
+        stateClass: stateClass(r, causes.get(r.rank) ?? null),
+        why: was && last ? lastCellWhy(r, was, last) : why,
+        elapsed: fmtSeconds(rankElapsed(r, state.receivedAt, now)),
+        memory: formatBytes(r.memory),
+        lastLine: cleanLine(r.last_line || ''),
+        lastCause: was ? was.cause : '',
+        lastNote: was && last && was.cause === 'root' ? `${cellName(last.number)}: ${KIND_WORDS[was.kind] || 'failed'}` : ''
+      };
+    });
+}
+
+/** The tooltip of a rank that is ready again after the last cell failed. */
+function lastCellWhy(r: IRankSnapshot, was: { kind: FailureKind; cause: Cause }, last: ILastCell): string {
+  const where = cellName(last.number);
+  const again = last.recovered ? `; ${r.state} again, its variables kept` : '';
+  if (was.cause === 'root') {
+    return `${where}: ${last.headline || `rank ${r.rank} ${KIND_WORDS[was.kind] || 'failed'}`}${again}`;
+  }
+  const after = last.root.length ? ` after ${rankList(last.root)} failed` : '';
+  return `${where}: released by ddp_magic${after}, not a cause${again}`;
 }
 
 /** The tooltip of a rank that failed only because of another one. */
@@ -554,21 +671,29 @@ export interface IEnvSummary {
   total: number;
 }
 
-/** "✓ all 19 checks passed", "✗ 1 failed · ! 2 warnings (of 19)". */
+/** "1 check", "2 checks": as ddp_magic/plan/words.py plural. */
+export function plural(n: number, word: string): string {
+  return `${n} ${word}${n === 1 ? '' : 's'}`;
+}
+
+/**
+ * The checks in one line, in the kernel's words (plan/check.py checks_verdict; the cell's view and %ddp_env say the
+ * same): "✓ 19 checks passed", "✗ 2 of 19 checks failed", "! 1 warning, 18 checks passed". The kernel's own line
+ * when it sent one; counted here the same way when not.
+ */
 export function envHeadline(sum: IEnvSummary): string {
+  if (sum.verdict) {
+    return sum.verdict;
+  }
   const failed = sum.problems.filter(c => c.level === 'error').length;
   const warned = sum.problems.length - failed;
-  if (!sum.problems.length) {
-    return `✓ all ${sum.total} checks passed`;
-  }
-  const parts: string[] = [];
   if (failed) {
-    parts.push(`✗ ${failed} failed`);
+    return `✗ ${failed} of ${plural(sum.total, 'check')} failed`;
   }
   if (warned) {
-    parts.push(`! ${warned} warning${warned > 1 ? 's' : ''}`);
+    return `! ${plural(warned, 'warning')}, ${plural(sum.passed, 'check')} passed`;
   }
-  return `${parts.join(' · ')} (of ${sum.total})`;
+  return `✓ ${plural(sum.passed, 'check')} passed`;
 }
 
 export function envSummary(pool: IPoolSnapshot | null): IEnvSummary | null {
@@ -681,6 +806,8 @@ export interface IMetricSummary {
   mean: number | null;
   slowest: number | null; // the rank that reached the latest common step last (null: none stands out)
   lag: number | null; // how much later than the first rank, seconds
+  /** What named the slowest rank (kernel/metrics.py StragglerMeasure): the logged steps, or --profile's collectives. */
+  slowest_by?: 'steps' | 'profile';
   steps: [number, number];
 }
 
@@ -733,8 +860,9 @@ export function parseMetrics(data: unknown): IMetricsMsg | null {
         mean: num(r.mean),
         slowest: num(r.slowest),
         lag: num(r.lag),
+        ...(r.slowest_by === 'steps' || r.slowest_by === 'profile' ? { slowest_by: r.slowest_by } : {}),
         steps: [num(steps[0]) ?? 0, num(steps[1]) ?? 0]
-      };
+      } as IMetricSummary;
     });
   return {
     type: 'metrics',
@@ -795,21 +923,35 @@ function pyG(x: number, p: number): string {
   return strip(x.toFixed(Math.max(0, p - 1 - e)));
 }
 
-/** Short numbers as the cell's chart writes them (metrics_chart.fmt): 4 significant digits; 10k and up as k, M, G. */
+/** The units of fmtValue, largest first: a value of 10,000 and up is written in the largest one it reaches. */
+const UNITS: Array<[number, string]> = [
+  [1e12, 'T'],
+  [1e9, 'G'],
+  [1e6, 'M'],
+  [1e3, 'k']
+];
+
+/**
+ * Short numbers as the cell's chart writes them (metrics_chart.fmt): 4 significant digits below 10,000
+ * ("5963", "0.0002628"), 3 significant digits and a unit from 10,000 up ("15.9k" is 15,900; "2.5M", "3.2G",
+ * "1.5T"); a value that rounds up to the next unit takes it ("999,999" is "1M", never "1e+03k").
+ */
 export function fmtValue(x: number | null | undefined): string {
   if (x === null || x === undefined || !isFinite(x)) {
     return '-';
   }
-  for (const [div, suffix] of [
-    [1e9, 'G'],
-    [1e6, 'M'],
-    [1e4, 'k']
-  ] as Array<[number, string]>) {
-    if (Math.abs(x) >= div) {
-      return `${pyG(x / div, 3)}${suffix}`;
+  if (Math.abs(Number(x.toPrecision(4))) < 1e4) {
+    return pyG(x, 4);
+  }
+  for (let i = UNITS.length - 1; i >= 0; i--) {
+    const [div, suffix] = UNITS[i];
+    const bigger = UNITS[i - 1];
+    const m = Number((x / div).toPrecision(3));
+    if (Math.abs(m) < 1000 || !bigger) {
+      return Math.abs(m) < 1000 ? `${pyG(m, 3)}${suffix}` : pyG(x, 3);
     }
   }
-  return pyG(x, 4);
+  return pyG(x, 3);
 }
 
 /** The line over a chart: what was logged, by how many ranks, over which steps, and whether the cell still runs. */
@@ -817,11 +959,19 @@ export function metricsHeadline(m: IMetricsMsg): string {
   const steps = m.summary.reduce<number[]>((acc, s) => acc.concat(s.steps), []);
   const span = steps.length ? `, steps ${Math.min(...steps)}-${Math.max(...steps)}` : '';
   const ranks = `${m.ranks.length} rank${m.ranks.length === 1 ? '' : 's'}`;
-  return `${m.cell ? `cell ${m.cell}: ` : ''}${m.names.join(', ')} from ${ranks}${span}${m.final ? '' : ' (live)'}`;
+  return `${m.cell ? `${cellName(m.cell)}: ` : ''}${m.names.join(', ')} from ${ranks}${span}${m.final ? '' : ' (live)'}`;
 }
 
-/** The chart's box (pixels): the plot sits inside it, leaving room for the value labels at the left and the steps below. */
-export const CHART = { height: 96, left: 44, right: 6, top: 6, bottom: 16 };
+/**
+ * The chart's box (pixels): the plot sits inside it, leaving room for the value labels at the left (as wide as the
+ * widest label needs, `left` at least) and the steps below.
+ */
+export const CHART = { height: 96, left: 28, right: 6, top: 6, bottom: 16, gap: 4 };
+
+/** A label's width in pixels when nothing can measure it: digits of the panel's small font are about 6.5 px. */
+export function estimateWidth(text: string): number {
+  return text.length * 6.5;
+}
 
 export interface IChartLine {
   rank: number;
@@ -857,11 +1007,16 @@ export function chartBounds(lines: Record<string, MetricPoint[]>): [number, numb
   return [x0, x1, y0, y1];
 }
 
-/** One metric's chart, `width` pixels wide: a polyline per rank (points with no value skipped), step on x. */
-export function metricChart(m: IMetricsMsg, name: string, width: number, height = CHART.height): IChart {
+/**
+ * One metric's chart, `width` pixels wide: a polyline per rank (points with no value skipped), step on x. `measure`
+ * gives a label's width in pixels (the panel measures its font): the plot starts right of the widest value label.
+ */
+export function metricChart(m: IMetricsMsg, name: string, width: number, height = CHART.height, measure = estimateWidth): IChart {
   const lines = m.series[name] || {};
   const [x0, x1, y0, y1] = chartBounds(lines);
-  const plot = { x0: CHART.left, x1: width - CHART.right, y0: CHART.top, y1: height - CHART.bottom };
+  const values = [0, 0.5, 1].map(f => y0 + f * (y1 - y0));
+  const left = Math.max(CHART.left, Math.ceil(Math.max(...values.map(v => measure(fmtValue(v))))) + CHART.gap + 2);
+  const plot = { x0: left, x1: width - CHART.right, y0: CHART.top, y1: height - CHART.bottom };
   const px = (x: number) => plot.x0 + ((x - x0) / (x1 - x0)) * (plot.x1 - plot.x0);
   const py = (y: number) => plot.y0 + ((y1 - y) / (y1 - y0)) * (plot.y1 - plot.y0);
   const out: IChartLine[] = [];
@@ -879,7 +1034,7 @@ export function metricChart(m: IMetricsMsg, name: string, width: number, height 
     width,
     height,
     plot,
-    yTicks: [0, 0.5, 1].map(f => ({ y: py(y0 + f * (y1 - y0)), label: fmtValue(y0 + f * (y1 - y0)) })),
+    yTicks: values.map(v => ({ y: py(v), label: fmtValue(v) })),
     xTicks: [
       { x: px(x0), label: fmtValue(x0), anchor: 'start' },
       { x: px(x1), label: fmtValue(x1), anchor: 'end' }
@@ -903,7 +1058,8 @@ export interface IMetricRow {
 export function metricRows(m: IMetricsMsg): IMetricRow[] {
   return m.summary.map(s => {
     const range = s.last_lo !== s.last_hi ? `${fmtValue(s.last_lo)} to ${fmtValue(s.last_hi)}` : '';
-    const slowest = s.slowest !== null ? `rank ${s.slowest} (+${(s.lag ?? 0).toFixed(2)} s)` : '-';
+    const by = s.slowest_by === 'profile' ? ', the others waited for it' : '';
+    const slowest = s.slowest !== null ? `rank ${s.slowest} (+${fmtSeconds(s.lag ?? 0)}${by})` : 'none stands out';
     const note = `slowest${m.final ? '' : ' so far'}: ${slowest}${range ? ` · last per rank: ${range}` : ''}`;
     return { name: s.name, last: fmtValue(s.last), range, min: fmtValue(s.min), mean: fmtValue(s.mean), slowest, note };
   });

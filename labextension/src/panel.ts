@@ -6,6 +6,7 @@
  * model.ts, every action is a command.
  */
 import { CommandRegistry } from '@lumino/commands';
+import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import * as M from './model';
@@ -65,9 +66,50 @@ function chartSvg(c: M.IChart): SVGSVGElement {
   return root;
 }
 
-/** Keep a command such as "%%ddp -n N" on one line (no-break spaces). */
-function nowrap(text: string): string {
-  return text.replace(/ /g, '\u00a0');
+/**
+ * Text with its commands kept whole: each `...` part becomes a <code> that never wraps (a browser breaks a line after
+ * a hyphen, so "%%ddp -n N" with no-break spaces still broke after its "-").
+ */
+function withCommands(node: HTMLElement, text: string): void {
+  node.textContent = '';
+  text.split('`').forEach((part, i) => {
+    node.appendChild(i % 2 ? el('code', 'jp-ddp-command', part) : words(part));
+  });
+}
+
+/**
+ * Text whose words are never broken inside: a browser breaks a line after a hyphen or a slash ("--timeout" became
+ * "-" / "-timeout"), so each word that holds one is a span that does not wrap; lines break between words only.
+ */
+function words(text: string): DocumentFragment {
+  const out = document.createDocumentFragment();
+  for (const part of text.split(/(\s+)/)) {
+    if (part) {
+      out.appendChild(/[-/\u2010-\u2014]/.test(part) && !/\s/.test(part) ? el('span', 'jp-ddp-word', part) : document.createTextNode(part));
+    }
+  }
+  return out;
+}
+
+/** An element of text made of whole words (see `words`). */
+function prose<K extends keyof HTMLElementTagNameMap>(tag: K, cls: string, text: string): HTMLElementTagNameMap[K] {
+  const node = el(tag, cls);
+  node.appendChild(words(text));
+  return node;
+}
+
+/** A label's width in the charts' font, as a canvas measures it (the model's estimate where none can). */
+function measurer(box: HTMLElement): (text: string) => number {
+  const probe = box.appendChild(svg('svg', { class: 'jp-ddp-Metric-chart', width: 0, height: 0 }));
+  const st = getComputedStyle(probe);
+  const font = `${st.fontSize} ${st.fontFamily}`;
+  probe.remove();
+  const ctx = document.createElement('canvas').getContext('2d');
+  if (!ctx || !st.fontSize) {
+    return M.estimateWidth;
+  }
+  ctx.font = font;
+  return (text: string) => ctx.measureText(text).width;
 }
 
 export class PoolPanel extends Widget {
@@ -87,6 +129,8 @@ export class PoolPanel extends Widget {
 
     this._summary = el('div', 'jp-ddp-Panel-summary');
     this.node.appendChild(this._summary);
+    this._lastCell = el('div', 'jp-ddp-Panel-lastCell'); // what the last failed cell left: its prompt, its root cause
+    this.node.appendChild(this._lastCell);
 
     const actions = el('div', 'jp-ddp-Panel-actions');
     const buttons: Array<[string, string, string]> = [
@@ -151,9 +195,19 @@ export class PoolPanel extends Widget {
     this._renderMetrics(this._tracker.current ? this._tracker.current.state.metrics : null);
   }
 
+  /** The panel was shown (true) or hidden (false): index.ts keeps that across reloads where no layout restorer does. */
+  get shownChanged(): ISignal<this, boolean> {
+    return this._shownChanged;
+  }
+
   protected onAfterShow(): void {
     void this._tracker.current?.probe(); // ddp_magic may have been loaded in a way we did not see
     this.refresh();
+    this._shownChanged.emit(true);
+  }
+
+  protected onAfterHide(): void {
+    this._shownChanged.emit(false);
   }
 
   refresh(): void {
@@ -163,17 +217,25 @@ export class PoolPanel extends Widget {
     const now = Date.now();
     const pool = state.snapshot ? state.snapshot.pool : null;
 
-    this._where.textContent = panel ? `${panel.context.localPath} · kernel ${state.kernelStatus === 'none' ? 'none' : state.kernelStatus}` : 'no notebook';
+    this._where.textContent = '';
+    this._where.appendChild(words(panel ? `${panel.context.localPath} · kernel ${state.kernelStatus === 'none' ? 'none' : state.kernelStatus}` : 'no notebook'));
 
     const text = M.statusText(state, now);
-    this._summary.textContent =
+    withCommands(
+      this._summary,
       text ??
-      (!conn
-        ? 'Open a notebook to see its pool.'
-        : !state.connected
-          ? `ddp_magic is not loaded in this kernel. Run ${nowrap('%load_ext ddp_magic')}, then a ${nowrap('%%ddp -n N')} cell.`
-          : `No pool is running. A ${nowrap('%%ddp -n N')} cell starts one.`);
+        (!conn
+          ? 'Open a notebook to see its pool.'
+          : !state.connected
+            ? 'ddp_magic is not loaded in this kernel. Run `%load_ext ddp_magic`, then a `%%ddp -n N` cell.'
+            : 'No pool is running. A `%%ddp -n N` cell starts one.')
+    );
     this._summary.dataset.phase = pool ? M.poolPhase(pool, state.receivedAt, now).phase : 'none';
+    const last = pool && pool.last_cell && !pool.last_cell.ok ? pool.last_cell : null;
+    this._lastCell.textContent = '';
+    this._lastCell.appendChild(words(last ? last.text : ''));
+    this._lastCell.dataset.recovered = String(!!last && last.recovered);
+    this._lastCell.style.display = last ? '' : 'none';
 
     // the message line: pending requests first, then the last reply
     const lines: string[] = [];
@@ -192,7 +254,8 @@ export class PoolPanel extends Widget {
     if (!lines.length && state.lastReply) {
       lines.push(M.replyText(state.lastReply));
     }
-    this._message.textContent = lines.join('\n');
+    this._message.textContent = '';
+    this._message.appendChild(words(lines.join('\n')));
     this._message.dataset.kind = state.pending.length ? 'pending' : state.lastReply && !state.lastReply.ok ? 'error' : 'info';
 
     // ranks
@@ -201,6 +264,7 @@ export class PoolPanel extends Widget {
     for (const r of rows) {
       const tr = el('tr', `jp-ddp-Rank jp-ddp-Rank-${r.stateClass}`);
       tr.dataset.rank = String(r.rank);
+      tr.dataset.lastCause = r.lastCause; // the last cell's failure: "root" on the rank it names
       const cells: Array<[string, string]> = [
         ['rank', String(r.rank)],
         ['pid', r.pid],
@@ -222,6 +286,7 @@ export class PoolPanel extends Widget {
       td.colSpan = cells.length;
       td.title = r.lastLine;
       for (const [key, value] of [
+        ['lastNote', r.lastNote],
         ['device', r.device],
         ['memory', r.memory],
         ['lastText', r.lastLine]
@@ -255,7 +320,7 @@ export class PoolPanel extends Widget {
           const li = el('li', `jp-ddp-Check jp-ddp-Check-${c.level}`);
           li.appendChild(el('span', 'jp-ddp-Check-mark', c.mark));
           li.appendChild(el('b', '', ` ${c.name}: `));
-          li.appendChild(document.createTextNode(c.detail));
+          li.appendChild(words(c.detail));
           ul.appendChild(li);
         }
         this._env.appendChild(ul);
@@ -269,7 +334,7 @@ export class PoolPanel extends Widget {
         const li = el('li', `jp-ddp-Check jp-ddp-Check-${c.ok ? 'ok' : c.level}`);
         li.appendChild(el('span', 'jp-ddp-Check-mark', c.mark));
         li.appendChild(el('b', '', ` ${c.name}: `));
-        li.appendChild(document.createTextNode(c.detail));
+        li.appendChild(words(c.detail));
         ul.appendChild(li);
       }
       details.appendChild(ul);
@@ -285,13 +350,13 @@ export class PoolPanel extends Widget {
         pool.start_seconds !== null && pool.start_seconds !== undefined ? `pool started in ${M.fmtSeconds(pool.start_seconds)}` : '',
         pool.broken ? `needs restart: ${pool.broken}` : ''
       ].filter(Boolean);
-      this._extra.appendChild(el('div', 'jp-ddp-Panel-facts', facts.join(' · ')));
+      this._extra.appendChild(prose('div', 'jp-ddp-Panel-facts', facts.join(' · ')));
       if (pool.names && pool.names.length) {
-        this._extra.appendChild(el('div', 'jp-ddp-Panel-names', `names on the workers: ${pool.names.join(', ')}`));
+        this._extra.appendChild(prose('div', 'jp-ddp-Panel-names', `names on the workers: ${pool.names.join(', ')}`));
       }
     }
     for (const n of state.notices) {
-      this._extra.appendChild(el('div', 'jp-ddp-Panel-notice', n));
+      this._extra.appendChild(prose('div', 'jp-ddp-Panel-notice', n));
     }
     this._refreshButtons();
   }
@@ -321,7 +386,7 @@ export class PoolPanel extends Widget {
     box.dataset.final = String(m.final);
     box.dataset.cell = m.cell;
     box.appendChild(el('h3', '', 'Metrics'));
-    box.appendChild(el('div', 'jp-ddp-Metrics-head', M.metricsHeadline(m)));
+    box.appendChild(prose('div', 'jp-ddp-Metrics-head', M.metricsHeadline(m)));
     const legend = el('div', 'jp-ddp-Metrics-legend');
     for (const r of m.ranks.slice(0, 16)) {
       const item = el('span', 'jp-ddp-Metrics-rank');
@@ -336,50 +401,57 @@ export class PoolPanel extends Widget {
       legend.appendChild(el('span', 'jp-ddp-Metrics-more', `… ${m.ranks.length - 16} more`));
     }
     box.appendChild(legend);
+    const measure = measurer(box);
     for (const name of m.names) {
       const fig = el('div', 'jp-ddp-Metric');
       fig.dataset.name = name;
-      fig.appendChild(el('div', 'jp-ddp-Metric-name', name));
-      fig.appendChild(chartSvg(M.metricChart(m, name, width)));
+      const title = fig.appendChild(el('div', 'jp-ddp-Metric-name', name));
+      title.title = name; // a long name is cut with … (never wrapped inside): the whole of it here
+      fig.appendChild(chartSvg(M.metricChart(m, name, width, M.CHART.height, measure)));
       box.appendChild(fig);
     }
-    // narrow sidebar: four columns; the slowest rank and the ranks' last values go on the line below
+    box.appendChild(this._metricsTable(m));
+  }
+
+  /**
+   * The summary table: per metric a line with its name across the table, then its last, min and mean (numbers whole:
+   * never wrapped, never cut), then the slowest rank and the ranks' last values. Three columns share the sidebar.
+   */
+  private _metricsTable(m: M.IMetricsMsg): HTMLTableElement {
     const table = el('table', 'jp-ddp-MetricsTable');
     const hr = el('tr');
-    for (const [key, h] of [
-      ['name', 'metric'],
-      ['last', 'last'],
-      ['min', 'min'],
-      ['mean', 'mean']
-    ]) {
-      hr.appendChild(el('th', `jp-ddp-Metrics-${key}`, h));
+    for (const key of ['last', 'min', 'mean']) {
+      hr.appendChild(el('th', `jp-ddp-Metrics-${key}`, key));
     }
     table.appendChild(el('thead')).appendChild(hr);
     const body = table.appendChild(el('tbody'));
     for (const r of M.metricRows(m)) {
+      const head = el('tr', 'jp-ddp-MetricsName');
+      head.dataset.name = r.name;
+      const name = head.appendChild(el('td', 'jp-ddp-Metrics-name', r.name));
+      name.colSpan = 3;
+      name.title = r.name;
+      body.appendChild(head);
       const tr = el('tr', 'jp-ddp-MetricsRow');
       tr.dataset.name = r.name;
       for (const [key, value] of [
-        ['name', r.name],
         ['last', r.last],
         ['min', r.min],
         ['mean', r.mean]
       ]) {
-        const td = el('td', `jp-ddp-Metrics-${key}`, value);
-        if (key === 'last') {
-          td.title = "the mean of the ranks' last values";
-        }
+        const td = el('td', `jp-ddp-Metrics-${key} jp-ddp-Metrics-value`, value);
+        td.title = key === 'last' ? `${value}: the mean of the ranks' last values` : `${value}: the ${key} over every rank and step`;
         tr.appendChild(td);
       }
       body.appendChild(tr);
       const note = el('tr', 'jp-ddp-MetricsNote');
       note.dataset.name = r.name;
-      const td = el('td', 'jp-ddp-Metrics-note', r.note);
-      td.colSpan = 4;
+      const td = prose('td', 'jp-ddp-Metrics-note', r.note);
+      td.colSpan = 3;
       note.appendChild(td);
       body.appendChild(note);
     }
-    box.appendChild(table);
+    return table;
   }
 
   private _refreshButtons(): void {
@@ -403,6 +475,7 @@ export class PoolPanel extends Widget {
   private _commands: CommandRegistry;
   private _where: HTMLDivElement;
   private _summary: HTMLDivElement;
+  private _lastCell: HTMLDivElement;
   private _message: HTMLDivElement;
   private _table: HTMLTableElement;
   private _ranksBox: HTMLDivElement;
@@ -414,4 +487,5 @@ export class PoolPanel extends Widget {
   private _extra: HTMLDivElement;
   private _envOpen = false;
   private _buttons = new Map<string, HTMLButtonElement>();
+  private _shownChanged = new Signal<this, boolean>(this);
 }

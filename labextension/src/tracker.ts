@@ -29,6 +29,11 @@ export class ConnectionTracker {
     return this._current;
   }
 
+  /** Every open notebook's connection. */
+  get connections(): PoolConnection[] {
+    return [...this._connections.values()];
+  }
+
   get currentPanel(): NotebookPanel | null {
     return this._notebooks.currentWidget;
   }

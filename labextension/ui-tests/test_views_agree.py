@@ -1,18 +1,24 @@
-"""What a person sees, in JupyterLab and in Notebook 7: the status bar, the DDP panel and the cell's status view
-say the same thing at every moment of a cell that fails.
+"""The browser story: what a person sees in JupyterLab and in Notebook 7, in every state of a cell, is true.
 
-One story per frontend, on the session's one server (ui_fixtures.py), recorded once (``story``) and checked by
-the tests below it:
+One story per frontend, on the session's one server (ui_fixtures.py), recorded once (``story``) and checked by the
+tests below it. The notebook: ``%load_ext ddp_magic`` and a 4-rank cell (``CELL``) that starts the pool, prints,
+runs a tqdm loop logging ``samples_per_s=15900`` (and an ``lr`` of 0.0002628 up) with ddp_magic.log, and fails
+on rank 1 while the others wait in ``all_reduce`` (a failure the pool recovers from):
 
-1. light theme, a fresh kernel, Run All: ``%load_ext`` and a 4-rank cell that starts the pool, prints, runs a
-   tqdm loop and then fails on rank 1 while the others wait in ``all_reduce``;
-2. the palette's *Show %ddp_env* and *Restart DDP Pool*: their toasts;
-3. the same cell again (the second run of a cell), which must clear the restart's message from the panel;
-4. dark theme, Restart Kernel and Run All: the same cell, followed from the kernel's first moment.
+1. light theme, a fresh kernel, Run All; the live view's ▾ is clicked while the cell runs;
+2. the page is reloaded (the panel must come back by itself, with the kernel's chart);
+3. a cell with ``--timeout 2`` whose rank 1 sleeps while rank 0 waits in ``dist.barrier()`` (``HANG``);
+4. the palette's *Show %ddp_env* and *Restart DDP Pool*: their toasts (the restart clears the old pool's chart);
+5. the 4-rank cell again (the second run of a cell), which must clear the restart's message from the panel;
+6. dark theme, Restart Kernel and Run All: both cells again, followed from the kernel's first moment.
 
-At every sample (about 3 a second) the three views are read in one go in the page. Screenshots of each state
-(starting, running, failed) in both themes go to ``docs/img/ui/`` with DDP_MAGIC_UPDATE_DOCS_IMG=1 (small palette PNGs). A shipped notebook,
-opened untrusted (the server's trust database is new), must render its saved status view with its colours.
+At every sample (about 3 a second) the status bar, the panel and the cell's view are read in one go in the page. What
+is checked is what a person would say: which rank is named (rank 1, also when rank 0 is the one left waiting), which
+number is shown for a known input (15900 reads 15.9k), which cell (the prompt number), that no text is cut or broken
+inside a word, that the console holds no error and the kernel said nothing outside a cell ("No such comm").
+Screenshots of each state (starting, running, failed, reloaded, timeout; untrusted) in both themes go to
+``docs/img/ui/`` with DDP_MAGIC_UPDATE_DOCS_IMG=1 (small palette PNGs). A shipped notebook, opened untrusted (the
+server's trust database is new), must render its saved status view with its colours.
 """
 from __future__ import annotations
 
@@ -21,10 +27,11 @@ import os
 import re
 import shutil
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
-from ui_server import OUT, ROOT, Server, code_cell
+from ui_probes import CLIP_JS, CLIP_ROOTS, COLOURS_JS, CONTRAST_JS, LAYOUT_JS, NO_POOL_JS, SAMPLE_JS
+from ui_server import OUT, ROOT, ConsoleWatch, Server, code_cell
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 playwright_api = pytest.importorskip("playwright.sync_api", reason="Python Playwright is in requirements-dev.txt")
@@ -32,110 +39,27 @@ playwright_api = pytest.importorskip("playwright.sync_api", reason="Python Playw
 # the screenshots of each state: docs/img/ui/ with DDP_MAGIC_UPDATE_DOCS_IMG=1, else next to the other test shots (a test run leaves the tree clean)
 IMG = os.path.join(ROOT, "docs", "img", "ui") if os.environ.get("DDP_MAGIC_UPDATE_DOCS_IMG") == "1" else os.path.join(OUT, "ui")
 CELL = """%%ddp -n 4
-import time, torch, torch.distributed as dist
+import time, torch, torch.distributed as dist, ddp_magic
 from tqdm.auto import tqdm
 rank = dist.get_rank()
 print(f"hello from rank {rank}", flush=True)
 for step in tqdm(range(12), desc=f"rank {rank}"):
     time.sleep(0.25)
+    ddp_magic.log(step=step, samples_per_s=15900.0, loss=1.0 / (step + 1), lr=0.0002628 * (1 + step / 100))
 if rank == 1:
     raise ValueError("bad shard on rank 1")
 dist.all_reduce(torch.ones(1))"""
+HANG = """%%ddp --timeout 2
+import time, torch.distributed as dist
+if dist.get_rank() == 1:
+    time.sleep(60)
+dist.barrier()"""
+LOGGED = "15.9k"  # samples_per_s=15900.0 as every view must write it (never "1.59k")
 PATHS = {"lab": "lab/tree/{}", "notebook": "notebooks/{}"}
 SHIPPED = "01_quickstart.ipynb"
 AGREE_WITHIN_S = 1.5  # snapshots are throttled to 4 a second, the cell's view to its own pace: they may differ this long
-MIN_CONTRAST = 4.5
 
-# ---------------------------------------------------------------- what the page is asked, in one go
-SAMPLE_JS = """() => {
-  const q = s => document.querySelector(s);
-  const cells = document.querySelectorAll('.jp-Notebook .jp-CodeCell');
-  const cell = cells[cells.length - 1];
-  const first = cell ? cell.querySelector('.jp-OutputArea-child') : null;
-  const view = first && first.querySelector('.ddp-status, [class*="ddp-status"]') ? first : null;
-  // the cell view's interface (ui/status_tables.py static_html): the strip's squares [data-rank][data-state] or
-  // tqdm bars (a running rank), and the rank table's tr[data-rank][data-state]
-  const cellRanks = {};
-  if (view) {
-    view.querySelectorAll('tr[data-rank][data-state]').forEach(r => { cellRanks[r.dataset.rank] = r.dataset.state; });
-    view.querySelectorAll('.ddp-status-strip [data-rank]').forEach(e => {
-      cellRanks[e.dataset.rank] = e.dataset.state || 'running';
-    });
-  }
-  const panelRanks = {};
-  document.querySelectorAll('.jp-ddp-Panel tr.jp-ddp-Rank').forEach(tr => {
-    const cls = [...tr.classList].find(c => /^jp-ddp-Rank-(active|ok|bad|warn|idle)$/.test(c)) || '';
-    panelRanks[tr.dataset.rank] = [tr.querySelector('.jp-ddp-Rank-state').textContent, cls.replace('jp-ddp-Rank-', '')];
-  });
-  const sb = q('.jp-ddp-StatusItem');
-  const prompt = cell ? cell.querySelector('.jp-InputPrompt').textContent : '';
-  return {
-    t: Date.now() / 1000,
-    statusBar: sb ? (sb.offsetParent ? sb.textContent : '') : null,
-    summary: q('.jp-ddp-Panel-summary') ? q('.jp-ddp-Panel-summary').textContent : '',
-    message: q('.jp-ddp-Panel-message') ? q('.jp-ddp-Panel-message').textContent : '',
-    panelRanks, cellRanks,
-    viewHeight: view ? view.getBoundingClientRect().height : null,
-    viewText: view ? view.innerText.slice(0, 200) : '',
-    running: /\\*/.test(prompt),
-    prompt,
-    spinning: document.querySelectorAll('.Toastify__toast .Toastify__spinner').length,
-  };
-}"""
-
-CONTRAST_JS = """(selectors) => {
-  const parse = c => {
-    const m = /rgba?\\(([^)]+)\\)/.exec(c || '');
-    if (!m) { return null; }
-    const p = m[1].split(/[\\s,\\/]+/).filter(Boolean).map(Number);
-    return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
-  };
-  const over = (top, under) => [0, 1, 2].map(i => top[i] * top[3] + under[i] * (1 - top[3]));
-  const background = el => {
-    const layers = [];
-    for (let e = el; e; e = e.parentElement) {
-      const c = parse(getComputedStyle(e).backgroundColor);
-      if (c && c[3] > 0) { layers.push(c); if (c[3] >= 1) { break; } }
-    }
-    let col = parse(getComputedStyle(document.documentElement).backgroundColor) || [255, 255, 255, 1];
-    if (col[3] === 0) { col = [255, 255, 255, 1]; }
-    col = col.slice(0, 3);
-    for (let i = layers.length - 1; i >= 0; i--) { col = over(layers[i], col); }
-    return col;
-  };
-  const lum = rgb => {
-    const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
-    return 0.2126 * f(rgb[0]) + 0.7152 * f(rgb[1]) + 0.0722 * f(rgb[2]);
-  };
-  const out = [];
-  let checked = 0;
-  for (const sel of selectors) {
-    for (const root of document.querySelectorAll(sel)) {
-      for (const el of [root, ...root.querySelectorAll('*')]) {
-        const text = [...el.childNodes].filter(n => n.nodeType === 3).map(n => n.textContent).join('').trim();
-        if (!text || !el.getClientRects().length) { continue; }
-        const st = getComputedStyle(el);
-        if (st.visibility === 'hidden' || el.closest('button:disabled, [aria-disabled="true"]')) { continue; }
-        const closed = el.closest('details:not([open])');
-        if (closed && !el.closest('summary')) { continue; }
-        const bg = background(el);
-        const fgc = parse(st.color);
-        if (!fgc) { continue; }
-        const fg = over(fgc, bg);
-        const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
-        const ratio = (a + 0.05) / (b + 0.05);
-        checked++;
-        if (ratio < %s) {
-          const background = 'rgb(' + bg.map(Math.round).join(',') + ')';
-          out.push({sel, text: text.slice(0, 40), ratio: Math.round(ratio * 100) / 100, color: st.color, background});
-        }
-      }
-    }
-  }
-  return {checked, low: out};
-}""" % MIN_CONTRAST
-
-CELL_VIEW = ".jp-Notebook .jp-CodeCell:last-child .jp-OutputArea-child:first-child"
+CELL_VIEW = ".jp-Notebook .jp-CodeCell .jp-OutputArea-child:first-child"
 VIEWS = [".jp-ddp-Panel", ".jp-ddp-StatusItem", CELL_VIEW]
 
 
@@ -143,14 +67,23 @@ VIEWS = [".jp-ddp-Panel", ".jp-ddp-StatusItem", CELL_VIEW]
 def coarse(label: str, css: str = "") -> str:
     """A state as any view may word it, reduced to what must agree: starting, ready, running, done, failed, stopped."""
     label = label.strip().lower()
-    if css == "idle" or label.startswith(("stopped", "released", "interrupted")):
+    if css == "idle" or label.startswith(("stopped", "released", "interrupted", "aborted")):
         return "stopped"
-    if css == "bad" or label.startswith(("failed", "killed", "died", "dead")):
+    if css == "bad" or label.startswith(("failed", "killed", "died", "dead", "timed out", "timeout")):
         return "failed"
     for word in ("starting", "connecting"):
         if label.startswith(word):
             return "starting"
     return label.split()[0] if label else ""
+
+
+def panel_states(sample: Dict[str, Any]) -> Dict[int, str]:
+    """The panel's word for each rank; once the cell is over and the pool ready again, the word of the last cell's
+    failure on the rank it names (``root``: failed) or released (``stopped``), as the cell's own view keeps it."""
+    out = {}
+    for r, (label, css, last, _) in sample["panelRanks"].items():
+        out[int(r)] = {"root": "failed", "stopped": "stopped"}.get(last) or coarse(label, css)
+    return out
 
 
 def disagreement(sample: Dict[str, Any]) -> Optional[str]:
@@ -160,7 +93,7 @@ def disagreement(sample: Dict[str, Any]) -> Optional[str]:
     if sample["statusBar"] not in (None, "") and clockless(sample["statusBar"]) != clockless(sample["summary"]):
         return f"status bar {sample['statusBar']!r} vs panel {sample['summary']!r}"
     cell = {int(r): coarse(s) for r, s in sample["cellRanks"].items()}
-    panel = {int(r): coarse(s, css) for r, (s, css) in sample["panelRanks"].items()}
+    panel = panel_states(sample)
     if not cell:
         return None  # the cell has not shown its view yet
     if not panel:
@@ -168,6 +101,12 @@ def disagreement(sample: Dict[str, Any]) -> Optional[str]:
     if cell != panel:
         return f"cell {cell} vs panel {panel}"
     return None
+
+
+def prompt_number(sample: Dict[str, Any]) -> int:
+    m = re.match(r"^\s*\[(\d+)\]", sample["prompt"])
+    assert m, f"the cell has no prompt number: {sample['prompt']!r}"
+    return int(m.group(1))
 
 
 # ---------------------------------------------------------------- one frontend's page
@@ -179,21 +118,33 @@ class Front:
         server.write_notebook(self.notebook, [code_cell("%load_ext ddp_magic"), code_cell(CELL)])
         self.context = browser.new_context(viewport={"width": 1200, "height": 720}, device_scale_factor=1)
         self.page = self.context.new_page()
-        self.console: List[str] = []
-        self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}"))
-        self.shots: Dict[str, Dict[str, Dict[str, Any]]] = {}  # theme -> state -> its screenshot, sample and contrast
+        self.watch = ConsoleWatch(self.page)
+        self.shots: Dict[str, Dict[str, Dict[str, Any]]] = {}  # theme -> state -> its screenshot, sample, contrast, clipping
+        self.clicked = 0  # how often the live view's toggle was clicked while its cell ran
 
     def open(self, name: str) -> None:
         self.page.goto(self.server.url(PATHS[self.kind].format(name) + ("?reset" if self.kind == "lab" else "")), timeout=60_000)
+        self._ready()
+        if self.kind == "lab":
+            self.page.evaluate("() => { const s = window.jupyterapp.shell; if (!s.leftCollapsed) { s.collapseLeft(); } }")
+        self.command("ddp-magic:show-panel")
+
+    def _ready(self) -> None:
         self.page.wait_for_function(
             "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
             " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
             " return k && k.status === 'idle' && !!window.jupyterapp.ddpMagic; }",
             timeout=90_000,
         )
-        if self.kind == "lab":
-            self.page.evaluate("() => { const s = window.jupyterapp.shell; if (!s.leftCollapsed) { s.collapseLeft(); } }")
-        self.command("ddp-magic:show-panel")
+        self.watch.follow_kernel()
+
+    def reload(self) -> None:
+        """The page again, as a person presses F5: the kernel runs on; nothing is asked of the panel."""
+        self.watch.collect()
+        self.page.reload(timeout=60_000)
+        self._ready()
+        self.page.wait_for_function("() => !!document.querySelector('.jp-ddp-Panel-summary')", timeout=30_000)
+        self.page.wait_for_timeout(2000)  # the comm opens, the kernel sends the pool and its chart
 
     def command(self, cid: str, args: Optional[dict] = None) -> None:
         self.page.evaluate("([c, a]) => { window.jupyterapp.commands.execute(c, a || {}); }", [cid, args])
@@ -207,11 +158,14 @@ class Front:
     def wait_kernel_idle(self) -> None:
         self.page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'", timeout=90_000)
 
-    def sample(self) -> Dict[str, Any]:
-        return self.page.evaluate(SAMPLE_JS)
+    def sample(self, index: int = 1) -> Dict[str, Any]:
+        return self.page.evaluate(SAMPLE_JS, index)
 
     def contrast(self) -> Dict[str, Any]:
         return self.page.evaluate(CONTRAST_JS, VIEWS)
+
+    def clipping(self) -> Dict[str, Any]:
+        return self.page.evaluate(CLIP_JS, CLIP_ROOTS)
 
     def shot(self, name: str) -> str:
         os.makedirs(IMG, exist_ok=True)
@@ -221,39 +175,72 @@ class Front:
         _shrink(path)
         return path
 
-    def run_last_cell(self) -> None:
+    def record(self, theme: str, state: str, sample: Dict[str, Any]) -> None:
+        """One state's screenshot, with what the page showed then: contrast, clipping."""
+        self.shots.setdefault(theme, {})[state] = {
+            "contrast": self.contrast(), "clipping": self.clipping(), "colours": self.page.evaluate(COLOURS_JS), "sample": sample,
+            "shot": self.shot(f"{state}-{theme}"),
+        }
+
+    def run_cell(self, index: int) -> None:
         self.page.evaluate(
-            "() => { const nb = window.jupyterapp.shell.currentWidget.content; nb.activeCellIndex = nb.widgets.length - 1;"
-            " window.jupyterapp.commands.execute('notebook:run-cell'); }"
+            "(i) => { const nb = window.jupyterapp.shell.currentWidget.content; nb.activeCellIndex = i;"
+            " window.jupyterapp.commands.execute('notebook:run-cell'); }",
+            index,
         )
 
-    def follow(self, start: Any, theme: Optional[str], timeout: float = 150.0) -> List[Dict[str, Any]]:
-        """Run ``start`` (a cell run), sample the views until the cell has ended and settled; with a theme, shoot each state once."""
+    def append_and_run(self, code: str) -> None:
+        self.page.evaluate(
+            """(code) => {
+                const app = window.jupyterapp;
+                const nb = app.shell.currentWidget.content;
+                nb.activeCellIndex = nb.widgets.length - 1;
+                app.commands.execute('notebook:insert-cell-below').then(() => {
+                    nb.activeCell.model.sharedModel.setSource(code);
+                    app.commands.execute('notebook:run-cell');
+                });
+            }""",
+            code,
+        )
+
+    def _open_the_live_body(self) -> None:
+        """Click the live view's toggle (the one not selected: ▾ opens the ranks and the env, ▸ closes them)."""
+        toggle = self.page.locator(".jp-Notebook .jp-CodeCell").nth(1).locator(".ddp-status-live .widget-toggle-button:not(.mod-active)")
+        if toggle.count():
+            toggle.first.click()
+            self.clicked += 1
+
+    def follow(self, index: int, start: Optional[Callable[[], None]], theme: Optional[str], end: str,
+               timeout: float = 150.0) -> List[Dict[str, Any]]:
+        """Run ``start`` (a cell run; None: it runs already or is queued), sample cell ``index``'s views until it has
+        ended and settled; with a theme, shoot each state once (``end``: the name of the settled one)."""
         samples: List[Dict[str, Any]] = []
-        shots: Dict[str, Dict[str, Any]] = {}
-        start()
+        if start is not None:
+            start()
         t0 = time.monotonic()
         ended_at: Optional[float] = None
         first_running: Optional[float] = None
         while time.monotonic() - t0 < timeout:
-            s = self.sample()
+            s = self.sample(index)
             samples.append(s)
             states = {coarse(v) for v in s["cellRanks"].values()}
-            ended = not s["running"] and time.monotonic() - t0 > 3 and re.match(r"^\[\d+\]", s["prompt"].strip()) is not None
+            ended = not s["running"] and time.monotonic() - t0 > 3 and re.match(r"^\s*\[\d+\]", s["prompt"]) is not None
             if ended:
                 ended_at = ended_at or time.monotonic()
+            if s["live"] and s["running"] and not self.clicked and index == 1:
+                self._open_the_live_body()
             phase = ("running" if "running" in states else "starting" if "starting" in states else "") if s["running"] else (
-                "failed" if ended_at and time.monotonic() - ended_at > 1.0 else "")
+                end if ended_at and time.monotonic() - ended_at > 1.0 else "")
             first_running = first_running or (s["t"] if phase == "running" else None)
-            if phase == "running" and s["t"] - first_running < 1.2:
-                phase = ""  # shoot the running state once tqdm has moved
-            if theme and phase and phase not in shots:
-                shots[phase] = {"contrast": self.contrast(), "sample": s, "shot": self.shot(f"{phase}-{theme}")}
+            if phase == "running" and (s["t"] - first_running < 1.2 or end != "failed"):
+                phase = ""  # shoot the running state once tqdm has moved (and only for the main cell)
+            if phase == "starting" and end != "failed":
+                phase = ""
+            if theme and phase and phase not in self.shots.get(theme, {}):
+                self.record(theme, phase, s)
             if ended_at and time.monotonic() - ended_at > 2.0:
                 break
             self.page.wait_for_timeout(300)
-        if theme:
-            self.shots[theme] = shots
         return samples
 
     def toast_after(self, cid: str, result: str, timeout: float = 60.0) -> Dict[str, Any]:
@@ -275,11 +262,11 @@ class Front:
             self.page.wait_for_timeout(100)
         raise AssertionError(f"no toast matching {result!r} within {timeout}s")
 
-    def saved_outputs(self) -> List[Dict[str, Any]]:
+    def saved_outputs(self, index: int = 1) -> List[Dict[str, Any]]:
         self.command("docmanager:save")
         self.page.wait_for_timeout(1500)
         with open(os.path.join(self.server.nbdir, self.notebook)) as f:
-            return json.load(f)["cells"][-1]["outputs"]
+            return json.load(f)["cells"][index]["outputs"]
 
     def close(self) -> None:
         try:
@@ -299,6 +286,8 @@ def _shrink(path: str) -> None:
     small.save(path, optimize=True)
 
 
+
+
 # ---------------------------------------------------------------- the story, once per frontend
 @pytest.fixture(scope="module", params=["lab", "notebook"])
 def story(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, Any]]:
@@ -310,62 +299,59 @@ def story(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, Any]
     try:
         front.open(front.notebook)
         front.theme(dark=False)
-        rec["no_pool"] = front.page.evaluate(
-            "() => { const r = document.querySelector('.jp-ddp-Panel-ranks'); return {ranksShown: !!(r && r.offsetParent),"
-            " summary: document.querySelector('.jp-ddp-Panel-summary').textContent}; }"
-        )
-        rec["light"] = front.follow(lambda: front.command("notebook:run-all-cells"), "light")
+        rec["no_pool"] = front.page.evaluate(NO_POOL_JS)
+        rec["light"] = front.follow(1, lambda: front.command("notebook:run-all-cells"), "light", "failed")
         rec["outputs"] = front.saved_outputs()
         rec["layout"] = front.page.evaluate(LAYOUT_JS)
+        front.reload()
+        rec["reloaded"] = front.sample()
+        front.record("light", "reloaded", rec["reloaded"])
+        rec["hang"] = front.follow(2, lambda: front.append_and_run(HANG), "light", "timeout")
         rec["env_toast"] = front.toast_after("ddp-magic:show-env", r"%ddp_env")
         front.page.keyboard.press("Escape")
         rec["restart_toast"] = front.toast_after("ddp-magic:restart-pool", r"ready in|restart failed")
-        rec["message_after_restart"] = front.sample()["message"]
-        rec["again"] = front.follow(front.run_last_cell, None)
+        rec["after_restart"] = front.sample()
+        rec["again"] = front.follow(1, lambda: front.run_cell(1), None, "failed")
         front.theme(dark=True)
         front.page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
         front.wait_kernel_idle()
         rec["after_kernel_restart"] = front.sample()
-        rec["dark"] = front.follow(lambda: front.command("notebook:run-all-cells"), "dark")
+        rec["dark"] = front.follow(1, lambda: front.command("notebook:run-all-cells"), "dark", "failed")
+        rec["hang_dark"] = front.follow(2, lambda: front.run_cell(2), "dark", "timeout")  # Run All stopped at cell 1's error
         front.theme(dark=False)
-        rec["errors"] = [c for c in front.console if c.startswith("error") and "ddp" in c.lower()]
+        rec["errors"] = front.watch.errors()
+        rec["orphans"] = front.watch.collect()
         yield rec
     finally:
         front.close()
 
 
-LAYOUT_JS = """() => {
-  const panel = document.querySelector('.jp-ddp-Panel');
-  const facts = document.querySelector('.jp-ddp-Panel-facts');
-  const item = document.querySelector('.jp-ddp-StatusItem');
-  const textTop = el => { const r = document.createRange(); r.selectNodeContents(el); const b = r.getBoundingClientRect(); return b.top + b.height / 2; };
-  let neighbour = null;
-  if (item && item.offsetParent) {
-    const others = [...document.querySelectorAll('#jp-main-statusbar .jp-StatusBar-TextItem, #jp-main-statusbar span')]
-      .filter(e => !item.contains(e) && e.textContent.trim() && e.offsetParent);
-    if (others.length) { neighbour = {text: others[0].textContent, middle: textTop(others[0])}; }
-  }
-  const app = window.jupyterapp;
-  return {
-    scrollWidth: panel.scrollWidth, clientWidth: panel.clientWidth,
-    facts: facts ? facts.textContent : '',
-    item: item && item.offsetParent ? {middle: textTop(item), height: item.getBoundingClientRect().height} : null,
-    neighbour,
-    icons: ['ddp-magic:restart-pool', 'ddp-magic:stop-pool', 'ddp-magic:show-env'].map(c => !!app.commands.icon(c)),
-  };
-}"""
-
-
 # ---------------------------------------------------------------- the checks
-def _ended_ranks(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
-    return samples[-1]
+MAIN_RUNS = ["light", "again", "dark"]  # the 4-rank cell that logs, and fails on rank 1
+HANG_RUNS = ["hang", "hang_dark"]  # the cell whose rank 1 never arrives
 
 
-@pytest.mark.parametrize("run", ["light", "again", "dark"])
+def _ended(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
+    end = samples[-1]
+    assert not end["running"] and re.match(r"^\s*\[\d+\]", end["prompt"]), f"the cell never ended: {end['prompt']!r}"
+    return end
+
+
+def _blamed(end: Dict[str, Any]) -> Dict[str, Any]:
+    """Which ranks each view names as failed once the cell has ended."""
+    return {
+        "cell": {int(r) for r, s in end["cellRanks"].items() if coarse(s) == "failed"},
+        "panel": {int(r) for r, (label, css, last, _) in end["panelRanks"].items() if last == "root" or css == "bad"},
+        "panel_notes": {int(r): note for r, (_, _, _, note) in end["panelRanks"].items() if note},
+    }
+
+
+@pytest.mark.parametrize("run", MAIN_RUNS + HANG_RUNS)
 def test_status_bar_panel_and_cell_view_agree_at_every_moment(story: Dict[str, Any], run: str) -> None:
     samples = story[run]
     assert any(s["cellRanks"] for s in samples), "the cell never showed its status view"
-    assert any(coarse(v) == "running" for s in samples for v in s["cellRanks"].values()), "no sample caught the ranks running"
+    if run in MAIN_RUNS:
+        assert any(coarse(v) == "running" for s in samples for v in s["cellRanks"].values()), "no sample caught the ranks running"
     bad_since: Optional[float] = None
     worst: List[str] = []
     for s in samples:
@@ -379,26 +365,75 @@ def test_status_bar_panel_and_cell_view_agree_at_every_moment(story: Dict[str, A
     assert not worst, f"{story['front'].kind}/{run}: the views disagreed for longer than {AGREE_WITHIN_S}s:\n" + "\n".join(worst[:8])
 
 
-@pytest.mark.parametrize("run", ["light", "again", "dark"])
-def test_only_the_root_cause_rank_is_marked_failed(story: Dict[str, Any], run: str) -> None:
-    end = story[run][-1]
-    panel_failed = {int(r) for r, (s, css) in end["panelRanks"].items() if css == "bad"}
-    assert panel_failed == {1}, end["panelRanks"]
+@pytest.mark.parametrize("run", MAIN_RUNS + HANG_RUNS)
+def test_every_view_names_rank_1_and_the_cell_by_its_prompt(story: Dict[str, Any], run: str) -> None:
+    """Rank 1 raised (or, with --timeout, never arrived while rank 0 waited in dist.barrier): every view names rank 1
+    and only rank 1; the pool is whole again, so it is ready, and the cell is named by the number beside it."""
+    end = _ended(story[run])
+    n = prompt_number(end)
+    blamed = _blamed(end)
+    assert blamed["panel"] == {1}, f"the panel blames {sorted(blamed['panel'])}: {end['panelRanks']}"
+    word = "raised" if run in MAIN_RUNS else "timed out"
+    assert blamed["panel_notes"] == {1: f"In[{n}]: {word}"}, blamed["panel_notes"]
+    want = f"DDP 4×gloo · ready · In[{n}]: rank 1 failed, recovered"
+    assert end["summary"] == want
     if story["front"].kind == "lab":
-        assert end["statusBar"] == "DDP 4×gloo · rank 1 failed"
-    assert end["summary"] == "DDP 4×gloo · rank 1 failed"
-    cell_failed = {int(r) for r, s in end["cellRanks"].items() if coarse(s) == "failed"}
-    assert cell_failed == {1}, f"the cell's view marks {sorted(cell_failed)} failed: {end['cellRanks']}"
+        assert end["statusBar"] == want
+    assert end["lastCell"].startswith(f"last cell In[{n}]: ") and "recovered" in end["lastCell"], end["lastCell"]
+    said = end["outputText"]
+    assert f"In[{n}]" in said, f"the traceback names another cell than [{n}]: {said[-600:]}"
+    if run in HANG_RUNS:
+        assert re.search(r"rank 1\b[^\n]*never arrived", said), said[-600:]
+        assert "rank 1" in end["lastCell"] and "rank 0" not in end["lastCell"], end["lastCell"]
+    else:
+        assert "rank 1 raised ValueError: bad shard on rank 1" in end["lastCell"], end["lastCell"]
+    assert blamed["cell"] == {1}, f"the cell's view marks {sorted(blamed['cell'])} failed: {end['cellRanks']}"
 
 
-@pytest.mark.parametrize("run", ["light", "dark"])
-def test_the_cell_view_keeps_its_height_from_live_to_settled(story: Dict[str, Any], run: str) -> None:
-    heights = [s["viewHeight"] for s in story[run] if s["viewHeight"]]
-    live = [s["viewHeight"] for s in story[run] if s["viewHeight"] and s["running"]]
-    assert heights and live
-    settled = heights[-1]
-    line = 24  # px: one line of the view
-    assert max(abs(h - settled) for h in live) <= line, f"live heights {sorted(set(round(h) for h in live))} vs settled {settled:.0f}"
+@pytest.mark.parametrize("run", MAIN_RUNS)
+def test_the_panel_shows_the_number_logged(story: Dict[str, Any], run: str) -> None:
+    """samples_per_s=15900.0 on every rank: last, min and mean are all 15.9k, in the panel and in the cell's chart."""
+    samples = story[run]
+    end = _ended(samples)
+    assert end["metrics"].get("samples_per_s") == [LOGGED] * 3, end["metrics"]
+    # lr from 0.0002628 to 0.0002628 * 1.11: its smallest value whole (it was cut to "002628" at the axis, wrapped in the table)
+    assert end["metrics"].get("lr", [None, None])[1] == "0.0002628", end["metrics"]
+    assert end["metricsFinal"] == "true"
+    assert re.search(rf"\b{re.escape(LOGGED)}\b", end["outputText"]), "the cell's chart writes 15900 as 15.9k"
+    assert "1.59k" not in end["outputText"] + json.dumps(end["metrics"])
+    live = [s for s in samples if s["running"] and s["metricsFinal"] == "false"]
+    assert live, "the panel showed the chart while the cell ran"
+    assert any(s["chartSeen"] for s in live), "the live chart is in sight in the panel, not below its fold"
+    assert all(s["metrics"].get("samples_per_s", [LOGGED])[0] == LOGGED for s in live), [s["metrics"] for s in live][:3]
+
+
+def test_a_reload_keeps_the_panel_open_with_the_pool_and_its_chart(story: Dict[str, Any]) -> None:
+    before, after = _ended(story["light"]), story["reloaded"]
+    assert after["panelShown"], "the panel closed on reload"
+    assert after["summary"] == before["summary"], (before["summary"], after["summary"])
+    assert after["metrics"].get("samples_per_s") == [LOGGED] * 3, f"the panel lost the kernel's chart on reload: {after['metrics']}"
+    assert panel_states(after) == panel_states(before)
+
+
+def test_a_pool_restart_clears_the_old_pool_s_chart_and_the_next_cell_brings_its_own(story: Dict[str, Any]) -> None:
+    assert story["after_restart"]["metricsFinal"] is None and not story["after_restart"]["metrics"], story["after_restart"]["metrics"]
+    assert _ended(story["again"])["metrics"].get("samples_per_s") == [LOGGED] * 3
+
+
+def test_no_console_error_and_nothing_said_outside_a_cell(story: Dict[str, Any]) -> None:
+    """No error in the page's console (ours or JupyterLab's, beyond ui_server.KNOWN_NOISE), no uncaught "Error: no
+    answer", and no kernel output that belongs to no cell: "No such comm" after the live view was opened."""
+    assert story["front"].clicked, "the live view's toggle was clicked while the cell ran"
+    assert not story["errors"], "\n".join(story["errors"][:10] + story["front"].watch.stacks[:3])
+    assert not story["orphans"], story["orphans"][:5]
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_nothing_is_cut_or_broken_inside_a_word_in_any_state(story: Dict[str, Any], theme: str) -> None:
+    shots = story["front"].shots[theme]
+    bad = {state: rec["clipping"]["bad"] for state, rec in shots.items() if rec["clipping"]["bad"]}
+    assert all(rec["clipping"]["words"] > 10 and rec["clipping"]["labels"] for state, rec in shots.items() if state != "starting")
+    assert not bad, json.dumps(bad, indent=1, ensure_ascii=False)[:3000]
 
 
 def test_a_tqdm_loop_leaves_at_most_one_line_per_rank(story: Dict[str, Any]) -> None:
@@ -418,30 +453,40 @@ def test_no_toast_is_still_spinning_a_second_after_its_result(story: Dict[str, A
 @pytest.mark.parametrize("theme", ["light", "dark"])
 def test_text_contrast_is_at_least_4_5_in_every_state(story: Dict[str, Any], theme: str) -> None:
     shots = story["front"].shots[theme]
-    assert set(shots) == {"starting", "running", "failed"}, sorted(shots)
+    want = {"starting", "running", "failed", "timeout"} | ({"reloaded"} if theme == "light" else set())
+    assert set(shots) == want, sorted(shots)
     low = {phase: rec["contrast"]["low"] for phase, rec in shots.items() if rec["contrast"]["low"]}
     assert all(rec["contrast"]["checked"] for rec in shots.values())
     assert not low, json.dumps(low, indent=1, ensure_ascii=False)[:3000]
 
 
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_starting_has_the_cell_s_colour_in_the_panel(story: Dict[str, Any], theme: str) -> None:
+    """A starting rank is the cell view's "info" tone in the panel too: the same rendered colour in the same theme
+    (ddp_magic/ui/colours.py; tests/labextension/test_colours_mirror.py compares the source)."""
+    colours = story["front"].shots[theme]["starting"]["colours"]
+    assert colours["panel"] and colours["cell"], colours
+    assert colours["panel"] == colours["cell"], colours
+
+
 def test_the_panel_fits_says_the_start_method_and_clears_old_messages(story: Dict[str, Any]) -> None:
     assert not story["no_pool"]["ranksShown"], "no pool: no empty 'Ranks' heading"
-    assert "%%ddp\u00a0-n\u00a0N" in story["no_pool"]["summary"], "the command never wraps across lines"
+    assert story["no_pool"]["commands"] == ["%load_ext ddp_magic", "%%ddp -n N"], story["no_pool"]
+    assert not story["no_pool"]["broken"], f"a command broke across lines: {story['no_pool']['broken'][:5]}"
     layout = story["layout"]
     assert layout["scrollWidth"] <= layout["clientWidth"] + 1, layout
     assert "start method fork" in layout["facts"], layout["facts"]
     assert layout["icons"] == [True, True, True]
-    assert "ready in" in story["message_after_restart"]
-    assert story["again"][-1]["message"] == "", "a later failure clears the restart's message"
-    assert not story["errors"], story["errors"]
+    assert "ready in" in story["after_restart"]["message"]
+    assert _ended(story["again"])["message"] == "", "a later failure clears the restart's message"
 
 
 def test_the_panel_knows_the_kernel_restarted_and_follows_the_start(story: Dict[str, Any]) -> None:
     after = story["after_kernel_restart"]
-    assert not after["panelRanks"] and after["statusBar"] in (None, "")
+    assert not after["panelRanks"] and after["statusBar"] in (None, "") and not after["metrics"]
     starting = [s for s in story["dark"] if any(coarse(v) == "starting" for v in s["cellRanks"].values())]
     assert starting, "no sample caught the pool starting"
-    assert any(s["panelRanks"] and all(coarse(st, css) == "starting" for st, css in s["panelRanks"].values()) for s in starting)
+    assert any(s["panelRanks"] and all(coarse(st, css) == "starting" for st, css, _, _ in s["panelRanks"].values()) for s in starting)
 
 
 def test_the_status_bar_item_is_level_with_its_neighbours(story: Dict[str, Any]) -> None:
@@ -477,3 +522,5 @@ def test_a_shipped_notebook_opened_untrusted_keeps_its_status_colours(story: Dic
     assert not invisible, f"rank marks without their size or colour when untrusted: {invisible[:4]}"
     low = front.page.evaluate(CONTRAST_JS, [".ddp-status"])
     assert not low["low"], low["low"][:5]
+    front.shot("untrusted-light")
+    assert not front.watch.errors(), front.watch.errors()[:5]

@@ -99,7 +99,7 @@ def test_slurm_sbatch_is_valid_and_matches_the_pools_multinode_command(trained):
     # The pool's own command for 2 nodes of 1 rank each (the other node never comes: the start fails fast).
     ex = kernel.run("%%ddp -n 2 --nnodes 2 --join-timeout 4\n1", timeout=120)
     assert ex.error is not None and ex.error[0] == "StartError"
-    slurm = next(ln for ln in ex.stderr.splitlines() if "Under Slurm: " in ln).split("Under Slurm: ", 1)[1]
+    slurm = next(ln for ln in ex.stdout.splitlines() if "Under Slurm: " in ln).split("Under Slurm: ", 1)[1]
     theirs = shlex.split(slurm)
     cut = lambda args: args[: args.index("--max-restarts") + 2]  # noqa: E731  (then the program: train.py or the worker)
     flags = lambda args: [a.split("=")[0] for a in cut(args) if a.startswith("--")]  # noqa: E731

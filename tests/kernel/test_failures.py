@@ -48,12 +48,12 @@ def test_rank_raises_while_others_wait_in_a_collective(k4):
     msg = ex.error[1]
     assert msg.startswith("rank 1 raised ValueError: rank 1 cannot go on")
     assert "raise ValueError('rank 1 cannot go on')" in msg  # the worker's own traceback
-    assert re.search(r"ranks 0, 2, 3 were in all_reduce #\d+ \(at cell line 4: dist\.all_reduce\(x\)\) and were released", msg), msg
+    assert re.search(r"ranks 0, 2-3 were in all_reduce #\d+ \(at cell line 5: dist\.all_reduce\(x\)\) and were released", msg), msg
     assert "your variables are intact" in msg  # the group was re-formed in the same processes (test_recovery.py)
     t1 = time.monotonic()
     ex = k4.run("%%ddp\nimport torch.distributed as dist\ndist.get_rank()").ok()
     _timed("next cell after the re-formed group", t1)
-    assert "restarted the pool" not in ex.stderr
+    assert "restarted the pool" not in ex.stdout + ex.stderr
     assert k4.value("list(_)") == [0, 1, 2, 3]
     k4.run("%%ddp\nimport torch, torch.distributed as dist").ok()
 
@@ -87,7 +87,7 @@ def test_rank_ignoring_the_interrupt_is_escalated(k4):
     assert "did not respond to the interrupt" in ex.error[1] and "SIGTERM" in ex.error[1]
     assert "ignoring Ctrl-C" in ex.stdout
     ex = k4.run("%%ddp\nimport torch, torch.distributed as dist\ndist.get_world_size()").ok()
-    assert "restarted the pool" in ex.stderr
+    assert "restarted the pool" in ex.stdout  # a notice: stdout
 
 
 # 3 ---------------------------------------------------------------------------
@@ -233,7 +233,8 @@ def test_privileged_port_message(monkeypatch):
 
 def test_enormous_output_line_is_shown_in_pieces(k4):
     ex = k4.run("%%ddp --ranks 0\nimport sys\nsys.stdout.write('x' * 5_000_000)\nsys.stdout.flush()\nprint('|end')", timeout=120).ok()
-    assert ex.stdout.count("x") == 5_000_000
+    ranks_lines = "".join(ln for ln in ex.stdout.splitlines() if ln.startswith("[rank 0]"))  # not a notice (ddp_magic: …)
+    assert ranks_lines.count("x") == 5_000_000
     assert "|end" in ex.stdout
     assert max(len(line) for line in ex.stdout.splitlines()) <= 70_000
 

@@ -1,7 +1,9 @@
-"""ddp_magic.log in real %%ddp -n 2 cells: every row arrives, in order, in the cell's metrics, and the chart stays in the output."""
+"""ddp_magic.log in real %%ddp -n 2 cells: every row arrives, in order; the chart stays in the output and names a slow rank only when one is."""
 from __future__ import annotations
 
+import base64
 import json
+import re
 
 import pytest
 
@@ -15,6 +17,17 @@ LOG_CELL = (
     "    if i % 100 == 99:\n"
     "        time.sleep(0.3)  # several flushes while the cell runs, the rest at its end\n"
 )
+
+
+def _charts(ex) -> list:
+    return [d for d in ex.displays if d.get("text/html", "").startswith("<div class='ddp-metrics'")]
+
+
+def _slowest(chart: dict) -> list:
+    """The "slowest rank" column of the saved chart's text table, one entry per metric."""
+    head, columns, *rows = chart["text/plain"].splitlines()
+    at = columns.index("slowest rank")
+    return [r[at:].strip() for r in rows]
 
 
 def _rows(m: dict, rank: int, key: str) -> list:
@@ -31,12 +44,16 @@ def test_rows_from_two_ranks_arrive_complete_and_in_order(ddp2, run):
         assert _rows(m, rank, "step") == list(range(300))  # every row, in the order logged, this run's only
         assert _rows(m, rank, "loss") == [float(rank * 1000 + i) for i in range(300)]
     assert m["rank"] == [0] * 300 + [1] * 300
-    charts = [d for d in ex.displays if d.get("text/html", "").startswith("<div class='ddp-metrics'")]
-    assert len(charts) == 1, "one static chart, after the cell's output"
-    html = charts[0]["text/html"]
-    assert html.count("<svg") == 2 and html.count("<polyline") == 4  # loss and lr, a line per rank
-    assert "<style" not in html and "var(--jp-" in html
-    assert charts[0]["text/plain"] == "ddp_magic metrics: loss, lr from 2 ranks, steps 0-299 (%ddp metrics gives the data)"
+    (chart,) = _charts(ex)  # one saved chart, after the cell's output
+    html = chart["text/html"]
+    images = [base64.b64decode(b).decode() for b in re.findall(r"<img src='data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)'", html)]
+    assert "<svg" not in html and len(images) == 2 and [svg.count("<polyline") for svg in images] == [2, 2]  # loss and lr, a line per rank
+    assert "<style" not in html
+    head, columns, *rows = chart["text/plain"].splitlines()
+    assert head == "ddp_magic metrics: loss, lr from 2 ranks, steps 0-299 (%ddp metrics gives the data)"
+    assert [r.split()[0] for r in rows] == ["loss", "lr"]
+    # loss: rank 0 logged 0..299, rank 1 1000..1299; the last values 299 and 1299, their mean 799
+    assert rows[0].split()[1:5] == ["799", "(299", "to", "1299)"] and rows[0].split()[5:7] == ["0", "649.5"]
 
 
 def test_cell_value_carries_metrics_and_default_steps(ddp2):
@@ -79,3 +96,38 @@ def test_the_chart_is_live_in_the_status_view_while_the_cell_runs(ddp2):
     assert any("data-title='Metrics'" in t and "<polyline" in t for t in live), "the status view's Metrics section drew the chart"
     settled = [m["content"]["data"]["text/html"] for m in ex.messages if m["msg_type"] == "update_display_data"]
     assert settled and "data-state='finished'" in settled[-1] and "<polyline" not in settled[-1], "no second copy in the settled view"
+
+
+# rank 1 is late to every step: it sleeps before it logs, then both meet in an all_reduce (as a DDP step does)
+SLOW_RANK_1 = (
+    "%%ddp\nimport time, ddp_magic\nx = torch.ones(1)\n"
+    "for i in range(10):\n"
+    "    time.sleep(0.1 if dist.get_rank() == 1 else 0.0)\n"
+    "    ddp_magic.log(step=i, loss=1.0 / (i + 1))\n"
+    "    dist.all_reduce(x)\n"
+)
+# equal ranks: the same work, then the all_reduce, then the log; a step is 0.2 s, so scheduling noise is far under a tenth
+EQUAL_RANKS = (
+    "%%ddp\nimport time, ddp_magic\nx = torch.ones(1)\n"
+    "for i in range(8):\n"
+    "    time.sleep(0.2)\n"
+    "    dist.all_reduce(x)\n"
+    "    ddp_magic.log(step=i, loss=1.0 / (i + 1))\n"
+)
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_the_chart_names_the_rank_that_is_late_every_step(ddp2, run):
+    (chart,) = _charts(ddp2.run(SLOW_RANK_1, timeout=120).ok())
+    (slowest,) = _slowest(chart)
+    m = re.fullmatch(r"rank 1 \(\+(\d+\.\d\d) s\)", slowest)
+    # it logged each step its 0.1 s sleep late, give or take when rank 0 got the CPU back: named, with about that lag
+    assert m and 0.05 <= float(m.group(1)) < 1.0, chart["text/plain"]
+    assert "rank 1 (+" in chart["text/html"]
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_ranks_in_step_have_no_straggler(ddp2, run):
+    (chart,) = _charts(ddp2.run(EQUAL_RANKS, timeout=120).ok())
+    assert _slowest(chart) == ["no straggler"], chart["text/plain"]
+    assert "+0.00 s" not in chart["text/html"]

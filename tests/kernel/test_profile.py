@@ -1,4 +1,5 @@
-"""%%ddp --profile in a real kernel: one merged Chrome trace with a lane group per rank, and the straggler named."""
+"""%%ddp --profile in a real kernel: one merged Chrome trace with a lane group per rank, and the straggler named, by the
+profile's table and by the cell's metrics chart alike (or by neither, when the ranks are equal)."""
 from __future__ import annotations
 
 import json
@@ -40,6 +41,36 @@ def test_profile_merges_every_rank_and_names_the_straggler(ddp2, tmp_path, run):
         assert [e["name"] for e in steps] == [f"step {i}" for i in range(8)]
     assert min(e["ts"] for e in events if "ts" in e) > -1e5  # one clock: the cell starts near 0 on every rank
     assert _trace_files() == [], "the ranks' own trace files are removed once merged"
+    # the chart names the same rank: the steps alone could not (every rank logs right after the all_reduce), the profile does
+    assert _slowest(ex) == ["rank 1 (profile: the others waited"], _chart(ex)["text/plain"]
+
+
+EQUAL = (
+    "import time, torch\n"
+    "x = torch.ones(1000)\n"
+    "for i in range(6):\n"
+    "    time.sleep(0.1)  # the same work on every rank: a 0.6 s cell, so noise is far under a tenth of it\n"
+    "    dist.all_reduce(x)\n"
+    "    ddp_magic.log(step=i, x=float(x[0]))\n"
+)
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_equal_ranks_have_no_straggler_in_the_profile_or_the_chart(ddp2, tmp_path, run):
+    ex = ddp2.run(f"%%ddp --profile {tmp_path}/t.json\nimport ddp_magic\n{EQUAL}", timeout=180).ok()
+    assert "no straggler: no rank kept the others waiting" in ex.stdout and "everyone waited" not in ex.stdout, ex.stdout
+    assert _slowest(ex) == ["no straggler"], _chart(ex)["text/plain"]
+
+
+def _chart(ex) -> dict:
+    (chart,) = [d for d in ex.displays if d.get("text/html", "").startswith("<div class='ddp-metrics'")]
+    return chart
+
+
+def _slowest(ex) -> list:
+    """The saved chart's "slowest rank" column, per metric, up to its measured seconds."""
+    head, columns, *rows = _chart(ex)["text/plain"].splitlines()
+    return [r[columns.index("slowest rank"):].split(" +")[0].strip() for r in rows]
 
 
 def test_the_next_cell_is_not_profiled_and_a_bad_path_says_so(ddp2, tmp_path):

@@ -70,6 +70,29 @@ def test_run_ships_names_keeps_owned_ones_and_labels_cells(session: Session) -> 
     assert not bad.ok and bad.outcome.failures[0].rank == 1
 
 
+def test_a_failed_cell_on_a_pool_whole_again_leaves_every_rank_ready_and_is_the_last_cell(session: Session) -> None:
+    """The ranks' states say the pool is ready; the failure (and who is to blame) is the session's last cell."""
+    cell = "import torch\nx = torch.ones(1)\nif dist.get_rank() == 1:\n    raise ValueError('bad shard')\ndist.all_reduce(x)"
+    pids = session.status().pids
+    for number in (7, 8):  # run again: the same outcome, under its new prompt number
+        result = session.run(cell, {}, CellOptions(number=number, first_line=2))
+        assert not result.ok and result.outcome.recovered and result.outcome.failures[0].rank == 1
+        assert 'line 5, in <module>\n    raise ValueError' in result.outcome.failures[0].traceback  # body line 4 is the editor's 5
+        status = session.status()
+        assert [r.state for r in status.ranks] == [RankState.READY] * 2 and status.pids == pids
+        last = status.last_cell
+        assert last is not None and (last.number, last.ok, last.recovered, last.root) == (number, False, True, [1])
+        assert last.causes == {1: ("error", "root"), 0: ("interrupted", "stopped")}
+        assert status.text().splitlines()[-1] == f"last cell In[{number}]: rank 1 raised ValueError: bad shard; {RECOVERED}"
+        assert result.metrics is not None and result.metrics.label == str(number)  # the panel's "cell n" is the prompt's n
+    ok = session.run("dist.get_rank()", {}, CellOptions(number=9, first_line=2))
+    assert ok.ok and ok.outcome.values == [0, 1] and session.status().last_cell.ok  # type: ignore[union-attr]
+    assert [r.state for r in session.status().ranks] == [RankState.DONE] * 2
+
+
+RECOVERED = "recovered: every rank is ready, the workers' variables intact"
+
+
 def test_env_is_live_with_a_pool_and_planned_for_a_spec(session: Session) -> None:
     live = session.env()
     assert live.state == "live" and sorted(live.live or {}) == [0, 1]
@@ -86,6 +109,7 @@ def test_a_changed_option_restarts_with_a_notice_and_forgets_the_names(session: 
     assert "w" not in session.status().owned and "os" in session.status().owned
     status = session.restart(listener=Listener())
     assert status.owned == () and set(status.pids).isdisjoint(result.outcome.values)
+    assert status.last_cell is None, "a restarted pool has no last cell"
 
 
 def test_stop_says_whether_there_was_a_pool(session: Session) -> None:

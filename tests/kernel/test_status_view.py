@@ -23,6 +23,7 @@ from typing import Any, Dict, List
 
 import pytest
 
+from format_patterns import CLOCK, SECONDS
 from kernel_helper import Kernel
 
 comm = pytest.importorskip("comm")
@@ -48,7 +49,7 @@ def text_of(fragment: str) -> str:
     header = fragment.split("</summary>", 1)[0] if "<summary" in fragment else fragment
     return " ".join(_html.unescape(re.sub(r"<[^>]+>", " ", header)).split())
 
-DONE = r"%%ddp 2 ranks ✓ (<1 ms|\d+ ms|\d+\.\d\d s) · gloo · ✓ \d+ checks passed"
+DONE = rf"%%ddp 2 ranks ✓ {SECONDS} · gloo · ✓ \d+ checks passed"  # any time fmt_seconds writes (tests/format_patterns.py)
 
 
 # ---------------------------------------------------------------- a recording comm
@@ -173,10 +174,10 @@ def test_succeeding_cell_transitions(pool, comms, displays):
     root = [cid for cid, st in comms.opened().items() if st.get("_model_name") == "VBoxModel"]
     assert first[WIDGET_MIME]["model_id"] == root[0]
     assert set(first) == {WIDGET_MIME, "text/html"} and set(last) == {"text/html"}
-    assert re.match(DONE + r" · pool started in \d+\.\d\d s", text_of(last["text/html"]))
+    assert re.match(DONE + rf" · pool started in {SECONDS}$", text_of(last["text/html"]))
     assert "<details class='ddp-status-details'>" in last["text/html"] and "data-state='done'" in last["text/html"]
     assert "<style" not in last["text/html"] and all("<style" not in v for v in comms.values("ddp-status"))
-    assert "hello from rank 1" in last["text/html"] and ">MASTER_ADDR<" in last["text/html"]
+    assert "hello from rank 1" in last["text/html"] and "every rank: MASTER_ADDR=127.0.0.1 " in last["text/html"]
     closed = {m["comm_id"] for m in comms.log if m["msg_type"] == "comm_close"}
     assert set(comms.opened()) <= closed
     assert view.static_text().startswith("ddp_magic status: 2 ranks ✓ ")
@@ -230,8 +231,10 @@ def test_dying_rank_transitions(pool, comms, displays):
 def test_env_section_shows_variables_and_checks(pool, comms, displays):
     view = make_view(pool, displays)
     env = comms.values("ddp-status-env")[0]
-    for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK"):
-        assert f">{var}<" in env
+    plan = pool.plan
+    common = re.search(r"every rank: ([^<]*)</div>", env).group(1).split()
+    assert common == [f"{k}={plan.rank_env(0)[k]}" for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK")]
+    assert re.findall(r"<th[^>]*>([A-Z_]+)</th>", env) == ["RANK", "LOCAL_RANK"], "per rank: only what differs"
     assert re.search(r"✓ \d+ checks passed", env.split("<details>")[0]) and "<li" not in env.split("<details>")[0], "healthy: one line"
     assert "data-check='ranks unique and complete' data-ok='true'" in env
     assert "data-check='backend available' data-ok='true'" in env
@@ -286,33 +289,36 @@ def test_ticker_sends_what_was_held_back_and_moves_the_clock(comms, displays):
     time.sleep(0.7)
     assert not view._dirty, "the ticker rendered the held-back change"
     assert comms.transitions() == {0: ["starting", "running"], 1: ["starting", "running"]}
-    n = view.renders
-    time.sleep(1.0)  # no event at all: the elapsed times still move
-    assert view.renders > n
-    assert view.renders <= n + 1.0 / 0.2 + 1, "never more often than min_interval"
-    view.finish(types.SimpleNamespace(ok=True, elapsed=1.7, failures=[]))
+    n, c = view.renders, view.clock_renders
+    try:
+        time.sleep(1.0)  # no event at all: the clock still moves (the header alone)
+        assert view.clock_renders > c and view.renders == n
+        assert view.clock_renders <= c + 1.0 / view.clock_tick + 1, "never more often than the clock's tick"
+    finally:
+        view.finish(types.SimpleNamespace(ok=True, elapsed=1.7, failures=[]))
     assert not TICKER.has(view)
-    n = view.renders
+    n, c = view.renders, view.clock_renders
     time.sleep(0.3)
-    assert view.renders == n, "nothing renders after the cell ended"
+    assert (view.renders, view.clock_renders) == (n, c), "nothing renders after the cell ended"
 
 
 def test_the_ticker_sleeps_between_renders(comms, displays):
-    """A silent running cell: the ticker wakes about once a refresh (it used to wake every min_interval),
-    and printed lines alone are rendered once a refresh, not once a min_interval."""
+    """A silent running cell: the ticker wakes once a clock tick and sends the header line alone (its clock moves);
+    nothing else is rendered. Printed lines alone are rendered once a refresh, not once a min_interval."""
     if not os.path.isdir("/proc/self/task"):
         pytest.skip("counts wake-ups in Linux /proc")
-    view = StatusView(2, plan=make_plan(PoolSpec(2)), mode="widget", live_after=0.0, min_interval=0.05, refresh=0.5,
+    view = StatusView(2, plan=make_plan(PoolSpec(2)), mode="widget", live_after=0.0, min_interval=0.05, refresh=0.5, clock_tick=0.25,
                       display=displays.display, update_display=displays.update).show()
     for info in fake_infos(2, started=time.monotonic()):
         view.on_state(info)
     time.sleep(0.2)
     tid = TICKER.thread.native_id
     switches = lambda: int(open(f"/proc/self/task/{tid}/status").read().split("\nvoluntary_ctxt_switches:")[1].split()[0])  # noqa: E731
-    before, renders = switches(), view.renders
+    before, renders, ticks = switches(), view.renders, view.clock_renders
     time.sleep(2.0)
-    assert switches() - before <= 8, "about one wake-up per refresh (0.5 s), not one per min_interval (0.05 s)"
-    assert 2 <= view.renders - renders <= 6, "the elapsed times still move once a refresh"
+    assert switches() - before <= 2.0 / 0.25 + 3, "one wake-up per clock tick (0.25 s), not one per min_interval (0.05 s)"
+    assert view.renders == renders, "nothing but the clock moved: no whole render"
+    assert 3 <= view.clock_renders - ticks <= 2.0 / 0.25 + 1, "the clock moved, at most once a tick (a loaded machine may skip one)"
     renders = view.renders
     t_end = time.monotonic() + 1.0
     while time.monotonic() < t_end:  # a chatty rank: 100 lines a second
@@ -321,6 +327,53 @@ def test_the_ticker_sleeps_between_renders(comms, displays):
     assert view.renders - renders <= 4, "printed lines are rendered once a refresh"
     view.finish(types.SimpleNamespace(ok=True, elapsed=3.2, failures=[]))
     assert not TICKER.has(view) and TICKER.thread.is_alive(), "the kernel's one ticker outlives its cells"
+
+
+def _header_updates(comms: Comms) -> List[str]:
+    return [text_of(v) for v in comms.values("ddp-status-header")]
+
+
+def test_the_live_clock_moves_at_the_precision_it_shows(comms, displays):
+    """Tenths on the clock, a move every tenth of a second: each tick sends the header alone, with the clock's true value."""
+    clock = FakeClock()
+    view = StatusView(2, plan=make_plan(PoolSpec(2)), mode="widget", live_after=0.0, min_interval=0.2, ticker=False, clock=clock,
+                      display=displays.display, update_display=displays.update).show()
+    for info in fake_infos(2, started=clock.t):
+        view.on_state(info)
+    seen = []
+    for i in range(25):  # 2.5 simulated seconds, the ticker's calls in its place
+        clock.t += 0.1
+        view.tick()
+        seen.append(re.search(rf"running 2 · ({CLOCK})", _header_updates(comms)[-1]).group(1))
+        if i == 2:  # the held-back change of state went out (min_interval): from now on, the clock alone moves
+            bodies = len(comms.values("ddp-status-body"))
+    assert seen == [f"{0.1 * i:.1f} s" for i in range(1, 26)], "every tick: the run clock, to the tenth"
+    assert len(comms.values("ddp-status-body")) == bodies, "the body is not re-sent for the clock"
+    assert view.clock_renders >= 20 and view.renders <= 2
+    view.finish(types.SimpleNamespace(ok=True, elapsed=2.5, failures=[]))
+
+
+def test_the_body_opens_itself_once_for_a_bar(comms, displays):
+    """A tqdm bar (or a chart) is worth watching: the live body opens without a click, once (a user may close it)."""
+    clock = FakeClock()
+    view = StatusView(2, plan=make_plan(PoolSpec(2)), mode="widget", live_after=0.0, min_interval=0.0, ticker=False, clock=clock,
+                      display=displays.display, update_display=displays.update).show()
+    for info in fake_infos(2, started=clock.t):
+        view.on_state(info)
+
+    def opened() -> List[Any]:
+        return [m["data"]["state"].get(k) for m in comms.updates() for k in ("selected_index", "index") if k in m["data"]["state"]]
+
+    assert opened() == [], "nothing to watch yet: one line"
+    clock.t += 1.0
+    view.on_output(1, "stderr", "\r 10%|#    | 1/10 [00:00<00:09, 1.00it/s]")
+    assert opened() == [1, 1], "the stack and the toggle: the rank table with the bars shows"
+    for i in range(2, 10):
+        clock.t += 1.0
+        view.on_output(1, "stderr", f"\r {i * 10}%|#    | {i}/10 [00:0{i}<00:01, 1.00it/s]")
+    assert opened() == [1, 1], "opened once: a user who closes it keeps it closed"
+    assert "90% 1.00 it/s" in _header_updates(comms)[-1]
+    view.finish(types.SimpleNamespace(ok=True, elapsed=9.0, failures=[]))
 
 
 # ---------------------------------------------------------------- quick cells, and going live
@@ -458,15 +511,35 @@ def test_kernel_iopub_carries_the_widget(kernel):
     updates = _widget_updates(ex)
     assert len(updates) >= 4, "live updates while the cell ran"
     assert any(m["index"] < max(s["index"] for s in kinds["stream"]) for m in updates), "updates came while output was still arriving"
+    clocks = [re.search(rf"running 2 · ({CLOCK}) ·", text_of(v)) for v in
+              (m["content"]["data"]["state"].get("value", "") for m in updates) if "ddp-status-header" in v and "running 2" in v]
+    seen = [float(c.group(1).split()[0]) for c in clocks if c and c.group(1).endswith(" s") and " m " not in c.group(1)]
+    assert len(set(seen)) >= 4 and seen == sorted(seen), f"the live clock moves in tenths while the ranks run: {seen}"
     ranks_values = [m["content"]["data"]["state"]["value"] for m in updates if "ddp-status-ranks" in m["content"]["data"]["state"].get("value", "")]
     assert ROW.findall(ranks_values[-1]) == [("0", "done"), ("1", "done")]
     assert "tick 3" in ranks_values[-1]
     final = kinds["update_display_data"][-1]["content"]
     assert final["transient"]["display_id"] == shown[0]["content"]["transient"]["display_id"]
     assert set(final["data"]) == {"text/html"}
-    assert re.match(DONE + r"( · pool started in \d+\.\d\d s)?$", text_of(final["data"]["text/html"]))
+    assert re.match(DONE + rf"( · pool started in {SECONDS})?$", text_of(final["data"]["text/html"]))
     assert {m["content"]["comm_id"] for m in kinds["comm_close"]} == set(opened), "the widgets are closed when the cell ends"
     assert "[\x1b[35mrank 1\x1b[0m] tick 3" in _raw(ex, "stdout")  # the streams still carry the output, the prefix in the rank's colour
+
+
+@pytest.mark.kernel
+def test_kernel_a_pool_restart_is_a_notice_with_the_cell_s_time_format(kernel):
+    """-n 2 → 3: the notice is on stdout (not an error), above the ranks' lines; its time reads like the view's."""
+    for _run in range(2):
+        kernel.run("%%ddp -n 2\n1", timeout=180).ok()
+        ex = kernel.run("%%ddp -n 3\nprint('hi')", timeout=180).ok()
+        assert "restarting" not in ex.stderr
+        notice = [ln for ln in ex.stdout.splitlines() if ln.startswith("ddp_magic: restarting the pool (-n 2 → 3)")]
+        assert len(notice) == 1 and re.search(rf": ranks restarted in {SECONDS}, ", notice[0]), ex.stdout
+        assert ex.stdout.index(notice[0]) < ex.stdout.index("] hi"), "the notice comes first, in the cell's own stream"
+        final = (_iopub(ex)["display_data"] + _iopub(ex)["update_display_data"])[-1]["content"]["data"]["text/html"]
+        assert re.search(rf"· pool started in {SECONDS}$", text_of(final)), text_of(final)
+    restart = kernel.run("%ddp restart -n 2", timeout=180).ok()  # what the panel's Restart toast shows too (ui/labcomm.py)
+    assert re.search(rf"^pool of 2 \(gloo\) ready in {SECONDS}, pids \[\d+, \d+\]$", restart.stdout, re.M), restart.stdout
 
 
 @pytest.mark.kernel
@@ -499,9 +572,13 @@ def test_kernel_ddp_env_live_and_planned():
         assert {"GPUs for the backend", "backend available"} <= failed
         assert [r["RANK"] for r in data["ranks"]] == ["0", "1", "2", "3"]
         assert k.value("'torch' in __import__('sys').modules") is False, "the checks must not import torch in the kernel"
-        k.run("%%ddp -n 2\n1", timeout=180).ok()
+        cell = k.run("%%ddp -n 2\n1", timeout=180).ok()
         live = k.run("%ddp_env").ok()
-        assert re.match(r"live env of 2 rank\(s\), backend gloo — ✓ \d+ checks passed\n", live.result)
+        m = re.match(r"live env of 2 ranks, backend gloo — ✓ (\d+) checks passed; from the ranks: ✓ \d+ checks passed\n", live.result)
+        assert m, live.result
+        shown = text_of((_iopub(cell)["display_data"] + _iopub(cell)["update_display_data"])[-1]["content"]["data"]["text/html"])
+        assert re.search(rf"✓ {m.group(1)} checks passed", shown), f"the cell and %ddp_env count the same checks: {shown}"
+        assert live.result.count("MASTER_ADDR=") == 1 and "\nRANK  LOCAL_RANK\n0     0\n1     1\n" in live.result, "shared once"
         assert "process group" not in live.result, "a healthy env: the verdict, not every check"
         page = live.displays[-1]["text/html"]
         assert "<table" in page and "<style" not in page
@@ -524,10 +601,10 @@ def test_kernel_chatty_cell_on_four_ranks_is_throttled(kernel):
 
 
 def _ranks_of(line: str) -> List[int]:
-    """The ranks a '[rank 2] …' or '[ranks 0-1,3] …' line speaks for."""
+    """The ranks a '[rank 2] …' or '[ranks 0-1, 3] …' line speaks for."""
     label = line[1:].split("]", 1)[0].split(" ", 1)[1]
     out: List[int] = []
-    for part in label.split(","):
+    for part in label.replace(" ", "").split(","):
         lo, _, hi = part.partition("-")
         out += list(range(int(lo), int(hi or lo) + 1))
     return out
@@ -540,16 +617,20 @@ def test_kernel_tqdm_on_four_ranks_leaves_one_line_per_rank(kernel):
     code = "%%ddp -n 4\nimport time\nfrom tqdm import tqdm\nfor i in tqdm(range(20), mininterval=0.05, desc='train'):\n    time.sleep(0.05)\nprint('after')"
     for _run in range(2):  # the second run too
         ex = kernel.run(code, timeout=300).ok()
-        raw = _raw(ex, "stderr")
-        lines = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", raw).splitlines() if ln.strip()]
+        assert _raw(ex, "stderr") == "", "a bar's final state is progress, not an error: no stderr block"
+        raw = _raw(ex, "stdout")
         assert "\r" not in raw, "no redraw fragments in the saved output"
-        ranks = sorted(r for ln in lines for r in _ranks_of(ln))  # identical final bars may be one '[ranks 1-2]' line
-        assert ranks == [0, 1, 2, 3], "at most one line per rank per bar"
-        assert all("20/20" in ln for ln in lines)
-        assert re.sub(r"\x1b\[[0-9;]*m", "", _raw(ex, "stdout")).count("] after") == 4
+        lines = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", raw).splitlines() if ln.startswith("[rank")]  # not a notice
+        for r in range(4):  # one order per rank: its bar's final state, then what it printed next
+            mine = [ln.split("] ", 1)[1] for ln in lines if _ranks_of(ln) == [r]]
+            assert len(mine) == 2 and "20/20" in mine[0] and mine[0].startswith("train: 100%") and mine[1] == "after", mine
         bars = [m["content"]["data"]["state"]["value"] for m in _widget_updates(ex) if "ddp-status-bar" in m["content"]["data"]["state"].get("value", "")]
         assert bars, "the live view showed the ranks' bars"
         assert re.search(r"data-total='20'", bars[-1])
+        said = [text_of(v) for v in bars if "ddp-status-header" in v]
+        assert any(re.search(r" · \d+% [\d.]+ it/s · gloo", t) for t in said), "the mini bars say their percentage and rate"
+        opened = [m["content"]["data"]["state"] for m in _widget_updates(ex) if "selected_index" in m["content"]["data"]["state"]]
+        assert [st["selected_index"] for st in opened] == [1], "the body opened itself once, for the bars"
 
 
 # ---------------------------------------------------------------- part 3: real JupyterLab in headless Chromium
@@ -574,5 +655,5 @@ def test_widget_renders_in_jupyterlab(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["rows"] == 4 and info["done"] == 4
-    assert re.match(r"%%ddp 4 ranks ✓ (\d+ ms|\d+\.\d\d s) · gloo · ✓ \d+ checks passed", info["header"])
+    assert re.match(rf"%%ddp 4 ranks ✓ {SECONDS} · gloo · ✓ \d+ checks passed", info["header"])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

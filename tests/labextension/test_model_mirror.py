@@ -1,34 +1,105 @@
-"""The panel and the status bar write times as the cell's status view does: one clock, one format.
+"""The panel writes times and metric values as the cell does, and both write them truly.
 
-labextension/src/model.ts ``fmtSeconds`` mirrors ddp_magic/ui/status_render.py ``fmt_seconds``; this runs the
-built TypeScript (labextension/lib/model.js, pure: no imports) in node and compares the two on the same values.
+labextension/src/model.ts ``fmtSeconds`` mirrors ddp_magic/ui/status_render.py ``fmt_seconds``, and ``fmtValue``
+mirrors ddp_magic/ui/metrics_chart.py ``fmt``; this runs the built TypeScript (labextension/lib/model.js, pure: no
+imports) in node and compares the two on the same values. Agreeing is not enough (both once wrote 15,900 as
+"1.59k"): the TypeScript's metric values are also read back and checked against the number they stand for.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+from typing import Any, List
 
-import pytest
 
+from ddp_magic.plan.check import Check, checks_verdict
+from ddp_magic.words import plural, ranks_phrase
+from ddp_magic.ui.metrics_chart import fmt
 from ddp_magic.ui.status_render import fmt_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_JS = os.path.join(ROOT, "labextension", "lib", "model.js")
 VALUES = [0, 0.0005, 0.004, 0.005, 0.0125, 0.0355, 0.125, 0.375, 0.5, 0.9994, 0.9995, 0.9996, 1.005, 1.125, 2.125, 2.315, 9.999, 10.094,
           59.994, 59.996, 60, 64.5, 65.5, 75.25, 599.5, 3599.4, 3599.6, 3600, 3725, 86399]
+# mantissas with more digits than either formatter shows, so no value is an exact decimal tie (Python rounds those
+# half to even, JavaScript up); and the ones next to a rounding edge (9.9995 -> 10, 999.96k -> 1M)
+MANTISSAS = [1.0, 1.00049, 1.23456, 1.5, 2.5, 3.14159, 4.99951, 5.963, 7.77777, 9.99949, 9.99951, 9.999999]
+METRIC_VALUES = [0.0, 15900.0, 5963.0, 0.0002628, -0.0002628] + [
+    sign * m * 10.0**e for e in range(-6, 13) for m in MANTISSAS for sign in (1, -1)
+]
+UNITS = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+NUMBER = re.compile(r"^-?(\d+)(?:\.(\d+))?(?:e([-+]\d+))?([kMGT]?)$")
 
 
-def test_fmt_seconds_is_the_same_in_the_panel_and_the_cell_view() -> None:
+def _ts(function: str, values: List[Any]) -> List[Any]:
+    """``function`` of labextension/src/model.ts applied to every value, in node (a list value: its arguments)."""
     node = shutil.which("node")
-    if node is None or not os.path.exists(MODEL_JS):
-        pytest.skip("needs node and the built extension (jlpm build in labextension/)")
+    assert node is not None, "node is needed to build the extension (scripts/setup.sh installs it)"
+    assert os.path.exists(MODEL_JS), "labextension/lib/model.js is missing: run bash scripts/build_labextension.sh"
     with tempfile.TemporaryDirectory() as tmp:
         module = os.path.join(tmp, "model.mjs")  # lib/ is an ES module; a .mjs copy imports without a package.json
         shutil.copyfile(MODEL_JS, module)
-        script = f"import * as M from {json.dumps(module)}; console.log(JSON.stringify({json.dumps(VALUES)}.map(M.fmtSeconds)));"
+        call = f"(Array.isArray(v) ? M.{function}(...v) : M.{function}(v))"
+        script = f"import * as M from {json.dumps(module)}; console.log(JSON.stringify({json.dumps(values)}.map(v => {call})));"
         out = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert dict(zip(VALUES, json.loads(out.stdout))) == {v: fmt_seconds(v) for v in VALUES}
+    return json.loads(out.stdout)
+
+
+def read_back(text: str) -> float:
+    """The number a formatted value stands for ("15.9k" is 15900.0)."""
+    m = NUMBER.match(text)
+    assert m, f"{text!r} is not a number with an optional k, M, G or T"
+    return float(text[: len(text) - len(m.group(4))]) * UNITS[m.group(4)]
+
+
+def half_place(text: str) -> float:
+    """Half the place value of the last digit shown: the most a correctly rounded text may be off by."""
+    m = NUMBER.match(text)
+    assert m
+    return 0.5 * 10.0 ** (int(m.group(3) or 0) - len(m.group(2) or "")) * UNITS[m.group(4)]
+
+
+def test_fmt_seconds_is_the_same_in_the_panel_and_the_cell_view() -> None:
+    assert dict(zip(VALUES, _ts("fmtSeconds", VALUES))) == {v: fmt_seconds(v) for v in VALUES}
+
+
+def test_the_panel_writes_every_metric_value_truly() -> None:
+    shown = _ts("fmtValue", METRIC_VALUES)
+    wrong = []
+    for x, text in zip(METRIC_VALUES, shown):
+        back = read_back(text)
+        digits = re.sub(r"e.*$", "", text).replace("-", "").replace(".", "").lstrip("0")
+        if abs(back - x) > half_place(text) * (1 + 1e-9) or len(digits) > 4:
+            wrong.append(f"{x!r} -> {text!r} (reads {back!r})")
+    assert not wrong, "\n".join(wrong[:20])
+    assert dict(zip(METRIC_VALUES[:5], shown[:5])) == {0.0: "0", 15900.0: "15.9k", 5963.0: "5963", 0.0002628: "0.0002628", -0.0002628: "-0.0002628"}
+
+
+def test_fmt_value_is_the_same_in_the_panel_and_the_cell_chart() -> None:
+    shown = _ts("fmtValue", METRIC_VALUES + [None, float("nan")])  # JSON carries NaN as null: both are "-"
+    want = [fmt(v) for v in METRIC_VALUES] + ["-", "-"]
+    differ = [f"{x!r}: panel {a!r}, cell {b!r}" for x, a, b in zip(METRIC_VALUES + [None, None], shown, want) if a != b]
+    assert not differ, "\n".join(differ[:20])
+
+
+def test_rank_lists_and_counts_are_worded_as_the_kernel_words_them() -> None:
+    lists = [[1], [0, 1], [3, 0, 2, 1], [0, 2, 3], [0, 2], [5, 1, 2, 7, 8, 9]]
+    assert _ts("ranksPhrase", [[r] for r in lists]) == [ranks_phrase(r) for r in lists]
+    counts = [[n, "check"] for n in (0, 1, 2, 19)]
+    assert _ts("plural", counts) == [plural(n, w) for n, w in counts]
+
+
+def test_the_env_line_is_the_kernel_s_checks_verdict() -> None:
+    """The panel counts the checks as plan/check.py checks_verdict does when the kernel sent no line of its own."""
+    cases = [(0, 0, 19), (1, 0, 18), (2, 1, 16), (0, 1, 18), (0, 3, 1), (0, 0, 1)]
+    checks = {c: [Check("f", False, "x")] * c[0] + [Check("w", False, "x", "warning")] * c[1] + [Check("p", True, "x")] * c[2] for c in cases}
+    summaries = [
+        [{"verdict": "", "problems": [k.to_dict() for k in cs if not k.ok], "passed": sum(k.ok for k in cs), "total": len(cs)}]
+        for cs in checks.values()
+    ]
+    assert _ts("envHeadline", summaries) == [checks_verdict(cs) for cs in checks.values()]

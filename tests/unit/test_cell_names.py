@@ -2,8 +2,6 @@
 IPython names its own (``Cell In[10], line 5``), IPython's colours, and ranks at one place said once."""
 from __future__ import annotations
 
-import types
-
 from ddp_magic.errors import RankFailure, colour_traceback
 from ddp_magic.states import FailureKind
 from ddp_magic.ui.results import CellNumbers
@@ -39,9 +37,9 @@ def test_a_real_traceback_named_and_coloured():
 
 def test_the_magic_renames_failures_and_notes_with_the_execution_count():
     numbers = CellNumbers()
-    numbers.name("2", types.SimpleNamespace(execution_count=9), [], [])
+    numbers.name("2", 9, [], [])
     failure = RankFailure(rank=1, kind=FailureKind.ERROR, type="ZeroDivisionError", message="division by zero", traceback=TB)
-    notes = numbers.name("3", types.SimpleNamespace(execution_count=10), [failure], ['--- rank 0 ---\n  File "<ddp-cell-3>", line 5, in <module>'])
+    notes = numbers.name("3", 10, [failure], ['--- rank 0 ---\n  File "<ddp-cell-3>", line 5, in <module>'])
     assert "Cell In[10], line 5" in failure.traceback and "Cell In[9], line 2, in f" in failure.traceback
     assert notes == ["--- rank 0 ---\n  Cell In[10], line 5"]
 
@@ -49,5 +47,5 @@ def test_the_magic_renames_failures_and_notes_with_the_execution_count():
 def test_ranks_at_one_place_are_said_once():
     at5 = "at cell line 5: dist.all_reduce(x)"
     places = {0: at5, 2: at5, 3: at5, 1: "raised"}
-    assert group_places(places) == "ranks 0, 2, 3 at cell line 5: dist.all_reduce(x); rank 1 raised"
+    assert group_places(places) == "ranks 0, 2-3 at cell line 5: dist.all_reduce(x); rank 1 raised"
     assert group_places({4: "at an unknown place"}) == "rank 4 at an unknown place"

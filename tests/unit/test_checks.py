@@ -156,7 +156,9 @@ def test_every_check_is_covered():
 # ---------------------------------------------------------------- details of single checks
 def test_rank_env_failures_name_the_problem():
     dup = by_name(ranks.check_rank_envs(edit(envs(4), 3, RANK="1", LOCAL_RANK="1")), "ranks unique and complete")
-    assert "[1]" in dup.detail and "missing" in dup.detail and "[3]" in dup.detail
+    assert dup.detail == "rank 1 appears more than once (two processes would claim one rank); rank 3 missing (the others would wait for it)"
+    two = by_name(ranks.check_rank_envs(edit(edit(envs(4), 2, RANK="0", LOCAL_RANK="0"), 3, RANK="1", LOCAL_RANK="1")), "ranks unique and complete")
+    assert two.detail.startswith("ranks 0-1 appear more than once") and "ranks 2-3 missing (the others would wait for them)" in two.detail
     out = by_name(ranks.check_rank_envs(edit(envs(2), 1, RANK="5")), "ranks unique and complete")
     assert "outside 0..1" in out.detail
     bad = by_name(ranks.check_rank_envs(edit(envs(2), 1, RANK="one")), "ranks unique and complete")
@@ -248,7 +250,8 @@ def test_stale_variables_are_listed():
         ("0,1", FOUR_GPUS, True, "inherits"),
         ("", FOUR_GPUS, False, "hides all 4"),
         ("-1", NO_GPU, True, "no GPU"),
-        ("0,5", FOUR_GPUS, False, "names device(s) 5"),
+        ("0,5", FOUR_GPUS, False, "names device 5, but this machine has 4 GPUs"),
+        ("0,5,7", FOUR_GPUS, False, "names devices 5, 7"),
         ("0,0", FOUR_GPUS, False, "twice"),
         ("gpu0", FOUR_GPUS, False, "not a device index"),
         ("GPU-8f2c", FOUR_GPUS, True, "inherits"),
@@ -321,9 +324,12 @@ def test_seen_settings_are_compared_across_ranks():
 
 
 def test_verdict():
-    assert checks_verdict([Check("a", True, "x")]) == "env ✓"
-    assert checks_verdict([Check("a", True, "x"), Check("b", False, "y", level="warning")]) == "env ! 1 warning"
-    assert checks_verdict([Check("a", False, "x"), Check("b", False, "y", level="warning")]) == "env ✗ 1 failed"
+    """One wording of the verdict (the cell's view, %ddp_env, the panel's tooltip): counts and singular/plural from the list."""
+    assert checks_verdict([Check("a", True, "x")]) == "✓ 1 check passed"
+    assert checks_verdict([Check("a", True, "x")] * 19) == "✓ 19 checks passed"
+    assert checks_verdict([Check("a", True, "x"), Check("b", False, "y", level="warning")]) == "! 1 warning, 1 check passed"
+    assert checks_verdict([Check("a", True, "x")] * 3 + [Check("b", False, "y", level="warning")] * 2) == "! 2 warnings, 3 checks passed"
+    assert checks_verdict([Check("a", False, "x"), Check("b", False, "y", level="warning")]) == "✗ 1 of 2 checks failed"
 
 
 # ---------------------------------------------------------------- the cache
@@ -388,7 +394,7 @@ def test_plan_report_text_html_and_json():
     p = plan(2)
     report = plan_report(p, environ={"NCCL_DEBUG": "WARN", "RANK": "7", "MY_TOKEN": "s3cret"})
     text = repr(report)
-    assert "planned env for 2 rank(s)" in text and "! 1 warning" in text  # the stale RANK warns
+    assert "planned env for 2 ranks" in text and "! 1 warning" in text  # the stale RANK warns
     assert "✓ ranks unique and complete" not in text and "✓ ranks unique and complete" in report.full_text()  # passes: one click away
     assert "! no stale dist variables in the kernel" in text
     html = report._repr_html_()
@@ -409,4 +415,57 @@ def test_live_report_checks_consistency():
     assert not report.ok
     assert "ranks disagree on MASTER_PORT" in repr(report)
     missing = live_report({0: live()[0]}, 2, "gloo")
-    assert not missing.ok and "no answer from rank(s) [1]" in repr(missing)
+    assert not missing.ok and "no answer from rank 1 within the timeout" in repr(missing)
+
+
+# ---------------------------------------------------------------- one plan, one count (the cell's view and %ddp_env)
+def _count(line: str) -> int:
+    """The number of checks a verdict line counts: '✓ 19 checks passed', '! 1 warning, 18 checks passed', '✗ 2 of 19 checks failed'."""
+    import re
+
+    m = re.search(r"✓ (\d+) checks? passed|! (\d+) warnings?, (\d+) checks? passed|✗ \d+ of (\d+) checks? failed", line)
+    assert m, line
+    a, w, p, total = m.groups()
+    return int(a) if a else int(w) + int(p) if w else int(total)
+
+
+@pytest.mark.parametrize("options", [{}, {"backend": "nccl"}, {"mesh": "dp=2,tp=1"}])
+def test_the_cell_and_ddp_env_count_the_same_checks_for_one_plan(options):
+    from ddp_magic.ui.status_view import StatusView
+
+    p = make_plan(PoolSpec.from_options(2, **options), gpus=NO_GPU, environ={}, strict=False)
+    for started in (False, True):
+        view = StatusView(2, plan=p, mode="off", ticker=False)
+        view._pool = types.SimpleNamespace(plan=p, started=started)
+        report = plan_report(p, started=started) if not started else live_report(live(), 2, p.backend, p)
+        assert [c.name for c in view.checks] == [c.name for c in report.checks], "the same list, in the same order"
+        assert _count(view.summary()) == _count(report.verdict.split(";")[0]) == len(report.checks)
+    facts = {c.name for c in plan_checks(p, {})}
+    assert ("GPU per rank" in facts) == (p.backend == "nccl") and ("device mesh" in facts) == ("mesh" in options)
+
+
+def test_a_live_report_counts_what_the_ranks_report_apart():
+    p = plan(2)
+    report = live_report(live(), 2, "gloo", p)
+    assert report.verdict == f"✓ {len(plan_checks(p, started=True))} checks passed; from the ranks: ✓ {len(live_checks(live(), 2, 'gloo'))} checks passed"
+    data = report.to_dict()
+    assert {c["source"] for c in data["checks"]} == {"plan", "ranks"} and len(data["checks"]) == len(report.all_checks)
+    bad = live(2)
+    bad[1]["process_group"]["initialised"] = False
+    assert not live_report(bad, 2, "gloo", p).ok and "; from the ranks: ✗ 1 of " in live_report(bad, 2, "gloo", p).verdict
+
+
+def test_the_env_every_rank_shares_is_said_once():
+    report = plan_report(plan(4), environ={})
+    text = report.full_text().split("\n\n")[0]  # the env, before the checks
+    shared = [ln for ln in text.splitlines() if ln.startswith("every rank: ")]
+    assert len(shared) == 1 and text.count("MASTER_ADDR=") == 1 and text.count(" WORLD_SIZE=4") == 1
+    values = dict(kv.split("=", 1) for kv in shared[0].removeprefix("every rank: ").split())
+    assert values["WORLD_SIZE"] == "4" and values["LOCAL_WORLD_SIZE"] == "4" and "RANK" not in values and "LOCAL_RANK" not in values
+    header, *rows = [ln.split() for ln in text.splitlines()[2:7]]
+    assert header == ["RANK", "LOCAL_RANK"] and rows == [[str(r), str(r)] for r in range(4)], "per rank: only what differs"
+    page = report._repr_html_()
+    assert page.count(">MASTER_ADDR<") == 0 and "every rank: MASTER_ADDR=" in page
+    one = plan_report(plan(1), environ={}).full_text()
+    assert "every rank:" not in one and "MASTER_ADDR" in one.splitlines()[1], "one rank: its one row says it all"
+    assert report.to_dict()["ranks"][3]["MASTER_ADDR"] == "127.0.0.1", "programs still get every variable per rank"

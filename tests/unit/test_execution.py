@@ -7,7 +7,7 @@ import os
 import pytest
 
 import ddp_magic
-from ddp_magic.wire.execution import format_user_traceback, run_source, syntax_error_text
+from ddp_magic.wire.execution import editor_lines, format_user_traceback, run_source, syntax_error_text
 
 
 def test_last_expression_value_and_traceback_points_at_cell():
@@ -48,3 +48,19 @@ def test_syntax_error_text_explains_magics():
     except SyntaxError as e:
         text = syntax_error_text(e)
     assert "magics" in text
+
+
+def test_editor_lines_number_the_body_as_the_editor_does():
+    """Body line k of a %%ddp cell is the editor's line k + 1: the traceback names line 3 for the body's 1 / 0 on line 2."""
+    body = "x = 1\n1 / 0"
+    with pytest.raises(ZeroDivisionError) as info:
+        run_source(editor_lines(body, 2), "<ddp-cell-e>", {})
+    text = format_user_traceback(info.value, "<ddp-cell-e>")
+    assert 'File "<ddp-cell-e>", line 3' in text and "1 / 0" in text, text
+    assert run_source(editor_lines("a = 2\na * 21", 2), "<ddp-cell-v>", {}) == 42  # the last expression still comes back
+    assert editor_lines(body, 1) == body  # no %%ddp line above it: its own numbering
+    for first_line in (2, 3):  # below a %%ddp line, or below %%time and %%ddp
+        try:
+            compile(editor_lines("for i in range(3)\n    pass", first_line), "<c>", "exec")
+        except SyntaxError as e:
+            assert f"(line {first_line})" in syntax_error_text(e)

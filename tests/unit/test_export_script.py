@@ -100,7 +100,7 @@ def test_export_files_writes_the_script_and_says_how_to_run_it(tmp_path):
     assert out.launch.nodes == 2 and out.launch.per_node == 1
     eight = export_files(history(), ExportOptions(path=str(tmp_path / "t8.py"), slurm=True, nodes=2, gpus_per_node=4))
     assert "--nproc-per-node 2 " in eight.text(), "the one-node line keeps the pool's ranks"
-    assert "(2 node(s) x 4 rank(s))" in eight.text() and "--nproc-per-node 4 " in open(eight.sbatch or "").read()
+    assert "(2 nodes x 4 ranks)" in eight.text() and "--nproc-per-node 4 " in open(eight.sbatch or "").read()
     assert out.expected.lines == (("loss 7",), ("loss 7",)) and out.expected.values == ("7", "7")
     compile(open(out.script).read(), out.script, "exec")
 

@@ -5,22 +5,25 @@ import signal
 
 from ddp_magic.kernel import forensics as F
 from ddp_magic.kernel.recovery import oom_kills, oom_note, swap_notes
+from ddp_magic.words import ranks_phrase
 
 
 def c(op: str, seq: int = 12, shape=(4,), dtype: str = "float32", group: str = "default", ranks=None) -> dict:
     return {"op": op, "seq": seq, "shape": list(shape), "dtype": dtype, "group": group, "ranks": ranks, "waited": 3.0}
 
 
-def test_ranks_text_names_runs_and_lists():
-    assert F.ranks_text([3]) == "rank 3"
-    assert F.ranks_text([2, 0]) == "ranks 0, 2"
-    assert F.ranks_text([0, 1, 2]) == "ranks 0–2"
-    assert F.ranks_text([0, 1, 3]) == "ranks 0, 1, 3"
+def test_ranks_phrase_names_runs_and_lists():
+    assert ranks_phrase([3]) == "rank 3"
+    assert ranks_phrase([2, 0]) == "ranks 0, 2"
+    assert ranks_phrase([1, 0]) == "ranks 0-1"
+    assert ranks_phrase([0, 1, 2]) == "ranks 0-2"
+    assert ranks_phrase([0, 1, 3]) == "ranks 0-1, 3"
+    assert ranks_phrase([0, 2, 3, 4, 5, 9]) == "ranks 0, 2-5, 9"
 
 
 def test_a_rank_in_another_collective_is_a_mismatch():
     got = {0: c("all_reduce"), 1: c("all_reduce"), 2: c("all_reduce"), 3: c("broadcast")}
-    assert F.verdicts(range(4), got, {}) == ["rank 3 is in broadcast #12 while ranks 0–2 are in all_reduce #12: mismatched collective"]
+    assert F.verdicts(range(4), got, {}) == ["rank 3 is in broadcast #12 while ranks 0-2 are in all_reduce #12: mismatched collective"]
 
 
 def test_a_rank_one_collective_ahead_is_a_mismatch_too():
@@ -31,7 +34,7 @@ def test_a_rank_one_collective_ahead_is_a_mismatch_too():
 def test_ranks_that_never_arrived_are_named_with_where_they_are():
     got = {0: c("barrier", 3), 1: c("barrier", 3), 2: None, 3: None}
     where = {2: "raised", 3: "at cell line 2: time.sleep(60)"}
-    assert F.verdicts(range(4), got, where) == ["ranks 2, 3 never arrived at barrier #3 (rank 2 raised; rank 3 at cell line 2: time.sleep(60))"]
+    assert F.verdicts(range(4), got, where) == ["ranks 2-3 never arrived at barrier #3 (rank 2 raised; rank 3 at cell line 2: time.sleep(60))"]
 
 
 def test_a_sub_group_counts_only_its_own_ranks():
@@ -50,7 +53,7 @@ def test_the_table_has_one_aligned_line_per_rank():
 def test_released_names_the_collective_and_the_line():
     got = {0: c("all_reduce"), 2: c("all_reduce"), 3: c("all_reduce")}
     where = {r: "at cell line 7: dist.all_reduce(x)" for r in (0, 2, 3)}
-    assert F.released_text([0, 2, 3], got, where) == "ranks 0, 2, 3 were in all_reduce #12 (at cell line 7: dist.all_reduce(x)) and were released"
+    assert F.released_text([0, 2, 3], got, where) == "ranks 0, 2-3 were in all_reduce #12 (at cell line 7: dist.all_reduce(x)) and were released"
     assert F.released_text([0], {0: None}, {}) == ""
     assert F.report([0, 1], {0: None, 1: None}, {}) == []
 

@@ -1,9 +1,11 @@
 """ddp_magic.log's pieces without processes: the rank's buffer, the kernel's store, the chart, the nbval rule."""
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
+import xml.etree.ElementTree as ET
 import threading
 import time
 from pathlib import Path
@@ -34,10 +36,12 @@ def test_columns_are_equal_length_lists_rank_by_rank_with_none_where_not_logged(
     assert len({len(v) for v in c.values()}) == 1
 
 
-def test_summary_names_the_rank_that_reached_the_last_common_step_last():
+def test_summary_names_the_rank_that_logged_the_common_steps_late():
     loss, tok = _store().summary()
     assert loss.name == "loss" and loss.min == 1.0 and loss.steps == (0, 1)
-    assert loss.slowest == 1 and loss.lag == pytest.approx(1.0)
+    # loss: rank 1 logged step 0 0.1 s and step 1 1.0 s after rank 0: median lag 0.55 s, its steps 1.4 s apart (10%: 0.14 s)
+    assert loss.slowest == 1 and loss.lag == pytest.approx(0.55) and loss.slowest_by == "steps"
+    assert tok.slowest == 1 and tok.lag == pytest.approx(1.0)  # tok_s: one common step, 1.0 s apart
     assert tok.last == 45.0 and (tok.last_lo, tok.last_hi) == (40.0, 50.0)
 
 
@@ -50,12 +54,35 @@ def test_payload_is_json_without_nan_and_thins_long_lines():
     assert len(kept) == 200 and kept[0] == pts[0] and kept[-1] == pts[-1]
 
 
-def test_chart_is_inline_svg_with_theme_colours_and_a_stable_first_line():
-    html = metrics_chart.chart_html(_store().payload())
-    assert "<style" not in html and html.count("<svg") == 2 and html.count("<polyline") == 4
-    assert "var(--jp-ui-font-color1" in html and "rank 1 (+1.00 s)" in html
-    assert metrics_chart.chart_text(_store().payload()) == "ddp_magic metrics: loss, tok_s from 2 ranks, steps 0-1 (%ddp metrics gives the data)"
+def _images(html: str) -> list:
+    """The SVG documents a saved chart embeds as <img src='data:image/svg+xml;base64,...'>."""
+    return [base64.b64decode(b).decode() for b in re.findall(r"<img src='data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)'", html)]
+
+
+def test_the_live_chart_is_inline_svg_in_theme_colours():
+    html = metrics_chart.chart_html(_store().payload(), live=True)
+    assert "<style" not in html and html.count("<svg") == 2 and html.count("<polyline") == 4 and "<img" not in html
+    assert "var(--jp-ui-font-color1" in html and "var(--ddp-magic-rank-1,#ff7f0e)" in html and "slowest rank so far" in html
     assert "nothing logged" in metrics_chart.chart_html(CellMetrics().payload())
+
+
+def test_the_saved_chart_is_what_a_sanitizer_keeps():
+    """No <svg>, no <style>, no var() as a colour's only value: each metric an <img> of a self-contained SVG."""
+    html = metrics_chart.chart_html(_store().payload())
+    assert "<svg" not in html and "<style" not in html and "<script" not in html
+    images = _images(html)
+    assert len(images) == 2 and sum(svg.count("<polyline") for svg in images) == 4
+    for svg in images:
+        ET.fromstring(svg)  # a well-formed document
+        assert "var(" not in svg and "#ffffff" in svg, "its own colours and its own light card: no page CSS reaches an <img>"
+    assert "background:#1f77b4'" in html and "background:#ff7f0e'" in html, "the legend's swatches in plain hex"
+    assert "rank 1 (+0.55 s)" in html
+    text = metrics_chart.chart_text(_store().payload())
+    head, columns, loss, tok = text.splitlines()
+    assert head == "ddp_magic metrics: loss, tok_s from 2 ranks, steps 0-1 (%ddp metrics gives the data)"
+    assert columns.split() == ["metric", "last", "(mean", "over", "ranks)", "min", "mean", "slowest", "rank"]
+    assert loss.split() == ["loss", "1", "1", "2", "rank", "1", "(+0.55", "s)"]  # rank 1's last loss is NaN: the mean of the others
+    assert tok.split() == ["tok_s", "45", "(40", "to", "50)", "40", "45", "rank", "1", "(+1.00", "s)"]
 
 
 def _sanitize(text: str) -> str:
@@ -71,9 +98,10 @@ def test_nbval_keeps_the_charts_first_line_and_replaces_its_numbers():
     b = _store()
     b.rows[0].pop()
     b.add(0, [(1, 102.0, {"loss": 0.5, "tok_s": 55.0})])  # the same steps and names, other values
-    ha, hb = metrics_chart.chart_html(a.payload()), metrics_chart.chart_html(b.payload())
-    assert ha != hb and _sanitize(ha) == _sanitize(hb)
-    assert "loss, tok_s from 2 ranks, steps 0-1" in _sanitize(ha)
+    for form in (metrics_chart.chart_html, metrics_chart.chart_text):
+        fa, fb = form(a.payload()), form(b.payload())
+        assert fa != fb and _sanitize(fa) == _sanitize(fb)
+        assert "loss, tok_s from 2 ranks, steps 0-1" in _sanitize(fa)
 
 
 def test_rank_log_buffers_and_sends_rows_in_order_off_the_main_thread():

@@ -46,8 +46,9 @@ def test_other_rank_lines_are_not_garbled_by_a_redraw():
 
 
 def test_tqdm_on_four_ranks_leaves_one_line_per_rank_per_bar():
+    """tqdm writes to stderr; its final line is progress, so it joins each rank's stdout (never merged across ranks)."""
     tqdm = pytest.importorskip("tqdm")
-    p, _, err = _printer()
+    p, out, err = _printer()
     p.world = 4
     streams = {r: io.StringIO() for r in range(4)}
     bars = {r: tqdm.tqdm(total=10, file=streams[r], mininterval=0, desc=f"epoch {r}", ascii=True, position=0) for r in range(4)}  # each rank: its own bar
@@ -61,8 +62,9 @@ def test_tqdm_on_four_ranks_leaves_one_line_per_rank_per_bar():
         bar.close()
         p.feed(r, "stderr", streams[r].getvalue()[before:])
     p.flush()
-    lines = err.getvalue().splitlines()
-    assert len(lines) == 4 and "\r" not in err.getvalue()
+    assert err.getvalue() == ""
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 4 and "\r" not in out.getvalue()
     assert sorted(ln.split("]")[0] for ln in lines) == [f"[rank {r}" for r in range(4)]
     assert all("10/10" in ln for ln in lines)
 
@@ -129,7 +131,7 @@ def test_stderr_lines_that_differ_or_come_from_some_ranks_keep_their_order():
     assert err.getvalue() == ""
     p.feed(3, "stderr", "same\nlast\n")
     p.flush()
-    assert err.getvalue() == "[rank 0] rank-only note\n[ranks 0,2-3] same\n[rank 3] last\n"
+    assert err.getvalue() == "[rank 0] rank-only note\n[ranks 0, 2-3] same\n[rank 3] last\n"
 
 
 def test_a_held_line_goes_out_after_the_window(monkeypatch):
@@ -148,18 +150,36 @@ def test_a_held_line_goes_out_after_the_window(monkeypatch):
 
 
 def test_progress_on_stderr_keeps_its_final_state_only():
-    p, _, err = _printer()
+    p, out, err = _printer()
     p.world = 2
     p.feed(0, "stderr", "loading\n\r 10%")
     p.feed(0, "stderr", "\r 20%")
     p.flush()
-    assert err.getvalue() == "[rank 0] loading\n[rank 0]  20%\n"
+    assert err.getvalue() == "[rank 0] loading\n" and out.getvalue() == "[rank 0]  20%\n", "a bar's last state is progress: stdout"
+
+
+def test_a_bar_s_final_line_sits_among_its_rank_s_stdout_lines_in_order():
+    """One order per rank: what the rank printed, its bar's final state, what it printed next; real stderr stays stderr."""
+    p, out, err = _printer()
+    p.world = 2
+    for _run in (1, 2):  # a notebook user re-runs the cell
+        p.feed(0, "stdout", "before\n")
+        p.feed(0, "stderr", "\r  0%|   | 0/3 [00:00<?, ?it/s]")
+        p.feed(0, "stderr", "\r 33%|#  | 1/3 [00:00<00:00, 9.9it/s]\r100%|###| 3/3 [00:00<00:00, 9.9it/s]\n")
+        p.feed(1, "stderr", "a real warning\n")
+        p.feed(0, "stdout", "after\n")
+        p.feed(0, "stderr", "\r 50%|#  |\r" + " " * 12 + "\r")  # tqdm(leave=False): cleared, nothing left of it
+        p.feed(0, "stderr", "Traceback (most recent call last):\n")  # ... and the next stderr line is stderr again
+        p.flush()
+    assert out.getvalue() == "[rank 0] before\n[rank 0] 100%|###| 3/3 [00:00<00:00, 9.9it/s]\n[rank 0] after\n" * 2
+    assert err.getvalue() == "[rank 1] a real warning\n[rank 0] Traceback (most recent call last):\n" * 2
 
 
 def test_merger_and_labels():
     from ddp_magic.ui.output import LineMerger, ranks_label
 
-    assert ranks_label([3]) == "[rank 3] " and ranks_label([0, 1, 2, 3]) == "[ranks 0-3] " and ranks_label([0, 2, 3]) == "[ranks 0,2-3] "
+    assert ranks_label([3]) == "[rank 3] " and ranks_label([0, 1, 2, 3]) == "[ranks 0-3] " and ranks_label([0, 2, 3]) == "[ranks 0, 2-3] "
+    assert ranks_label([2, 0]) == "[ranks 0, 2] " and ranks_label([0, 2, 3], colour=True) == "[ranks 0, 2-3] "
     m = LineMerger(window=1.0)
     m.add(0, "a\n", 0.0)
     m.add(0, "a\n", 0.1)  # the same rank again: a second line, not a merge
@@ -167,3 +187,32 @@ def test_merger_and_labels():
     assert m.ready(0.5) == [] and m.next_due() == 1.0
     assert m.ready(1.05) == [({0, 1}, "a\n")]
     assert m.ready(0.0, final=True) == [({0}, "a\n")]
+
+
+def test_a_line_that_overtakes_its_rank_s_bar_end_waits_for_it(monkeypatch):
+    """The rank wrote its bar's last state, then 'after'; the two sockets delivered 'after' first (the bar's newline
+    was still on the stderr socket). The cell shows them in the rank's order; a line never waits past BAR_WAIT."""
+    from ddp_magic.ui import output
+
+    clock = [100.0]
+    monkeypatch.setattr(output.time, "monotonic", lambda: clock[0])
+    p, out, err = _printer()
+    p.world = 2
+    for _run in (1, 2):
+        p.feed(0, "stderr", "\r 50%|#  | 10/20 [00:01<00:01, 9.9it/s]\r100%|###| 20/20 [00:02<00:00, 9.9it/s]")
+        p.feed(1, "stdout", "rank 1 is not held\n")
+        p.feed(0, "stdout", "after\n")  # overtook the bar's "\n"
+        assert out.getvalue().endswith("[rank 1] rank 1 is not held\n")
+        p.feed(0, "stderr", "\n")
+        p.flush()
+    assert out.getvalue() == ("[rank 1] rank 1 is not held\n[rank 0] 100%|###| 20/20 [00:02<00:00, 9.9it/s]\n[rank 0] after\n") * 2
+    assert err.getvalue() == ""
+    p, out, _ = _printer()
+    p.feed(0, "stderr", "\r 10%|   | 2/20 [00:00<00:09, 2.0it/s]")  # a bar that runs on while the rank prints
+    p.feed(0, "stdout", "epoch 1\n")
+    assert out.getvalue() == ""
+    clock[0] += output.BAR_WAIT + 0.01
+    p.feed(0, "stdout", "epoch 2\n")  # after the wait the waiting lines go out, in order (the timer does it too)
+    assert out.getvalue() == "[rank 0] epoch 1\n[rank 0] epoch 2\n"
+    p.flush()
+    assert out.getvalue() == "[rank 0] epoch 1\n[rank 0] epoch 2\n[rank 0]  10%|   | 2/20 [00:00<00:09, 2.0it/s]\n"

@@ -12,8 +12,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytest
 
-from ddp_magic.errors import RankFailure
+from ddp_magic.errors import CellError, RankFailure
 from ddp_magic.kernel.cell import CellRun, RankOps
+from ddp_magic.kernel.forensics import last_cell_line
 from ddp_magic.kernel.policy import (
     FAILURE,
     Abort,
@@ -22,7 +23,7 @@ from ddp_magic.kernel.policy import (
     GiveUp,
     Interrupt,
     Signal,
-    last_cell_line,
+    causes,
     root_cause_rank,
 )
 from ddp_magic.kernel.ranks import RankInfo
@@ -187,7 +188,7 @@ def test_a_rank_raises_while_others_wait_in_a_collective_and_the_group_is_aborte
     assert run.notes[0] == "rank 1 never arrived at all_reduce #5 (rank 1 raised)"
     assert run.notes[1] == "where each rank was:"
     assert "all_reduce #5  [4] float32  default  at cell line 5: dist.all_reduce(x)" in run.notes[3]
-    assert run.notes[-1] == "ranks 0, 2, 3 were in all_reduce #5 (at cell line 5: dist.all_reduce(x)) and were released"
+    assert run.notes[-1] == "ranks 0, 2-3 were in all_reduce #5 (at cell line 5: dist.all_reduce(x)) and were released"
     assert run.aborted and run.cancelled and not run.state_lost
     failures = run.failures()
     assert [(f.rank, f.kind) for f in failures] == [(1, "error"), (0, "interrupted"), (2, "interrupted"), (3, "interrupted")]
@@ -204,10 +205,10 @@ def test_ranks_that_not_even_the_abort_releases_are_stopped():
     assert pool.did("signal") == [("signal", (0, 2, 3), signal.SIGTERM, pytest.approx(3.11))]
     assert pool.now < 3.5, "no SIGKILL wait once every stopped rank has exited"
     assert run.notes[-1] == (
-        "ranks 0, 2, 3 did not respond to the interrupt (stuck in a collective or native code) and were stopped; "
+        "ranks 0, 2-3 did not respond to the interrupt (stuck in a collective or native code) and were stopped; "
         "the pool restarts on the next cell and variables defined in earlier %%ddp cells are lost"
     )
-    assert pool.broken == "ranks 0, 2, 3 did not respond to the interrupt and were stopped"
+    assert pool.broken == "ranks 0, 2-3 did not respond to the interrupt and were stopped"
     assert run.state_lost
     failures = run.failures()
     assert [(f.rank, f.kind) for f in failures] == [(1, "error"), (0, "killed"), (2, "killed"), (3, "killed")]
@@ -313,9 +314,68 @@ def test_the_timeout_captures_every_stack_and_interrupts():
     assert run.notes[2].split()[:4] == ["0", "-", "-", "-"] and run.notes[2].endswith("at cell line 5: dist.all_reduce(x)")
     assert run.notes[5:] == [f"--- rank {r} ---\n{STUCK.rstrip()}" for r in range(3)]
     failures = run.failures()
-    assert failures[0].kind is FailureKind.TIMEOUT and failures[0].headline() == "the cell ran past --timeout 2s"
-    assert [f.kind for f in failures[1:]] == ["interrupted"] * 3
+    # nobody waited in a collective: every rank still running is what the timeout waited for, and is named
+    assert [(f.rank, f.kind) for f in failures] == [(0, "timeout"), (1, "timeout"), (2, "timeout")]
+    assert failures[0].headline() == "the cell ran past --timeout 2s: ranks 0-2 were still running"
+    assert causes(failures) == {r: ("timeout", "root") for r in range(3)}
+    text = str(CellError(failures, run.notes))
+    assert text.startswith("the cell ran past --timeout 2s: ranks 0-2 were still running\n") and "the same way" not in text
     assert run.timed_out and run.cancelled
+
+
+BARRIER = {"op": "barrier", "seq": 1, "shape": None, "dtype": None, "group": "default", "ranks": None, "waited": 2.0}
+
+
+def _blamed(run: CellRun) -> Tuple[List[Tuple[int, str]], Dict[int, Tuple[str, str]]]:
+    failures = run.failures()
+    return [(f.rank, str(f.kind)) for f in failures], causes(failures)
+
+
+def test_a_timeout_blames_the_rank_that_never_arrived_not_the_one_waiting_for_it():
+    """Rank 1 sleeps, rank 0 waits in dist.barrier(): the message, the cell view and the panel all name rank 1."""
+    pool = FakePool(2, interruptible=[1], collective={0: BARRIER}, abortable=[0])
+    run = _run(pool, timeout=2.0)
+    assert run.notes[0] == "rank 1 never arrived at barrier #1 (rank 1 at cell line 5: dist.all_reduce(x))"
+    order, found = _blamed(run)
+    assert order == [(1, "timeout"), (0, "interrupted")]
+    assert found == {1: ("timeout", "root"), 0: ("interrupted", "stopped")}
+    failures = run.failures()
+    assert failures[0].headline() == "the cell ran past --timeout 2s, waiting for rank 1"
+    assert str(CellError(failures, run.notes)).startswith("the cell ran past --timeout 2s, waiting for rank 1\n")
+
+
+def test_a_timeout_blames_the_rank_in_a_mismatched_collective():
+    bcast = dict(AR, op="broadcast")
+    pool = FakePool(4, collective={0: AR, 1: bcast, 2: AR, 3: AR}, abortable=[0, 1, 2, 3])
+    order, found = _blamed(_run(pool, timeout=3.0))
+    assert order[0] == (1, "timeout") and found[1] == ("timeout", "root")
+    assert {r: found[r] for r in (0, 2, 3)} == {r: ("interrupted", "stopped") for r in (0, 2, 3)}
+
+
+def test_a_timeout_blames_a_rank_that_left_the_cell_without_the_collective():
+    pool = FakePool(3, collective={0: BARRIER, 2: BARRIER}, abortable=[0, 2])
+    pool.at(0.1, pool.finish(1, "ok"))  # rank 1 skipped the barrier and finished: the others wait for it
+    run = _run(pool, timeout=2.0)
+    assert run.notes[0] == "rank 1 never arrived at barrier #1 (rank 1 finished the cell)"
+    order, found = _blamed(run)
+    assert order == [(1, "timeout"), (0, "interrupted"), (2, "interrupted")]
+    assert found == {1: ("timeout", "root"), 0: ("interrupted", "stopped"), 2: ("interrupted", "stopped")}
+
+
+def test_a_timeout_where_every_rank_waits_alike_blames_every_rank():
+    recv = dict(AR, op="recv")
+    pool = FakePool(2, collective={0: recv, 1: recv}, abortable=[0, 1])  # both in recv, nobody sends
+    order, found = _blamed(_run(pool, timeout=2.0))
+    assert order == [(0, "timeout"), (1, "timeout")] and found == {0: ("timeout", "root"), 1: ("timeout", "root")}
+
+
+def test_a_hung_rank_that_had_to_be_killed_is_still_the_root_cause():
+    pool = FakePool(2, collective={0: BARRIER}, abortable=[0], term_ok=[1])  # rank 1 ignores the interrupt
+    run = _run(pool, timeout=2.0)
+    assert pool.did("signal") and run.state_lost
+    failures = run.failures()
+    assert [(f.rank, f.kind) for f in failures] == [(1, "timeout"), (0, "interrupted")]
+    assert failures[0].exit_code == -signal.SIGTERM and causes(failures)[1] == ("timeout", "root")
 
 
 def test_a_timeout_after_a_real_error_reports_the_error_first():
@@ -345,7 +405,7 @@ def test_ctrl_c_twice_stops_the_ranks_without_waiting_for_the_grace():
     pool.at(0.6, pool.ctrl_c)
     run = _run(pool)
     assert pool.did("signal") == [("signal", (0, 1), signal.SIGTERM, 0.6)]
-    assert pool.broken == "ranks 0, 1 did not respond to the interrupt and were stopped"
+    assert pool.broken == "ranks 0-1 did not respond to the interrupt and were stopped"
     assert run.state_lost
     assert [(f.rank, f.kind) for f in run.failures()] == [(0, "killed"), (1, "killed")]
 

@@ -1,8 +1,10 @@
-"""Cell values in the kernel: unpacking (inline and fetched after DECIDE) and the gather decision."""
+"""Cell values in the kernel: unpacking (inline and fetched after DECIDE), the gather decision, and how RankResults prints."""
 from __future__ import annotations
 
 import pickle
 from typing import Any, Dict, List, Optional
+
+import pytest
 
 from ddp_magic.errors import RankFailure
 from ddp_magic.kernel import results
@@ -103,3 +105,86 @@ def test_fetch_pending_decides_once_and_counts_a_rank_that_died_first():
     fetched = results.fetch_pending(hub, failures, 5.0)  # type: ignore[arg-type]
     assert hub.sent == [(P.DECIDE, "send", [0, 1])]  # rank 2 returned no tensor: no gather
     assert fetched == {0: {"result": packed("v")}} and [(f.rank, f.kind) for f in failures] == [(1, FailureKind.DIED)]
+
+
+# ------------------------------------------------------------------ RankResults: how the cell's value prints
+def _pretty(value: Any, width: int = 79) -> str:
+    from IPython.lib.pretty import pretty
+
+    return pretty(value, max_width=width)
+
+
+def _entries(text: str) -> Dict[int, str]:
+    """rank -> its value's text, continuation lines un-indented: what a person reads for each rank."""
+    out: Dict[int, List[str]] = {}
+    rank = -1
+    for line in text.splitlines()[1:]:
+        if line.startswith("  ["):
+            rank = int(line[3:line.index("]")])
+            out[rank] = [line[line.index("]") + 2:]]
+        else:
+            pad = len(f"  [{rank}] ")
+            assert line[:pad].strip() == "", f"a continuation line is not under its value: {line!r}"
+            out[rank].append(line[pad:])
+    return {r: "\n".join(lines) for r, lines in out.items()}
+
+
+VALUES = [
+    (10, 2.0),
+    {"loss": 0.25, "names": ["a" * 30, "b" * 30, "c" * 30]},
+    "a string that is long enough " * 4,
+    [1.0, 3.0, 5.0],
+]
+
+
+@pytest.mark.parametrize("value", VALUES, ids=["tuple", "dict", "long str", "list"])
+def test_every_rank_s_value_prints_the_same_way(value: Any) -> None:
+    """Was: '[0] (10,' / '2.0)' but '[1] (10, 2.0)'. Each rank's value is the value printed alone."""
+    from ddp_magic.ui.results import RankResults
+
+    results = RankResults([value, value, value])
+    for text, alone in ((_pretty(results), _pretty(value, 79 - len("  [0] "))), (repr(results), repr(value))):
+        entries = _entries(text)
+        assert sorted(entries) == [0, 1, 2] and text.splitlines()[0] == "RankResults(3 ranks):"
+        assert entries[0] == entries[1] == entries[2] == alone, text
+
+
+def test_tensors_print_alike_with_their_rows_under_the_first():
+    import torch
+
+    from ddp_magic.ui.results import RankResults
+
+    t = torch.arange(12.0).reshape(3, 4)
+    for text in (_pretty(RankResults([t, t])), repr(RankResults([t, t]))):
+        entries = _entries(text)
+        assert entries[0] == entries[1] == repr(t), text
+        assert len(text.splitlines()) == 1 + 2 * 3  # three rows per rank
+    assert repr(RankResults([None])) == "RankResults(1 rank):\n  [0] None"
+
+
+def test_a_multi_line_value_s_continuations_stay_under_it_for_ranks_past_9():
+    from ddp_magic.ui.results import RankResults
+
+    class Two:
+        def __repr__(self) -> str:
+            return "first\nsecond"
+
+    text = repr(RankResults([Two()] * 11))
+    assert "\n  [10] first\n       second" in text and "\n  [9] first\n      second" in text
+
+
+def test_running_cell_reads_the_prompt_and_the_body_s_first_editor_line():
+    """IPython 9 has counted the next cell up while this one runs: the running cell's own result has its number."""
+    from types import SimpleNamespace as NS
+
+    from ddp_magic.ui.results import running_cell
+
+    def shell(count: int, raw: Optional[str], shown: int) -> Any:
+        result = None if raw is None else NS(execution_count=shown, info=NS(raw_cell=raw))
+        return NS(execution_count=count, displayhook=NS(exec_result=result))
+
+    assert running_cell(shell(5, "%%ddp -n 2\nx = 1", 4)) == (4, 2)
+    assert running_cell(shell(5, "%%time\n%%ddp\nx = 1", 4)) == (4, 3)  # under another cell magic
+    assert running_cell(shell(5, "get_ipython().run_cell_magic('ddp', '', 'x')", 4)) == (4, 1)  # no %%ddp line: the body's own lines
+    assert running_cell(shell(7, None, 0)) == (7, 1)  # outside a cell: the shell's count
+    assert running_cell(NS()) == (None, 1)

@@ -178,4 +178,4 @@ def test_sub_meshes_holding_the_same_tensor_give_one_result_with_copies():
     notes: List[str] = []
     other = pieces(w, [2], [("shard", 0)]) + pieces(w + 1, [2], [("shard", 0)], first_rank=2)
     assert combine(other, notes) is None
-    assert "2 sub-meshes (ranks 0,1 / 2,3) that hold different values" in notes[0]
+    assert "2 sub-meshes (ranks 0-1 / 2-3) that hold different values" in notes[0]

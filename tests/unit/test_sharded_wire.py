@@ -76,10 +76,10 @@ def test_the_picture_names_who_holds_which_block():
 def test_the_picture_of_uneven_replicated_and_partial_results():
     uneven = ShardedResult(pieces(torch.randn(5), [4], [("shard", 0)]))
     assert view.text(uneven).splitlines()[1:] == [
-        "  dim0 0:2  rank 0", "  dim0 2:4  rank 1", "  dim0 4:5  rank 2", "  (uneven: rank(s) 3 hold an empty shard)"
+        "  dim0 0:2  rank 0", "  dim0 2:4  rank 1", "  dim0 4:5  rank 2", "  (uneven: rank 3 holds an empty shard)"
     ]
     rep = ShardedResult(pieces(torch.randn(4, 2), [2], [("replicate",)]))
-    assert "ranks 0,1" in view.text(rep) and "Replicate()" in view.text(rep)
+    assert "ranks 0-1" in view.text(rep) and "Replicate()" in view.text(rep)
     part = ShardedResult(pieces(torch.empty(2, 2), [2], [("partial", "sum")], partial_parts=[torch.ones(2, 2)] * 2))
     assert "ranks 0+1" in view.text(part) and "Partial(sum): the ranks of a block are reduced by .full()" in view.text(part)
 

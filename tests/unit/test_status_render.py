@@ -19,6 +19,7 @@ from ddp_magic.ui import status_render as R
 from ddp_magic.ui import status_tables as T
 from ddp_magic.ui.progress import Bar, LiveLines, parse_bar
 from ddp_magic.ui.status import choose_mode
+from format_patterns import CLOCK, SECONDS, seconds_range
 
 ROW = re.compile(r"data-rank='(\d+)' data-state='([a-z]+)'")
 OK_CHECKS = [Check("ranks unique and complete", True, "0..1"), Check("variables set", True, "all set")]
@@ -50,7 +51,7 @@ def test_labels():
     assert R.state_label(RankInfo(rank=0, state=RankState.DEAD, exit_code=-9)) == FailureKind.KILLED == "killed"
     assert R.state_label(RankInfo(rank=0, state=RankState.DEAD, exit_code=3)) == FailureKind.DIED
     assert R.state_label(RankInfo(rank=0, state="connecting")) is RankState.CONNECTING
-    assert set(R.STATE_TONES) == (set(RankState) - {RankState.DEAD}) | {FailureKind.KILLED, FailureKind.DIED}
+    assert set(R.STATE_TONES) == (set(RankState) - {RankState.DEAD}) | {FailureKind.KILLED, FailureKind.DIED, FailureKind.TIMEOUT}
     assert R.STATE_TONES[RankState.FAILED] != R.STATE_TONES[FailureKind.KILLED], "killed and failed are told apart"
 
 
@@ -58,17 +59,20 @@ def test_running_summary_counts_states_in_order():
     ranks = infos(4)
     ranks[0].state = ranks[1].state = RankState.DONE
     s = snap(4, ranks)
-    assert R.summary(s) == "4 ranks · running 2, done 2 · 3.20 s · gloo · ✓ 2 checks passed"
+    assert R.summary(s) == "4 ranks · running 2, done 2 · 3.2 s · gloo · ✓ 2 checks passed"  # a live clock, in tenths
     assert text_of(R.header_html(s)).replace(" ,", ",") == "%%ddp " + R.summary(s)  # each count is its own <span>
     assert "data-state='running'" in R.header_html(s)
 
 
 def test_one_clock_start_time_apart():
-    """The plain seconds are always the run time; the pool's start has its own labelled clock."""
-    starting = snap(2, infos(2, state=RankState.STARTING), elapsed=0.0, starting_for=5.45)
-    assert R.summary(starting) == "2 ranks · starting 2 · start 5.45 s · gloo · ✓ 2 checks passed"
+    """The plain seconds are always the run time; the pool's start has its own labelled clock. A live clock says
+    tenths (it moves ten times a second); a time that ended says fmt_seconds ('5.40 s', '998 ms')."""
+    starting = snap(2, infos(2, state=RankState.STARTING), elapsed=0.0, starting_for=5.43)
+    assert R.summary(starting) == "2 ranks · starting 2 · start 5.4 s · gloo · ✓ 2 checks passed"
     running = snap(2, infos(2), elapsed=0.08, started_in=5.4)
-    assert R.summary(running) == "2 ranks · running 2 · 80 ms · gloo · ✓ 2 checks passed · pool started in 5.40 s"
+    assert R.summary(running) == "2 ranks · running 2 · 0.1 s · gloo · ✓ 2 checks passed · pool started in 5.40 s"
+    quick_start = snap(2, infos(2), elapsed=1.0, started_in=0.998)
+    assert R.summary(quick_start).endswith(" · pool started in 998 ms")
     quick = snap(2, infos(2, state=RankState.DONE), finished=True, ok=True, elapsed=0.0004)
     assert R.summary(quick).startswith("2 ranks ✓ <1 ms · ")
     assert "0.00 s" not in R.summary(snap(2, infos(2, state=RankState.DONE), finished=True, ok=True, elapsed=0.004))
@@ -93,12 +97,37 @@ def test_the_root_cause_alone_is_failed_the_others_stopped():
     ranks[0].state = RankState.INTERRUPTED
     ranks[2].state, ranks[2].exit_code = RankState.DEAD, -15
     ranks[3].state, ranks[3].exit_code = RankState.DEAD, -9
-    s = snap(4, ranks, root=1, finished=True, ok=False, note="rank 1 raised ValueError: boom")
+    s = snap(4, ranks, root=1, stopped=frozenset({0, 2, 3}), finished=True, ok=False, note="rank 1 raised ValueError: boom")
     assert ROW.findall(T.ranks_html(s)) == [("0", "stopped"), ("1", "failed"), ("2", "stopped"), ("3", "stopped")]
     assert [sq for sq in re.findall(r"data-rank='(\d)' data-state='(\w+)'", R.header_html(s))] == ROW.findall(T.ranks_html(s))
     alone = snap(4, ranks)  # no root cause known (e.g. the user interrupted): the states as they are
     assert ROW.findall(T.ranks_html(alone))[0] == ("0", "interrupted")
     assert R.root_rank(types.SimpleNamespace(failures=[types.SimpleNamespace(rank=1), types.SimpleNamespace(rank=0)])) == 1
+
+
+def test_every_root_cause_keeps_its_label_once_the_cell_ended():
+    """A timeout that blames two hung ranks (kernel.policy.causes: both "root") shows both alike, not the second
+    as "stopped" behind the first; while the cell runs, the first failure is the root and the others wait."""
+    ranks = infos(3, finished=1002.0)
+    ranks[0].state = ranks[1].state = RankState.INTERRUPTED
+    ranks[2].state = RankState.INTERRUPTED
+    ended = snap(3, ranks, root=0, stopped=frozenset({2}), finished=True, ok=False, note="the cell ran past --timeout 2s")
+    assert ROW.findall(T.ranks_html(ended)) == [("0", "interrupted"), ("1", "interrupted"), ("2", "stopped")]
+    running = snap(3, ranks, root=0)
+    assert ROW.findall(T.ranks_html(running)) == [("0", "interrupted"), ("1", "stopped"), ("2", "stopped")]
+
+
+def test_the_rank_a_timeout_waited_for_reads_as_timed_out_not_interrupted():
+    """--timeout 2: rank 1 slept, rank 0 waited in a barrier; causes() blames rank 1 ("timeout", root) and releases
+    rank 0. The cell's view says so (rank 1 "timeout" in the failure tone), as the message and the panel do."""
+    ranks = infos(2, finished=1002.0)
+    ranks[0].state = ranks[1].state = RankState.INTERRUPTED
+    found = {1: ("timeout", "root"), 0: ("interrupted", "stopped")}
+    stopped, timed_out = R.by_cause(found)
+    assert (stopped, timed_out) == (frozenset({0}), frozenset({1}))
+    ended = snap(2, ranks, root=1, stopped=stopped, timed_out=timed_out, finished=True, ok=False, note="the cell ran past --timeout 2s")
+    assert ROW.findall(T.ranks_html(ended)) == [("0", "stopped"), ("1", "timeout")]
+    assert R.tone_of(ended.label(1)) == "fail" and R.tone_of(ended.label(0)) == "neutral"
 
 
 def test_verdict_from_outcome_or_error():
@@ -107,6 +136,19 @@ def test_verdict_from_outcome_or_error():
     assert R.verdict(types.SimpleNamespace(ok=True, failures=[]), None) == (True, "")
     assert R.verdict(None, RuntimeError("never ran\nmore")) == (False, "RuntimeError: never ran")
     assert R.verdict(None, None) == (False, "the cell did not finish")
+
+
+def test_every_rank_failing_the_same_way_is_said_in_rank_order():
+    from ddp_magic.errors import RankFailure
+
+    def boom(rank: int, message: str = "boom") -> RankFailure:
+        return RankFailure(rank=rank, kind=FailureKind.ERROR, type="ValueError", message=message)
+
+    arrived = [boom(1), boom(3), boom(0), boom(2)]  # the policy lists them as their reports came
+    assert R.verdict(types.SimpleNamespace(ok=False, failures=arrived), None) == (False, "ranks 0-3 raised ValueError: boom")
+    assert R.verdict(types.SimpleNamespace(ok=False, failures=[boom(1), boom(0, "other")]), None)[1] == "rank 1 raised ValueError: boom"
+    died = RankFailure(rank=1, kind=FailureKind.DIED, pid=7, exit_code=3)
+    assert R.verdict(types.SimpleNamespace(ok=False, failures=[died, boom(0)]), None)[1] == died.headline(), "a root cause of its own"
 
 
 def test_rank_table_html_and_text_come_from_the_same_rows():
@@ -132,7 +174,7 @@ def test_the_last_line_is_the_newest_output_even_a_redraw():
     live.feed(0, "stderr", "step 9\n\rtrain:  50%|##   | 5/10 [00:01<00:01, 4.90it/s]")
     s = snap(2, ranks, lines=live.lines, bars=live.bars)
     row = T.rank_row(s, 0)
-    assert row.cells["last line"].startswith("train:  50%") and row.cells["progress"] == "train 5/10 4.90it/s"
+    assert row.cells["last line"].startswith("train:  50%") and row.cells["progress"] == "train 50% 5/10 4.90 it/s"
     assert "progress" in T.row_columns(T.rank_rows(s))
     strip = R.header_html(s)
     assert "class='ddp-status-bar' data-rank='0' data-n='5' data-total='10'" in strip and "width:50%" in strip
@@ -156,7 +198,7 @@ def test_sixty_four_ranks_stay_readable():
     for info in ranks[:4]:
         info.state = RankState.DONE
     s = snap(64, ranks, envs=rank_envs(64))
-    assert R.summary(s).startswith("64 ranks · running 60, done 4 · 3.20 s · gloo")
+    assert R.summary(s).startswith("64 ranks · running 60, done 4 · 3.2 s · gloo")
     table = T.ranks_html(s)
     assert "max-height:20em;overflow:auto" in table and len(ROW.findall(table)) == 64
     assert len(table) < 40_000
@@ -182,19 +224,25 @@ def test_host_column_only_with_more_than_one_host():
 
 
 def test_env_section_says_the_verdict_and_only_the_problems_first():
-    checks = [Check("ranks unique and complete", False, "rank(s) [1] appear more than once"), Check("variables set", True, "all set")]
-    s = snap(2, infos(2), checks=checks, envs=rank_envs(2))
+    checks = [Check("ranks unique and complete", False, "rank 1 appears more than once"), Check("variables set", True, "all set")]
+    envs = rank_envs(2)
+    s = snap(2, infos(2), checks=checks, envs=envs)
     env = T.env_html(s)
     visible, behind = env.split("<details>", 1)
-    assert "✗ 1 of 2 checks failed" in visible and "appear more than once" in visible and "all set" not in visible
-    for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK"):
-        assert f">{var}<" in behind  # the variables once, one click away
+    assert "✗ 1 of 2 checks failed" in visible and "appears more than once" in visible and "all set" not in visible
+    # the variables one click away: what every rank shares once, a table of what differs by rank
+    common = html.unescape(re.sub(r"<[^>]+>", "", re.search(r"<div class='ddp-env-common'[^>]*>(.*?)</div>", behind).group(1)))
+    shared = dict(kv.split("=", 1) for kv in common.removeprefix("every rank: ").split())
+    assert shared == {k: envs[0][k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK")}
+    assert re.findall(r"<th[^>]*>([A-Z_]+)</th>", behind) == ["RANK", "LOCAL_RANK"]
+    body = behind.split("<tbody>", 1)[1]
+    assert [re.findall(r"<td[^>]*>(\d+)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", body)] == [["0", "0"], ["1", "1"]]
     assert "all set" in behind and "data-check='ranks unique and complete' data-ok='false'" in env
     assert "✗ 1 of 2 checks failed" in R.header_html(s)
     healthy = T.env_html(snap(2, infos(2), envs=rank_envs(2))).split("<details>", 1)[0]
     assert "✓ 2 checks passed" in healthy and "<li" not in healthy
     text = T.static_text(s)
-    assert "✗ ranks unique and complete: rank(s) [1] appear more than once" in text
+    assert "✗ ranks unique and complete: rank 1 appears more than once" in text
     assert "  ✗ 1 of 2 checks failed" in text
     assert "RANK, LOCAL_RANK = rank (0..1)" in text
 
@@ -245,6 +293,70 @@ def test_formatting():
     assert R.clean_line("x" * 200, 10) == "x" * 9 + "…"
     assert R.exit_text(RankInfo(rank=0, state=RankState.DEAD, exit_code=-99)) == "signal 99"
     assert R.exit_text(RankInfo(rank=0, state=RankState.DONE, exit_code=0)) == ""
+
+
+def _durations() -> List[float]:
+    """Every kind of duration the formatters meet: 0, sub-millisecond, the unit edges, seconds to days."""
+    values = [0.0, 0.0004, 0.0005, 0.001, 0.0015, 0.9994, 0.9995, 0.9996, 1.0, 59.994, 59.996, 60.0, 3599.4, 3599.6, 86399.0]
+    x = 1e-5
+    while x < 3e5:
+        values += [x, x * 1.7, x * 3.3]
+        x *= 10
+    return values
+
+
+def test_the_shared_patterns_accept_every_output_and_it_means_the_value():
+    """tests/format_patterns.py is what tests match times with: it must take every output of the formatter, and the
+    number shown must be the duration (arithmetic, not the formatter's own word)."""
+    for x in _durations():
+        for fmt, pattern in ((R.fmt_seconds, SECONDS), (R.fmt_clock, CLOCK)):
+            text = fmt(x)
+            assert re.fullmatch(pattern, text), (fmt.__name__, x, text)
+            lo, hi = seconds_range(text)
+            assert lo - 1e-9 <= x <= hi + 1e-9, (fmt.__name__, x, text, lo, hi)
+    assert R.fmt_seconds(0.998) == "998 ms" and re.fullmatch("pool started in " + SECONDS, "pool started in 998 ms")
+
+
+def test_tqdm_mini_bars_say_their_percentage_and_rate():
+    ranks = infos(2)
+    live = LiveLines()
+    live.feed(0, "stderr", "\rtrain:  43%|####3     | 43/100 [00:03<00:04, 12.3it/s]")
+    live.feed(1, "stderr", "\rtrain:  50%|#####     | 50/100 [00:03<00:03, 13.1it/s]")
+    s = snap(2, ranks, lines=live.lines, bars=live.bars)
+    assert R.summary(s) == "2 ranks · running 2 · 3.2 s · 43% 12.3 it/s · gloo · ✓ 2 checks passed", "the slowest bar: 43 of 100"
+    header = R.header_html(s)
+    assert text_of(header) == "%%ddp " + R.summary(s)
+    assert "title='rank 0: train 43% 43/100 12.3 it/s; rank 1: train 50% 50/100 13.1 it/s'" in header
+    assert [m for m in re.findall(r"data-rank='(\d)' data-n='(\d+)' data-total='(\d+)'", header)] == [("0", "43", "100"), ("1", "50", "100")]
+    assert re.findall(r"width:(\d+)%", header) == ["43", "50"]
+    ranks[0].state = ranks[1].state = RankState.DONE  # a finished rank's bar is no longer progress
+    assert "it/s" not in R.summary(snap(2, ranks, lines=live.lines, bars=live.bars))
+
+
+def test_the_body_opens_itself_for_a_chart_or_a_bar():
+    plain = snap(2, infos(2))
+    assert not R.opens_itself(plain)
+    live = LiveLines()
+    live.feed(1, "stderr", "\r 10%|#  | 1/10 [00:00<00:01, 9.0it/s]")
+    assert R.opens_itself(snap(2, infos(2), bars=live.bars))
+    section = ("Metrics", lambda s: "<svg></svg>", lambda s: [])
+    assert R.opens_itself(snap(2, infos(2), sections=[section]))
+    assert not R.opens_itself(snap(2, infos(2), sections=[section], finished=True, ok=True)), "a settled view stays one line"
+
+
+def test_columns_no_rank_has_a_value_in_are_left_out():
+    ranks = infos(2, state=RankState.DONE, finished=1002.0)
+    cols = T.row_columns(T.rank_rows(snap(2, ranks)))
+    assert cols == ["rank", "state", "time", "device", "pid"], "no exit, no last line: no empty column"
+    ranks[1].state, ranks[1].exit_code = RankState.DEAD, 3
+    ranks[0].last_line = "hi"
+    assert T.row_columns(T.rank_rows(snap(2, ranks))) == ["rank", "state", "time", "device", "pid", "exit", "last line"]
+    running = T.rank_rows(snap(2, infos(2)))
+    assert [row.cells["time"] for row in running] == ["", ""], "a running rank's time is the header's live clock"
+
+
+def test_starting_has_the_colour_of_running_as_in_the_panel():
+    assert R.tone_of(RankState.STARTING) == R.tone_of(RankState.CONNECTING) == R.tone_of(RankState.RUNNING) == "info"
 
 
 def test_choose_mode(monkeypatch):

@@ -15,19 +15,20 @@ PKG = ROOT / "ddp_magic"
 ALLOWED: Dict[str, Set[str]] = {
     "logs": set(),
     "states": set(),
-    "errors": {"states"},
+    "errors": {"states", "words"},
     "_version": set(),
-    "wire": {"wire", "logs"},  # both ends of each cross-process mechanism
-    "procs": {"procs", "wire", "logs"},  # the separate programs: rank, template, store
-    "plan": {"plan", "errors", "states", "logs"},
-    "kernel": {"kernel", "wire", "plan", "errors", "states", "logs"},
-    "export": {"export", "kernel", "plan", "wire", "errors", "states", "logs"},  # %ddp_export: history -> script (kernel side)
-    "session": {"session", "export", "kernel", "plan", "wire", "errors", "states", "logs"},
-    "ui": {"ui", "session", "kernel", "plan", "wire", "errors", "states", "logs", "_version"},
-    "magics": {"magics", "session", "export", "ui", "kernel", "plan", "wire", "errors", "states", "logs"},
+    "words": set(),  # how counts, rank lists and durations are said: every role's text
+    "wire": {"wire", "logs", "words"},  # both ends of each cross-process mechanism
+    "procs": {"procs", "wire", "logs", "words"},  # the separate programs: rank, template, store
+    "plan": {"plan", "errors", "states", "logs", "words"},
+    "kernel": {"kernel", "wire", "plan", "errors", "states", "logs", "words"},
+    "export": {"export", "kernel", "plan", "wire", "errors", "states", "logs", "words"},  # %ddp_export: history -> script (kernel side)
+    "session": {"session", "export", "kernel", "plan", "wire", "errors", "states", "logs", "words"},
+    "ui": {"ui", "session", "kernel", "plan", "wire", "errors", "states", "logs", "_version", "words"},
+    "magics": {"magics", "session", "export", "ui", "kernel", "plan", "wire", "errors", "states", "logs", "words"},
     "__init__": {"magics", "ui", "kernel", "session", "procs", "_version", "logs"},  # procs: ddp_magic.breakpoint, called on a rank
 }
-NO_IPYTHON = {"wire", "procs", "plan", "kernel", "export", "session", "errors", "states", "logs"}
+NO_IPYTHON = {"wire", "procs", "plan", "kernel", "export", "session", "errors", "states", "logs", "words"}
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 

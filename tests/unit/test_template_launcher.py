@@ -33,7 +33,8 @@ def test_a_pool_takes_only_a_running_fork_server_template() -> None:
 
 def test_the_restart_notice_says_what_was_kept() -> None:
     text = templates.restart_notice(["-n 2 → 4"], 0.081, kept=True)
-    assert text.startswith("restarting the pool (-n 2 → 4): ranks restarted in 0.08 s, from the same template")
+    assert text.startswith("restarting the pool (-n 2 → 4): ranks restarted in 81 ms, from the same template")  # fmt_seconds, as the cell says it
+    assert "ranks restarted in 1.50 s, " in templates.restart_notice(["-n 2 → 4"], 1.5, kept=True)
     assert "variables defined in earlier %%ddp cells are gone" in text
     assert "new template" in templates.restart_notice(["start-method fork → spawn"], 1.5, kept=False)
 

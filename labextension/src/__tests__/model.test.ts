@@ -103,7 +103,7 @@ describe('status bar text', () => {
     const s = connected(pool([rank(0, { state: 'done' }), rank(1, { state: 'failed' })]));
     assert.equal(M.statusText(s, 0), 'DDP 2×gloo · rank 1 failed');
     const dead = connected(pool([rank(0, { state: 'dead', exit_code: 3 }), rank(1, { state: 'failed' })], { broken: 'rank 0 died' }));
-    assert.equal(M.statusText(dead, 0), 'DDP 2×gloo · ranks 0,1 failed');
+    assert.equal(M.statusText(dead, 0), 'DDP 2×gloo · ranks 0-1 failed');
   });
 
   it('names only the root cause, not the ranks ddp_magic stopped because of it', () => {
@@ -157,11 +157,61 @@ describe('status bar text', () => {
     assert.equal(M.statusText(s, 1000), 'DDP 1×gloo · running 1.00 s · restart waits for the cell');
   });
 
+  it('after a failed cell whose pool is whole again: ready, and the cell and the rank it names', () => {
+    const last: M.ILastCell = {
+      number: 5,
+      ok: false,
+      headline: 'rank 1 raised ValueError: bad shard',
+      recovered: true,
+      root: [1],
+      causes: { '0': { kind: 'interrupted', cause: 'stopped' }, '1': { kind: 'error', cause: 'root' } },
+      text: 'last cell In[5]: rank 1 raised ValueError: bad shard; recovered: every rank is ready, the workers\' variables intact'
+    };
+    const s = connected(pool([rank(0), rank(1)], { last_cell: last }));
+    assert.equal(M.poolPhase(s.snapshot!.pool!, 0, 0).phase, 'ready');
+    assert.equal(M.statusText(s, 0), 'DDP 2×gloo · ready · In[5]: rank 1 failed, recovered');
+    assert.match(M.statusTooltip(s, 0), /^last cell In\[5\]: rank 1 raised ValueError: bad shard; recovered/m);
+    const rows = M.rankRows(s, 0);
+    assert.deepEqual(
+      rows.map(r => [r.state, r.stateClass, r.lastCause, r.lastNote]),
+      [
+        ['ready', 'ok', 'stopped', ''],
+        ['ready', 'ok', 'root', 'In[5]: raised']
+      ]
+    );
+    assert.equal(rows[1].why, 'In[5]: rank 1 raised ValueError: bad shard; ready again, its variables kept');
+    assert.equal(rows[0].why, 'In[5]: released by ddp_magic after rank 1 failed, not a cause; ready again, its variables kept');
+    // a timeout: the rank that never arrived is the one named, not the one that waited for it
+    const hung = { ...last, headline: 'rank 1 never arrived', root: [1], causes: { '0': { kind: 'interrupted' as const, cause: 'stopped' as const }, '1': { kind: 'timeout' as const, cause: 'root' as const } } };
+    const t = connected(pool([rank(0), rank(1)], { last_cell: hung }));
+    assert.equal(M.statusText(t, 0), 'DDP 2×gloo · ready · In[5]: rank 1 failed, recovered');
+    assert.deepEqual(M.rankRows(t, 0).map(r => r.lastNote), ['', 'In[5]: timed out']);
+    // Ctrl-C: nobody to blame; a cell that went well leaves nothing to say
+    assert.equal(M.statusText(connected(pool([rank(0)], { last_cell: { ...last, root: [], causes: {}, recovered: true } })), 0), 'DDP 1×gloo · ready · In[5]: interrupted');
+    assert.equal(M.statusText(connected(pool([rank(0)], { last_cell: { ...last, ok: true } })), 0), 'DDP 1×gloo · ready');
+    // a rank still failed (the pool is not whole): the rank shows it itself, as before
+    const broken = connected(pool([rank(0), rank(1, { state: 'dead', exit_code: -9, kind: 'died', cause: 'root' })], { last_cell: { ...last, recovered: false } }));
+    assert.equal(M.statusText(broken, 0), 'DDP 2×gloo · rank 1 failed');
+    assert.deepEqual(M.rankRows(broken, 0).map(r => r.lastNote), ['', '']);
+  });
+
+  it('words rank lists and cells as the kernel does (plan/words.py, the prompt number)', () => {
+    assert.equal(M.ranksPhrase([1]), 'rank 1');
+    assert.equal(M.ranksPhrase([3, 0, 2, 1]), 'ranks 0-3');
+    assert.equal(M.ranksPhrase([0, 2, 3]), 'ranks 0, 2-3');
+    assert.equal(M.ranksPhrase([0, 2]), 'ranks 0, 2');
+    assert.equal(M.cellName(5), 'In[5]');
+    assert.equal(M.cellName('12'), 'In[12]');
+    assert.equal(M.cellName('x'), 'cell x');
+    assert.equal(M.cellName(null), 'a cell');
+  });
+
   it('explains itself in the tooltip', () => {
-    const s = connected(pool([rank(0)], { verdict: 'env ! 1 warning' }));
+    const s = connected(pool([rank(0)], { verdict: '! 1 warning (of 19)' }));
     const tip = M.statusTooltip(s, 0);
-    assert.match(tip, /1 rank\(s\), backend gloo, MASTER_PORT 29500/);
-    assert.match(tip, /env: env ! 1 warning/);
+    assert.match(tip, /^ddp_magic pool: 1 rank, backend gloo, MASTER_PORT 29500$/m);
+    assert.match(tip, /^env checks: ! 1 warning \(of 19\)$/m);
+    assert.match(M.statusTooltip(connected(pool([rank(0), rank(1)])), 0), /^ddp_magic pool: 2 ranks,/);
   });
 });
 
@@ -284,8 +334,10 @@ describe('panel rows', () => {
     assert.equal(sum.passed, 1);
     assert.equal(sum.total, 3);
     assert.equal(M.envSummary(null), null);
-    assert.equal(M.envHeadline(sum), '✗ 1 failed · ! 1 warning (of 3)');
-    assert.equal(M.envHeadline(M.envSummary(pool([rank(0)], { checks: [checks[0]] }))!), '✓ all 1 checks passed');
+    assert.equal(M.envHeadline(sum), 'env ✗ 1 failed', "the kernel's own line (checks_verdict), as the cell says it");
+    assert.equal(M.envHeadline({ ...sum, verdict: '' }), '✗ 1 of 3 checks failed');
+    assert.equal(M.envHeadline(M.envSummary(pool([rank(0)], { checks: [checks[0]], verdict: '' }))!), '✓ 1 check passed');
+    assert.equal(M.envHeadline(M.envSummary(pool([rank(0)], { checks: checks.slice(0, 2), verdict: '' }))!), '! 1 warning, 1 check passed');
   });
 
   it('lists report columns in first-seen order', () => {
@@ -455,6 +507,33 @@ describe('metrics messages', () => {
     assert.equal(s.metrics!.final, false);
   });
 
+  it("keeps the chart while its pool runs, and forgets the old pool's chart once it restarted or stopped", () => {
+    let s = M.applyMessage(connected(pool([rank(0), rank(1)])), metrics({ final: true }), 0);
+    const shown = s.metrics;
+    // a cell that logs nothing, a rank replaced alone (pid 1001 stays): the same pool, the same chart
+    s = M.applyMessage(s, snapshot(pool([rank(0, { state: 'done' }), rank(1)]), 2), 0);
+    s = M.applyMessage(s, snapshot(pool([rank(0, { pid: 2000 }), rank(1)]), 3), 0);
+    assert.equal(s.metrics, shown);
+    // a restart: new pids everywhere (the panel's Restart shows no starting ranks at all)
+    assert.equal(M.applyMessage(s, snapshot(pool([rank(0, { pid: 3000 }), rank(1, { pid: 3001 })]), 4), 0).metrics, null);
+    // a new pool starting (%%ddp -n 4): every rank starting, no pid yet
+    const starting = pool([0, 1, 2, 3].map(r => rank(r, { state: 'starting', pid: null })), { started: false });
+    assert.equal(M.applyMessage(s, snapshot(starting, 4), 0).metrics, null);
+    // %ddp stop
+    assert.equal(M.applyMessage(s, snapshot(null, 4), 0).metrics, null);
+    // a reload: the kernel sends the pool, then its last chart
+    let r = M.applyMessage(connected(pool([rank(0), rank(1)])), metrics({ final: true }), 0);
+    r = M.applyMessage(r, snapshot(pool([rank(0), rank(1)]), 2), 0);
+    assert.notEqual(r.metrics, null);
+  });
+
+  it("shows the kernel's notices as it lists them (it forgets them when the next %%ddp cell runs)", () => {
+    let s = M.applyMessage(M.initialState(), { ...snapshot(pool([rank(0)])), notices: ['-n 2 -> 4: the pool restarts'] }, 0);
+    assert.deepEqual(s.notices, ['-n 2 -> 4: the pool restarts']);
+    s = M.applyMessage(s, snapshot(pool([rank(0)]), 2), 0);
+    assert.deepEqual(s.notices, []);
+  });
+
   it('forgets the chart when the kernel restarts or goes away', () => {
     const s = M.applyMessage(connected(pool([rank(0)])), metrics({ final: true }), 0);
     assert.notEqual(s.metrics, null);
@@ -467,31 +546,69 @@ describe('metrics messages', () => {
 
 describe('metrics chart', () => {
   it('formats numbers as the cell chart does (metrics_chart.fmt)', () => {
-    // what Python's fmt() gives for each (half-way ties aside, where Python rounds to even)
     const cases: Array<[number | null, string]> = [
       [0, '0'],
       [0.5, '0.5'],
       [0.6523, '0.6523'],
       [1.23456, '1.235'],
-      [12345.6, '1.23k'],
-      [9999.6, '1e+04'],
+      [5963, '5963'],
+      [9999.4, '9999'],
+      [9999.6, '10k'],
+      [12345.6, '12.3k'],
+      [15900, '15.9k'],
+      [19134.2, '19.1k'],
+      [-15900, '-15.9k'],
+      [999999, '1M'],
       [1e-5, '1e-05'],
       [0.00012345, '0.0001234'],
+      [0.0002628, '0.0002628'],
       [-3.5, '-3.5'],
-      [19134.2, '1.91k'],
       [2.5e6, '2.5M'],
       [3.2e9, '3.2G'],
       [100, '100'],
       [0.1 + 0.2, '0.3'],
       [1e-4, '0.0001'],
       [123456789012, '123G'],
+      [1.5e12, '1.5T'],
       [7, '7'],
       [null, '-'],
-      [NaN, '-']
+      [NaN, '-'],
+      [Infinity, '-']
     ];
     for (const [x, want] of cases) {
       assert.equal(M.fmtValue(x), want, String(x));
     }
+  });
+
+  it('writes every value so that reading it back gives the value, within the digits shown', () => {
+    const units: Record<string, number> = { '': 1, k: 1e3, M: 1e6, G: 1e9, T: 1e12 };
+    const parse = (text: string): number => {
+      const m = /^(-?\d+(?:\.\d+)?(?:e[-+]\d+)?)([kMGT]?)$/.exec(text);
+      assert.ok(m, `${JSON.stringify(text)} is a number with an optional k, M, G or T`);
+      return Number(m![1]) * units[m![2]];
+    };
+    // the digits a text shows: the last one is worth half its place at most
+    const halfUlp = (text: string): number => {
+      const m = /^-?(\d+)(?:\.(\d+))?(?:e([-+]\d+))?([kMGT]?)$/.exec(text)!;
+      return 0.5 * 10 ** (Number(m[3] || 0) - (m[2] || '').length) * units[m[4]];
+    };
+    let checked = 0;
+    for (let e = -6; e <= 12; e++) {
+      for (const mant of [1, 1.0004, 1.23456, 1.5, 2.5, 3.14159, 4.99951, 5.963, 7.77777, 9.9994, 9.99951, 9.99999]) {
+        for (const sign of [1, -1]) {
+          const x = sign * mant * 10 ** e;
+          const text = M.fmtValue(x);
+          const back = parse(text);
+          assert.ok(Math.abs(back - x) <= halfUlp(text) * (1 + 1e-9), `${x} written ${text} reads ${back}`);
+          assert.ok(Math.abs(x) < 1e4 || Math.abs(back) >= 1e3 || /e/.test(text), `${x}: ${text} keeps its magnitude`);
+          assert.ok(text.replace(/e.*$/, '').replace(/[^0-9]/g, '').replace(/^0+/, '').length <= 4, `${text}: at most 4 significant digits`);
+          checked++;
+        }
+      }
+    }
+    assert.equal(M.fmtValue(0), '0');
+    assert.equal(M.fmtValue(-0), '0');
+    assert.ok(checked > 400);
   });
 
   it('draws one polyline per rank over the data range, skipping missing values', () => {
@@ -528,6 +645,21 @@ describe('metrics chart', () => {
     }
   });
 
+  it('starts the plot right of its widest value label: no label is cut at the left', () => {
+    const tiny = metrics({ series: { loss: { '0': [[0, 0.0002628], [1, 0.00031]] } } });
+    const c = M.metricChart(tiny, 'loss', 240, 96);
+    assert.deepEqual(
+      c.yTicks.map(t => t.label),
+      ['0.0002628', '0.0002864', '0.00031']
+    );
+    const widest = Math.max(...c.yTicks.map(t => M.estimateWidth(t.label)));
+    assert.ok(c.plot.x0 - M.CHART.gap - widest >= 0, `the labels end at x=${c.plot.x0 - M.CHART.gap}, ${widest}px wide`);
+    // a measurer that says each character is 10 px: the plot moves right with it
+    const wide = M.metricChart(tiny, 'loss', 240, 96, t => t.length * 10);
+    assert.ok(wide.plot.x0 - M.CHART.gap >= 90, String(wide.plot.x0));
+    assert.equal(M.metricChart(metrics(), 'loss', 200, 96).plot.x0, M.CHART.left, 'short labels keep the narrow margin');
+  });
+
   it('widens a single step and a flat line, and draws nothing without values', () => {
     assert.deepEqual(M.chartBounds({ '0': [[5, 2]] }), [4, 6, 1.9, 2.1]);
     assert.deepEqual(M.chartBounds({ '0': [[5, 0]] }), [4, 6, -1, 1]);
@@ -552,14 +684,17 @@ describe('metrics chart', () => {
         range: '0 to 0.25',
         min: '0',
         mean: '0.55',
-        slowest: 'rank 1 (+0.01 s)',
-        note: 'slowest so far: rank 1 (+0.01 s) · last per rank: 0 to 0.25'
+        slowest: 'rank 1 (+12 ms)',
+        note: 'slowest so far: rank 1 (+12 ms) · last per rank: 0 to 0.25'
       },
-      { name: 'lr', last: '0.1', range: '', min: '0.1', mean: '0.1', slowest: '-', note: 'slowest so far: -' }
+      { name: 'lr', last: '0.1', range: '', min: '0.1', mean: '0.1', slowest: 'none stands out', note: 'slowest so far: none stands out' }
     ]);
-    assert.equal(M.metricRows(metrics({ final: true }))[0].note, 'slowest: rank 1 (+0.01 s) · last per rank: 0 to 0.25');
-    assert.equal(M.metricsHeadline(metrics()), 'cell 3: loss, lr from 2 ranks, steps 0-2 (live)');
-    assert.equal(M.metricsHeadline(metrics({ final: true, ranks: [0] })), 'cell 3: loss, lr from 1 rank, steps 0-2');
+    assert.equal(M.metricRows(metrics({ final: true }))[0].note, 'slowest: rank 1 (+12 ms) · last per rank: 0 to 0.25');
+    const profiled = metrics({ summary: [{ ...metrics().summary[0], lag: 0.35, slowest_by: 'profile' }] });
+    assert.equal(M.metricRows(profiled)[0].slowest, 'rank 1 (+350 ms, the others waited for it)');
+    assert.equal(M.parseMetrics(JSON.parse(JSON.stringify(profiled)))!.summary[0].slowest_by, 'profile');
+    assert.equal(M.metricsHeadline(metrics()), 'In[3]: loss, lr from 2 ranks, steps 0-2 (live)');
+    assert.equal(M.metricsHeadline(metrics({ final: true, ranks: [0] })), 'In[3]: loss, lr from 1 rank, steps 0-2');
     assert.equal(M.metricsHeadline(metrics({ cell: '' })), 'loss, lr from 2 ranks, steps 0-2 (live)');
   });
 });
