@@ -8,9 +8,11 @@ the names on the workers) and ui/ (the views).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
+import types
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from IPython.core.error import UsageError as IPythonUsageError
@@ -19,18 +21,22 @@ from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_
 
 from . import logs
 from .errors import CellError, UsageError
-from .kernel import RankInfo
+from .kernel.peek import PEEK_TIMEOUT_S
 from .kernel.pool import Pool
+from .kernel.turns import Ticket
 from .plan.spec import BACKENDS, port as _port, positive_int as _positive_int
-from .session import NO_POOL, STOPPED, CellListener, CellOptions, Session
-from .ui import labcomm
+from .session import NO_POOL, STOPPED, CellOptions, Session
+from .ui.cell_listener import MagicListener
+from .ui import jobs
+from .ui.jobs import Job
 from .ui.report import env_report
 from .ui.output import RankPrinter, parse_ranks
 from .ui.results import CellNumbers, RankResults
-from .ui.metrics_view import MetricsView, metrics_data
+from .ui.metrics_view import metrics_data
 from .ui import debugging
 
 SEE_HELP = "See %ddp? for every option, with examples."
+
 POOL_KEYS = ("backend", "master_addr", "master_port", "init", "start_method", "nnodes", "start_timeout", "pg_timeout", "mesh")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,6 +51,8 @@ examples:
   %%ddp --restart            a fresh pool first (fresh port; state on the workers is lost)
   %%ddp --scatter x          rank r gets only its shard of the notebook tensor x (ddp_magic.scatter(x, dim=1) for another dim)
   %%ddp --profile trace.json torch.profiler on every rank, one merged trace, a straggler table (docs/metrics.md)
+  %%ddp --bg --out job       run in the background; job.wait(), job.result(), job.cancel() (docs/background.md)
+  %%ddp --peek [--ranks 0]   look into the running ranks: step, model.weight.norm() (no collectives)
 """
 LINE_EXAMPLES = """
 examples:
@@ -52,6 +60,7 @@ examples:
   %ddp restart [-n N]        restart the pool (fresh port, state on the workers is lost)
   %ddp stop                  stop every worker
   %ddp log                   ddp_magic's recent log records, to attach to a bug report
+  %ddp wait                  wait for the background cells (%%ddp --bg) to end
   %ddp metrics [--df]        what the last cell's ranks logged with ddp_magic.log: a dict of lists (--df: a DataFrame)
                              (DDP_MAGIC_LOG=debug in the kernel's env also prints them as they happen)
   %ddp_env [-n N]            the env each rank will get (or sees, once the pool runs), with checks
@@ -83,7 +92,7 @@ def pool_arguments(func: F) -> F:
 
 @magic_arguments("ddp")
 @kwds(epilog=LINE_EXAMPLES)
-@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics"), default="status", help="what to do (default: status)")
+@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics", "wait"), default="status", help="what to do (default: status)")
 @argument("--df", action="store_true", help="with metrics: a pandas DataFrame instead of a dict of lists")
 @pool_arguments
 @HELP_ARGUMENT
@@ -136,53 +145,6 @@ def log_text(limit: int = 200) -> str:
     return "\n".join([head, hint, *records]) if records else f"ddp_magic log: no records yet.\n{hint}"
 
 
-class _MagicListener(CellListener):
-    """What a cell shows while it runs: rank-prefixed output, notices on stderr, the status view, the lab panel."""
-
-    def __init__(self, printer: RankPrinter, quiet: bool = False, ranks: Optional[str] = None, widget: bool = True) -> None:
-        self.printer = printer
-        self.quiet = quiet
-        self.ranks = ranks
-        self.widget = widget
-        self.view: Optional[Any] = None  # the status view (ui/status.StatusView), once shown
-        self.metrics = MetricsView()  # ddp_magic.log's live chart, and its static picture when the cell ends
-
-    def on_pool(self, pool: Pool) -> None:
-        if self.ranks:
-            _ranks(self.ranks, pool.nproc)
-        from .ui.status import show_status  # lazy: ipywidgets is imported when a cell first runs
-
-        self.view = show_status(pool, enabled=self.widget)  # above any output of the ranks
-        self.metrics.attach(self.view)  # ddp_magic.log's live chart: a section of the view
-        self.printer.world = pool.nproc  # a stderr line every rank sent is shown once, at once
-
-    def on_output(self, rank: int, stream: str, text: str) -> None:
-        if self.view is not None:
-            self.view.on_output(rank, stream, text)
-        self.printer.feed(rank, stream, text)
-        labcomm.changed()  # the JupyterLab extension's view, throttled; a no-op without it
-
-    def on_notice(self, text: str) -> None:
-        if self.view is not None:
-            self.view.on_notice(text)
-        if not self.quiet:
-            print(f"ddp_magic: {text}", file=sys.stderr)
-        labcomm.notice(text)
-
-    def on_state(self, info: RankInfo) -> None:
-        if self.view is not None:
-            self.view.on_state(info)
-        labcomm.changed()
-
-    def on_metrics(self, rank: int, rows: Any) -> None:
-        self.metrics.on_metrics(rank, rows)
-
-    def finish(self, outcome: Any = None, error: Optional[BaseException] = None, metrics: Any = None) -> None:
-        if self.view is not None:
-            self.view.finish(outcome, error)
-        self.metrics.finish(metrics)  # the session's copy: complete, and labelled with the cell
-
-
 @magics_class
 class DDPMagics(Magics):
     """%%ddp, %ddp and %ddp_env over one Session (the pool and the names on the workers live there)."""
@@ -192,6 +154,7 @@ class DDPMagics(Magics):
         self.session = session or Session()
         self.last_failures: List[Any] = []  # the last failed %%ddp cell's, for %ddp_debug
         self.cell_numbers = CellNumbers()  # tracebacks say Cell In[N] with the prompt's number
+        self.jobs: List[Job] = []  # the background cells not known to have ended (%ddp wait)
         if shell is not None:  # %ddp_export reads every cell in execution order (nbval keeps no IPython history)
             self.session.history.start_at(shell.execution_count)
             shell.events.register("post_run_cell", self.record_cell)
@@ -236,6 +199,9 @@ class DDPMagics(Magics):
     @argument("--no-widget", action="store_true", help="no status view above the output")
     @argument("--pdb", action="store_true", help="on failure, open pdb on the failing rank (post-mortem; %%pdb on does it for every cell)")
     @argument("--profile", nargs="?", const="", metavar="TRACE.json", help="run under torch.profiler on every rank; one merged trace (default ddp_trace.json)")
+    @argument("--bg", action="store_true", help="run in the background: the cell returns at once, its output keeps coming here; --out NAME keeps the job")
+    @argument("--no-queue", action="store_true", help="while another cell runs on the pool, fail at once instead of waiting for it")
+    @argument("--peek", action="store_true", help="a short read-only cell on the ranks beside the running cell (--ranks: only these ranks)")
     @HELP_ARGUMENT
     def ddp(self, line: str, cell: Optional[str] = None) -> Any:
         """Run the cell on N worker processes (ranks) with torch.distributed ready.
@@ -255,14 +221,36 @@ class DDPMagics(Magics):
     ddp.__doc__ = f"{ddp.__doc__}\n{_ddp_line.__doc__}"
 
     def _run_cell(self, args: argparse.Namespace, cell: str) -> Any:
+        if args.peek:
+            return self._peek(args, cell)
+        if args.bg and args.pdb:
+            raise UsageError("%%ddp --bg --pdb: a background cell cannot stop in pdb; run it without --bg, or %ddp_debug after it failed")
+        number = getattr(self.shell, "execution_count", None)
+        ticket = Ticket(f"cell [{number}]" if isinstance(number, int) else "a %%ddp cell", background=args.bg)
         printer = RankPrinter(_ranks(args.ranks) if args.ranks else None, ordered=args.ordered)
-        listener = _MagicListener(printer, args.quiet, args.ranks, widget=not args.no_widget)
+        listener = MagicListener(printer, args.quiet, args.ranks, widget=not args.no_widget)
         request = _pool_request(args)
         spec = self.session.spec_for(**request) if request else None
+        stdin = debugging.kernel_ask(printer.flush) if not args.bg else debugging.no_stdin_in_background
         options = CellOptions(
-            spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), stdin=debugging.kernel_ask(printer.flush),
-            profile=args.profile, scatter=args.scatter,
+            spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), stdin=stdin,
+            profile=args.profile, scatter=args.scatter, ticket=ticket, queue=not args.no_queue,
         )
+        if not args.bg:
+            return self._cell_value(args, cell, printer, listener, options, self.shell)
+        as_shell = types.SimpleNamespace(execution_count=number, call_pdb=False)  # the prompt number it started under
+        job = Job(ticket, lambda j: self._cell_value(args, cell, printer, listener, dataclasses.replace(options, cancel=j.cancel_event), as_shell),
+                  live=lambda: listener.metrics.data)
+        self.session.history.begin_late(ticket)  # %ddp_export: its run goes to this cell's record, whenever it ends
+        self.jobs = [j for j in self.jobs if not j.done()] + [job]
+        job.start()
+        if args.out:
+            self.user_ns[args.out] = job
+            return None
+        return job
+
+    def _cell_value(self, args: argparse.Namespace, cell: str, printer: RankPrinter, listener: MagicListener, options: CellOptions, shell: Any) -> Any:
+        """Run the cell on the session and turn its outcome into what the cell gives: RankResults, or a CellError raised."""
         try:
             try:
                 result = self.session.run(cell, self.user_ns, options, listener)
@@ -272,18 +260,18 @@ class DDPMagics(Magics):
             listener.finish(None, e)
             raise
         outcome = result.outcome
-        notes = self.cell_numbers.name(result.label, self.shell, outcome.failures, outcome.notes)
+        notes = self.cell_numbers.name(result.label, shell, outcome.failures, outcome.notes)
         listener.finish(outcome, metrics=result.metrics)
         results = RankResults(outcome.values)
         results.metrics = result.metrics.columns() if result.metrics else {}
         if result.profile is not None:
             print(result.profile.text())
         value = results if outcome.combined is None else outcome.combined  # DTensors: one ShardedResult each
-        if args.out:
+        if args.out and not args.bg:  # a background cell's --out holds its job
             self.user_ns[args.out] = value
         if outcome.failures:
             self.last_failures = list(outcome.failures)
-            if args.pdb or getattr(self.shell, "call_pdb", False):  # --pdb, or IPython's %pdb on
+            if args.pdb or getattr(shell, "call_pdb", False):  # --pdb, or IPython's %pdb on
                 debugging.once_instead_of_ipython(self.shell)
                 self._post_mortem("", quiet=True)
             raise CellError(outcome.failures, notes, partial=results)
@@ -293,6 +281,14 @@ class DDPMagics(Magics):
             return None
         return value
 
+    def _peek(self, args: argparse.Namespace, cell: str) -> Any:
+        """%%ddp --peek: the cell on the ranks' peek threads, beside the running cell; its output and value here."""
+        ranks = sorted(_ranks(args.ranks)) if args.ranks else None
+        results = jobs.peek_results(self.session.peek(cell, ranks, args.timeout if args.timeout is not None else PEEK_TIMEOUT_S))
+        if args.out:
+            self.user_ns[args.out] = results
+        return None if cell.rstrip().endswith(";") else results
+
     def _ddp_line(self, line: str) -> Any:
         args = _parse(_ddp_line, line, "%ddp")
         if args.help:
@@ -301,15 +297,17 @@ class DDPMagics(Magics):
         request = _pool_request(args)
         if args.action == "metrics":
             return metrics_data(self.session.metrics, args.df)
-        if args.action in ("status", "log") and request:
+        if args.action in ("status", "log", "wait") and request:
             raise UsageError("%ddp: pool options need an action, e.g. %ddp restart -n 2 (or put them on a %%ddp cell)")
         if args.action == "stop":
             print(STOPPED if self.session.stop() else NO_POOL)
         elif args.action == "restart":
             spec = self.session.spec_for(**request) if request else None
-            print(self.session.restart(spec, _MagicListener(RankPrinter())).ready_text())
+            print(self.session.restart(spec, MagicListener(RankPrinter())).ready_text())
         elif args.action == "log":
             print(log_text())
+        elif args.action == "wait":
+            jobs.wait_all(self.jobs)
         else:
             print(self.session.status().text())
 
@@ -328,7 +326,7 @@ class DDPMagics(Magics):
     def _post_mortem(self, line: str, quiet: bool = False) -> None:
         printer = RankPrinter()
         try:
-            listener = _MagicListener(printer, widget=False)
+            listener = MagicListener(printer, widget=False)
             debugging.post_mortem(self.session.pool, self.last_failures, line, listener, debugging.kernel_ask(printer.flush), quiet)
         finally:
             printer.flush()

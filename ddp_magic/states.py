@@ -1,4 +1,4 @@
-"""The states a rank goes through and the kinds of failure: one home for both.
+"""The states a rank goes through, the kinds of failure and a background job's states: one home for all three.
 
 Plain data, imported by the kernel, the session and the views alike (and
 mirrored name for name by ``labextension/src/model.ts``; a test checks the
@@ -64,3 +64,24 @@ class FailureKind(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class JobState(str, Enum):
+    """Where a background cell (``%%ddp --bg``, ui/jobs.py) is: queued, running, then one of the three ends.
+
+    QUEUED ──its turn (kernel/turns.py)──▶ RUNNING ──▶ DONE | FAILED | CANCELLED;
+    QUEUED ──cancel()──▶ CANCELLED (it never ran).
+    """
+
+    QUEUED = "queued"  # waits for the cell that runs on the pool now
+    RUNNING = "running"  # runs on the ranks
+    DONE = "done"  # every rank finished without error: result() is its RankResults
+    FAILED = "failed"  # a rank failed (or the cell could not start): result() raises the CellError
+    CANCELLED = "cancelled"  # cancel() interrupted it (or took it out of the queue)
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.DONE, JobState.FAILED, JobState.CANCELLED)

@@ -7,6 +7,7 @@ sequence of policy states, so rank output keeps flowing meanwhile.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, Dict, List, Optional, Protocol, Sequence
 
@@ -75,8 +76,10 @@ class RankOps(Protocol):
 class CellRun:
     """Drives one cell to its end: pumps the pool's loop and carries out the failure policy."""
 
-    def __init__(self, ops: RankOps, policy: FailurePolicy, clock: Callable[[], float] = time.monotonic, stdin: Optional[Ask] = None) -> None:
+    def __init__(self, ops: RankOps, policy: FailurePolicy, clock: Callable[[], float] = time.monotonic, stdin: Optional[Ask] = None,
+                 cancel: Optional[threading.Event] = None) -> None:
         self.ops = ops
+        self.cancel = cancel  # a background job's cancel(): a Ctrl-C for a cell that runs off the main thread
         self.stdin = stdin  # answers the ranks' input() and pdb (kernel/stdin.py)
         self._held_since: Optional[float] = None  # a rank debugs: the policy's clocks stand still
         self.policy = policy
@@ -129,6 +132,9 @@ class CellRun:
         return not self.policy.stopping
 
     def _tick(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():  # drive() takes it as the Ctrl-C it stands for
+            self.cancel.clear()
+            raise KeyboardInterrupt
         self.ops.answer_input(self.stdin, self.policy.cancelled)
         now = self.clock()
         if self.ops.holding():  # a rank in pdb or at input() is not hung, and its peers wait for it

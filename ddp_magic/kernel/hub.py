@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import select
 import socket
+import threading
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
@@ -22,6 +23,7 @@ from ..wire import protocol as P
 from .admission import Admission
 from .conns import Conn, OutConn, close_socket, peer_open, send_all_nonblocking
 from .launchers import Launcher
+from .peek import PeekDesk
 from .ranks import Due, Listener, RankInfo, Tick
 from .stdin import InputDesk
 
@@ -54,6 +56,8 @@ class Hub:
         self._by_fd: Dict[int, Union[Conn, OutConn]] = {}
         self._unsynced: Dict[int, dict] = {}  # DONE messages waiting for their output markers
         self.stdin = InputDesk()  # the ranks' questions and who sits in pdb (kernel/stdin.py)
+        self.peeks = PeekDesk()  # %%ddp --peek answers, filed by whichever thread pumps (kernel/peek.py)
+        self._send_lock = threading.Lock()  # a peek sends from the main thread while a background cell's thread pumps
 
     # ------------------------------------------------------------ registry
     def reset(self, ranks: Dict[int, RankInfo], admission: Optional[Admission]) -> None:
@@ -134,7 +138,8 @@ class Hub:
             if conn is None:
                 continue
             try:
-                send_all_nonblocking(conn.sock, frame)
+                with self._send_lock:  # one frame at a time per socket, whichever thread sends
+                    send_all_nonblocking(conn.sock, frame)
             except OSError:
                 log.debug("rank %s's control socket failed on send", rank, exc_info=True)
                 self._drop_conn(conn)
@@ -320,6 +325,8 @@ class Hub:
         elif op == P.DEBUG:
             self.stdin.debugger(rank, bool(msg.get("on")))
             self.debug_changed(rank)
+        elif op == P.PEEK:
+            self.peeks.put(rank, msg)
         elif op == P.METRICS:  # ddp_magic.log rows: the cell's store (kernel/metrics.py) and the views hear them
             self.listener.on_metrics(rank, msg.get("rows") or [])
 

@@ -63,6 +63,11 @@ class CellMetrics:
                     self.names.append(name)
         self.version += 1
 
+    def last_step(self) -> Optional[int]:
+        """The highest step any rank has logged (None: nothing yet): a running job's progress."""
+        lasts = [rows[-1][0] for rows in list(self.rows.values()) if rows]
+        return max(lasts) if lasts else None
+
     def tee(self, inner: Listener, front: Listener) -> "MetricsTee":
         return MetricsTee(self, inner, front)
 

@@ -4,11 +4,9 @@ Plain Python with no IPython and no torch import: the magics, the session,
 the status view, the benchmarks and the tests all drive it through
 ``Pool.run``. This module is the lifecycle only; the rooms it stands on:
 
-- ``admission.py``: the control port while ranks join, and who may join;
-- ``hub.py``: the ranks' sockets and the one poll loop that reads them;
+- ``admission.py``: the control port while ranks join; ``hub.py``: the ranks' sockets and the one poll loop;
 - ``cell.py`` / ``policy.py``: a running cell's failure handling (the pool is its ``RankOps``);
-- ``results.py``: cell values and the gather decision; ``texts.py``: the prose;
-- ``launchers/``: how rank processes come to exist.
+- ``results.py``: cell values and the gather decision; ``texts.py``: the prose; ``launchers/``: how ranks come to exist.
 """
 from __future__ import annotations
 
@@ -18,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
@@ -272,6 +271,7 @@ class Pool:
         label: Optional[str] = None,
         owned: Sequence[str] = (),
         stdin: Optional[Ask] = None,
+        cancel: Optional[threading.Event] = None,
     ) -> CellOutcome:
         """Run source on every rank; names are cloudpickled notebook values to bind first.
 
@@ -280,8 +280,8 @@ class Pool:
         Returns when every rank has finished, or, after a failure, once the
         others finished, were interrupted, or were stopped (which breaks the pool;
         the next run restarts it). KeyboardInterrupt interrupts every rank, then
-        a failed outcome is returned. ``stdin(prompt, password)`` answers the ranks' input() and pdb
-        (kernel/stdin.py); without it they read EOF.
+        a failed outcome is returned (``cancel`` set does the same off the main thread: a background cell).
+        ``stdin(prompt, password)`` answers the ranks' input() and pdb (kernel/stdin.py); without it they read EOF.
         """
         guarded = GuardedListener(listener or Listener())
         with self._bound(guarded):
@@ -289,7 +289,7 @@ class Pool:
             if notice:
                 guarded.on_notice(notice)
             t0 = self._send_cell(source, names or {}, gather, argv, label, owned)
-            cell = CellRun(self, FailurePolicy(timeout=timeout, grace=self.grace, t0=t0), stdin=stdin)
+            cell = CellRun(self, FailurePolicy(timeout=timeout, grace=self.grace, t0=t0), stdin=stdin, cancel=cancel)
             cell.drive()
             return self._outcome(cell, guarded, t0)
 

@@ -7,7 +7,8 @@ torch.distributed itself (devices, the process group, the gather) is rank_torch.
 
 Threads: the main thread runs cells; a reader thread takes the kernel's messages
 (it queues cells and decisions, and answers interrupts, stack and env requests
-at once, even while a cell runs).
+at once, even while a cell runs); a peek thread, from the first ``%%ddp --peek``
+on, runs peeks beside the cell (rank_peek.py).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from ..wire.capture import FdCapture
 from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
 from ..wire.protocol import CellStatus
-from . import mesh, rank_argv, rank_collectives, rank_debug, rank_group, rank_metrics, rank_profile, rank_recover, rank_torch
+from . import mesh, rank_argv, rank_collectives, rank_debug, rank_group, rank_metrics, rank_peek, rank_profile, rank_recover, rank_torch
 from .parent import die_with_parent
 
 
@@ -121,6 +122,8 @@ class Worker:
                     os._exit(137)
                 elif op in rank_debug.OPS:  # input replies, the debugger's hold
                     rank_debug.on_message(msg)
+                elif op == P.PEEK:  # a short read-only cell beside the running one, on the peek thread
+                    rank_peek.submit(msg)
                 elif op == P.PROFILE:  # the next cell runs under torch.profiler (it comes before that cell's RUN)
                     rank_profile.arm(msg)
         except (ConnectionError, OSError, EOFError):
@@ -169,6 +172,7 @@ class Worker:
         rank_group.keep_groups()  # what the pool made before the first cell outlives a script's destroy
         rank_debug.install(self.chan.send, self.rank, self.main_ident)  # stdin, breakpoint(), post-mortem via the kernel
         rank_metrics.install(self.chan.send, self.rank)  # ddp_magic.log(...) rows to the kernel's chart
+        rank_peek.install(self.chan.send, self.rank, self.user_ns)  # %%ddp --peek reads these globals
         self.chan.send(P.READY, rank=self.rank, device=self.device)
         while True:
             msg = self.runs.get()
