@@ -25,7 +25,7 @@ from .kernel.peek import PEEK_TIMEOUT_S
 from .kernel.pool import Pool
 from .kernel.turns import Ticket
 from .plan.spec import BACKENDS, port as _port, positive_int as _positive_int
-from .session import NO_POOL, STOPPED, CellOptions, Session
+from .session import NO_POOL, STOPPED, CellOptions, Session, check_syntax
 from .ui.cell_listener import MagicListener
 from .ui import jobs
 from .ui.jobs import Job
@@ -238,6 +238,9 @@ class DDPMagics(Magics):
         )
         if not args.bg:
             return self._cell_value(args, cell, printer, listener, options, self.shell)
+        check_syntax(cell)  # what can fail at once fails here, not in the background
+        if args.no_queue:
+            self.session.turns.check_idle(f"%%ddp --no-queue: {ticket.name} did not run")
         as_shell = types.SimpleNamespace(execution_count=number, call_pdb=False)  # the prompt number it started under
         job = Job(ticket, lambda j: self._cell_value(args, cell, printer, listener, dataclasses.replace(options, cancel=j.cancel_event), as_shell),
                   live=lambda: listener.metrics.data)
@@ -324,6 +327,7 @@ class DDPMagics(Magics):
         self._post_mortem(line)
 
     def _post_mortem(self, line: str, quiet: bool = False) -> None:
+        self.session.turns.check_idle("%ddp_debug runs on the ranks between cells")
         printer = RankPrinter()
         try:
             listener = MagicListener(printer, widget=False)

@@ -292,10 +292,7 @@ class Session:
 
     def peek(self, source: str, ranks: Optional[Iterable[int]] = None, timeout: float = peeks.PEEK_TIMEOUT_S) -> peeks.PeekOutcome:
         """``%%ddp --peek``: ``source`` on the ranks' peek threads, beside the running cell (kernel/peek.py); nothing is shipped."""
-        try:
-            compile(source, "<ddp-peek>", "exec", dont_inherit=True)
-        except SyntaxError as e:
-            raise UsageError("SyntaxError in the peek; nothing was run:\n" + syntax_error_text(e)) from None
+        check_syntax(source, "the peek")
         if self.pool is None or not self.pool.alive:
             raise UsageError("%%ddp --peek: no pool is running; a peek looks into the ranks of a running pool (start one with %%ddp -n N)")
         return peeks.peek(self.pool, self.turns, source, list(ranks) if ranks is not None else None, timeout)
@@ -339,6 +336,14 @@ class Session:
                 f"Create it inside the %%ddp cell instead, or make it picklable (cloudpickle)."
             )
         return blobs
+
+
+def check_syntax(source: str, what: str = "the cell") -> None:
+    """A syntax error is a UsageError before anything runs (a background cell's too: at once, in its own cell)."""
+    try:
+        compile(source, CELL_FILENAME, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        raise UsageError(f"SyntaxError in {what}; nothing was run:\n" + syntax_error_text(e)) from None
 
 
 def _new_pool(spec: PoolSpec) -> Pool:

@@ -143,6 +143,13 @@ def test_cancel_mid_run_keeps_the_ranks_and_their_state(k2):
     for _ in range(2):
         k2.run("%%ddp --bg --out job\nn = 0\nwhile True:\n    n += 1\n    time.sleep(0.01)", timeout=60).ok()
         assert wait_until(lambda: [v > 0 for v in peek_ints(k2, "n")] == [True, True], 60, 0.2)
+        for line, says in (("%ddp restart", "no restart"), ("%ddp stop", "the pool was not stopped"), ("%ddp_env", "%ddp_env reads the ranks")):
+            refused = k2.run(line, timeout=30)  # the pool is the job's while it runs: each says so, and what to do
+            assert refused.error is not None and refused.error[1].startswith(says) and "job.cancel()" in refused.error[1], refused.error
+        before = peek_ints(k2, "n")
+        sleeping = k2.run("import time as t\nt.sleep(60)", timeout=60, interrupt_after=1.0)  # Ctrl-C in another cell
+        assert sleeping.error is not None and sleeping.error[0] == "KeyboardInterrupt"
+        assert wait_until(lambda: [a > b for a, b in zip(peek_ints(k2, "n"), before)] == [True, True], 30, 0.1) and k2.value("job.done()") is False
         assert k2.value("job.cancel()") is True
         ex = k2.run("job.result(60)", timeout=90)
         assert ex.error is not None and ex.error[0] == "CellError" and "interrupted" in ex.error[1], ex.error
