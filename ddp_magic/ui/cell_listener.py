@@ -62,6 +62,7 @@ class MagicListener(CellListener):
 
     def on_metrics(self, rank: int, rows: Any) -> None:
         self.metrics.on_metrics(rank, rows)
+        labcomm.changed()  # the panel's "step 4,120" of a background cell, throttled; a no-op without it
 
     def finish(self, outcome: Any = None, error: Optional[BaseException] = None, metrics: Any = None) -> None:
         if self.view is not None:

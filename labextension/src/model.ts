@@ -76,6 +76,19 @@ export interface IPoolSnapshot {
   checks: ICheck[];
   verdict: string;
   names: string[]; // names the workers own
+  /** The cell that holds the pool's turn now (ddp_magic/ui/labsnap.py job_dict): a background job while one runs. */
+  job?: IJobSnapshot | null;
+  /** The cells waiting for their turn behind it, first first. */
+  queued?: string[];
+}
+
+/** A cell holding the pool's turn, as ddp_magic/kernel/turns.py Ticket says it. */
+export interface IJobSnapshot {
+  name: string; // "cell [12]"
+  background: boolean; // %%ddp --bg: it runs while the notebook runs other cells
+  elapsed: number | null; // seconds it had run when the snapshot was sent (null: still queued)
+  step: number | null; // the last step its ranks logged with ddp_magic.log
+  text: string; // the kernel's own words, at the time of the snapshot
 }
 
 export interface ISnapshotMsg {
@@ -262,6 +275,32 @@ export function fmtSeconds(seconds: number | null | undefined): string {
   return `${Math.floor(m / 60)} h ${pad(m % 60)} m`;
 }
 
+/** A run time as a clock, "0:00:07", "1:02:11": ddp_magic/kernel/turns.py clock_text (tests/labextension/test_model_mirror.py checks). */
+export function clockText(seconds: number): string {
+  const s = Math.max(0, Math.floor(seconds));
+  const pad = (n: number) => (n < 10 ? `0${n}` : `${n}`);
+  return `${Math.floor(s / 3600)}:${pad(Math.floor(s / 60) % 60)}:${pad(s % 60)}`;
+}
+
+/** 4120 -> "4,120" (Python's f"{n:,}"). */
+function grouped(n: number): string {
+  return String(Math.trunc(n)).replace(/\B(?=(\d{3})+(?!\d))/g, ',');
+}
+
+/**
+ * "background: cell [12] running 1:02:11, step 4,120": turns.py Ticket.text, its clock moved on from the
+ * snapshot to ``now`` (ms), so the status bar ticks between snapshots as the cell's own view does.
+ */
+export function jobText(job: IJobSnapshot, receivedAt: number, now: number): string {
+  const head = `${job.background ? 'background: ' : ''}${job.name}`;
+  if (job.elapsed === null || job.elapsed === undefined) {
+    return `${head} queued`;
+  }
+  const clock = clockText(job.elapsed + Math.max(0, now - receivedAt) / 1000);
+  const step = job.step === null || job.step === undefined ? '' : `, step ${grouped(job.step)}`;
+  return `${head} running ${clock}${step}`;
+}
+
 /** Python's round() of a float to an int: halves to even. */
 function pyRound(x: number): number {
   const f = Math.floor(x);
@@ -422,7 +461,8 @@ function rankList(ranks: number[]): string {
 
 /**
  * The status-bar text: null (show nothing) when the kernel has no pool, else
- * "DDP 4×gloo · running 0:12", "DDP 2×gloo · rank 1 failed", "DDP 2×gloo · ready".
+ * "DDP 4×gloo · running 0:12", "DDP 2×gloo · rank 1 failed", "DDP 2×gloo · ready", and while a background
+ * cell runs "DDP 2×gloo · background: cell [12] running 1:02:11, step 4,120".
  */
 export function statusText(state: IUIState, now: number): string | null {
   const pool = state.connected && state.snapshot ? state.snapshot.pool : null;
@@ -434,7 +474,7 @@ export function statusText(state: IUIState, now: number): string | null {
   let tail: string;
   switch (p.phase) {
     case 'running':
-      tail = `running ${fmtSeconds(p.elapsed || 0)}`;
+      tail = pool.job && pool.job.background ? jobText(pool.job, state.receivedAt, now) : `running ${fmtSeconds(p.elapsed || 0)}`;
       if (p.bad.length) {
         tail += ` · ${rankList(p.bad)} failed`;
       }

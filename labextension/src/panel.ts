@@ -173,7 +173,11 @@ export class PoolPanel extends Widget {
         : !state.connected
           ? `ddp_magic is not loaded in this kernel. Run ${nowrap('%load_ext ddp_magic')}, then a ${nowrap('%%ddp -n N')} cell.`
           : `No pool is running. A ${nowrap('%%ddp -n N')} cell starts one.`);
+    if (text && pool && pool.queued && pool.queued.length) {
+      this._summary.textContent += ` · queued behind it: ${pool.queued.join(', ')}`;
+    }
     this._summary.dataset.phase = pool ? M.poolPhase(pool, state.receivedAt, now).phase : 'none';
+    this._summary.dataset.job = pool && pool.job && pool.job.background ? pool.job.name : '';
 
     // the message line: pending requests first, then the last reply
     const lines: string[] = [];

@@ -273,3 +273,30 @@ def _shutdown_while_running() -> None:
 def test_kernel_shutdown_while_a_bg_job_runs_leaves_no_process_and_no_file():
     for _ in range(2):
         _shutdown_while_running()
+
+
+def test_the_panel_hears_the_background_job_and_its_restart_waits_for_no_one():
+    from test_lab_comm import Front
+
+    k = Kernel()
+    front = Front(k)
+    gate = Gates(Path(k.run("import tempfile; tempfile.mkdtemp()").ok().result.strip("'")), "a")
+    try:
+        front.run("%load_ext ddp_magic")
+        front.open()
+        front.run("%%ddp -n 2 --no-widget\nimport os, time, ddp_magic")
+        cell = f"%%ddp --bg --out job --no-widget\nfor step in range(5):\n    ddp_magic.log(step=step, x=1.0)\nwhile os.path.exists({gate['a']!r}):\n    time.sleep(0.01)"
+        for _ in range(2):
+            gate.close()
+            front.run(cell)
+            front.pump(lambda: bool((front.last_pool() or {}).get("job")) and front.last_pool()["job"]["step"] == 4, 60)
+            job = front.last_pool()["job"]
+            assert job["background"] and re.fullmatch(r"background: cell \[\d+\] running \d+:\d\d:\d\d, step 4", job["text"]), job
+            reply = front.reply(front.request("restart"))  # the panel's Restart while the job holds the pool
+            assert not reply["ok"] and reply["error"].startswith("no restart: cell [") and "job.cancel()" in reply["error"], reply
+            gate.open("a")
+            front.run("job.wait(60)")
+            front.pump(lambda: front.last_pool()["job"] is None, 30)
+    finally:
+        gate.open_all()
+        k.shutdown()

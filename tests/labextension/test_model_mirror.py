@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -32,3 +33,31 @@ def test_fmt_seconds_is_the_same_in_the_panel_and_the_cell_view() -> None:
         out = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert dict(zip(VALUES, json.loads(out.stdout))) == {v: fmt_seconds(v) for v in VALUES}
+
+
+def _node_model(calls: str) -> object:
+    """Evaluate ``calls`` (a JS expression over the built model, ``M``) in node; its JSON value."""
+    node = shutil.which("node")
+    if node is None or not os.path.exists(MODEL_JS):
+        pytest.skip("needs node and the built extension (jlpm build in labextension/)")
+    with tempfile.TemporaryDirectory() as tmp:
+        module = os.path.join(tmp, "model.mjs")
+        shutil.copyfile(MODEL_JS, module)
+        script = f"import * as M from {json.dumps(module)}; console.log(JSON.stringify({calls}));"
+        out = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_a_background_job_reads_the_same_in_the_status_bar_and_in_percent_ddp_status() -> None:
+    from ddp_magic.kernel.turns import Ticket, clock_text
+    from ddp_magic.ui.labsnap import job_dict
+
+    seconds = [0, 0.4, 7.9, 59.99, 61, 3599.5, 3731, 86399, 360000]
+    assert _node_model(f"{json.dumps(seconds)}.map(M.clockText)") == [clock_text(s) for s in seconds]
+    tickets = [Ticket("cell [12]", True), Ticket("cell [3]", True, since=0.0), Ticket("cell [7]", False, since=0.0)]
+    tickets[1].progress = lambda: 4120
+    jobs = [job_dict(t) for t in tickets]
+    shown = _node_model(f"{json.dumps(jobs)}.map(j => M.jobText(j, 0, 0))")
+    assert shown == [j["text"] for j in jobs]  # read at the snapshot's moment: the kernel's own words
+    assert shown[0] == "background: cell [12] queued" and re.fullmatch(r"background: cell \[3\] running \d+:\d\d:\d\d, step 4,120", shown[1])
