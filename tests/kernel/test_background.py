@@ -149,7 +149,8 @@ def test_cancel_mid_run_keeps_the_ranks_and_their_state(k2):
         before = peek_ints(k2, "n")
         sleeping = k2.run("import time as t\nt.sleep(60)", timeout=60, interrupt_after=1.0)  # Ctrl-C in another cell
         assert sleeping.error is not None and sleeping.error[0] == "KeyboardInterrupt"
-        assert wait_until(lambda: [a > b for a, b in zip(peek_ints(k2, "n"), before)] == [True, True], 30, 0.1) and k2.value("job.done()") is False
+        grew = lambda before=before: [a > b for a, b in zip(peek_ints(k2, "n"), before)] == [True, True]  # noqa: E731
+        assert wait_until(grew, 30, 0.1) and k2.value("job.done()") is False
         assert k2.value("job.cancel()") is True
         ex = k2.run("job.result(60)", timeout=90)
         assert ex.error is not None and ex.error[0] == "CellError" and "interrupted" in ex.error[1], ex.error
@@ -285,7 +286,8 @@ def test_the_panel_hears_the_background_job_and_its_restart_waits_for_no_one():
         front.run("%load_ext ddp_magic")
         front.open()
         front.run("%%ddp -n 2 --no-widget\nimport os, time, ddp_magic")
-        cell = f"%%ddp --bg --out job --no-widget\nfor step in range(5):\n    ddp_magic.log(step=step, x=1.0)\nwhile os.path.exists({gate['a']!r}):\n    time.sleep(0.01)"
+        cell = ("%%ddp --bg --out job --no-widget\nfor step in range(5):\n    ddp_magic.log(step=step, x=1.0)\n"
+                f"while os.path.exists({gate['a']!r}):\n    time.sleep(0.01)")
         for _ in range(2):
             gate.close()
             front.run(cell)
