@@ -31,7 +31,7 @@ from .ui import jobs
 from .ui.jobs import Job
 from .ui.report import env_report
 from .ui.output import RankPrinter, parse_ranks
-from .ui.results import CellNumbers, RankResults
+from .ui.results import CellNumbers, RankResults, prompt_number
 from .ui.metrics_view import metrics_data
 from .ui import debugging
 
@@ -225,7 +225,7 @@ class DDPMagics(Magics):
             return self._peek(args, cell)
         if args.bg and args.pdb:
             raise UsageError("%%ddp --bg --pdb: a background cell cannot stop in pdb; run it without --bg, or %ddp_debug after it failed")
-        number = getattr(self.shell, "execution_count", None)
+        number = prompt_number(self.shell)
         ticket = Ticket(f"cell [{number}]" if isinstance(number, int) else "a %%ddp cell", background=args.bg)
         printer = RankPrinter(_ranks(args.ranks) if args.ranks else None, ordered=args.ordered)
         listener = MagicListener(printer, args.quiet, args.ranks, widget=not args.no_widget)

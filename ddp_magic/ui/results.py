@@ -54,8 +54,17 @@ class CellNumbers:
 
     def name(self, label: str, shell: Any, failures: Sequence[Any], notes: Sequence[str]) -> List[str]:
         """Rename the cells in the failures' tracebacks (in place) and in the notes (returned)."""
-        count = getattr(shell, "execution_count", None)
-        self.numbers[label] = count if isinstance(count, int) else None
+        self.numbers[label] = prompt_number(shell)
         for f in failures:
             f.traceback = name_cells(f.traceback, self.numbers)
         return [name_cells(n, self.numbers) for n in notes]
+
+
+def prompt_number(shell: Any) -> Optional[int]:
+    """The prompt number (``In [n]``) of the cell running now: its ExecutionResult's, since IPython has already
+    counted the next one in ``execution_count`` while a cell runs (a shell-like without one: its execution_count)."""
+    running = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    count = getattr(running, "execution_count", None)
+    if not isinstance(count, int):
+        count = getattr(shell, "execution_count", None)
+    return count if isinstance(count, int) else None

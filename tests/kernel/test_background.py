@@ -187,7 +187,8 @@ def test_a_second_cell_waits_its_turn_and_ctrl_c_takes_it_out_of_the_queue(k2, g
                 gates.open("a")  # let the job end only once this cell says it waits
 
         queued = k2.run("%%ddp\nprint('second', dist.get_rank())\ndist.get_rank()", timeout=120, on_stream=on_stream).ok()
-        assert re.search(r"queued behind cell \[\d+\], which runs on the pool now", queued.stderr), queued.stderr
+        prompt = [m for m in bg.messages if m["msg_type"] == "execute_input"][0]["content"]["execution_count"]
+        assert f"queued behind cell [{prompt}], which runs on the pool now" in queued.stderr, queued.stderr  # named by its prompt
         assert sorted(re.findall(r"\[rank \d\] second \d", queued.stdout)) == ["[rank 0] second 0", "[rank 1] second 1"]
         assert "bg done" not in queued.stdout
         assert k2.value("job.done()") is True and k2.value("list(job.result())") == [2, 2]
