@@ -193,6 +193,15 @@ def test_a_second_cell_waits_its_turn_and_ctrl_c_takes_it_out_of_the_queue(k2, g
         assert "bg done" not in queued.stdout
         assert k2.value("job.done()") is True and k2.value("list(job.result())") == [2, 2]
         assert "bg done" in "".join(m["content"]["text"] for m in late(k2, bg, ("stream",)))
+        gates.close()  # a second background cell queues on its own thread: its cell returns at once
+        k2.run(loop.format(a=gates["a"]), timeout=60).ok()
+        second = k2.run("%%ddp --bg --out job2\ndist.get_rank() + 40", timeout=60).ok()
+        assert second.elapsed < 30 and k2.value("str(job2.state)") == "queued" and k2.value("'queued' in repr(job2)")
+        assert re.search(r"queued: cell \[\d+\]", k2.run("%ddp status").ok().stdout)
+        gates.open("a")
+        assert k2.value("list(job2.result(60))") == [40, 41] and k2.value("str(job.state)") == "done"
+        said = second.stderr + ANSI.sub("", "".join(m["content"]["text"] for m in late(k2, second, ("stream",))))
+        assert "queued behind cell [" in said, said  # in its own cell, before or after the cell returned
         gates.close()
         k2.run(loop.format(a=gates["a"]), timeout=60).ok()
         refused = k2.run("%%ddp --no-queue\n1", timeout=30)
