@@ -174,7 +174,7 @@ class History:
         self._out: Dict[int, List[str]] = {}
         self._tap: Optional[_Tap] = None
         self._next = 1
-        self._late: Dict[int, List[Any]] = {}  # id(key) of a background cell -> [its record, or None until the cell ended; its runs]
+        self._late: Dict[int, List[Any]] = {}  # id(key) of a background cell -> [its record (None until its cell ended), its runs, key]
         self._unplaced: List[int] = []  # background cells started whose own record is not made yet
         self._lock = threading.Lock()  # a background cell's run is recorded on its job's thread
 
@@ -187,7 +187,7 @@ class History:
     def begin_late(self, key: Any) -> None:
         """A background cell starts (on the main thread, before its own ``post_run_cell``): its run, ``ran(late=key)``, goes to its record."""
         with self._lock:
-            self._late[id(key)] = [None, []]
+            self._late[id(key)] = [None, [], key]  # the key held: its id names no other while the slot lives
             self._unplaced.append(id(key))
 
     def ran(self, body: str, blobs: Mapping[str, bytes], user_ns: Mapping[str, Any], pool: Any, outcome: Any, late: Any = None) -> None:

@@ -17,6 +17,7 @@ ranks are busy in the running cell and would never join it, so the training woul
 from __future__ import annotations
 
 import io
+import linecache
 import queue
 import sys
 import threading
@@ -117,6 +118,8 @@ def _run(msg: dict) -> Dict[str, Any]:
     except BaseException as e:  # a peek's failure is the peek's alone: sent back, the rank goes on
         log.debug("rank %d: a peek raised (reported to the kernel)", STATE.rank, exc_info=True)
         return {"error": error_data(e, format_user_traceback(e, filename))}
+    finally:
+        linecache.cache.pop(filename, None)  # a peek a second for hours keeps no source lines
     if value is None:
         return {"result": None}
     try:
