@@ -1,13 +1,15 @@
 """%%ddp --bg: what a background cell costs its training, what it costs the kernel, and what a peek costs.
 
-    .venv/bin/python bench/bench_background.py                 # n=2 training, n=4 peeks; 3 runs of each; about 4 min on 2 cores
-    .venv/bin/python bench/bench_background.py --runs 5 --steps 1000
+    .venv/bin/python bench/bench_background.py                 # n=2 training, n=4 peeks; 5 rounds; about 8 min on 2 cores
+    .venv/bin/python bench/bench_background.py --runs 3 --steps 600  # quicker, noisier
 
 1. Training steps/s of one DDP loop (MLP 256→512→256, batch 64, SGD, one ``ddp_magic.log`` per step) at n ranks:
    in a foreground %%ddp cell; in a --bg cell while the notebook waits (``job.wait()``); in a --bg cell while the
    notebook runs a cell that plots ``job.metrics`` every 2 s; in a --bg cell peeked at once a second; and the same
    loop as a script under ``torchrun --standalone``. Each run times its own steps (perf_counter around the loop, after
-   a warm-up and a barrier) and returns rank 0's rate. The conditions take turns run by run.
+   a warm-up and a barrier) and returns rank 0's rate. A round runs every condition once, back to back (the order
+   rotates); a condition's ratio is the median over the rounds of its rate ÷ the foreground rate of the same round,
+   so that the drift of a shared machine's load cancels out.
 2. The kernel's own cost while a cell waits 50 ms per step and logs (nothing for the ranks to compute): CPU% (the
    kernel process's utime+stime over the window) and wake-ups/s (its threads' context switches), for the same loop
    in the foreground and in the background with the notebook idle, and for an idle kernel with a pool.
@@ -131,8 +133,10 @@ def training(k: core.KernelSession, n: int, runs: int, steps: int, store: core.S
     }
     for r in range(runs):
         order = CONDITIONS[r % len(CONDITIONS):] + CONDITIONS[: r % len(CONDITIONS)]
-        for cond in order:
-            store.measure(f"train.{cond}", how[cond])
+        got = {cond: store.measure(f"train.{cond}", how[cond]) for cond in order}
+        for cond, rate in got.items():
+            if rate is not None and got["foreground"]:
+                store.get(f"ratio.{cond}").values.append(rate / got["foreground"])
 
 
 # ====================================================================== 2. the kernel's own cost
@@ -211,11 +215,11 @@ def report(store: core.Store, n: int, steps: int, load: Tuple[str, str]) -> str:
     v = lambda key: store.get(key).values  # noqa: E731
     fg = v("train.foreground")
     lines = [f"# %%ddp --bg (n = {n} for training, n = 4 for peeks; {os.cpu_count()} cores; load {load[0]} → {load[1]})", "",
-             f"## Training steps/s ({steps} timed steps per run; ratio: median of the condition ÷ median foreground)", "",
-             "| condition | steps/s | ÷ foreground | runs |", "|---|---|---|---|"]
+             f"## Training steps/s ({steps} timed steps per run; ÷ foreground: the median over rounds of the run's rate ÷ that round's foreground rate)",
+             "", "| condition | steps/s | ÷ foreground | runs |", "|---|---|---|---|"]
     for cond in CONDITIONS:
         xs, errors = v(f"train.{cond}"), store.get(f"train.{cond}").errors
-        ratio = f"{statistics.median(xs) / statistics.median(fg):.3f}" if xs and fg else "—"
+        ratio = med(v(f"ratio.{cond}")) if fg else "—"
         lines.append(f"| {cond} | {med(xs)} | {ratio} | {len(xs)}{' (' + '; '.join(errors) + ')' if errors else ''} |")
     lines += ["", "## The kernel's own cost while the cell waits 50 ms per step (5 s windows)", "",
               "| | kernel CPU % | wake-ups/s |", "|---|---|---|"]
@@ -231,8 +235,8 @@ def report(store: core.Store, n: int, steps: int, load: Tuple[str, str]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", type=int, default=2, help="ranks for the training runs (default 2)")
-    p.add_argument("--runs", type=int, default=3, help="runs of each training condition and cost window (default 3)")
-    p.add_argument("--steps", type=int, default=600, help="timed steps per training run (default 600)")
+    p.add_argument("--runs", type=int, default=5, help="rounds of the training conditions, and cost windows (default 5)")
+    p.add_argument("--steps", type=int, default=1500, help="timed steps per training run (default 1500)")
     p.add_argument("--peeks", type=int, default=30, help="round trips of each kind (default 30)")
     a = p.parse_args()
     os.makedirs(core.RESULTS_DIR, exist_ok=True)

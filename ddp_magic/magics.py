@@ -25,7 +25,7 @@ from .kernel.peek import PEEK_TIMEOUT_S
 from .kernel.pool import Pool
 from .kernel.turns import Ticket
 from .plan.spec import BACKENDS, port as _port, positive_int as _positive_int
-from .session import NO_POOL, STOPPED, CellOptions, Session, check_syntax
+from .session import NO_POOL, STOPPED, CellOptions, Session
 from .ui.cell_listener import MagicListener
 from .ui import jobs
 from .ui.jobs import Job
@@ -238,9 +238,7 @@ class DDPMagics(Magics):
         )
         if not args.bg:
             return self._cell_value(args, cell, printer, listener, options, self.shell)
-        check_syntax(cell)  # what can fail at once fails here, not in the background
-        if args.no_queue:
-            self.session.turns.check_idle(f"%%ddp --no-queue: {ticket.name} did not run")
+        self.session.precheck(cell, options)  # what can fail at once fails here, not in the background
         as_shell = types.SimpleNamespace(execution_count=number, call_pdb=False)  # the prompt number it started under
         job = Job(ticket, lambda j: self._cell_value(args, cell, printer, listener, dataclasses.replace(options, cancel=j.cancel_event), as_shell),
                   live=lambda: listener.metrics.data)

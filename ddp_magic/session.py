@@ -257,6 +257,15 @@ class Session:
         with self.turns.turn(ticket, options.queue, listener.on_queued if isinstance(listener, CellListener) else None, options.cancel):
             return self._run(source, user_ns, options, listener, ticket)
 
+    def precheck(self, source: str, options: CellOptions) -> None:
+        """What a background cell is told at once, in its own cell, rather than later from its job: a syntax error,
+        no pool to run on, and --no-queue's refusal while another cell holds the pool."""
+        check_syntax(source)
+        if self.pool is None and options.spec is None:
+            raise UsageError(NEED_N_FOR_CELL)
+        if not options.queue:
+            self.turns.check_idle(f"%%ddp --no-queue: {options.ticket.name if options.ticket else 'the cell'} did not run")
+
     def _run(self, source: str, user_ns: Mapping[str, Any], options: CellOptions, listener: Listener, ticket: Ticket) -> CellResult:
         newer = self.definitions.stale(self.owned)
         blobs = self._ship(source, user_ns, newer, options)

@@ -270,6 +270,9 @@ def _shutdown_while_running() -> None:
     k = Kernel()
     try:
         k.run("%load_ext ddp_magic").ok()
+        for cell, says in (("%%ddp --bg\n1", "no pool is running yet: give the number of ranks"), ("%%ddp -n 2 --bg\n1 +", "SyntaxError in the cell")):
+            refused = k.run(cell, timeout=60)  # told at once, in the cell itself, not later by a job
+            assert refused.error is not None and says in refused.error[1], refused.error
         k.run("%%ddp -n 2 --bg --out job\nimport time\nwhile True:\n    time.sleep(0.01)", timeout=180).ok()
         running = lambda: len(re.findall(r"rank \d: pid \d+ +running", k.run("%ddp status").ok().stdout)) == 2  # noqa: E731
         assert wait_until(running, 120, 0.2)  # the job started the pool and the cell runs on both ranks
