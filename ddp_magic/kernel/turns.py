@@ -123,10 +123,10 @@ class Turns:
     @contextlib.contextmanager
     def turn(self, ticket: Ticket, wait: bool = True, on_queued: Optional[Callable[[Ticket], None]] = None,
              cancelled: Optional[threading.Event] = None) -> Iterator[float]:
-        """``take`` for the duration of a with block (the seconds waited), given back however it ends."""
-        waited = self.take(ticket, wait, on_queued, cancelled)
+        """``take`` for the duration of a with block (the seconds waited), given back however it ends (a Ctrl-C
+        landing just as the turn was granted included: ``give_back`` lets go only of a turn the ticket holds)."""
         try:
-            yield waited
+            yield self.take(ticket, wait, on_queued, cancelled)
         finally:
             self.give_back(ticket)
 

@@ -276,3 +276,23 @@ def test_a_collective_on_a_refused_thread_raises_and_leaves_the_record_alone():
     wrapped(1)  # this thread may
     assert calls == ["ran"] and len(errors) == 1 and str(errors[0]).startswith("a peek may not call torch.distributed.all_reduce:")
     assert rank_collectives.STATE.current is None
+
+
+def test_a_ctrl_c_as_the_turn_is_granted_does_not_keep_it():
+    turns = Turns()
+    holder = Ticket("cell [1]", background=True)
+    turns.take(holder)
+    late = Ticket("cell [2]")
+    grant = turns._grant
+
+    def granted_then_interrupted(ticket: Ticket) -> None:
+        grant(ticket)
+        if ticket is late:
+            raise KeyboardInterrupt
+
+    turns._grant = granted_then_interrupted  # type: ignore[method-assign]
+    threading.Timer(0.05, turns.give_back, args=(holder,)).start()
+    with pytest.raises(Dequeued):
+        with turns.turn(late):
+            pytest.fail("the body must not run")
+    assert turns.holder is None and turns.waiting() == []
