@@ -75,15 +75,15 @@ class CellMetrics:
     def columns(self) -> Dict[str, List[Any]]:
         """Every row as columns: rank, step, time (unix seconds), then one column per metric (None where not logged)."""
         out: Dict[str, List[Any]] = {"rank": [], "step": [], "time": []}
-        out.update({n: [] for n in self.names if n not in out})
+        names = [n for n in list(self.names) if n not in out]  # a background cell's rows keep coming while this reads
+        out.update({n: [] for n in names})
         for rank in sorted(self.rows):
-            for step, t, values in self.rows[rank]:
+            for step, t, values in list(self.rows[rank]):
                 out["rank"].append(rank)
                 out["step"].append(step)
                 out["time"].append(t)
-                for n in self.names:
-                    if n not in ("rank", "step", "time"):
-                        out[n].append(values.get(n))
+                for n in names:
+                    out[n].append(values.get(n))
         return out
 
     def frame(self) -> Any:
