@@ -19,15 +19,14 @@ from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_
 
 from . import logs
 from .errors import CellError, UsageError
-from .kernel import RankInfo
 from .kernel.pool import Pool
 from .plan.spec import BACKENDS, port as _port, positive_int as _positive_int
-from .session import NO_POOL, STOPPED, CellListener, CellOptions, Session
-from .ui import labcomm
+from .session import NO_POOL, STOPPED, CellOptions, Session
+from .ui.cell_view import CellView
 from .ui.report import env_report
 from .ui.output import RankPrinter, parse_ranks
 from .ui.results import CellNumbers, RankResults
-from .ui.metrics_view import MetricsView, metrics_data
+from .ui.metrics_view import metrics_data
 from .ui import debugging
 
 SEE_HELP = "See %ddp? for every option, with examples."
@@ -42,6 +41,9 @@ examples:
   %%ddp --out losses         also store the per-rank results in the notebook variable `losses`
   %%ddp --no-widget          no status view above the output (DDP_MAGIC_WIDGET=0 in the env: never)
   %%ddp -n 8 --nnodes 2      8 ranks over 2 nodes (torchrun); the kernel prints what to run on the other node
+  %%ddp -n 8 --slurm         8 ranks as tasks of this kernel's Slurm allocation (inside salloc / sbatch / OnDemand)
+  %%ddp --slurm --nodes 2 --ntasks-per-node 4 --partition gpu --time 2:00:00
+                             a new allocation of ours (released when the pool stops or the kernel ends; docs/multinode.md)
   %%ddp --restart            a fresh pool first (fresh port; state on the workers is lost)
   %%ddp --scatter x          rank r gets only its shard of the notebook tensor x (ddp_magic.scatter(x, dim=1) for another dim)
   %%ddp --profile trace.json torch.profiler on every rank, one merged trace, a straggler table (docs/metrics.md)
@@ -55,6 +57,7 @@ examples:
   %ddp metrics [--df]        what the last cell's ranks logged with ddp_magic.log: a dict of lists (--df: a DataFrame)
                              (DDP_MAGIC_LOG=debug in the kernel's env also prints them as they happen)
   %ddp_env [-n N]            the env each rank will get (or sees, once the pool runs), with checks
+  %ddp_env --slurm --nodes 2 --ntasks-per-node 4    the Slurm plan (salloc and srun lines, each rank's env), nothing allocated
 """
 
 
@@ -70,7 +73,18 @@ POOL_ARGUMENTS = (
     argument("--pg-timeout", type=float, metavar="SECONDS", help="before a collective with a missing peer fails (default 300)"),
     argument("--nccl-debug", choices=("WARN", "INFO", "TRACE"), help="set NCCL_DEBUG on the ranks (NCCL's own output appears per rank)"),
     argument("--mesh", metavar="DIMS", help="a DeviceMesh named `mesh` on every rank, e.g. dp=2,tp=2 (sizes multiply to -n); none: no mesh"),
+    argument("--slurm", action="store_true", help="ranks as a Slurm job step: in this kernel's allocation (SLURM_JOB_ID), else in a new one"),
+    argument("--nodes", type=_positive_int, metavar="N", help="--slurm: nodes (default: the allocation's, else 1)"),
+    argument("--ntasks-per-node", type=_positive_int, metavar="N", help="--slurm: ranks per node (default: -n / nodes)"),
+    argument("--partition", metavar="P", help="--slurm: the partition to allocate in"),
+    argument("--time", metavar="T", help="--slurm: the allocation's time limit, as Slurm reads it (2:00:00)"),
+    argument("--gpus-per-node", type=_positive_int, metavar="G", help="--slurm: GPUs per node, one per local rank"),
+    argument("--account", metavar="A", help="--slurm: the account to charge"),
+    argument("--slurm-args", metavar="ARGS", help='--slurm: more salloc options, e.g. "--qos=high --constraint=a100"'),
+    argument("--start-timeout", dest="queue_timeout", type=float, metavar="SECONDS", help="--slurm: cancel the job if still queued after this long (default: wait; Ctrl-C cancels)"),
+    argument("--control-addr", metavar="ADDR", help="where the ranks dial the kernel (default: loopback, or the address that reaches the first node)"),
 )
+SLURM_KEYS = ("nodes", "ntasks_per_node", "partition", "time", "gpus_per_node", "account", "slurm_args", "queue_timeout")
 HELP_ARGUMENT = argument("-h", "--help", action="store_true", help="show this help")
 
 
@@ -108,6 +122,13 @@ def _pool_request(args: argparse.Namespace) -> Dict[str, Any]:
         request["nproc"] = args.nproc
     if args.nccl_debug:
         request["extra_env"] = {"NCCL_DEBUG": args.nccl_debug}
+    if args.control_addr:
+        request["listen_addr"] = args.control_addr
+    slurm = {k: getattr(args, k) for k in SLURM_KEYS if getattr(args, k) is not None}
+    if args.slurm or slurm:  # any Slurm option means --slurm
+        if "slurm_args" in slurm:
+            slurm["extra"] = tuple(_unquoted(slurm.pop("slurm_args")))
+        request["slurm"] = slurm
     return request
 
 
@@ -120,12 +141,15 @@ def _ranks(text: str, world: Optional[int] = None) -> Any:
 
 def _argv(text: Optional[str]) -> Optional[List[str]]:
     """``--argv "--epochs 3 --lr 0.1"``: IPython's line splitting keeps the quotes, so one quoted whole is the arguments."""
-    if text is None:
-        return None
+    return None if text is None else ["ddp_cell"] + _unquoted(text)
+
+
+def _unquoted(text: str) -> List[str]:
+    """The words of an option's value, one quoted whole (as IPython's line splitting keeps it) split again."""
     parts = shlex.split(text)
     if len(parts) == 1 and len(text) > 1 and text[0] in "\"'" and text[-1] == text[0]:
         parts = shlex.split(parts[0])
-    return ["ddp_cell"] + parts
+    return parts
 
 
 def log_text(limit: int = 200) -> str:
@@ -134,53 +158,6 @@ def log_text(limit: int = 200) -> str:
     head = f"ddp_magic log: the last {len(records)} record(s) of this kernel (pid {os.getpid()}); attach them to a bug report."
     hint = "DDP_MAGIC_LOG=debug in the kernel's env also prints every record, on the ranks too, as it happens."
     return "\n".join([head, hint, *records]) if records else f"ddp_magic log: no records yet.\n{hint}"
-
-
-class _MagicListener(CellListener):
-    """What a cell shows while it runs: rank-prefixed output, notices on stderr, the status view, the lab panel."""
-
-    def __init__(self, printer: RankPrinter, quiet: bool = False, ranks: Optional[str] = None, widget: bool = True) -> None:
-        self.printer = printer
-        self.quiet = quiet
-        self.ranks = ranks
-        self.widget = widget
-        self.view: Optional[Any] = None  # the status view (ui/status.StatusView), once shown
-        self.metrics = MetricsView()  # ddp_magic.log's live chart, and its static picture when the cell ends
-
-    def on_pool(self, pool: Pool) -> None:
-        if self.ranks:
-            _ranks(self.ranks, pool.nproc)
-        from .ui.status import show_status  # lazy: ipywidgets is imported when a cell first runs
-
-        self.view = show_status(pool, enabled=self.widget)  # above any output of the ranks
-        self.metrics.attach(self.view)  # ddp_magic.log's live chart: a section of the view
-        self.printer.world = pool.nproc  # a stderr line every rank sent is shown once, at once
-
-    def on_output(self, rank: int, stream: str, text: str) -> None:
-        if self.view is not None:
-            self.view.on_output(rank, stream, text)
-        self.printer.feed(rank, stream, text)
-        labcomm.changed()  # the JupyterLab extension's view, throttled; a no-op without it
-
-    def on_notice(self, text: str) -> None:
-        if self.view is not None:
-            self.view.on_notice(text)
-        if not self.quiet:
-            print(f"ddp_magic: {text}", file=sys.stderr)
-        labcomm.notice(text)
-
-    def on_state(self, info: RankInfo) -> None:
-        if self.view is not None:
-            self.view.on_state(info)
-        labcomm.changed()
-
-    def on_metrics(self, rank: int, rows: Any) -> None:
-        self.metrics.on_metrics(rank, rows)
-
-    def finish(self, outcome: Any = None, error: Optional[BaseException] = None, metrics: Any = None) -> None:
-        if self.view is not None:
-            self.view.finish(outcome, error)
-        self.metrics.finish(metrics)  # the session's copy: complete, and labelled with the cell
 
 
 @magics_class
@@ -256,7 +233,7 @@ class DDPMagics(Magics):
 
     def _run_cell(self, args: argparse.Namespace, cell: str) -> Any:
         printer = RankPrinter(_ranks(args.ranks) if args.ranks else None, ordered=args.ordered)
-        listener = _MagicListener(printer, args.quiet, args.ranks, widget=not args.no_widget)
+        listener = CellView(printer, args.quiet, args.ranks, widget=not args.no_widget)
         request = _pool_request(args)
         spec = self.session.spec_for(**request) if request else None
         options = CellOptions(
@@ -307,10 +284,11 @@ class DDPMagics(Magics):
             print(STOPPED if self.session.stop() else NO_POOL)
         elif args.action == "restart":
             spec = self.session.spec_for(**request) if request else None
-            print(self.session.restart(spec, _MagicListener(RankPrinter())).ready_text())
+            print(self.session.restart(spec, CellView(RankPrinter())).ready_text())
         elif args.action == "log":
             print(log_text())
         else:
+            self.session.refresh()  # a rank that died while idle shows as dead
             print(self.session.status().text())
 
     # ------------------------------------------------------------ %ddp_debug
@@ -328,7 +306,7 @@ class DDPMagics(Magics):
     def _post_mortem(self, line: str, quiet: bool = False) -> None:
         printer = RankPrinter()
         try:
-            listener = _MagicListener(printer, widget=False)
+            listener = CellView(printer, widget=False)
             debugging.post_mortem(self.session.pool, self.last_failures, line, listener, debugging.kernel_ask(printer.flush), quiet)
         finally:
             printer.flush()

@@ -20,10 +20,12 @@ from .export.record import History
 from .kernel import CellOutcome, Listener
 from .kernel.metrics import CellMetrics
 from .kernel import templates
+from .kernel.launchers.slurm import preview as slurm_preview
 from .kernel.pool import Pool
 from .kernel.profile_merge import ProfileReport, ProfileRun
 from .kernel.texts import NAMES_GONE
 from .logs import log
+from .plan import Check
 from .plan.plan import Plan, make_plan
 from .plan.spec import PoolSpec
 from .states import RankState
@@ -51,6 +53,7 @@ class RankRow(NamedTuple):
     elapsed: float = 0.0
     memory: Optional[int] = None
     last_line: str = ""
+    node: str = ""  # a Slurm pool's node of the rank (n2)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class PoolStatus:
     ranks: Tuple[RankRow, ...] = ()
     owned: Tuple[str, ...] = ()  # names assigned by earlier cells, living on the workers
     plan: Optional[Plan] = None  # the pool's plan, for the env checks of a view
+    where: str = ""  # where the ranks run, when not on this host alone: the Slurm job, its state and nodes
 
     @property
     def exists(self) -> bool:
@@ -83,8 +87,8 @@ class PoolStatus:
         if not self.started:
             return f"{NO_POOL}; start one with %%ddp -n N"
         head = f"pool of {self.nproc} rank(s), backend {self.backend}, MASTER_PORT {self.master_port}"
-        rows = [head + (f" — needs restart: {self.broken}" if self.broken else "")]
-        rows += [f"  rank {r.rank}: pid {r.pid}  {str(r.state):<11} {r.device}" for r in self.ranks]
+        rows = [head + (f" — needs restart: {self.broken}" if self.broken else "")] + ([self.where] if self.where else [])
+        rows += [f"  rank {r.rank}: pid {r.pid}  {str(r.state):<11} {r.device}" + (f"  on {r.node}" if r.node else "") for r in self.ranks]
         if self.owned:
             rows.append("names on the workers: " + ", ".join(self.owned))
         return "\n".join(rows)
@@ -103,6 +107,7 @@ class EnvData:
     backend: str
     plan: Optional[Plan] = None
     live: Optional[Dict[int, Dict[str, Any]]] = None
+    checks: Tuple[Check, ...] = ()  # what the plan's own checks cannot know: Slurm's verdict on a --slurm request
 
     @property
     def state(self) -> str:
@@ -172,7 +177,7 @@ class Session:
         try:
             if self.pool is not None:
                 return self.pool.spec.with_options(nproc, extra_env=extra_env, **options)
-            if nproc is None:
+            if nproc is None and options.get("slurm") is None:  # a Slurm request's shape may say how many
                 return None
             return PoolSpec.from_options(nproc, extra_env=extra_env, **options)
         except PlanError as e:
@@ -243,13 +248,18 @@ class Session:
         return new
 
     # ------------------------------------------------------------ reading
+    def refresh(self) -> None:
+        """The pool takes in what happened while idle (main thread only); then ``status`` is current."""
+        if self.pool is not None:
+            self.pool.refresh()
+
     def status(self) -> PoolStatus:
         """The pool as data; safe from any thread (it only reads)."""
         pool = self.pool
         if pool is None:
             return PoolStatus()
         rows = tuple(
-            RankRow(r, i.pid, i.state, i.device, i.host, i.exit_code, i.elapsed, i.memory, i.last_line)
+            RankRow(r, i.pid, i.state, i.device, i.host, i.exit_code, i.elapsed, i.memory, i.last_line, i.node_name)
             for r, i in sorted(dict(pool.ranks).items())
         )
         return PoolStatus(
@@ -265,6 +275,7 @@ class Session:
             ranks=rows,
             owned=tuple(sorted(self.owned)),
             plan=pool.plan,
+            where=pool.launcher.where() if pool.started else "",
         )
 
     def env(self, spec: Optional[PoolSpec] = None) -> EnvData:
@@ -279,7 +290,8 @@ class Session:
             plan = make_plan(spec, strict=False)
         except PlanError as e:
             raise UsageError(str(e)) from None
-        return EnvData(nproc=spec.nproc, backend=plan.backend, plan=plan)
+        plan, checks = slurm_preview(plan) if plan.slurm is not None else (plan, [])  # Slurm asked, nothing allocated
+        return EnvData(nproc=spec.nproc, backend=plan.backend, plan=plan, checks=tuple(checks))
 
     # ------------------------------------------------------------ cells
     def run(self, source: str, user_ns: Mapping[str, Any], options: Optional[CellOptions] = None, listener: Optional[Listener] = None) -> CellResult:

@@ -1,4 +1,4 @@
-"""The states a rank goes through and the kinds of failure: one home for both.
+"""The states a rank goes through, the kinds of failure, and a scheduler job's states: one home for all three.
 
 Plain data, imported by the kernel, the session and the views alike (and
 mirrored name for name by ``labextension/src/model.ts``; a test checks the
@@ -6,6 +6,7 @@ two lists match). Both are ``str`` enums so a state is its own JSON value.
 
 Rank state transitions (the kernel's view of one rank)::
 
+    QUEUED ──the scheduler's job started──▶ STARTING   (Slurm pools only: the job waits in the queue)
     STARTING ──joined──▶ CONNECTING ──process group up──▶ READY
     READY ──cell sent──▶ RUNNING ──▶ DONE | FAILED | INTERRUPTED
     DONE / FAILED / INTERRUPTED ──next cell──▶ RUNNING
@@ -22,6 +23,7 @@ from enum import Enum
 class RankState(str, Enum):
     """Where one rank is, as the kernel last saw it."""
 
+    QUEUED = "queued"  # the scheduler (Slurm) has not started the job yet: no process exists
     STARTING = "starting"  # asked for; no process has joined yet
     CONNECTING = "connecting"  # joined the control channel; process group not yet up
     READY = "ready"  # idle, process group up, waiting for a cell
@@ -64,3 +66,43 @@ class FailureKind(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class JobState(str, Enum):
+    """A scheduler job as ddp_magic acts on it: Slurm's two dozen job states, mapped once (``from_slurm``)."""
+
+    QUEUED = "queued"  # waiting to start: its reason (Resources, Priority, a limit) says why
+    RUNNING = "running"  # its nodes are ours: steps can start
+    SUSPENDED = "suspended"  # held by the scheduler with its nodes
+    ENDING = "ending"  # completing: its processes are being ended
+    COMPLETED = "completed"  # ended on its own
+    CANCELLED = "cancelled"  # ended by someone (scancel, preemption, a deadline)
+    FAILED = "failed"  # ended by a failure (a node, the boot, memory)
+    TIMEOUT = "timeout"  # ran past its time limit
+    GONE = "gone"  # the scheduler no longer lists it
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def ended(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.CANCELLED, JobState.FAILED, JobState.TIMEOUT, JobState.GONE)
+
+    @classmethod
+    def from_slurm(cls, name: str) -> "JobState":
+        """squeue's ``%T`` (or scontrol's JobState=) as one of ours; "CANCELLED by 0" is CANCELLED; unknown names are QUEUED if
+        Slurm still lists the job (it may add states; a listed job has not ended)."""
+        word = (name or "").strip().split(" ")[0].upper()
+        return _SLURM_STATES.get(word, cls.QUEUED if word else cls.GONE)
+
+
+_SLURM_STATES = {
+    **dict.fromkeys(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD"), JobState.QUEUED),
+    **dict.fromkeys(("RUNNING", "RESIZING", "SIGNALING"), JobState.RUNNING),
+    **dict.fromkeys(("SUSPENDED", "STOPPED"), JobState.SUSPENDED),
+    **dict.fromkeys(("COMPLETING", "STAGE_OUT"), JobState.ENDING),
+    "COMPLETED": JobState.COMPLETED,
+    **dict.fromkeys(("CANCELLED", "REVOKED", "PREEMPTED", "DEADLINE"), JobState.CANCELLED),
+    **dict.fromkeys(("FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "SPECIAL_EXIT"), JobState.FAILED),
+    "TIMEOUT": JobState.TIMEOUT,
+}

@@ -87,7 +87,7 @@ class Hub:
         self._by_fd[sock.fileno()] = conn
         info = self.ranks[rank]
         info.pid, info.host, info.device, info.state = hello["pid"], hello["host"], hello["device"], RankState.CONNECTING
-        info.node, info.local_rank = hello.get("node", 0), hello.get("local_rank", rank)
+        info.node, info.local_rank, info.node_name = hello.get("node", 0), hello.get("local_rank", rank), hello.get("node_name", "")
         self.launcher.adopt(info.pid, rank, info.host)
         self.listener.on_state(info)
 
@@ -185,6 +185,15 @@ class Hub:
                 self.on_exit(rank, pid, code)
             if tick is not None:
                 tick()
+
+    def poll_once(self) -> None:
+        """Handle what is already waiting, without blocking: a rank whose connection closed while the pool was idle is seen now."""
+        poller = select.poll()
+        for fd in self._watched_fds(self.launcher.fileno()):
+            poller.register(fd, select.POLLIN)
+        self._handle(fd for fd, _ in poller.poll(0))
+        for rank, pid, code in self.launcher.poll(0):
+            self.on_exit(rank, pid, code)
 
     def _watched_fds(self, launcher_fd: Optional[int]) -> Set[int]:
         fds = set(self._by_fd)
