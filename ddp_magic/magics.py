@@ -81,7 +81,8 @@ POOL_ARGUMENTS = (
     argument("--gpus-per-node", type=_positive_int, metavar="G", help="--slurm: GPUs per node, one per local rank"),
     argument("--account", metavar="A", help="--slurm: the account to charge"),
     argument("--slurm-args", metavar="ARGS", help='--slurm: more salloc options, e.g. "--qos=high --constraint=a100"'),
-    argument("--start-timeout", dest="queue_timeout", type=float, metavar="SECONDS", help="--slurm: cancel the job if still queued after this long (default: wait; Ctrl-C cancels)"),
+    argument("--start-timeout", dest="queue_timeout", type=float, metavar="SECONDS",
+             help="--slurm: cancel a job still queued after this long (default: wait; Ctrl-C cancels)"),
     argument("--control-addr", metavar="ADDR", help="where the ranks dial the kernel (default: loopback, or the address that reaches the first node)"),
 )
 SLURM_KEYS = ("nodes", "ntasks_per_node", "partition", "time", "gpus_per_node", "account", "slurm_args", "queue_timeout")

@@ -86,6 +86,12 @@ class SlurmRequest:
                 opts.append(f"{flag}={value}")
         return opts + list(self.extra)
 
+    def job_options(self) -> List[str]:
+        """The options a batch job of the same request carries (%ddp_export --slurm's #SBATCH lines; the shape is its own)."""
+        opts = [f"{flag}={value}" for flag, value in (("--partition", self.partition), ("--time", self.time), ("--account", self.account))
+                if value is not None]
+        return opts + list(self.extra)
+
     def salloc_argv(self, hold: Sequence[str]) -> List[str]:
         """salloc running ``hold`` (a process that ends when the kernel does, so the allocation ends with it)."""
         return ["salloc", *self.allocation_options(), *hold]

@@ -72,6 +72,12 @@ def test_two_nodes_train_ddp_over_tls(sk, no_jobs_left):
         assert env.get(b"DDP_MAGIC_SECRET") == secret.encode() and b"DDP_MAGIC_TLS" in env
     for pid in slurm_ranks():
         assert secret not in cmdline(pid)
+    for n, nodes in ((2, ["n1", "n2"]), (4, ["n1", "n1", "n2", "n2"])):  # a new -n inside the same allocation: a new step, no queue
+        ex = sk.run(f"%%ddp -n {n}\nimport os, torch.distributed as dist\n"
+                    "(dist.get_world_size(), os.environ['SLURM_JOB_ID'], os.environ['SLURMD_NODENAME'])", timeout=180).ok()
+        assert sk.value("[tuple(v) for v in _]") == [(n, job.group(1), node) for node in nodes]
+        assert "in the same Slurm allocation: no new queue wait" in ex.stderr
+        assert our_jobs() == [f"{job.group(1)} RUNNING"]
     sk.run("%ddp stop").ok()
     assert wait_no_jobs(10) == [], "%ddp stop releases the allocation we made"
 

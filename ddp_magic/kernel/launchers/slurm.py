@@ -71,14 +71,19 @@ class SlurmLauncher(Launcher):
             raise LaunchError(why)
         request = plan.slurm
         assert request is not None, "a Slurm launcher needs a plan with a Slurm request"
-        if self.alloc is not None and self.alloc.alive() and self.alloc.fits(request):
-            return None  # the same allocation: no queue, no notice
+        if self.serves(plan):  # the same allocation: no queue, no notice; a new key for the new pool
+            self.tls_key = tls.ServerKey() if self._needs_tls() else None
+            return None
         self._release()
         alloc = allocation_for(request, self.python)
         alloc.wait(progress)
         self.alloc = alloc
         self.tls_key = tls.ServerKey() if self._needs_tls() else None
         return alloc.describe() + (" (control channel: TLS)" if self.tls_key else "")
+
+    def serves(self, plan: Plan) -> bool:
+        """Whether the allocation held can run ``plan``'s ranks (a pool of another -n inside it)."""
+        return plan.slurm is not None and self.alloc is not None and self.alloc.alive() and self.alloc.fits(plan.slurm)
 
     def _needs_tls(self) -> bool:
         """TLS whenever a node is not this machine (its address is not ours), or when forced."""
