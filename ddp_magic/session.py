@@ -365,7 +365,7 @@ class Session:
         except ValueError as e:  # --scatter of a name the cell cannot take
             raise UsageError(str(e)) from None
         spec = options.spec or (self.pool.spec if self.pool is not None else None)
-        blobs, failure = self.data.dumps_names(needed, spec.nproc if spec else 1, local=spec is None or spec.nnodes == 1)
+        blobs, failure = self.data.dumps_names(needed, spec.nproc if spec else 1, local=spec is None or (spec.nnodes == 1 and spec.slurm is None))
         if failure:
             name, why = failure
             raise ShipError(

@@ -133,6 +133,20 @@ def idle_nodes() -> List[str]:
     return [ln.split()[0] for ln in out.splitlines() if len(ln.split()) == 2 and ln.split()[1] in ("idle", "alloc", "mix")]
 
 
+def _hosts_entry() -> None:
+    """n1 and n2 resolve (to 127.0.0.1), as a cluster's node names do: a batch script's ``scontrol show hostnames`` works.
+    ddp_magic itself never needs it (it takes NodeAddr)."""
+    line = "127.0.0.1 " + " ".join(NODES) + "  " + MARK
+    try:
+        with open("/etc/hosts") as f:
+            if line in f.read():
+                return
+        with open("/etc/hosts", "a") as f:
+            f.write(line + "\n")
+    except OSError:
+        pass  # a read-only /etc/hosts: only batch scripts that resolve node names are affected
+
+
 def _start_daemons(host: str) -> None:
     subprocess.run(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0755", "/run/munge"], check=True)
     if not _alive(MUNGE_PID):
@@ -162,6 +176,7 @@ def start(timeout: float = 60.0) -> str:
         os.makedirs(os.path.dirname(CONF), exist_ok=True)
         with open(CONF, "w") as f:
             f.write(text)
+    _hosts_entry()
     _start_daemons(host)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -174,3 +174,27 @@ def test_squeue_scontrol_and_slurms_errors_read_short():
             "salloc: error: invalid partition specified: nope\nTry \"salloc --help\" for more information")
     assert cli.short_error(said) == "invalid partition specified: nope; Job submit/allocate failed: Invalid partition name specified"
     assert queued_text("12", "Resources") == "queued: job 12 pending (Resources)"
+
+
+def test_the_status_view_says_queued_with_slurms_reason_and_the_time_waited():
+    from ddp_magic.kernel import RankInfo
+    from ddp_magic.states import RankState
+    from ddp_magic.ui import status_render as R
+
+    line = queued_text("1234", "Resources")
+    ranks = {r: RankInfo(rank=r, state=RankState.QUEUED, last_line=line, started=1000.0) for r in range(4)}
+    s = R.Snapshot(nproc=4, infos=ranks, now=1012.5, elapsed=0.0, backend="gloo", starting_for=12.5)
+    assert R.summary(s) == "4 ranks · queued: job 1234 pending (Resources) · waited 12.50 s · gloo"
+    assert "queued: job 1234 pending (Resources)" in R.header_html(s) and R.tone_of(s.label(0)) == "warn"
+    ranks[0].state = RankState.STARTING  # the job started: the counts again
+    assert "queued" not in R.summary(R.Snapshot(nproc=1, infos={0: ranks[0]}, now=1013.0, elapsed=0.0, starting_for=13.0))
+
+
+def test_the_sbatch_file_carries_the_pools_job_options():
+    from ddp_magic.export.script import Launch, sbatch_text
+
+    text = sbatch_text("train.py", Launch(nproc=8, nodes=2, gpus_per_node=4, backend="nccl",
+                                          job_options=tuple(SlurmRequest(partition="gpu", time="2:00:00", extra="--qos=high").job_options())),
+                       "train.sbatch")
+    for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu", "#SBATCH --time=2:00:00", "#SBATCH --qos=high"):
+        assert line in text.splitlines()
