@@ -186,14 +186,18 @@ class Hub:
             if tick is not None:
                 tick()
 
-    def poll_once(self) -> None:
-        """Handle what is already waiting, without blocking: a rank whose connection closed while the pool was idle is seen now."""
-        poller = select.poll()
-        for fd in self._watched_fds(self.launcher.fileno()):
-            poller.register(fd, select.POLLIN)
-        self._handle(fd for fd, _ in poller.poll(0))
+    def reap(self) -> None:
+        """Exits, and connections lost while the pool was idle (ranks on other hosts send no exit code). Nothing else is
+        read here: the next cell's pump reads what the ranks sent, for that cell's listener."""
         for rank, pid, code in self.launcher.poll(0):
             self.on_exit(rank, pid, code)
+        if self.launcher.reports_exits:
+            return
+        for conn in list(self.conns.values()):
+            info = self.ranks.get(conn.rank)
+            if not peer_open(conn.sock) and info is not None and info.state not in (RankState.STOPPED, RankState.DEAD):
+                self.on_exit(conn.rank, info.pid or 0, None)
+                self._drop_conn(conn)
 
     def _watched_fds(self, launcher_fd: Optional[int]) -> Set[int]:
         fds = set(self._by_fd)

@@ -343,7 +343,7 @@ class Pool:
     def refresh(self) -> None:
         """Take in what happened while idle (a rank's exit or lost connection), so a status is current."""
         if self.started:
-            self.hub.poll_once()
+            self.hub.reap()
 
     def live_env(self, timeout: float = 5.0) -> Dict[int, dict]:
         """What each rank actually sees: its os.environ and process-group state, read from the worker."""

@@ -188,7 +188,7 @@ class Recovery:
     def before_cell(self, pool: Pool, listener: Listener, owned: Iterable[str]) -> Optional[str]:
         """Deaths while idle are noticed; dead ranks are started again and join the survivors' new group.
         Returns a notice for the user, or None; a replacement that fails marks the pool broken."""
-        pool.hub.poll_once()  # exits, and connections lost while idle (ranks on other hosts report no exit code)
+        pool.hub.reap()  # exits, and connections lost while idle (ranks on other hosts report no exit code)
         self._oom = oom_kills()
         if not self.lost or pool.broken:
             return None

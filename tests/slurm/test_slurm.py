@@ -15,10 +15,13 @@ import time
 
 import pytest
 
-from conftest import our_jobs, wait_no_jobs
+import slurm_fixtures
+from slurm_fixtures import our_jobs, wait_no_jobs
 from slurm_helpers import Kernel, cmdline, env_of, job_state, kernel_inside_salloc, run_interrupting, says, slurm_ranks
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.slurm]
+slurm_cluster = slurm_fixtures.slurm_cluster  # the fixtures, by name in this module
+no_jobs_left = slurm_fixtures.no_jobs_left
 
 TRAIN = """%%ddp --slurm --nodes 2 --ntasks-per-node 2
 import os, torch, torch.distributed as dist

@@ -1,5 +1,8 @@
 """A real Slurm for the tests: two nodes (n1, n2) on this machine, started once per session, stopped after.
 
+The test modules import these fixtures by name (``from slurm_fixtures import ...``): a conftest.py here would be
+imported as ``conftest`` too and shadow tests/conftest.py, whose helpers other test modules import by that name.
+
 scripts/local_slurm.py does the work (installs the packages as root when missing, writes
 the conf for this host, starts munged, slurmctld and two slurmd, waits for sinfo). Where
 it cannot (not root, no apt-get) every Slurm test skips, saying why; as root (CI) an
