@@ -108,7 +108,7 @@ def test_rank_killed_on_n2_costs_only_that_rank(sk, no_jobs_left):
 
 
 def test_queued_job_shows_queued_and_ctrl_c_cancels_it(sk, no_jobs_left):
-    hold = subprocess.run(["sbatch", "--parsable", "--job-name=holder", "-N2", "--exclusive", "--wrap", "sleep 600"],
+    hold = subprocess.run(["sbatch", "--parsable", "--job-name=holder", "--output=/dev/null", "-N2", "--exclusive", "--wrap", "sleep 600"],
                           capture_output=True, text=True, check=True).stdout.strip()
     try:
         assert _wait(lambda: job_state(hold) == "RUNNING", 30), "the holder job did not start"
