@@ -13,7 +13,7 @@ import os
 import shlex
 import sys
 import types
-from typing import Any, Callable, Dict, List, Optional, TypeVar
+from typing import Any, Dict, List, Optional
 
 from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
@@ -24,7 +24,10 @@ from .errors import CellError, UsageError
 from .kernel.peek import PEEK_TIMEOUT_S
 from .kernel.pool import Pool
 from .kernel.turns import Ticket
-from .plan.spec import BACKENDS, port as _port, positive_int as _positive_int
+from .magic_options import (  # noqa: F401  (SEE_HELP, POOL_KEYS, SLURM_KEYS: the magics' own names, kept importable here)
+    CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, pool_arguments,
+)
+from .plan.spec import positive_int as _positive_int
 from .session import NO_POOL, STOPPED, CellOptions, Session
 from .ui.cell_listener import MagicListener
 from .ui import jobs
@@ -34,60 +37,6 @@ from .ui.output import RankPrinter, parse_ranks
 from .ui.results import CellNumbers, RankResults, prompt_number
 from .ui.metrics_view import metrics_data
 from .ui import debugging
-
-SEE_HELP = "See %ddp? for every option, with examples."
-
-POOL_KEYS = ("backend", "master_addr", "master_port", "init", "start_method", "nnodes", "start_timeout", "pg_timeout", "mesh")
-F = TypeVar("F", bound=Callable[..., Any])
-
-CELL_EXAMPLES = """
-examples:
-  %%ddp -n 4                 run on 4 ranks (starts the pool on first use; later cells may omit -n)
-  %%ddp --ranks 0            show only rank 0's output (every rank still runs)
-  %%ddp --timeout 60         stop the cell after 60 s, showing where every rank was
-  %%ddp --out losses         also store the per-rank results in the notebook variable `losses`
-  %%ddp --no-widget          no status view above the output (DDP_MAGIC_WIDGET=0 in the env: never)
-  %%ddp -n 8 --nnodes 2      8 ranks over 2 nodes (torchrun); the kernel prints what to run on the other node
-  %%ddp --restart            a fresh pool first (fresh port; state on the workers is lost)
-  %%ddp --scatter x          rank r gets only its shard of the notebook tensor x (ddp_magic.scatter(x, dim=1) for another dim)
-  %%ddp --profile trace.json torch.profiler on every rank, one merged trace, a straggler table (docs/metrics.md)
-  %%ddp --bg --out job       run in the background; job.wait(), job.result(), job.cancel() (docs/background.md)
-  %%ddp --peek [--ranks 0]   look into the running ranks: step, model.weight.norm() (no collectives)
-"""
-LINE_EXAMPLES = """
-examples:
-  %ddp status                the pool's ranks, pids and states
-  %ddp restart [-n N]        restart the pool (fresh port, state on the workers is lost)
-  %ddp stop                  stop every worker
-  %ddp log                   ddp_magic's recent log records, to attach to a bug report
-  %ddp wait                  wait for the background cells (%%ddp --bg) to end
-  %ddp metrics [--df]        what the last cell's ranks logged with ddp_magic.log: a dict of lists (--df: a DataFrame)
-                             (DDP_MAGIC_LOG=debug in the kernel's env also prints them as they happen)
-  %ddp_env [-n N]            the env each rank will get (or sees, once the pool runs), with checks
-"""
-
-
-POOL_ARGUMENTS = (
-    argument("-n", "--nproc", type=_positive_int, metavar="N", help="number of ranks (processes); a cell may omit it once a pool runs"),
-    argument("--backend", choices=BACKENDS, help="process-group backend (default auto: nccl with a GPU per rank, else gloo)"),
-    argument("--master-addr", metavar="ADDR", help="MASTER_ADDR (default 127.0.0.1)"),
-    argument("--master-port", type=_port, metavar="PORT", help="MASTER_PORT (default: a free port)"),
-    argument("--no-init", dest="init", action="store_const", const=False, help="do not call init_process_group before the first cell"),
-    argument("--start-method", choices=("auto", "fork", "spawn"), help="fork server (fast, Linux) or spawn"),
-    argument("--nnodes", type=_positive_int, metavar="N", help="spread the -n ranks over this many nodes (torchrun c10d rendezvous)"),
-    argument("--join-timeout", dest="start_timeout", type=float, metavar="SECONDS", help="wait for every rank (and node) to join (default 180)"),
-    argument("--pg-timeout", type=float, metavar="SECONDS", help="before a collective with a missing peer fails (default 300)"),
-    argument("--nccl-debug", choices=("WARN", "INFO", "TRACE"), help="set NCCL_DEBUG on the ranks (NCCL's own output appears per rank)"),
-    argument("--mesh", metavar="DIMS", help="a DeviceMesh named `mesh` on every rank, e.g. dp=2,tp=2 (sizes multiply to -n); none: no mesh"),
-)
-HELP_ARGUMENT = argument("-h", "--help", action="store_true", help="show this help")
-
-
-def pool_arguments(func: F) -> F:
-    """The pool's options, shared by %%ddp, %ddp restart and %ddp_env (declared once, above)."""
-    for arg in reversed(POOL_ARGUMENTS):  # magic_arguments reads decorators bottom-up
-        func = arg(func)
-    return func
 
 
 @magic_arguments("ddp")
@@ -117,6 +66,13 @@ def _pool_request(args: argparse.Namespace) -> Dict[str, Any]:
         request["nproc"] = args.nproc
     if args.nccl_debug:
         request["extra_env"] = {"NCCL_DEBUG": args.nccl_debug}
+    if args.control_addr:
+        request["listen_addr"] = args.control_addr
+    slurm = {k: getattr(args, k) for k in SLURM_KEYS if getattr(args, k) is not None}
+    if args.slurm or slurm:  # any Slurm option means --slurm
+        if "slurm_args" in slurm:
+            slurm["extra"] = tuple(_unquoted(slurm.pop("slurm_args")))
+        request["slurm"] = slurm
     return request
 
 
@@ -129,12 +85,15 @@ def _ranks(text: str, world: Optional[int] = None) -> Any:
 
 def _argv(text: Optional[str]) -> Optional[List[str]]:
     """``--argv "--epochs 3 --lr 0.1"``: IPython's line splitting keeps the quotes, so one quoted whole is the arguments."""
-    if text is None:
-        return None
+    return None if text is None else ["ddp_cell"] + _unquoted(text)
+
+
+def _unquoted(text: str) -> List[str]:
+    """The words of an option's value, one quoted whole (as IPython's line splitting keeps it) split again."""
     parts = shlex.split(text)
     if len(parts) == 1 and len(text) > 1 and text[0] in "\"'" and text[-1] == text[0]:
         parts = shlex.split(parts[0])
-    return ["ddp_cell"] + parts
+    return parts
 
 
 def log_text(limit: int = 200) -> str:
@@ -310,6 +269,7 @@ class DDPMagics(Magics):
         elif args.action == "wait":
             jobs.wait_all(self.jobs)
         else:
+            self.session.refresh()  # a rank that died while idle shows as dead
             print(self.session.status().text())
 
     # ------------------------------------------------------------ %ddp_debug

@@ -21,12 +21,14 @@ from .export.record import History
 from .kernel import CellOutcome, Listener
 from .kernel.metrics import CellMetrics
 from .kernel import peek as peeks, templates
+from .kernel.launchers.slurm import preview as slurm_preview
 from .kernel.pool import Pool
 from .kernel.profile_merge import ProfileReport, ProfileRun
 from .kernel.texts import NAMES_GONE
 from .kernel.turns import Ticket, Turns
 from .kernel.pool_status import NO_POOL, PoolStatus, RankRow  # noqa: F401  (NO_POOL: the front ends read it here)
 from .logs import log
+from .plan import Check
 from .plan.plan import Plan, make_plan
 from .plan.spec import PoolSpec
 from .wire import namespace, notebook_data
@@ -48,6 +50,7 @@ class EnvData:
     backend: str
     plan: Optional[Plan] = None
     live: Optional[Dict[int, Dict[str, Any]]] = None
+    checks: Tuple[Check, ...] = ()  # what the plan's own checks cannot know: Slurm's verdict on a --slurm request
 
     @property
     def state(self) -> str:
@@ -124,7 +127,7 @@ class Session:
         try:
             if self.pool is not None:
                 return self.pool.spec.with_options(nproc, extra_env=extra_env, **options)
-            if nproc is None:
+            if nproc is None and options.get("slurm") is None:  # a Slurm request's shape may say how many
                 return None
             return PoolSpec.from_options(nproc, extra_env=extra_env, **options)
         except PlanError as e:
@@ -200,13 +203,18 @@ class Session:
         return new
 
     # ------------------------------------------------------------ reading
+    def refresh(self) -> None:
+        """The pool takes in what happened while idle (main thread only); then ``status`` is current."""
+        if self.pool is not None:
+            self.pool.refresh()
+
     def status(self) -> PoolStatus:
         """The pool as data; safe from any thread (it only reads)."""
         pool = self.pool
         if pool is None:
             return PoolStatus()
         rows = tuple(
-            RankRow(r, i.pid, i.state, i.device, i.host, i.exit_code, i.elapsed, i.memory, i.last_line)
+            RankRow(r, i.pid, i.state, i.device, i.host, i.exit_code, i.elapsed, i.memory, i.last_line, i.node_name)
             for r, i in sorted(dict(pool.ranks).items())
         )
         return PoolStatus(
@@ -224,6 +232,7 @@ class Session:
             plan=pool.plan,
             job=self.turns.holder,
             queued=tuple(self.turns.waiting()),
+            where=pool.launcher.where() if pool.started else "",
         )
 
     def env(self, spec: Optional[PoolSpec] = None) -> EnvData:
@@ -239,7 +248,8 @@ class Session:
             plan = make_plan(spec, strict=False)
         except PlanError as e:
             raise UsageError(str(e)) from None
-        return EnvData(nproc=spec.nproc, backend=plan.backend, plan=plan)
+        plan, checks = slurm_preview(plan) if plan.slurm is not None else (plan, [])  # Slurm asked, nothing allocated
+        return EnvData(nproc=spec.nproc, backend=plan.backend, plan=plan, checks=tuple(checks))
 
     # ------------------------------------------------------------ cells
     def run(self, source: str, user_ns: Mapping[str, Any], options: Optional[CellOptions] = None, listener: Optional[Listener] = None) -> CellResult:
@@ -337,7 +347,7 @@ class Session:
         except ValueError as e:  # --scatter of a name the cell cannot take
             raise UsageError(str(e)) from None
         spec = options.spec or (self.pool.spec if self.pool is not None else None)
-        blobs, failure = self.data.dumps_names(needed, spec.nproc if spec else 1, local=spec is None or spec.nnodes == 1)
+        blobs, failure = self.data.dumps_names(needed, spec.nproc if spec else 1, local=spec is None or (spec.nnodes == 1 and spec.slurm is None))
         if failure:
             name, why = failure
             raise ShipError(

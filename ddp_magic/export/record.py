@@ -39,6 +39,11 @@ class Shipped:
     size: int  # bytes of its data: a tensor's or array's own (they travel through shared memory), else its pickle
 
 
+def _slurm_fields(request: Any) -> Dict[str, Any]:
+    """A --slurm pool's job options and GPUs per node, as the sbatch file repeats them (nothing for other pools)."""
+    return {"slurm_options": tuple(request.job_options()), "gpus_per_node": request.gpus_per_node} if request is not None else {}
+
+
 @dataclass(frozen=True)
 class DdpRun:
     """One run of a %%ddp cell's body on the pool, with the pool's options as they were."""
@@ -50,6 +55,8 @@ class DdpRun:
     backend_asked: str = "auto"  # what the user asked for ("auto": nccl with a GPU per rank, else gloo)
     pg_timeout: float = 300.0
     init: bool = True
+    slurm_options: Tuple[str, ...] = ()  # a --slurm pool's job options (partition, time, account, --slurm-args), for the sbatch file
+    gpus_per_node: Optional[int] = None  # a --slurm pool's --gpus-per-node
     shipped: Tuple[Shipped, ...] = ()
     ok: bool = True
     values: Optional[Tuple[str, ...]] = None  # repr of each rank's value; None: the cell returned nothing
@@ -205,6 +212,7 @@ class History:
         run = DdpRun(
             body=body, nproc=pool.nproc, nnodes=spec.nnodes, backend=pool.backend, backend_asked=spec.backend,
             pg_timeout=spec.pg_timeout, init=spec.init, ok=outcome.ok, values=values, held=held,
+            **_slurm_fields(getattr(spec, "slurm", None)),
             shipped=tuple(Shipped(n, _kind(user_ns.get(n)), _size(user_ns.get(n), b)) for n, b in sorted(blobs.items())),
             stdout=tuple(tuple(self._out.get(r, ())) for r in range(pool.nproc)), mesh=getattr(spec, "mesh", None) or None,
         )

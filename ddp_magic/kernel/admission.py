@@ -2,7 +2,8 @@
 
 An accept thread takes connections; each peer gets an admit thread of its own
 that proves it knows the pool's secret (HMAC both ways) before one byte of
-payload is read, then reads its HELLO. Admitted sockets wait in a queue, and a
+payload is read, then reads its HELLO (over TLS first when the pool has a key:
+wire/tls.py; the admitted socket is then the relay's plain twin). Admitted sockets wait in a queue, and a
 byte on a pipe wakes the pool's poll loop (``fileno``), which takes them with
 ``take`` and hands them to the hub. Strangers are dropped and counted.
 """
@@ -13,11 +14,12 @@ import os
 import queue
 import socket
 import threading
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from ..logs import log
 from ..plan.net import address_family
 from ..wire import protocol as P
+from ..wire import tls
 
 Joined = Tuple[socket.socket, dict]  # an authenticated socket and its HELLO
 HANDSHAKE_S = 10  # a peer that has not proved itself by then is dropped
@@ -26,8 +28,9 @@ HANDSHAKE_S = 10  # a peer that has not proved itself by then is dropped
 class Admission:
     """The listening socket of one start, with its accept and admit threads."""
 
-    def __init__(self, addr: str, secret: bytes, backlog: int, on_reject: Callable[[], None]) -> None:
+    def __init__(self, addr: str, secret: bytes, backlog: int, on_reject: Callable[[], None], tls_key: Optional[tls.ServerKey] = None) -> None:
         self.secret = secret
+        self.tls_key = tls_key
         self.on_reject = on_reject
         self._joined: "queue.Queue[Joined]" = queue.Queue()
         self._stop = threading.Event()
@@ -90,12 +93,16 @@ class Admission:
         """Authenticate a peer before reading one byte of payload; strangers are dropped."""
         try:
             sock.settimeout(HANDSHAKE_S)
+            if sock.family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls_key is not None:
+                sock = tls.wrap_server(sock, self.tls_key, HANDSHAKE_S)
+                sock.settimeout(HANDSHAKE_S)
             P.server_handshake(sock, self.secret)
             hello = P.recv(sock)
             if hello.get("op") not in (P.HELLO, P.HELLO_OUT):
                 raise P.AuthenticationError("no hello")
             sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except Exception:  # a wrong secret, garbage, a timeout, a closed socket: all the same to us
             log.debug("a peer on the control port was rejected", exc_info=True)
             self.on_reject()

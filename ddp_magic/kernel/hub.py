@@ -91,7 +91,7 @@ class Hub:
         self._by_fd[sock.fileno()] = conn
         info = self.ranks[rank]
         info.pid, info.host, info.device, info.state = hello["pid"], hello["host"], hello["device"], RankState.CONNECTING
-        info.node, info.local_rank = hello.get("node", 0), hello.get("local_rank", rank)
+        info.node, info.local_rank, info.node_name = hello.get("node", 0), hello.get("local_rank", rank), hello.get("node_name", "")
         self.launcher.adopt(info.pid, rank, info.host)
         self.listener.on_state(info)
 
@@ -190,6 +190,19 @@ class Hub:
                 self.on_exit(rank, pid, code)
             if tick is not None:
                 tick()
+
+    def reap(self) -> None:
+        """Exits, and connections lost while the pool was idle (ranks on other hosts send no exit code). Nothing else is
+        read here: the next cell's pump reads what the ranks sent, for that cell's listener."""
+        for rank, pid, code in self.launcher.poll(0):
+            self.on_exit(rank, pid, code)
+        if self.launcher.reports_exits:
+            return
+        for conn in list(self.conns.values()):
+            info = self.ranks.get(conn.rank)
+            if not peer_open(conn.sock) and info is not None and info.state not in (RankState.STOPPED, RankState.DEAD):
+                self.on_exit(conn.rank, info.pid or 0, None)
+                self._drop_conn(conn)
 
     def _watched_fds(self, launcher_fd: Optional[int]) -> Set[int]:
         fds = set(self._by_fd)

@@ -21,21 +21,21 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
-from ..errors import RankFailure, StartError, describe_exit
-from ..logs import log
+from ..errors import RankFailure, StartError
 from ..plan.plan import Plan, make_plan
 from ..plan.spec import PoolSpec
 from ..states import FailureKind, RankState
 from ..wire import protocol as P
 from ..wire import shm
-from . import results, texts
+from ..wire.tls import ServerKey
+from . import placement, results, texts
 from .admission import Admission, raise_fd_limit
 from .cell import CellRun
 from .hub import Hub
 from .launchers import LaunchError, Launcher, make_launcher, signal_pid, worker_env
 from .policy import FailurePolicy
 from .ranks import CellOutcome, Due, GuardedListener, Listener, RankInfo, Tick
-from .recovery import Recovery
+from .recovery import Recovery, note_death, stop_quietly
 from .stdin import Ask, answer_all
 
 SHUTDOWN_WAIT_S = 1.0  # local ranks get this long to exit on SHUTDOWN before SIGKILL
@@ -68,7 +68,7 @@ class Pool:
         self.ranks: Dict[int, RankInfo] = {}  # this start's ranks, shared with the hub
         self.secret = P.new_secret()
         me = weakref.ref(self)  # the hub outlives nothing, but must not keep the pool alive for the finalizer
-        self.hub = Hub(make_launcher(spec.launcher_method, self.secret), lambda rank, code: _note_death(me, rank, code))
+        self.hub = Hub(make_launcher(spec.launcher_method, self.secret), lambda rank, code: note_death(me, rank, code))
         self.node_command: Optional[str] = None  # what the other nodes run (a pool over nodes)
         self.store_path: Optional[str] = None  # the process group's FileStore (one host)
         self.shm_prefix = shm.pool_prefix(os.urandom(4).hex())  # every file of this pool in /dev/shm (wire/shm.py)
@@ -80,8 +80,10 @@ class Pool:
         self.start_seconds: Optional[float] = None
         self.rejected_peers = 0
         self.control_port: Optional[int] = None  # open only until every rank has joined
+        self.listen_addr = spec.control_addr  # where it listens: an address the ranks reach (kernel/placement.py)
+        self.tls_key: Optional[ServerKey] = None  # the control channel's TLS key, when ranks are on other hosts
         self._cell = 0
-        self._finalizer = weakref.finalize(self, _stop_quietly, self.hub, self.shm_prefix)
+        self._finalizer = weakref.finalize(self, stop_quietly, self.hub, self.shm_prefix)
         atexit.register(self._finalizer)
 
     # ------------------------------------------------------------ properties
@@ -116,15 +118,17 @@ class Pool:
         shm.remove_orphans()  # files of this host's dead kernels that had no template to remove them
         self._warm_up()
         raise_fd_limit(3 * self.nproc + 64)  # three sockets per rank: control, stdout, stderr
-        admission = Admission(self.spec.control_addr, self.secret, max(64, self.nproc), self._count_rejected)
-        self.control_port = admission.port
         self.generation += 1
         self.recovery.reset()
         self.ranks = {r: RankInfo(rank=r) for r in range(self.nproc)}
-        self.hub.reset(self.ranks, admission)
         with self._bound(listener):
             for info in self.ranks.values():
                 listener.on_state(info)
+            self.listen_addr, self.tls_key = placement.place(self.launcher, self.spec, self.plan, self.ranks, listener)
+            admission = Admission(self.listen_addr, self.secret, max(64, self.nproc), self._count_rejected, self.tls_key)
+            self.control_port = admission.port
+            self.plan = self.launcher.placed(self.plan, avoid=admission.port)
+            self.hub.reset(self.ranks, admission)
             try:
                 self._launch(listener, admission.port)
                 self._await_ranks(t0)
@@ -158,7 +162,7 @@ class Pool:
         base_env[shm.ENV] = self.shm_prefix
         # A FileStore in /dev/shm is shared only by ranks on this host.
         self.store_path = None if self.launcher.remote_ranks else shm.new_store(self.shm_prefix, self.plan.run_id)
-        command = self.launcher.launch(self.plan, base_env, self.spec.control_addr, port, self.store_path)
+        command = self.launcher.launch(self.plan, base_env, self.listen_addr, port, self.store_path)
         if command:
             self.node_command = command
             listener.on_notice(texts.node_instructions(self.nproc, self.spec.nnodes, self.plan.nproc, command, self.launcher.secret_file))
@@ -176,7 +180,7 @@ class Pool:
             missing = sorted(set(range(self.nproc)) - hub.ready)
             if self.spec.nnodes > 1:
                 rendezvous = f"{self.plan.master_addr}:{self.plan.master_port}"
-                control = f"{self.spec.control_addr}:{self.control_port}"
+                control = f"{self.listen_addr}:{self.control_port}"
                 raise StartError(texts.missing_nodes_text(self.ranks, missing, self.spec.nnodes, self.spec.start_timeout, rendezvous, control))
             why = f"did not start within {self.spec.start_timeout:.0f}s"
             failures = [RankFailure(rank=r, kind=FailureKind.INIT, message=why) for r in missing]
@@ -336,6 +340,11 @@ class Pool:
             hub.pump(lambda: all(r in hub.replies[op] or r not in hub.conns for r in ranks), time.monotonic() + timeout)
         return dict(hub.replies.get(op, {}))
 
+    def refresh(self) -> None:
+        """Take in what happened while idle (a rank's exit or lost connection), so a status is current."""
+        if self.started:
+            self.hub.reap()
+
     def live_env(self, timeout: float = 5.0) -> Dict[int, dict]:
         """What each rank actually sees: its os.environ and process-group state, read from the worker."""
         if not self.alive:
@@ -381,19 +390,3 @@ class Pool:
     def mark_broken(self, why: str) -> None:
         self.broken = why
 
-
-def _note_death(pool_ref: "weakref.ref[Pool]", rank: int, code: Optional[int]) -> None:
-    """A rank's process is gone while it held state: the next cell restarts the pool."""
-    pool = pool_ref()
-    if pool is not None:
-        pool.broken = pool.recovery.on_death(pool, rank, code, describe_exit(code)) or pool.broken  # None: started again alone
-
-
-def _stop_quietly(hub: Hub, shm_prefix: str) -> None:
-    """At exit or when a Pool is collected without stop(): close the sockets and the launcher, remove the files."""
-    try:
-        hub.close_all()
-        hub.launcher.close()
-        shm.remove_pool_files(shm_prefix)
-    except Exception:  # interpreter shutdown: modules may already be half torn down
-        log.debug("stopping a pool at exit failed", exc_info=True)

@@ -28,6 +28,7 @@ class RankRow(NamedTuple):
     elapsed: float = 0.0
     memory: Optional[int] = None
     last_line: str = ""
+    node: str = ""  # a Slurm pool's node of the rank (n2)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class PoolStatus:
     plan: Optional[Plan] = None  # the pool's plan, for the env checks of a view
     job: Optional[Ticket] = None  # the cell that holds the pool's turn now (kernel/turns.py): a background one runs on
     queued: Tuple[str, ...] = ()  # the cells waiting for their turn, first first
+    where: str = ""  # where the ranks run, when not on this host alone: the Slurm job, its state and nodes
 
     @property
     def exists(self) -> bool:
@@ -62,8 +64,8 @@ class PoolStatus:
         if not self.started:
             return f"{NO_POOL}; start one with %%ddp -n N"
         head = f"pool of {self.nproc} rank(s), backend {self.backend}, MASTER_PORT {self.master_port}"
-        rows = [head + (f" — needs restart: {self.broken}" if self.broken else "")]
-        rows += [f"  rank {r.rank}: pid {r.pid}  {str(r.state):<11} {r.device}" for r in self.ranks]
+        rows = [head + (f" — needs restart: {self.broken}" if self.broken else "")] + ([self.where] if self.where else [])
+        rows += [f"  rank {r.rank}: pid {r.pid}  {str(r.state):<11} {r.device}" + (f"  on {r.node}" if r.node else "") for r in self.ranks]
         if self.owned:
             rows.append("names on the workers: " + ", ".join(self.owned))
         rows += [self.job.text()] if self.job is not None else []

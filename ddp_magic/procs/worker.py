@@ -2,7 +2,8 @@
 
 Started either by the fork server (``ddp_magic.procs.forkserver``, the fast path),
 as ``python -m ddp_magic.procs.worker`` with its config on stdin (the spawn path),
-or by torchrun as ``python -m ddp_magic.procs.worker --connect HOST:PORT`` (any node).
+by torchrun as ``python -m ddp_magic.procs.worker --connect HOST:PORT`` (any node),
+or by srun as ``python -m ddp_magic.procs.worker --slurm`` (config in the step's env, wire/slurm_env.py).
 torch.distributed itself (devices, the process group, the gather) is rank_torch.py's.
 
 Threads: the main thread runs cells; a reader thread takes the kernel's messages
@@ -25,7 +26,7 @@ from typing import Any, Optional, Tuple
 
 from ..logs import log
 from ..wire import protocol as P
-from ..wire import shm, transfer
+from ..wire import shm, slurm_env, tls, transfer
 from ..wire.capture import FdCapture
 from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
@@ -70,8 +71,12 @@ class Worker:
     def _dial(self) -> socket.socket:
         """An authenticated connection to the kernel's control port."""
         host, port = self.config["kernel_addr"], int(self.config["kernel_port"])
-        sock = socket.create_connection((host, port), timeout=30)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.config.get("tls"):  # ranks on other hosts: TLS, the kernel's certificate pinned (wire/tls.py)
+            sock = tls.connect((host, port), self.config["tls"])
+            sock.settimeout(30)
+        else:
+            sock = socket.create_connection((host, port), timeout=30)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         P.client_handshake(sock, self.secret)
         sock.settimeout(None)
         return sock
@@ -82,6 +87,7 @@ class Worker:
         self.chan.send(
             P.HELLO, rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=rank_torch.planned_device(self.local_rank),
             local_rank=self.local_rank, node=int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0"))),
+            node_name=slurm_env.node_name(),
         )
         streams = {}
         for name in ("stdout", "stderr"):
@@ -307,7 +313,10 @@ def _connect_config(argv: list) -> "tuple[dict, bytes]":
 
 def main() -> None:
     """`python -m ddp_magic.procs.worker`: config (with the secret) as one JSON line on stdin, or --connect under torchrun."""
-    if len(sys.argv) > 1:
+    if sys.argv[1:] == ["--slurm"]:  # a task of the pool's srun step: everything in its env
+        config, secret = slurm_env.config(os.environ)
+        die_with_parent(os.getppid())
+    elif len(sys.argv) > 1:
         config, secret = _connect_config(sys.argv[1:])
         die_with_parent(os.getppid())
     else:

@@ -29,6 +29,7 @@ class MagicListener(CellListener):
         self.widget = widget
         self.view: Optional[Any] = None  # the status view (ui/status.StatusView), once shown
         self.metrics = MetricsView()  # ddp_magic.log's live chart, and its static picture when the cell ends
+        self.slurm = False  # a Slurm pool: prefixes name each rank's node
 
     def on_pool(self, pool: Pool) -> None:
         if self.ranks:
@@ -41,6 +42,7 @@ class MagicListener(CellListener):
         self.view = show_status(pool, enabled=self.widget)  # above any output of the ranks
         self.metrics.attach(self.view)  # ddp_magic.log's live chart: a section of the view
         self.printer.world = pool.nproc  # a stderr line every rank sent is shown once, at once
+        self.slurm = pool.spec.slurm is not None
 
     def on_output(self, rank: int, stream: str, text: str) -> None:
         if self.view is not None:
@@ -58,6 +60,8 @@ class MagicListener(CellListener):
     def on_state(self, info: RankInfo) -> None:
         if self.view is not None:
             self.view.on_state(info)
+        if info.node_name and self.slurm:
+            self.printer.nodes[info.rank] = info.node_name  # [rank 5 n2]: the node it runs on
         labcomm.changed()
 
     def on_metrics(self, rank: int, rows: Any) -> None:

@@ -74,7 +74,8 @@ class PoolSnapshots:
             return None
         ranks = [dict(row._asdict(), elapsed=round(row.elapsed, 3), last_line=(row.last_line or "")[-300:]) for row in status.ranks]
         clock = self._start_clock(pool, status)
-        if clock is not None and not any(r["pid"] for r in ranks):  # the template warms up: every rank is on its way
+        queued = any(r["state"] == RankState.QUEUED for r in ranks)  # a Slurm job waits in the queue: the ranks say so themselves
+        if clock is not None and not queued and not any(r["pid"] for r in ranks):  # the template warms up: every rank is on its way
             ranks = [dict(rank=r, state=str(RankState.STARTING), pid=None, device="", host="", exit_code=None, elapsed=clock,
                           memory=None, last_line="") for r in range(status.nproc)]
         if self._causes and self._causes_of == (id(pool), pool.generation):

@@ -190,16 +190,17 @@ class EnvReport:
         )
 
 
-def seen_env(plan: Plan, rank: int, environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
-    """The shown part of the env a rank will get: the plan's variables over what it inherits from the kernel."""
+def seen_env(plan: Plan, rank: int, environ: Mapping[str, str] = os.environ, planned: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The shown part of the env a rank will get: the plan's variables (``planned``: that rank's) over what it inherits from the kernel."""
     env = {k: v for k, v in environ.items() if _shown(k)}
-    env.update(plan.rank_env(rank))
+    env.update(planned if planned is not None else plan.rank_env(rank))
     return {k: v for k, v in env.items() if _shown(k)}
 
 
-def plan_report(plan: Plan, environ: Mapping[str, str] = os.environ, started: bool = False) -> EnvReport:
-    title = f"planned env for {plan.nproc} rank(s), backend {plan.backend} ({plan.backend_reason})"
-    envs = [seen_env(plan, r, environ) for r in range(plan.nproc)]
+def plan_report(plan: Plan, environ: Mapping[str, str] = os.environ, started: bool = False, extra_checks: Sequence[Check] = ()) -> EnvReport:
+    where = f" on {plan.nnodes} Slurm node(s)" if plan.slurm is not None else ""
+    title = f"planned env for {plan.world_size if plan.slurm else plan.nproc} rank(s){where}, backend {plan.backend} ({plan.backend_reason})"
+    envs = [seen_env(plan, r, environ, e) for r, e in enumerate(plan.all_envs())]
     extra = {
         "state": "planned",
         "backend": plan.backend,
@@ -208,7 +209,7 @@ def plan_report(plan: Plan, environ: Mapping[str, str] = os.environ, started: bo
         "master_port": plan.master_port,
         "nproc": plan.nproc,
     }
-    checks = plan_checks(plan, environ, started=started) + mesh_checks([plan.rank_env(0)])
+    checks = plan_checks(plan, environ, started=started) + list(extra_checks) + mesh_checks([plan.rank_env(0)])
     if plan.backend == "nccl":
         mapping = device_map(plan.nproc, environ)
         extra["devices"] = mapping
@@ -246,4 +247,4 @@ def env_report(env: EnvData) -> EnvReport:
     if env.live is not None:
         return live_report(env.live, env.nproc, env.backend)
     assert env.plan is not None
-    return plan_report(env.plan)
+    return plan_report(env.plan, extra_checks=env.checks)

@@ -39,6 +39,7 @@ Label = Union[RankState, FailureKind]
 
 # label -> tone (colours.py); the order is the order of the counts in the running summary
 STATE_TONES: Dict[Label, str] = {
+    RankState.QUEUED: "warn",
     RankState.STARTING: "neutral",
     RankState.CONNECTING: "neutral",
     RankState.READY: "info",
@@ -50,7 +51,7 @@ STATE_TONES: Dict[Label, str] = {
     RankState.INTERRUPTED: "warn",
     RankState.STOPPED: "neutral",
 }
-ACTIVE = (RankState.STARTING, RankState.CONNECTING, RankState.RUNNING)
+ACTIVE = (RankState.QUEUED, RankState.STARTING, RankState.CONNECTING, RankState.RUNNING)
 ROOT_CAUSES = (RankState.FAILED, FailureKind.DIED, FailureKind.KILLED)  # a rank that failed by itself
 STOPPED_BY_US = (RankState.INTERRUPTED, FailureKind.KILLED)  # what the others show once a root cause exists
 FONT = "font-family:var(--jp-ui-font-family,sans-serif)"
@@ -231,6 +232,8 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
     if s.finished:
         note = f"{style.note(s.note)} · " if not s.ok and s.note else ""
         parts = [f"{n} {style.mark(s.ok)} {note}{style.esc(fmt_seconds(s.elapsed))}"]
+    elif queue_text(s):  # the scheduler has not started the job: its words, and how long it has waited
+        parts = [n, style.esc(queue_text(s)), style.esc(f"waited {fmt_seconds(s.starting_for or 0.0)}")]
     else:
         counts = Counter(s.label(r) for r in s.ranks)
         states = debugging_text(s) or ", ".join(style.count(label, counts[label]) for label in STATE_TONES if counts.get(label))
@@ -243,6 +246,15 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
     if s.started_in is not None and s.starting_for is None:
         parts.append(f"pool started in {style.esc(fmt_seconds(s.started_in))}")
     return parts
+
+
+def queue_text(s: Snapshot) -> str:
+    """'queued: job 1234 pending (Resources)' while a Slurm pool's job waits in the queue (kernel/placement.py); "" otherwise."""
+    for r in s.ranks:
+        info = s.infos.get(r)
+        if info is not None and info.state == RankState.QUEUED:
+            return clean_line(info.last_line, 120) or "queued"
+    return ""
 
 
 def debugging_text(s: Snapshot) -> str:

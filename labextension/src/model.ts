@@ -26,6 +26,7 @@ export interface ICheck {
 
 /** The states a rank goes through, in order: the same names as ddp_magic/states.py RankState (a test checks). */
 export const RANK_STATES = [
+  'queued',
   'starting',
   'connecting',
   'ready',
@@ -52,6 +53,7 @@ export interface IRankSnapshot {
   elapsed: number; // seconds, at the time the snapshot was sent
   memory: number | null; // bytes
   last_line: string;
+  node?: string; // a Slurm pool's node of the rank (n2)
   /** After a failed %%ddp cell (ddp_magic/ui/labsnap.py): the failure's kind, and whether it is the root cause. */
   kind?: FailureKind;
   cause?: Cause;
@@ -373,7 +375,7 @@ export function rankStateLabel(r: IRankSnapshot, cause: Cause | null = r.cause ?
   return `died (exit ${r.exit_code})`;
 }
 
-const ACTIVE: readonly RankState[] = ['starting', 'connecting', 'running'];
+const ACTIVE: readonly RankState[] = ['queued', 'starting', 'connecting', 'running'];
 const BAD: readonly RankState[] = ['failed', 'dead'];
 const BY_US_SIGNALS = [-15, -9]; // SIGTERM, SIGKILL: how ddp_magic stops a rank that ignores an interrupt
 
@@ -414,7 +416,7 @@ export function rankElapsed(r: IRankSnapshot, receivedAt: number, now: number): 
   return r.elapsed + (isActive(r) ? Math.max(0, now - receivedAt) / 1000 : 0);
 }
 
-export type Phase = 'starting' | 'running' | 'failed' | 'interrupted' | 'broken' | 'ready' | 'stopped';
+export type Phase = 'queued' | 'starting' | 'running' | 'failed' | 'interrupted' | 'broken' | 'ready' | 'stopped';
 
 export interface IPhase {
   phase: Phase;
@@ -433,6 +435,9 @@ export function poolPhase(pool: IPoolSnapshot, receivedAt: number, now: number):
   const elapsed = active.length ? Math.max(...active.map(r => rankElapsed(r, receivedAt, now))) : null;
   if (active.some(r => r.state === 'running')) {
     return { phase: 'running', bad, elapsed };
+  }
+  if (active.some(r => r.state === 'queued')) {
+    return { phase: 'queued', bad, elapsed }; // a Slurm job waits in the queue: no rank process exists yet
   }
   if (active.length) {
     return { phase: 'starting', bad, elapsed };
@@ -453,6 +458,12 @@ export function poolPhase(pool: IPoolSnapshot, receivedAt: number, now: number):
     return { phase: 'stopped', bad, elapsed: null };
   }
   return { phase: 'ready', bad, elapsed: null };
+}
+
+/** "queued: job 1234 pending (Resources)": what the kernel says of a Slurm job still in the queue (every queued rank says it). */
+export function queueLine(pool: IPoolSnapshot): string {
+  const queued = (pool.ranks || []).find(r => r.state === 'queued');
+  return queued && queued.last_line ? cleanLine(queued.last_line, 120) : 'queued';
 }
 
 function rankList(ranks: number[]): string {
@@ -481,6 +492,9 @@ export function statusText(state: IUIState, now: number): string | null {
       break;
     case 'starting':
       tail = p.elapsed === null ? 'starting' : `starting ${fmtSeconds(p.elapsed)}`;
+      break;
+    case 'queued':
+      tail = `${queueLine(pool)} · waited ${fmtSeconds(p.elapsed || 0)}`;
       break;
     case 'failed':
       tail = `${rankList(p.bad)} failed`;
@@ -525,6 +539,7 @@ export interface IRankRow {
   elapsed: string;
   memory: string;
   lastLine: string;
+  node: string; // a Slurm pool's node (n2); empty on one host
 }
 
 export function stateClass(r: IRankSnapshot, cause: Cause | null = r.cause ?? null): string {
@@ -533,6 +548,9 @@ export function stateClass(r: IRankSnapshot, cause: Cause | null = r.cause ?? nu
   }
   if (BAD.indexOf(r.state) >= 0) {
     return 'bad';
+  }
+  if (r.state === 'queued') {
+    return 'warn'; // waiting for the scheduler, not running
   }
   if (isActive(r)) {
     return 'active';
@@ -566,7 +584,8 @@ export function rankRows(state: IUIState, now: number): IRankRow[] {
       why: causes.get(r.rank) === 'stopped' ? stoppedWhy(r, roots) : '',
       elapsed: fmtSeconds(rankElapsed(r, state.receivedAt, now)),
       memory: formatBytes(r.memory),
-      lastLine: cleanLine(r.last_line || '')
+      lastLine: cleanLine(r.last_line || ''),
+      node: r.node || ''
     }));
 }
 

@@ -226,6 +226,7 @@ export class PoolPanel extends Widget {
       td.colSpan = cells.length;
       td.title = r.lastLine;
       for (const [key, value] of [
+        ['node', r.node],
         ['device', r.device],
         ['memory', r.memory],
         ['lastText', r.lastLine]

@@ -24,7 +24,8 @@ ALLOWED: Dict[str, Set[str]] = {
     "export": {"export", "kernel", "plan", "wire", "errors", "states", "logs"},  # %ddp_export: history -> script (kernel side)
     "session": {"session", "export", "kernel", "plan", "wire", "errors", "states", "logs"},
     "ui": {"ui", "session", "kernel", "plan", "wire", "errors", "states", "logs", "_version"},
-    "magics": {"magics", "session", "export", "ui", "kernel", "plan", "wire", "errors", "states", "logs"},
+    "magic_options": {"plan"},  # the magics' argument declarations and examples
+    "magics": {"magic_options", "magics", "session", "export", "ui", "kernel", "plan", "wire", "errors", "states", "logs"},
     "__init__": {"magics", "ui", "kernel", "session", "procs", "_version", "logs"},  # procs: ddp_magic.breakpoint, called on a rank
 }
 NO_IPYTHON = {"wire", "procs", "plan", "kernel", "export", "session", "errors", "states", "logs"}

@@ -369,6 +369,33 @@ describe('phase', () => {
     assert.equal(p([], { started: false }), 'starting');
     assert.equal(p([rank(0, { state: 'ready' })]), 'ready');
   });
+
+  it('says a Slurm job waiting in the queue is queued, with Slurm\'s reason and the time waited', () => {
+    const line = 'queued: job 1234 pending (Resources)';
+    const queued = pool([rank(0, { state: 'queued', pid: null, last_line: line, elapsed: 12.5 }), rank(1, { state: 'queued', pid: null, last_line: line, elapsed: 12.5 })], {
+      started: false
+    });
+    assert.equal(M.poolPhase(queued, 0, 0).phase, 'queued');
+    assert.equal(M.queueLine(queued), line);
+    const s = connected(queued, 'busy', 1000);
+    assert.equal(M.statusText(s, 3000), `DDP 2×gloo · ${line} · waited 14.50 s`); // the clock runs on while queued
+    const rows = M.rankRows(s, 1000);
+    assert.deepEqual(
+      rows.map(r => [r.state, r.stateClass, r.lastLine]),
+      [
+        ['queued', 'warn', line],
+        ['queued', 'warn', line]
+      ]
+    );
+  });
+
+  it('names each rank\'s Slurm node in the panel', () => {
+    const s = connected(pool([rank(0, { node: 'n1' }), rank(1, { node: 'n2' }), rank(2)]));
+    assert.deepEqual(
+      M.rankRows(s, 1000).map(r => r.node),
+      ['n1', 'n2', '']
+    );
+  });
 });
 
 // ------------------------------------------------------------------ metrics (ddp_magic.log's chart)
