@@ -43,8 +43,10 @@ def fetch_pending(hub: Hub, failures: List[RankFailure], wait_s: float) -> Dict[
     if not pending:
         return {}
     hub.broadcast(P.message(P.DECIDE, mode=gather_mode(pending, failures, len(hub.ranks))), list(pending))
-    arrived = lambda: all(r in hub.results or hub.ranks[r].state == RankState.DEAD for r in pending)  # noqa: E731
-    hub.pump(arrived, time.monotonic() + wait_s)
+    deaths = -1 if any(hub.ranks[r].state == RankState.DEAD for r in pending) else hub.deaths  # -1: check every wake
+    gone = lambda: all(r in hub.results or hub.ranks[r].state == RankState.DEAD for r in pending)  # noqa: E731
+    arrived = lambda: len(hub.results) >= len(pending) or (hub.deaths > deaths and gone())  # noqa: E731
+    hub.pump(arrived, time.monotonic() + wait_s)  # O(1) a wake while no rank dies
     failures += [hub.death_failure(r) for r in pending if r not in hub.results]
     return {r: hub.results[r] for r in pending if r in hub.results}
 
