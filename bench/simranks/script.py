@@ -19,6 +19,7 @@ to say which ranks do it. Pure: parsing only, no I/O; the rank (rank.py) runs it
 from __future__ import annotations
 
 import ast
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
@@ -73,7 +74,13 @@ class Script:
         return [s for s in self.steps if s.applies(rank)]
 
 
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.LShift: operator.lshift, ast.Pow: operator.pow}
+
+
 def _literal(node: ast.AST, source: str) -> Any:
+    """A literal, or arithmetic on literals (``1 << 20``, ``64 * 1024``)."""
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_literal(node.left, source), _literal(node.right, source))
     try:
         return ast.literal_eval(node)
     except ValueError:
