@@ -7,13 +7,15 @@ sequence of policy states, so rank output keeps flowing meanwhile.
 
 A wake costs O(1) however many ranks there are: "is any rank still running"
 is a cursor over the ranks (none starts running again mid-cell), and the
-policy, which looks at every rank, is asked only when a rank's state changed
-(``RankOps.state_version``) or one of its deadlines is due.
+policy, which looks at every rank, is asked only when one of its deadlines is
+due or a change it acts on happened (``RankOps.state_version``): a rank failed,
+was interrupted or died; or, while it stops ranks, any change. A rank that
+just finishes gives the policy nothing to do.
 """
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional, Protocol, Sequence
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from ..errors import RankFailure
 from ..states import RankState
@@ -68,8 +70,8 @@ class RankOps(Protocol):
         """The next cell must restart the pool, because ``why``."""
         ...
 
-    def state_version(self) -> int:
-        """A number that changes whenever a rank's state does (a RankOps without it is asked every wake)."""
+    def state_version(self) -> Tuple[int, int]:
+        """(changes to FAILED, INTERRUPTED or DEAD, all changes of a rank's state) so far; a RankOps without it is asked every wake."""
         ...
 
     def answer_input(self, ask: Optional[Ask], cancelled: bool) -> None:
@@ -94,7 +96,7 @@ class CellRun:
         self.stacks: Dict[int, str] = policy.stacks  # where ranks were when asked (timeout, failure)
         self._order = sorted(ops.ranks)
         self._cursor = 0  # ranks before it have finished the cell (_any_running)
-        self._decided: Optional[int] = None  # the state version the policy last decided on
+        self._decided: Optional[Tuple[int, int]] = None  # the state version the policy last decided on
 
     # ------------------------------------------------------------ what the pool reads afterwards
     # (the policy's findings; notes and stacks are the policy's own list and dict, filled as it goes)
@@ -162,9 +164,13 @@ class CellRun:
         version = getattr(self.ops, "state_version", None)
         seen, self._decided = self._decided, version() if version is not None else None
         due = self.policy.next_due()
-        if seen is not None and seen == self._decided and (due is None or now < due):
-            return  # the same states, nothing due: decide would return nothing
+        if seen is not None and self._decided is not None and self._same(seen, self._decided) and (due is None or now < due):
+            return  # nothing failed and nothing is due: decide would return nothing
         self._carry_out(self.policy.decide(self._states(), now))
+
+    def _same(self, before: Tuple[int, int], now: Tuple[int, int]) -> bool:
+        """No change the policy acts on: no new failure, and (while it stops ranks) no change at all."""
+        return before[0] == now[0] and (not self.policy.stopping or before[1] == now[1])
 
     def _carry_out(self, actions: List[Action]) -> None:
         if actions:

@@ -10,8 +10,9 @@ kernel running a long cell wakes about twice a second, not twenty times.
 
 Per rank everything is O(1): its sockets stay registered with one epoll between
 waits (a wake costs what is ready, not how many ranks there are), every read goes
-into one buffer, and ``version`` counts the state changes the hub makes, so a
-caller can tell "nothing changed" without a pass over the ranks.
+into one buffer, and ``version``/``failed`` count the state changes the hub makes
+(all of them / those to a failed, interrupted or dead state), so a caller can tell
+"nothing the failure policy cares about changed" without a pass over the ranks.
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ class Hub:
         self._extras: Set[int] = set()
         self._rbuf = ReadBuffer()
         self.version = 0  # +1 for every rank state the hub changes (joined, finished, died)
+        self.failed = 0  # +1 for every change to FAILED, INTERRUPTED or DEAD
         self.deaths = 0  # ranks seen dead since the last reset
         self.stdin = InputDesk()  # the ranks' questions and who sits in pdb (kernel/stdin.py)
 
@@ -361,6 +363,7 @@ class Hub:
             info.finished = time.monotonic()
             info.memory = msg.get("memory")
             self.version += 1
+            self.failed += info.state != RankState.DONE
             self.listener.on_state(info)
 
     def on_exit(self, rank: Optional[int], pid: int, code: Optional[int]) -> None:
@@ -383,6 +386,7 @@ class Hub:
         info.exit_code = code
         info.finished = time.monotonic()
         self.version += 1
+        self.failed += 1
         self.deaths += 1
         self.on_death(rank, code)
         self.listener.on_state(info)

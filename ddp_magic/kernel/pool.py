@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ..errors import RankFailure, StartError, describe_exit
 from ..logs import log
@@ -368,12 +368,12 @@ class Pool:
     def death_failure(self, rank: int) -> RankFailure:
         return self.hub.death_failure(rank)
 
-    def state_version(self) -> int:
-        return self.hub.version
+    def state_version(self) -> Tuple[int, int]:
+        return self.hub.failed, self.hub.version
 
     def mark_dead(self, rank: int) -> None:
         info = self.ranks[rank]
-        info.state, self.hub.version = RankState.DEAD, self.hub.version + 1
+        info.state, self.hub.version, self.hub.failed = RankState.DEAD, self.hub.version + 1, self.hub.failed + 1
         info.finished = info.finished or time.monotonic()
         self.hub.listener.on_state(info)
 

@@ -22,24 +22,28 @@ STACK = '(running the cell)\n  File "<ddp-cell-1>", line 2, in <module>\n    dis
 class Ops:
     """The pool's side of RankOps: rank 5 raises at 0.1 s, the others wait in all_reduce until the group is aborted."""
 
-    def __init__(self, versioned: bool) -> None:
+    def __init__(self, versioned: bool, fails: bool = True) -> None:
         self.now = 0.0
         self.grace = 0.3
         self.ranks: Dict[int, RankInfo] = {r: RankInfo(rank=r, state=RankState.RUNNING, pid=100 + r, started=0.0) for r in range(N)}
         self.done: Dict[int, dict] = {}
         self.events: List[Tuple[float, Callable[[], None]]] = [(0.1, lambda: self._finish(5, "error", "ValueError", "boom"))]
+        if not fails:  # every rank finishes, one per wake
+            self.events = [(round(WAKE_S * (r + 1), 6), lambda r=r: self._finish(r, "ok", "", "")) for r in range(N)]
         self.version = 0
+        self.failed = 0
         self.log: List[Tuple[str, float]] = []
         if versioned:
-            self.state_version = lambda: self.version  # what the real pool has (hub.version)
+            self.state_version = lambda: (self.failed, self.version)  # what the real pool has (hub.failed, hub.version)
 
     def _finish(self, rank: int, status: str, type_name: str, message: str) -> None:
         info = self.ranks[rank]
         if info.state == RankState.RUNNING:
-            info.state = RankState.FAILED if status == "error" else RankState.INTERRUPTED
+            info.state = {"ok": RankState.DONE, "error": RankState.FAILED}.get(status, RankState.INTERRUPTED)
             info.finished = self.now
             self.done[rank] = {"status": status, "error": {"type": type_name, "message": message, "traceback": ""}}
             self.version += 1
+            self.failed += status != "ok"
 
     def pump(self, until: Callable[[], bool], deadline: Optional[float], tick: Optional[Callable[[], None]] = None, due: object = None) -> bool:
         for _ in range(100_000):
@@ -78,6 +82,7 @@ class Ops:
     def mark_dead(self, rank: int) -> None:
         self.ranks[rank].state = RankState.DEAD
         self.version += 1
+        self.failed += 1
 
     def mark_broken(self, why: str) -> None:
         pass
@@ -89,8 +94,8 @@ class Ops:
         return False
 
 
-def _play(versioned: bool) -> Tuple[CellRun, Ops, int]:
-    ops = Ops(versioned)
+def _play(versioned: bool, fails: bool = True) -> Tuple[CellRun, Ops, int]:
+    ops = Ops(versioned, fails)
     policy = FailurePolicy(timeout=None, grace=ops.grace, t0=0.0)
     calls = [0]
     decide = policy.decide
@@ -117,3 +122,12 @@ def test_the_policy_is_asked_on_changes_and_deadlines_only_with_the_same_outcome
         assert every_wake >= wakes - 1  # without a version: a pass over every rank at every wake
         assert on_change <= fast_ops.version + 3  # with one: once per change (the raise, 63 releases), plus the grace's end
         assert on_change < every_wake / 2
+
+
+def test_ranks_that_just_finish_give_the_policy_nothing_to_decide() -> None:
+    for _ in range(2):
+        plain, plain_ops, every_wake = _play(versioned=False, fails=False)
+        fast, fast_ops, on_change = _play(versioned=True, fails=False)
+        assert fast_ops.log == plain_ops.log == [] and fast.notes == plain.notes == [] and fast.failures() == plain.failures() == []
+        assert all(info.state == RankState.DONE for info in fast_ops.ranks.values())
+        assert every_wake >= N - 1 and on_change <= 2  # one pass at the first wake; none for the 64 ranks that finished after it
