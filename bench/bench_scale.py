@@ -41,6 +41,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.path.join(RESULTS_DIR, "scale"), help="output path without extension (default bench/results/scale)")
     p.add_argument("--publish", action="store_true", help="copy the report to docs/bench/scale.md")
+    p.add_argument("--git-rev", help="measure ddp_magic as committed at this revision (git archive into a temp dir; the checkout is untouched), "
+                   "e.g. to see a step's curve before a change")
     a = p.parse_args(argv)
     a.ns = [int(x) for x in (a.ns or ("8,64,256" if a.quick else "8,64,256,1024")).split(",") if x.strip()]
     real = a.real_ns if a.real_ns is not None else ("16" if a.quick else "16,32")
@@ -72,6 +74,12 @@ def run(args: argparse.Namespace, store: Store, watch: P.Watch) -> None:
 
 def main() -> int:
     args = parse_args()
+    exported = None
+    if args.git_rev:
+        exported, sha = P.export_rev(args.git_rev)
+        sys.path.insert(0, exported)  # before anything imports ddp_magic; the simulated ranks' hosts inherit it (the launcher's env)
+        P.set_src(exported)
+        log(f"ddp_magic at {sha[:10]} ({args.git_rev}), from {exported}")
     t_start, load_start = time.monotonic(), os.getloadavg()[0]
     store = Store()
     watch = P.Watch(store)
@@ -83,6 +91,8 @@ def main() -> int:
         left = watch.final()
         if left:
             store.notes.append("WARNING: processes this benchmark started were still alive at the end and were killed by pid: " + "; ".join(left))
+    if exported:
+        shutil.rmtree(exported, ignore_errors=True)
     meta = run_meta(args, t_start, load_start)
     md = render(store, args, meta)
     write_report(args.out, md, store.payload(meta))

@@ -32,13 +32,25 @@ def _curve(store: Store, prefix: str, steps: Tuple[Tuple[str, str], ...], ns: Li
     return table(["step"] + [f"n = {n}" for n in ns], [[label] + [fmt(pick(S(f"{prefix}.{key}.n{n}")), scale, digits) for n in ns] for key, label in steps])
 
 
-def per_rank(store: Store, key: str, ns: List[int], pick: Callable[[Optional[Series]], Optional[Series]]) -> List[str]:
-    """µs per added rank between consecutive n (medians), from 64 up."""
-    out = []
+SUPERLINEAR = 1.25  # the last segment's cost per rank over the one before: more than this is flagged
+
+
+def per_rank(store: Store, key: str, ns: List[int], pick: Callable[[Optional[Series]], Optional[Series]]) -> List[Optional[float]]:
+    """µs per added rank between consecutive n (medians), from 64 up (None below, or where a median is missing)."""
+    out: List[Optional[float]] = []
     for a, b in zip(ns, ns[1:]):
         ma, mb = med(pick(store.series.get(key.format(n=a)))), med(pick(store.series.get(key.format(n=b))))
-        out.append(f"{1e6 * (mb - ma) / (b - a):.0f}" if ma is not None and mb is not None and a >= 64 else "—")
+        out.append(1e6 * (mb - ma) / (b - a) if ma is not None and mb is not None and a >= 64 else None)
     return out
+
+
+def _verdict(slopes: List[Optional[float]]) -> str:
+    """Whether the cost per rank grows with n (faster than linear) between the last two segments."""
+    known = [x for x in slopes if x is not None]
+    if len(known) < 2:
+        return "—"
+    before, last = known[-2], known[-1]
+    return f"**yes** ({last / before:.2f}×)" if last > SUPERLINEAR * max(before, 1.0) else "no"
 
 
 def _slopes(store: Store, ns: List[int]) -> List[str]:
@@ -47,9 +59,12 @@ def _slopes(store: Store, ns: List[int]) -> List[str]:
     for prefix, steps in (("api.sim", API_STEPS), ("kernel", KERNEL_STEPS)):
         for key, label in steps:
             for what, pick in (("CPU", _cpu), ("wall", lambda s: s)):
-                rows.append([f"{'API' if prefix == 'api.sim' else 'kernel'}: {label}, {what}"] + per_rank(store, f"{prefix}.{key}.n{{n}}", ns, pick))
-    return (["### Cost per added rank (µs per rank, between consecutive n, medians; from 64 up)\n"]
-            + table(["step"] + pairs, rows))
+                slopes = per_rank(store, f"{prefix}.{key}.n{{n}}", ns, pick)
+                cells = ["—" if x is None else f"{x:.0f}" for x in slopes]
+                rows.append([f"{'API' if prefix == 'api.sim' else 'kernel'}: {label}, {what}"] + cells + [_verdict(slopes)])
+    return ([f"### Cost per added rank (µs per rank, between consecutive n, medians; from 64 up); faster than linear: the last segment "
+             f"costs more than {SUPERLINEAR}× per rank than the one before\n"]
+            + table(["step"] + pairs + ["faster than linear?"], rows))
 
 
 def _view_over_plain(store: Store, ns: List[int]) -> List[str]:

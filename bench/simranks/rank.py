@@ -12,6 +12,7 @@ share one process and one loop (host.py); nothing here imports torch.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import os
 import pickle
 import socket
@@ -27,6 +28,21 @@ from . import script as S
 
 Streams = Tuple[asyncio.StreamReader, asyncio.StreamWriter]
 _BUFFERS: Dict[int, Any] = {}  # nbytes -> one filled array per process (each DONE still writes its own shm file)
+
+
+def _answer_challenge(secret: bytes, hello: bytes) -> Tuple[bytes, bytes]:
+    """wire/protocol.py's step; a ddp_magic from before it had one (bench_scale.py --git-rev) gets the same bytes from its _digest."""
+    if hasattr(P, "answer_challenge"):
+        return P.answer_challenge(secret, hello)
+    nonce = os.urandom(P.NONCE_SIZE)
+    return P._digest(secret, b"worker", hello[len(P.MAGIC):]) + nonce, nonce
+
+
+def _check_proof(secret: bytes, nonce: bytes, proof: bytes) -> None:
+    if hasattr(P, "check_proof"):
+        return P.check_proof(secret, nonce, proof)
+    if not hmac.compare_digest(proof, P._digest(secret, b"kernel", nonce)):
+        raise P.AuthenticationError("kernel failed the challenge")
 
 
 class Interrupted(Exception):
@@ -70,9 +86,9 @@ class SimRank:
     async def _dial(self) -> Streams:
         reader, writer = await asyncio.open_connection(self.config["addr"], int(self.config["port"]))
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        answer, nonce = P.answer_challenge(self.secret, await reader.readexactly(len(P.MAGIC) + P.NONCE_SIZE))
+        answer, nonce = _answer_challenge(self.secret, await reader.readexactly(len(P.MAGIC) + P.NONCE_SIZE))
         writer.write(answer)
-        P.check_proof(self.secret, nonce, await reader.readexactly(P.DIGEST_SIZE))
+        _check_proof(self.secret, nonce, await reader.readexactly(P.DIGEST_SIZE))
         return reader, writer
 
     async def serve(self) -> None:
