@@ -113,6 +113,24 @@ def test_a_dead_rank_is_started_again_alone(pool) -> None:
         assert any(re.match(rf"rank {rank} exited with code 3 \(pid \d+\): started it again", n) for n in notices.texts), notices.texts
 
 
+class Rows(Listener):
+    def __init__(self) -> None:
+        self.rows: Dict[int, List[tuple]] = {}
+
+    def on_metrics(self, rank: int, rows: List[Tuple[int, float, Dict[str, float]]]) -> None:
+        self.rows.setdefault(rank, []).extend(rows)
+
+
+def test_metrics_rows_and_every_rank_s_env_from_256_ranks(pool) -> None:
+    for _ in range(2):
+        rows = Rows()
+        out = pool.run("sim.log(step=3, loss=0.5)\n1", listener=rows)
+        assert out.ok and sorted(rows.rows) == list(range(N))
+        assert all([(step, values) for step, _, values in rows.rows[r]] == [(3, {"loss": 0.5})] for r in range(N))
+        env = pool.live_env()
+        assert sorted(env) == list(range(N)) and all(env[r]["env"]["RANK"] == str(r) for r in range(N))
+
+
 @pytest.fixture(scope="module")
 def sim_kernel() -> Iterator[object]:
     """A real Jupyter kernel whose %%ddp pools are simulated ranks (no template: nothing imports torch for them)."""
