@@ -1,8 +1,7 @@
 """The kernel side of a pool: start, run cells on, and stop N worker processes.
 
-Plain Python with no IPython and no torch import: the magics, the session,
-the status view, the benchmarks and the tests all drive it through
-``Pool.run``. This module is the lifecycle only; the rooms it stands on:
+Plain Python with no IPython and no torch import: the magics, the session, the
+benchmarks and the tests all drive it through ``Pool.run``. The lifecycle only; its rooms:
 
 - ``admission.py``: the control port while ranks join; ``hub.py``: the ranks' sockets and the one poll loop;
 - ``cell.py`` / ``policy.py``: a running cell's failure handling (the pool is its ``RankOps``);
@@ -19,7 +18,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ..errors import RankFailure, StartError
 from ..plan.plan import Plan, make_plan
@@ -125,7 +124,7 @@ class Pool:
             for info in self.ranks.values():
                 listener.on_state(info)
             self.listen_addr, self.tls_key = placement.place(self.launcher, self.spec, self.plan, self.ranks, listener)
-            admission = Admission(self.listen_addr, self.secret, max(64, self.nproc), self._count_rejected, self.tls_key)
+            admission = Admission(self.listen_addr, self.secret, max(64, 3 * self.nproc), self._count_rejected, self.tls_key)  # every socket may knock at once
             self.control_port = admission.port
             self.plan = self.launcher.placed(self.plan, avoid=admission.port)
             self.hub.reset(self.ranks, admission)
@@ -171,7 +170,7 @@ class Pool:
         """Pump until every rank is READY with both output streams joined; raise StartError with the cause."""
         hub = self.hub
         all_in = lambda: len(hub.ready) == self.nproc and len(hub.outs) == 2 * self.nproc  # noqa: E731
-        hub.pump(lambda: all_in() or bool(hub.init_failures) or bool(hub.dead_ranks()), t0 + self.spec.start_timeout)
+        hub.pump(lambda: all_in() or bool(hub.init_failures) or hub.deaths > 0, t0 + self.spec.start_timeout)  # O(1) a wake
         dead = hub.dead_ranks()
         if not (hub.init_failures or dead) and all_in():
             return
@@ -307,16 +306,12 @@ class Pool:
             info.state, info.started, info.finished, info.last_line = RankState.RUNNING, t0, None, ""
             info.tail.clear()
             self.hub.listener.on_state(info)
-        here = socket.gethostname()
+        here, common = socket.gethostname(), dict(cell=self._cell, source=source, filename=filename, names=names, owned=sorted(owned), gather=gather)
         for rank in range(self.nproc):
             info = self.ranks[rank]
             local_rank = info.local_rank if info.local_rank is not None else rank
             rank_argv = list(argv) if argv is not None else ["ddp_cell", f"--local_rank={local_rank}"]
-            msg = P.message(
-                P.RUN, cell=self._cell, source=source, filename=filename, names=names, owned=sorted(owned),
-                argv=rank_argv, gather=gather, shm=info.host in ("", here),
-            )
-            self.hub.broadcast(msg, [rank])
+            self.hub.broadcast(P.message(P.RUN, argv=rank_argv, shm=info.host in ("", here), **common), [rank])
         return t0
 
     def _outcome(self, cell: CellRun, guarded: GuardedListener, t0: float) -> CellOutcome:
@@ -333,11 +328,12 @@ class Pool:
     def ask(self, op: str, timeout: float = 5.0, listener: Optional[Listener] = None) -> Dict[int, dict]:
         """Ask every live rank for its STACK or ENV; returns the replies that came in time."""
         hub = self.hub
-        hub.replies[op] = {}
+        replies = hub.replies[op] = {}
         ranks = list(hub.conns)
         hub.broadcast(P.message(op), ranks)
+        answered = lambda: len(replies) >= len(ranks) or (len(hub.conns) < len(ranks) and all(r in replies or r not in hub.conns for r in ranks))  # noqa: E731
         with self._bound(listener) if listener is not None else contextlib.nullcontext():
-            hub.pump(lambda: all(r in hub.replies[op] or r not in hub.conns for r in ranks), time.monotonic() + timeout)
+            hub.pump(answered, time.monotonic() + timeout)
         return dict(hub.replies.get(op, {}))
 
     def refresh(self) -> None:
@@ -381,9 +377,12 @@ class Pool:
     def death_failure(self, rank: int) -> RankFailure:
         return self.hub.death_failure(rank)
 
+    def state_version(self) -> Tuple[int, int]:
+        return self.hub.failed, self.hub.version
+
     def mark_dead(self, rank: int) -> None:
         info = self.ranks[rank]
-        info.state = RankState.DEAD
+        info.state, self.hub.version, self.hub.failed = RankState.DEAD, self.hub.version + 1, self.hub.failed + 1
         info.finished = info.finished or time.monotonic()
         self.hub.listener.on_state(info)
 
