@@ -19,7 +19,7 @@ In one run, every figure a median (min–max) over the repeats, the ways interle
 - **TLS cost**: a 256 MiB result frame from another process through the control channel's code, plain TCP
   against the TLS relay (wire/tls.py): what a rank on another host pays to return it.
 
-Writes bench/results/slurm.json and prints a Markdown table (docs/bench/slurm.md holds a run).
+Writes bench/results/slurm.md and .json and prints a Markdown table (docs/bench/slurm.md holds a run).
 """
 from __future__ import annotations
 
@@ -33,11 +33,13 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
+from harness import write_report  # bench/ is sys.path[0] when this runs as a script
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 PY = sys.executable
-OUT = os.path.join(HERE, "results", "slurm.json")
+OUT = os.path.join(HERE, "results", "slurm")  # .md and .json (harness.write_report)
 
 CELL = "import torch, torch.distributed as dist\nprint('first line', flush=True)\nx = torch.ones(1)\ndist.all_reduce(x)\nx.item()"
 WARM = "x = torch.ones(1)\ndist.all_reduce(x)\nx.item()"
@@ -234,10 +236,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     notes = [f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (other work on the machine skews every figure)",
              "submitit and ipyparallel: not run (not installed for this run; see docs/bench/slurm.md)"]
     text = table(g, a, notes)
-    print(text)
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w") as f:
-        json.dump({"args": vars(a), "results": g, "table": text}, f, indent=1)
+    write_report(OUT, text, {"args": vars(a), "results": g, "table": text})
     return 0
 
 
