@@ -42,6 +42,7 @@ class SimLauncher(Launcher):
     remote_ranks = False
     reports_exits = True
     keeps_template = True
+    replaces_ranks = True  # spawn(rank, config) starts one dead rank again, in a host process of its own
 
     def __init__(self, secret: bytes, python: str = sys.executable, per_host: int = PER_HOST) -> None:
         super().__init__(secret, python)
