@@ -193,7 +193,7 @@ class Joined(Listener):
 # ------------------------------------------------------------ 3, 4. a real kernel
 def bench_first_cell(repeats: int, pause: float) -> None:
     """The first %%ddp -n 2 cell of a kernel: right after %load_ext, after a pause, and with no warm template."""
-    from bench_core import KernelSession
+    from kernels import KernelSession
 
     for _ in range(repeats):
         for how in ("immediately", "paused", "no_warm"):
@@ -212,7 +212,7 @@ def bench_first_cell(repeats: int, pause: float) -> None:
 
 def bench_warm(n: int, repeats: int) -> None:
     """A trivial warm cell, interleaved: plain, %%ddp with the default status view, %%ddp --no-widget."""
-    from bench_core import KernelSession
+    from kernels import KernelSession
 
     k = KernelSession()
     try:

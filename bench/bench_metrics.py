@@ -4,7 +4,7 @@ one ``ddp_magic.log(step, loss)`` per step in the %%ddp cell.
     .venv/bin/python bench/bench_metrics.py                  # n=2, 3 runs of each, 500 timed steps per run
     .venv/bin/python bench/bench_metrics.py --ns 1,2 --runs 5 --train-steps 1000
 
-Each run is one bench_peers.train_turns: the same DDP loop (MLP 256→512→256, batch 64, SGD) in a %%ddp cell (status view
+Each run is one peers_train.train_turns: the same DDP loop (MLP 256→512→256, batch 64, SGD) in a %%ddp cell (status view
 on, so the live chart is drawn too) and under torchrun at the same time, in strict turns of 50 steps; its ratio is the
 median over the turn pairs of torchrun's turn time ÷ %%ddp's (= %%ddp steps/s ÷ torchrun steps/s). The two variants
 alternate run by run. Prints a Markdown table and writes bench/results/metrics.json.
@@ -20,15 +20,20 @@ import tempfile
 from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_peers as peers  # noqa: E402
+import processes as P  # noqa: E402
+from bench_peers import parse_args  # noqa: E402
+from harness import Store, log  # noqa: E402
+from kernels import ensure_kernelspec  # noqa: E402
+from peers_tools import TOOLS  # noqa: E402
+from peers_train import train_turns  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "metrics.json")
 
 
-def run(n: int, runs: int, argv: List[str], tmp: str, cleanup: "peers.Cleanup") -> Dict[str, List[float]]:
+def run(n: int, runs: int, argv: List[str], tmp: str, cleanup: P.Watch) -> Dict[str, List[float]]:
     """``runs`` turn-taking runs of each variant on one warm %%ddp pool of n ranks, alternating."""
-    args = peers.parse_args(argv)
-    tool = peers.TOOLS["ddp"](n, args, tmp, cleanup)
+    args = parse_args(argv)
+    tool = TOOLS["ddp"](n, args, tmp, cleanup)
     ratios: Dict[str, List[float]] = {"plain": [], "log": []}
     try:
         tool.start_kernel()
@@ -36,11 +41,11 @@ def run(n: int, runs: int, argv: List[str], tmp: str, cleanup: "peers.Cleanup") 
         for i in range(runs):
             for variant in (("plain", "log") if i % 2 == 0 else ("log", "plain")):
                 args.train_log = variant == "log"
-                ratio, info = peers.train_turns(tool, n, args, tmp)
+                ratio, info = train_turns(tool, n, args, tmp)
                 ratios[variant].append(ratio)
-                peers.log(f"n={n} {variant}: {ratio:.3f}× torchrun ({info['ddp_rate']:.1f} vs {info['torchrun_rate']:.1f} steps/s)")
+                log(f"n={n} {variant}: {ratio:.3f}× torchrun ({info['ddp_rate']:.1f} vs {info['torchrun_rate']:.1f} steps/s)")
         rows = tool.ok("m = %ddp metrics\nlen(m['step'])")["results"]
-        peers.log(f"n={n}: the last logging cell's metrics hold {rows[-1] if rows else '?'} rows")
+        log(f"n={n}: the last logging cell's metrics hold {rows[-1] if rows else '?'} rows")
     finally:
         tool.stop()
     return ratios
@@ -53,8 +58,8 @@ def main() -> int:
     p.add_argument("--train-steps", type=int, default=500, help="timed steps per run (default 500)")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="ddp_bench_metrics_")
-    cleanup = peers.Cleanup(peers.PeerStore())
-    peers.ensure_kernelspec()
+    cleanup = P.Watch(Store())
+    ensure_kernelspec()
     out = {}
     try:
         for n in [int(x) for x in a.ns.split(",")]:

@@ -17,7 +17,7 @@ minutes loading a model onto GPUs takes, which the old path and torchrun pay aga
 - **torchrun relaunch**: the same failure in a torchrun job (until torchrun exits), then
   a fresh ``torchrun --standalone`` that builds the state again and all_reduces.
 
-Every figure is a median (min–max) over the repeats. Writes bench/results/recovery.json
+Every figure is a median (min–max) over the repeats. Writes bench/results/recovery.md and .json
 and prints a Markdown table (docs/bench/recovery.md holds a run).
 """
 from __future__ import annotations
@@ -32,10 +32,12 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
+from harness import write_report  # bench/ is sys.path[0] when this runs as a script
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 PY = sys.executable
-OUT = os.path.join(HERE, "results", "recovery.json")
+OUT = os.path.join(HERE, "results", "recovery")  # .md and .json (harness.write_report)
 
 SETUP = "import os, time, torch, torch.distributed as dist\nmodel = torch.nn.Linear({k}, {k})\ntime.sleep({reload})\nlen(list(model.parameters()))"
 FAIL = "x = torch.ones(1)\nif dist.get_rank() == 1:\n    raise ValueError('planned')\ndist.all_reduce(x)"
@@ -172,10 +174,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for n in [int(x) for x in a.ns.split(",") if x.strip()]:
             results[n] = measure(n, a, old, job)
     text = table(results, a)
-    print(text)
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w") as f:
-        json.dump({"args": vars(a), "results": results, "table": text}, f, indent=1)
+    write_report(OUT, text, {"args": vars(a), "results": results, "table": text})
     return 0
 
 

@@ -45,7 +45,9 @@ def unload_ipython_extension(ipython: Any) -> None:
     magics = ipython.magics_manager.registry.get("DDPMagics")
     if magics is not None:
         ipython.events.unregister("post_run_cell", magics.record_cell)  # %ddp_export's history of this load
-        magics.session.stop()
+        for job in magics.jobs:
+            job.cancel()
+        magics.session.stop(force=True)  # a background job's thread sees its pool go, and ends
 
 
 def _jupyter_labextension_paths() -> List[Dict[str, str]]:

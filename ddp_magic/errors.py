@@ -34,6 +34,10 @@ class ShipError(DDPError):
     """A notebook variable could not be sent to the workers; nothing was sent."""
 
 
+class Dequeued(DDPError):
+    """A %%ddp cell left the queue before it ran (Ctrl-C, or its job's cancel): nothing ran on the ranks."""
+
+
 class PlanError(ValueError):
     """A request that cannot become a valid pool; the message says what to do."""
 

@@ -8,10 +8,12 @@ the names on the workers) and ui/ (the views).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
-from typing import Any, Callable, Dict, List, Optional, TypeVar
+import types
+from typing import Any, Dict, List, Optional
 
 from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
@@ -19,72 +21,28 @@ from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_
 
 from . import logs
 from .errors import CellError, UsageError
-from .kernel import RankInfo
+from .kernel.peek import PEEK_TIMEOUT_S
 from .kernel.pool import Pool
-from .plan.spec import BACKENDS, port as _port, positive_int as _positive_int
-from .session import NO_POOL, STOPPED, CellListener, CellOptions, Session
-from .ui import labcomm
+from .kernel.turns import Ticket
+from .magic_options import (  # noqa: F401  (SEE_HELP, POOL_KEYS, SLURM_KEYS: the magics' own names, kept importable here)
+    CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, pool_arguments,
+)
+from .plan.spec import positive_int as _positive_int
+from .session import NO_POOL, STOPPED, CellOptions, Session
+from .ui.cell_listener import MagicListener
+from .ui import jobs
+from .ui.jobs import Job
 from .ui.report import env_report
 from .ui.output import RankPrinter, parse_ranks
 from .ui.results import CellNumbers, RankResults, running_cell
-from .ui.metrics_view import MetricsView, metrics_data
+from .ui.metrics_view import metrics_data
 from .ui import debugging
 from .words import plural
-
-SEE_HELP = "See %ddp? for every option, with examples."
-POOL_KEYS = ("backend", "master_addr", "master_port", "init", "start_method", "nnodes", "start_timeout", "pg_timeout", "mesh")
-F = TypeVar("F", bound=Callable[..., Any])
-
-CELL_EXAMPLES = """
-examples:
-  %%ddp -n 4                 run on 4 ranks (starts the pool on first use; later cells may omit -n)
-  %%ddp --ranks 0            show only rank 0's output (every rank still runs)
-  %%ddp --timeout 60         stop the cell after 60 s, showing where every rank was
-  %%ddp --out losses         also store the per-rank results in the notebook variable `losses`
-  %%ddp --no-widget          no status view above the output (DDP_MAGIC_WIDGET=0 in the env: never)
-  %%ddp -n 8 --nnodes 2      8 ranks over 2 nodes (torchrun); the kernel prints what to run on the other node
-  %%ddp --restart            a fresh pool first (fresh port; state on the workers is lost)
-  %%ddp --scatter x          rank r gets only its shard of the notebook tensor x (ddp_magic.scatter(x, dim=1) for another dim)
-  %%ddp --profile trace.json torch.profiler on every rank, one merged trace, a straggler table (docs/metrics.md)
-"""
-LINE_EXAMPLES = """
-examples:
-  %ddp status                the pool's ranks, pids and states
-  %ddp restart [-n N]        restart the pool (fresh port, state on the workers is lost)
-  %ddp stop                  stop every worker
-  %ddp log                   ddp_magic's recent log records, to attach to a bug report
-  %ddp metrics [--df]        what the last cell's ranks logged with ddp_magic.log: a dict of lists (--df: a DataFrame)
-                             (DDP_MAGIC_LOG=debug in the kernel's env also prints them as they happen)
-  %ddp_env [-n N]            the env each rank will get (or sees, once the pool runs), with checks
-"""
-
-
-POOL_ARGUMENTS = (
-    argument("-n", "--nproc", type=_positive_int, metavar="N", help="number of ranks (processes); a cell may omit it once a pool runs"),
-    argument("--backend", choices=BACKENDS, help="process-group backend (default auto: nccl with a GPU per rank, else gloo)"),
-    argument("--master-addr", metavar="ADDR", help="MASTER_ADDR (default 127.0.0.1)"),
-    argument("--master-port", type=_port, metavar="PORT", help="MASTER_PORT (default: a free port)"),
-    argument("--no-init", dest="init", action="store_const", const=False, help="do not call init_process_group before the first cell"),
-    argument("--start-method", choices=("auto", "fork", "spawn"), help="fork server (fast, Linux) or spawn"),
-    argument("--nnodes", type=_positive_int, metavar="N", help="spread the -n ranks over this many nodes (torchrun c10d rendezvous)"),
-    argument("--join-timeout", dest="start_timeout", type=float, metavar="SECONDS", help="wait for every rank (and node) to join (default 180)"),
-    argument("--pg-timeout", type=float, metavar="SECONDS", help="before a collective with a missing peer fails (default 300)"),
-    argument("--nccl-debug", choices=("WARN", "INFO", "TRACE"), help="set NCCL_DEBUG on the ranks (NCCL's own output appears per rank)"),
-    argument("--mesh", metavar="DIMS", help="a DeviceMesh named `mesh` on every rank, e.g. dp=2,tp=2 (sizes multiply to -n); none: no mesh"),
-)
-HELP_ARGUMENT = argument("-h", "--help", action="store_true", help="show this help")
-
-
-def pool_arguments(func: F) -> F:
-    """The pool's options, shared by %%ddp, %ddp restart and %ddp_env (declared once, above)."""
-    for arg in reversed(POOL_ARGUMENTS):  # magic_arguments reads decorators bottom-up
-        func = arg(func)
-    return func
 
 
 @magic_arguments("ddp")
 @kwds(epilog=LINE_EXAMPLES)
-@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics"), default="status", help="what to do (default: status)")
+@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics", "wait"), default="status", help="what to do (default: status)")
 @argument("--df", action="store_true", help="with metrics: a pandas DataFrame instead of a dict of lists")
 @pool_arguments
 @HELP_ARGUMENT
@@ -109,6 +67,13 @@ def _pool_request(args: argparse.Namespace) -> Dict[str, Any]:
         request["nproc"] = args.nproc
     if args.nccl_debug:
         request["extra_env"] = {"NCCL_DEBUG": args.nccl_debug}
+    if args.control_addr:
+        request["listen_addr"] = args.control_addr
+    slurm = {k: getattr(args, k) for k in SLURM_KEYS if getattr(args, k) is not None}
+    if args.slurm or slurm:  # any Slurm option means --slurm
+        if "slurm_args" in slurm:
+            slurm["extra"] = tuple(_unquoted(slurm.pop("slurm_args")))
+        request["slurm"] = slurm
     return request
 
 
@@ -121,12 +86,15 @@ def _ranks(text: str, world: Optional[int] = None) -> Any:
 
 def _argv(text: Optional[str]) -> Optional[List[str]]:
     """``--argv "--epochs 3 --lr 0.1"``: IPython's line splitting keeps the quotes, so one quoted whole is the arguments."""
-    if text is None:
-        return None
+    return None if text is None else ["ddp_cell"] + _unquoted(text)
+
+
+def _unquoted(text: str) -> List[str]:
+    """The words of an option's value, one quoted whole (as IPython's line splitting keeps it) split again."""
     parts = shlex.split(text)
     if len(parts) == 1 and len(text) > 1 and text[0] in "\"'" and text[-1] == text[0]:
         parts = shlex.split(parts[0])
-    return ["ddp_cell"] + parts
+    return parts
 
 
 def log_text(limit: int = 200) -> str:
@@ -135,53 +103,6 @@ def log_text(limit: int = 200) -> str:
     head = f"ddp_magic log: the last {plural(len(records), 'record')} of this kernel (pid {os.getpid()}); attach them to a bug report."
     hint = "DDP_MAGIC_LOG=debug in the kernel's env also prints every record, on the ranks too, as it happens."
     return "\n".join([head, hint, *records]) if records else f"ddp_magic log: no records yet.\n{hint}"
-
-
-class _MagicListener(CellListener):
-    """What a cell shows while it runs: rank-prefixed output, notices (on stdout), the status view, the lab panel."""
-
-    def __init__(self, printer: RankPrinter, quiet: bool = False, ranks: Optional[str] = None, widget: bool = True) -> None:
-        self.printer = printer
-        self.quiet = quiet
-        self.ranks = ranks
-        self.widget = widget
-        self.view: Optional[Any] = None  # the status view (ui/status.StatusView), once shown
-        self.metrics = MetricsView()  # ddp_magic.log's live chart, and its static picture when the cell ends
-
-    def on_pool(self, pool: Pool) -> None:
-        if self.ranks:
-            _ranks(self.ranks, pool.nproc)
-        from .ui.status import show_status  # lazy: ipywidgets is imported when a cell first runs
-
-        self.view = show_status(pool, enabled=self.widget)  # above any output of the ranks
-        self.metrics.attach(self.view)  # ddp_magic.log's live chart: a section of the view
-        self.printer.world = pool.nproc  # a stderr line every rank sent is shown once, at once
-
-    def on_output(self, rank: int, stream: str, text: str) -> None:
-        if self.view is not None:
-            self.view.on_output(rank, stream, text)
-        self.printer.feed(rank, stream, text)
-        labcomm.changed()  # the JupyterLab extension's view, throttled; a no-op without it
-
-    def on_notice(self, text: str) -> None:
-        if self.view is not None:
-            self.view.on_notice(text)
-        if not self.quiet:
-            print(f"ddp_magic: {text}")  # a notice is not an error: stdout, in order with the ranks' lines
-        labcomm.notice(text)
-
-    def on_state(self, info: RankInfo) -> None:
-        if self.view is not None:
-            self.view.on_state(info)
-        labcomm.changed()
-
-    def on_metrics(self, rank: int, rows: Any) -> None:
-        self.metrics.on_metrics(rank, rows)
-
-    def finish(self, outcome: Any = None, error: Optional[BaseException] = None, metrics: Any = None) -> None:
-        if self.view is not None:
-            self.view.finish(outcome, error)
-        self.metrics.finish(metrics)  # the session's copy: complete, and labelled with the cell
 
 
 @magics_class
@@ -193,6 +114,7 @@ class DDPMagics(Magics):
         self.session = session or Session()
         self.last_failures: List[Any] = []  # the last failed %%ddp cell's, for %ddp_debug
         self.cell_numbers = CellNumbers()  # tracebacks say Cell In[N] with the prompt's number
+        self.jobs: List[Job] = []  # the background cells not known to have ended (%ddp wait)
         if shell is not None:  # %ddp_export reads every cell in execution order (nbval keeps no IPython history)
             self.session.history.start_at(shell.execution_count)
             shell.events.register("post_run_cell", self.record_cell)
@@ -237,6 +159,9 @@ class DDPMagics(Magics):
     @argument("--no-widget", action="store_true", help="no status view above the output")
     @argument("--pdb", action="store_true", help="on failure, open pdb on the failing rank (post-mortem; %%pdb on does it for every cell)")
     @argument("--profile", nargs="?", const="", metavar="TRACE.json", help="run under torch.profiler on every rank; one merged trace (default ddp_trace.json)")
+    @argument("--bg", action="store_true", help="run in the background: the cell returns at once, its output keeps coming here; --out NAME keeps the job")
+    @argument("--no-queue", action="store_true", help="while another cell runs on the pool, fail at once instead of waiting for it")
+    @argument("--peek", action="store_true", help="a short read-only cell on the ranks beside the running cell (--ranks: only these ranks)")
     @HELP_ARGUMENT
     def ddp(self, line: str, cell: Optional[str] = None) -> Any:
         """Run the cell on N worker processes (ranks) with torch.distributed ready.
@@ -256,15 +181,37 @@ class DDPMagics(Magics):
     ddp.__doc__ = f"{ddp.__doc__}\n{_ddp_line.__doc__}"
 
     def _run_cell(self, args: argparse.Namespace, cell: str) -> Any:
+        if args.peek:
+            return self._peek(args, cell)
+        if args.bg and args.pdb:
+            raise UsageError("%%ddp --bg --pdb: a background cell cannot stop in pdb; run it without --bg, or %ddp_debug after it failed")
+        number, first_line = running_cell(self.shell)  # In [n], and the editor's line of the body's first
+        ticket = Ticket(f"cell [{number}]" if isinstance(number, int) else "a %%ddp cell", background=args.bg)
         printer = RankPrinter(_ranks(args.ranks) if args.ranks else None, ordered=args.ordered)
-        listener = _MagicListener(printer, args.quiet, args.ranks, widget=not args.no_widget)
+        listener = MagicListener(printer, args.quiet, args.ranks, widget=not args.no_widget)
         request = _pool_request(args)
         spec = self.session.spec_for(**request) if request else None
-        number, first_line = running_cell(self.shell)  # In [n], and the editor's line of the body's first
+        stdin = debugging.kernel_ask(printer.flush) if not args.bg else debugging.no_stdin_in_background
         options = CellOptions(
-            spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), stdin=debugging.kernel_ask(printer.flush),
-            profile=args.profile, scatter=args.scatter, number=number, first_line=first_line,
+            spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), stdin=stdin,
+            profile=args.profile, scatter=args.scatter, ticket=ticket, queue=not args.no_queue, number=number, first_line=first_line,
         )
+        if not args.bg:
+            return self._cell_value(args, cell, printer, listener, options, self.shell)
+        self.session.precheck(cell, options)  # what can fail at once fails here, not in the background
+        as_shell = types.SimpleNamespace(call_pdb=False)  # a background cell never stops in pdb
+        job = Job(ticket, lambda j: self._cell_value(args, cell, printer, listener, dataclasses.replace(options, cancel=j.cancel_event), as_shell),
+                  live=lambda: listener.metrics.data)
+        self.session.history.begin_late(ticket)  # %ddp_export: its run goes to this cell's record, whenever it ends
+        self.jobs = [j for j in self.jobs if not j.done()] + [job]
+        job.start()
+        if args.out:
+            self.user_ns[args.out] = job
+            return None
+        return job
+
+    def _cell_value(self, args: argparse.Namespace, cell: str, printer: RankPrinter, listener: MagicListener, options: CellOptions, shell: Any) -> Any:
+        """Run the cell on the session and turn its outcome into what the cell gives: RankResults, or a CellError raised."""
         try:
             try:
                 result = self.session.run(cell, self.user_ns, options, listener)
@@ -274,18 +221,18 @@ class DDPMagics(Magics):
             listener.finish(None, e)
             raise
         outcome = result.outcome
-        notes = self.cell_numbers.name(result.label, number, outcome.failures, outcome.notes)
+        notes = self.cell_numbers.name(result.label, options.number, outcome.failures, outcome.notes)
         listener.finish(outcome, metrics=result.metrics)
         results = RankResults(outcome.values)
         results.metrics = result.metrics.columns() if result.metrics else {}
         if result.profile is not None:
             print(result.profile.text())
         value = results if outcome.combined is None else outcome.combined  # DTensors: one ShardedResult each
-        if args.out:
+        if args.out and not args.bg:  # a background cell's --out holds its job
             self.user_ns[args.out] = value
         if outcome.failures:
             self.last_failures = list(outcome.failures)
-            if args.pdb or getattr(self.shell, "call_pdb", False):  # --pdb, or IPython's %pdb on
+            if args.pdb or getattr(shell, "call_pdb", False):  # --pdb, or IPython's %pdb on
                 debugging.once_instead_of_ipython(self.shell)
                 self._post_mortem("", quiet=True)
             raise CellError(outcome.failures, notes, partial=results)
@@ -295,6 +242,14 @@ class DDPMagics(Magics):
             return None
         return value
 
+    def _peek(self, args: argparse.Namespace, cell: str) -> Any:
+        """%%ddp --peek: the cell on the ranks' peek threads, beside the running cell; its output and value here."""
+        ranks = sorted(_ranks(args.ranks)) if args.ranks else None
+        results = jobs.peek_results(self.session.peek(cell, ranks, args.timeout if args.timeout is not None else PEEK_TIMEOUT_S))
+        if args.out:
+            self.user_ns[args.out] = results
+        return None if cell.rstrip().endswith(";") else results
+
     def _ddp_line(self, line: str) -> Any:
         args = _parse(_ddp_line, line, "%ddp")
         if args.help:
@@ -303,16 +258,19 @@ class DDPMagics(Magics):
         request = _pool_request(args)
         if args.action == "metrics":
             return metrics_data(self.session.metrics, args.df)
-        if args.action in ("status", "log") and request:
+        if args.action in ("status", "log", "wait") and request:
             raise UsageError("%ddp: pool options need an action, e.g. %ddp restart -n 2 (or put them on a %%ddp cell)")
         if args.action == "stop":
             print(STOPPED if self.session.stop() else NO_POOL)
         elif args.action == "restart":
             spec = self.session.spec_for(**request) if request else None
-            print(self.session.restart(spec, _MagicListener(RankPrinter())).ready_text())
+            print(self.session.restart(spec, MagicListener(RankPrinter())).ready_text())
         elif args.action == "log":
             print(log_text())
+        elif args.action == "wait":
+            jobs.wait_all(self.jobs)
         else:
+            self.session.refresh()  # a rank that died while idle shows as dead
             print(self.session.status().text())
 
     # ------------------------------------------------------------ %ddp_debug
@@ -328,9 +286,10 @@ class DDPMagics(Magics):
         self._post_mortem(line)
 
     def _post_mortem(self, line: str, quiet: bool = False) -> None:
+        self.session.turns.check_idle("%ddp_debug runs on the ranks between cells")
         printer = RankPrinter()
         try:
-            listener = _MagicListener(printer, widget=False)
+            listener = MagicListener(printer, widget=False)
             debugging.post_mortem(self.session.pool, self.last_failures, line, listener, debugging.kernel_ask(printer.flush), quiet)
         finally:
             printer.flush()

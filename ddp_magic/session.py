@@ -12,92 +12,35 @@ drives a session exactly as a notebook does.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from .errors import PlanError, ShipError, UsageError
 from .export.record import History
 from .kernel import CellOutcome, Listener
 from .kernel.ranks import LastCell
 from .kernel.metrics import CellMetrics
-from .kernel import templates
+from .kernel import peek as peeks, templates
+from .kernel.launchers.slurm import preview as slurm_preview
 from .kernel.pool import Pool
 from .kernel.profile_merge import ProfileReport, ProfileRun
 from .kernel.texts import NAMES_GONE
+from .kernel.turns import Ticket, Turns
+from .kernel.pool_status import NO_POOL, PoolStatus, RankRow  # noqa: F401  (NO_POOL: the front ends read it here)
 from .logs import log
+from .plan import Check
 from .plan.plan import Plan, make_plan
 from .plan.spec import PoolSpec
-from .words import fmt_seconds
-from .states import RankState
 from .wire import namespace, notebook_data
 from .wire.execution import editor_lines, syntax_error_text
 
 CELL_FILENAME = "<ddp-cell>"  # what names are read from; tracebacks name each cell <ddp-cell-N>
-NO_POOL = "no pool is running"
 STOPPED = "stopped the pool; its workers have exited"
 NEED_N_FOR_CELL = "no pool is running yet: give the number of ranks on the first cell, e.g. %%ddp -n 2"
 NEED_N_FOR_RESTART = "no pool to restart: start one with %%ddp -n N, or give -n here"
 NEED_N_FOR_ENV = "no pool is running: give the number of ranks to plan for, e.g. %ddp_env -n 4"
 scatter = notebook_data.Scatter  # ddp_magic.scatter(x, dim=0): each rank gets its shard of x (wire/notebook_data.py)
-
-
-class RankRow(NamedTuple):
-    """One rank as a status shows it."""
-
-    rank: int
-    pid: Optional[int]
-    state: RankState
-    device: str
-    host: str = ""
-    exit_code: Optional[int] = None
-    elapsed: float = 0.0
-    memory: Optional[int] = None
-    last_line: str = ""
-
-
-@dataclass(frozen=True)
-class PoolStatus:
-    """The session's pool as plain data; ``nproc == 0`` means there is none."""
-
-    started: bool = False
-    nproc: int = 0
-    backend: str = ""
-    master_addr: str = ""
-    master_port: Optional[int] = None
-    start_method: str = ""
-    broken: Optional[str] = None  # why the next cell restarts the pool
-    generation: int = 0
-    start_seconds: Optional[float] = None
-    ranks: Tuple[RankRow, ...] = ()
-    owned: Tuple[str, ...] = ()  # names assigned by earlier cells, living on the workers
-    plan: Optional[Plan] = None  # the pool's plan, for the env checks of a view
-    last_cell: Optional[LastCell] = None  # the last %%ddp cell that ran on this pool
-
-    @property
-    def exists(self) -> bool:
-        return self.nproc > 0
-
-    @property
-    def pids(self) -> List[Optional[int]]:
-        return [r.pid for r in self.ranks]
-
-    def text(self) -> str:
-        """What ``%ddp status`` prints."""
-        if not self.started:
-            return f"{NO_POOL}; start one with %%ddp -n N"
-        head = f"pool of {self.nproc} rank{'s' if self.nproc != 1 else ''}, backend {self.backend}, MASTER_PORT {self.master_port}"
-        rows = [head + (f" — needs restart: {self.broken}" if self.broken else "")]
-        rows += [f"  rank {r.rank}: pid {r.pid}  {str(r.state):<11} {r.device}" for r in self.ranks]
-        if self.owned:
-            rows.append("names on the workers: " + ", ".join(self.owned))
-        if self.last_cell is not None and not self.last_cell.ok:
-            rows.append(self.last_cell.text())
-        return "\n".join(rows)
-
-    def ready_text(self) -> str:
-        """The one line a (re)start answers with."""
-        took = fmt_seconds(self.start_seconds) if self.start_seconds is not None else "?"  # as the cell's view says it
-        return f"pool of {self.nproc} ({self.backend}) ready in {took}, pids {self.pids}"
 
 
 @dataclass(frozen=True)
@@ -108,6 +51,7 @@ class EnvData:
     backend: str
     plan: Optional[Plan] = None
     live: Optional[Dict[int, Dict[str, Any]]] = None
+    checks: Tuple[Check, ...] = ()  # what the plan's own checks cannot know: Slurm's verdict on a --slurm request
 
     @property
     def state(self) -> str:
@@ -128,6 +72,9 @@ class CellOptions:
     profile: Optional[str] = None  # --profile: the merged trace's path ("": the default); None: no profiler (kernel/profile_merge.py)
     number: Optional[int] = None  # the prompt number the cell runs under (In [n]): tracebacks, metrics and the panel name it so
     first_line: int = 1  # the editor's line number of the source's first line (2 below a %%ddp line): every line named is the editor's
+    ticket: Optional[Ticket] = None  # the cell's place in the pool's line ("cell [12]", background or not); None: a new one
+    queue: bool = True  # wait for the turn when another cell holds it (--no-queue: False, a UsageError instead)
+    cancel: Optional[threading.Event] = None  # set: interrupt the cell as Ctrl-C would (a job's cancel(); out of the queue if it waits)
 
 
 @dataclass(frozen=True)
@@ -154,6 +101,9 @@ class CellListener(Listener):
     def on_pool(self, pool: Pool) -> None:
         pass
 
+    def on_queued(self, holder: Ticket) -> None:
+        """The cell waits in line behind ``holder`` (kernel/turns.py); called once, before it waits."""
+
 
 @dataclass
 class Session:
@@ -169,6 +119,7 @@ class Session:
     data: notebook_data.Outbox = field(default_factory=notebook_data.Outbox)  # notebook tensors in /dev/shm, sent once; .sent counts bytes
     metrics: Optional[CellMetrics] = None  # the last cell's that logged any: %ddp metrics
     last: Optional[LastCell] = None  # the last %%ddp cell's outcome, while its pool runs (None once it stops or restarts)
+    turns: Turns = field(default_factory=Turns)  # one cell at a time on the pool; the others wait in line (kernel/turns.py)
 
     # ------------------------------------------------------------ specs
     def spec_for(self, nproc: Optional[int] = None, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> Optional[PoolSpec]:
@@ -180,7 +131,7 @@ class Session:
         try:
             if self.pool is not None:
                 return self.pool.spec.with_options(nproc, extra_env=extra_env, **options)
-            if nproc is None:
+            if nproc is None and options.get("slurm") is None:  # a Slurm request's shape may say how many
                 return None
             return PoolSpec.from_options(nproc, extra_env=extra_env, **options)
         except PlanError as e:
@@ -202,6 +153,7 @@ class Session:
     def start(self, spec: PoolSpec, listener: Optional[Listener] = None) -> PoolStatus:
         """Start a pool of ``spec`` (a running pool with other options is restarted, with a notice)."""
         listener = listener or Listener()
+        self.turns.check_idle("no start")
         pool = self._pool_for(spec, listener, NEED_N_FOR_CELL)
         templates.start_replaced(pool, listener)
         pool.start(listener)
@@ -210,6 +162,7 @@ class Session:
     def restart(self, spec: Optional[PoolSpec] = None, listener: Optional[Listener] = None) -> PoolStatus:
         """Restart the pool (fresh port, the names on the workers are gone), with ``spec``'s options if given."""
         listener = listener or Listener()
+        self.turns.check_idle("no restart")
         pool = self._pool_for(spec, listener, NEED_N_FOR_RESTART)
         if templates.start_replaced(pool, listener):
             pass  # a new pool of the options asked for: just started
@@ -221,8 +174,11 @@ class Session:
         self.last = None
         return self.status()
 
-    def stop(self) -> bool:
-        """Stop every worker, the template and the notebook data in /dev/shm; False when there was no pool."""
+    def stop(self, force: bool = False) -> bool:
+        """Stop every worker, the template and the notebook data in /dev/shm; False when there was no pool.
+        A cell holding the turn (a background job) refuses it, unless ``force`` (the kernel goes away)."""
+        if not force:
+            self.turns.check_idle("the pool was not stopped")
         pool, self.pool = self.pool, None
         self.owned.clear()
         self.last = None
@@ -253,13 +209,18 @@ class Session:
         return new
 
     # ------------------------------------------------------------ reading
+    def refresh(self) -> None:
+        """The pool takes in what happened while idle (main thread only); then ``status`` is current."""
+        if self.pool is not None:
+            self.pool.refresh()
+
     def status(self) -> PoolStatus:
         """The pool as data; safe from any thread (it only reads)."""
         pool = self.pool
         if pool is None:
             return PoolStatus()
         rows = tuple(
-            RankRow(r, i.pid, i.state, i.device, i.host, i.exit_code, i.elapsed, i.memory, i.last_line)
+            RankRow(r, i.pid, i.state, i.device, i.host, i.exit_code, i.elapsed, i.memory, i.last_line, i.node_name)
             for r, i in sorted(dict(pool.ranks).items())
         )
         return PoolStatus(
@@ -276,12 +237,16 @@ class Session:
             owned=tuple(sorted(self.owned)),
             plan=pool.plan,
             last_cell=self.last if self.last is not None and self.last.generation == pool.generation else None,
+            job=self.turns.holder,
+            queued=tuple(self.turns.waiting()),
+            where=pool.launcher.where() if pool.started else "",
         )
 
     def env(self, spec: Optional[PoolSpec] = None) -> EnvData:
         """The env each rank sees (read from the live workers) or, given a spec or without a live pool, will get."""
         pool = self.pool
         if spec is None and pool is not None and pool.alive:
+            self.turns.check_idle("%ddp_env reads the ranks between cells")
             return EnvData(nproc=pool.nproc, backend=pool.backend, plan=pool.plan, live=pool.live_env())  # plan: the checks the cell counts
         spec = spec or (pool.spec if pool is not None else None)
         if spec is None:
@@ -290,18 +255,35 @@ class Session:
             plan = make_plan(spec, strict=False)
         except PlanError as e:
             raise UsageError(str(e)) from None
-        return EnvData(nproc=spec.nproc, backend=plan.backend, plan=plan)
+        plan, checks = slurm_preview(plan) if plan.slurm is not None else (plan, [])  # Slurm asked, nothing allocated
+        return EnvData(nproc=spec.nproc, backend=plan.backend, plan=plan, checks=tuple(checks))
 
     # ------------------------------------------------------------ cells
     def run(self, source: str, user_ns: Mapping[str, Any], options: Optional[CellOptions] = None, listener: Optional[Listener] = None) -> CellResult:
         """Run a cell on every rank: ship the notebook names it uses, run it, keep track of the names it leaves there.
 
+        It waits for its turn first while another cell runs on the pool (kernel/turns.py;
+        ``options.queue`` False: UsageError at once, Dequeued when taken out of the line).
         Raises UsageError (a syntax error: nothing ran) or ShipError (a name that
         cannot be pickled: nothing was sent); a cell that fails on a rank is an
         outcome with failures, not an exception.
         """
         options = options or CellOptions()
         listener = listener or Listener()
+        ticket = options.ticket or Ticket(f"ddp cell {self.cells + 1}")
+        with self.turns.turn(ticket, options.queue, listener.on_queued if isinstance(listener, CellListener) else None, options.cancel):
+            return self._run(source, user_ns, options, listener, ticket)
+
+    def precheck(self, source: str, options: CellOptions) -> None:
+        """What a background cell is told at once, in its own cell, rather than later from its job: a syntax error,
+        no pool to run on, and --no-queue's refusal while another cell holds the pool."""
+        check_syntax(source)
+        if self.pool is None and options.spec is None:
+            raise UsageError(NEED_N_FOR_CELL)
+        if not options.queue:
+            self.turns.check_idle(f"%%ddp --no-queue: {options.ticket.name if options.ticket else 'the cell'} did not run")
+
+    def _run(self, source: str, user_ns: Mapping[str, Any], options: CellOptions, listener: Listener, ticket: Ticket) -> CellResult:
         newer = self.definitions.stale(self.owned)
         blobs = self._ship(source, user_ns, newer, options)
         self._newest_wins(newer, user_ns, listener)
@@ -317,11 +299,12 @@ class Session:
         self.cells += 1
         label = str(self.cells)
         metrics = CellMetrics(label if options.number is None else str(options.number))  # outermost listener: ddp_magic.log rows
+        ticket.progress = metrics.last_step  # "step 4,120" in %ddp status and the panel
         profile = ProfileRun.arm(pool, listener, options.profile) if options.profile is not None else None
         self.last = None  # this cell is the news now
         outcome = pool.run(
             editor_lines(source, options.first_line), blobs, listener=metrics.tee(self.history.tap(listener), listener), timeout=options.timeout,
-            gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin,
+            gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin, cancel=options.cancel,
         )
         self.last = LastCell.of(outcome, options.number, label, pool.generation)
         if pool.generation != generation:  # the pool (re)started for this cell: earlier names are gone
@@ -331,9 +314,16 @@ class Session:
         else:
             self.owned |= namespace.assigned_globals(source, CELL_FILENAME) | ({"mesh"} if pool.spec.mesh else set())  # --mesh made it there
         self.definitions.ddp_cell(self.owned, newer)
-        self.history.ran(source, blobs, user_ns, pool, outcome)
+        self.history.ran(source, blobs, user_ns, pool, outcome, late=ticket if ticket.background else None)
         self.metrics = metrics if metrics else self.metrics
         return CellResult(outcome=outcome, label=label, metrics=metrics, profile=profile.collect(pool, metrics) if profile is not None else None)
+
+    def peek(self, source: str, ranks: Optional[Iterable[int]] = None, timeout: float = peeks.PEEK_TIMEOUT_S) -> peeks.PeekOutcome:
+        """``%%ddp --peek``: ``source`` on the ranks' peek threads, beside the running cell (kernel/peek.py); nothing is shipped."""
+        check_syntax(source, "the peek")
+        if self.pool is None or not self.pool.alive:
+            raise UsageError("%%ddp --peek: no pool is running; a peek looks into the ranks of a running pool (start one with %%ddp -n N)")
+        return peeks.peek(self.pool, self.turns, source, list(ranks) if ranks is not None else None, timeout)
 
     def notebook_cell(self, source: str, transform: Callable[[str], str] = str) -> None:
         """An ordinary notebook cell ran (IPython's post_run_cell): what it defined is now the newest definition.
@@ -366,7 +356,7 @@ class Session:
         except ValueError as e:  # --scatter of a name the cell cannot take
             raise UsageError(str(e)) from None
         spec = options.spec or (self.pool.spec if self.pool is not None else None)
-        blobs, failure = self.data.dumps_names(needed, spec.nproc if spec else 1, local=spec is None or spec.nnodes == 1)
+        blobs, failure = self.data.dumps_names(needed, spec.nproc if spec else 1, local=spec is None or (spec.nnodes == 1 and spec.slurm is None))
         if failure:
             name, why = failure
             raise ShipError(
@@ -374,6 +364,14 @@ class Session:
                 f"Create it inside the %%ddp cell instead, or make it picklable (cloudpickle)."
             )
         return blobs
+
+
+def check_syntax(source: str, what: str = "the cell") -> None:
+    """A syntax error is a UsageError before anything runs (a background cell's too: at once, in its own cell)."""
+    try:
+        compile(source, CELL_FILENAME, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        raise UsageError(f"SyntaxError in {what}; nothing was run:\n" + syntax_error_text(e)) from None
 
 
 def _new_pool(spec: PoolSpec) -> Pool:

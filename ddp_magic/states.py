@@ -1,4 +1,4 @@
-"""The states a rank goes through and the kinds of failure: one home for both.
+"""The states a rank goes through, the kinds of failure, a background job's and a scheduler job's states: one home for all.
 
 Plain data, imported by the kernel, the session and the views alike (and
 mirrored name for name by ``labextension/src/model.ts``; a test checks the
@@ -6,6 +6,7 @@ two lists match). Both are ``str`` enums so a state is its own JSON value.
 
 Rank state transitions (the kernel's view of one rank)::
 
+    QUEUED ──the scheduler's job started──▶ STARTING   (Slurm pools only: the job waits in the queue)
     STARTING ──joined──▶ CONNECTING ──process group up──▶ READY
     READY ──cell sent──▶ RUNNING ──▶ DONE | FAILED | INTERRUPTED
     DONE ──next cell──▶ RUNNING
@@ -27,6 +28,7 @@ from enum import Enum
 class RankState(str, Enum):
     """Where one rank is, as the kernel last saw it."""
 
+    QUEUED = "queued"  # the scheduler (Slurm) has not started the job yet: no process exists
     STARTING = "starting"  # asked for; no process has joined yet
     CONNECTING = "connecting"  # joined the control channel; process group not yet up
     READY = "ready"  # idle, process group up, waiting for a cell
@@ -69,3 +71,65 @@ class FailureKind(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class JobState(str, Enum):
+    """Where a background cell (``%%ddp --bg``, ui/jobs.py) is: queued, running, then one of the three ends.
+
+    QUEUED ──its turn (kernel/turns.py)──▶ RUNNING ──▶ DONE | FAILED | CANCELLED;
+    QUEUED ──cancel()──▶ CANCELLED (it never ran).
+    """
+
+    QUEUED = "queued"  # waits for the cell that runs on the pool now
+    RUNNING = "running"  # runs on the ranks
+    DONE = "done"  # every rank finished without error: result() is its RankResults
+    FAILED = "failed"  # a rank failed (or the cell could not start): result() raises the CellError
+    CANCELLED = "cancelled"  # cancel() interrupted it (or took it out of the queue)
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+
+
+class SchedulerState(str, Enum):
+    """A scheduler job (a Slurm allocation) as ddp_magic acts on it: Slurm's two dozen job states, mapped once
+    (``from_slurm``)."""
+
+    QUEUED = "queued"  # waiting to start: its reason (Resources, Priority, a limit) says why
+    RUNNING = "running"  # its nodes are ours: steps can start
+    SUSPENDED = "suspended"  # held by the scheduler with its nodes
+    ENDING = "ending"  # completing: its processes are being ended
+    COMPLETED = "completed"  # ended on its own
+    CANCELLED = "cancelled"  # ended by someone (scancel, preemption, a deadline)
+    FAILED = "failed"  # ended by a failure (a node, the boot, memory)
+    TIMEOUT = "timeout"  # ran past its time limit
+    GONE = "gone"  # the scheduler no longer lists it
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def ended(self) -> bool:
+        return self in (SchedulerState.COMPLETED, SchedulerState.CANCELLED, SchedulerState.FAILED, SchedulerState.TIMEOUT, SchedulerState.GONE)
+
+    @classmethod
+    def from_slurm(cls, name: str) -> "SchedulerState":
+        """squeue's ``%T`` (or scontrol's JobState=) as one of ours; "CANCELLED by 0" is CANCELLED; unknown names are QUEUED if
+        Slurm still lists the job (it may add states; a listed job has not ended)."""
+        word = (name or "").strip().split(" ")[0].upper()
+        return _SLURM_STATES.get(word, cls.QUEUED if word else cls.GONE)
+
+
+_SLURM_STATES = {
+    **dict.fromkeys(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD"), SchedulerState.QUEUED),
+    **dict.fromkeys(("RUNNING", "RESIZING", "SIGNALING"), SchedulerState.RUNNING),
+    **dict.fromkeys(("SUSPENDED", "STOPPED"), SchedulerState.SUSPENDED),
+    **dict.fromkeys(("COMPLETING", "STAGE_OUT"), SchedulerState.ENDING),
+    "COMPLETED": SchedulerState.COMPLETED,
+    **dict.fromkeys(("CANCELLED", "REVOKED", "PREEMPTED", "DEADLINE"), SchedulerState.CANCELLED),
+    **dict.fromkeys(("FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "SPECIAL_EXIT"), SchedulerState.FAILED),
+    "TIMEOUT": SchedulerState.TIMEOUT,
+}

@@ -15,6 +15,18 @@ if [ ! -x /usr/bin/chromium ] && [ "${DDP_MAGIC_NO_BROWSER:-0}" != 1 ]; then
     echo "setup: no /usr/bin/chromium and no root apt-get: the browser tests will be skipped (apt-get install -y chromium)" >&2
   fi
 fi
+# Slurm (slurmctld, slurmd, slurm-client, munge) for the --slurm tests: tests/slurm starts a two-node Slurm on this
+# machine (scripts/local_slurm.py); without root they skip, saying why. Never started here, only installed.
+if [ ! -x /usr/sbin/slurmctld ] && [ "${DDP_MAGIC_NO_SLURM:-0}" != 1 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Slurm and munge (apt) for the --slurm tests"
+    slurm_pkgs="slurmctld slurmd slurm-client munge"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $slurm_pkgs >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $slurm_pkgs >/dev/null; }
+  else
+    echo "setup: no Slurm and no root apt-get: the --slurm tests will be skipped (apt-get install -y slurmctld slurmd slurm-client munge)" >&2
+  fi
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   if "$PY" -c "import torch" 2>/dev/null; then
     echo "setup: using the torch already importable by $PY"

@@ -25,6 +25,7 @@ class Execution:
     stream_times: List[Tuple[float, str, str]] = field(default_factory=list)  # (seconds since execute, name, text)
     elapsed: float = 0.0
     prompts: List[Tuple[str, bool]] = field(default_factory=list)  # the input_request messages (prompt, password) answered
+    msg_id: str = ""  # the execute_request's: the parent of every message of this cell
 
     @property
     def result(self) -> Optional[str]:
@@ -42,6 +43,7 @@ class Kernel:
         env = dict(os.environ)
         env.update(extra_env or {})
         self.km, self.kc = start_new_kernel(kernel_name="python3", env=env)
+        self.elsewhere: List[dict] = []  # iopub messages of another cell than the one running (a background cell's, late ones)
 
     @property
     def pid(self) -> int:
@@ -55,7 +57,7 @@ class Kernel:
         replies to each input_request (as a notebook's input box would); allow_stdin=False: a front end without stdin."""
         ex = Execution(code)
         t0 = time.monotonic()
-        msg_id = self.kc.execute(code, allow_stdin=True if answer is not None else allow_stdin)
+        msg_id = ex.msg_id = self.kc.execute(code, allow_stdin=True if answer is not None else allow_stdin)
         interrupted = False
         while True:
             if interrupt_after is not None and not interrupted and time.monotonic() - t0 >= interrupt_after:
@@ -71,6 +73,7 @@ class Kernel:
             except queue.Empty:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
+                self.elsewhere.append(msg)
                 continue
             ex.messages.append(msg)
             kind, content = msg["msg_type"], msg["content"]
@@ -93,6 +96,16 @@ class Kernel:
                 break
         ex.elapsed = time.monotonic() - t0
         return ex
+
+    def collect(self, seconds: float = 0.3) -> List[dict]:
+        """Read the iopub messages that came while no cell was being read (a background cell's) into ``elsewhere``."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                self.elsewhere.append(self.kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+        return self.elsewhere
 
     def _answer_stdin(self, ex: Execution, answer: Callable[[str, bool], str]) -> None:
         try:

@@ -8,11 +8,17 @@ magics feed ``History.cell`` from IPython's ``post_run_cell`` event; the session
 feeds ``tap`` and ``ran`` while a ``%%ddp`` cell runs. Everything here is a
 small copy (the last lines, cheap reprs) or a weak reference to a returned value,
 whose repr is made only when an export asks for it.
+
+A background cell (``%%ddp --bg``) ends after its own ``post_run_cell``, while other
+cells run: ``begin_late`` (called while it starts) keeps a place for its run, the cell's
+own record takes that place, and ``ran(..., late=...)`` puts the run there whenever it ends.
 """
 from __future__ import annotations
 
+import threading
 import types
 import weakref
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -33,6 +39,11 @@ class Shipped:
     size: int  # bytes of its data: a tensor's or array's own (they travel through shared memory), else its pickle
 
 
+def _slurm_fields(request: Any) -> Dict[str, Any]:
+    """A --slurm pool's job options and GPUs per node, as the sbatch file repeats them (nothing for other pools)."""
+    return {"slurm_options": tuple(request.job_options()), "gpus_per_node": request.gpus_per_node} if request is not None else {}
+
+
 @dataclass(frozen=True)
 class DdpRun:
     """One run of a %%ddp cell's body on the pool, with the pool's options as they were."""
@@ -44,6 +55,8 @@ class DdpRun:
     backend_asked: str = "auto"  # what the user asked for ("auto": nccl with a GPU per rank, else gloo)
     pg_timeout: float = 300.0
     init: bool = True
+    slurm_options: Tuple[str, ...] = ()  # a --slurm pool's job options (partition, time, account, --slurm-args), for the sbatch file
+    gpus_per_node: Optional[int] = None  # a --slurm pool's --gpus-per-node
     shipped: Tuple[Shipped, ...] = ()
     ok: bool = True
     values: Optional[Tuple[str, ...]] = None  # repr of each rank's value; None: the cell returned nothing
@@ -168,6 +181,9 @@ class History:
         self._out: Dict[int, List[str]] = {}
         self._tap: Optional[_Tap] = None
         self._next = 1
+        self._late: Dict[int, List[Any]] = {}  # id(key) of a background cell -> [its record (None until its cell ended), its runs, key]
+        self._unplaced: List[int] = []  # background cells started whose own record is not made yet
+        self._lock = threading.Lock()  # a background cell's run is recorded on its job's thread
 
     def tap(self, listener: Listener) -> Listener:
         """The listener a %%ddp run should report to, so that its stdout is remembered."""
@@ -175,8 +191,15 @@ class History:
         self._tap = _Tap(listener, self._out)
         return self._tap
 
-    def ran(self, body: str, blobs: Mapping[str, bytes], user_ns: Mapping[str, Any], pool: Any, outcome: Any) -> None:
-        """A %%ddp cell's body ran on ``pool``: remember the options, the names shipped, the output and the values."""
+    def begin_late(self, key: Any) -> None:
+        """A background cell starts (on the main thread, before its own ``post_run_cell``): its run, ``ran(late=key)``, goes to its record."""
+        with self._lock:
+            self._late[id(key)] = [None, [], key]  # the key held: its id names no other while the slot lives
+            self._unplaced.append(id(key))
+
+    def ran(self, body: str, blobs: Mapping[str, bytes], user_ns: Mapping[str, Any], pool: Any, outcome: Any, late: Any = None) -> None:
+        """A %%ddp cell's body ran on ``pool``: remember the options, the names shipped, the output and the values
+        (``late``: the key a background cell's ``begin_late`` was given; its record gets the run)."""
         if self._tap is not None:
             self._tap.finish()
         spec = pool.spec
@@ -186,13 +209,28 @@ class History:
                 values = tuple(_repr(v) for v in outcome.values)
             else:
                 held = HeldValues(outcome.values)
-        self._pending.append(DdpRun(
+        run = DdpRun(
             body=body, nproc=pool.nproc, nnodes=spec.nnodes, backend=pool.backend, backend_asked=spec.backend,
             pg_timeout=spec.pg_timeout, init=spec.init, ok=outcome.ok, values=values, held=held,
+            **_slurm_fields(getattr(spec, "slurm", None)),
             shipped=tuple(Shipped(n, _kind(user_ns.get(n)), _size(user_ns.get(n), b)) for n, b in sorted(blobs.items())),
             stdout=tuple(tuple(self._out.get(r, ())) for r in range(pool.nproc)), mesh=getattr(spec, "mesh", None) or None,
-        ))
+        )
         self._tap = None
+        with self._lock:
+            slot = self._late.get(id(late)) if late is not None else None
+            if slot is None:
+                self._pending.append(run)
+            elif slot[0] is None:  # the cell's own record is not made yet: it takes the run with it
+                slot[1].append(run)
+            else:
+                self._replace(slot[0], dataclasses.replace(slot[0], runs=slot[0].runs + (run,)))
+                del self._late[id(late)]
+
+    def _replace(self, old: "CellRecord", new: "CellRecord") -> None:
+        for i, record in enumerate(self.cells):
+            if record is old:
+                self.cells[i] = new
 
     def cell(self, number: Optional[int], source: str, ok: bool) -> None:
         """A notebook cell finished (``number`` None: the front end keeps no history, so we count)."""
@@ -201,9 +239,17 @@ class History:
         if number is None:
             number = self._next
         self._next = number + 1
-        self.cells.append(CellRecord(number, source, ok, tuple(self._pending)))
-        self._pending = []
-        del self.cells[:-KEEP_CELLS]
+        with self._lock:
+            late = self._late.get(self._unplaced.pop(0)) if self._unplaced else None
+            record = CellRecord(number, source, ok, tuple(self._pending) + tuple(late[1] if late else ()))
+            self.cells.append(record)
+            self._pending = []
+            del self.cells[:-KEEP_CELLS]
+            if late is not None:
+                if late[1]:  # it ended before its own cell did: nothing more to come
+                    self._late = {k: v for k, v in self._late.items() if v is not late}
+                else:
+                    late[0] = record
 
     def start_at(self, number: int) -> None:
         """Where our own count starts when the front end keeps no history (the cell that loaded us)."""

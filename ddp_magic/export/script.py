@@ -13,7 +13,7 @@ import ast
 import os
 import shlex
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from ..kernel.launchers.torchrun import rendezvous_args
 from ..kernel.texts import srun_prefix
@@ -35,6 +35,7 @@ class Launch:
     gpus_per_node: Optional[int] = None  # None: as many ranks per node as the notebook's pool had
     accelerate: bool = False
     backend: str = "gloo"
+    job_options: Tuple[str, ...] = ()  # more #SBATCH lines: a --slurm pool's partition, time, account, --slurm-args
 
     @property
     def per_node(self) -> int:
@@ -72,6 +73,7 @@ def sbatch_text(script: str, launch: Launch, job: str) -> str:
         f"#SBATCH --nodes={launch.nodes}",
         "#SBATCH --ntasks-per-node=1",
         *gpus,
+        *(f"#SBATCH {opt}" for opt in launch.job_options),
         "set -euo pipefail",
         "# The job's first node hosts torchrun's c10d rendezvous; every node runs one agent with its ranks.",
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',

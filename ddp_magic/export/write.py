@@ -60,7 +60,9 @@ def _launch(sel: Selection, opts: ExportOptions) -> Launch:
     nodes = opts.nodes or (run.nnodes if opts.slurm else 1)
     if opts.slurm and not opts.gpus_per_node and nproc % nodes:
         raise ExportError(f"{nproc} ranks do not split evenly over --nodes {nodes}; give --gpus-per-node, or --n a multiple of {nodes}")
-    return Launch(nproc=nproc, nodes=nodes, gpus_per_node=opts.gpus_per_node, accelerate=opts.accelerate, backend=run.backend_asked)
+    gpus = opts.gpus_per_node or (run.gpus_per_node if opts.slurm else None)  # a --slurm pool's own, unless given
+    return Launch(nproc=nproc, nodes=nodes, gpus_per_node=gpus, accelerate=opts.accelerate, backend=run.backend_asked,
+                  job_options=run.slurm_options if opts.slurm else ())
 
 
 def expected_of(sel: Selection) -> Expected:

@@ -4,11 +4,19 @@
 of the poll loop and does what it says through ``RankOps``, the narrow part
 of the pool it needs. Nothing here blocks the loop: stopping ranks is a
 sequence of policy states, so rank output keeps flowing meanwhile.
+
+A wake costs O(1) however many ranks there are: "is any rank still running"
+is a cursor over the ranks (none starts running again mid-cell), and the
+policy, which looks at every rank, is asked only when one of its deadlines is
+due or a change it acts on happened (``RankOps.state_version``): a rank failed,
+was interrupted or died; or, while it stops ranks, any change. A rank that
+just finishes gives the policy nothing to do.
 """
 from __future__ import annotations
 
+import threading
 import time
-from typing import Callable, Dict, List, Optional, Protocol, Sequence
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from ..errors import RankFailure
 from ..states import RankState
@@ -63,6 +71,10 @@ class RankOps(Protocol):
         """The next cell must restart the pool, because ``why``."""
         ...
 
+    def state_version(self) -> Tuple[int, int]:
+        """(changes to FAILED, INTERRUPTED or DEAD, all changes of a rank's state) so far; a RankOps without it is asked every wake."""
+        ...
+
     def answer_input(self, ask: Optional[Ask], cancelled: bool) -> None:
         """Answer the ranks' pending input requests (EOF for all when ``cancelled``)."""
         ...
@@ -75,14 +87,19 @@ class RankOps(Protocol):
 class CellRun:
     """Drives one cell to its end: pumps the pool's loop and carries out the failure policy."""
 
-    def __init__(self, ops: RankOps, policy: FailurePolicy, clock: Callable[[], float] = time.monotonic, stdin: Optional[Ask] = None) -> None:
+    def __init__(self, ops: RankOps, policy: FailurePolicy, clock: Callable[[], float] = time.monotonic, stdin: Optional[Ask] = None,
+                 cancel: Optional[threading.Event] = None) -> None:
         self.ops = ops
+        self.cancel = cancel  # a background job's cancel(): a Ctrl-C for a cell that runs off the main thread
         self.stdin = stdin  # answers the ranks' input() and pdb (kernel/stdin.py)
         self._held_since: Optional[float] = None  # a rank debugs: the policy's clocks stand still
         self.policy = policy
         self.clock = clock  # the policy's time; tests pass a fake one
         self.notes: List[str] = policy.notes  # for the user, in the order they arose
         self.stacks: Dict[int, str] = policy.stacks  # where ranks were when asked (timeout, failure)
+        self._order = sorted(ops.ranks)
+        self._cursor = 0  # ranks before it have finished the cell (_any_running)
+        self._decided: Optional[Tuple[int, int]] = None  # the state version the policy last decided on
 
     # ------------------------------------------------------------ what the pool reads afterwards
     # (the policy's findings; notes and stacks are the policy's own list and dict, filled as it goes)
@@ -112,6 +129,7 @@ class CellRun:
                 self.ops.pump(self._finished, None, tick=self._tick, due=self._due)
                 return
             except KeyboardInterrupt:
+                self._decided = None
                 pending = self.policy.user_interrupt(self.clock(), running(self._states()))
 
     def _due(self) -> Optional[float]:
@@ -121,14 +139,26 @@ class CellRun:
     def _states(self) -> States:
         return {r: (info.state, info.finished) for r, info in self.ops.ranks.items()}
 
+    def _any_running(self) -> bool:
+        ranks = self.ops.ranks
+        while self._cursor < len(self._order):
+            info = ranks.get(self._order[self._cursor])
+            if info is not None and info.state == RankState.RUNNING:
+                return True
+            self._cursor += 1
+        return any(info.state == RankState.RUNNING for info in ranks.values())  # once, at the end (or while stopping)
+
     def _finished(self) -> bool:
-        if any(info.state == RankState.RUNNING for info in self.ops.ranks.values()):
+        if self._any_running():
             return False
         if self.policy.stopping:  # the last stopped rank just went: let the policy give up now
             self._tick()
         return not self.policy.stopping
 
     def _tick(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():  # drive() takes it as the Ctrl-C it stands for
+            self.cancel.clear()
+            raise KeyboardInterrupt
         self.ops.answer_input(self.stdin, self.policy.cancelled)
         now = self.clock()
         if self.ops.holding():  # a rank in pdb or at input() is not hung, and its peers wait for it
@@ -136,10 +166,21 @@ class CellRun:
             return
         if self._held_since is not None:
             self.policy.pause(now - self._held_since)
-            self._held_since = None
+            self._held_since, self._decided = None, None
+        version = getattr(self.ops, "state_version", None)
+        seen, self._decided = self._decided, version() if version is not None else None
+        due = self.policy.next_due()
+        if seen is not None and self._decided is not None and self._same(seen, self._decided) and (due is None or now < due):
+            return  # nothing failed and nothing is due: decide would return nothing
         self._carry_out(self.policy.decide(self._states(), now))
 
+    def _same(self, before: Tuple[int, int], now: Tuple[int, int]) -> bool:
+        """No change the policy acts on: no new failure, and (while it stops ranks) no change at all."""
+        return before[0] == now[0] and (not self.policy.stopping or before[1] == now[1])
+
     def _carry_out(self, actions: List[Action]) -> None:
+        if actions:
+            self._decided = None  # the policy moved on: it decides again at the next wake
         for action in actions:
             if isinstance(action, CaptureStacks):
                 replies = self.ops.ask(P.STACK, STACK_TIMEOUT_S)

@@ -7,11 +7,17 @@ counts only once both of its output streams have shown the sync marker of
 that cell, so nothing a rank printed arrives after its cell has ended. While a
 cell runs the loop sleeps until an event or the caller's next deadline: a
 kernel running a long cell wakes about twice a second, not twenty times.
+
+Per rank everything is O(1): its sockets stay registered with one epoll between
+waits (a wake costs what is ready, not how many ranks there are), every read goes
+into one buffer, and ``version``/``failed`` count the state changes the hub makes
+(all of them / those to a failed, interrupted or dead state), so a caller can tell
+"nothing the failure policy cares about changed" without a pass over the ranks.
 """
 from __future__ import annotations
 
-import select
 import socket
+import threading
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
@@ -20,18 +26,19 @@ from ..logs import log
 from ..states import FailureKind, RankState
 from ..wire import protocol as P
 from .admission import Admission
-from .conns import Conn, OutConn, close_socket, peer_open, send_all_nonblocking
+from .conns import Conn, OutConn, Poller, ReadBuffer, close_socket, peer_open, send_all_nonblocking
+from .hub_output import STREAMS, OutputStreams
 from .launchers import Launcher
+from .peek import PeekDesk
 from .ranks import Due, Listener, RankInfo, Tick
 from .stdin import InputDesk
 
 POLL_S = 0.05  # the wait while starting, asking, or with a launcher that has no exit-event fd
 IDLE_POLL_S = 0.5  # the longest sleep while a cell runs: a safety net, every event wakes the loop sooner
-STREAMS = ("stdout", "stderr")
 _DONE_STATES = {"ok": RankState.DONE, "interrupted": RankState.INTERRUPTED}  # any other status: FAILED
 
 
-class Hub:
+class Hub(OutputStreams):
     """The registry of the ranks' sockets and the one poll loop that reads them.
 
     ``on_death(rank, code)`` is told when a rank's process is gone while it held
@@ -53,7 +60,15 @@ class Hub:
         self.replies: Dict[str, Dict[int, dict]] = {}  # STACK / ENV replies
         self._by_fd: Dict[int, Union[Conn, OutConn]] = {}
         self._unsynced: Dict[int, dict] = {}  # DONE messages waiting for their output markers
+        self._poller = Poller()  # every fd of _by_fd, plus the launcher's and the admission's (_extras)
+        self._extras: Set[int] = set()
+        self._rbuf = ReadBuffer()
+        self.version = 0  # +1 for every rank state the hub changes (joined, finished, died)
+        self.failed = 0  # +1 for every change to FAILED, INTERRUPTED or DEAD
+        self.deaths = 0  # ranks seen dead since the last reset
         self.stdin = InputDesk()  # the ranks' questions and who sits in pdb (kernel/stdin.py)
+        self.peeks = PeekDesk()  # %%ddp --peek answers, filed by whichever thread pumps (kernel/peek.py)
+        self._send_lock = threading.Lock()  # a peek sends from the main thread while a background cell's thread pumps
 
     # ------------------------------------------------------------ registry
     def reset(self, ranks: Dict[int, RankInfo], admission: Optional[Admission]) -> None:
@@ -62,6 +77,7 @@ class Hub:
         self.admission = admission
         self.ready = set()
         self.init_failures = []
+        self.deaths = 0
 
     def begin_cell(self) -> None:
         self.done, self.results, self.replies = {}, {}, {}
@@ -77,19 +93,30 @@ class Hub:
                 return
             out = self.outs[(rank, stream)] = OutConn(rank, stream, sock)
             sock.setblocking(False)
-            self._by_fd[sock.fileno()] = out
+            self._watch(sock, out)
             return
         if rank not in self.ranks or rank in self.conns:
             sock.close()
             return
         conn = self.conns[rank] = Conn(rank, sock)
         sock.setblocking(False)
-        self._by_fd[sock.fileno()] = conn
+        self._watch(sock, conn)
         info = self.ranks[rank]
         info.pid, info.host, info.device, info.state = hello["pid"], hello["host"], hello["device"], RankState.CONNECTING
-        info.node, info.local_rank = hello.get("node", 0), hello.get("local_rank", rank)
+        info.node, info.local_rank, info.node_name = hello.get("node", 0), hello.get("local_rank", rank), hello.get("node_name", "")
         self.launcher.adopt(info.pid, rank, info.host)
+        self.version += 1
         self.listener.on_state(info)
+
+    def _watch(self, sock: socket.socket, conn: Union[Conn, OutConn]) -> None:
+        self._by_fd[sock.fileno()] = conn
+        self._poller.add(sock.fileno())
+
+    def _unwatch(self, sock: socket.socket) -> None:
+        """Before the socket closes (a closed fd's number may be the next socket's)."""
+        fd = sock.fileno()
+        if fd >= 0 and self._by_fd.pop(fd, None) is not None:
+            self._poller.remove(fd)
 
     def close_all(self) -> None:
         """Close every socket and forget what was pending."""
@@ -98,6 +125,8 @@ class Hub:
         self.conns.clear()
         self.outs.clear()
         self._by_fd.clear()
+        self._poller.close()
+        self._poller, self._extras = Poller(), set()
         self._unsynced.clear()
 
     def forget_rank(self, rank: int) -> None:
@@ -108,7 +137,7 @@ class Hub:
         for stream in STREAMS:
             out = self.outs.pop((rank, stream), None)
             if out is not None:
-                self._by_fd.pop(out.sock.fileno(), None)
+                self._unwatch(out.sock)
                 close_socket(out.sock)
         self.ready.discard(rank)
         self._unsynced.pop(rank, None)
@@ -134,7 +163,8 @@ class Hub:
             if conn is None:
                 continue
             try:
-                send_all_nonblocking(conn.sock, frame)
+                with self._send_lock:  # one frame at a time per socket, whichever thread sends
+                    send_all_nonblocking(conn.sock, frame)
             except OSError:
                 log.debug("rank %s's control socket failed on send", rank, exc_info=True)
                 self._drop_conn(conn)
@@ -157,8 +187,6 @@ class Hub:
         ``tick`` runs after each wake; ``due`` says when it next needs to run (a monotonic
         time, or None for "only on events"), so a quiet cell costs the kernel no busy polling.
         """
-        poller = select.poll()
-        registered: Set[int] = set()
         launcher_fd = self.launcher.fileno()
         while True:
             if until():
@@ -166,33 +194,42 @@ class Hub:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return False
-            fds = self._watched_fds(launcher_fd)
-            for fd in fds - registered:
-                poller.register(fd, select.POLLIN)
-            for fd in registered - fds:
-                poller.unregister(fd)
-            registered = fds
+            self._watch_extras(launcher_fd)
             wait = IDLE_POLL_S if (due is not None and launcher_fd is not None) else POLL_S
             for limit in (deadline, due() if due is not None else None):
                 if limit is not None:
                     wait = min(wait, limit - now)
-            wait = max(0.0, wait)
-            if fds:
-                self._handle(fd for fd, _ in poller.poll(wait * 1000))
+            if self._poller.fds:
+                self._handle(self._poller.wait(wait))
             else:
-                time.sleep(wait)
+                time.sleep(max(0.0, wait))
             for rank, pid, code in self.launcher.poll(0):
                 self.on_exit(rank, pid, code)
             if tick is not None:
                 tick()
 
-    def _watched_fds(self, launcher_fd: Optional[int]) -> Set[int]:
-        fds = set(self._by_fd)
-        if launcher_fd is not None:
-            fds.add(launcher_fd)
-        if self.admission is not None:
-            fds.add(self.admission.fileno())
-        return fds
+    def reap(self) -> None:
+        """Exits, and connections lost while the pool was idle (ranks on other hosts send no exit code). Nothing else is
+        read here: the next cell's pump reads what the ranks sent, for that cell's listener."""
+        for rank, pid, code in self.launcher.poll(0):
+            self.on_exit(rank, pid, code)
+        if self.launcher.reports_exits:
+            return
+        for conn in list(self.conns.values()):
+            info = self.ranks.get(conn.rank)
+            if not peer_open(conn.sock) and info is not None and info.state not in (RankState.STOPPED, RankState.DEAD):
+                self.on_exit(conn.rank, info.pid or 0, None)
+                self._drop_conn(conn)
+
+    def _watch_extras(self, launcher_fd: Optional[int]) -> None:
+        """The launcher's exit events and the admission's wake-up, added again each time: a closed pipe's number may be a new one's."""
+        extras = {fd for fd in (launcher_fd, self.admission.fileno() if self.admission is not None else None) if fd is not None}
+        for fd in self._extras - extras:
+            if fd not in self._by_fd:
+                self._poller.remove(fd)
+        for fd in extras:
+            self._poller.add(fd)
+        self._extras = extras
 
     def _handle(self, ready_fds: Iterable[int]) -> None:
         for fd in ready_fds:
@@ -209,7 +246,7 @@ class Hub:
     # ------------------------------------------------------------ reading
     def _read_conn(self, conn: Conn) -> None:
         try:
-            data = conn.sock.recv(1 << 20)
+            data = self._rbuf.recv(conn.sock)
         except BlockingIOError:
             return
         except OSError:
@@ -226,68 +263,15 @@ class Hub:
             self._dispatch(conn.rank, msg)
 
     def _drop_conn(self, conn: Conn) -> None:
-        self._by_fd.pop(conn.sock.fileno(), None)
+        self._unwatch(conn.sock)
         self.conns.pop(conn.rank, None)
         close_socket(conn.sock)
-
-    def _read_out(self, out: OutConn, limit: int = 1 << 20) -> bool:
-        """Forward what a rank wrote to fd 1/2; returns False at EOF or when nothing was there."""
-        try:
-            data = out.sock.recv(limit)
-        except BlockingIOError:
-            return False
-        except OSError:
-            log.debug("rank %s's %s socket failed on read", out.rank, out.stream, exc_info=True)
-            data = b""
-        if not data:
-            out.eof = True
-            self._by_fd.pop(out.sock.fileno(), None)
-            self._emit_text(out, out.scanner.rest(), final=True)
-            self._release_done(out.rank)
-            return False
-        text, tokens = out.scanner.feed(data)
-        self._emit_text(out, text)
-        if tokens:
-            out.synced = max(out.synced, *tokens)
-            self._release_done(out.rank)
-        return True
-
-    def _emit_text(self, out: OutConn, data: bytes, final: bool = False) -> None:
-        text = out.decoder.decode(data, final=final)
-        if not text:
-            return
-        info = self.ranks.get(out.rank)
-        if info is not None:
-            info.note_output(text)
-        self.listener.on_output(out.rank, out.stream, text)
-
-    def _release_done(self, rank: int) -> None:
-        """A DONE counts once both streams have shown everything printed before it."""
-        msg = self._unsynced.get(rank)
-        if msg is None:
-            return
-        for stream in STREAMS:
-            out = self.outs.get((rank, stream))
-            if out is not None and not out.eof and out.synced < msg["cell"]:
-                return
-        del self._unsynced[rank]
-        self._finish_rank(rank, msg)
-
-    def drain_outs(self, rank: int, timeout: float = 0.5) -> None:
-        """Read what a (dead) rank left in its output sockets, until EOF or a quiet moment."""
-        deadline = time.monotonic() + timeout
-        for stream in STREAMS:
-            out = self.outs.get((rank, stream))
-            while out is not None and not out.eof and time.monotonic() < deadline:
-                r, _, _ = select.select([out.sock], [], [], min(0.05, max(0.0, deadline - time.monotonic())))
-                if not r or not self._read_out(out):
-                    break
 
     def _read_leftovers(self, conn: Conn) -> None:
         """Whatever a rank sent before dying is still in its control socket."""
         try:
             while True:
-                data = conn.sock.recv(1 << 20)
+                data = self._rbuf.recv(conn.sock)
                 if not data:
                     return
                 for msg in conn.reader.feed(data):
@@ -320,6 +304,8 @@ class Hub:
         elif op == P.DEBUG:
             self.stdin.debugger(rank, bool(msg.get("on")))
             self.debug_changed(rank)
+        elif op == P.PEEK:
+            self.peeks.put(rank, msg)
         elif op == P.METRICS:  # ddp_magic.log rows: the cell's store (kernel/metrics.py) and the views hear them
             self.listener.on_metrics(rank, msg.get("rows") or [])
 
@@ -342,6 +328,8 @@ class Hub:
             info.state = _DONE_STATES.get(msg["status"], RankState.FAILED)
             info.finished = time.monotonic()
             info.memory = msg.get("memory")
+            self.version += 1
+            self.failed += info.state != RankState.DONE
             self.listener.on_state(info)
 
     def on_exit(self, rank: Optional[int], pid: int, code: Optional[int]) -> None:
@@ -363,5 +351,8 @@ class Hub:
         info.state = RankState.DEAD
         info.exit_code = code
         info.finished = time.monotonic()
+        self.version += 1
+        self.failed += 1
+        self.deaths += 1
         self.on_death(rank, code)
         self.listener.on_state(info)

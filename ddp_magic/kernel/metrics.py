@@ -99,6 +99,11 @@ class CellMetrics:
                     self.names.append(name)
         self.version += 1
 
+    def last_step(self) -> Optional[int]:
+        """The highest step any rank has logged (None: nothing yet): a running job's progress."""
+        lasts = [rows[-1][0] for rows in list(self.rows.values()) if rows]
+        return max(lasts) if lasts else None
+
     def tee(self, inner: Listener, front: Listener) -> "MetricsTee":
         return MetricsTee(self, inner, front)
 
@@ -106,15 +111,15 @@ class CellMetrics:
     def columns(self) -> Dict[str, List[Any]]:
         """Every row as columns: rank, step, time (unix seconds), then one column per metric (None where not logged)."""
         out: Dict[str, List[Any]] = {"rank": [], "step": [], "time": []}
-        out.update({n: [] for n in self.names if n not in out})
+        names = [n for n in list(self.names) if n not in out]  # a background cell's rows keep coming while this reads
+        out.update({n: [] for n in names})
         for rank in sorted(self.rows):
-            for step, t, values in self.rows[rank]:
+            for step, t, values in list(self.rows[rank]):
                 out["rank"].append(rank)
                 out["step"].append(step)
                 out["time"].append(t)
-                for n in self.names:
-                    if n not in ("rank", "step", "time"):
-                        out[n].append(values.get(n))
+                for n in names:
+                    out[n].append(values.get(n))
         return out
 
     def frame(self) -> Any:

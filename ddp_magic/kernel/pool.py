@@ -1,14 +1,11 @@
 """The kernel side of a pool: start, run cells on, and stop N worker processes.
 
-Plain Python with no IPython and no torch import: the magics, the session,
-the status view, the benchmarks and the tests all drive it through
-``Pool.run``. This module is the lifecycle only; the rooms it stands on:
+Plain Python with no IPython and no torch import: the magics, the session, the
+benchmarks and the tests all drive it through ``Pool.run``. The lifecycle only; its rooms:
 
-- ``admission.py``: the control port while ranks join, and who may join;
-- ``hub.py``: the ranks' sockets and the one poll loop that reads them;
+- ``admission.py``: the control port while ranks join; ``hub.py``: the ranks' sockets and the one poll loop;
 - ``cell.py`` / ``policy.py``: a running cell's failure handling (the pool is its ``RankOps``);
-- ``results.py``: cell values and the gather decision; ``texts.py``: the prose;
-- ``launchers/``: how rank processes come to exist.
+- ``results.py``: cell values and the gather decision; ``texts.py``: the prose; ``launchers/``: how ranks come to exist.
 """
 from __future__ import annotations
 
@@ -18,25 +15,26 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from ..errors import RankFailure, StartError, describe_exit
-from ..logs import log
+from ..errors import RankFailure, StartError
 from ..plan.plan import Plan, make_plan
 from ..plan.spec import PoolSpec
 from ..states import FailureKind, RankState
 from ..wire import protocol as P
 from ..wire import shm
-from . import results, texts
+from ..wire.tls import ServerKey
+from . import placement, results, texts
 from .admission import Admission, raise_fd_limit
 from .cell import CellRun
 from .hub import Hub
 from .launchers import LaunchError, Launcher, make_launcher, signal_pid, worker_env
 from .policy import FailurePolicy
 from .ranks import CellOutcome, Due, GuardedListener, Listener, RankInfo, Tick
-from .recovery import Recovery
+from .recovery import Recovery, note_death, stop_quietly
 from .stdin import Ask, answer_all
 
 SHUTDOWN_WAIT_S = 1.0  # local ranks get this long to exit on SHUTDOWN before SIGKILL
@@ -69,7 +67,7 @@ class Pool:
         self.ranks: Dict[int, RankInfo] = {}  # this start's ranks, shared with the hub
         self.secret = P.new_secret()
         me = weakref.ref(self)  # the hub outlives nothing, but must not keep the pool alive for the finalizer
-        self.hub = Hub(make_launcher(spec.launcher_method, self.secret), lambda rank, code: _note_death(me, rank, code))
+        self.hub = Hub(make_launcher(spec.launcher_method, self.secret), lambda rank, code: note_death(me, rank, code))
         self.node_command: Optional[str] = None  # what the other nodes run (a pool over nodes)
         self.store_path: Optional[str] = None  # the process group's FileStore (one host)
         self.shm_prefix = shm.pool_prefix(os.urandom(4).hex())  # every file of this pool in /dev/shm (wire/shm.py)
@@ -81,8 +79,10 @@ class Pool:
         self.start_seconds: Optional[float] = None
         self.rejected_peers = 0
         self.control_port: Optional[int] = None  # open only until every rank has joined
+        self.listen_addr = spec.control_addr  # where it listens: an address the ranks reach (kernel/placement.py)
+        self.tls_key: Optional[ServerKey] = None  # the control channel's TLS key, when ranks are on other hosts
         self._cell = 0
-        self._finalizer = weakref.finalize(self, _stop_quietly, self.hub, self.shm_prefix)
+        self._finalizer = weakref.finalize(self, stop_quietly, self.hub, self.shm_prefix)
         atexit.register(self._finalizer)
 
     # ------------------------------------------------------------ properties
@@ -117,15 +117,17 @@ class Pool:
         shm.remove_orphans()  # files of this host's dead kernels that had no template to remove them
         self._warm_up()
         raise_fd_limit(3 * self.nproc + 64)  # three sockets per rank: control, stdout, stderr
-        admission = Admission(self.spec.control_addr, self.secret, max(64, self.nproc), self._count_rejected)
-        self.control_port = admission.port
         self.generation += 1
         self.recovery.reset()
         self.ranks = {r: RankInfo(rank=r) for r in range(self.nproc)}
-        self.hub.reset(self.ranks, admission)
         with self._bound(listener):
             for info in self.ranks.values():
                 listener.on_state(info)
+            self.listen_addr, self.tls_key = placement.place(self.launcher, self.spec, self.plan, self.ranks, listener)
+            admission = Admission(self.listen_addr, self.secret, max(64, 3 * self.nproc), self._count_rejected, self.tls_key)  # every socket may knock at once
+            self.control_port = admission.port
+            self.plan = self.launcher.placed(self.plan, avoid=admission.port)
+            self.hub.reset(self.ranks, admission)
             try:
                 self._launch(listener, admission.port)
                 self._await_ranks(t0)
@@ -159,7 +161,7 @@ class Pool:
         base_env[shm.ENV] = self.shm_prefix
         # A FileStore in /dev/shm is shared only by ranks on this host.
         self.store_path = None if self.launcher.remote_ranks else shm.new_store(self.shm_prefix, self.plan.run_id)
-        command = self.launcher.launch(self.plan, base_env, self.spec.control_addr, port, self.store_path)
+        command = self.launcher.launch(self.plan, base_env, self.listen_addr, port, self.store_path)
         if command:
             self.node_command = command
             listener.on_notice(texts.node_instructions(self.nproc, self.spec.nnodes, self.plan.nproc, command, self.launcher.secret_file))
@@ -168,7 +170,7 @@ class Pool:
         """Pump until every rank is READY with both output streams joined; raise StartError with the cause."""
         hub = self.hub
         all_in = lambda: len(hub.ready) == self.nproc and len(hub.outs) == 2 * self.nproc  # noqa: E731
-        hub.pump(lambda: all_in() or bool(hub.init_failures) or bool(hub.dead_ranks()), t0 + self.spec.start_timeout)
+        hub.pump(lambda: all_in() or bool(hub.init_failures) or hub.deaths > 0, t0 + self.spec.start_timeout)  # O(1) a wake
         dead = hub.dead_ranks()
         if not (hub.init_failures or dead) and all_in():
             return
@@ -177,7 +179,7 @@ class Pool:
             missing = sorted(set(range(self.nproc)) - hub.ready)
             if self.spec.nnodes > 1:
                 rendezvous = f"{self.plan.master_addr}:{self.plan.master_port}"
-                control = f"{self.spec.control_addr}:{self.control_port}"
+                control = f"{self.listen_addr}:{self.control_port}"
                 raise StartError(texts.missing_nodes_text(self.ranks, missing, self.spec.nnodes, self.spec.start_timeout, rendezvous, control))
             why = f"did not start within {self.spec.start_timeout:.0f}s"
             failures = [RankFailure(rank=r, kind=FailureKind.INIT, message=why) for r in missing]
@@ -272,6 +274,7 @@ class Pool:
         label: Optional[str] = None,
         owned: Sequence[str] = (),
         stdin: Optional[Ask] = None,
+        cancel: Optional[threading.Event] = None,
     ) -> CellOutcome:
         """Run source on every rank; names are cloudpickled notebook values to bind first.
 
@@ -280,8 +283,8 @@ class Pool:
         Returns when every rank has finished, or, after a failure, once the
         others finished, were interrupted, or were stopped (which breaks the pool;
         the next run restarts it). KeyboardInterrupt interrupts every rank, then
-        a failed outcome is returned. ``stdin(prompt, password)`` answers the ranks' input() and pdb
-        (kernel/stdin.py); without it they read EOF.
+        a failed outcome is returned (``cancel`` set does the same off the main thread: a background cell).
+        ``stdin(prompt, password)`` answers the ranks' input() and pdb (kernel/stdin.py); without it they read EOF.
         """
         guarded = GuardedListener(listener or Listener())
         with self._bound(guarded):
@@ -289,7 +292,7 @@ class Pool:
             if notice:
                 guarded.on_notice(notice)
             t0 = self._send_cell(source, names or {}, gather, argv, label, owned)
-            cell = CellRun(self, FailurePolicy(timeout=timeout, grace=self.grace, t0=t0), stdin=stdin)
+            cell = CellRun(self, FailurePolicy(timeout=timeout, grace=self.grace, t0=t0), stdin=stdin, cancel=cancel)
             cell.drive()
             return self._outcome(cell, guarded, t0)
 
@@ -303,16 +306,12 @@ class Pool:
             info.state, info.started, info.finished, info.last_line = RankState.RUNNING, t0, None, ""
             info.tail.clear()
             self.hub.listener.on_state(info)
-        here = socket.gethostname()
+        here, common = socket.gethostname(), dict(cell=self._cell, source=source, filename=filename, names=names, owned=sorted(owned), gather=gather)
         for rank in range(self.nproc):
             info = self.ranks[rank]
             local_rank = info.local_rank if info.local_rank is not None else rank
             rank_argv = list(argv) if argv is not None else ["ddp_cell", f"--local_rank={local_rank}"]
-            msg = P.message(
-                P.RUN, cell=self._cell, source=source, filename=filename, names=names, owned=sorted(owned),
-                argv=rank_argv, gather=gather, shm=info.host in ("", here),
-            )
-            self.hub.broadcast(msg, [rank])
+            self.hub.broadcast(P.message(P.RUN, argv=rank_argv, shm=info.host in ("", here), **common), [rank])
         return t0
 
     def _outcome(self, cell: CellRun, guarded: GuardedListener, t0: float) -> CellOutcome:
@@ -330,12 +329,18 @@ class Pool:
     def ask(self, op: str, timeout: float = 5.0, listener: Optional[Listener] = None) -> Dict[int, dict]:
         """Ask every live rank for its STACK or ENV; returns the replies that came in time."""
         hub = self.hub
-        hub.replies[op] = {}
+        replies = hub.replies[op] = {}
         ranks = list(hub.conns)
         hub.broadcast(P.message(op), ranks)
+        answered = lambda: len(replies) >= len(ranks) or (len(hub.conns) < len(ranks) and all(r in replies or r not in hub.conns for r in ranks))  # noqa: E731
         with self._bound(listener) if listener is not None else contextlib.nullcontext():
-            hub.pump(lambda: all(r in hub.replies[op] or r not in hub.conns for r in ranks), time.monotonic() + timeout)
+            hub.pump(answered, time.monotonic() + timeout)
         return dict(hub.replies.get(op, {}))
+
+    def refresh(self) -> None:
+        """Take in what happened while idle (a rank's exit or lost connection), so a status is current."""
+        if self.started:
+            self.hub.reap()
 
     def live_env(self, timeout: float = 5.0) -> Dict[int, dict]:
         """What each rank actually sees: its os.environ and process-group state, read from the worker."""
@@ -373,28 +378,15 @@ class Pool:
     def death_failure(self, rank: int) -> RankFailure:
         return self.hub.death_failure(rank)
 
+    def state_version(self) -> Tuple[int, int]:
+        return self.hub.failed, self.hub.version
+
     def mark_dead(self, rank: int) -> None:
         info = self.ranks[rank]
-        info.state = RankState.DEAD
+        info.state, self.hub.version, self.hub.failed = RankState.DEAD, self.hub.version + 1, self.hub.failed + 1
         info.finished = info.finished or time.monotonic()
         self.hub.listener.on_state(info)
 
     def mark_broken(self, why: str) -> None:
         self.broken = why
 
-
-def _note_death(pool_ref: "weakref.ref[Pool]", rank: int, code: Optional[int]) -> None:
-    """A rank's process is gone while it held state: the next cell restarts the pool."""
-    pool = pool_ref()
-    if pool is not None:
-        pool.broken = pool.recovery.on_death(pool, rank, code, describe_exit(code)) or pool.broken  # None: started again alone
-
-
-def _stop_quietly(hub: Hub, shm_prefix: str) -> None:
-    """At exit or when a Pool is collected without stop(): close the sockets and the launcher, remove the files."""
-    try:
-        hub.close_all()
-        hub.launcher.close()
-        shm.remove_pool_files(shm_prefix)
-    except Exception:  # interpreter shutdown: modules may already be half torn down
-        log.debug("stopping a pool at exit failed", exc_info=True)

@@ -31,6 +31,7 @@ class RankInfo:
     device: str = ""
     host: str = ""
     node: int = 0
+    node_name: str = ""  # the scheduler's name of its node (Slurm's n2), else its host's
     local_rank: Optional[int] = None
     exit_code: Optional[int] = None
     started: float = field(default_factory=time.monotonic)

@@ -8,8 +8,10 @@ the old TCP store), same backend, same ranks. The cell's message says so, with
 the time it took.
 
 A rank that died (SIGKILL, a segfault, ``os._exit``) costs only that rank, with a
-launcher that can start one rank alone (the fork server, spawn): at the next
-cell a new process takes its RANK and joins the survivors' new group, and the
+launcher that can start one rank alone (the fork server, spawn, Slurm: a one-task
+step on the rank's node): at the next cell a new process takes its RANK and joins
+the survivors' new group (a fresh FileStore on one host; across hosts a PrefixStore
+over rank 0's TCP store, which the newcomer finds by DDP_MAGIC_REFORM_GEN), and the
 notice says whose variables are gone. torchrun pools restart whole, as before.
 A SIGKILL with the cgroup's OOM-kill counter gone up is named as an OOM kill.
 
@@ -24,8 +26,10 @@ import dataclasses
 import signal
 import time
 from collections import deque
-from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
+import weakref
+from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
+from ..errors import describe_exit
 from ..logs import log
 from ..plan.plan import Plan
 from ..plan.spec import PoolSpec
@@ -85,6 +89,9 @@ class Pool(Protocol):
     shm_prefix: str
     launch_env: Dict[str, str]
     broken: Optional[str]
+    listen_addr: str
+    tls_key: Any
+    recovery: "Recovery"
 
     @property
     def launcher(self) -> Launcher: ...
@@ -118,7 +125,7 @@ class Recovery:
         if note:
             self.notes.append(note)
         launcher = pool.launcher
-        if launcher.remote_ranks or not callable(getattr(launcher, "spawn", None)) or not pool.store_path:
+        if not launcher.replaces_ranks or not (pool.store_path or launcher.remote_ranks):
             return f"rank {rank} {how}"
         self.lost[rank] = ("killed by the OOM killer" if note else how) + f" (pid {pool.ranks[rank].pid})"
         return None
@@ -198,8 +205,7 @@ class Recovery:
     def before_cell(self, pool: Pool, listener: Listener, owned: Iterable[str]) -> Optional[str]:
         """Deaths while idle are noticed; dead ranks are started again and join the survivors' new group.
         Returns a notice for the user, or None; a replacement that fails marks the pool broken."""
-        for rank, pid, code in pool.launcher.poll(0):
-            pool.hub.on_exit(rank, pid, code)
+        pool.hub.reap()  # exits, and connections lost while idle (ranks on other hosts report no exit code)
         self._oom = oom_kills()
         if not self.lost or pool.broken:
             return None
@@ -223,7 +229,7 @@ class Recovery:
     def _replace(self, pool: Pool, listener: Listener, gone: Sequence[int]) -> Tuple[Optional[str], Dict[int, dict]]:
         """Fork new ranks at the dead ranks' RANKs; the survivors re-form with them. (An error text or None, their replies.)"""
         hub = pool.hub
-        admission = Admission(pool.spec.control_addr, pool.secret, 64, pool._count_rejected)
+        admission = Admission(pool.listen_addr, pool.secret, 64, pool._count_rejected, pool.tls_key)
         replies: Dict[int, dict] = {}
         try:
             hub.admission = admission
@@ -235,8 +241,10 @@ class Recovery:
             store = self.store(pool)
             base = pool.launch_env
             for r in gone:
-                env = dict(base, **pool.plan.rank_env(r), DDP_MAGIC_STORE=str(store))
-                pool.launcher.spawn(r, {"env": env, "kernel_addr": pool.spec.control_addr, "kernel_port": admission.port})  # type: ignore[attr-defined]
+                # the survivors' new group: a FileStore file, or a PrefixStore over rank 0's TCP store (procs/rank_torch.py)
+                where = {"DDP_MAGIC_STORE": store} if store else {"DDP_MAGIC_REFORM_GEN": str(self.gen)}
+                env = dict(base, **pool.plan.rank_env(r), **where)
+                pool.launcher.spawn(r, {"env": env, "kernel_addr": pool.listen_addr, "kernel_port": admission.port})  # type: ignore[attr-defined]
             survivors = [r for r in sorted(pool.ranks) if r not in gone]
             _, error, replies = self.reform(pool, survivors, gone, store)
         except Exception as e:  # a launcher that cannot fork now: the pool restarts whole
@@ -266,3 +274,20 @@ def swap_notes(replies: Dict[int, dict]) -> List[str]:
     for name, kind in stale:
         out.append(f"{name} ({kind}) holds the old process group: " + fixes.get(kind, "make it again").format(n=name))
     return out
+
+
+def note_death(pool_ref: "weakref.ref[Any]", rank: int, code: Optional[int]) -> None:
+    """A rank's process is gone while it held state: started again alone at the next cell, or the pool restarts."""
+    pool = pool_ref()
+    if pool is not None:
+        pool.broken = pool.recovery.on_death(pool, rank, code, describe_exit(code)) or pool.broken  # None: started again alone
+
+
+def stop_quietly(hub: Hub, shm_prefix: str) -> None:
+    """At exit or when a Pool is collected without stop(): close the sockets and the launcher, remove the files."""
+    try:
+        hub.close_all()
+        hub.launcher.close()
+        shm.remove_pool_files(shm_prefix)
+    except Exception:  # interpreter shutdown: modules may already be half torn down
+        log.debug("stopping a pool at exit failed", exc_info=True)

@@ -58,6 +58,8 @@ class InputDesk:
 
     def holding(self, ranks: Optional[Mapping[int, RankInfo]] = None) -> bool:
         """Some rank (of ``ranks``, still running) debugs or waits for a line: the others' waits are not hangs."""
+        if not self.pending and not self.in_pdb:  # the usual case, asked after every rank's DONE: O(1)
+            return False
         asking = set(self.pending) | self.in_pdb
         if ranks is None:
             return bool(asking)

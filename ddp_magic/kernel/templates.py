@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 from ..logs import log
 from ..words import fmt_seconds
 from ..wire import protocol as P
-from .launchers import ForkServerLauncher, Launcher
+from .launchers import ForkServerLauncher, Launcher, SlurmLauncher
 from .texts import NAMES_GONE
 
 if TYPE_CHECKING:
@@ -38,8 +38,11 @@ WARM_NICE = 10  # the warm template imports at this nice value (its ranks run at
 
 
 def _fits(new: "Pool", launcher: Launcher) -> bool:
-    """Whether ``new`` (not started) can fork its ranks from ``launcher``'s running template."""
+    """Whether ``new`` (not started) can fork its ranks from ``launcher``'s running template (or, for a Slurm pool, start
+    them in its allocation: a new -n inside it is a new step, no new queue wait)."""
     mine = new.launcher
+    if isinstance(launcher, SlurmLauncher):
+        return not new.started and type(mine) is type(launcher) and launcher.serves(new.plan)
     return (
         not new.started and isinstance(launcher, ForkServerLauncher) and type(mine) is type(launcher)
         and launcher.python == mine.python and launcher.alive()
@@ -101,7 +104,10 @@ def _template_pid(pool: "Pool") -> Optional[int]:
 def restart_notice(changes: List[str], seconds: float, kept: bool, info: str = "") -> str:
     """What the user reads once the new pool's ranks are up: what changed, how long it took, what was kept."""
     why = info[info.find("(new template: ") + len("(new template: ") : -1] if info.endswith(")") and "(new template: " in info else ""
-    how = "from the same template: torch stayed imported" if kept else "with a new template" + (f" ({why})" if why else "")
+    if kept and info.startswith("slurm"):
+        how = "in the same Slurm allocation: no new queue wait"
+    else:
+        how = "from the same template: torch stayed imported" if kept else "with a new template" + (f" ({why})" if why else "")
     return f"restarting the pool ({', '.join(changes)}): ranks restarted in {fmt_seconds(seconds)}, {how}; {NAMES_GONE}"
 
 

@@ -32,6 +32,7 @@ from .checks_host import (
 from .checks_live import Live, check_process_group, check_seen_settings
 from .checks_net import check_master_addr_local, check_master_addr_resolves, check_port
 from .checks_ranks import check_rank_envs
+from .checks_slurm import check_task_vars, slurm_checks
 from .gpus import BackendInfo, GPUInfo, backend_availability, cuda_initialised, detect_gpus, device_map
 from .plan import Plan
 from ..words import ranks_phrase
@@ -76,7 +77,8 @@ def plan_checks(
 
 def _cache_key(plan: Plan, environ: Mapping[str, str], started: bool, modules: Mapping[str, object]) -> Hashable:
     """What plan_checks reads: the plan, the start state, the kernel's env and what of torch the kernel imported."""
-    planned = (plan.run_id, plan.nproc, plan.nnodes, plan.backend, plan.master_addr, plan.master_port, plan.port_was_given, plan.omp_threads)
+    planned = (plan.run_id, plan.nproc, plan.nnodes, plan.backend, plan.master_addr, plan.master_port, plan.port_was_given, plan.omp_threads,
+               plan.slurm)
     torch = ("torch" in modules, "torch.distributed" in modules, cuda_initialised(modules))
     return (planned, started, tuple(sorted(environ.items())), torch)
 
@@ -98,11 +100,15 @@ def _plan_checks(
     cpus: Optional[int],
 ) -> List[Check]:
     gpus = gpus if gpus is not None else detect_gpus(environ)
-    checks = check_rank_envs(plan.all_envs(), nnodes=plan.nnodes)
-    checks.append(check_port(plan.master_addr, plan.master_port, plan.port_was_given, started))
-    checks.append(check_master_addr_resolves(plan.master_addr))
-    checks.append(check_master_addr_local(plan.master_addr, plan.nnodes))
-    checks.append(check_gpus(plan.backend, plan.nproc, gpus))
+    if plan.slurm is not None:  # every node's ranks are in the plan; MASTER_ADDR is the first node's, not this machine's
+        checks = check_rank_envs(plan.all_envs()) + slurm_checks(plan.slurm)
+    else:
+        checks = check_rank_envs(plan.all_envs(), nnodes=plan.nnodes)
+        checks.append(check_port(plan.master_addr, plan.master_port, plan.port_was_given, started))
+        checks.append(check_master_addr_resolves(plan.master_addr))
+        checks.append(check_master_addr_local(plan.master_addr, plan.nnodes))
+        checks.append(check_gpus(plan.backend, plan.nproc, gpus))
+    checks.append(check_task_vars(environ, plan.slurm is not None))
     checks.append(check_backend_available(plan.backend, backends if backends is not None else backend_availability(modules)))
     checks.append(check_cuda_in_kernel(modules))
     checks.extend(check_kernel_env(environ, gpus))

@@ -16,6 +16,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from ..errors import PlanError
 from .gpus import GPUInfo, detect_gpus
 from .net import free_port, validate_master_addr, validate_master_port
+from .slurm import SlurmRequest
 from .spec import BACKENDS, PoolSpec
 from ..words import plural
 
@@ -63,14 +64,16 @@ class Plan:
     omp_threads: Optional[int] = None  # None: inherited from the kernel's env
     pg_timeout: float = 300.0  # seconds before a collective with a missing peer fails
     extra_env: Dict[str, str] = field(default_factory=dict)
+    slurm: Optional[SlurmRequest] = None  # --slurm: the ranks are the tasks of a job step (their RANK etc. come from Slurm)
 
     @property
     def world_size(self) -> int:
         return self.nproc * self.nnodes
 
-    def rank_env(self, local_rank: int) -> Dict[str, str]:
-        """The variables torch.distributed and torchrun users expect, for one rank."""
-        rank = self.node_rank * self.nproc + local_rank
+    def rank_env(self, local_rank: int, node_rank: Optional[int] = None) -> Dict[str, str]:
+        """The variables torch.distributed and torchrun users expect, for one rank (of this node, or of ``node_rank``)."""
+        node = self.node_rank if node_rank is None else node_rank
+        rank = node * self.nproc + local_rank
         env = {
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
@@ -78,8 +81,8 @@ class Plan:
             "RANK": str(rank),
             "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(self.nproc),
-            "NODE_RANK": str(self.node_rank),
-            "GROUP_RANK": str(self.node_rank),
+            "NODE_RANK": str(node),
+            "GROUP_RANK": str(node),
             "GROUP_WORLD_SIZE": str(self.nnodes),
             "ROLE_RANK": str(rank),
             "ROLE_WORLD_SIZE": str(self.world_size),
@@ -97,7 +100,9 @@ class Plan:
         return env
 
     def all_envs(self) -> List[Dict[str, str]]:
-        return [self.rank_env(i) for i in range(self.nproc)]
+        """Every rank's env: this node's, or every node's for a Slurm pool (whose ranks all start from this plan)."""
+        nodes = range(self.nnodes) if self.slurm is not None else [self.node_rank]
+        return [self.rank_env(i, n) for n in nodes for i in range(self.nproc)]
 
 
 def usable_cpus() -> int:
@@ -140,7 +145,11 @@ def choose_backend(requested: str, nproc: int, gpus: GPUInfo) -> Tuple[str, str]
 
 
 def _backend(spec: PoolSpec, gpus: GPUInfo, strict: bool) -> Tuple[str, str]:
-    """The backend and why; lenient: an impossible request is kept, with the reason it would fail."""
+    """The backend and why; lenient: an impossible request is kept, with the reason it would fail.
+
+    A Slurm pool's GPUs are its nodes' (--gpus-per-node), not the kernel's: a login node has none."""
+    if spec.slurm is not None:
+        gpus = GPUInfo(count=spec.slurm.gpus_per_node or 0, cuda_built=True, source="--gpus-per-node")
     try:
         return choose_backend(spec.backend, spec.nproc_per_node, gpus)
     except PlanError as e:
@@ -182,7 +191,7 @@ def make_plan(
     """
     gpus = gpus if gpus is not None else detect_gpus(environ)
     backend, reason = _backend(spec, gpus, strict)
-    if strict:
+    if strict and spec.slurm is None:  # a Slurm pool's MASTER_ADDR is its first node's, known once allocated
         validate_master_addr(spec.master_addr)
     port, given = _master_port(spec, strict)
     nproc = spec.nproc_per_node
@@ -198,4 +207,5 @@ def make_plan(
         omp_threads=None if "OMP_NUM_THREADS" in environ else threads_per_rank(nproc),
         pg_timeout=spec.pg_timeout,
         extra_env=spec.env,
+        slurm=spec.slurm,
     )

@@ -8,13 +8,16 @@ and ``spec.changes_from(old)`` says what a new request changes (a restart).
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import PlanError
+from .slurm import SlurmRequest, resolve
 
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
 START_METHODS = ("auto", "fork", "spawn", "torchrun")
+SLURM_KEEPS = ("partition", "time", "gpus_per_node", "account", "extra", "queue_timeout")  # what a resized Slurm pool keeps
 MESH_ENV = "DDP_MAGIC_MESH"
 MESH_SYNTAX = "give --mesh NAME=SIZE,NAME=SIZE (e.g. --mesh dp=2,tp=2), or --mesh none"
 
@@ -89,6 +92,7 @@ class PoolSpec:
     listen_addr: Optional[str] = None  # the control channel; None: loopback, or master_addr across nodes
     extra_env: Tuple[Tuple[str, str], ...] = field(default=())  # sorted (name, value) pairs for every rank
     mesh: Tuple[Tuple[str, int], ...] = ()  # --mesh dp=2,tp=2: a DeviceMesh named `mesh` on every rank (a str is parsed)
+    slurm: Optional[SlurmRequest] = None  # --slurm: the ranks are tasks of a Slurm job step (plan/slurm.py)
 
     def __post_init__(self) -> None:
         n = self.nproc
@@ -106,23 +110,49 @@ class PoolSpec:
             raise PlanError(f"--master-port {self.master_port} is not a TCP port; give 1024-65535 or leave it out to get a free one")
         object.__setattr__(self, "mesh", parse_mesh(self.mesh) if isinstance(self.mesh, str) else tuple(self.mesh))
         check_mesh(self.mesh, n, self.init)
+        if self.slurm is not None and (self.nnodes != self.slurm.nodes or n != self.slurm.world_size):
+            raise PlanError(f"-n {n} over {self.nnodes} node(s) is not the Slurm request's {self.slurm.nodes} node(s) × {self.slurm.ntasks_per_node}")
         for name in ("start_timeout", "pg_timeout", "grace"):
             if getattr(self, name) <= 0:
                 raise PlanError(f"{name.replace('_', '-')} must be more than 0 seconds (got {getattr(self, name)!r})")
 
     @classmethod
-    def from_options(cls, nproc: int, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> "PoolSpec":
-        """Build from keyword options; ``None`` means "the default", unknown names are a PlanError."""
+    def from_options(cls, nproc: Optional[int], extra_env: Optional[Mapping[str, str]] = None, environ: Mapping[str, str] = os.environ,
+                     **options: Any) -> "PoolSpec":
+        """Build from keyword options; ``None`` means "the default", unknown names are a PlanError.
+
+        ``slurm`` may be the magic's Slurm options as a dict (nodes, ntasks_per_node, partition, ...): they are
+        resolved against ``environ`` (an allocation the kernel runs inside) into a SlurmRequest."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
             raise PlanError(f"unknown pool option(s): {', '.join(unknown)}")
         given = {k: v for k, v in options.items() if v is not None}
+        if isinstance(given.get("slurm"), Mapping):
+            nproc, given["slurm"] = _slurm(nproc, dict(given["slurm"]), environ)
+            given["nnodes"] = given["slurm"].nodes
+        if nproc is None:
+            raise PlanError("give the number of ranks, e.g. -n 2")
         return cls(nproc=nproc, extra_env=tuple(sorted((extra_env or {}).items())), **given)
 
-    def with_options(self, nproc: Optional[int] = None, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> "PoolSpec":
-        """This spec with the given options changed (``None``: keep); validated like a new one."""
+    def with_options(self, nproc: Optional[int] = None, extra_env: Optional[Mapping[str, str]] = None, environ: Mapping[str, str] = os.environ,
+                     **options: Any) -> "PoolSpec":
+        """This spec with the given options changed (``None``: keep); validated like a new one.
+
+        Slurm options given are the whole new request; on a Slurm pool a new ``-n`` alone keeps the request's options
+        (and its nodes where -n divides over them)."""
         given = {k: v for k, v in options.items() if v is not None}
+        slurm = given.get("slurm")
+        if isinstance(slurm, Mapping) or (self.slurm is not None and nproc is not None and nproc != self.nproc):
+            asked = dict(slurm) if isinstance(slurm, Mapping) else {}
+            if self.slurm is not None and not isinstance(slurm, Mapping):
+                asked = {k: getattr(self.slurm, k) for k in SLURM_KEEPS}
+                if nproc is not None and nproc % self.slurm.nodes == 0:
+                    asked["nodes"] = self.slurm.nodes
+            if nproc is None and "nodes" not in asked and "ntasks_per_node" not in asked:
+                nproc = self.nproc  # --slurm on a running pool: as many ranks
+            nproc, given["slurm"] = _slurm(nproc, asked, environ)
+            given["nnodes"] = given["slurm"].nodes
         if nproc is not None:
             given["nproc"] = nproc
         if extra_env is not None:
@@ -142,7 +172,9 @@ class PoolSpec:
 
     @property
     def launcher_method(self) -> str:
-        """The start method a launcher is made for: a pool over nodes always runs under torchrun."""
+        """The start method a launcher is made for: Slurm's for --slurm; a pool over nodes otherwise runs under torchrun."""
+        if self.slurm is not None:
+            return "slurm"
         return "torchrun" if self.nnodes > 1 else self.start_method
 
     @property
@@ -162,5 +194,13 @@ class PoolSpec:
                 a, b = dict(a), dict(b)
             if f.name == "mesh":
                 a, b = mesh_text(a) or "none", mesh_text(b) or "none"
+            if f.name == "slurm":
+                a, b = (x.shape_text() if x is not None else "none" for x in (a, b))
             out.append(f"{label} {a} → {b}")
         return out
+
+
+def _slurm(nproc: Optional[int], options: Dict[str, Any], environ: Mapping[str, str]) -> Tuple[int, SlurmRequest]:
+    """The magic's Slurm options (nodes, ntasks_per_node, partition, ...) as a request, resolved against the kernel's env."""
+    nodes, per_node = options.pop("nodes", None), options.pop("ntasks_per_node", None)
+    return resolve(nproc, nodes, per_node, environ, **{k: v for k, v in options.items() if v is not None})

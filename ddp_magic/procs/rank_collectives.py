@@ -13,6 +13,10 @@ call costs one tuple stored and restored (measured in bench/bench_core.py's
 training benchmark: within noise). The record is read lazily, by the reader
 thread, only when the kernel asks: shapes and the sequence number are worked out then.
 
+A thread can be refused collectives altogether (``refuse``): a ``%%ddp --peek`` runs on
+the peek thread beside the training cell (procs/rank_peek.py), and a collective there
+would wait for ranks that are busy in the cell: it raises ``CollectiveRefused`` instead.
+
 Not recorded: ``async_op=True`` waits (the call returns at once; ``work.wait()`` is
 not wrapped), and collectives torch calls from C++ (DDP's gradient buckets): their
 place shows in the rank's stack instead.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -33,16 +38,28 @@ NAMES = (
 )
 
 
+class CollectiveRefused(RuntimeError):
+    """A collective called on a thread that may not enter one (a peek's)."""
+
+
 class _State:
     current: Optional[tuple] = None  # (op, args, kwargs, monotonic time entered) of the innermost call in progress
+    refused: Dict[int, str] = {}  # thread ident -> why a collective there raises (a format string with {op})
 
 
 STATE = _State()
 
 
+def refuse(ident: int, why: str) -> None:
+    """From now on a collective called on thread ``ident`` raises CollectiveRefused(why.format(op=...))."""
+    STATE.refused = {**STATE.refused, ident: why}
+
+
 def _wrap(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(real)
     def call(*args: Any, **kwargs: Any) -> Any:
+        if STATE.refused and threading.get_ident() in STATE.refused:  # before the record: the main thread's stays true
+            raise CollectiveRefused(STATE.refused[threading.get_ident()].format(op=name))
         outer = STATE.current
         STATE.current = (name, args, kwargs, time.monotonic())
         try:

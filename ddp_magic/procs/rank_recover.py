@@ -60,9 +60,13 @@ def _socket_fds() -> Set[int]:
 
 
 def _connected(fd: int) -> bool:
+    """A connected TCP socket of the group's, not one of rank 0's TCP store (a peer that joined during the group's
+    creation connects to the store then: cutting that would cut the peer off the store)."""
     s = socket.socket(fileno=os.dup(fd))
     try:
-        return s.family in (socket.AF_INET, socket.AF_INET6) and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        if s.family not in (socket.AF_INET, socket.AF_INET6) or s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            return False
+        return str(s.getsockname()[1]) != os.environ.get("MASTER_PORT")
     finally:
         s.close()
 
@@ -208,7 +212,9 @@ def _reform_store(msg: dict) -> Optional[Any]:
         os.environ["DDP_MAGIC_STORE"] = str(msg["store"])
         return None
     old = c10d._get_default_store() if dist.is_initialized() else None
-    return None if old is None else dist.PrefixStore(f"ddp_magic/reform/{msg['gen']}", old)
+    while isinstance(old, dist.PrefixStore):  # the TCP store itself: a rank started again alone finds it the same way
+        old = old.underlying_store
+    return None if old is None else dist.PrefixStore(rank_torch.reform_prefix(msg["gen"]), old)
 
 
 def _stale(user_ns: Dict[str, Any], old: List[Any], new: Any, fresh: Any) -> Tuple[List[str], List[List[str]]]:

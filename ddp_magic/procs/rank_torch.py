@@ -72,6 +72,9 @@ def init_process_group(rank: int, device: str, generation: int = 0) -> None:
             store_path = f"{store_path}.{generation}"
         shm.create_private(store_path)  # before torch creates it 0644; the kernel or template removes it (wire/shm.py)
         kwargs.update(store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    elif os.environ.get("DDP_MAGIC_REFORM_GEN"):  # started again alone: join the survivors' group in rank 0's TCP store
+        kwargs.update(store=_reform_store(os.environ["DDP_MAGIC_REFORM_GEN"], float(timeout or 300)), rank=rank,
+                      world_size=int(os.environ["WORLD_SIZE"]))
     elif rank != 0:
         _wait_for_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), float(timeout or 300))
     try:
@@ -80,6 +83,22 @@ def init_process_group(rank: int, device: str, generation: int = 0) -> None:
         kwargs.pop("device_id", None)
         dist.init_process_group(backend=backend, **kwargs)
     rank_group.adopt()
+
+
+def _reform_store(gen: str, timeout: float) -> "object":
+    """The store of the group the survivors re-formed at ``gen`` (procs/rank_recover.py names its keys so)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]), is_master=False,
+                        timeout=timedelta(seconds=timeout))
+    return dist.PrefixStore(reform_prefix(gen), tcp)
+
+
+def reform_prefix(gen: object) -> str:
+    """The keys of the group re-formed at generation ``gen`` in the pool's TCP store (procs/rank_recover.py forms it)."""
+    return f"ddp_magic/reform/{gen}"
 
 
 def _wait_for_store(host: str, port: int, timeout: float) -> None:

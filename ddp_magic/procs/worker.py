@@ -2,12 +2,14 @@
 
 Started either by the fork server (``ddp_magic.procs.forkserver``, the fast path),
 as ``python -m ddp_magic.procs.worker`` with its config on stdin (the spawn path),
-or by torchrun as ``python -m ddp_magic.procs.worker --connect HOST:PORT`` (any node).
+by torchrun as ``python -m ddp_magic.procs.worker --connect HOST:PORT`` (any node),
+or by srun as ``python -m ddp_magic.procs.worker --slurm`` (config in the step's env, wire/slurm_env.py).
 torch.distributed itself (devices, the process group, the gather) is rank_torch.py's.
 
 Threads: the main thread runs cells; a reader thread takes the kernel's messages
 (it queues cells and decisions, and answers interrupts, stack and env requests
-at once, even while a cell runs).
+at once, even while a cell runs); a peek thread, from the first ``%%ddp --peek``
+on, runs peeks beside the cell (rank_peek.py).
 """
 from __future__ import annotations
 
@@ -24,12 +26,12 @@ from typing import Any, Optional, Tuple
 
 from ..logs import log
 from ..wire import protocol as P
-from ..wire import shm, transfer
+from ..wire import shm, slurm_env, tls, transfer
 from ..wire.capture import FdCapture
 from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
 from ..wire.protocol import CellStatus
-from . import mesh, rank_argv, rank_collectives, rank_debug, rank_group, rank_metrics, rank_profile, rank_recover, rank_torch
+from . import mesh, rank_argv, rank_collectives, rank_debug, rank_group, rank_metrics, rank_peek, rank_profile, rank_recover, rank_torch
 from .parent import die_with_parent
 
 
@@ -69,8 +71,12 @@ class Worker:
     def _dial(self) -> socket.socket:
         """An authenticated connection to the kernel's control port."""
         host, port = self.config["kernel_addr"], int(self.config["kernel_port"])
-        sock = socket.create_connection((host, port), timeout=30)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.config.get("tls"):  # ranks on other hosts: TLS, the kernel's certificate pinned (wire/tls.py)
+            sock = tls.connect((host, port), self.config["tls"])
+            sock.settimeout(30)
+        else:
+            sock = socket.create_connection((host, port), timeout=30)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         P.client_handshake(sock, self.secret)
         sock.settimeout(None)
         return sock
@@ -81,6 +87,7 @@ class Worker:
         self.chan.send(
             P.HELLO, rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=rank_torch.planned_device(self.local_rank),
             local_rank=self.local_rank, node=int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0"))),
+            node_name=slurm_env.node_name(),
         )
         streams = {}
         for name in ("stdout", "stderr"):
@@ -121,6 +128,8 @@ class Worker:
                     os._exit(137)
                 elif op in rank_debug.OPS:  # input replies, the debugger's hold
                     rank_debug.on_message(msg)
+                elif op == P.PEEK:  # a short read-only cell beside the running one, on the peek thread
+                    rank_peek.submit(msg)
                 elif op == P.PROFILE:  # the next cell runs under torch.profiler (it comes before that cell's RUN)
                     rank_profile.arm(msg)
         except (ConnectionError, OSError, EOFError):
@@ -169,6 +178,7 @@ class Worker:
         rank_group.keep_groups()  # what the pool made before the first cell outlives a script's destroy
         rank_debug.install(self.chan.send, self.rank, self.main_ident)  # stdin, breakpoint(), post-mortem via the kernel
         rank_metrics.install(self.chan.send, self.rank)  # ddp_magic.log(...) rows to the kernel's chart
+        rank_peek.install(self.chan.send, self.rank, self.user_ns)  # %%ddp --peek reads these globals
         self.chan.send(P.READY, rank=self.rank, device=self.device)
         while True:
             msg = self.runs.get()
@@ -303,7 +313,10 @@ def _connect_config(argv: list) -> "tuple[dict, bytes]":
 
 def main() -> None:
     """`python -m ddp_magic.procs.worker`: config (with the secret) as one JSON line on stdin, or --connect under torchrun."""
-    if len(sys.argv) > 1:
+    if sys.argv[1:] == ["--slurm"]:  # a task of the pool's srun step: everything in its env
+        config, secret = slurm_env.config(os.environ)
+        die_with_parent(os.getppid())
+    elif len(sys.argv) > 1:
         config, secret = _connect_config(sys.argv[1:])
         die_with_parent(os.getppid())
     else:

@@ -44,6 +44,11 @@ def kernel_ask(before: Callable[[], None] = lambda: None) -> Ask:
     return ask
 
 
+def no_stdin_in_background(prompt: str, password: bool) -> str:
+    """A background cell's ranks ask for input: no cell waits for an answer, so they read EOF, saying why."""
+    raise EOFError("a background cell (%%ddp --bg) has no stdin: a rank's input(), getpass and pdb read EOF; run the cell without --bg to answer them")
+
+
 def debug_rank(failures: Sequence[RankFailure], rank: Optional[int]) -> Optional[int]:
     """The rank to debug: the one asked for, else the root-cause rank whose cell raised (None: none did)."""
     if rank is not None:

@@ -5,6 +5,7 @@ the same as the cell's status view at every moment:
 
 - while the pool starts (the template warms up, no rank has joined yet) the ranks
   are shown as ``starting``, as the cell view shows them, with the start's clock;
+- the cell that holds the pool's turn (a background job, ``job``) and the cells queued behind it;
 - the start method is the one the pool uses (``fork`` for ``auto`` on Linux);
 - ``last_cell``: the last ``%%ddp`` cell's outcome on this pool (session.py
   ``LastCell.to_dict``): its prompt ``number`` (In [n], the numbering of tracebacks,
@@ -28,6 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..logs import log
 from ..plan import checks_verdict, plan_checks
+from ..kernel.turns import Ticket
 from ..session import PoolStatus, Session
 from ..states import RankState
 
@@ -38,6 +40,16 @@ BAD_STATES = (RankState.FAILED, RankState.DEAD, RankState.INTERRUPTED)
 def jsonable(value: Any) -> Any:
     """What json can carry (tuples, numbers as keys, enums as their value, odd objects as their str)."""
     return json.loads(json.dumps(value, default=str))
+
+
+def job_dict(ticket: Optional[Ticket]) -> Optional[Dict[str, Any]]:
+    """The cell that holds the pool's turn (kernel/turns.py), as the panel and the status bar show it: their clock
+    goes on from ``elapsed`` (labextension/src/model.ts ``jobText`` says it as ``Ticket.text`` does)."""
+    if ticket is None:
+        return None
+    now = time.monotonic()
+    elapsed = None if ticket.since is None else now - ticket.since
+    return {"name": ticket.name, "background": ticket.background, "elapsed": elapsed, "step": ticket.progress(), "text": ticket.text(now)}
 
 
 class PoolSnapshots:
@@ -60,7 +72,8 @@ class PoolSnapshots:
             return None
         ranks = [dict(row._asdict(), elapsed=round(row.elapsed, 3), last_line=(row.last_line or "")[-300:]) for row in status.ranks]
         clock = self._start_clock(pool, status)
-        if clock is not None and not any(r["pid"] for r in ranks):  # the template warms up: every rank is on its way
+        queued = any(r["state"] == RankState.QUEUED for r in ranks)  # a Slurm job waits in the queue: the ranks say so themselves
+        if clock is not None and not queued and not any(r["pid"] for r in ranks):  # the template warms up: every rank is on its way
             ranks = [dict(rank=r, state=str(RankState.STARTING), pid=None, device="", host="", exit_code=None, elapsed=clock,
                           memory=None, last_line="") for r in range(status.nproc)]
         last = status.last_cell
@@ -74,6 +87,7 @@ class PoolSnapshots:
         out.update(start_method=LAUNCHER_NAMES.get(name, name) or status.start_method, start_method_asked=status.start_method)
         out.update(world_size=status.nproc, start_seconds=round(seconds, 3) if isinstance(seconds, (int, float)) else None)
         out.update(ranks=ranks, checks=checks, verdict=verdict, names=list(status.owned), last_cell=last.to_dict() if last is not None else None)
+        out.update(job=job_dict(status.job), queued=list(status.queued))
         return jsonable(out)
 
     def _start_clock(self, pool: Any, status: PoolStatus) -> Optional[float]:

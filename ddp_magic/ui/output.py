@@ -65,15 +65,16 @@ def use_colour(environ: Mapping[str, str] = os.environ) -> bool:
     return "NO_COLOR" not in environ and environ.get("DDP_MAGIC_COLOR", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def ranks_label(ranks: Iterable[int], colour: bool = False) -> str:
+def ranks_label(ranks: Iterable[int], colour: bool = False, node: str = "") -> str:
     """``[rank 2] `` or ``[ranks 0-3] `` / ``[ranks 0, 2-3] ``: the prefix of a line from these ranks (words.py's
     rank list, the one way ranks are listed).
 
     ``colour``: the words inside the brackets in the rank's ANSI colour (``[`` and ``]`` stay plain,
-    so ``"] "`` still ends every prefix)."""
+    so ``"] "`` still ends every prefix). ``node``: a Slurm pool's node of a single rank (``[rank 5 n2] ``)."""
     rs = sorted(set(ranks))
-    if len(rs) == 1 and colour:
-        return f"[\x1b[{rank_ansi(rs[0])}mrank {rs[0]}\x1b[0m] "
+    if len(rs) == 1:
+        name = f"rank {rs[0]}" + (f" {node}" if node else "")
+        return f"[\x1b[{rank_ansi(rs[0])}m{name}\x1b[0m] " if colour else f"[{name}] "
     return f"[{ranks_phrase(rs)}] "
 
 
@@ -138,6 +139,7 @@ class RankPrinter:
         self.merger = LineMerger()
         self._lock = threading.RLock()  # the merge timer writes from its own thread
         self._timer: Optional[threading.Timer] = None
+        self.nodes: Dict[int, str] = {}  # rank -> its Slurm node, named in its prefix (a pool on one host has none)
 
     @property
     def world(self) -> Optional[int]:
@@ -244,7 +246,7 @@ class RankPrinter:
             self._drain(final=False)
 
     def _write(self, ranks: Set[int], stream: str, pieces: List[str]) -> None:
-        prefix = ranks_label(ranks, self.colour)
+        prefix = ranks_label(ranks, self.colour, self.nodes.get(next(iter(ranks)), "") if len(ranks) == 1 else "")
         self._streams[stream]().write("".join(prefix + piece for piece in pieces))
         self._wrote.add(stream)
 

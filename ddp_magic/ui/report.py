@@ -214,17 +214,19 @@ class EnvReport:
         )
 
 
-def seen_env(plan: Plan, rank: int, environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
-    """The shown part of the env a rank will get: the plan's variables over what it inherits from the kernel."""
+def seen_env(plan: Plan, rank: int, environ: Mapping[str, str] = os.environ, planned: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The shown part of the env a rank will get: the plan's variables (``planned``: that rank's) over what it inherits from the kernel."""
     env = {k: v for k, v in environ.items() if _shown(k)}
-    env.update(plan.rank_env(rank))
+    env.update(planned if planned is not None else plan.rank_env(rank))
     return {k: v for k, v in env.items() if _shown(k)}
 
 
-def plan_report(plan: Plan, environ: Mapping[str, str] = os.environ, started: bool = False) -> EnvReport:
-    """What a plan gives each rank, with the plan's checks (the same list and count as the cell's status view)."""
-    title = f"planned env for {plural(plan.nproc, 'rank')}, backend {plan.backend} ({plan.backend_reason})"
-    envs = [seen_env(plan, r, environ) for r in range(plan.nproc)]
+def plan_report(plan: Plan, environ: Mapping[str, str] = os.environ, started: bool = False, extra_checks: Sequence[Check] = ()) -> EnvReport:
+    """What a plan gives each rank, with the plan's checks (the same list and count as the cell's status view) and,
+    for a Slurm plan, what the scheduler said of it (``extra_checks``)."""
+    where = f" on {plural(plan.nnodes, 'Slurm node')}" if plan.slurm is not None else ""
+    title = f"planned env for {plural(plan.world_size if plan.slurm else plan.nproc, 'rank')}{where}, backend {plan.backend} ({plan.backend_reason})"
+    envs = [seen_env(plan, r, environ, e) for r, e in enumerate(plan.all_envs())]
     extra: Dict[str, Any] = {
         "state": "planned",
         "backend": plan.backend,
@@ -233,9 +235,10 @@ def plan_report(plan: Plan, environ: Mapping[str, str] = os.environ, started: bo
         "master_port": plan.master_port,
         "nproc": plan.nproc,
     }
+    checks = plan_checks(plan, environ, started=started) + list(extra_checks)
     if plan.backend == "nccl":
         extra["devices"] = device_map(plan.nproc, environ)
-    return EnvReport(title, envs, plan_checks(plan, environ, started=started), extra)
+    return EnvReport(title, envs, checks, extra)
 
 
 def live_report(live: Dict[int, Dict[str, Any]], nproc: int, backend: str, plan: Optional[Plan] = None) -> EnvReport:
@@ -262,4 +265,4 @@ def env_report(env: EnvData) -> EnvReport:
     if env.live is not None:
         return live_report(env.live, env.nproc, env.backend, env.plan)
     assert env.plan is not None
-    return plan_report(env.plan)
+    return plan_report(env.plan, extra_checks=env.checks)

@@ -92,3 +92,8 @@ class CellNumbers:
         for f in failures:
             f.traceback = name_cells(f.traceback, self.numbers)
         return [name_cells(n, self.numbers) for n in notes]
+
+
+def prompt_number(shell: Any) -> Optional[int]:
+    """The prompt number (``In [n]``) of the cell running now (``running_cell``'s first half)."""
+    return running_cell(shell)[0]

@@ -43,6 +43,7 @@ Label = Union[RankState, FailureKind]
 
 # label -> tone (colours.py); the order is the order of the counts in the running summary
 STATE_TONES: Dict[Label, str] = {
+    RankState.QUEUED: "warn",  # waits for the scheduler (a Slurm job pending)
     RankState.STARTING: "info",  # on its way: the tone of running, as the JupyterLab panel and status bar show it
     RankState.CONNECTING: "info",
     RankState.READY: "info",
@@ -55,7 +56,7 @@ STATE_TONES: Dict[Label, str] = {
     FailureKind.TIMEOUT: "fail",  # the rank the others waited for when --timeout ran out (its own state: interrupted)
     RankState.STOPPED: "neutral",
 }
-ACTIVE = (RankState.STARTING, RankState.CONNECTING, RankState.RUNNING)
+ACTIVE = (RankState.QUEUED, RankState.STARTING, RankState.CONNECTING, RankState.RUNNING)
 ROOT_CAUSES = (RankState.FAILED, FailureKind.DIED, FailureKind.KILLED)  # a rank that failed by itself
 STOPPED_BY_US = (RankState.INTERRUPTED, FailureKind.KILLED)  # what the others show once a root cause exists
 FONT = "font-family:var(--jp-ui-font-family,sans-serif)"
@@ -244,6 +245,8 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
     if s.finished:
         note = f"{style.note(s.note)} · " if not s.ok and s.note else ""
         parts = [f"{n} {style.mark(s.ok)} {note}{style.esc(fmt_seconds(s.elapsed))}"]
+    elif queue_text(s):  # the scheduler has not started the job: its words, and how long it has waited
+        parts = [n, style.esc(queue_text(s)), style.esc(f"waited {fmt_seconds(s.starting_for or 0.0)}")]
     else:
         counts = Counter(s.label(r) for r in s.ranks)
         states = debugging_text(s) or ", ".join(style.count(label, counts[label]) for label in STATE_TONES if counts.get(label))
@@ -264,6 +267,13 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
 def opens_itself(s: Snapshot) -> bool:
     """Whether the live body is worth opening without a click: a chart to watch (a section) or a progress bar."""
     return not s.finished and (bool(s.bars) or bool(s.sections))
+def queue_text(s: Snapshot) -> str:
+    """'queued: job 1234 pending (Resources)' while a Slurm pool's job waits in the queue (kernel/placement.py); "" otherwise."""
+    for r in s.ranks:
+        info = s.infos.get(r)
+        if info is not None and info.state == RankState.QUEUED:
+            return clean_line(info.last_line, 120) or "queued"
+    return ""
 
 
 def debugging_text(s: Snapshot) -> str:

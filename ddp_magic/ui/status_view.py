@@ -177,7 +177,7 @@ class StatusView(PlanFacts, Listener):
         """The start clock, while the pool starts for this cell (None once the cell runs, or with a pool already up)."""
         if self._run_t0 is not None or self.finished:
             return None
-        if any(self.label(r) in (RankState.STARTING, RankState.CONNECTING) for r in R.all_ranks(self.nproc, self.infos)):
+        if any(self.label(r) in (RankState.QUEUED, RankState.STARTING, RankState.CONNECTING) for r in R.all_ranks(self.nproc, self.infos)):
             return self.clock() - self.started_at
         return None
 

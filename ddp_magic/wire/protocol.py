@@ -5,7 +5,9 @@ Nothing is unpickled before the peer has proved it knows the pool's secret
 neither run code in a worker nor make the kernel unpickle anything. Frames are
 unpickled here (``recv``, ``FrameReader``) and only after the handshake; the
 values inside them (results, notebook names) are unpickled by transfer.py, from
-frames that already passed it.
+frames that already passed it. The handshake's steps are also here without I/O
+(``challenge``/``check_answer``, ``answer_challenge``/``check_proof``), for a
+peer that runs them on a non-blocking socket.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pickle
 import socket
 import struct
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 MAGIC = b"DDPM1"
 NONCE_SIZE = 32
@@ -45,6 +47,7 @@ ABORT = "abort"          # kernel -> worker: release every collective wait by ab
 REFORM = "reform"        # kernel -> worker: form a new default group (gen, store); worker -> kernel: done (ok, seconds, swapped, stale)
 METRICS = "metrics"      # worker -> kernel: rows of ddp_magic.log(step, **scalars), buffered, in order (procs/rank_metrics.py)
 PROFILE = "profile"      # kernel -> worker: run the next cell under torch.profiler (procs/rank_profile.py); its DONE carries the trace
+PEEK = "peek"            # kernel -> worker: run a short read-only cell on the peek thread (id, source); worker -> kernel: its answer
 
 # The cell %ddp_debug runs on every rank: pdb on ``rank``'s kept traceback, nothing on the others (procs/rank_debug.py).
 POST_MORTEM_SOURCE = '__import__("ddp_magic.procs.rank_debug", fromlist=["post_mortem"]).post_mortem({rank})'
@@ -86,26 +89,45 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+def challenge() -> Tuple[bytes, bytes]:
+    """Kernel side, step 1: (what to send, the nonce the answer must sign)."""
+    nonce = os.urandom(NONCE_SIZE)
+    return MAGIC + nonce, nonce
+
+
+def check_answer(secret: bytes, nonce: bytes, answer: bytes) -> bytes:
+    """Kernel side, step 2: the peer's answer checked; returns our proof to send. Raises AuthenticationError."""
+    if len(answer) != DIGEST_SIZE + NONCE_SIZE or not hmac.compare_digest(answer[:DIGEST_SIZE], _digest(secret, b"worker", nonce)):
+        raise AuthenticationError("peer failed the challenge")
+    return _digest(secret, b"kernel", answer[DIGEST_SIZE:])
+
+
+def answer_challenge(secret: bytes, hello: bytes) -> Tuple[bytes, bytes]:
+    """Worker side, step 1: the kernel's challenge answered; returns (what to send, our nonce)."""
+    if hello[: len(MAGIC)] != MAGIC:
+        raise AuthenticationError("not a ddp_magic kernel")
+    nonce = os.urandom(NONCE_SIZE)
+    return _digest(secret, b"worker", hello[len(MAGIC):]) + nonce, nonce
+
+
+def check_proof(secret: bytes, nonce: bytes, proof: bytes) -> None:
+    """Worker side, step 2: the kernel's answer to our nonce. Raises AuthenticationError."""
+    if not hmac.compare_digest(proof, _digest(secret, b"kernel", nonce)):
+        raise AuthenticationError("kernel failed the challenge")
+
+
 def server_handshake(sock: socket.socket, secret: bytes) -> None:
     """Kernel side: challenge the peer, then prove ourselves. Raises AuthenticationError."""
-    nonce = os.urandom(NONCE_SIZE)
-    sock.sendall(MAGIC + nonce)
-    answer = recv_exact(sock, DIGEST_SIZE + NONCE_SIZE)
-    if not hmac.compare_digest(answer[:DIGEST_SIZE], _digest(secret, b"worker", nonce)):
-        raise AuthenticationError("peer failed the challenge")
-    sock.sendall(_digest(secret, b"kernel", answer[DIGEST_SIZE:]))
+    hello, nonce = challenge()
+    sock.sendall(hello)
+    sock.sendall(check_answer(secret, nonce, recv_exact(sock, DIGEST_SIZE + NONCE_SIZE)))
 
 
 def client_handshake(sock: socket.socket, secret: bytes) -> None:
     """Worker side: answer the kernel's challenge and check the kernel's answer to ours."""
-    hello = recv_exact(sock, len(MAGIC) + NONCE_SIZE)
-    if hello[: len(MAGIC)] != MAGIC:
-        raise AuthenticationError("not a ddp_magic kernel")
-    nonce = os.urandom(NONCE_SIZE)
-    sock.sendall(_digest(secret, b"worker", hello[len(MAGIC):]) + nonce)
-    proof = recv_exact(sock, DIGEST_SIZE)
-    if not hmac.compare_digest(proof, _digest(secret, b"kernel", nonce)):
-        raise AuthenticationError("kernel failed the challenge")
+    answer, nonce = answer_challenge(secret, recv_exact(sock, len(MAGIC) + NONCE_SIZE))
+    sock.sendall(answer)
+    check_proof(secret, nonce, recv_exact(sock, DIGEST_SIZE))
 
 
 def encode(msg: dict) -> bytes:

@@ -26,6 +26,7 @@ export interface ICheck {
 
 /** The states a rank goes through, in order: the same names as ddp_magic/states.py RankState (a test checks). */
 export const RANK_STATES = [
+  'queued',
   'starting',
   'connecting',
   'ready',
@@ -52,6 +53,7 @@ export interface IRankSnapshot {
   elapsed: number; // seconds, at the time the snapshot was sent
   memory: number | null; // bytes
   last_line: string;
+  node?: string; // a Slurm pool's node of the rank (n2)
   /** After a failed %%ddp cell (ddp_magic/ui/labsnap.py): the failure's kind, and whether it is the root cause. */
   kind?: FailureKind;
   cause?: Cause;
@@ -78,6 +80,19 @@ export interface IPoolSnapshot {
   names: string[]; // names the workers own
   /** The last %%ddp cell's outcome on this pool (ddp_magic/kernel/ranks.py LastCell.to_dict); null while a cell runs and before the first. */
   last_cell?: ILastCell | null;
+  /** The cell that holds the pool's turn now (ddp_magic/ui/labsnap.py job_dict): a background job while one runs. */
+  job?: IJobSnapshot | null;
+  /** The cells waiting for their turn behind it, first first. */
+  queued?: string[];
+}
+
+/** A cell holding the pool's turn, as ddp_magic/kernel/turns.py Ticket says it. */
+export interface IJobSnapshot {
+  name: string; // "cell [12]"
+  background: boolean; // %%ddp --bg: it runs while the notebook runs other cells
+  elapsed: number | null; // seconds it had run when the snapshot was sent (null: still queued)
+  step: number | null; // the last step its ranks logged with ddp_magic.log
+  text: string; // the kernel's own words, at the time of the snapshot
 }
 
 /** What the kernel keeps of the last %%ddp cell once its ranks are ready again: its prompt number, and who failed. */
@@ -302,6 +317,32 @@ export function fmtSeconds(seconds: number | null | undefined): string {
   return `${Math.floor(m / 60)} h ${pad(m % 60)} m`;
 }
 
+/** A run time as a clock, "0:00:07", "1:02:11": ddp_magic/kernel/turns.py clock_text (tests/labextension/test_model_mirror.py checks). */
+export function clockText(seconds: number): string {
+  const s = Math.max(0, Math.floor(seconds));
+  const pad = (n: number) => (n < 10 ? `0${n}` : `${n}`);
+  return `${Math.floor(s / 3600)}:${pad(Math.floor(s / 60) % 60)}:${pad(s % 60)}`;
+}
+
+/** 4120 -> "4,120" (Python's f"{n:,}"). */
+function grouped(n: number): string {
+  return String(Math.trunc(n)).replace(/\B(?=(\d{3})+(?!\d))/g, ',');
+}
+
+/**
+ * "background: cell [12] running 1:02:11, step 4,120": turns.py Ticket.text, its clock moved on from the
+ * snapshot to ``now`` (ms), so the status bar ticks between snapshots as the cell's own view does.
+ */
+export function jobText(job: IJobSnapshot, receivedAt: number, now: number): string {
+  const head = `${job.background ? 'background: ' : ''}${job.name}`;
+  if (job.elapsed === null || job.elapsed === undefined) {
+    return `${head} queued`;
+  }
+  const clock = clockText(job.elapsed + Math.max(0, now - receivedAt) / 1000);
+  const step = job.step === null || job.step === undefined ? '' : `, step ${grouped(job.step)}`;
+  return `${head} running ${clock}${step}`;
+}
+
 /** Python's round() of a float to an int: halves to even. */
 function pyRound(x: number): number {
   const f = Math.floor(x);
@@ -374,7 +415,7 @@ export function rankStateLabel(r: IRankSnapshot, cause: Cause | null = r.cause ?
   return `died (exit ${r.exit_code})`;
 }
 
-const ACTIVE: readonly RankState[] = ['starting', 'connecting', 'running'];
+const ACTIVE: readonly RankState[] = ['queued', 'starting', 'connecting', 'running'];
 const BAD: readonly RankState[] = ['failed', 'dead'];
 const BY_US_SIGNALS = [-15, -9]; // SIGTERM, SIGKILL: how ddp_magic stops a rank that ignores an interrupt
 
@@ -415,7 +456,7 @@ export function rankElapsed(r: IRankSnapshot, receivedAt: number, now: number): 
   return r.elapsed + (isActive(r) ? Math.max(0, now - receivedAt) / 1000 : 0);
 }
 
-export type Phase = 'starting' | 'running' | 'failed' | 'interrupted' | 'broken' | 'ready' | 'stopped';
+export type Phase = 'queued' | 'starting' | 'running' | 'failed' | 'interrupted' | 'broken' | 'ready' | 'stopped';
 
 export interface IPhase {
   phase: Phase;
@@ -434,6 +475,9 @@ export function poolPhase(pool: IPoolSnapshot, receivedAt: number, now: number):
   const elapsed = active.length ? Math.max(...active.map(r => rankElapsed(r, receivedAt, now))) : null;
   if (active.some(r => r.state === 'running')) {
     return { phase: 'running', bad, elapsed };
+  }
+  if (active.some(r => r.state === 'queued')) {
+    return { phase: 'queued', bad, elapsed }; // a Slurm job waits in the queue: no rank process exists yet
   }
   if (active.length) {
     return { phase: 'starting', bad, elapsed };
@@ -454,6 +498,12 @@ export function poolPhase(pool: IPoolSnapshot, receivedAt: number, now: number):
     return { phase: 'stopped', bad, elapsed: null };
   }
   return { phase: 'ready', bad, elapsed: null };
+}
+
+/** "queued: job 1234 pending (Resources)": what the kernel says of a Slurm job still in the queue (every queued rank says it). */
+export function queueLine(pool: IPoolSnapshot): string {
+  const queued = (pool.ranks || []).find(r => r.state === 'queued');
+  return queued && queued.last_line ? cleanLine(queued.last_line, 120) : 'queued';
 }
 
 /** "3", "0-3", "0, 2-3": as ddp_magic/plan/words.py rank_list (a test compares them). */
@@ -501,7 +551,8 @@ export function lastCellNote(pool: IPoolSnapshot): string | null {
 
 /**
  * The status-bar text: null (show nothing) when the kernel has no pool, else
- * "DDP 4×gloo · running 0:12", "DDP 2×gloo · rank 1 failed", "DDP 2×gloo · ready".
+ * "DDP 4×gloo · running 0:12", "DDP 2×gloo · rank 1 failed", "DDP 2×gloo · ready", and while a background
+ * cell runs "DDP 2×gloo · background: cell [12] running 1:02:11, step 4,120".
  */
 export function statusText(state: IUIState, now: number): string | null {
   const pool = state.connected && state.snapshot ? state.snapshot.pool : null;
@@ -513,13 +564,16 @@ export function statusText(state: IUIState, now: number): string | null {
   let tail: string;
   switch (p.phase) {
     case 'running':
-      tail = `running ${fmtSeconds(p.elapsed || 0)}`;
+      tail = pool.job && pool.job.background ? jobText(pool.job, state.receivedAt, now) : `running ${fmtSeconds(p.elapsed || 0)}`;
       if (p.bad.length) {
         tail += ` · ${rankList(p.bad)} failed`;
       }
       break;
     case 'starting':
       tail = p.elapsed === null ? 'starting' : `starting ${fmtSeconds(p.elapsed)}`;
+      break;
+    case 'queued':
+      tail = `${queueLine(pool)} · waited ${fmtSeconds(p.elapsed || 0)}`;
       break;
     case 'failed':
       tail = `${rankList(p.bad)} failed`;
@@ -574,6 +628,7 @@ export interface IRankRow {
   lastCause: Cause | '';
   /** "In[5]: raised" on the rank the last cell's failure names ('' otherwise). */
   lastNote: string;
+  node: string; // a Slurm pool's node (n2); empty on one host
 }
 
 /** What a rank did in a failed cell, by its failure's kind (states.py FailureKind). */
@@ -592,6 +647,9 @@ export function stateClass(r: IRankSnapshot, cause: Cause | null = r.cause ?? nu
   }
   if (BAD.indexOf(r.state) >= 0) {
     return 'bad';
+  }
+  if (r.state === 'queued') {
+    return 'warn'; // waiting for the scheduler, not running
   }
   if (isActive(r)) {
     return 'active';
@@ -631,7 +689,8 @@ export function rankRows(state: IUIState, now: number): IRankRow[] {
         memory: formatBytes(r.memory),
         lastLine: cleanLine(r.last_line || ''),
         lastCause: was ? was.cause : '',
-        lastNote: was && last && was.cause === 'root' ? `${cellName(last.number)}: ${KIND_WORDS[was.kind] || 'failed'}` : ''
+        lastNote: was && last && was.cause === 'root' ? `${cellName(last.number)}: ${KIND_WORDS[was.kind] || 'failed'}` : '',
+        node: r.node || ''
       };
     });
 }

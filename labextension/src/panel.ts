@@ -230,12 +230,16 @@ export class PoolPanel extends Widget {
             ? 'ddp_magic is not loaded in this kernel. Run `%load_ext ddp_magic`, then a `%%ddp -n N` cell.'
             : 'No pool is running. A `%%ddp -n N` cell starts one.')
     );
+    if (text && pool && pool.queued && pool.queued.length) {
+      this._summary.appendChild(document.createTextNode(` · queued behind it: ${pool.queued.join(', ')}`));
+    }
     this._summary.dataset.phase = pool ? M.poolPhase(pool, state.receivedAt, now).phase : 'none';
     const last = pool && pool.last_cell && !pool.last_cell.ok ? pool.last_cell : null;
     this._lastCell.textContent = '';
     this._lastCell.appendChild(words(last ? last.text : ''));
     this._lastCell.dataset.recovered = String(!!last && last.recovered);
     this._lastCell.style.display = last ? '' : 'none';
+    this._summary.dataset.job = pool && pool.job && pool.job.background ? pool.job.name : '';
 
     // the message line: pending requests first, then the last reply
     const lines: string[] = [];
@@ -287,6 +291,7 @@ export class PoolPanel extends Widget {
       td.title = r.lastLine;
       for (const [key, value] of [
         ['lastNote', r.lastNote],
+        ['node', r.node],
         ['device', r.device],
         ['memory', r.memory],
         ['lastText', r.lastLine]

@@ -37,17 +37,10 @@ NUMBER = re.compile(r"^-?(\d+)(?:\.(\d+))?(?:e([-+]\d+))?([kMGT]?)$")
 
 def _ts(function: str, values: List[Any]) -> List[Any]:
     """``function`` of labextension/src/model.ts applied to every value, in node (a list value: its arguments)."""
-    node = shutil.which("node")
-    assert node is not None, "node is needed to build the extension (scripts/setup.sh installs it)"
-    assert os.path.exists(MODEL_JS), "labextension/lib/model.js is missing: run bash scripts/build_labextension.sh"
-    with tempfile.TemporaryDirectory() as tmp:
-        module = os.path.join(tmp, "model.mjs")  # lib/ is an ES module; a .mjs copy imports without a package.json
-        shutil.copyfile(MODEL_JS, module)
-        call = f"(Array.isArray(v) ? M.{function}(...v) : M.{function}(v))"
-        script = f"import * as M from {json.dumps(module)}; console.log(JSON.stringify({json.dumps(values)}.map(v => {call})));"
-        out = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    call = f"(Array.isArray(v) ? M.{function}(...v) : M.{function}(v))"
+    out = _node_model(f"{json.dumps(values)}.map(v => {call})")
+    assert isinstance(out, list)
+    return out
 
 
 def read_back(text: str) -> float:
@@ -103,3 +96,31 @@ def test_the_env_line_is_the_kernel_s_checks_verdict() -> None:
         for cs in checks.values()
     ]
     assert _ts("envHeadline", summaries) == [checks_verdict(cs) for cs in checks.values()]
+
+
+def _node_model(calls: str) -> object:
+    """Evaluate ``calls`` (a JS expression over the built model, ``M``) in node; its JSON value."""
+    node = shutil.which("node")
+    assert node is not None, "node is needed to build the extension (scripts/setup.sh installs it)"
+    assert os.path.exists(MODEL_JS), "labextension/lib/model.js is missing: run bash scripts/build_labextension.sh"
+    with tempfile.TemporaryDirectory() as tmp:
+        module = os.path.join(tmp, "model.mjs")  # lib/ is an ES module; a .mjs copy imports without a package.json
+        shutil.copyfile(MODEL_JS, module)
+        script = f"import * as M from {json.dumps(module)}; console.log(JSON.stringify({calls}));"
+        out = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_a_background_job_reads_the_same_in_the_status_bar_and_in_percent_ddp_status() -> None:
+    from ddp_magic.kernel.turns import Ticket, clock_text
+    from ddp_magic.ui.labsnap import job_dict
+
+    seconds = [0, 0.4, 7.9, 59.99, 61, 3599.5, 3731, 86399, 360000]
+    assert _node_model(f"{json.dumps(seconds)}.map(M.clockText)") == [clock_text(s) for s in seconds]
+    tickets = [Ticket("cell [12]", True), Ticket("cell [3]", True, since=0.0), Ticket("cell [7]", False, since=0.0)]
+    tickets[1].progress = lambda: 4120
+    jobs = [job_dict(t) for t in tickets]
+    shown = _node_model(f"{json.dumps(jobs)}.map(j => M.jobText(j, 0, 0))")
+    assert shown == [j["text"] for j in jobs]  # read at the snapshot's moment: the kernel's own words
+    assert shown[0] == "background: cell [12] queued" and re.fullmatch(r"background: cell \[3\] running \d+:\d\d:\d\d, step 4,120", shown[1])

@@ -128,7 +128,7 @@ CASES: Dict[str, Tuple[Callable[[], List[Check]], Callable[[], List[Check]]]] = 
     "process group": (lambda: live_checks(live(), 2, "gloo"), lambda: live_checks(live(**{"1": {"initialised": False}}), 2, "gloo")),
 }
 # Checks that inform and cannot fail, by design (both of their states are tested below).
-INFORM_ONLY = {"CUDA in the kernel"}
+INFORM_ONLY = {"CUDA in the kernel", "Slurm task variables"}  # the latter only informs (tests/unit/test_slurm_plan.py)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 EXPECTED = [
     "01_quickstart", "02_env_and_validation", "03_train_ddp", "04_all_gather", "05_when_things_go_wrong", "06_debugging",
-    "07_fsdp2", "08_tensor_parallel", "09_export", "10_metrics_and_profile",
+    "07_fsdp2", "08_tensor_parallel", "09_export", "10_metrics_and_profile", "11_background",
 ]
 EXPECTED_TO_FAIL = {"raises-exception", "nbval-raises-exception"}
 REFRESH = "re-execute and save it: python notebooks/refresh.py"
@@ -59,8 +59,8 @@ def test_outputs_are_committed(nb):
     assert any(c.outputs for c in cells), f"{nb.path.name} has no outputs committed; {REFRESH}"
     for i, c in enumerate(cells):
         first = c.source.lstrip().splitlines()[0] if c.source.strip() else ""
-        shows_something = first.startswith(("%%ddp", "%ddp_env", "%ddp ")) and "--no-widget" not in first and "--json" not in first
-        if shows_something:  # a %%ddp cell always shows at least its status view or its error
+        shows_something = first.startswith(("%%ddp", "%ddp_env", "%ddp ")) and not any(f in first for f in ("--no-widget", "--json", "--bg"))
+        if shows_something:  # a %%ddp cell always shows at least its status view or its error (a --bg cell's come after it returned)
             assert c.outputs, f"{nb.path.name}: code cell {i} ({first!r}) has no outputs; {REFRESH}"
 
 

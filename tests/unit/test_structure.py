@@ -25,7 +25,8 @@ ALLOWED: Dict[str, Set[str]] = {
     "export": {"export", "kernel", "plan", "wire", "errors", "states", "logs", "words"},  # %ddp_export: history -> script (kernel side)
     "session": {"session", "export", "kernel", "plan", "wire", "errors", "states", "logs", "words"},
     "ui": {"ui", "session", "kernel", "plan", "wire", "errors", "states", "logs", "_version", "words"},
-    "magics": {"magics", "session", "export", "ui", "kernel", "plan", "wire", "errors", "states", "logs", "words"},
+    "magic_options": {"plan", "words"},  # the magics' argument declarations and examples
+    "magics": {"magic_options", "magics", "session", "export", "ui", "kernel", "plan", "wire", "errors", "states", "logs", "words"},
     "__init__": {"magics", "ui", "kernel", "session", "procs", "_version", "logs"},  # procs: ddp_magic.breakpoint, called on a rank
 }
 NO_IPYTHON = {"wire", "procs", "plan", "kernel", "export", "session", "errors", "states", "logs", "words"}

@@ -1,6 +1,6 @@
-"""How rank processes come to exist: a fork server (fast), plain spawn (portable) or torchrun (several nodes).
+"""How rank processes come to exist: a fork server (fast), plain spawn (portable), torchrun (several nodes) or Slurm job steps.
 
-All three implement ``Launcher`` (base.py); the pool reads its capability
+All four implement ``Launcher`` (base.py); the pool reads its capability
 flags and never asks which one it has. ``make_launcher`` picks one from the
 start method.
 """
@@ -10,13 +10,17 @@ import sys
 
 from .base import Exit, LaunchError, Launcher, LocalLauncher, signal_pid, worker_env
 from .forkserver import ForkServerLauncher
+from .slurm import SlurmLauncher
 from .spawn import SpawnLauncher
 from .torchrun import TorchrunLauncher
+
 
 def make_launcher(method: str, secret: bytes) -> Launcher:
     """The launcher for a start method: auto is the fork server on Linux, spawn elsewhere."""
     if method == "torchrun":
         return TorchrunLauncher(secret)
+    if method == "slurm":
+        return SlurmLauncher(secret)
     if method == "auto":
         method = "fork" if sys.platform.startswith("linux") else "spawn"
     if method == "fork":
@@ -28,5 +32,5 @@ def make_launcher(method: str, secret: bytes) -> Launcher:
 
 __all__ = [
     "Exit", "ForkServerLauncher", "LaunchError", "Launcher", "LocalLauncher",
-    "SpawnLauncher", "TorchrunLauncher", "make_launcher", "signal_pid", "worker_env",
+    "SlurmLauncher", "SpawnLauncher", "TorchrunLauncher", "make_launcher", "signal_pid", "worker_env",
 ]

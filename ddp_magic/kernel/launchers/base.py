@@ -11,12 +11,14 @@ import os
 import sys
 import tempfile
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ...logs import log
+from ...plan.slurm import TASK_VARS
 
 if TYPE_CHECKING:
     from ...plan.plan import Plan
+    from ...wire.tls import ServerKey
 
 Exit = Tuple[Optional[int], int, int]  # (rank, pid, exit code or -signal)
 
@@ -26,9 +28,9 @@ class LaunchError(RuntimeError):
 
 
 def worker_env() -> Dict[str, str]:
-    """The kernel's env for a worker process, less what must not leak into ranks."""
+    """The kernel's env for a worker process, less what must not leak into ranks (a kernel inside Slurm: its task's ids)."""
     env = dict(os.environ)
-    for key in ("PYTEST_CURRENT_TEST", "JPY_PARENT_PID", "MPLBACKEND"):
+    for key in ("PYTEST_CURRENT_TEST", "JPY_PARENT_PID", "MPLBACKEND", *TASK_VARS):
         env.pop(key, None)
     env["PYTHONUNBUFFERED"] = "1"
     # The kernel's own sys.path (e.g. a source checkout) must reach the workers.
@@ -62,12 +64,18 @@ class Launcher(ABC):
     ``keeps_template``
         a warm template survives a restart; when False the pool's teardown
         closes the launcher and the next start launches afresh.
+    ``replaces_ranks``
+        ``spawn(rank, config)`` starts one dead rank again alone (kernel/recovery.py).
+
+    A launcher whose ranks wait for a scheduler (Slurm) also implements ``acquire``
+    (the pool's ranks are QUEUED meanwhile), ``placed``, ``listen_addr`` and ``tls_server``.
     """
 
     name = ""
     remote_ranks = False
     reports_exits = True
     keeps_template = True
+    replaces_ranks = False
 
     def __init__(self, secret: bytes, python: str = sys.executable) -> None:
         self.secret = secret
@@ -78,6 +86,27 @@ class Launcher(ABC):
     def start(self, timeout: float = 0) -> str:
         """Warm up (e.g. import torch once in a template); returns a line describing it."""
         return f"{self.name}: no template"
+
+    def acquire(self, plan: Plan, progress: Callable[[str], None]) -> Optional[str]:
+        """Wait for what the ranks run on (a scheduler's allocation), saying ``progress(text)`` while queued; a line for the user, or None."""
+        return None
+
+    def placed(self, plan: Plan, avoid: int = 0) -> Plan:
+        """The plan as the allocation places it (MASTER_ADDR on the first node, a port that is not ``avoid``, the control
+        port); the same plan for one host."""
+        return plan
+
+    def listen_addr(self, asked: Optional[str], default: str) -> str:
+        """Where the control channel listens: what the user asked (--control-addr), else ``default``."""
+        return asked or default
+
+    def where(self) -> str:
+        """Where the ranks run, for %ddp status, when it is more than this host (a Slurm job, its state and nodes)."""
+        return ""
+
+    def tls_server(self) -> Optional[ServerKey]:
+        """The pool's TLS key when the control channel must be encrypted (ranks on other hosts); None: plain TCP."""
+        return None
 
     @abstractmethod
     def launch(self, plan: Plan, base_env: Dict[str, str], control_addr: str, control_port: int, store_path: Optional[str] = None) -> Optional[str]:
@@ -123,6 +152,8 @@ class Launcher(ABC):
 
 class LocalLauncher(Launcher):
     """Ranks started one by one on this host: each one our child, with an exit code we read."""
+
+    replaces_ranks = True
 
     def launch(self, plan: Plan, base_env: Dict[str, str], control_addr: str, control_port: int, store_path: Optional[str] = None) -> Optional[str]:
         for rank in range(plan.world_size):

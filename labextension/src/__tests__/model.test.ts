@@ -93,6 +93,20 @@ describe('status bar text', () => {
     assert.equal(M.statusText(M.disconnected(s), 0), null);
   });
 
+  it('shows a background cell by its name, its clock moving between messages, and its last step', () => {
+    const job: M.IJobSnapshot = { name: 'cell [12]', background: true, elapsed: 3729.5, step: 4120, text: '' };
+    const ranks = [rank(0, { state: 'running', elapsed: 3729.5 }), rank(1, { state: 'running', elapsed: 3729.5 })];
+    const s = connected(pool(ranks, { job, queued: ['cell [13]'] }), 'idle', 1000);
+    assert.equal(M.statusText(s, 1000), 'DDP 2×gloo · background: cell [12] running 1:02:09, step 4,120');
+    assert.equal(M.statusText(s, 3000), 'DDP 2×gloo · background: cell [12] running 1:02:11, step 4,120');
+    const noStep = connected(pool(ranks, { job: { ...job, step: null, elapsed: 7 } }), 'idle', 0);
+    assert.equal(M.statusText(noStep, 0), 'DDP 2×gloo · background: cell [12] running 0:00:07');
+    const foreground = connected(pool(ranks, { job: { ...job, background: false } }), 'busy', 1000);
+    assert.equal(M.statusText(foreground, 1000), 'DDP 2×gloo · running 1 h 02 m');
+    assert.equal(M.jobText({ ...job, elapsed: null }, 0, 0), 'background: cell [12] queued');
+    assert.equal(M.jobText({ ...job, step: 1234567 }, 0, 0), 'background: cell [12] running 1:02:09, step 1,234,567');
+  });
+
   it('shows world size, backend and a running clock that moves between messages', () => {
     const s = connected(pool([rank(0, { state: 'running', elapsed: 10 }), rank(1, { state: 'running', elapsed: 9 })], { world_size: 4, nproc: 4 }), 'busy', 1000);
     assert.equal(M.statusText(s, 1000), 'DDP 4×gloo · running 10.00 s');
@@ -406,6 +420,33 @@ describe('phase', () => {
     assert.equal(p([]), 'stopped');
     assert.equal(p([], { started: false }), 'starting');
     assert.equal(p([rank(0, { state: 'ready' })]), 'ready');
+  });
+
+  it('says a Slurm job waiting in the queue is queued, with Slurm\'s reason and the time waited', () => {
+    const line = 'queued: job 1234 pending (Resources)';
+    const queued = pool([rank(0, { state: 'queued', pid: null, last_line: line, elapsed: 12.5 }), rank(1, { state: 'queued', pid: null, last_line: line, elapsed: 12.5 })], {
+      started: false
+    });
+    assert.equal(M.poolPhase(queued, 0, 0).phase, 'queued');
+    assert.equal(M.queueLine(queued), line);
+    const s = connected(queued, 'busy', 1000);
+    assert.equal(M.statusText(s, 3000), `DDP 2×gloo · ${line} · waited 14.50 s`); // the clock runs on while queued
+    const rows = M.rankRows(s, 1000);
+    assert.deepEqual(
+      rows.map(r => [r.state, r.stateClass, r.lastLine]),
+      [
+        ['queued', 'warn', line],
+        ['queued', 'warn', line]
+      ]
+    );
+  });
+
+  it('names each rank\'s Slurm node in the panel', () => {
+    const s = connected(pool([rank(0, { node: 'n1' }), rank(1, { node: 'n2' }), rank(2)]));
+    assert.deepEqual(
+      M.rankRows(s, 1000).map(r => r.node),
+      ['n1', 'n2', '']
+    );
   });
 });
 

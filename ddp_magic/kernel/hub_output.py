@@ -1,0 +1,86 @@
+"""The hub's reading of the ranks' raw output sockets (fd 1 and 2): text to the listener, and the sync markers a DONE waits for.
+
+A mixin of kernel/hub.py's ``Hub`` (it reads the hub's registry), kept apart so that
+each file says one thing: hub.py the control messages, this file the output streams.
+"""
+from __future__ import annotations
+
+import select
+import time
+from typing import Any, Dict, Tuple
+
+from ..logs import log
+from .conns import OutConn, ReadBuffer
+from .ranks import Listener, RankInfo
+
+STREAMS = ("stdout", "stderr")
+
+
+class OutputStreams:
+    """What a ``Hub`` does with its ranks' output sockets."""
+
+    ranks: Dict[int, RankInfo]
+    outs: Dict[Tuple[int, str], OutConn]
+    listener: Listener
+    _rbuf: ReadBuffer
+    _unsynced: Dict[int, dict]
+
+    def _unwatch(self, sock: Any) -> None:  # pragma: no cover - the Hub's
+        raise NotImplementedError
+
+    def _finish_rank(self, rank: int, msg: dict) -> None:  # pragma: no cover - the Hub's
+        raise NotImplementedError
+
+    def _read_out(self, out: OutConn) -> bool:
+        """Forward what a rank wrote to fd 1/2; returns False at EOF or when nothing was there."""
+        try:
+            data = self._rbuf.recv(out.sock)
+        except BlockingIOError:
+            return False
+        except OSError:
+            log.debug("rank %s's %s socket failed on read", out.rank, out.stream, exc_info=True)
+            data = b""
+        if not data:
+            out.eof = True
+            self._unwatch(out.sock)
+            self._emit_text(out, out.scanner.rest(), final=True)
+            self._release_done(out.rank)
+            return False
+        text, tokens = out.scanner.feed(data)
+        self._emit_text(out, text)
+        if tokens:
+            out.synced = max(out.synced, *tokens)
+            self._release_done(out.rank)
+        return True
+
+    def _emit_text(self, out: OutConn, data: bytes, final: bool = False) -> None:
+        text = out.decoder.decode(data, final=final)
+        if not text:
+            return
+        info = self.ranks.get(out.rank)
+        if info is not None:
+            info.note_output(text)
+        self.listener.on_output(out.rank, out.stream, text)
+
+    def _release_done(self, rank: int) -> None:
+        """A DONE counts once both streams have shown everything printed before it."""
+        msg = self._unsynced.get(rank)
+        if msg is None:
+            return
+        for stream in STREAMS:
+            out = self.outs.get((rank, stream))
+            if out is not None and not out.eof and out.synced < msg["cell"]:
+                return
+        del self._unsynced[rank]
+        self._finish_rank(rank, msg)
+
+    def drain_outs(self, rank: int, timeout: float = 0.5) -> None:
+        """Read what a (dead) rank left in its output sockets, until EOF or a quiet moment."""
+        deadline = time.monotonic() + timeout
+        for stream in STREAMS:
+            out = self.outs.get((rank, stream))
+            while out is not None and not out.eof and time.monotonic() < deadline:
+                r, _, _ = select.select([out.sock], [], [], min(0.05, max(0.0, deadline - time.monotonic())))
+                if not r or not self._read_out(out):
+                    break
+

@@ -1,0 +1,190 @@
+"""The allocation a Slurm pool's ranks run in: one the kernel found (its own job, never cancelled) or one we made and always release.
+
+Ours is ``salloc <options> python -m ddp_magic.procs.slurm_hold``, a child of the kernel
+started under ``setpriv --pdeathsig TERM``: salloc holds the allocation exactly as long
+as the holder runs, and the holder ends when the kernel does (EOF on the pipe the
+kernel holds, or the kernel's pid gone). So ``%ddp stop``, a shutdown, a restart and
+a SIGKILLed kernel all release it, the last without any cleanup code of ours running;
+while the job is still queued, the parent-death SIGTERM makes salloc cancel it.
+
+While the job waits in the queue, ``wait`` tells its caller "queued: job 1234 pending
+(Resources)" about once a second; Ctrl-C (KeyboardInterrupt) or the request's
+``queue_timeout`` cancels the job, and the error says Slurm's reason.
+"""
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, List, Optional
+
+from ...logs import log
+from ...plan.slurm import SlurmRequest
+from ...states import SchedulerState
+from . import slurm_cli as cli
+from .base import LaunchError, worker_env
+
+Progress = Callable[[str], None]
+HOLD = ["-m", "ddp_magic.procs.slurm_hold"]
+RELEASE_WAIT_S = 5.0  # salloc relinquishes within moments of its command's exit
+QUEUE_POLL_S = 1.0  # how often squeue is asked for a pending job's reason
+QUEUE_AFTER_S = 0.5  # a job granted sooner was never queued, as far as the views say
+
+
+def pdeathsig_prefix() -> List[str]:
+    """setpriv's parent-death signal for a child of the kernel: it gets SIGTERM when the kernel goes, SIGKILL included."""
+    return ["setpriv", "--pdeathsig", "TERM"] if shutil.which("setpriv") else []
+
+
+def queued_text(job_id: Optional[str], reason: str) -> str:
+    """What the views say while the job waits: "queued: job 1234 pending (Resources)"."""
+    return f"queued: job {job_id or '?'} pending" + (f" ({reason})" if reason else "")
+
+
+class Allocation:
+    """A job's nodes, as names and the addresses they are reached at."""
+
+    ours = False
+
+    def __init__(self, request: SlurmRequest) -> None:
+        self.request = request
+        self.job_id: Optional[str] = request.job_id
+        self.nodes: List[str] = []
+        self.addrs: List[str] = []
+
+    def wait(self, progress: Progress) -> None:
+        """Until the nodes are ours (at once for an allocation found); a step Slurm would refuse is refused here, in its words."""
+        refused = cli.test_request(self.request.step_test_argv(str(self.job_id)))
+        if refused:
+            raise LaunchError(f"srun refused the step in job {self.job_id}: {refused}")
+        info = cli.job(str(self.job_id))
+        nodelist = os.environ.get("SLURM_JOB_NODELIST") or info.nodelist
+        if info.state != SchedulerState.RUNNING and not nodelist:
+            raise LaunchError(f"the kernel's Slurm job {self.job_id} is {info.state} ({info.reason or 'squeue says no more'}): no nodes to run on")
+        self._place(nodelist)
+
+    def _place(self, nodelist: str) -> None:
+        self.nodes = cli.hostnames(nodelist)
+        self.addrs = [cli.node_addr(n) for n in self.nodes]
+        if len(self.nodes) < self.request.nodes:
+            raise LaunchError(f"Slurm job {self.job_id} has {len(self.nodes)} node(s) ({nodelist}) but {self.request.nodes} were asked for")
+
+    def fits(self, request: SlurmRequest) -> bool:
+        """Whether ``request``'s ranks can run in this allocation (a new -n inside it: no new queue wait)."""
+        return request.job_id == self.job_id and request.nodes <= len(self.nodes)
+
+    def alive(self) -> bool:
+        return True  # the kernel's own job: it lives as long as the kernel can ask
+
+    def describe(self) -> str:
+        return f"Slurm job {self.job_id} on {','.join(self.nodes)}: the kernel runs inside it (found SLURM_JOB_ID); ddp_magic never cancels it"
+
+    def release(self) -> None:
+        """Nothing to release: the allocation is the kernel's, not ours."""
+
+
+class OwnAllocation(Allocation):
+    """An allocation we asked salloc for, held by the holder process, released on every path."""
+
+    ours = True
+
+    def __init__(self, request: SlurmRequest, python: str = sys.executable) -> None:
+        super().__init__(request)
+        self.python = python
+        self.proc: Optional[subprocess.Popen] = None
+        self.said = ""  # what salloc printed (its errors name the cause)
+        self.reason = ""
+
+    def wait(self, progress: Progress) -> None:
+        env = dict(worker_env(), DDP_MAGIC_KERNEL_PID=str(os.getpid()))
+        argv = pdeathsig_prefix() + self.request.salloc_argv([self.python, *HOLD])
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                     start_new_session=True, close_fds=True)  # Ctrl-C on the cell is ours to handle, not salloc's
+        try:
+            self._await(progress)
+        except BaseException:
+            self.release()
+            raise
+
+    def _await(self, progress: Progress) -> None:
+        """Read salloc and the holder until the holder's line; queue updates on the way; the timeout or an error raises."""
+        assert self.proc is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        t0, asked = time.monotonic(), 0.0
+        limit = self.request.queue_timeout
+        out, streams = b"", [self.proc.stdout, self.proc.stderr]
+        while True:
+            ready = select.select(streams, [], [], 0.25)[0] if streams else []
+            for stream in ready:
+                data = os.read(stream.fileno(), 65536)
+                if not data:
+                    streams.remove(stream)
+                elif stream is self.proc.stderr:
+                    self._heard(data.decode(errors="replace"))
+                else:
+                    out += data
+            words = out.split(b"\n", 1)[0].decode(errors="replace").split() if b"\n" in out else []
+            if len(words) >= 3 and words[0] == "ddp_magic_hold":
+                self.job_id = words[1]
+                self._place(words[2])
+                return
+            if not streams and self.proc.wait() is not None:  # both pipes closed: salloc has ended
+                raise LaunchError(f"salloc could not allocate: {cli.short_error(self.said)}")
+            now = time.monotonic()
+            if self.job_id and now - t0 >= QUEUE_AFTER_S and now - asked >= QUEUE_POLL_S:
+                asked = now
+                self.reason = cli.job(self.job_id).reason or self.reason
+                progress(queued_text(self.job_id, self.reason))
+            if limit is not None and now - t0 > limit:
+                raise LaunchError(f"Slurm job {self.job_id or '(not yet numbered)'} did not start within --start-timeout {limit:g} s: "
+                                  f"it was still pending ({self.reason or 'no reason given'}); cancelled it")
+
+    def _heard(self, text: str) -> None:
+        self.said += text
+        for line in text.splitlines():
+            kind, job = cli.parse_salloc(line)
+            if kind in ("pending", "granted") and job:
+                self.job_id = job
+
+    def fits(self, request: SlurmRequest) -> bool:
+        mine = self.request
+        same = all(getattr(request, k) == getattr(mine, k) for k in ("partition", "time", "gpus_per_node", "account", "extra"))
+        return same and not request.found and request.nodes <= mine.nodes and request.ntasks_per_node <= mine.ntasks_per_node
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def describe(self) -> str:
+        return f"Slurm job {self.job_id} on {','.join(self.nodes)}: allocated for this kernel, released when the pool stops or the kernel ends"
+
+    def release(self) -> None:
+        """End the holder (salloc then releases the allocation); a job still queued is cancelled. Waits a few seconds at most."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            assert proc.stdin is not None
+            proc.stdin.close()  # the holder reads EOF and exits: salloc relinquishes
+        except OSError:
+            log.debug("the holder's pipe was closed already", exc_info=True)
+        if self.job_id and not self.nodes:
+            cli.cancel(self.job_id)  # still queued: no holder runs yet
+        try:
+            proc.wait(timeout=RELEASE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            log.debug("salloc did not exit after its holder; cancelling job %s", self.job_id, exc_info=True)
+            if self.job_id:
+                cli.cancel(self.job_id)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def allocation_for(request: SlurmRequest, python: str = sys.executable) -> Allocation:
+    """The allocation a request runs in: the kernel's own (SLURM_JOB_ID) or a new one of ours."""
+    return Allocation(request) if request.found else OwnAllocation(request, python)

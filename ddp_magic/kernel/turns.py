@@ -1,0 +1,142 @@
+"""Whose turn it is on the pool: one cell runs on the ranks at a time, the next ones wait in line, first come first served.
+
+A background cell (``%%ddp --bg``) holds the turn on its job's thread for as long as it
+runs; a ``%%ddp`` cell that comes meanwhile waits here (its view says whom it waits
+behind) unless it asked not to (``--no-queue``: a clear error at once). Ctrl-C on a
+waiting cell, or ``cancel()`` of a waiting job, takes it out of the line: it never ran.
+Peeks (kernel/peek.py) do not wait in line: they run beside whoever holds the turn, and
+take the turn for a moment only when nobody holds it (to pump the hub themselves).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, List, Optional
+
+from ..errors import Dequeued, UsageError
+
+WAIT_SLICE_S = 0.1  # a waiting cell looks at its cancel flag this often (a Ctrl-C lands at once anyway)
+
+
+def clock_text(seconds: float) -> str:
+    """A run time as a clock, ``H:MM:SS`` (``0:00:07``, ``1:02:11``): one form whatever the length."""
+    s = max(0, int(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One cell's place in line, and what ``%ddp status`` and the panel say about it while it holds the turn."""
+
+    name: str  # what the user calls the cell: "cell [12]"
+    background: bool = False
+    since: Optional[float] = None  # when it got the turn (time.monotonic())
+    progress: Callable[[], Optional[int]] = field(default=lambda: None)  # the last step its ranks logged (ddp_magic.log)
+
+    def text(self, now: Optional[float] = None) -> str:
+        """``background: cell [12] running 1:02:11, step 4,120`` (the step once one was logged)."""
+        now = time.monotonic() if now is None else now
+        head = f"{'background: ' if self.background else ''}{self.name}"
+        if self.since is None:
+            return f"{head} queued"
+        step = self.progress()
+        return f"{head} running {clock_text(now - self.since)}" + (f", step {step:,}" if step is not None else "")
+
+
+def busy_text(holder: Ticket, what: str) -> str:
+    """Why ``what`` cannot happen now, and the ways out."""
+    how = "job.wait() or %ddp wait, or job.cancel() to stop it" if holder.background else "wait for it to end"
+    return f"{what}: {holder.name} runs on the pool now ({holder.text()}); {how}, then try again"
+
+
+class Turns:
+    """The pool's line of cells; safe from any thread."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.holder: Optional[Ticket] = None
+        self.line: List[Ticket] = []
+
+    def take(self, ticket: Ticket, wait: bool = True, on_queued: Optional[Callable[[Ticket], None]] = None,
+             cancelled: Optional[threading.Event] = None) -> float:
+        """Wait for ``ticket``'s turn and take it; returns the seconds waited.
+
+        ``wait=False`` (``--no-queue``) raises UsageError at once when another cell holds the turn;
+        ``on_queued(holder)`` is told once when the ticket has to wait. A Ctrl-C, or ``cancelled``
+        being set, takes the ticket out of the line and raises ``Dequeued``."""
+        with self._cond:
+            if self.holder is None and not self.line:
+                self._grant(ticket)
+                return 0.0
+            ahead = self.holder or self.line[-1]
+            if not wait:
+                raise UsageError(busy_text(ahead, f"%%ddp --no-queue: {ticket.name} did not run"))
+            self.line.append(ticket)
+        t0 = time.monotonic()
+        try:
+            if on_queued is not None:
+                on_queued(ahead)
+            self._wait(ticket, cancelled)
+        except KeyboardInterrupt:
+            self._leave(ticket)
+            raise Dequeued(f"{ticket.name} was taken out of the queue (Ctrl-C) before it ran; {ahead.name} goes on") from None
+        except BaseException:
+            self._leave(ticket)
+            raise
+        return time.monotonic() - t0
+
+    def _wait(self, ticket: Ticket, cancelled: Optional[threading.Event]) -> None:
+        with self._cond:
+            while not (self.holder is None and self.line and self.line[0] is ticket):
+                if cancelled is not None and cancelled.is_set():
+                    raise Dequeued(f"{ticket.name} was cancelled while it waited in the queue; it never ran")
+                self._cond.wait(WAIT_SLICE_S)
+            self.line.pop(0)
+            self._grant(ticket)
+
+    def _grant(self, ticket: Ticket) -> None:
+        self.holder = ticket
+        ticket.since = time.monotonic()
+
+    def _leave(self, ticket: Ticket) -> None:
+        with self._cond:
+            if ticket in self.line:
+                self.line.remove(ticket)
+            self._cond.notify_all()
+
+    def try_take(self, ticket: Ticket) -> bool:
+        """Take the turn only if nobody holds it and nobody waits (a peek that pumps the hub itself)."""
+        with self._cond:
+            if self.holder is None and not self.line:
+                self._grant(ticket)
+                return True
+            return False
+
+    def give_back(self, ticket: Ticket) -> None:
+        with self._cond:
+            if self.holder is ticket:
+                self.holder = None
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def turn(self, ticket: Ticket, wait: bool = True, on_queued: Optional[Callable[[Ticket], None]] = None,
+             cancelled: Optional[threading.Event] = None) -> Iterator[float]:
+        """``take`` for the duration of a with block (the seconds waited), given back however it ends (a Ctrl-C
+        landing just as the turn was granted included: ``give_back`` lets go only of a turn the ticket holds)."""
+        try:
+            yield self.take(ticket, wait, on_queued, cancelled)
+        finally:
+            self.give_back(ticket)
+
+    def check_idle(self, what: str) -> None:
+        """Raise UsageError (naming the running cell) when a cell holds the turn: ``what`` needs the pool to itself."""
+        holder = self.holder
+        if holder is not None:
+            raise UsageError(busy_text(holder, what))
+
+    def waiting(self) -> List[str]:
+        """The names of the cells in line, first first."""
+        with self._cond:
+            return [t.name for t in self.line]

@@ -1,0 +1,82 @@
+"""The magics' options and examples, declared once: what ``%%ddp``, ``%ddp``, ``%ddp_env`` accept and ``%ddp?`` shows.
+
+IPython's ``magic_arguments`` declarations as data (magics.py applies them), so the
+help text, the parsers and the examples have one home, apart from what the magics do.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+from IPython.core.magic_arguments import argument
+
+from .plan.spec import BACKENDS, port as _port, positive_int as _positive_int
+
+SEE_HELP = "See %ddp? for every option, with examples."
+
+POOL_KEYS = ("backend", "master_addr", "master_port", "init", "start_method", "nnodes", "start_timeout", "pg_timeout", "mesh")
+F = TypeVar("F", bound=Callable[..., Any])
+
+CELL_EXAMPLES = """
+examples:
+  %%ddp -n 4                 run on 4 ranks (starts the pool on first use; later cells may omit -n)
+  %%ddp --ranks 0            show only rank 0's output (every rank still runs)
+  %%ddp --timeout 60         stop the cell after 60 s, showing where every rank was
+  %%ddp --out losses         also store the per-rank results in the notebook variable `losses`
+  %%ddp --no-widget          no status view above the output (DDP_MAGIC_WIDGET=0 in the env: never)
+  %%ddp -n 8 --nnodes 2      8 ranks over 2 nodes (torchrun); the kernel prints what to run on the other node
+  %%ddp -n 8 --slurm         8 ranks as tasks of this kernel's Slurm allocation (inside salloc / sbatch / OnDemand)
+  %%ddp --slurm --nodes 2 --ntasks-per-node 4 --partition gpu --time 2:00:00
+                             a new allocation of ours (released when the pool stops or the kernel ends; docs/multinode.md)
+  %%ddp --restart            a fresh pool first (fresh port; state on the workers is lost)
+  %%ddp --scatter x          rank r gets only its shard of the notebook tensor x (ddp_magic.scatter(x, dim=1) for another dim)
+  %%ddp --profile trace.json torch.profiler on every rank, one merged trace, a straggler table (docs/metrics.md)
+  %%ddp --bg --out job       run in the background; job.wait(), job.result(), job.cancel() (docs/background.md)
+  %%ddp --peek [--ranks 0]   look into the running ranks: step, model.weight.norm() (no collectives)
+"""
+LINE_EXAMPLES = """
+examples:
+  %ddp status                the pool's ranks, pids and states
+  %ddp restart [-n N]        restart the pool (fresh port, state on the workers is lost)
+  %ddp stop                  stop every worker
+  %ddp log                   ddp_magic's recent log records, to attach to a bug report
+  %ddp wait                  wait for the background cells (%%ddp --bg) to end
+  %ddp metrics [--df]        what the last cell's ranks logged with ddp_magic.log: a dict of lists (--df: a DataFrame)
+                             (DDP_MAGIC_LOG=debug in the kernel's env also prints them as they happen)
+  %ddp_env [-n N]            the env each rank will get (or sees, once the pool runs), with checks
+  %ddp_env --slurm --nodes 2 --ntasks-per-node 4    the Slurm plan (salloc and srun lines, each rank's env), nothing allocated
+"""
+
+
+POOL_ARGUMENTS = (
+    argument("-n", "--nproc", type=_positive_int, metavar="N", help="number of ranks (processes); a cell may omit it once a pool runs"),
+    argument("--backend", choices=BACKENDS, help="process-group backend (default auto: nccl with a GPU per rank, else gloo)"),
+    argument("--master-addr", metavar="ADDR", help="MASTER_ADDR (default 127.0.0.1)"),
+    argument("--master-port", type=_port, metavar="PORT", help="MASTER_PORT (default: a free port)"),
+    argument("--no-init", dest="init", action="store_const", const=False, help="do not call init_process_group before the first cell"),
+    argument("--start-method", choices=("auto", "fork", "spawn"), help="fork server (fast, Linux) or spawn"),
+    argument("--nnodes", type=_positive_int, metavar="N", help="spread the -n ranks over this many nodes (torchrun c10d rendezvous)"),
+    argument("--join-timeout", dest="start_timeout", type=float, metavar="SECONDS", help="wait for every rank (and node) to join (default 180)"),
+    argument("--pg-timeout", type=float, metavar="SECONDS", help="before a collective with a missing peer fails (default 300)"),
+    argument("--nccl-debug", choices=("WARN", "INFO", "TRACE"), help="set NCCL_DEBUG on the ranks (NCCL's own output appears per rank)"),
+    argument("--mesh", metavar="DIMS", help="a DeviceMesh named `mesh` on every rank, e.g. dp=2,tp=2 (sizes multiply to -n); none: no mesh"),
+    argument("--slurm", action="store_true", help="ranks as a Slurm job step: in this kernel's allocation (SLURM_JOB_ID), else in a new one"),
+    argument("--nodes", type=_positive_int, metavar="N", help="--slurm: nodes (default: the allocation's, else 1)"),
+    argument("--ntasks-per-node", type=_positive_int, metavar="N", help="--slurm: ranks per node (default: -n / nodes)"),
+    argument("--partition", metavar="P", help="--slurm: the partition to allocate in"),
+    argument("--time", metavar="T", help="--slurm: the allocation's time limit, as Slurm reads it (2:00:00)"),
+    argument("--gpus-per-node", type=_positive_int, metavar="G", help="--slurm: GPUs per node, one per local rank"),
+    argument("--account", metavar="A", help="--slurm: the account to charge"),
+    argument("--slurm-args", metavar="ARGS", help='--slurm: more salloc options, e.g. "--qos=high --constraint=a100"'),
+    argument("--start-timeout", dest="queue_timeout", type=float, metavar="SECONDS",
+             help="--slurm: cancel a job still queued after this long (default: wait; Ctrl-C cancels)"),
+    argument("--control-addr", metavar="ADDR", help="where the ranks dial the kernel (default: loopback, or the address that reaches the first node)"),
+)
+SLURM_KEYS = ("nodes", "ntasks_per_node", "partition", "time", "gpus_per_node", "account", "slurm_args", "queue_timeout")
+HELP_ARGUMENT = argument("-h", "--help", action="store_true", help="show this help")
+
+
+def pool_arguments(func: F) -> F:
+    """The pool's options, shared by %%ddp, %ddp restart and %ddp_env (declared once, above)."""
+    for arg in reversed(POOL_ARGUMENTS):  # magic_arguments reads decorators bottom-up
+        func = arg(func)
+    return func

@@ -1,0 +1,76 @@
+"""What a %%ddp cell shows while it runs: rank-prefixed output, notices (on stdout), the status view, the chart, the lab panel.
+
+One listener per cell (the magics make it, foreground or background alike): the pool's
+events reach it on whichever thread drives the cell, and everything it shows goes to the
+cell that started it (a background cell's thread runs in that cell's context, ui/jobs.py).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..errors import UsageError
+from ..kernel import RankInfo
+from ..kernel.pool import Pool
+from ..kernel.turns import Ticket
+from ..session import CellListener
+from . import labcomm
+from .metrics_view import MetricsView
+from .output import RankPrinter, parse_ranks
+
+
+class MagicListener(CellListener):
+    """What a cell shows while it runs: rank-prefixed output, notices (on stdout), the status view, the lab panel."""
+
+    def __init__(self, printer: RankPrinter, quiet: bool = False, ranks: Optional[str] = None, widget: bool = True) -> None:
+        self.printer = printer
+        self.quiet = quiet
+        self.ranks = ranks
+        self.widget = widget
+        self.view: Optional[Any] = None  # the status view (ui/status.StatusView), once shown
+        self.metrics = MetricsView()  # ddp_magic.log's live chart, and its static picture when the cell ends
+        self.slurm = False  # a Slurm pool: prefixes name each rank's node
+
+    def on_pool(self, pool: Pool) -> None:
+        if self.ranks:
+            try:
+                parse_ranks(self.ranks, pool.nproc)  # the magic checked the form; this checks them against the pool
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+        from .status import show_status  # lazy: ipywidgets is imported when a cell first runs
+
+        self.view = show_status(pool, enabled=self.widget)  # above any output of the ranks
+        self.metrics.attach(self.view)  # ddp_magic.log's live chart: a section of the view
+        self.printer.world = pool.nproc  # a stderr line every rank sent is shown once, at once
+        self.slurm = pool.spec.slurm is not None
+
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        if self.view is not None:
+            self.view.on_output(rank, stream, text)
+        self.printer.feed(rank, stream, text)
+        labcomm.changed()  # the JupyterLab extension's view, throttled; a no-op without it
+
+    def on_notice(self, text: str) -> None:
+        if self.view is not None:
+            self.view.on_notice(text)
+        if not self.quiet:
+            print(f"ddp_magic: {text}")  # a notice is not an error: stdout, in order with the ranks' lines
+        labcomm.notice(text)
+
+    def on_state(self, info: RankInfo) -> None:
+        if self.view is not None:
+            self.view.on_state(info)
+        if info.node_name and self.slurm:
+            self.printer.nodes[info.rank] = info.node_name  # [rank 5 n2]: the node it runs on
+        labcomm.changed()
+
+    def on_metrics(self, rank: int, rows: Any) -> None:
+        self.metrics.on_metrics(rank, rows)
+        labcomm.changed()  # the panel's "step 4,120" of a background cell, throttled; a no-op without it
+
+    def finish(self, outcome: Any = None, error: Optional[BaseException] = None, metrics: Any = None) -> None:
+        if self.view is not None:
+            self.view.finish(outcome, error)
+        self.metrics.finish(metrics)  # the session's copy: complete, and labelled with the cell
+
+    def on_queued(self, holder: Ticket) -> None:
+        self.on_notice(f"queued behind {holder.name}, which runs on the pool now; this cell starts when it ends (Ctrl-C takes it out of the queue)")

@@ -1,0 +1,191 @@
+"""A background %%ddp cell (``%%ddp --bg``): the job that runs it on a kernel thread, and the handle the notebook holds.
+
+The cell is the same run as in the foreground (magics.py), owned by a ``Job`` instead of
+the caller's stack. Its thread starts in a copy of the starting cell's context
+(``contextvars``): ipykernel keeps the parent header of stdout, stderr, displays and
+comms in context variables, so everything the run produces (rank output, the status
+view, the chart, update_display, the final error) carries the header of the cell that
+started it and lands in that cell's output while other cells run. The job holds the
+pool's turn while it runs (kernel/turns.py): a second %%ddp cell waits behind it.
+Ctrl-C reaches the kernel's main thread only, so it never interrupts a job; ``cancel()``
+does, the way Ctrl-C interrupts a foreground cell (ranks released, group re-formed, state kept).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Generator, List, Optional
+
+from ..errors import CellError, Dequeued
+from ..kernel.metrics import CellMetrics
+from ..kernel.peek import PeekOutcome
+from ..kernel.turns import Ticket, clock_text
+from ..logs import log
+from ..states import JobState
+from .output import RankPrinter
+from .results import RankResults
+
+WAIT_SLICE_S = 0.2  # wait() wakes this often (a Ctrl-C lands at once anyway)
+PEEK_ONLY = "the peek failed on these ranks only; the running cell goes on (a peek's error costs only the peek)"
+
+
+class Job:
+    """The handle of one background cell: ``done()``, ``wait()``, ``result()``, ``cancel()``, ``metrics``, ``elapsed``, ``await job``."""
+
+    def __init__(self, ticket: Ticket, work: Callable[["Job"], Any], live: Callable[[], Optional[CellMetrics]] = lambda: None) -> None:
+        self.ticket = ticket
+        self.cancel_event = threading.Event()  # the run takes it as a Ctrl-C (kernel/cell.py); the queue as a way out
+        self._work = work
+        self._live = live  # the running cell's metrics store (its chart's)
+        self._done = threading.Event()
+        self._state: Optional[JobState] = None  # set once it ended
+        self._value: Any = None
+        self._error: Optional[BaseException] = None
+        self._ended: Optional[float] = None
+        self._cancelled = False
+        self.final_metrics: Optional[Dict[str, List[Any]]] = None
+        self.thread: Optional[threading.Thread] = None
+
+    def start(self) -> "Job":
+        """Run the work on its own thread, in a copy of this (the starting cell's) context."""
+        ctx = contextvars.copy_context()
+        self.thread = threading.Thread(target=ctx.run, args=(self._run,), name=f"ddp-job {self.ticket.name}", daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self._value = self._work(self)
+            self._state = JobState.DONE
+        except BaseException as e:  # the job's outcome: kept for result(), shown in its own cell
+            log.debug("background %s ended with %s", self.ticket.name, type(e).__name__, exc_info=True)
+            self._error = e
+            self._state = JobState.CANCELLED if self._cancelled and isinstance(e, (CellError, Dequeued)) else JobState.FAILED
+            show_error(e)
+        finally:
+            self._ended = time.monotonic()
+            self._done.set()
+
+    # ------------------------------------------------------------ asking
+    @property
+    def state(self) -> JobState:
+        if self._state is not None and self._done.is_set():
+            return self._state
+        return JobState.RUNNING if self.ticket.since is not None else JobState.QUEUED
+
+    def done(self) -> bool:
+        """Whether the job has ended (done, failed or cancelled); never waits."""
+        return self._done.is_set()
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds it has run on the ranks (0 while queued), up to its end."""
+        if self.ticket.since is None:
+            return 0.0
+        return (self._ended if self._ended is not None else time.monotonic()) - self.ticket.since
+
+    @property
+    def metrics(self) -> Dict[str, List[Any]]:
+        """What the ranks have logged with ``ddp_magic.log`` so far, as columns (``%ddp metrics``' form)."""
+        if self.final_metrics is not None:
+            return self.final_metrics
+        store = self._live()
+        return store.columns() if store is not None else {"rank": [], "step": [], "time": []}
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the job ends (or ``timeout`` seconds); True if it has. Ctrl-C stops the waiting, not the job."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._done.is_set():
+                left = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
+                if left <= 0:
+                    break
+                self._done.wait(left)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(f"stopped waiting for {self.ticket.name}; the job goes on (job.cancel() stops it)") from None
+        return self._done.is_set()
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        """The RankResults a foreground run would have returned, or the same error (CellError) raised; waits for the end."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"{self.ticket.name} still runs after {timeout:g} s (job.done() asks without waiting)")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def cancel(self) -> bool:
+        """Interrupt the job as Ctrl-C interrupts a foreground cell (a second cancel stops ranks that ignore it);
+        a queued job leaves the queue. False when it had already ended."""
+        if self._done.is_set():
+            return False
+        self._cancelled = True
+        self.cancel_event.set()
+        return True
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """``await job`` (IPython's autoawait): the result, without holding the kernel's event loop."""
+        return self._result_async().__await__()
+
+    async def _result_async(self) -> Any:
+        while not self._done.is_set():
+            await asyncio.sleep(0.05)
+        return self.result()
+
+    def __repr__(self) -> str:
+        state = self.state
+        if state == JobState.QUEUED:
+            return f"<Job {self.ticket.name}: queued>"
+        step = self.ticket.progress()
+        tail = f", step {step:,}" if step is not None else ""
+        if state == JobState.RUNNING:
+            return f"<Job {self.ticket.name}: running {clock_text(self.elapsed)}{tail}>"
+        why = f": {str(self._error).splitlines()[0]}" if self._error is not None and str(self._error) else ""
+        return f"<Job {self.ticket.name}: {state} after {clock_text(self.elapsed)}{tail}{why}>"
+
+
+def show_error(error: BaseException) -> None:
+    """A background cell's error in that cell's output (this runs in its context: the parent header is the cell's)."""
+    render = getattr(error, "_render_traceback_", None)
+    lines = render() if render is not None else [f"{type(error).__name__}: {error}"]
+    try:
+        from IPython import get_ipython
+
+        hook = getattr(get_ipython(), "displayhook", None)
+        if hook is not None and getattr(hook, "pub_socket", None) is not None:  # ipykernel: an error output, as a failed cell has
+            content = {"ename": type(error).__name__, "evalue": str(error), "traceback": lines}
+            topic = hook.topic.replace(b"execute_result", b"error") if getattr(hook, "topic", None) else None
+            hook.session.send(hook.pub_socket, "error", content, hook.parent_header, ident=topic)
+            return
+    except Exception:  # a kernel without the pieces above: stderr says it as well
+        log.debug("could not send a background cell's error as an error output", exc_info=True)
+    print("\n".join(lines), file=sys.stderr)
+
+
+def wait_all(jobs: List[Job]) -> None:
+    """``%ddp wait``: until every background job has ended, then one line each (Ctrl-C stops the waiting, not the jobs)."""
+    running = [j for j in jobs if not j.done()]
+    if not running:
+        print("no background job is running")
+        return
+    for job in running:
+        job.wait()
+    for job in running:
+        print(repr(job))
+
+
+def peek_results(out: PeekOutcome) -> RankResults:
+    """A peek's answers in its own cell: what each rank printed (prefixed), then its values, or the CellError of the ranks it failed on."""
+    printer = RankPrinter()
+    for rank, (stdout, stderr) in sorted(out.output.items()):
+        printer.feed(rank, "stdout", stdout)
+        printer.feed(rank, "stderr", stderr)
+    printer.flush()
+    results = RankResults(out.values)
+    if out.failures:
+        raise CellError(out.failures, out.notes + [PEEK_ONLY], partial=results)
+    for note in out.notes:
+        print(f"ddp_magic: {note}", file=sys.stderr)
+    return results

@@ -1,0 +1,230 @@
+"""A real Slurm on this one machine: two fake nodes (n1, n2), for the tests and the benchmark.
+
+Needs root and Debian's packages (slurmctld, slurmd, slurm-client, munge; scripts/setup.sh
+installs them when root). ``start()`` writes /etc/slurm/slurm.conf for this host, starts
+munged, slurmctld and one slurmd per node, and waits until ``sinfo`` shows both nodes idle;
+``stop()`` stops what ``start()`` started, each daemon by its pid file. A cluster that
+already runs with this configuration is used as it is (and left running). From a shell::
+
+    python scripts/local_slurm.py start|stop|status
+
+Facts this relies on (tried here): ../shared/TOOLCHAIN.md, "A real Slurm on one machine".
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import List, Optional, Tuple
+
+CONF = "/etc/slurm/slurm.conf"
+NODES = ("n1", "n2")
+CPUS_PER_NODE = 4
+PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+BINARIES = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/srun", "/usr/bin/salloc", "/usr/sbin/munged")
+CTLD_PID = "/run/slurm/slurmctld.pid"
+MUNGE_PID = "/run/munge/munged.pid"
+MARK = "# written by ddp_magic scripts/local_slurm.py"
+
+
+def slurmd_pid(node: str) -> str:
+    return f"/run/slurm/slurmd-{node}.pid"
+
+
+def conf_text(host: str) -> str:
+    """slurm.conf for two fake nodes on ``host`` (``hostname -s``); the lines that work without systemd or cgroups."""
+    nodes = "\n".join(
+        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={17001 + i} CPUs={CPUS_PER_NODE} RealMemory=4000 State=UNKNOWN"
+        for i, n in enumerate(NODES)
+    )
+    return f"""{MARK}
+ClusterName=ddpmagic
+SlurmctldHost={host}(127.0.0.1)
+SlurmUser=slurm
+SlurmctldPort=16817
+AuthType=auth/munge
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmdSpoolDir=/var/lib/slurm/slurmd-%n
+SlurmctldPidFile={CTLD_PID}
+SlurmdPidFile=/run/slurm/slurmd-%n.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+MailProg=/bin/true
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+SchedulerParameters=sched_interval=1
+MinJobAge=5
+KillWait=2
+InactiveLimit=0
+SlurmdTimeout=30
+{nodes}
+PartitionName=debug Nodes={NODES[0][0]}[1-{len(NODES)}] Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def missing() -> Optional[str]:
+    """Why this machine cannot run the local Slurm (None: it can)."""
+    if os.name != "posix" or not hasattr(os, "geteuid"):
+        return "the local Slurm needs Linux"
+    if os.geteuid() != 0:
+        return "the local Slurm needs root (it writes /etc/slurm and starts slurmctld/slurmd); CI runs as root"
+    absent = [b for b in BINARIES if not os.path.exists(b)]
+    if absent:
+        return f"Slurm is not installed ({', '.join(absent)} missing): apt-get install -y {' '.join(PACKAGES)} (scripts/setup.sh does it as root)"
+    return None
+
+
+def install() -> Optional[str]:
+    """apt-get install the packages when root and they are missing; returns why not, or None."""
+    why = missing()
+    if why is None or not why.startswith("Slurm is not installed"):
+        return why
+    if not shutil.which("apt-get"):
+        return why + "; no apt-get here"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+    if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            return f"apt-get install {' '.join(PACKAGES)} failed: {done.stderr.strip()[-300:]}"
+    return missing()
+
+
+def _alive(pidfile: str) -> Optional[int]:
+    try:
+        with open(pidfile) as f:
+            pid = int(f.read().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def running() -> bool:
+    """Whether our cluster's daemons are up (all of them, by their pid files)."""
+    return all(_alive(p) for p in (MUNGE_PID, CTLD_PID, *map(slurmd_pid, NODES)))
+
+
+def _run(cmd: List[str], timeout: float = 20) -> Tuple[int, str]:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+def idle_nodes() -> List[str]:
+    """The nodes sinfo shows idle (or allocated/mixed: up and usable)."""
+    try:
+        code, out = _run(["sinfo", "-h", "-N", "-o", "%N %t"], timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if code:
+        return []
+    return [ln.split()[0] for ln in out.splitlines() if len(ln.split()) == 2 and ln.split()[1] in ("idle", "alloc", "mix")]
+
+
+def _hosts_entry() -> None:
+    """n1 and n2 resolve (to 127.0.0.1), as a cluster's node names do: a batch script's ``scontrol show hostnames`` works.
+    ddp_magic itself never needs it (it takes NodeAddr)."""
+    line = "127.0.0.1 " + " ".join(NODES) + "  " + MARK
+    try:
+        with open("/etc/hosts") as f:
+            if line in f.read():
+                return
+        with open("/etc/hosts", "a") as f:
+            f.write(line + "\n")
+    except OSError:
+        pass  # a read-only /etc/hosts: only batch scripts that resolve node names are affected
+
+
+def _start_daemons(host: str) -> None:
+    subprocess.run(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0755", "/run/munge"], check=True)
+    if not _alive(MUNGE_PID):
+        subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True)
+    for folder in ("/var/lib/slurm/slurmctld", "/var/log/slurm", "/run/slurm"):
+        subprocess.run(["install", "-d", "-o", "slurm", "-g", "slurm", folder], check=True)
+    for node in NODES:
+        os.makedirs(f"/var/lib/slurm/slurmd-{node}", exist_ok=True)
+    if not _alive(CTLD_PID):
+        subprocess.run(["/usr/sbin/slurmctld", "-c"], check=True)  # -c: no jobs of an earlier run come back
+    for node in NODES:
+        if not _alive(slurmd_pid(node)):
+            subprocess.run(["/usr/sbin/slurmd", "-N", node], check=True)
+
+
+def start(timeout: float = 60.0) -> str:
+    """Start the local cluster (or find it running); returns a line describing it. Raises RuntimeError with the cause."""
+    why = install()
+    if why:
+        raise RuntimeError(why)
+    host = socket.gethostname().split(".")[0]
+    text = conf_text(host)
+    old = open(CONF).read() if os.path.exists(CONF) else ""
+    if old != text:
+        if running():
+            stop()
+        os.makedirs(os.path.dirname(CONF), exist_ok=True)
+        with open(CONF, "w") as f:
+            f.write(text)
+    _hosts_entry()
+    _start_daemons(host)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sorted(idle_nodes()) == sorted(NODES):
+            return f"local Slurm up: nodes {', '.join(NODES)} on {host}, {CPUS_PER_NODE} CPUs each"
+        for node in NODES:  # a node left DOWN by an earlier run comes back
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+        time.sleep(0.5)
+    logs = _run(["sh", "-c", "tail -n 5 /var/log/slurm/slurmctld.log /var/log/slurm/slurmd-*.log"])[1]
+    raise RuntimeError(f"the local Slurm's nodes did not come up within {timeout:.0f}s:\n{_run(['sinfo'])[1]}\n{logs}")
+
+
+def _stop_pid(pidfile: str, wait: float = 10.0) -> None:
+    pid = _alive(pidfile)
+    if pid is None:
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+
+
+def stop() -> None:
+    """Cancel every job, then stop the slurmds, slurmctld and munged (each by its pid file)."""
+    if _alive(CTLD_PID):
+        subprocess.run(["scancel", "--full", "--user", "root"], capture_output=True, timeout=10)
+    for node in NODES:
+        _stop_pid(slurmd_pid(node))
+    _stop_pid(CTLD_PID)
+    _stop_pid(MUNGE_PID)
+
+
+def main(argv: List[str]) -> int:
+    action = argv[0] if argv else "status"
+    if action == "start":
+        print(start())
+    elif action == "stop":
+        stop()
+        print("local Slurm stopped")
+    else:
+        print("running" if running() else f"not running ({missing() or 'daemons down'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

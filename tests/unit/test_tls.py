@@ -1,0 +1,87 @@
+"""The encrypted control channel (wire/tls.py) with the real admission: both ends prove the secret inside TLS, the rank
+pins the kernel's certificate, and bytes cross intact both ways through the relay threads."""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+import time
+
+import pytest
+
+from ddp_magic.kernel.admission import Admission
+from ddp_magic.wire import protocol as P
+from ddp_magic.wire import tls
+
+pytestmark = pytest.mark.skipif(tls.shutil.which("openssl") is None, reason="no openssl command to make the pool's key")
+
+
+@pytest.fixture(scope="module")
+def key() -> tls.ServerKey:
+    return tls.ServerKey()
+
+
+def _take(admission: Admission, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        select.select([admission.fileno()], [], [], 0.2)
+        joined = admission.take()
+        if joined:
+            return joined
+    return []
+
+
+def test_a_rank_joins_over_tls_and_bytes_cross_both_ways(key):
+    secret = P.new_secret()
+    rejected = []
+    admission = Admission("127.0.0.1", secret, 8, lambda: rejected.append(1), key)
+    try:
+        rank = tls.connect(("127.0.0.1", admission.port), key.fingerprint)
+        P.client_handshake(rank, secret)  # raises unless the kernel proves the secret too
+        P.send(rank, P.message(P.HELLO, rank=0))
+        [(kernel_side, hello)] = _take(admission)
+        assert hello["rank"] == 0 and not rejected
+        assert kernel_side.family == socket.AF_UNIX, "the hub gets the relay's plain twin, never the TLS socket"
+        big = os.urandom(16 << 20)
+        threading.Thread(target=lambda: P.send(rank, P.message(P.DONE, blob=big)), daemon=True).start()
+        kernel_side.settimeout(30)
+        assert P.recv(kernel_side)["blob"] == big
+        P.send(kernel_side, P.message(P.RUN, source="1"))
+        rank.settimeout(30)
+        assert P.recv(rank)["source"] == "1"
+        rank.close()
+        assert kernel_side.recv(1) == b"", "the rank's close reaches the kernel as EOF"
+        kernel_side.close()
+    finally:
+        admission.close()
+
+
+def test_a_kernel_with_another_certificate_is_refused(key):
+    other = tls.ServerKey()
+    admission = Admission("127.0.0.1", P.new_secret(), 8, lambda: None, other)
+    try:
+        with pytest.raises(ConnectionError, match="fingerprint mismatch"):
+            tls.connect(("127.0.0.1", admission.port), key.fingerprint)
+    finally:
+        admission.close()
+
+
+def test_plain_tcp_and_a_wrong_secret_are_rejected(key):
+    secret = P.new_secret()
+    rejected = []
+    admission = Admission("127.0.0.1", secret, 8, lambda: rejected.append(1), key)
+    try:
+        plain = socket.create_connection(("127.0.0.1", admission.port), timeout=10)
+        plain.sendall(b"\x00" * 64)  # not a TLS handshake: the kernel drops it
+        plain.close()
+        wrong = tls.connect(("127.0.0.1", admission.port), key.fingerprint)
+        with pytest.raises(ConnectionError):  # the kernel finds our proof wrong and hangs up before proving anything
+            P.client_handshake(wrong, P.new_secret())
+        wrong.close()
+        deadline = time.monotonic() + 10
+        while len(rejected) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(rejected) == 2 and admission.take() == []
+    finally:
+        admission.close()
