@@ -204,10 +204,42 @@ def _stop_pid(pidfile: str, wait: float = 10.0) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def _wait_queue_empty(seconds: float) -> None:
+    """Until squeue lists no job (the cancelled ones released their nodes), or ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=10)
+        if out.returncode != 0 or not out.stdout.strip():
+            return
+        time.sleep(0.2)
+
+
+def _stop_holders() -> None:
+    """SIGTERM, then SIGKILL, every ``salloc ... ddp_magic.procs.slurm_hold`` still running (a test's leftovers)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if argv and argv[0].endswith(b"salloc") and b"ddp_magic.procs.slurm_hold" in argv:
+            pids.append(int(entry))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.5)
+
+
 def stop() -> None:
     """Cancel every job, then stop the slurmds, slurmctld and munged (each by its pid file)."""
     if _alive(CTLD_PID):
         subprocess.run(["scancel", "--full", "--user", "root"], capture_output=True, timeout=10)
+        _wait_queue_empty(10.0)
+    _stop_holders()  # an salloc whose controller is gone retries for ever (at full CPU): never leave one behind
     for node in NODES:
         _stop_pid(slurmd_pid(node))
     _stop_pid(CTLD_PID)
