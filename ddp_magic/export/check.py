@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from ..plan.plan import threads_per_rank
 from .script import RESULTS_ENV
+from ..words import plural
 
 LAST_LINES = 10  # lines per rank compared
 
@@ -50,7 +51,7 @@ def first_difference(expected: Expected, lines: Sequence[Sequence[str]], values:
         got = [ln.rstrip() for ln in (lines[rank] if rank < len(lines) else [])]
         got_tail = got[-len(want_tail):] if want_tail else []
         if len(got_tail) < len(want_tail):
-            return f"rank {rank}: the cells printed {len(want_tail)} line(s) at the end, the script only {len(got_tail)}"
+            return f"rank {rank}: the cells printed {plural(len(want_tail), 'line')} at the end, the script only {len(got_tail)}"
         for i, (a, b) in enumerate(zip(want_tail, got_tail)):
             if a != b:
                 return f"rank {rank}, line {i + 1} of the last {len(want_tail)} printed: the cells printed {_short(a)}, the script printed {_short(b)}"

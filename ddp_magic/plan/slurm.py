@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import PlanError
+from ..words import plural
 
 JOB_ENV = "SLURM_JOB_ID"  # set in the kernel's env: it runs inside an allocation (salloc, sbatch, Open OnDemand)
 JOB_NAME = "ddp_magic"
@@ -128,7 +129,7 @@ class SlurmRequest:
         opts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in (("partition", self.partition), ("time", self.time),
                          ("gpus_per_node", self.gpus_per_node), ("account", self.account)) if v is not None)
         extra = (" " + " ".join(self.extra)) if self.extra else ""
-        return f"{self.nodes} node(s) × {self.ntasks_per_node} task(s)" + (f" ({opts})" if opts else "") + extra
+        return f"{plural(self.nodes, 'node')} × {plural(self.ntasks_per_node, 'task')}" + (f" ({opts})" if opts else "") + extra
 
     def describe(self) -> str:
         """One line for %ddp_env and %ddp status: where the ranks run."""

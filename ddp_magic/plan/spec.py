@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import PlanError
 from .slurm import SlurmRequest, resolve
+from ..words import plural
 
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
 START_METHODS = ("auto", "fork", "spawn", "torchrun")
@@ -111,7 +112,8 @@ class PoolSpec:
         object.__setattr__(self, "mesh", parse_mesh(self.mesh) if isinstance(self.mesh, str) else tuple(self.mesh))
         check_mesh(self.mesh, n, self.init)
         if self.slurm is not None and (self.nnodes != self.slurm.nodes or n != self.slurm.world_size):
-            raise PlanError(f"-n {n} over {self.nnodes} node(s) is not the Slurm request's {self.slurm.nodes} node(s) × {self.slurm.ntasks_per_node}")
+            asked = f"{plural(self.slurm.nodes, 'node')} × {self.slurm.ntasks_per_node}"
+            raise PlanError(f"-n {n} over {plural(self.nnodes, 'node')} is not the Slurm request's {asked}")
         for name in ("start_timeout", "pg_timeout", "grace"):
             if getattr(self, name) <= 0:
                 raise PlanError(f"{name.replace('_', '-')} must be more than 0 seconds (got {getattr(self, name)!r})")
@@ -126,7 +128,7 @@ class PoolSpec:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise PlanError(f"unknown pool option(s): {', '.join(unknown)}")
+            raise PlanError(f"unknown pool {'option' if len(unknown) == 1 else 'options'}: {', '.join(unknown)}")
         given = {k: v for k, v in options.items() if v is not None}
         if isinstance(given.get("slurm"), Mapping):
             nproc, given["slurm"] = _slurm(nproc, dict(given["slurm"]), environ)

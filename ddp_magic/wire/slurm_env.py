@@ -56,5 +56,5 @@ def config(env: MutableMapping[str, str]) -> Tuple[dict, bytes]:
 
 
 def node_name() -> str:
-    """The Slurm node this task runs on (its name in squeue), else the host's name."""
-    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    """The Slurm node this task runs on (its name in squeue); "" outside Slurm (one host says nothing of its nodes)."""
+    return os.environ.get("SLURMD_NODENAME", "")

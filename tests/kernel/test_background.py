@@ -188,7 +188,7 @@ def test_a_second_cell_waits_its_turn_and_ctrl_c_takes_it_out_of_the_queue(k2, g
 
         queued = k2.run("%%ddp\nprint('second', dist.get_rank())\ndist.get_rank()", timeout=120, on_stream=on_stream).ok()
         prompt = [m for m in bg.messages if m["msg_type"] == "execute_input"][0]["content"]["execution_count"]
-        assert f"queued behind cell [{prompt}], which runs on the pool now" in queued.stderr, queued.stderr  # named by its prompt
+        assert f"queued behind cell [{prompt}], which runs on the pool now" in queued.stdout, queued.stdout  # named by its prompt
         assert sorted(re.findall(r"\[rank \d\] second \d", queued.stdout)) == ["[rank 0] second 0", "[rank 1] second 1"]
         assert "bg done" not in queued.stdout
         assert k2.value("job.done()") is True and k2.value("list(job.result())") == [2, 2]
@@ -200,7 +200,7 @@ def test_a_second_cell_waits_its_turn_and_ctrl_c_takes_it_out_of_the_queue(k2, g
         assert re.search(r"queued: cell \[\d+\]", k2.run("%ddp status").ok().stdout)
         gates.open("a")
         assert k2.value("list(job2.result(60))") == [40, 41] and k2.value("str(job.state)") == "done"
-        said = second.stderr + ANSI.sub("", "".join(m["content"]["text"] for m in late(k2, second, ("stream",))))
+        said = second.stdout + ANSI.sub("", "".join(m["content"]["text"] for m in late(k2, second, ("stream",))))
         assert "queued behind cell [" in said, said  # in its own cell, before or after the cell returned
         gates.close()
         k2.run(loop.format(a=gates["a"]), timeout=60).ok()

@@ -60,9 +60,9 @@ def test_two_nodes_train_ddp_over_tls(sk, no_jobs_left):
         for rank, node in enumerate(["n1", "n1", "n2", "n2"]):
             assert f"[rank {rank} {node}] node {node} rank {rank}" in ex.stdout, "each rank's output names its node"
         if attempt == 0:
-            assert re.search(r"Slurm job \d+ on n1,n2: allocated for this kernel.*\(control channel: TLS\)", ex.stderr)
+            assert re.search(r"Slurm job \d+ on n1,n2: allocated for this kernel.*\(control channel: TLS\)", ex.stdout)
         else:
-            assert "Slurm job" not in ex.stderr, "a warm cell says nothing about the allocation again"
+            assert "Slurm job" not in ex.stdout, "a warm cell says nothing about the allocation again"
     status = sk.run("%ddp status").ok().stdout
     job = re.search(r"Slurm job (\d+) \(running\) on n1,n2", status)
     assert job, status
@@ -80,7 +80,7 @@ def test_two_nodes_train_ddp_over_tls(sk, no_jobs_left):
         ex = sk.run(f"%%ddp -n {n}\nimport os, torch.distributed as dist\n"
                     "(dist.get_world_size(), os.environ['SLURM_JOB_ID'], os.environ['SLURMD_NODENAME'])", timeout=180).ok()
         assert sk.value("[tuple(v) for v in _]") == [(n, job.group(1), node) for node in nodes]
-        assert "in the same Slurm allocation: no new queue wait" in ex.stderr
+        assert "in the same Slurm allocation: no new queue wait" in ex.stdout
         assert our_jobs() == [f"{job.group(1)} RUNNING"]
     sk.run("%ddp stop").ok()
     assert wait_no_jobs(10) == [], "%ddp stop releases the allocation we made"
@@ -103,7 +103,7 @@ def test_rank_killed_on_n2_costs_only_that_rank(sk, no_jobs_left):
         assert all(v[2] == 10.0 for v in values), "all_reduce over the four ranks, the new one included: 1+2+3+4"
         assert values[3][0] == "n2", "the new rank runs on the node the dead one ran on"
         assert values[3][3] != victim and [v[3] for v in values[:3]] == pids[:3]
-        assert "rank 3" in ex.stderr and "started it again" in ex.stderr
+        assert "rank 3" in ex.stdout and "started it again" in ex.stdout
         sk.run("%%ddp\nkept = dist.get_rank() * 10\nos.getpid()", timeout=120).ok()
     sk.run("%ddp stop").ok()
 
@@ -147,7 +147,7 @@ def test_bad_partition_and_bad_slurm_args_say_slurms_words(sk, no_jobs_left):
 def test_ddp_env_shows_the_plan_without_allocating(sk, no_jobs_left):
     for _attempt in range(2):
         full = sk.run("r = %ddp_env --slurm --nodes 2 --ntasks-per-node 2\nprint(r.full_text())").ok().stdout
-        assert "planned env for 4 rank(s) on 2 Slurm node(s)" in full
+        assert "planned env for 4 ranks on 2 Slurm nodes" in full
         assert "salloc --nodes=2 --ntasks-per-node=2 --job-name=ddp_magic" in full and "srun '--jobid=$SLURM_JOB_ID' --nodes=2 --ntasks=4" in full
         assert "✓ Slurm takes the request: sbatch --test-only: accepted" in full
         rows = re.findall(r"^\S.*?\s+(\d+)\s+4\s+(\d)\s+(\d)\s+2\s+(\d)\s", full, re.M)
@@ -168,7 +168,7 @@ def test_kernel_inside_salloc_uses_that_allocation_and_leaves_it(slurm_cluster, 
             values = k.value("[tuple(v) for v in _]")
             assert values == [(job, 4, "n1"), (job, 4, "n1"), (job, 4, "n2"), (job, 4, "n2")]
             if attempt == 0:
-                assert f"Slurm job {job} on n1,n2: the kernel runs inside it" in ex.stderr and "never cancels it" in ex.stderr
+                assert f"Slurm job {job} on n1,n2: the kernel runs inside it" in ex.stdout and "never cancels it" in ex.stdout
             k.run("%ddp stop").ok()
             time.sleep(1)
             assert job_state(job) == "RUNNING", "the allocation the kernel found is left allocated"

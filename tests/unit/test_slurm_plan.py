@@ -89,7 +89,7 @@ def test_the_spec_of_slurm_options_and_a_new_n_inside_it():
     assert (spec.nproc, spec.nnodes, spec.launcher_method, spec.slurm.queue_timeout) == (4, 2, "slurm", 30.0)
     smaller = spec.with_options(2, environ={})
     assert (smaller.nproc, smaller.slurm.nodes, smaller.slurm.ntasks_per_node, smaller.slurm.partition) == (2, 2, 1, "debug")
-    assert smaller.changes_from(spec) == ["-n 4 → 2", "slurm 2 node(s) × 2 task(s) (partition debug) → 2 node(s) × 1 task(s) (partition debug)"]
+    assert smaller.changes_from(spec) == ["-n 4 → 2", "slurm 2 nodes × 2 tasks (partition debug) → 2 nodes × 1 task (partition debug)"]
     assert spec.with_options(None, environ={}) == spec, "a cell without options keeps the pool"
     again = spec.with_options(None, slurm=dict(nodes=2, ntasks_per_node=2), environ={})
     assert again.slurm.partition is None, "Slurm options given are the whole new request"

@@ -64,7 +64,7 @@ def test_from_options_sorts_extra_env_into_pairs():
 
 
 def test_from_options_refuses_unknown_names():
-    with pytest.raises(PlanError, match="unknown pool option\\(s\\): colour, size"):
+    with pytest.raises(PlanError, match="unknown pool options: colour, size"):
         PoolSpec.from_options(2, size=3, colour="red")
 
 

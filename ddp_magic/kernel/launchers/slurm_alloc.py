@@ -27,6 +27,7 @@ from ...plan.slurm import SlurmRequest
 from ...states import SchedulerState
 from . import slurm_cli as cli
 from .base import LaunchError, worker_env
+from ...words import plural
 
 Progress = Callable[[str], None]
 HOLD = ["-m", "ddp_magic.procs.slurm_hold"]
@@ -71,7 +72,7 @@ class Allocation:
         self.nodes = cli.hostnames(nodelist)
         self.addrs = [cli.node_addr(n) for n in self.nodes]
         if len(self.nodes) < self.request.nodes:
-            raise LaunchError(f"Slurm job {self.job_id} has {len(self.nodes)} node(s) ({nodelist}) but {self.request.nodes} were asked for")
+            raise LaunchError(f"Slurm job {self.job_id} has {plural(len(self.nodes), 'node')} ({nodelist}) but {self.request.nodes} were asked for")
 
     def fits(self, request: SlurmRequest) -> bool:
         """Whether ``request``'s ranks can run in this allocation (a new -n inside it: no new queue wait)."""
