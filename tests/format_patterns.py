@@ -47,3 +47,22 @@ def parse_seconds(text: str) -> float:
     """The value a formatted duration shows (the middle of ``seconds_range``)."""
     lo, hi = seconds_range(text)
     return (lo + hi) / 2
+
+
+# ui/metrics_chart.fmt and labextension's fmtValue: '0', '5963', '0.0002628', '2.628e-05', '15.9k', '1M', '1.5T'
+UNITS = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+NUMBER = re.compile(r"^-?(\d+)(?:\.(\d+))?(?:e([-+]\d+))?([kMGT]?)$")
+
+
+def read_back(text: str) -> float:
+    """The number a formatted metric value stands for ("15.9k" is 15900.0, "2.628e-05" is 0.00002628)."""
+    m = NUMBER.match(text)
+    assert m, f"{text!r} is not a number with an optional k, M, G or T"
+    return float(text[: len(text) - len(m.group(4))]) * UNITS[m.group(4)]
+
+
+def half_place(text: str) -> float:
+    """Half the place value of the last digit shown: the most a correctly rounded text may be off by."""
+    m = NUMBER.match(text)
+    assert m
+    return 0.5 * 10.0 ** (int(m.group(3) or 0) - len(m.group(2) or "")) * UNITS[m.group(4)]

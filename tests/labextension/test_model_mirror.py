@@ -16,6 +16,7 @@ import tempfile
 from typing import Any, List
 
 
+from format_patterns import half_place, read_back
 from ddp_magic.plan.check import Check, checks_verdict
 from ddp_magic.words import plural, ranks_phrase
 from ddp_magic.ui.metrics_chart import fmt
@@ -31,8 +32,6 @@ MANTISSAS = [1.0, 1.00049, 1.23456, 1.5, 2.5, 3.14159, 4.99951, 5.963, 7.77777, 
 METRIC_VALUES = [0.0, 15900.0, 5963.0, 0.0002628, -0.0002628] + [
     sign * m * 10.0**e for e in range(-6, 13) for m in MANTISSAS for sign in (1, -1)
 ]
-UNITS = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
-NUMBER = re.compile(r"^-?(\d+)(?:\.(\d+))?(?:e([-+]\d+))?([kMGT]?)$")
 
 
 def _ts(function: str, values: List[Any]) -> List[Any]:
@@ -41,20 +40,6 @@ def _ts(function: str, values: List[Any]) -> List[Any]:
     out = _node_model(f"{json.dumps(values)}.map(v => {call})")
     assert isinstance(out, list)
     return out
-
-
-def read_back(text: str) -> float:
-    """The number a formatted value stands for ("15.9k" is 15900.0)."""
-    m = NUMBER.match(text)
-    assert m, f"{text!r} is not a number with an optional k, M, G or T"
-    return float(text[: len(text) - len(m.group(4))]) * UNITS[m.group(4)]
-
-
-def half_place(text: str) -> float:
-    """Half the place value of the last digit shown: the most a correctly rounded text may be off by."""
-    m = NUMBER.match(text)
-    assert m
-    return 0.5 * 10.0 ** (int(m.group(3) or 0) - len(m.group(2) or "")) * UNITS[m.group(4)]
 
 
 def test_fmt_seconds_is_the_same_in_the_panel_and_the_cell_view() -> None:

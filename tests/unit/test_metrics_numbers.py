@@ -13,30 +13,15 @@ import pytest
 from matplotlib import font_manager
 from matplotlib.ft2font import FT2Font
 
+from format_patterns import half_place, read_back
 from ddp_magic.kernel.metrics import STRAGGLER_MIN_S, CellMetrics, Straggler, StragglerMeasure, by_steps
 from ddp_magic.ui import metrics_chart as C
 from ddp_magic.ui.metrics_chart import fmt
 
-UNITS = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
-NUMBER = re.compile(r"^-?(\d+)(?:\.(\d+))?(?:e([-+]\d+))?([kMGT]?)$")
 # a dense sweep instead of hypothesis (not installed): 1e-6 ... 1e12 and a little past, each decade at 400 mantissas,
 # both signs, plus the edges where rounding carries into the next digit or unit
 MANTISSAS = [1 + 9 * i / 400 for i in range(400)] + [9.9994999, 9.9995001, 9.99949, 9.99951, 9.9999999, 1.0000001, 5.963, 1.59]
 VALUES = [0.0, -0.0] + [s * m * 10.0**e for e in range(-6, 16) for m in MANTISSAS for s in (1, -1)]
-
-
-def read_back(text: str) -> float:
-    """The number a formatted value stands for ("15.9k" is 15900.0, "2.628e-05" is 0.00002628)."""
-    m = NUMBER.match(text)
-    assert m, f"{text!r} is not a number with an optional k, M, G or T"
-    return float(text[: len(text) - len(m.group(4))]) * UNITS[m.group(4)]
-
-
-def half_place(text: str) -> float:
-    """Half the place value of the last digit shown: the most a correctly rounded text may be off by."""
-    m = NUMBER.match(text)
-    assert m
-    return 0.5 * 10.0 ** (int(m.group(3) or 0) - len(m.group(2) or "")) * UNITS[m.group(4)]
 
 
 def test_every_value_reads_back_as_itself_within_the_digits_shown():
