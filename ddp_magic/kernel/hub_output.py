@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import select
 import time
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 from ..logs import log
 from .conns import OutConn, ReadBuffer
@@ -25,11 +25,8 @@ class OutputStreams:
     _rbuf: ReadBuffer
     _unsynced: Dict[int, dict]
 
-    def _unwatch(self, sock: Any) -> None:  # pragma: no cover - the Hub's
-        raise NotImplementedError
-
-    def _finish_rank(self, rank: int, msg: dict) -> None:  # pragma: no cover - the Hub's
-        raise NotImplementedError
+    _unwatch: Callable[[Any], None]  # the Hub's: stop polling a socket before it closes
+    _finish_rank: Callable[[int, dict], None]  # the Hub's: a rank's DONE, once its output is synced
 
     def _read_out(self, out: OutConn) -> bool:
         """Forward what a rank wrote to fd 1/2; returns False at EOF or when nothing was there."""
