@@ -119,6 +119,16 @@ export function ranksPhrase(ranks: number[]): string {
 }
 
 
+/**
+ * A rank list that stays one short line at 1,024 ranks: ranksPhrase up to ``runs`` runs ("rank 517", "ranks 3, 9-12"),
+ * past that the count and the first runs ("37 ranks: 3, 9, 11-14, …").
+ */
+export function ranksBrief(ranks: number[], runs = 3): string {
+  const unique = [...new Set(ranks)].sort((a, b) => a - b);
+  const parts = rankRuns(unique).split(', ');
+  return parts.length <= runs ? ranksPhrase(unique) : `${unique.length} ranks: ${parts.slice(0, runs).join(', ')}, …`;
+}
+
 /** The prompt a cell ran under, as its tracebacks and %ddp status name it: "In[5]" (or "a cell" without one). */
 export function cellName(number: number | string | null | undefined): string {
   const n = typeof number === 'string' ? (number.trim() === '' ? NaN : Number(number)) : number ?? NaN;

@@ -194,3 +194,4 @@ export * from './ranks';
 export * from './state';
 export * from './commands';
 export * from './metrics';
+export * from './groups';

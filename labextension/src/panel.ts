@@ -97,6 +97,7 @@ export class PoolPanel extends Widget {
   }
 
   refresh(): void {
+    const t0 = performance.now();
     const conn = this._tracker.current;
     const panel = this._tracker.currentPanel;
     const state = conn ? conn.state : M.initialState();
@@ -152,6 +153,7 @@ export class PoolPanel extends Widget {
     this._metrics.render(state.metrics, this.node.clientWidth - 20);
     this._facts.render(state, pool);
     this._refreshButtons();
+    this.node.dataset.renderMs = (performance.now() - t0).toFixed(2); // what one refresh cost (ui-tests/test_scale_ui.py reads it)
   }
 
   private _refreshButtons(): void {

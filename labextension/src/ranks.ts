@@ -3,7 +3,7 @@
  */
 
 import type { Cause, FailureKind, ILastCell, IPoolSnapshot, IRankSnapshot, IUIState, RankState } from './model';
-import { cellName, cleanLine, fmtSeconds, formatBytes, jobText, ranksPhrase } from './format';
+import { cellName, cleanLine, fmtSeconds, formatBytes, jobText, ranksBrief } from './format';
 
 const SIGNALS: Record<number, string> = {
   1: 'SIGHUP',
@@ -130,7 +130,7 @@ export function queueLine(pool: IPoolSnapshot): string {
   return queued && queued.last_line ? cleanLine(queued.last_line, 120) : 'queued';
 }
 
-const rankList = ranksPhrase;
+const rankList = ranksBrief; // the status bar, the summary: one short line at any size
 
 /**
  * What the last %%ddp cell left to say once its pool is ready again: "In[5]: rank 1 failed" (null when it went
