@@ -78,7 +78,7 @@ export class PoolPanel extends Widget {
 
   protected onResize(msg: Widget.ResizeMessage): void {
     super.onResize(msg);
-    this._metrics.render(this._tracker.current ? this._tracker.current.state.metrics : null, this.node.clientWidth - 20);
+    this._metrics.render(this._tracker.current ? this._tracker.current.state.metrics : null, () => this.node.clientWidth - 20);
   }
 
   /** The panel was shown (true) or hidden (false): index.ts keeps that across reloads where no layout restorer does. */
@@ -150,7 +150,7 @@ export class PoolPanel extends Widget {
     this._message.dataset.kind = state.pending.length ? 'pending' : state.lastReply && !state.lastReply.ok ? 'error' : 'info';
 
     this._ranks.render(M.rankRows(state, now));
-    this._metrics.render(state.metrics, this.node.clientWidth - 20);
+    this._metrics.render(state.metrics, () => this.node.clientWidth - 20); // a width read only with a chart: no forced layout
     this._facts.render(state, pool);
     this._refreshButtons();
     this.node.dataset.renderMs = (performance.now() - t0).toFixed(2); // what one refresh cost (ui-tests/test_scale_ui.py reads it)

@@ -49,7 +49,7 @@ export class MetricsSection {
    * sidebar, and the summary table. Drawn again only when the data or the width changed (refresh
    * runs every second while a cell runs).
    */
-  render(m: M.IMetricsMsg | null, fallbackWidth: number): void {
+  render(m: M.IMetricsMsg | null, fallbackWidth: () => number): void {
     const box = this.node;
     if (!m) {
       box.textContent = '';
@@ -58,7 +58,7 @@ export class MetricsSection {
       return;
     }
     box.style.display = '';
-    const avail = box.clientWidth || fallbackWidth; // 0 while the panel is hidden: drawn again when shown
+    const avail = box.clientWidth || fallbackWidth(); // 0 while the panel is hidden: drawn again when shown
     const width = avail > 0 ? Math.max(160, Math.floor(avail)) : 240;
     if (m === this._shown && width === this._width) {
       return;

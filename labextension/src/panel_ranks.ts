@@ -38,7 +38,14 @@ export class RanksSection {
     this._list.setAttribute('role', 'list');
     this._spacer = el('div', 'jp-ddp-RankList-spacer');
     this._list.appendChild(this._spacer);
-    this._list.addEventListener('scroll', () => this._schedule(), { passive: true });
+    this._list.addEventListener(
+      'scroll',
+      () => {
+        this._top = this._list.scrollTop; // read here, where layout is clean: a refresh's redraw reads no layout
+        this._schedule();
+      },
+      { passive: true }
+    );
     this._list.addEventListener('click', e => this._toggle(e));
     this.node.appendChild(this._list);
   }
@@ -121,7 +128,7 @@ export class RanksSection {
     const height = Math.min(items.length, VISIBLE_ROWS) * ROW_HEIGHT;
     this._list.style.height = `${height}px`;
     this._spacer.style.height = `${items.length * ROW_HEIGHT}px`;
-    const [first, end] = M.visibleRange(items.length, this._list.scrollTop, this._list.clientHeight || height, ROW_HEIGHT);
+    const [first, end] = M.visibleRange(items.length, this._top, height, ROW_HEIGHT);
     const shown = new Map<string, HTMLDivElement>();
     for (let i = first; i < end; i++) {
       const key = itemKey(items[i]);
@@ -168,6 +175,7 @@ export class RanksSection {
   private _toggled = new Set<string>(); // the nodes whose line the user clicked: folded or opened against the default
   private _shown = new Map<string, HTMLDivElement>(); // the rows in the DOM, by item (itemKey)
   private _frame = 0;
+  private _top = 0; // the list's scrollTop at its last scroll event
   private _table: HTMLTableElement;
   private _tbody: HTMLTableSectionElement;
 }
