@@ -89,8 +89,16 @@ def _node_model(calls: str) -> object:
     assert node is not None, "node is needed to build the extension (scripts/setup.sh installs it)"
     assert os.path.exists(MODEL_JS), "labextension/lib/model.js is missing: run bash scripts/build_labextension.sh"
     with tempfile.TemporaryDirectory() as tmp:
-        module = os.path.join(tmp, "model.mjs")  # lib/ is an ES module; a .mjs copy imports without a package.json
-        shutil.copyfile(MODEL_JS, module)
+        # lib/ is ES modules whose imports name no extension (the bundler resolves them): .mjs copies, each import
+        # naming its .mjs, import in node without a package.json (model.js re-exports format.js, ranks.js, ...)
+        lib = os.path.dirname(MODEL_JS)
+        for name in os.listdir(lib):
+            if name.endswith(".js"):
+                with open(os.path.join(lib, name)) as f:
+                    text = re.sub(r"""(from\s+['"]\./[\w-]+)(['"])""", r"\1.mjs\2", f.read())
+                with open(os.path.join(tmp, name[:-3] + ".mjs"), "w") as f:
+                    f.write(text)
+        module = os.path.join(tmp, "model.mjs")
         script = f"import * as M from {json.dumps(module)}; console.log(JSON.stringify({calls}));"
         out = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
