@@ -9,42 +9,68 @@ ui/output.py writes what these two let through.
 """
 from __future__ import annotations
 
+import heapq
+import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Deque, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
-FOLD_WINDOW = 0.3  # seconds a stdout line waits for the same line from the other ranks (no line waits longer)
+from ..logs import log
+
+FOLD_WINDOW = 0.3  # seconds a stdout line waits for the same line from the other ranks (DDP_MAGIC_FOLD_WINDOW)
 FOLD_ABOVE = 8  # stdout is folded in pools larger than this; at 8 ranks or fewer each rank's lines show as they come
-BUDGET_LINES = 50_000  # lines a cell shows at once (a notebook's output area stays usable)
+BUDGET_LINES = 50_000  # lines a cell shows at once (a notebook's output area stays usable; DDP_MAGIC_OUTPUT_LINES)
 BUDGET_RATE = 50.0  # lines a second after that, for as long as the cell runs
 BUDGET_RESUME = 1_000  # lines of budget back before a cell that held lines back shows lines again
 LINE_BYTES = 256  # a longer line counts once per 256 bytes started
 
 
-@dataclass
+def setting(name: str, default: float, environ: Mapping[str, str] = os.environ) -> float:
+    """A positive number from the kernel's env (DDP_MAGIC_FOLD_WINDOW, DDP_MAGIC_OUTPUT_LINES), else ``default``."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        log.warning("%s=%r is not a positive number; using %g", name, text, default)
+        return default
+    return value
+
+
+@dataclass(eq=False)
 class _Held:
     line: str
-    since: float
-    seq: int
+    since: float  # when its first copy came: its deadline is since + window
+    pos: int  # its place in the output; a line joined by a rank that is further on moves to the end
     ranks: Set[int] = field(default_factory=set)
+    moved_on: int = 0  # its ranks that have sent a later line since: while 0, it may move to the end
+    done: bool = False
 
 
 class LineFolder:
     """Complete lines held briefly so that the same line from several ranks goes out once, with all their ranks.
 
-    A line goes out, in arrival order, once every expected rank has sent it or it has
-    waited ``window`` seconds. A rank joins the oldest held copy of a line that comes
-    after the last line it joined, so its own lines keep the order it wrote them in.
-    Each ``add`` costs the copies of that one line held, not every line held.
+    A line goes out once every expected rank has sent it, or when it (or a line placed
+    after it) has waited ``window`` seconds: no line waits longer. Lines go out in their
+    places, so each rank's lines keep the order it wrote them in: a rank joins a held
+    copy of its line that is placed after its previous line, or one it can move to the
+    end (none of that copy's ranks has written anything since); else its line is a
+    new one. Each ``add`` costs the held copies of that one line, not every line held.
     """
 
-    def __init__(self, window: float = FOLD_WINDOW) -> None:
-        self.window = window
+    def __init__(self, window: Optional[float] = None) -> None:
+        self.window = setting("DDP_MAGIC_FOLD_WINDOW", FOLD_WINDOW) if window is None else window
         self._need: Optional[int] = None  # how many ranks may send a line (None: unknown, wait the window)
-        self._held: Deque[_Held] = deque()
-        self._by_line: Dict[str, Deque[_Held]] = {}
-        self._last: Dict[int, int] = {}  # rank -> seq of the held line it joined last
-        self._seq = 0
+        self._expected: Set[int] = set()
+        self._places: List[Tuple[int, _Held]] = []  # a heap by place; a moved line's old entry is skipped
+        self._made: Deque[_Held] = deque()  # in the order they came: the oldest deadline first
+        self._by_line: Dict[str, List[_Held]] = {}
+        self._last: Dict[int, _Held] = {}  # rank -> the line it sent last
+        self._pos = 0
+        self._count = 0
 
     @property
     def expected(self) -> Optional[Set[int]]:
@@ -57,39 +83,72 @@ class LineFolder:
         self._need = len(self._expected) if ranks is not None else None
 
     def add(self, rank: int, line: str, now: float) -> None:
-        last = self._last.get(rank, -1)
+        prev = self._last.get(rank)
+        after = prev.pos if prev is not None and not prev.done else -1
         for held in self._by_line.get(line, ()):
-            if held.seq > last:  # after this rank's previous line: joining it keeps the rank's order
-                held.ranks.add(rank)
-                self._last[rank] = held.seq
-                return
-        held = _Held(line, now, self._seq, {rank})
-        self._seq += 1
-        self._held.append(held)
-        self._by_line.setdefault(line, deque()).append(held)
-        self._last[rank] = held.seq
+            if rank in held.ranks:
+                continue
+            if held.pos < after:
+                if held.moved_on:
+                    continue  # one of its ranks wrote on since: moving it would reorder that rank's lines
+                self._place(held)
+            held.ranks.add(rank)
+            self._moved(prev, held)
+            self._last[rank] = held
+            return
+        held = _Held(line, now, 0, {rank})
+        self._place(held)
+        self._made.append(held)
+        self._by_line.setdefault(line, []).append(held)
+        self._count += 1
+        self._moved(prev, held)
+        self._last[rank] = held
+
+    def _place(self, held: _Held) -> None:
+        held.pos = self._pos
+        self._pos += 1
+        heapq.heappush(self._places, (held.pos, id(held), held))
+
+    @staticmethod
+    def _moved(prev: Optional[_Held], now_at: _Held) -> None:
+        if prev is not None and prev is not now_at and not prev.done:
+            prev.moved_on += 1
+
+    def _head(self) -> Optional[_Held]:
+        while self._places and (self._places[0][2].done or self._places[0][0] != self._places[0][2].pos):
+            heapq.heappop(self._places)
+        return self._places[0][2] if self._places else None
+
+    def _oldest(self) -> Optional[_Held]:
+        while self._made and self._made[0].done:
+            self._made.popleft()
+        return self._made[0] if self._made else None
 
     def ready(self, now: float, final: bool = False) -> List[Tuple[Set[int], str]]:
         """The lines due now (all of them when ``final``), as (ranks, line), in order."""
         out = []
-        while self._held:
-            head = self._held[0]
+        while True:
+            head, oldest = self._head(), self._oldest()
+            if head is None or oldest is None:
+                return out
             complete = self._need is not None and len(head.ranks) >= self._need
-            if not (final or complete or now - head.since >= self.window):
-                break
-            self._held.popleft()
+            if not (final or complete or now - oldest.since >= self.window):  # a line due takes the lines before it along
+                return out
+            heapq.heappop(self._places)
+            head.done = True
+            self._count -= 1
             copies = self._by_line[head.line]
-            copies.popleft()  # the oldest line of all is the oldest copy of its own text
+            copies.remove(head)
             if not copies:
                 del self._by_line[head.line]
             out.append((head.ranks, head.line))
-        return out
 
     def next_due(self) -> Optional[float]:
-        return self._held[0].since + self.window if self._held else None
+        oldest = self._oldest()
+        return oldest.since + self.window if oldest is not None else None
 
     def __len__(self) -> int:
-        return len(self._held)
+        return self._count
 
 
 def line_cost(pieces: Iterable[str]) -> int:
@@ -105,7 +164,8 @@ class OutputBudget:
     back since the last line shown, and from which ranks.
     """
 
-    def __init__(self, lines: int = BUDGET_LINES, rate: float = BUDGET_RATE, resume: int = BUDGET_RESUME) -> None:
+    def __init__(self, lines: Optional[int] = None, rate: float = BUDGET_RATE, resume: int = BUDGET_RESUME) -> None:
+        lines = int(setting("DDP_MAGIC_OUTPUT_LINES", BUDGET_LINES)) if lines is None else lines
         self.lines, self.rate, self.resume = lines, rate, min(resume, lines)
         self._tokens = float(lines)
         self._stamp: Optional[float] = None

@@ -67,6 +67,20 @@ def test_interleaved_ranks_fold_line_by_line_and_keep_each_rank_s_order():
     assert _shown(f.ready(0.0, final=True)) == ["[0, 2] a\n", "[0-2] b\n", "[1] a\n"], "rank 0: a b, rank 1: b a, rank 2: a b"
 
 
+def test_a_line_a_later_rank_joins_moves_after_that_rank_s_own_lines_when_nothing_else_moved_on():
+    """Every rank prints "line 0", its own line, "line 0"; rank 0's came whole before rank 1's: both copies still fold."""
+    f = _folder(2)
+    for r in (0, 1):
+        for line in ("line 0\n", f"rank {r} line 0\n", "line 0\n"):
+            f.add(r, line, 0.0)
+    assert _shown(f.ready(0.0)) == ["[0-1] line 0\n"], "complete, first in line: out at once"
+    assert _shown(f.ready(0.0, final=True)) == ["[0] rank 0 line 0\n", "[1] rank 1 line 0\n", "[0-1] line 0\n"]
+    f = _folder(2)
+    for r, line in ((0, "a\n"), (0, "b\n"), (1, "x\n"), (1, "a\n")):  # rank 0 wrote on after "a": moving it would put b first
+        f.add(r, line, 0.0)
+    assert _shown(f.ready(0.0, final=True)) == ["[0] a\n", "[0] b\n", "[1] x\n", "[1] a\n"]
+
+
 def test_a_rank_s_repeated_line_is_two_lines_not_one():
     f = _folder(2)
     for _ in range(2):
@@ -162,3 +176,15 @@ def test_a_flood_is_held_back_and_the_cell_says_how_much_and_how_to_read_it(monk
         assert out.getvalue().splitlines()[101:] == [
             "ddp_magic: 100 lines from ranks 0-3 held back; job.output(0) shows rank 0's whole output", "[rank 3] later"]
         assert p.budget.held == 100
+
+
+def test_the_window_and_the_budget_read_the_kernel_s_env_and_a_bad_value_keeps_the_default(monkeypatch, caplog):
+    from ddp_magic.kernel.fold import BUDGET_LINES, setting
+
+    assert setting("DDP_MAGIC_FOLD_WINDOW", FOLD_WINDOW, {"DDP_MAGIC_FOLD_WINDOW": "2.5"}) == 2.5
+    assert setting("DDP_MAGIC_FOLD_WINDOW", FOLD_WINDOW, {"DDP_MAGIC_FOLD_WINDOW": "soon"}) == FOLD_WINDOW
+    assert "DDP_MAGIC_FOLD_WINDOW='soon' is not a positive number" in caplog.text
+    assert setting("DDP_MAGIC_OUTPUT_LINES", BUDGET_LINES, {}) == BUDGET_LINES
+    monkeypatch.setenv("DDP_MAGIC_OUTPUT_LINES", "1000")
+    monkeypatch.setenv("DDP_MAGIC_FOLD_WINDOW", "4")
+    assert OutputBudget().lines == 1000 and LineFolder().window == 4.0
