@@ -65,7 +65,7 @@ class LineFolder:
         self.window = setting("DDP_MAGIC_FOLD_WINDOW", FOLD_WINDOW) if window is None else window
         self._need: Optional[int] = None  # how many ranks may send a line (None: unknown, wait the window)
         self._expected: Set[int] = set()
-        self._places: List[Tuple[int, _Held]] = []  # a heap by place; a moved line's old entry is skipped
+        self._places: List[Tuple[int, int, _Held]] = []  # a heap by place; a moved line's old entry is skipped
         self._made: Deque[_Held] = deque()  # in the order they came: the oldest deadline first
         self._by_line: Dict[str, List[_Held]] = {}
         self._last: Dict[int, _Held] = {}  # rank -> the line it sent last
@@ -126,7 +126,7 @@ class LineFolder:
 
     def ready(self, now: float, final: bool = False) -> List[Tuple[Set[int], str]]:
         """The lines due now (all of them when ``final``), as (ranks, line), in order."""
-        out = []
+        out: List[Tuple[Set[int], str]] = []
         while True:
             head, oldest = self._head(), self._oldest()
             if head is None or oldest is None:

@@ -52,14 +52,14 @@ def test_the_same_line_from_every_rank_or_from_half_is_shown_once(sim_kernel) ->
         ex = sim_kernel.run(f"%%ddp -n {N}\nsim.print(2)\nsim.print(1, stream='stderr')\n3", timeout=120).ok()
         assert _lines(ex.stdout) == [f"[ranks 0-{N - 1}] line 0", f"[ranks 0-{N - 1}] line 1"]
         assert _lines(ex.stderr) == [f"[ranks 0-{N - 1}] line 0"], "stderr folds apart from stdout"
-        ex = sim_kernel.run(f"%%ddp\nsim.print(1, ranks='0-127')\nsim.print(1, ranks='128-255', own=True)", timeout=120).ok()
+        ex = sim_kernel.run("%%ddp\nsim.print(1, ranks='0-127')\nsim.print(1, ranks='128-255', own=True)", timeout=120).ok()
         own = [f"[rank {r}] rank {r} line 0" for r in range(128, N)]  # lines that differ keep their rank
         assert sorted(_lines(ex.stdout)) == sorted(["[ranks 0-127] line 0"] + own), "in arrival order"
 
 
 def test_lines_that_differ_keep_their_rank_and_each_rank_s_order(sim_kernel) -> None:
     for _ in range(2):
-        ex = sim_kernel.run(f"%%ddp\nsim.print(1)\nsim.print(1, own=True)\nsim.print(1)", timeout=120).ok()
+        ex = sim_kernel.run("%%ddp\nsim.print(1)\nsim.print(1, own=True)\nsim.print(1)", timeout=120).ok()
         shown = _lines(ex.stdout)
         assert shown[0] == shown[-1] == f"[ranks 0-{N - 1}] line 0"
         assert sorted(shown[1:-1]) == sorted(f"[rank {r}] rank {r} line 0" for r in range(N))

@@ -188,3 +188,13 @@ def test_the_window_and_the_budget_read_the_kernel_s_env_and_a_bad_value_keeps_t
     monkeypatch.setenv("DDP_MAGIC_OUTPUT_LINES", "1000")
     monkeypatch.setenv("DDP_MAGIC_FOLD_WINDOW", "4")
     assert OutputBudget().lines == 1000 and LineFolder().window == 4.0
+
+
+def test_ordered_output_of_many_ranks_folds_at_the_cell_s_end():
+    for _run in (1, 2):
+        p, out, _ = _printer(16, ordered=True)
+        for r in reversed(range(16)):
+            p.feed(r, "stdout", f"start\nrank {r} loss {r / 10}\nend\n")
+        assert out.getvalue() == "", "--ordered: everything at the end"
+        p.flush()
+        assert out.getvalue() == "[ranks 0-15] start\n" + "".join(f"[rank {r}] rank {r} loss {r / 10}\n" for r in range(16)) + "[ranks 0-15] end\n"
