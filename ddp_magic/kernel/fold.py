@@ -40,6 +40,11 @@ def setting(name: str, default: float, environ: Mapping[str, str] = os.environ) 
     return value
 
 
+def fold_window() -> float:
+    """Seconds a line may wait for its copies: FOLD_WINDOW, or DDP_MAGIC_FOLD_WINDOW from the kernel's env."""
+    return setting("DDP_MAGIC_FOLD_WINDOW", FOLD_WINDOW)
+
+
 @dataclass(eq=False)
 class _Held:
     line: str
@@ -62,7 +67,7 @@ class LineFolder:
     """
 
     def __init__(self, window: Optional[float] = None) -> None:
-        self.window = setting("DDP_MAGIC_FOLD_WINDOW", FOLD_WINDOW) if window is None else window
+        self.window = fold_window() if window is None else window
         self._need: Optional[int] = None  # how many ranks may send a line (None: unknown, wait the window)
         self._expected: Set[int] = set()
         self._places: List[Tuple[int, int, _Held]] = []  # a heap by place; a moved line's old entry is skipped

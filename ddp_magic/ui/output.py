@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, TextIO, Tuple
 
-from ..kernel.fold import FOLD_ABOVE, FOLD_WINDOW, LineFolder, OutputBudget, line_cost
+from ..kernel.fold import FOLD_ABOVE, LineFolder, OutputBudget, fold_window, line_cost
 from ..words import ranks_phrase
 from .colours import rank_ansi
 
@@ -99,7 +99,7 @@ class RankPrinter:
         self._wrote: Set[str] = set()  # the streams written since the last flush (only those need flushing)
         self.ordered = ordered
         self._held: Dict[Tuple[int, str], List[str]] = {}
-        self.merger = LineFolder(MERGE_WINDOW)  # stderr: the same warning from every rank, once
+        self.merger = LineFolder(max(MERGE_WINDOW, fold_window()))  # stderr: the same warning from every rank, once
         self.folder: Optional[LineFolder] = None  # stdout, once more than FOLD_ABOVE ranks are shown
         self.budget = budget or OutputBudget()
         self.read_back = read_back  # "%ddp output --rank {rank}": named where lines were held back
@@ -116,7 +116,7 @@ class RankPrinter:
         """The pool's size: a line sent by every shown rank goes out at once; above FOLD_ABOVE shown ranks stdout folds too."""
         self.merger.expected = {r for r in range(nproc) if self.shows(r)}
         if len(self.merger.expected) > FOLD_ABOVE:
-            self.folder = self.folder or LineFolder(FOLD_WINDOW)
+            self.folder = self.folder or LineFolder()  # FOLD_WINDOW, or DDP_MAGIC_FOLD_WINDOW
             self.folder.expected = self.merger.expected
         else:
             self.folder = None
