@@ -2,24 +2,21 @@
 
 The notebook shows what folding and the cell's budget let through (ui/output.py);
 this keeps everything the ranks wrote, hidden ranks (``--ranks``) and held-back lines
-included, so nothing is lost. Each cell's output is one file in a private (0700)
-folder made for this kernel, appended to as the hub reads it: memory holds only a
-write buffer (``BUFFER`` bytes) and a byte count per rank, disk holds what the ranks
-printed in the last ``KEEP_CELLS`` cells (older files are deleted; the folder goes
-when the kernel exits). A record is ``rank stream length\\n`` then the text's UTF-8.
+included, so nothing is lost. Each cell's output is one unnamed temporary file (0600,
+unlinked as it is made, so it goes with the kernel however the kernel ends, SIGKILL
+included), appended to as the hub reads it: memory holds a write buffer (``BUFFER``
+bytes) per kept cell and a byte count per rank, disk what the ranks printed in the last
+``KEEP_CELLS`` cells (an older cell's file is closed, and so freed). A record is
+``rank stream length\n`` then the text's UTF-8.
 """
 from __future__ import annotations
 
-import atexit
 import os
-import re
-import shutil
 import tempfile
 import threading
 from collections import OrderedDict
 from typing import IO, Any, Dict, List, Optional, Tuple
 
-from ..logs import log
 from .ranks import Listener
 
 KEEP_CELLS = 20  # the cells whose output can be read back
@@ -29,30 +26,26 @@ _STREAMS = {v: k for k, v in _CODES.items()}
 
 
 class _CellFile:
-    """One cell's output file: appended to on the thread that drives the cell, read on any."""
+    """One cell's output file: appended to on the thread that drives the cell, read on any (the OutputLog's lock)."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.file: Optional[IO[bytes]] = open(path, "ab", buffering=BUFFER)
+    def __init__(self) -> None:
+        self.file: IO[bytes] = tempfile.TemporaryFile("w+b", buffering=BUFFER, prefix="ddp_magic-output-")
         self.bytes: Dict[int, int] = {}  # rank -> bytes it wrote in this cell
 
     def write(self, rank: int, stream: str, text: str) -> None:
         data = text.encode("utf-8", "replace")
-        if self.file is not None:
-            self.file.write(b"%d %s %d\n" % (rank, _CODES[stream].encode(), len(data)) + data)
-            self.bytes[rank] = self.bytes.get(rank, 0) + len(data)
+        self.file.write(b"%d %s %d\n" % (rank, _CODES[stream].encode(), len(data)) + data)
+        self.bytes[rank] = self.bytes.get(rank, 0) + len(data)
 
     def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
+        self.file.close()
 
     def pieces(self, rank: int) -> List[Tuple[str, str]]:
-        """(stream, text) of one rank, in the order the kernel read them."""
-        if self.file is not None:
-            self.file.flush()
+        """(stream, text) of one rank, in the order the kernel read them; the file is left at its end for the next write."""
+        f = self.file
         out: List[Tuple[str, str]] = []
-        with open(self.path, "rb") as f:
+        f.seek(0)
+        try:
             while True:
                 head = f.readline()
                 if not head:
@@ -62,6 +55,8 @@ class _CellFile:
                     out.append((_STREAMS[code.decode()], f.read(int(size)).decode("utf-8", "replace")))
                 else:
                     f.seek(int(size), os.SEEK_CUR)
+        finally:
+            f.seek(0, os.SEEK_END)
 
 
 class OutputLog:
@@ -70,37 +65,18 @@ class OutputLog:
     def __init__(self, keep: int = KEEP_CELLS) -> None:
         self.keep = keep
         self._cells: "OrderedDict[str, _CellFile]" = OrderedDict()
-        self._folder: Optional[str] = None
-        self._made = 0  # files made: each a new name
         self._lock = threading.Lock()  # a background cell writes on its job's thread while the notebook reads
-
-    @property
-    def folder(self) -> str:
-        if self._folder is None:
-            self._folder = tempfile.mkdtemp(prefix="ddp_magic-output-")  # 0700: this user's only
-            atexit.register(shutil.rmtree, self._folder, True)
-        return self._folder
 
     def begin(self, key: str) -> "_CellFile":
         """A cell starts: a new file for its output (a cell run again under the same name replaces the old one)."""
         with self._lock:
-            self._drop(key)
-            for old in self._cells.values():
-                old.close()  # one cell runs at a time on a pool: the earlier ones have ended
-            self._made += 1
-            cell = self._cells[key] = _CellFile(os.path.join(self.folder, f"{self._made}-{re.sub(r'[^0-9A-Za-z]', '_', key)}.out"))
+            old = self._cells.pop(key, None)
+            if old is not None:
+                old.close()
+            cell = self._cells[key] = _CellFile()
             while len(self._cells) > self.keep:
-                self._drop(next(iter(self._cells)))
+                self._cells.popitem(last=False)[1].close()
             return cell
-
-    def _drop(self, key: str) -> None:
-        cell = self._cells.pop(key, None)
-        if cell is not None:
-            cell.close()
-            try:
-                os.unlink(cell.path)
-            except OSError:
-                log.debug("could not remove %s", cell.path, exc_info=True)
 
     def tap(self, listener: Listener, key: str) -> Listener:
         """The listener a cell's run reports to, so that every rank's output is kept under ``key``."""

@@ -33,8 +33,8 @@ def test_each_rank_s_output_comes_back_whole_in_order_with_its_streams():
         assert "".join(t for s, t in log.pieces(1, "12") if s == "stderr") == "".join(f"warn {i}\n" for i in range(300))
         assert log.pieces(2)[-1] == ("stdout", "ünïcode, no newline")
         assert log.ranks("12")[0] == sum(len(f"rank 0 step {i}\n") for i in range(300))
-    assert len(os.listdir(log.folder)) == 1
-    assert stat.S_IMODE(os.stat(log.folder).st_mode) == 0o700, "the ranks' output is this user's only"
+    fd = log._cells["12"].file.fileno()
+    assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600 and os.fstat(fd).st_nlink == 0, "this user's only, and in no folder"
 
 
 def test_only_the_last_cells_are_kept_and_an_unknown_cell_names_the_kept_ones():
@@ -46,5 +46,5 @@ def test_only_the_last_cells_are_kept_and_an_unknown_cell_names_the_kept_ones():
     assert log.pieces(0) == [("stdout", "cell 5\n")] and log.pieces(0, "3") == [("stdout", "cell 3\n")]
     with pytest.raises(KeyError, match=r"no output kept for cell 1: the cells kept are 3, 4, 5 \(the last 3\)"):
         log.pieces(0, "1")
-    assert len(os.listdir(log.folder)) == 3, "older cells' files are deleted"
+    assert list(log._cells) == ["3", "4", "5"], "older cells' files are closed (freed)"
     assert log.pieces(7) == [], "a rank that printed nothing"
