@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import shlex
 import sys
@@ -42,8 +43,10 @@ from .words import plural
 
 @magic_arguments("ddp")
 @kwds(epilog=LINE_EXAMPLES)
-@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics", "wait"), default="status", help="what to do (default: status)")
+@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics", "wait", "output"), default="status", help="what to do (default: status)")
 @argument("--df", action="store_true", help="with metrics: a pandas DataFrame instead of a dict of lists")
+@argument("--rank", type=int, metavar="R", help="with output: the rank whose whole output to show")
+@argument("--cell", metavar="N", help="with output: the cell (its In [N]) whose output to show (default: the last %%%%ddp cell)")
 @pool_arguments
 @HELP_ARGUMENT
 def _ddp_line() -> None:
@@ -95,6 +98,23 @@ def _unquoted(text: str) -> List[str]:
     if len(parts) == 1 and len(text) > 1 and text[0] in "\"'" and text[-1] == text[0]:
         parts = shlex.split(parts[0])
     return parts
+
+
+def _read_back(args: argparse.Namespace, number: Any) -> str:
+    """How this cell's reader gets a rank's whole output back, named where lines are held back."""
+    if args.bg and args.out:
+        return f"{args.out}.output({{rank}})"
+    return "%ddp output --rank {rank}" + (f" --cell {number}" if isinstance(number, int) else "")
+
+
+def _show_output(session: Session, args: argparse.Namespace) -> None:
+    """%ddp output --rank N [--cell M]: the rank's whole output of that cell, each piece on its own stream, unprefixed."""
+    if args.rank is None:
+        raise UsageError("%ddp output: which rank? e.g. %ddp output --rank 3 (--cell 12: the output of In [12])")
+    for stream, text in session.output(args.rank, args.cell):
+        (sys.stdout if stream == "stdout" else sys.stderr).write(text)
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def log_text(limit: int = 200) -> str:
@@ -187,7 +207,7 @@ class DDPMagics(Magics):
             raise UsageError("%%ddp --bg --pdb: a background cell cannot stop in pdb; run it without --bg, or %ddp_debug after it failed")
         number, first_line = running_cell(self.shell)  # In [n], and the editor's line of the body's first
         ticket = Ticket(f"cell [{number}]" if isinstance(number, int) else "a %%ddp cell", background=args.bg)
-        printer = RankPrinter(_ranks(args.ranks) if args.ranks else None, ordered=args.ordered)
+        printer = RankPrinter(_ranks(args.ranks) if args.ranks else None, ordered=args.ordered, read_back=_read_back(args, number))
         listener = MagicListener(printer, args.quiet, args.ranks, widget=not args.no_widget)
         request = _pool_request(args)
         spec = self.session.spec_for(**request) if request else None
@@ -202,6 +222,7 @@ class DDPMagics(Magics):
         as_shell = types.SimpleNamespace(call_pdb=False)  # a background cell never stops in pdb
         job = Job(ticket, lambda j: self._cell_value(args, cell, printer, listener, dataclasses.replace(options, cancel=j.cancel_event), as_shell),
                   live=lambda: listener.metrics.data)
+        job.outputs = functools.partial(self.session.output, cell=str(number) if isinstance(number, int) else None)  # job.output(N)
         self.session.history.begin_late(ticket)  # %ddp_export: its run goes to this cell's record, whenever it ends
         self.jobs = [j for j in self.jobs if not j.done()] + [job]
         job.start()
@@ -258,6 +279,10 @@ class DDPMagics(Magics):
         request = _pool_request(args)
         if args.action == "metrics":
             return metrics_data(self.session.metrics, args.df)
+        if args.action == "output":
+            return _show_output(self.session, args)
+        if args.rank is not None or args.cell is not None:
+            raise UsageError("%ddp: --rank and --cell go with output, e.g. %ddp output --rank 3")
         if args.action in ("status", "log", "wait") and request:
             raise UsageError("%ddp: pool options need an action, e.g. %ddp restart -n 2 (or put them on a %%ddp cell)")
         if args.action == "stop":

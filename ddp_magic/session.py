@@ -21,6 +21,7 @@ from .export.record import History
 from .kernel import CellOutcome, Listener
 from .kernel.ranks import LastCell
 from .kernel.metrics import CellMetrics
+from .kernel.output_log import OutputLog
 from .kernel import peek as peeks, templates
 from .kernel.launchers.slurm import preview as slurm_preview
 from .kernel.pool import Pool
@@ -120,6 +121,7 @@ class Session:
     metrics: Optional[CellMetrics] = None  # the last cell's that logged any: %ddp metrics
     last: Optional[LastCell] = None  # the last %%ddp cell's outcome, while its pool runs (None once it stops or restarts)
     turns: Turns = field(default_factory=Turns)  # one cell at a time on the pool; the others wait in line (kernel/turns.py)
+    outputs: OutputLog = field(default_factory=OutputLog)  # every rank's whole output of the recent cells: %ddp output --rank N
 
     # ------------------------------------------------------------ specs
     def spec_for(self, nproc: Optional[int] = None, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> Optional[PoolSpec]:
@@ -302,8 +304,9 @@ class Session:
         ticket.progress = metrics.last_step  # "step 4,120" in %ddp status and the panel
         profile = ProfileRun.arm(pool, listener, options.profile) if options.profile is not None else None
         self.last = None  # this cell is the news now
+        kept = self.outputs.tap(listener, label if options.number is None else str(options.number))  # %ddp output --rank N
         outcome = pool.run(
-            editor_lines(source, options.first_line), blobs, listener=metrics.tee(self.history.tap(listener), listener), timeout=options.timeout,
+            editor_lines(source, options.first_line), blobs, listener=metrics.tee(self.history.tap(kept), listener), timeout=options.timeout,
             gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin, cancel=options.cancel,
         )
         self.last = LastCell.of(outcome, options.number, label, pool.generation)
@@ -317,6 +320,16 @@ class Session:
         self.history.ran(source, blobs, user_ns, pool, outcome, late=ticket if ticket.background else None)
         self.metrics = metrics if metrics else self.metrics
         return CellResult(outcome=outcome, label=label, metrics=metrics, profile=profile.collect(pool, metrics) if profile is not None else None)
+
+    def output(self, rank: int, cell: Optional[str] = None) -> List[Tuple[str, str]]:
+        """Rank ``rank``'s whole output in a recent cell (``cell``: its In [n]; None: the last cell that ran), as (stream,
+        text) in the order the kernel read it: what the notebook held back or hid (``--ranks``) included."""
+        if self.pool is not None and not 0 <= rank < self.pool.nproc:
+            raise UsageError(f"%ddp output --rank {rank}: the pool has ranks 0..{self.pool.nproc - 1}")
+        try:
+            return self.outputs.pieces(rank, cell)
+        except KeyError as e:
+            raise UsageError(f"%ddp output: {e.args[0]}; name one with --cell N (its In [N])") from None
 
     def peek(self, source: str, ranks: Optional[Iterable[int]] = None, timeout: float = peeks.PEEK_TIMEOUT_S) -> peeks.PeekOutcome:
         """``%%ddp --peek``: ``source`` on the ranks' peek threads, beside the running cell (kernel/peek.py); nothing is shipped."""

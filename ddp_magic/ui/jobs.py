@@ -17,7 +17,7 @@ import contextvars
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Generator, List, Optional
+from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
 from ..errors import CellError, Dequeued
 from ..kernel.metrics import CellMetrics
@@ -124,6 +124,17 @@ class Job:
         self._cancelled = True
         self.cancel_event.set()
         return True
+
+    outputs: Optional[Callable[[int], List[Tuple[str, str]]]] = None  # the magics' Session.output for this job's cell
+
+    def output(self, rank: int) -> str:
+        """Rank ``rank``'s whole output in this job's cell so far, stdout and stderr in the order they came, unprefixed:
+        what the cell held back over its budget, or hid with --ranks, included ("" while the job waits in the queue)."""
+        if self.outputs is None:
+            raise RuntimeError(f"{self.ticket.name}: its output is kept by the notebook's session; this job was made without one")
+        if self.state == JobState.QUEUED:
+            return ""
+        return "".join(text for _, text in self.outputs(rank))
 
     def __await__(self) -> Generator[Any, None, Any]:
         """``await job`` (IPython's autoawait): the result, without holding the kernel's event loop."""

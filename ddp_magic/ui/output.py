@@ -16,10 +16,14 @@ and a saved notebook show; ``NO_COLOR`` or ``DDP_MAGIC_COLOR=0`` turns that off.
 Hidden ranks (``--ranks``) are dropped here and nowhere else: the pool and the
 widget still see everything.
 
-Identical stderr lines from several ranks (the same warning from every rank)
-become one line, ``[ranks 0-3] UserWarning: …`` (``LineMerger``): a stderr line
-waits until every shown rank has sent it, or ``MERGE_WINDOW`` seconds. stdout is
-never merged: users read it rank by rank.
+Identical lines from several ranks become one line, ``[ranks 0-1023] epoch 3 loss 0.41``
+(kernel/fold.py's ``LineFolder``): stderr lines (the same warning from every rank) at
+any size, waiting until every shown rank has sent one or ``MERGE_WINDOW`` seconds; stdout
+lines once more than ``FOLD_ABOVE`` ranks are shown, waiting at most ``FOLD_WINDOW``. At
+8 ranks or fewer stdout is never folded: each rank's lines show as they come, rank by rank.
+What is written counts against the cell's budget (``OutputBudget``); past it lines are
+held back, the cell says how many and how to read them (the session keeps every rank's
+whole output, kernel/output_log.py).
 """
 from __future__ import annotations
 
@@ -30,9 +34,9 @@ import re
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, TextIO, Tuple
 
+from ..kernel.fold import FOLD_ABOVE, LineFolder, OutputBudget, fold_window, line_cost
 from ..words import ranks_phrase
 from .colours import rank_ansi
 
@@ -40,6 +44,7 @@ _PIECES = re.compile(r"[^\r\n]*(?:\r\n|\n|\r)|[^\r\n]+$")
 MAX_PARTIAL = 1 << 16  # an endless line is shown in pieces of this size, never held forever
 MERGE_WINDOW = 0.5  # seconds a stderr line waits for the same line from the other ranks
 BAR_WAIT = 0.25  # seconds a rank's stdout line waits while its bar's last state may still be on the stderr socket
+READ_BACK = "%ddp output --rank {rank}"  # how a cell's reader gets a rank's whole output (a background job: job.output(rank))
 
 
 def parse_ranks(spec: str, world: Optional[int] = None) -> Set[int]:
@@ -78,54 +83,12 @@ def ranks_label(ranks: Iterable[int], colour: bool = False, node: str = "") -> s
     return f"[{ranks_phrase(rs)}] "
 
 
-@dataclass
-class _Held:
-    line: str
-    since: float
-    ranks: Set[int] = field(default_factory=set)
-
-
-class LineMerger:
-    """Complete stderr lines held briefly so that the same line from several ranks is shown once.
-
-    A line goes out, in arrival order, once every expected rank has sent it or it has
-    waited ``window`` seconds; a rank's own lines keep their order. Pure: the caller
-    gives the time.
-    """
-
-    def __init__(self, window: float = MERGE_WINDOW) -> None:
-        self.window = window
-        self.expected: Optional[Set[int]] = None  # the ranks that may send a line (None: unknown, wait the window)
-        self._held: List[_Held] = []
-
-    def add(self, rank: int, line: str, now: float) -> None:
-        for held in self._held:  # the oldest identical line this rank has not sent yet
-            if held.line == line and rank not in held.ranks:
-                held.ranks.add(rank)
-                return
-        self._held.append(_Held(line, now, {rank}))
-
-    def ready(self, now: float, final: bool = False) -> List[Tuple[Set[int], str]]:
-        """The lines due now (all of them when ``final``), as (ranks, line), in order."""
-        out = []
-        while self._held:
-            head = self._held[0]
-            complete = self.expected is not None and head.ranks >= self.expected
-            if not (final or complete or now - head.since >= self.window):
-                break
-            out.append((head.ranks, self._held.pop(0).line))
-        return out
-
-    def next_due(self) -> Optional[float]:
-        return self._held[0].since + self.window if self._held else None
-
-
 class RankPrinter:
     """Writes each rank's text to stdout/stderr with a ``[rank r] `` prefix per line."""
 
     def __init__(
         self, ranks: Optional[Iterable[int]] = None, streams: Optional[Dict[str, Callable[[], TextIO]]] = None, ordered: bool = False,
-        colour: Optional[bool] = None,
+        colour: Optional[bool] = None, budget: Optional[OutputBudget] = None, read_back: str = READ_BACK,
     ) -> None:
         self.ranks = set(ranks) if ranks is not None else None
         self._streams = streams or {"stdout": lambda: sys.stdout, "stderr": lambda: sys.stderr}
@@ -136,7 +99,10 @@ class RankPrinter:
         self._wrote: Set[str] = set()  # the streams written since the last flush (only those need flushing)
         self.ordered = ordered
         self._held: Dict[Tuple[int, str], List[str]] = {}
-        self.merger = LineMerger()
+        self.merger = LineFolder(max(MERGE_WINDOW, fold_window()))  # stderr: the same warning from every rank, once
+        self.folder: Optional[LineFolder] = None  # stdout, once more than FOLD_ABOVE ranks are shown
+        self.budget = budget or OutputBudget()
+        self.read_back = read_back  # "%ddp output --rank {rank}": named where lines were held back
         self._lock = threading.RLock()  # the merge timer writes from its own thread
         self._timer: Optional[threading.Timer] = None
         self.nodes: Dict[int, str] = {}  # rank -> its Slurm node, named in its prefix (a pool on one host has none)
@@ -147,8 +113,13 @@ class RankPrinter:
 
     @world.setter
     def world(self, nproc: int) -> None:
-        """The pool's size: a stderr line sent by every shown rank goes out at once."""
+        """The pool's size: a line sent by every shown rank goes out at once; above FOLD_ABOVE shown ranks stdout folds too."""
         self.merger.expected = {r for r in range(nproc) if self.shows(r)}
+        if len(self.merger.expected) > FOLD_ABOVE:
+            self.folder = self.folder or LineFolder()  # FOLD_WINDOW, or DDP_MAGIC_FOLD_WINDOW
+            self.folder.expected = self.merger.expected
+        else:
+            self.folder = None
 
     def shows(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
@@ -209,9 +180,18 @@ class RankPrinter:
             return
         if not bar:
             self._release(rank)
-        self._write({rank}, stream, pieces)
+        self._show(rank, stream, pieces)
         if bar:
             self._release(rank)
+
+    def _show(self, rank: int, stream: str, pieces: List[str]) -> None:
+        """A rank's stdout lines: written, or folded with the same lines of the other ranks (above FOLD_ABOVE ranks)."""
+        if self.folder is None:
+            self._write({rank}, stream, pieces)
+            return
+        now = time.monotonic()
+        for piece in pieces:
+            self.folder.add(rank, piece, now)
 
     def _bar_pending(self, rank: int) -> bool:
         """A bar redrawn on the rank's stderr whose final line may not have come yet. Two sockets carry a rank's
@@ -223,16 +203,19 @@ class RankPrinter:
     def _release(self, rank: int) -> None:
         waiting = self._after_bar.pop(rank, None)
         if waiting is not None:
-            self._write({rank}, "stdout", waiting[1])
+            self._show(rank, "stdout", waiting[1])
 
     def _drain(self, final: bool) -> None:
-        """Write the merged stderr lines and the stdout lines waiting for a bar that are due; arm the timer for the next one."""
+        """Write the folded lines and the stdout lines waiting for a bar that are due; arm the timer for the next one."""
         now = time.monotonic()
         for rank in [r for r, (since, _) in self._after_bar.items() if final or now - since >= BAR_WAIT]:
             self._release(rank)
-        for ranks, line in self.merger.ready(now, final):
-            self._write(ranks, "stderr", [line])
-        dues = [d for d in [self.merger.next_due()] + [since + BAR_WAIT for since, _ in self._after_bar.values()] if d is not None]
+        folders = [("stdout", self.folder), ("stderr", self.merger)]
+        for stream, folder in folders:
+            for ranks, line in folder.ready(now, final) if folder is not None else ():
+                self._write(ranks, stream, [line])
+        heads = [f.next_due() for _, f in folders if f is not None]
+        dues = [d for d in heads if d is not None] + [since + BAR_WAIT for since, _ in self._after_bar.values()]
         due = min(dues) if dues else None
         if due is not None and self._timer is None:
             ctx = contextvars.copy_context()  # the kernel routes the timer's output to this cell
@@ -246,9 +229,30 @@ class RankPrinter:
             self._drain(final=False)
 
     def _write(self, ranks: Set[int], stream: str, pieces: List[str]) -> None:
+        """Lines into the cell, if its budget lets them through; else held back (the session keeps them: kernel/output_log.py)."""
+        holding = self.budget.holding
+        if not self.budget.allow(ranks, len(pieces), line_cost(pieces), time.monotonic()):
+            if not holding:
+                self._say(f"this cell's output is over its budget ({self.budget.lines:,} lines, then {self.budget.rate:g} a second): "
+                          f"holding lines back; nothing is lost: {self.read_back.format(rank='N')} shows rank N's whole output")
+            return
+        self._say_gap()
         prefix = ranks_label(ranks, self.colour, self.nodes.get(next(iter(ranks)), "") if len(ranks) == 1 else "")
         self._streams[stream]().write("".join(prefix + piece for piece in pieces))
         self._wrote.add(stream)
+
+    def _say_gap(self) -> None:
+        """How many lines were held back since the last line shown, and how to read them."""
+        gap = self.budget.gap()
+        if gap is not None:
+            lines, ranks = gap
+            first = min(ranks)
+            self._say(f"{lines:,} {'line' if lines == 1 else 'lines'} from {ranks_phrase(ranks)} held back; "
+                      f"{self.read_back.format(rank=first)} shows rank {first}'s whole output")
+
+    def _say(self, text: str) -> None:
+        self._streams["stdout"]().write(f"ddp_magic: {text}\n")  # as the cell's notices are written (ui/cell_listener.py)
+        self._wrote.add("stdout")
 
     def flush(self) -> None:
         """The cell ended: finish partial lines, and in ordered mode write everything rank by rank."""
@@ -274,6 +278,7 @@ class RankPrinter:
                 self._emit(rank, stream, held[(rank, stream)])
             self.ordered = True
         self._drain(final=True)
+        self._say_gap()
         wrote, self._wrote = self._wrote, set()
         for stream in sorted(wrote):  # a flush waits for the kernel's IO thread: only where something was written
             try:

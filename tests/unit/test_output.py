@@ -176,11 +176,12 @@ def test_a_bar_s_final_line_sits_among_its_rank_s_stdout_lines_in_order():
 
 
 def test_merger_and_labels():
-    from ddp_magic.ui.output import LineMerger, ranks_label
+    from ddp_magic.kernel.fold import LineFolder
+    from ddp_magic.ui.output import ranks_label
 
     assert ranks_label([3]) == "[rank 3] " and ranks_label([0, 1, 2, 3]) == "[ranks 0-3] " and ranks_label([0, 2, 3]) == "[ranks 0, 2-3] "
     assert ranks_label([2, 0]) == "[ranks 0, 2] " and ranks_label([0, 2, 3], colour=True) == "[ranks 0, 2-3] "
-    m = LineMerger(window=1.0)
+    m = LineFolder(window=1.0)
     m.add(0, "a\n", 0.0)
     m.add(0, "a\n", 0.1)  # the same rank again: a second line, not a merge
     m.add(1, "a\n", 0.2)
