@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import describe_exit
 from ..plan import DIST_VARS
 from . import colours
+from . import status_compact as C
 from .report import checks_html, checks_line, checks_text, common_env, env_digest, env_table_html, table_text, worth_saying
 from .status_render import (
     FONT, LINE, TEXT_PREFIX, Label, Snapshot, clean_line, esc, exit_text, fmt_bytes, fmt_seconds, header_html, summary, tone_of,
@@ -57,7 +58,17 @@ def rank_row(s: Snapshot, rank: int) -> RankRow:
 
 
 def rank_rows(s: Snapshot) -> List[RankRow]:
-    return [rank_row(s, r) for r in s.ranks]
+    """A row per rank; over 32 ranks a row for each odd rank alone (the others are in the per-node rows and the grid)."""
+    return [rank_row(s, r) for r in (C.detail_ranks(s.labels) if s.compact else s.ranks)]
+
+
+def hosts(s: Snapshot) -> Dict[int, str]:
+    """Each rank's node as the per-node rows name it: the scheduler's name for it, else its host."""
+    out = {}
+    for r in s.ranks:
+        info = s.infos.get(r)
+        out[r] = (getattr(info, "node_name", "") or info.host or "") if info is not None else ""
+    return out
 
 
 def row_columns(rows: Sequence[RankRow]) -> List[str]:
@@ -83,8 +94,16 @@ def _cell_html(row: RankRow, col: str) -> str:
 
 
 def ranks_html(s: Snapshot) -> str:
-    """The rank table, every style inline (64 rows stay ~25 kB)."""
+    """The rank table, every style inline (32 rows stay ~13 kB); over 32 ranks the per-node rows, the grid, and the
+    odd ranks' own rows (a few kB at 1,024 ranks)."""
     rows = rank_rows(s)
+    if s.compact:
+        odd = _table_html(rows) if rows else ""
+        return C.groups_html(s.labels, hosts(s)) + C.grid_html(s.labels) + odd
+    return _table_html(rows)
+
+
+def _table_html(rows: Sequence[RankRow]) -> str:
     cols = row_columns(rows)
     head = "".join(f"<th style='{CELL};font-weight:bold'>{c}</th>" for c in cols)
     body = "".join(
@@ -98,8 +117,13 @@ def ranks_html(s: Snapshot) -> str:
 
 
 def ranks_text(s: Snapshot) -> List[str]:
+    """A row per rank; over 32 ranks a row per node and state, then the odd ranks' own rows."""
     rows = rank_rows(s)
-    return table_text([row.cells for row in rows], row_columns(rows))
+    own = table_text([row.cells for row in rows], row_columns(rows)) if rows else []
+    if not s.compact:
+        return own
+    groups = C.group_rows(s.labels, hosts(s))
+    return table_text(groups, C.group_columns(groups)) + own
 
 
 def notices_html(s: Snapshot) -> str:
