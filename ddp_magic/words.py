@@ -26,6 +26,16 @@ def rank_list(ranks: Iterable[int]) -> str:
     return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
+def short_rank_list(ranks: Iterable[int], runs: int = 4) -> str:
+    """'0-511', '3, 9, 17, 20 and 40 more': ``rank_list`` cut after a few runs (a sentence about 1,024 ranks stays short)."""
+    rs = sorted(set(ranks))
+    parts = rank_list(rs).split(", ")
+    if len(parts) <= runs:
+        return ", ".join(parts)
+    shown = sum(int(p.split("-")[1]) - int(p.split("-")[0]) + 1 if "-" in p else 1 for p in parts[:runs])
+    return f"{', '.join(parts[:runs])} and {len(rs) - shown} more"
+
+
 def ranks_phrase(ranks: Iterable[int]) -> str:
     """'rank 1' or 'ranks 0, 2-3': the ranks a sentence speaks of, singular or plural."""
     rs = sorted(set(ranks))

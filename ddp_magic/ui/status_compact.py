@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from typing import Dict, List, Mapping, Sequence, Tuple
 
-from ..words import rank_list
+from ..words import short_rank_list
 from . import colours
 from .status_labels import FAILURES, STATE_TONES, Label, tone_of
 
@@ -39,12 +39,8 @@ def by_label(labels: Mapping[int, Label]) -> Dict[Label, List[int]]:
 
 
 def short_list(ranks: Sequence[int], runs: int = NAMED_RUNS) -> str:
-    """'0-511', '3, 9, 17, 20 and 40 more': words.rank_list, cut after a few runs."""
-    parts = rank_list(ranks).split(", ")
-    if len(parts) <= runs:
-        return ", ".join(parts)
-    shown = sum(int(p.split("-")[1]) - int(p.split("-")[0]) + 1 if "-" in p else 1 for p in parts[:runs])
-    return f"{', '.join(parts[:runs])} and {len(set(ranks)) - shown} more"
+    """'0-511', '3, 9, 17, 20 and 40 more' (words.short_rank_list)."""
+    return short_rank_list(ranks, runs)
 
 
 def ranks_words(ranks: Sequence[int]) -> str:

@@ -14,7 +14,9 @@ from ..errors import describe_exit
 from ..plan import DIST_VARS
 from . import colours
 from . import status_compact as C
-from .report import checks_html, checks_line, checks_text, common_env, env_digest, env_table_html, table_text, worth_saying
+from .report import (
+    checks_html, checks_line, checks_text, common_env, env_digest, env_rows, env_table_html, table_text, worth_saying,
+)
 from .status_render import (
     FONT, LINE, TEXT_PREFIX, Label, Snapshot, clean_line, esc, exit_text, fmt_bytes, fmt_seconds, header_html, summary, tone_of,
 )
@@ -153,8 +155,10 @@ def _env_html(s: Snapshot) -> str:
     bad = worth_saying(s.checks)
     common = common_env(s.envs, list(DIST_VARS))
     shared = " ".join(f"{esc(k)}={esc(v)}" for k, v in common.items())
+    cols = [c for c in DIST_VARS if c not in common]
+    rows, left = env_rows(s.envs, cols)  # over 32 ranks: runs of ranks that follow one pattern (report.env_runs)
     table = (f"<div class='ddp-env-common' style='font-family:monospace'>every rank: {shared}</div>" if common else "") + (
-        env_table_html(s.envs, [c for c in DIST_VARS if c not in common]) if s.envs else "")
+        env_table_html(rows, cols) + esc(left) if s.envs else "")
     problems = checks_html(bad) if bad else ""
     return (
         f"<div class='ddp-status-env' style='{SMALL}'>{esc(checks_line(s.checks))} (the env each rank received){problems}"
@@ -175,7 +179,9 @@ def env_text(s: Snapshot) -> List[str]:
         by_rank = [str(i) for i in range(len(envs))]
         varying = [c for c in DIST_VARS if len({e.get(c) for e in envs}) > 1 and [e.get(c) for e in envs] != by_rank]
         if varying:
-            lines += table_text(envs, ["RANK"] + [c for c in varying if c != "RANK"])
+            cols = ["RANK"] + [c for c in varying if c != "RANK"]
+            rows, left = env_rows(envs, cols)
+            lines += table_text(rows, cols) + ([left] if left else [])
     return lines
 
 
