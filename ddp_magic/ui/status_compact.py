@@ -113,7 +113,7 @@ def group_rows(labels: Mapping[int, Label], hosts: Mapping[int, str]) -> List[Di
     groups: Dict[Tuple[str, Label], List[int]] = {}
     for r in sorted(labels):
         groups.setdefault((hosts.get(r, ""), labels[r]), []).append(r)
-    first = {}
+    first: Dict[str, int] = {}
     for (host, _), rs in groups.items():
         first[host] = min(first.get(host, rs[0]), rs[0])
     order = sorted(groups, key=lambda k: (first[k[0]], ORDER.index(k[1]) if k[1] in ORDER else len(ORDER)))

@@ -26,7 +26,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from ..plan import Check
 from ..words import fmt_seconds, plural, ranks_phrase
