@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .states import FailureKind
-from .words import ranks_phrase
+from .words import short_rank_list
 
 
 class DDPError(Exception):
@@ -102,6 +102,11 @@ def _how(f: RankFailure) -> Tuple[object, ...]:
     return (f.kind, f.type, f.message, f.exit_code if f.kind in (FailureKind.DIED, FailureKind.KILLED) else None)
 
 
+def _who(ranks: Sequence[int]) -> str:
+    """'rank 3', 'ranks 0-2, 5', or past 8 runs 'ranks 0, 2, 4, 6, 8, 10, 12, 14 and 504 more' (each one: .failures)."""
+    return f"rank {ranks[0]}" if len(set(ranks)) == 1 else f"ranks {short_rank_list(ranks, 8)}"
+
+
 def group_failures(failures: Sequence[RankFailure]) -> List[List[RankFailure]]:
     """The failures grouped by how they failed, each group in rank order, the groups in order of their first report."""
     groups: Dict[Tuple[object, ...], List[RankFailure]] = {}
@@ -116,7 +121,7 @@ def group_headline(group: Sequence[RankFailure]) -> str:
     first = group[0]
     if len(group) == 1:
         return first.headline()
-    who = ranks_phrase(f.rank for f in group)
+    who = _who([f.rank for f in group])
     if first.kind == FailureKind.DIED:
         how = describe_exit(first.exit_code)
         return f"{who} {how.replace('was killed', 'were killed').replace('lost its connection', 'lost their connections')}"
@@ -156,7 +161,7 @@ class CellError(DDPError):
         others = self.failures[1:]
         same = [f for f in others if _how(f) == _how(root)]
         if same and root.kind != FailureKind.TIMEOUT:  # a timeout's headline names every rank it waited for
-            lines += ["", f"{ranks_phrase(f.rank for f in same)} failed the same way"]
+            lines += ["", f"{_who([f.rank for f in same])} failed the same way"]
         said = {id(f) for f in same}  # by identity: comparing dataclasses is O(n) each, O(n²) over 1,024 ranks
         rest = [f for f in others if id(f) not in said and f.kind != FailureKind.KILLED and not f.message.startswith("released")]
         groups = group_failures(rest)  # the killed and the released are summed up in the notes
@@ -166,7 +171,7 @@ class CellError(DDPError):
                 lines += [f"  last lines: {ln}" for ln in group[0].last_lines[-3:]]
         if len(groups) > GROUPS_SHOWN:
             left = [f.rank for g in groups[GROUPS_SHOWN:] for f in g]
-            lines += ["", f"{ranks_phrase(left)} failed in {len(groups) - GROUPS_SHOWN} other ways (each one: the error's .failures)"]
+            lines += ["", f"{_who(left)} failed in {len(groups) - GROUPS_SHOWN} other ways (each one: the error's .failures)"]
         if self.notes:
             lines += [""] + self.notes
         return "\n".join(lines)

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..words import plural, rank_list, ranks_phrase
+from ..words import plural, short_rank_list
 
 Collective = Mapping[str, object]  # one rank's STACK reply field "collective"
 
@@ -35,6 +35,12 @@ def _tensor(c: Collective) -> str:
 
 Row = Tuple[str, str, str, str]  # collective, tensor, group, where
 ROWS_SHOWN = 24  # the table's rows at most: more places than that are counted, not listed (the policy keeps every reply)
+RUNS = 8  # a row's ranks: this many runs, then how many more ('0, 2, 4, 6, 8, 10, 12, 14 and 504 more')
+
+
+def _who(ranks: Sequence[int]) -> str:
+    """words.ranks_phrase, cut after a few runs: 'ranks 0, 2, 4, 6, 8, 10, 12, 14 and 504 more'."""
+    return f"rank {ranks[0]}" if len(set(ranks)) == 1 else f"ranks {short_rank_list(ranks, RUNS)}"
 
 
 def _place(c: Optional[Collective], where: str) -> Row:
@@ -57,12 +63,12 @@ def table(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]],
     groups = places(ranks, collectives, where)
     head = "rank" if all(len(rs) == 1 for _, rs in groups) else "ranks"
     rows: List[Tuple[str, ...]] = [(head, "collective", "tensor", "group", "where")]
-    rows += [(rank_list(rs), *row) for row, rs in groups[:ROWS_SHOWN]]
+    rows += [(short_rank_list(rs, RUNS), *row) for row, rs in groups[:ROWS_SHOWN]]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
     if len(groups) > ROWS_SHOWN:
         rest = [r for _, rs in groups[ROWS_SHOWN:] for r in rs]
-        lines.append(f"… and {plural(len(rest), 'rank')} in {len(groups) - ROWS_SHOWN} other places ({rank_list(rest)})")
+        lines.append(f"… and {plural(len(rest), 'rank')} in {len(groups) - ROWS_SHOWN} other places ({short_rank_list(rest, RUNS)})")
     return lines
 
 
@@ -73,7 +79,7 @@ def stacks_text(stacks: Mapping[int, str]) -> List[str]:
     for r in sorted(stacks):
         groups.setdefault(stacks[r].rstrip(), []).append(r)
     ordered = sorted(groups.items(), key=lambda kv: kv[1][0])
-    return [f"--- {ranks_phrase(rs)} ---\n{text}" for text, rs in ordered]
+    return [f"--- {_who(rs)} ---\n{text}" for text, rs in ordered]
 
 
 def _key(c: Collective) -> Tuple[str, object]:
@@ -134,12 +140,12 @@ def verdicts(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective
         for op, odd in f.odd:
             verb = "is" if len(odd) == 1 else "are"
             out.append(
-                f"{ranks_phrase(odd)} {verb} in {op} while {ranks_phrase(f.majority)} "
+                f"{_who(odd)} {verb} in {op} while {_who(f.majority)} "
                 f"{'is' if len(f.majority) == 1 else 'are'} in {f.shown}{suffix}: mismatched collective"
             )
         if f.missing:
-            why = "; ".join(f"{ranks_phrase(rs)} {w}" for (*_, w), rs in places([r for r in f.missing if where.get(r)], {}, where))
-            out.append(f"{ranks_phrase(f.missing)} never arrived at {f.shown}{suffix}" + (f" ({why})" if why else ""))
+            why = "; ".join(f"{_who(rs)} {w}" for (*_, w), rs in places([r for r in f.missing if where.get(r)], {}, where))
+            out.append(f"{_who(f.missing)} never arrived at {f.shown}{suffix}" + (f" ({why})" if why else ""))
     return out
 
 
@@ -157,10 +163,10 @@ def released_text(ranks: Sequence[int], collectives: Mapping[int, Optional[Colle
     verb = "was" if len(waiting) == 1 else "were"
     groups = sorted(by_op.items(), key=lambda kv: kv[1][0])
     if len(groups) == 1:
-        return f"{ranks_phrase(waiting)} {verb} in {groups[0][0]}{at} and {verb} released"
+        return f"{_who(waiting)} {verb} in {groups[0][0]}{at} and {verb} released"
     if len(groups) > 4:
-        return f"{ranks_phrase(waiting)} were in {len(groups)} collectives{at} and were released"
-    each = [f"{ranks_phrase(rs)} {'was' if len(rs) == 1 else 'were'} in {op}" if i == 0 else f"{ranks_phrase(rs)} in {op}"
+        return f"{_who(waiting)} were in {len(groups)} collectives{at} and were released"
+    each = [f"{_who(rs)} {'was' if len(rs) == 1 else 'were'} in {op}" if i == 0 else f"{_who(rs)} in {op}"
             for i, (op, rs) in enumerate(groups)]
     return f"{', '.join(each)}{at}, and {verb} released"
 

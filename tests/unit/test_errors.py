@@ -100,3 +100,9 @@ def test_groups_of_dead_ranks_speak_in_the_plural():
     assert errors.group_headline(group).startswith("ranks 1-2 were killed by SIGKILL")
     lost = [RankFailure(r, FailureKind.DIED) for r in (1, 2)]
     assert errors.group_headline(lost).startswith("ranks 1-2 lost their connections to the kernel")
+
+
+def test_scattered_ranks_are_cut_after_a_few_runs():
+    root = RankFailure(1, FailureKind.ERROR, "ValueError", "boom")
+    every_other = [RankFailure(r, FailureKind.INTERRUPTED, "KeyboardInterrupt") for r in range(0, 1024, 2)]
+    assert "ranks 0, 2, 4, 6, 8, 10, 12, 14 and 504 more were interrupted" in CellError([root, *every_other]).render().splitlines()

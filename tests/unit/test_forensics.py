@@ -119,3 +119,9 @@ def test_the_same_stack_is_said_once_with_its_ranks():
         "--- ranks 0-8, 10-1023 ---\n(running the cell)\n  File \"<ddp-cell-2>\", line 3",
         "--- rank 9 ---\n(running the cell)\n  File \"<ddp-cell-2>\", line 1",
     ]
+
+
+def test_scattered_ranks_in_a_row_are_cut_after_a_few_runs():
+    got = {r: c("all_reduce", 3 if r % 2 else 4) for r in range(1024)}  # odd ranks in #3, even ranks in #4
+    lines = F.table(range(1024), got, {})
+    assert [ln.split("  ")[0] for ln in lines[1:]] == ["0, 2, 4, 6, 8, 10, 12, 14 and 504 more", "1, 3, 5, 7, 9, 11, 13, 15 and 504 more"]
