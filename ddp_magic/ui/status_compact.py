@@ -31,10 +31,10 @@ def compact(n: int) -> bool:
 
 
 def by_label(labels: Mapping[int, Label]) -> Dict[Label, List[int]]:
-    """Each label's ranks, in rank order, the labels in the summary's order."""
+    """Each label's ranks, in the mapping's order (rank order: Snapshot.labels), the labels in the summary's order."""
     out: Dict[Label, List[int]] = {}
-    for r in sorted(labels):
-        out.setdefault(labels[r], []).append(r)
+    for r, lb in labels.items():
+        out.setdefault(lb, []).append(r)
     return {label: out[label] for label in sorted(out, key=lambda lb: ORDER.index(lb) if lb in ORDER else len(ORDER))}
 
 
@@ -48,23 +48,23 @@ def ranks_words(ranks: Sequence[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {short_list(ranks)}"
 
 
-def odd(labels: Mapping[int, Label]) -> List[Tuple[Label, List[int]]]:
-    """The states worth naming ranks for: a failure however many, any other but the most common one when few."""
-    groups = by_label(labels)
+def odd(groups: Mapping[Label, List[int]]) -> List[Tuple[Label, List[int]]]:
+    """The states worth naming ranks for (of ``by_label``'s groups): a failure however many, any other but the most
+    common one when few."""
     if len(groups) < 2:
         return []
     common = max(groups, key=lambda lb: len(groups[lb]))
     return [(lb, rs) for lb, rs in groups.items() if lb != common and (lb in FAILURES or len(rs) <= ODD_MAX)]
 
 
-def odd_text(labels: Mapping[int, Label], said: Sequence[int] = ()) -> str:
+def odd_text(groups: Mapping[Label, List[int]], said: Sequence[int] = ()) -> str:
     """'rank 517 failed; ranks 3, 9 running' (a state whose ranks are exactly ``said``, named already, is left out)."""
-    return "; ".join(f"{ranks_words(rs)} {lb}" for lb, rs in odd(labels) if list(rs) != list(said))
+    return "; ".join(f"{ranks_words(rs)} {lb}" for lb, rs in odd(groups) if list(rs) != list(said))
 
 
-def detail_ranks(labels: Mapping[int, Label]) -> List[int]:
+def detail_ranks(groups: Mapping[Label, List[int]]) -> List[int]:
     """The ranks that get a row of their own: the odd ones, at most DETAIL_ROWS."""
-    return sorted(r for _, rs in odd(labels) for r in rs)[:DETAIL_ROWS]
+    return sorted(r for _, rs in odd(groups) for r in rs)[:DETAIL_ROWS]
 
 
 def _esc(x: object) -> str:
@@ -74,21 +74,21 @@ def _esc(x: object) -> str:
 STRIP = "display:inline-block;width:120px;height:9px;margin:0 2px;border-radius:2px;overflow:hidden;vertical-align:middle;line-height:0;white-space:nowrap"
 
 
-def segments_html(labels: Mapping[int, Label]) -> str:
+def segments_html(groups: Mapping[Label, List[int]]) -> str:
     """The header's bar: one segment per state, as wide as its share of the ranks (never less than 2 px)."""
-    n = max(1, len(labels))
+    n = max(1, sum(len(rs) for rs in groups.values()))
     segs = "".join(
         f"<i class='ddp-status-segment' data-state='{lb}' data-count='{len(rs)}' title='{lb} {len(rs)}: {_esc(short_list(rs))}' "
         f"style='display:inline-block;height:100%;min-width:2px;width:{100 * len(rs) / n:.2f}%;{colours.background_ref(tone_of(lb))}'></i>"
-        for lb, rs in by_label(labels).items()
+        for lb, rs in groups.items()
     )
-    return f" <span class='ddp-status-strip' data-ranks='{len(labels)}' style='{STRIP}'>{segs}</span>"
+    return f" <span class='ddp-status-strip' data-ranks='{n}' style='{STRIP}'>{segs}</span>"
 
 
 def grid_html(labels: Mapping[int, Label]) -> str:
     """One small square per rank, 64 a line (its first rank in front), each run of one state a single coloured span:
     a few µs a run, so 1,024 ranks of alternating states stay a few ms and ~50 kB (which ranks: the rows above)."""
-    items = sorted(labels.items())
+    items = list(labels.items())  # rank order (Snapshot.labels)
     styles = {lb: f"<span data-state='{lb}' style='{colours.color_ref(tone_of(lb))}'>" for lb in set(labels.values())}
     lines = []
     for at in range(0, len(items), GRID_ROW):
@@ -111,8 +111,8 @@ ROW_HEAD = "display:inline-block;width:4em;text-align:right;margin-right:4px;opa
 def group_rows(labels: Mapping[int, Label], hosts: Mapping[int, str]) -> List[Dict[str, str]]:
     """One row per node (host) and state: the state, how many ranks, which (compact); nodes in order of their first rank."""
     groups: Dict[Tuple[str, Label], List[int]] = {}
-    for r in sorted(labels):
-        groups.setdefault((hosts.get(r, ""), labels[r]), []).append(r)
+    for r, lb in labels.items():  # rank order (Snapshot.labels)
+        groups.setdefault((hosts.get(r, ""), lb), []).append(r)
     first: Dict[str, int] = {}
     for (host, _), rs in groups.items():
         first[host] = min(first.get(host, rs[0]), rs[0])

@@ -98,6 +98,11 @@ class Snapshot:
         """Every rank's label, worked out once per snapshot (the counts, the strip and the tables all read it)."""
         return {r: self.label(r) for r in self.ranks}
 
+    @cached_property
+    def groups(self) -> Dict[Label, List[int]]:
+        """Each label's ranks, in rank order (status_compact.by_label), worked out once per snapshot."""
+        return C.by_label(self.labels)
+
     @property
     def compact(self) -> bool:
         """Over 32 ranks: counts, the odd ranks named and a grid, not a square and a row per rank (status_compact.py)."""
@@ -131,7 +136,7 @@ def state_label(info: RankLike) -> Label:
     """The word shown for a rank: the pool's state, with DEAD split into killed (signal) and died (exit code)."""
     if info.state == RankState.DEAD:
         return FailureKind.KILLED if info.exit_code is not None and info.exit_code < 0 else FailureKind.DIED
-    return RankState(info.state)
+    return info.state if isinstance(info.state, RankState) else RankState(info.state)  # the enum call costs µs a rank
 
 
 def exit_text(info: RankLike) -> str:
@@ -241,14 +246,14 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
     elif queue_text(s):  # the scheduler has not started the job: its words, and how long it has waited
         parts = [n, style.esc(queue_text(s)), style.esc(f"waited {fmt_seconds(s.starting_for or 0.0)}")]
     else:
-        counts = C.by_label(s.labels)
+        counts = s.groups
         states = debugging_text(s) or ", ".join(style.count(label, len(counts[label])) for label in STATE_TONES if counts.get(label))
         clock = f"start {fmt_clock(s.starting_for)}" if s.starting_for is not None else fmt_clock(s.elapsed)
         parts = [n, states, style.esc(clock)]
         progress = bars_text(s)
         if progress:
             parts.append(style.progress(progress, s))
-    odd = C.odd_text(s.labels, said=[s.root] if s.finished and s.root is not None else ()) if s.compact else ""
+    odd = C.odd_text(s.groups, said=[s.root] if s.finished and s.root is not None else ()) if s.compact else ""
     if odd:  # over 32 ranks no square names them: the line does
         parts.append(style.odd(odd))
     if s.backend:
@@ -306,7 +311,7 @@ def strip_html(s: Snapshot) -> str:
     if len(s.ranks) < 2 and not s.bars:
         return ""
     if s.compact:
-        return C.segments_html(s.labels)
+        return C.segments_html(s.groups)
     cells = []
     for r in s.ranks:
         label, bar = s.label(r), s.bars.get(r)

@@ -61,7 +61,7 @@ def rank_row(s: Snapshot, rank: int) -> RankRow:
 
 def rank_rows(s: Snapshot) -> List[RankRow]:
     """A row per rank; over 32 ranks a row for each odd rank alone (the others are in the per-node rows and the grid)."""
-    return [rank_row(s, r) for r in (C.detail_ranks(s.labels) if s.compact else s.ranks)]
+    return [rank_row(s, r) for r in (C.detail_ranks(s.groups) if s.compact else s.ranks)]
 
 
 def hosts(s: Snapshot) -> Dict[int, str]:
