@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 import signal
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .states import FailureKind
-from .words import ranks_phrase
+from .words import short_rank_list
 
 
 class DDPError(Exception):
@@ -94,6 +94,46 @@ class RankFailure:
         return f"rank {self.rank} raised {self.type}: {self.message}".rstrip(": ")
 
 
+GROUPS_SHOWN = 8  # groups of failures a cell's message lists; the others are counted (CellError.failures has each one)
+
+
+def _how(f: RankFailure) -> Tuple[object, ...]:
+    """What ranks that failed the same way share: the kind, the exception and its message, how the process ended."""
+    return (f.kind, f.type, f.message, f.exit_code if f.kind in (FailureKind.DIED, FailureKind.KILLED) else None)
+
+
+def _who(ranks: Sequence[int]) -> str:
+    """'rank 3', 'ranks 0-2, 5', or past 8 runs 'ranks 0, 2, 4, 6, 8, 10, 12, 14 and 504 more' (each one: .failures)."""
+    return f"rank {ranks[0]}" if len(set(ranks)) == 1 else f"ranks {short_rank_list(ranks, 8)}"
+
+
+def group_failures(failures: Sequence[RankFailure]) -> List[List[RankFailure]]:
+    """The failures grouped by how they failed, each group in rank order, the groups in order of their first report."""
+    groups: Dict[Tuple[object, ...], List[RankFailure]] = {}
+    for f in failures:
+        groups.setdefault(_how(f), []).append(f)
+    return [sorted(g, key=lambda f: f.rank) for g in groups.values()]
+
+
+def group_headline(group: Sequence[RankFailure]) -> str:
+    """A group's one line: a lone rank's own headline (its pid too), else the ranks, compact, and how they failed
+    ('ranks 0-9, 11-1023 were interrupted', 'ranks 5-9 exited with code 3')."""
+    first = group[0]
+    if len(group) == 1:
+        return first.headline()
+    who = _who([f.rank for f in group])
+    if first.kind == FailureKind.DIED:
+        how = describe_exit(first.exit_code)
+        return f"{who} {how.replace('was killed', 'were killed').replace('lost its connection', 'lost their connections')}"
+    if first.kind == FailureKind.KILLED:
+        return f"{who} did not respond to the interrupt and were stopped"
+    if first.kind == FailureKind.TIMEOUT:
+        return first.message
+    if first.kind == FailureKind.INTERRUPTED:
+        return f"{who} were interrupted"
+    return f"{who} raised {first.type}: {first.message}".rstrip(": ")
+
+
 class CellError(DDPError):
     """A %%ddp cell failed on one or more ranks. ``failures`` lists them, root cause first."""
 
@@ -108,6 +148,8 @@ class CellError(DDPError):
         return [f.rank for f in self.failures]
 
     def render(self) -> str:
+        """The root cause in full (headline, traceback, last lines), then one line per *group* of the other failures
+        (ranks that failed the same way), then the notes: as many lines at 1,024 ranks as at 4."""
         if not self.failures:
             return "\n".join(self.notes) or "the cell failed"
         root = self.failures[0]
@@ -117,15 +159,19 @@ class CellError(DDPError):
         if root.last_lines:
             lines += ["", f"--- last lines rank {root.rank} printed ---", *root.last_lines]
         others = self.failures[1:]
-        same = [f for f in others if f.kind == root.kind and f.type == root.type and f.message == root.message]
+        same = [f for f in others if _how(f) == _how(root)]
         if same and root.kind != FailureKind.TIMEOUT:  # a timeout's headline names every rank it waited for
-            lines += ["", f"{ranks_phrase(f.rank for f in same)} failed the same way"]
-        for f in others:
-            if f in same or f.kind == FailureKind.KILLED or f.message.startswith("released"):  # summed up in the notes
-                continue
-            lines += ["", f.headline()]
-            if f.kind == FailureKind.DIED and f.last_lines:
-                lines += [f"  last lines: {ln}" for ln in f.last_lines[-3:]]
+            lines += ["", f"{_who([f.rank for f in same])} failed the same way"]
+        said = {id(f) for f in same}  # by identity: comparing dataclasses is O(n) each, O(n²) over 1,024 ranks
+        rest = [f for f in others if id(f) not in said and f.kind != FailureKind.KILLED and not f.message.startswith("released")]
+        groups = group_failures(rest)  # the killed and the released are summed up in the notes
+        for group in groups[:GROUPS_SHOWN]:
+            lines += ["", group_headline(group)]
+            if len(group) == 1 and group[0].kind == FailureKind.DIED and group[0].last_lines:
+                lines += [f"  last lines: {ln}" for ln in group[0].last_lines[-3:]]
+        if len(groups) > GROUPS_SHOWN:
+            left = [f.rank for g in groups[GROUPS_SHOWN:] for f in g]
+            lines += ["", f"{_who(left)} failed in {len(groups) - GROUPS_SHOWN} other ways (each one: the error's .failures)"]
         if self.notes:
             lines += [""] + self.notes
         return "\n".join(lines)

@@ -26,6 +26,24 @@ def rank_list(ranks: Iterable[int]) -> str:
     return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
+def short_rank_list(ranks: Iterable[int], runs: int = 4) -> str:
+    """'0-511', '3, 9, 17, 20 and 40 more': ``rank_list`` cut after a few runs (a sentence about 1,024 ranks stays short;
+    it stops reading the runs where it cuts)."""
+    rs = sorted(set(ranks))
+    found: List[List[int]] = []  # [first, last] of each run, up to the one past the cut
+    for r in rs:
+        if found and r == found[-1][1] + 1:
+            found[-1][1] = r
+        elif len(found) > runs:
+            break
+        else:
+            found.append([r, r])
+    shown = found[:runs]
+    text = ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in shown)
+    left = len(rs) - sum(b - a + 1 for a, b in shown)
+    return f"{text} and {left} more" if left else text
+
+
 def ranks_phrase(ranks: Iterable[int]) -> str:
     """'rank 1' or 'ranks 0, 2-3': the ranks a sentence speaks of, singular or plural."""
     rs = sorted(set(ranks))

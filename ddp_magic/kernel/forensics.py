@@ -1,4 +1,4 @@
-"""Hang forensics: one line per rank (the collective it is in, its place in the cell) and who never arrived or called another.
+"""Hang forensics: one line per group of ranks in the same place (collective, cell line), and who never arrived or called another.
 
 Who never arrived, and who called another collective, is also who a hang is blamed on
 (``culprits``): the policy makes them the root cause of a cell that timed out, so every
@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..words import ranks_phrase
+from ..words import plural, short_rank_list
 
 Collective = Mapping[str, object]  # one rank's STACK reply field "collective"
 
@@ -33,17 +33,53 @@ def _tensor(c: Collective) -> str:
     return f"[{', '.join(map(str, shape))}] {dtype}"  # type: ignore[call-overload]
 
 
-def table(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]], where: Mapping[int, str]) -> List[str]:
-    """One line per rank: collective, tensor, group, and where it is in the cell (or why it is not in it)."""
-    rows: List[Tuple[str, str, str, str, str]] = [("rank", "collective", "tensor", "group", "where")]
+Row = Tuple[str, str, str, str]  # collective, tensor, group, where
+ROWS_SHOWN = 24  # the table's rows at most: more places than that are counted, not listed (the policy keeps every reply)
+RUNS = 8  # a row's ranks: this many runs, then how many more ('0, 2, 4, 6, 8, 10, 12, 14 and 504 more')
+
+
+def _who(ranks: Sequence[int]) -> str:
+    """words.ranks_phrase, cut after a few runs: 'ranks 0, 2, 4, 6, 8, 10, 12, 14 and 504 more'."""
+    return f"rank {ranks[0]}" if len(set(ranks)) == 1 else f"ranks {short_rank_list(ranks, RUNS)}"
+
+
+def _place(c: Optional[Collective], where: str) -> Row:
+    if c is None:
+        return ("-", "-", "-", where)
+    return (op_text(c), _tensor(c), str(c.get("group", "default")), where)
+
+
+def places(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]], where: Mapping[int, str]) -> List[Tuple[Row, List[int]]]:
+    """The ranks grouped by where they are (collective, tensor, group, cell line), groups in order of their first rank."""
+    groups: Dict[Row, List[int]] = {}
     for r in sorted(ranks):
-        c = collectives.get(r)
-        if c is None:
-            rows.append((str(r), "-", "-", "-", where.get(r, "")))
-        else:
-            rows.append((str(r), op_text(c), _tensor(c), str(c.get("group", "default")), where.get(r, "")))
+        groups.setdefault(_place(collectives.get(r), where.get(r, "")), []).append(r)
+    return sorted(groups.items(), key=lambda kv: kv[1][0])
+
+
+def table(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]], where: Mapping[int, str]) -> List[str]:
+    """One line per group of ranks in the same place (its ranks as 'rank_list' says them): collective, tensor, group,
+    and where it is in the cell (or why it is not in it). At 4 ranks or 1,024 the same rule: as many lines as places."""
+    groups = places(ranks, collectives, where)
+    head = "rank" if all(len(rs) == 1 for _, rs in groups) else "ranks"
+    rows: List[Tuple[str, ...]] = [(head, "collective", "tensor", "group", "where")]
+    rows += [(short_rank_list(rs, RUNS), *row) for row, rs in groups[:ROWS_SHOWN]]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows]
+    if len(groups) > ROWS_SHOWN:
+        rest = [r for _, rs in groups[ROWS_SHOWN:] for r in rs]
+        lines.append(f"… and {plural(len(rest), 'rank')} in {len(groups) - ROWS_SHOWN} other places ({short_rank_list(rest, RUNS)})")
+    return lines
+
+
+def stacks_text(stacks: Mapping[int, str]) -> List[str]:
+    """Each distinct stack once, headed by the ranks that share it ('--- ranks 0-3 ---'): 1,024 ranks in one line
+    of the cell are one stack, not 1,024."""
+    groups: Dict[str, List[int]] = {}
+    for r in sorted(stacks):
+        groups.setdefault(stacks[r].rstrip(), []).append(r)
+    ordered = sorted(groups.items(), key=lambda kv: kv[1][0])
+    return [f"--- {_who(rs)} ---\n{text}" for text, rs in ordered]
 
 
 def _key(c: Collective) -> Tuple[str, object]:
@@ -104,28 +140,35 @@ def verdicts(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective
         for op, odd in f.odd:
             verb = "is" if len(odd) == 1 else "are"
             out.append(
-                f"{ranks_phrase(odd)} {verb} in {op} while {ranks_phrase(f.majority)} "
+                f"{_who(odd)} {verb} in {op} while {_who(f.majority)} "
                 f"{'is' if len(f.majority) == 1 else 'are'} in {f.shown}{suffix}: mismatched collective"
             )
         if f.missing:
-            why = "; ".join(f"rank {r} {where[r]}" for r in f.missing if where.get(r))
-            out.append(f"{ranks_phrase(f.missing)} never arrived at {f.shown}{suffix}" + (f" ({why})" if why else ""))
+            why = "; ".join(f"{_who(rs)} {w}" for (*_, w), rs in places([r for r in f.missing if where.get(r)], {}, where))
+            out.append(f"{_who(f.missing)} never arrived at {f.shown}{suffix}" + (f" ({why})" if why else ""))
     return out
 
 
 def released_text(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]], where: Mapping[int, str]) -> str:
-    """"ranks 0, 2-3 were in all_reduce #5 (cell line 4: dist.all_reduce(x)) and were released"."""
+    """"ranks 0, 2-3 were in all_reduce #5 (cell line 4: dist.all_reduce(x)) and were released"; ranks in different
+    collectives are said per collective ("ranks 0-2 were in all_reduce #4, ranks 3-6 in all_reduce #3, and were released")."""
     waiting = [r for r in ranks if collectives.get(r) is not None]
     if not waiting:
         return ""
-    first = collectives[waiting[0]]
-    assert first is not None
-    ops = {op_text(c) for c in (collectives[r] for r in waiting) if c is not None}
-    what = op_text(first) if len(ops) == 1 else "collectives"
+    by_op: Dict[str, List[int]] = {}
+    for r in waiting:
+        by_op.setdefault(op_text(collectives[r] or {}), []).append(r)
     lines = {where.get(r, "") for r in waiting} - {""}
     at = f" ({lines.pop()})" if len(lines) == 1 else ""
     verb = "was" if len(waiting) == 1 else "were"
-    return f"{ranks_phrase(waiting)} {verb} in {what}{at} and {verb} released"
+    groups = sorted(by_op.items(), key=lambda kv: kv[1][0])
+    if len(groups) == 1:
+        return f"{_who(waiting)} {verb} in {groups[0][0]}{at} and {verb} released"
+    if len(groups) > 4:
+        return f"{_who(waiting)} were in {len(groups)} collectives{at} and were released"
+    each = [f"{_who(rs)} {'was' if len(rs) == 1 else 'were'} in {op}" if i == 0 else f"{_who(rs)} in {op}"
+            for i, (op, rs) in enumerate(groups)]
+    return f"{', '.join(each)}{at}, and {verb} released"
 
 
 def report(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]], where: Mapping[int, str]) -> List[str]:

@@ -223,7 +223,7 @@ class FailurePolicy:
         self.notes += forensics.verdicts(everyone, self.collectives, where) if waiting else []
         if asked.reason == TIMEOUT:
             self.notes += ["where each rank was when the timeout expired:"] + ["  " + ln for ln in forensics.table(everyone, self.collectives, where)]
-            self.notes += [f"--- rank {r} ---\n{self.stacks.get(r, '(no answer)').rstrip()}" for r in sorted(self.stacks)]
+            self.notes += forensics.stacks_text(self.stacks)  # each distinct stack once, with the ranks that share it
         elif waiting:
             self.notes += ["where each rank was:"] + ["  " + ln for ln in forensics.table(everyone, self.collectives, where)]
         elif asked.reason == FAILURE:

@@ -7,15 +7,19 @@ line (kernel/turns.py ``Ticket``) is part of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, NamedTuple, Optional, Tuple
+from collections import Counter
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..plan.plan import Plan
 from ..states import RankState
-from ..words import fmt_seconds, plural
+from ..errors import signal_name
+from ..words import fmt_seconds, plural, short_rank_list
 from .ranks import LastCell
 from .turns import Ticket
 
 NO_POOL = "no pool is running"
+EACH_ABOVE = 32  # more ranks than this: a line per node and state, and the odd ranks alone (the status view's rule)
+ODD_SHOWN = 32  # odd ranks with a line of their own at most; the others are grouped like the rest
 
 
 class RankRow(NamedTuple):
@@ -68,7 +72,7 @@ class PoolStatus:
             return f"{NO_POOL}; start one with %%ddp -n N"
         head = f"pool of {plural(self.nproc, 'rank')}, backend {self.backend}, MASTER_PORT {self.master_port}"
         rows = [head + (f" — needs restart: {self.broken}" if self.broken else "")] + ([self.where] if self.where else [])
-        rows += [f"  rank {r.rank}: pid {r.pid}  {str(r.state):<11} {r.device}" + (f"  on {r.node}" if r.node else "") for r in self.ranks]
+        rows += rank_lines(self.ranks)
         if self.owned:
             rows.append("names on the workers: " + ", ".join(self.owned))
         rows += [self.job.text()] if self.job is not None else []
@@ -81,3 +85,35 @@ class PoolStatus:
         """The one line a (re)start answers with."""
         took = fmt_seconds(self.start_seconds) if self.start_seconds is not None else "?"  # as the cell's view says it
         return f"pool of {self.nproc} ({self.backend}) ready in {took}, pids {self.pids}"
+
+
+def rank_line(r: RankRow) -> str:
+    """'  rank 1: pid 4242  running     cpu  on n2': one rank, as %ddp status has always said it."""
+    ended = "" if r.exit_code is None else f"  ({signal_name(r.exit_code) or f'exit {r.exit_code}'})"  # as the view's exit column
+    return f"  rank {r.rank}: pid {r.pid}  {str(r.state):<11} {r.device}" + (f"  on {r.node}" if r.node else "") + ended
+
+
+def _group_line(rows: Sequence[RankRow]) -> str:
+    """'  ranks 0-255: ready  cpu  on n1  (pids 4000-4255)': ranks in one state on one node."""
+    first = rows[0]
+    if len(rows) == 1:
+        return rank_line(first)
+    pids = [r.pid for r in rows if r.pid is not None]
+    where = f"  on {first.node}" if first.node else ""
+    who = f"rank {first.rank}" if len(rows) == 1 else f"ranks {short_rank_list((r.rank for r in rows), 8)}"
+    return f"  {who}: {first.state}  {first.device}{where}" + (f"  (pids {short_rank_list(pids)})" if pids else "")
+
+
+def rank_lines(rows: Sequence[RankRow]) -> List[str]:
+    """A line per rank up to 32 ranks; above, a line per node, state and device (ranks and pids compact), then a line
+    for each rank not in the most common state (at most 32; the rest grouped too): 1,024 ranks in a handful of lines."""
+    if len(rows) <= EACH_ABOVE:
+        return [rank_line(r) for r in rows]
+    common = Counter(r.state for r in rows).most_common(1)[0][0]
+    odd = [r for r in rows if r.state != common]
+    alone, rest = odd[:ODD_SHOWN], [r for r in rows if r.state == common] + odd[ODD_SHOWN:]
+    groups: Dict[Tuple[str, str, str], List[RankRow]] = {}
+    for r in sorted(rest, key=lambda r: r.rank):
+        groups.setdefault((r.node or r.host, str(r.state), r.device), []).append(r)
+    lines = [_group_line(g) for g in sorted(groups.values(), key=lambda g: g[0].rank)]
+    return lines + ([f"  not {common}:"] + [rank_line(r) for r in alone] if alone else [])

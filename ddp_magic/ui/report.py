@@ -123,6 +123,50 @@ def env_digest(envs: Sequence[Mapping[str, str]], cols: Sequence[str]) -> str:
     return "; ".join(parts)
 
 
+EACH_ABOVE = 32  # more ranks than this: the table shows runs of ranks that follow one pattern, not a row per rank
+RUNS_SHOWN = 64  # runs listed at most; the rest are counted (to_dict() has every rank)
+
+
+def _steps(a: Sequence[str], b: Sequence[str]) -> Optional[List[int]]:
+    """How each column goes from one rank's row to the next: 0 (the same), 1 (counts up by one), None (neither)."""
+    out = []
+    for x, y in zip(a, b):
+        if x == y:
+            out.append(0)
+        elif x.isdigit() and y.isdigit() and int(y) == int(x) + 1:
+            out.append(1)
+        else:
+            return None
+    return out
+
+
+def env_runs(envs: Sequence[Mapping[str, str]], cols: Sequence[str]) -> List[Dict[str, str]]:
+    """The table's rows over many ranks: one per run of consecutive ranks in which every column stays the same or
+    counts up by one with the rank, as ranges ('RANK 256-511, LOCAL_RANK 0-255, NODE_RANK 1'). 1,024 ranks on 4 nodes
+    are 4 rows; a rank that breaks the pattern is a row of its own."""
+    runs: List[Tuple[List[str], List[str], Optional[List[int]]]] = []  # (first row, last row, steps)
+    for e in envs:
+        row = [str(e.get(c, "")) for c in cols]
+        if runs:
+            first, last, steps = runs[-1]
+            step = _steps(last, row)
+            if step is not None and (steps is None or step == steps):
+                runs[-1] = (first, row, step)
+                continue
+        runs.append((row, row, None))
+    return [{c: a if a == b else f"{a}-{b}" for c, a, b in zip(cols, first, last)} for first, last, _ in runs]
+
+
+def env_rows(envs: Sequence[Mapping[str, str]], cols: Sequence[str]) -> Tuple[List[Mapping[str, str]], str]:
+    """(the table's rows, a line for what is left out): a row per rank up to 32 ranks, else the runs, at most 64."""
+    if len(envs) <= EACH_ABOVE:
+        return list(envs), ""
+    runs = env_runs(envs, cols)
+    if len(runs) <= RUNS_SHOWN:
+        return list(runs), ""
+    return list(runs[:RUNS_SHOWN]), f"… and {len(runs) - RUNS_SHOWN} more runs of ranks (every rank: .to_dict()['ranks'])"
+
+
 def common_env(envs: Sequence[Mapping[str, str]], cols: Sequence[str]) -> Dict[str, str]:
     """The variables every rank that answered has, with one value ({} for fewer than two ranks: a table says it all)."""
     answered = [e for e in envs if e]
@@ -188,7 +232,8 @@ class EnvReport:
         common, cols = self._layout()
         if common:
             lines.append("every rank: " + " ".join(f"{k}={v}" for k, v in common.items()))
-        lines += table_text(self.envs, cols)
+        rows, left = env_rows(self.envs, cols)
+        lines += table_text(rows, cols) + ([left] if left else [])
         shown = self.all_checks if every_check else worth_saying(self.all_checks)
         if shown:
             lines.append("")
@@ -201,6 +246,7 @@ class EnvReport:
         """The verdict and the problems; every check one click away (inline styles only)."""
         said = worth_saying(self.all_checks)
         common, cols = self._layout()
+        rows, left = env_rows(self.envs, cols)
         shared = " ".join(f"{html.escape(k)}={html.escape(v)}" for k, v in common.items())
         line = f"<div class='ddp-env-common' style='font-family:monospace;font-size:12px'>every rank: {shared}</div>" if common else ""
         every = checks_html(self.checks) + (f"<div>from the ranks:</div>{checks_html(self.reported)}" if self.reported else "")
@@ -208,7 +254,7 @@ class EnvReport:
             f"<div class='ddp-env'><b>{html.escape(self.title)}</b> — {verdict_html(self.checks)}"
             f"{'; from the ranks: ' + verdict_html(self.reported) if self.reported is not None else ''}"
             f"{checks_html(said) if said else ''}{line}"
-            f"{env_table_html(self.envs, cols, max_height='24em')}"
+            f"{env_table_html(rows, cols, max_height='24em')}{html.escape(left)}"
             f"<details class='ddp-env-checks'><summary style='cursor:pointer'>all {plural(len(self.all_checks), 'check')}</summary>"
             f"{every}</details></div>"
         )

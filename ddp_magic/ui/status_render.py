@@ -24,41 +24,21 @@ from __future__ import annotations
 import html
 import re
 import signal
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
+from functools import cached_property
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from ..plan import Check
 from ..words import fmt_seconds, plural, ranks_phrase
 from ..states import FailureKind, RankState, Waiting
 from . import colours
+from . import status_compact as C
 from .progress import Bar
 from .report import checks_line
+from .status_labels import ACTIVE as ACTIVE, ROOT_CAUSES as ROOT_CAUSES, STATE_TONES as STATE_TONES, STOPPED_BY_US, Label, tone_of
 
 TEXT_PREFIX = "ddp_magic status: "
 
-# What a rank is shown as: its state, with DEAD told apart as killed (a signal) or died (an exit code),
-# and ranks ddp_magic stopped because another failed shown as STOPPED.
-Label = Union[RankState, FailureKind]
-
-# label -> tone (colours.py); the order is the order of the counts in the running summary
-STATE_TONES: Dict[Label, str] = {
-    RankState.QUEUED: "warn",  # waits for the scheduler (a Slurm job pending)
-    RankState.STARTING: "info",  # on its way: the tone of running, as the JupyterLab panel and status bar show it
-    RankState.CONNECTING: "info",
-    RankState.READY: "info",
-    RankState.RUNNING: "info",
-    RankState.DONE: "ok",
-    RankState.FAILED: "fail",
-    FailureKind.DIED: "fail",
-    FailureKind.KILLED: "warn",
-    RankState.INTERRUPTED: "warn",
-    FailureKind.TIMEOUT: "fail",  # the rank the others waited for when --timeout ran out (its own state: interrupted)
-    RankState.STOPPED: "neutral",
-}
-ACTIVE = (RankState.QUEUED, RankState.STARTING, RankState.CONNECTING, RankState.RUNNING)
-ROOT_CAUSES = (RankState.FAILED, FailureKind.DIED, FailureKind.KILLED)  # a rank that failed by itself
-STOPPED_BY_US = (RankState.INTERRUPTED, FailureKind.KILLED)  # what the others show once a root cause exists
 FONT = "font-family:var(--jp-ui-font-family,sans-serif)"
 LINE = "font-size:13px;line-height:20px"
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -109,9 +89,24 @@ class Snapshot:
     bars: Mapping[int, Bar] = field(default_factory=dict)  # each rank's tqdm bar, when it shows one
     sections: Sequence[Section] = ()  # extra sections, after the ranks and the env
 
-    @property
+    @cached_property
     def ranks(self) -> List[int]:
         return all_ranks(self.nproc, self.infos)
+
+    @cached_property
+    def labels(self) -> Dict[int, Label]:
+        """Every rank's label, worked out once per snapshot (the counts, the strip and the tables all read it)."""
+        return {r: self.label(r) for r in self.ranks}
+
+    @cached_property
+    def groups(self) -> Dict[Label, List[int]]:
+        """Each label's ranks, in rank order (status_compact.by_label), worked out once per snapshot."""
+        return C.by_label(self.labels)
+
+    @property
+    def compact(self) -> bool:
+        """Over 32 ranks: counts, the odd ranks named and a grid, not a square and a row per rank (status_compact.py)."""
+        return C.compact(len(self.ranks))
 
     def label(self, rank: int) -> Label:
         info = self.infos.get(rank)
@@ -141,7 +136,7 @@ def state_label(info: RankLike) -> Label:
     """The word shown for a rank: the pool's state, with DEAD split into killed (signal) and died (exit code)."""
     if info.state == RankState.DEAD:
         return FailureKind.KILLED if info.exit_code is not None and info.exit_code < 0 else FailureKind.DIED
-    return RankState(info.state)
+    return info.state if isinstance(info.state, RankState) else RankState(info.state)  # the enum call costs µs a rank
 
 
 def exit_text(info: RankLike) -> str:
@@ -183,10 +178,6 @@ def esc(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
 
-def tone_of(label: Label) -> str:
-    return STATE_TONES.get(label, "neutral")
-
-
 # ---------------------------------------------------------------- the summary line: one model, two forms
 class TextStyle:
     """How the summary's parts are written in plain text."""
@@ -207,6 +198,10 @@ class TextStyle:
         return checks_line(checks)
 
     def progress(self, text: str, s: "Snapshot") -> str:
+        return text
+
+    def odd(self, text: str) -> str:
+        """The odd ranks named, over 32 ranks ('rank 517 failed')."""
         return text
 
 
@@ -235,6 +230,9 @@ class HtmlStyle(TextStyle):
         every = "; ".join(f"rank {r}: {b.text()}" for r, b in sorted(s.bars.items()) if s.label(r) in ACTIVE)
         return f"<span class='ddp-status-progress' title='{esc(every)}'>{esc(text)}</span>"
 
+    def odd(self, text: str) -> str:
+        return f"<span class='ddp-status-odd'>{esc(text)}</span>"
+
 
 TEXT, HTML = TextStyle(), HtmlStyle()
 
@@ -248,13 +246,16 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
     elif queue_text(s):  # the scheduler has not started the job: its words, and how long it has waited
         parts = [n, style.esc(queue_text(s)), style.esc(f"waited {fmt_seconds(s.starting_for or 0.0)}")]
     else:
-        counts = Counter(s.label(r) for r in s.ranks)
-        states = debugging_text(s) or ", ".join(style.count(label, counts[label]) for label in STATE_TONES if counts.get(label))
+        counts = s.groups
+        states = debugging_text(s) or ", ".join(style.count(label, len(counts[label])) for label in STATE_TONES if counts.get(label))
         clock = f"start {fmt_clock(s.starting_for)}" if s.starting_for is not None else fmt_clock(s.elapsed)
         parts = [n, states, style.esc(clock)]
         progress = bars_text(s)
         if progress:
             parts.append(style.progress(progress, s))
+    odd = C.odd_text(s.groups, said=[s.root] if s.finished and s.root is not None else ()) if s.compact else ""
+    if odd:  # over 32 ranks no square names them: the line does
+        parts.append(style.odd(odd))
     if s.backend:
         parts.append(style.esc(s.backend))
     if s.checks:
@@ -305,9 +306,12 @@ BAR = "display:inline-block;width:24px;height:7px;margin:0 2px;border-radius:2px
 
 
 def strip_html(s: Snapshot) -> str:
-    """One small square per rank coloured by state, or a small bar while the rank shows a tqdm bar: 64 ranks fit."""
+    """One small square per rank coloured by state, or a small bar while the rank shows a tqdm bar (32 ranks fit);
+    over 32 ranks one bar of a segment per state (status_compact.py)."""
     if len(s.ranks) < 2 and not s.bars:
         return ""
+    if s.compact:
+        return C.segments_html(s.groups)
     cells = []
     for r in s.ranks:
         label, bar = s.label(r), s.bars.get(r)

@@ -13,7 +13,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import describe_exit
 from ..plan import DIST_VARS
 from . import colours
-from .report import checks_html, checks_line, checks_text, common_env, env_digest, env_table_html, table_text, worth_saying
+from . import status_compact as C
+from .report import (
+    checks_html, checks_line, checks_text, common_env, env_digest, env_rows, env_table_html, table_text, worth_saying,
+)
 from .status_render import (
     FONT, LINE, TEXT_PREFIX, Label, Snapshot, clean_line, esc, exit_text, fmt_bytes, fmt_seconds, header_html, summary, tone_of,
 )
@@ -57,7 +60,17 @@ def rank_row(s: Snapshot, rank: int) -> RankRow:
 
 
 def rank_rows(s: Snapshot) -> List[RankRow]:
-    return [rank_row(s, r) for r in s.ranks]
+    """A row per rank; over 32 ranks a row for each odd rank alone (the others are in the per-node rows and the grid)."""
+    return [rank_row(s, r) for r in (C.detail_ranks(s.groups) if s.compact else s.ranks)]
+
+
+def hosts(s: Snapshot) -> Dict[int, str]:
+    """Each rank's node as the per-node rows name it: the scheduler's name for it, else its host."""
+    out = {}
+    for r in s.ranks:
+        info = s.infos.get(r)
+        out[r] = (getattr(info, "node_name", "") or info.host or "") if info is not None else ""
+    return out
 
 
 def row_columns(rows: Sequence[RankRow]) -> List[str]:
@@ -83,8 +96,16 @@ def _cell_html(row: RankRow, col: str) -> str:
 
 
 def ranks_html(s: Snapshot) -> str:
-    """The rank table, every style inline (64 rows stay ~25 kB)."""
+    """The rank table, every style inline (32 rows stay ~13 kB); over 32 ranks the per-node rows, the grid, and the
+    odd ranks' own rows (a few kB at 1,024 ranks)."""
     rows = rank_rows(s)
+    if s.compact:
+        odd = _table_html(rows) if rows else ""
+        return C.groups_html(s.labels, hosts(s)) + C.grid_html(s.labels) + odd
+    return _table_html(rows)
+
+
+def _table_html(rows: Sequence[RankRow]) -> str:
     cols = row_columns(rows)
     head = "".join(f"<th style='{CELL};font-weight:bold'>{c}</th>" for c in cols)
     body = "".join(
@@ -98,8 +119,13 @@ def ranks_html(s: Snapshot) -> str:
 
 
 def ranks_text(s: Snapshot) -> List[str]:
+    """A row per rank; over 32 ranks a row per node and state, then the odd ranks' own rows."""
     rows = rank_rows(s)
-    return table_text([row.cells for row in rows], row_columns(rows))
+    own = table_text([row.cells for row in rows], row_columns(rows)) if rows else []
+    if not s.compact:
+        return own
+    groups = C.group_rows(s.labels, hosts(s))
+    return table_text(groups, C.group_columns(groups)) + own
 
 
 def notices_html(s: Snapshot) -> str:
@@ -110,27 +136,33 @@ def notices_html(s: Snapshot) -> str:
 
 
 # ---------------------------------------------------------------- the env section
-_ENV_CACHE: Dict[Tuple[Any, ...], str] = {}  # the env section is the same cell after cell: rendered once per plan and checks
+_ENV_CACHE: Dict[Tuple[Any, ...], Tuple[Sequence[Any], str]] = {}  # the env section is the same cell after cell: once per plan and checks
 
 
 def env_html(s: Snapshot) -> str:
     """'✓ 19 checks passed' and only the problems; every check and the variables one click further."""
     if not s.checks and not s.envs:
         return ""
-    key = (tuple(s.checks), tuple(tuple(sorted(e.items())) for e in s.envs))
-    if key not in _ENV_CACHE:
-        if len(_ENV_CACHE) > 16:
-            _ENV_CACHE.clear()
-        _ENV_CACHE[key] = _env_html(s)
-    return _ENV_CACHE[key]
+    # The view hands the same envs list every time (status_facts.PlanFacts): found by identity, it costs nothing at
+    # 1,024 ranks; another list (a test's, a new plan's) is rendered anew.
+    key = (tuple(s.checks), id(s.envs))
+    hit = _ENV_CACHE.get(key)
+    if hit is not None and hit[0] is s.envs:
+        return hit[1]
+    if len(_ENV_CACHE) > 16:
+        _ENV_CACHE.clear()
+    _ENV_CACHE[key] = (s.envs, _env_html(s))  # the entry holds the list: its id cannot be reused while it is here
+    return _ENV_CACHE[key][1]
 
 
 def _env_html(s: Snapshot) -> str:
     bad = worth_saying(s.checks)
     common = common_env(s.envs, list(DIST_VARS))
     shared = " ".join(f"{esc(k)}={esc(v)}" for k, v in common.items())
+    cols = [c for c in DIST_VARS if c not in common]
+    rows, left = env_rows(s.envs, cols)  # over 32 ranks: runs of ranks that follow one pattern (report.env_runs)
     table = (f"<div class='ddp-env-common' style='font-family:monospace'>every rank: {shared}</div>" if common else "") + (
-        env_table_html(s.envs, [c for c in DIST_VARS if c not in common]) if s.envs else "")
+        env_table_html(rows, cols) + esc(left) if s.envs else "")
     problems = checks_html(bad) if bad else ""
     return (
         f"<div class='ddp-status-env' style='{SMALL}'>{esc(checks_line(s.checks))} (the env each rank received){problems}"
@@ -151,7 +183,9 @@ def env_text(s: Snapshot) -> List[str]:
         by_rank = [str(i) for i in range(len(envs))]
         varying = [c for c in DIST_VARS if len({e.get(c) for e in envs}) > 1 and [e.get(c) for e in envs] != by_rank]
         if varying:
-            lines += table_text(envs, ["RANK"] + [c for c in varying if c != "RANK"])
+            cols = ["RANK"] + [c for c in varying if c != "RANK"]
+            rows, left = env_rows(envs, cols)
+            lines += table_text(rows, cols) + ([left] if left else [])
     return lines
 
 

@@ -101,9 +101,8 @@ def test_timeout_shows_every_rank_stack(k4):
     assert 2 <= took < 7
     msg = ex.error[1]
     assert msg.startswith("the cell ran past --timeout 2s")
-    for r in range(4):
-        assert f"--- rank {r} ---" in msg
-    assert msg.count("in inner_work") >= 4 and "time.sleep(60 if r else 61)" in msg
+    assert "--- ranks 0-3 ---" in msg, "every rank stands in the same line: its stack is said once, with its ranks"
+    assert msg.count("in inner_work") >= 1 and "time.sleep(60 if r else 61)" in msg
     k4.run("%%ddp\ndist.get_rank()").ok()  # interruptible ranks: the pool is still usable
 
 

@@ -469,3 +469,33 @@ def test_the_env_every_rank_shares_is_said_once():
     one = plan_report(plan(1), environ={}).full_text()
     assert "every rank:" not in one and "MASTER_ADDR" in one.splitlines()[1], "one rank: its one row says it all"
     assert report.to_dict()["ranks"][3]["MASTER_ADDR"] == "127.0.0.1", "programs still get every variable per rank"
+
+
+def test_the_env_of_1024_ranks_is_its_pattern_and_its_exceptions():
+    from ddp_magic.ui.report import env_runs
+
+    slurm = make_plan(PoolSpec.from_options(None, slurm=dict(nodes=4, ntasks_per_node=256), environ={}), environ={})
+    report = plan_report(slurm, environ={})
+    text = report.full_text().split("\n\n")[0].splitlines()
+    assert text[1].startswith("every rank: ") and " WORLD_SIZE=1024 LOCAL_WORLD_SIZE=256" in text[1]
+    assert [ln.split() for ln in text[2:]] == [["RANK", "LOCAL_RANK", "NODE_RANK"], ["0-255", "0-255", "0"], ["256-511", "0-255", "1"],
+                                               ["512-767", "0-255", "2"], ["768-1023", "0-255", "3"]]  # a row per node, not 1,024
+    page = report._repr_html_()
+    assert page.count("<tr>") == 5 and ">768-1023<" in page and len(page) < 10_000
+    assert len(report.to_dict()["ranks"]) == 1024, "programs still get every rank"
+    one_node = plan_report(plan(1024), environ={}).full_text().split("\n\n")[0].splitlines()
+    assert [ln.split() for ln in one_node[2:]] == [["RANK", "LOCAL_RANK"], ["0-1023", "0-1023"]]
+    odd = [{"RANK": str(r), "LOCAL_RANK": str(r % 256), "CUDA_VISIBLE_DEVICES": "7" if r == 300 else str(r % 256)} for r in range(1024)]
+    cols = ["RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"]
+    assert [row["RANK"] for row in env_runs(odd, cols)] == ["0-255", "256-299", "300", "301-511", "512-767", "768-1023"]  # the exception alone
+    assert env_runs(odd, cols)[2] == {"RANK": "300", "LOCAL_RANK": "44", "CUDA_VISIBLE_DEVICES": "7"}
+
+
+def test_every_rank_different_is_capped_and_counted():
+    from ddp_magic.ui.report import RUNS_SHOWN, env_rows
+
+    noisy = [{"RANK": str(r), "SEED": str(r * 7)} for r in range(1024)]  # no two neighbours follow a pattern
+    rows, left = env_rows(noisy, ["RANK", "SEED"])
+    assert len(rows) == RUNS_SHOWN and left == f"… and {1024 - RUNS_SHOWN} more runs of ranks (every rank: .to_dict()['ranks'])"
+    small, none = env_rows(noisy[:32], ["RANK", "SEED"])
+    assert small == noisy[:32] and none == "", "32 ranks keep a row each"

@@ -66,3 +66,43 @@ def test_a_cell_error_without_failures_shows_its_notes():
 def test_plan_error_is_a_value_error_and_lives_here():
     assert issubclass(PlanError, ValueError)
     assert not hasattr(errors, "CellTimeout")  # a --timeout is a CellError with a TIMEOUT failure
+
+
+# ---------------------------------------------------------------- at scale: one line per group of ranks
+def test_a_thousand_failures_read_as_one_line_per_group():
+    n = 1024
+    root = RankFailure(517, FailureKind.ERROR, "ValueError", "boom", traceback="Traceback ...\nValueError: boom")
+    interrupted = [RankFailure(r, FailureKind.INTERRUPTED, "KeyboardInterrupt") for r in range(n) if r not in (517, 3, 4, 700)]
+    died = [RankFailure(r, FailureKind.DIED, pid=100 + r, exit_code=1) for r in (3, 4)]
+    lone = RankFailure(700, FailureKind.DIED, pid=800, exit_code=-signal.SIGSEGV, last_lines=["a", "b"])
+    text = CellError([root, *died, *interrupted, lone], notes=["ranks 0-516, 518-1023 were in all_reduce #3 and were released"]).render()
+    lines = [ln for ln in text.splitlines() if ln]
+    assert lines[0] == "rank 517 raised ValueError: boom"
+    assert "ranks 3-4 exited with code 1" in lines
+    assert "ranks 0-2, 5-516, 518-699, 701-1023 were interrupted" in lines  # 1,019 ranks, one line
+    assert "rank 700 (pid 800) was killed by SIGSEGV (a crash in native code)" in lines and "  last lines: b" in lines  # one rank: as today
+    assert lines[-1] == "ranks 0-516, 518-1023 were in all_reduce #3 and were released"
+    assert len(lines) < 12
+
+
+def test_many_ways_of_failing_are_capped_and_counted():
+    root = RankFailure(0, FailureKind.ERROR, "ValueError", "boom")
+    each_own = [RankFailure(r, FailureKind.ERROR, "RuntimeError", f"rank {r} broke") for r in range(1, 1024)]
+    text = CellError([root, *each_own]).render()
+    assert text.count("raised RuntimeError") == errors.GROUPS_SHOWN
+    assert text.splitlines()[-1] == f"ranks {errors.GROUPS_SHOWN + 1}-1023 failed in {1023 - errors.GROUPS_SHOWN} other ways (each one: the error's .failures)"
+    same = CellError([root, *(RankFailure(r, FailureKind.ERROR, "ValueError", "boom") for r in range(1, 1024))]).render()
+    assert same.splitlines() == ["rank 0 raised ValueError: boom", "", "ranks 1-1023 failed the same way"]
+
+
+def test_groups_of_dead_ranks_speak_in_the_plural():
+    group = [RankFailure(r, FailureKind.DIED, exit_code=-signal.SIGKILL) for r in (1, 2)]
+    assert errors.group_headline(group).startswith("ranks 1-2 were killed by SIGKILL")
+    lost = [RankFailure(r, FailureKind.DIED) for r in (1, 2)]
+    assert errors.group_headline(lost).startswith("ranks 1-2 lost their connections to the kernel")
+
+
+def test_scattered_ranks_are_cut_after_a_few_runs():
+    root = RankFailure(1, FailureKind.ERROR, "ValueError", "boom")
+    every_other = [RankFailure(r, FailureKind.INTERRUPTED, "KeyboardInterrupt") for r in range(0, 1024, 2)]
+    assert "ranks 0, 2, 4, 6, 8, 10, 12, 14 and 504 more were interrupted" in CellError([root, *every_other]).render().splitlines()

@@ -75,3 +75,53 @@ def test_objects_on_the_old_group_are_named_with_their_fix():
         "mesh2 (DeviceMesh) holds the old process group: make mesh2 again (init_device_mesh)",
         "net (DDP) holds the old process group: net = DDP(net.module)",
     ]
+
+
+# ---------------------------------------------------------------- at scale: one row per place, not per rank
+def test_the_table_groups_ranks_by_the_collective_they_are_in():
+    n = 1024
+    got = {r: c("all_reduce", 3 if r >= 512 else 4) for r in range(n)}
+    got[517] = None
+    where = {r: f"at cell line {2 if r < 512 else 3}: dist.all_reduce(x)" for r in range(n)}
+    where[517] = "raised"
+    lines = F.table(range(n), got, where)
+    assert lines[0].split() == ["ranks", "collective", "tensor", "group", "where"]
+    assert [ln.split("  ")[0] for ln in lines[1:]] == ["0-511", "512-516, 518-1023", "517"]
+    assert "all_reduce #4" in lines[1] and "all_reduce #3" in lines[2] and lines[3].endswith("raised")
+    assert lines[1].index("all_reduce") == lines[0].index("collective") == lines[3].index("-")  # aligned columns
+    assert F.verdicts(range(n), got, where) == [
+        "ranks 512-516, 518-1023 are in all_reduce #3 while ranks 0-511 are in all_reduce #4: mismatched collective",
+        "rank 517 never arrived at all_reduce #4 (rank 517 raised)",  # #4 has the most ranks (512 to 511)
+    ]
+    assert F.released_text([r for r in range(n) if r != 517], got, where) == (
+        "ranks 0-511 were in all_reduce #4, ranks 512-516, 518-1023 in all_reduce #3, and were released")
+
+
+def test_a_table_of_many_places_is_capped_and_counts_the_rest():
+    n = 1024
+    got = {r: c("all_reduce", r) for r in range(n)}  # every rank in its own collective: the worst case
+    lines = F.table(range(n), got, {})
+    assert len(lines) == 1 + F.ROWS_SHOWN + 1
+    assert lines[-1] == f"… and {n - F.ROWS_SHOWN} ranks in {n - F.ROWS_SHOWN} other places ({F.ROWS_SHOWN}-1023)"
+
+
+def test_never_arrived_groups_the_ranks_by_where_they_are():
+    got = {r: (c("barrier", 3) if r >= 8 else None) for r in range(1024)}
+    where = {r: ("raised" if r == 5 else "at cell line 2: time.sleep(60)") for r in range(8)}
+    assert F.verdicts(range(1024), got, where) == [
+        "ranks 0-7 never arrived at barrier #3 (ranks 0-4, 6-7 at cell line 2: time.sleep(60); rank 5 raised)"]
+
+
+def test_the_same_stack_is_said_once_with_its_ranks():
+    stacks = {r: "(running the cell)\n  File \"<ddp-cell-2>\", line 3\n" for r in range(1024)}
+    stacks[9] = "(running the cell)\n  File \"<ddp-cell-2>\", line 1\n"
+    assert F.stacks_text(stacks) == [
+        "--- ranks 0-8, 10-1023 ---\n(running the cell)\n  File \"<ddp-cell-2>\", line 3",
+        "--- rank 9 ---\n(running the cell)\n  File \"<ddp-cell-2>\", line 1",
+    ]
+
+
+def test_scattered_ranks_in_a_row_are_cut_after_a_few_runs():
+    got = {r: c("all_reduce", 3 if r % 2 else 4) for r in range(1024)}  # odd ranks in #3, even ranks in #4
+    lines = F.table(range(1024), got, {})
+    assert [ln.split("  ")[0] for ln in lines[1:]] == ["0, 2, 4, 6, 8, 10, 12, 14 and 504 more", "1, 3, 5, 7, 9, 11, 13, 15 and 504 more"]

@@ -310,9 +310,9 @@ def test_the_timeout_captures_every_stack_and_interrupts():
     assert pool.did("interrupt") == [("interrupt", (0, 1, 2), pytest.approx(2.01))]
     assert not pool.did("signal") and pool.broken is None and not run.state_lost
     assert run.notes[0] == "where each rank was when the timeout expired:"
-    assert run.notes[1].split() == ["rank", "collective", "tensor", "group", "where"]
-    assert run.notes[2].split()[:4] == ["0", "-", "-", "-"] and run.notes[2].endswith("at cell line 5: dist.all_reduce(x)")
-    assert run.notes[5:] == [f"--- rank {r} ---\n{STUCK.rstrip()}" for r in range(3)]
+    assert run.notes[1].split() == ["ranks", "collective", "tensor", "group", "where"]  # one row per place, its ranks compact
+    assert run.notes[2].split()[:4] == ["0-2", "-", "-", "-"] and run.notes[2].endswith("at cell line 5: dist.all_reduce(x)")
+    assert run.notes[3:] == [f"--- ranks 0-2 ---\n{STUCK.rstrip()}"]  # the same stack on every rank: said once
     failures = run.failures()
     # nobody waited in a collective: every rank still running is what the timeout waited for, and is named
     assert [(f.rank, f.kind) for f in failures] == [(0, "timeout"), (1, "timeout"), (2, "timeout")]

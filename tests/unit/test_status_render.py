@@ -15,6 +15,7 @@ from typing import Any, List
 from ddp_magic.kernel import RankInfo
 from ddp_magic.plan import DIST_VARS, Check, GPUInfo, PoolSpec, make_plan
 from ddp_magic.states import FailureKind, RankState, Waiting
+from ddp_magic.ui import status_compact as C
 from ddp_magic.ui import status_render as R
 from ddp_magic.ui import status_tables as T
 from ddp_magic.ui.progress import Bar, LiveLines, parse_bar
@@ -193,19 +194,91 @@ def test_a_rank_not_yet_heard_of_is_starting():
     assert R.summary(s).startswith("3 ranks · starting 2, running 1 · ")
 
 
-def test_sixty_four_ranks_stay_readable():
+def test_thirty_two_ranks_keep_a_square_and_a_row_each():
+    ranks = infos(32)
+    for info in ranks[:4]:
+        info.state = RankState.DONE
+    s = snap(32, ranks, envs=rank_envs(32))
+    assert R.summary(s).startswith("32 ranks · running 28, done 4 · 3.2 s · gloo")
+    table = T.ranks_html(s)
+    assert "max-height:20em;overflow:auto" in table and len(ROW.findall(table)) == 32
+    assert R.header_html(s).count("title='rank ") == 32  # one small square per rank
+    assert "ddp-status-grid" not in T.body_html(s) and "ddp-status-segment" not in R.header_html(s)
+
+
+def test_sixty_four_ranks_are_summarised():
     ranks = infos(64)
     for info in ranks[:4]:
         info.state = RankState.DONE
     s = snap(64, ranks, envs=rank_envs(64))
-    assert R.summary(s).startswith("64 ranks · running 60, done 4 · 3.2 s · gloo")
-    table = T.ranks_html(s)
-    assert "max-height:20em;overflow:auto" in table and len(ROW.findall(table)) == 64
-    assert len(table) < 40_000
-    assert R.header_html(s).count("title='rank ") == 64  # one small square per rank
-    assert len(T.static_text(s).splitlines()) < 64 + 15
+    assert R.summary(s).startswith("64 ranks · running 60, done 4 · 3.2 s · ranks 0-3 done · gloo")
+    assert "title='rank " not in R.header_html(s) and R.header_html(s).count("ddp-status-segment") == 2
+    assert len(ROW.findall(T.ranks_html(s))) == 4  # the odd ranks' own rows; the others are counted
+    assert len(T.static_text(s).splitlines()) < 20
     done = snap(64, infos(64, state=RankState.DONE), finished=True, ok=True, elapsed=3.3)
     assert R.summary(done).startswith("64 ranks ✓ 3.30 s · gloo · ✓ 2 checks")
+
+
+def thousand(n: int = 1024) -> List[RankInfo]:
+    """1,024 ranks on 4 nodes: rank 517 failed, 3 and 9 done early, the others running."""
+    ranks = infos(n)
+    for info in ranks:
+        info.host = f"node{info.rank // 256}"
+        info.last_line = f"step {info.rank}"
+    ranks[517].state = RankState.FAILED
+    ranks[3].state = ranks[9].state = RankState.DONE
+    return ranks
+
+
+def test_a_thousand_ranks_summarised_in_the_line():
+    s = snap(1024, thousand(), root=517)
+    assert R.summary(s) == "1024 ranks · running 1021, done 2, failed 1 · 3.2 s · ranks 3, 9 done; rank 517 failed · gloo · ✓ 2 checks passed"
+    header = R.header_html(s)
+    segments = re.findall(r"class='ddp-status-segment' data-state='([a-z]+)' data-count='(\d+)'", header)
+    assert segments == [("running", "1021"), ("done", "2"), ("failed", "1")]
+    assert text_of(header).replace(" ,", ",") == "%%ddp " + R.summary(s) and len(header) < 4_000  # the same words as the text
+
+
+def test_a_thousand_ranks_open_as_node_rows_a_grid_and_the_odd_ranks():
+    s = snap(1024, thousand(), root=517)
+    body = T.body_html(s)
+    groups = re.findall(r"<tr data-state='([a-z]+)' data-count='(\d+)'>", body.split("ddp-status-groups", 1)[1])
+    assert groups == [("running", "254"), ("done", "2"), ("running", "256"), ("running", "255"), ("failed", "1"), ("running", "256")]
+    grid = body.split("ddp-status-grid", 1)[1].split("ddp-status-ranks", 1)[0]
+    assert html.unescape(re.sub(r"<[^>]+>", "", grid)).count("■") == 1024 and grid.count("<div title='ranks ") == 16
+    assert ROW.findall(body.split("ddp-status-ranks", 1)[1]) == [("3", "done"), ("9", "done"), ("517", "failed")]
+    assert len(body) < 20_000
+    text = T.static_text(s).splitlines()
+    assert text[1].split() == ["node", "state", "count", "ranks"] and text[2].split() == ["node0", "running", "254", "0-2,", "4-8,", "10-255"]
+    assert [ln.split()[:2] for ln in text[8:11]] == [["rank", "state"], ["3", "done"], ["9", "done"]] and text[11].split()[:2] == ["517", "failed"]
+    assert len(text) < 20
+
+
+def test_a_thousand_ranks_at_the_end_name_the_root_once():
+    stopped = frozenset(r for r in range(1024) if r != 517)
+    s = snap(1024, thousand(), root=517, finished=True, note="rank 517 raised ValueError: boom", stopped=stopped, elapsed=2.0)
+    assert R.summary(s) == "1024 ranks ✗ rank 517 raised ValueError: boom · 2.00 s · gloo · ✓ 2 checks passed"
+    assert ROW.findall(T.ranks_html(s).split("ddp-status-ranks", 1)[1]) == [("517", "failed")]
+
+
+def test_many_odd_ranks_are_cut_and_counted():
+    ranks = infos(1024)
+    for r in range(0, 1024, 16):  # 64 failed ranks, none next to another
+        ranks[r].state = RankState.FAILED
+    s = snap(1024, ranks)
+    assert "ranks 0, 16, 32, 48 and 60 more failed" in R.summary(s)
+    assert len(ROW.findall(T.ranks_html(s))) == C.DETAIL_ROWS
+    assert C.short_list([0, 1, 2, 5, 7, 9, 11]) == "0-2, 5, 7, 9 and 1 more" and C.short_list(range(1024)) == "0-1023"
+
+
+def test_the_view_over_1024_ranks_stays_small_in_the_worst_case():
+    ranks = infos(1024)
+    for info in ranks[::2]:
+        info.state = RankState.DONE  # alternating states: a run per square
+    s = snap(1024, ranks)
+    body = T.body_html(s)
+    assert len(body) < 100_000 and len(R.header_html(s)) < 4_000 and not ROW.findall(body)  # half and half: nobody is odd
+    assert "running 512, done 512" in R.summary(s)
 
 
 def test_gpu_memory_column():

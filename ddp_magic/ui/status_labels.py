@@ -1,0 +1,38 @@
+"""What a rank is shown as (its label) and each label's tone: the status view's words and squares, compact or not.
+
+A label is the pool's state, with DEAD told apart as killed (a signal) or died
+(an exit code), and ranks ddp_magic stopped because another failed shown as
+STOPPED. status_render.py (the summary line) and status_compact.py (the view
+over 32 ranks) both read it; nothing here knows a snapshot.
+"""
+from __future__ import annotations
+
+from typing import Dict, Union
+
+from ..states import FailureKind, RankState
+
+Label = Union[RankState, FailureKind]
+
+# label -> tone (colours.py); the order is the order of the counts in the running summary
+STATE_TONES: Dict[Label, str] = {
+    RankState.QUEUED: "warn",  # waits for the scheduler (a Slurm job pending)
+    RankState.STARTING: "info",  # on its way: the tone of running, as the JupyterLab panel and status bar show it
+    RankState.CONNECTING: "info",
+    RankState.READY: "info",
+    RankState.RUNNING: "info",
+    RankState.DONE: "ok",
+    RankState.FAILED: "fail",
+    FailureKind.DIED: "fail",
+    FailureKind.KILLED: "warn",
+    RankState.INTERRUPTED: "warn",
+    FailureKind.TIMEOUT: "fail",  # the rank the others waited for when --timeout ran out (its own state: interrupted)
+    RankState.STOPPED: "neutral",
+}
+ACTIVE = (RankState.QUEUED, RankState.STARTING, RankState.CONNECTING, RankState.RUNNING)
+ROOT_CAUSES = (RankState.FAILED, FailureKind.DIED, FailureKind.KILLED)  # a rank that failed by itself
+STOPPED_BY_US = (RankState.INTERRUPTED, FailureKind.KILLED)  # what the others show once a root cause exists
+FAILURES = (RankState.FAILED, FailureKind.DIED, FailureKind.KILLED, FailureKind.TIMEOUT)  # always named, however many
+
+
+def tone_of(label: Label) -> str:
+    return STATE_TONES.get(label, "neutral")
