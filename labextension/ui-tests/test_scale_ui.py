@@ -21,7 +21,7 @@ import time
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from test_metrics_ui import _run_cell, lab_page, no_errors
+from ui_pages import front_page, no_errors, prompt_number, run_cell, wait_prompt
 from ui_probes import CLIP_JS, CONTRAST_JS
 from ui_server import OUT, ROOT, SECONDS, Server
 
@@ -92,25 +92,17 @@ def _set_open(page: Any, node: str, open_: bool) -> None:
                            " return l && l.getAttribute('aria-expanded') === o; }", arg=[node, str(open_).lower()], timeout=10_000)
 
 
-def _wait_prompt(page: Any, index: int, timeout: float = 240.0) -> None:
-    page.wait_for_function(
-        "(i) => { const p = document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelector('.jp-InputPrompt').textContent;"
-        " return /\\[\\d+\\]/.test(p) && !/\\*/.test(p); }",
-        arg=index, timeout=timeout * 1000,
-    )
-
-
 @pytest.fixture(scope="module")
 def story(server: Server, browser: Any) -> Iterator[Dict[str, Any]]:
-    with lab_page(server, browser, "ddp_scale.ipynb", CELLS, 900, panel=True) as page:
+    with front_page(server, browser, "ddp_scale.ipynb", CELLS, 900, panel=True) as page:
         for i in range(4):
-            _run_cell(page, i)
-            _wait_prompt(page, i)
+            run_cell(page, i)
+            wait_prompt(page, i, timeout=240)
         runs: List[Dict[str, Any]] = []
         for _ in range(2):  # the cell twice, as a user re-runs it
             page.evaluate(SCROLL_JS, False)
             page.evaluate(FRAMES_START_JS)
-            _run_cell(page, 4)
+            run_cell(page, 4)
             page.wait_for_function("() => /\\*/.test(document.querySelectorAll('.jp-Notebook .jp-CodeCell')[4].querySelector('.jp-InputPrompt').textContent)")
             page.wait_for_function("() => /running/.test((document.querySelector('.jp-ddp-StatusItem') || {}).textContent || '')", timeout=60_000)
             page.wait_for_timeout(1500)
@@ -144,12 +136,6 @@ def story(server: Server, browser: Any) -> Iterator[Dict[str, Any]]:
         yield {"runs": runs}
 
 
-def _cell(sample: Dict[str, Any]) -> int:
-    m = re.match(r"^\s*\[(\d+)\]", sample["prompt"])
-    assert m, sample["prompt"]
-    return int(m.group(1))
-
-
 @pytest.mark.parametrize("n", range(2))
 def test_the_ranks_are_grouped_by_node_while_the_cell_runs(story: Dict[str, Any], n: int) -> None:
     s = story["runs"][n]["running"]
@@ -161,7 +147,7 @@ def test_the_ranks_are_grouped_by_node_while_the_cell_runs(story: Dict[str, Any]
 @pytest.mark.parametrize("n", range(2))
 def test_the_failed_rank_is_named_in_its_node_s_line_and_the_status_bar(story: Dict[str, Any], n: int) -> None:
     end = story["runs"][n]["end"]
-    cell = _cell(end)
+    cell = prompt_number(end["prompt"])
     assert end["groups"] == ["n1 · 128 ready", f"n2 · 128 ready · In[{cell}]: rank {BAD} raised"], end["groups"]
     assert end["statusBar"] == f"DDP {N}×gloo · ready · In[{cell}]: rank {BAD} failed, recovered", end["statusBar"]
     seen = [s["statusBar"] for s in story["runs"][n]["live"] if f"rank {BAD} failed" in (s["statusBar"] or "")]
