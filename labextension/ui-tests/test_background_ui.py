@@ -17,8 +17,9 @@ import time
 from typing import Any, Dict, Iterator, List
 
 import pytest
+from ui_pages import front_page, prompt_number, run_cell, wait_prompt
 from ui_probes import SAMPLE_JS
-from ui_server import ConsoleWatch, Server, code_cell
+from ui_server import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 playwright_api = pytest.importorskip("playwright.sync_api", reason="Python Playwright is in requirements-dev.txt")
@@ -35,7 +36,6 @@ print(f"bg end on rank {rank}", flush=True)"""
 OTHER = """import time
 time.sleep(4)
 print("the other cell is done")"""
-PATHS = {"lab": "lab/tree/{}", "notebook": "notebooks/{}"}
 JOB_LINE = r"background: cell \[(\d+)\] running \d+:\d\d:\d\d, step ([\d,]+)"
 ROUNDS = 2
 
@@ -53,32 +53,11 @@ CHART_JS = """(index) => {
 
 
 class BgFront:
-    """One front end's page on the background notebook."""
+    """One front end's page on the background notebook (ui_pages.front_page)."""
 
-    def __init__(self, kind: str, server: Server, browser: Any) -> None:
+    def __init__(self, kind: str, page: Any) -> None:
         self.kind = kind
-        self.notebook = f"background_{kind}.ipynb"
-        server.write_notebook(self.notebook, [code_cell("%load_ext ddp_magic"), code_cell(BG), code_cell(OTHER)])
-        self.context = browser.new_context(viewport={"width": 1300, "height": 900}, device_scale_factor=1)
-        self.page = self.context.new_page()
-        self.watch = ConsoleWatch(self.page)
-        self.page.goto(server.url(PATHS[kind].format(self.notebook) + ("?reset" if kind == "lab" else "")), timeout=60_000)
-        self.page.wait_for_function(
-            "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-            " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
-            " return k && k.status === 'idle' && !!window.jupyterapp.ddpMagic; }",
-            timeout=90_000,
-        )
-        self.watch.follow_kernel()
-        self.page.evaluate("() => window.jupyterapp.commands.execute('ddp-magic:show-panel')")
-        self.page.add_style_tag(content=".Toastify { display: none !important; }")
-
-    def run_cell(self, index: int) -> None:
-        self.page.evaluate(
-            "(i) => { const nb = window.jupyterapp.shell.currentWidget.content; nb.activeCellIndex = i;"
-            " window.jupyterapp.commands.execute('notebook:run-cell'); }",
-            index,
-        )
+        self.page = page
 
     def sample(self, index: int) -> Dict[str, Any]:
         return self.page.evaluate(SAMPLE_JS, index)
@@ -86,15 +65,10 @@ class BgFront:
     def chart(self) -> Dict[str, Any]:
         return self.page.evaluate(CHART_JS, 1)
 
-    def wait_prompt(self, index: int, timeout: float = 120.0) -> Dict[str, Any]:
-        """Until cell ``index`` has returned (a number in its prompt, no ``*``)."""
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            s = self.sample(index)
-            if not s["running"] and re.match(r"^\s*\[\d+\]", s["prompt"]):
-                return s
-            self.page.wait_for_timeout(200)
-        raise AssertionError(f"cell {index} did not return within {timeout}s: {self.sample(index)}")
+    def wait_prompt(self, index: int) -> Dict[str, Any]:
+        """Until cell ``index`` has returned (a number in its prompt, no ``*``): what the page shows then."""
+        wait_prompt(self.page, index)
+        return self.sample(index)
 
     def open_live_chart(self) -> None:
         """The bg cell's live view, its body opened (▾) so that its Metrics section shows the chart."""
@@ -109,10 +83,10 @@ class BgFront:
     def round(self) -> Dict[str, Any]:
         """Run the bg cell, then the other cell while the job trains; what the page showed then."""
         rec: Dict[str, Any] = {}
-        self.run_cell(1)
+        run_cell(self.page, 1)
         rec["bg_returned"] = self.wait_prompt(1)
         self.open_live_chart()
-        self.run_cell(2)
+        run_cell(self.page, 2)
         self.page.wait_for_function("() => /\\*/.test(document.querySelectorAll('.jp-Notebook .jp-CodeCell')[2].querySelector('.jp-InputPrompt').textContent)",
                                     timeout=30_000)
         reads: List[Dict[str, Any]] = []
@@ -132,26 +106,19 @@ class BgFront:
         rec["other_end"] = self.sample(2)
         return rec
 
-    def close(self) -> None:
-        try:
-            self.page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
-        finally:
-            self.context.close()
-
 
 @pytest.fixture(scope="module", params=["lab", "notebook"])
 def story(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, Any]]:
     if request.param == "notebook":
         pytest.importorskip("notebook", reason="Notebook 7 (pip install notebook) is in requirements-dev.txt")
-    front = BgFront(request.param, server, browser)
-    try:
-        front.run_cell(0)
-        front.wait_prompt(0)
+    with front_page(server, browser, f"background_{request.param}.ipynb", ["%load_ext ddp_magic", BG, OTHER], 900, panel=True,
+                    kind=request.param, width=1300) as page:
+        front = BgFront(request.param, page)
+        run_cell(page, 0)
+        wait_prompt(page, 0)
         rounds = [front.round() for _ in range(ROUNDS)]
-        yield {"kind": request.param, "rounds": rounds, "errors": front.watch.errors(), "orphans": front.watch.collect(),
-               "stacks": front.watch.stacks}
-    finally:
-        front.close()
+        yield {"kind": request.param, "rounds": rounds, "errors": page.ddp_watch.errors(), "orphans": page.ddp_watch.collect(),
+               "stacks": page.ddp_watch.stacks}
 
 
 @pytest.mark.parametrize("n", range(ROUNDS))
@@ -180,7 +147,7 @@ def test_each_cell_keeps_its_own_output(story: Dict[str, Any], n: int) -> None:
 @pytest.mark.parametrize("n", range(ROUNDS))
 def test_the_panel_and_the_status_bar_show_the_job(story: Dict[str, Any], n: int) -> None:
     rec = story["rounds"][n]
-    bg_cell = int(re.match(r"^\s*\[(\d+)\]", rec["bg_returned"]["prompt"]).group(1))  # type: ignore[union-attr]
+    bg_cell = prompt_number(rec["bg_returned"]["prompt"])
     for read in rec["reads"]:
         s = read["bg"]
         assert s["panelShown"], f"the DDP panel is open in {story['kind']}"

@@ -19,13 +19,13 @@ import os
 from typing import Any, Dict, Iterator, List
 
 import pytest
+from ui_pages import READY_JS, notebook_url, shut_down
 from ui_server import OUT, Server, code_cell
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 pytest.importorskip("playwright.sync_api", reason="Python Playwright is in requirements-dev.txt")
 
 CELL = "%%ddp -n 2\nimport time\nfor i in range(14):\n    time.sleep(0.25)\n"
-PATHS = {"lab": "lab/tree/{}?reset", "notebook": "notebooks/{}"}
 EPS = 0.75  # px: layout rounds to quarter pixels
 
 # The geometry of the view in the current notebook's second cell (the %%ddp one): boxes as {x, y, w, h}.
@@ -73,13 +73,8 @@ class Page:
         self.page = self.context.new_page()
         self.errors: List[str] = []  # uncaught errors of ours (ddp-magic's bundle in the stack); Notebook 7 has its own
         self.page.on("pageerror", lambda e: self.errors.append(f"{e}\n{e.stack}") if "ddp" in f"{e}{e.stack}".lower() else None)
-        self.page.goto(server.url(PATHS[kind].format(self.name)), timeout=60_000)
-        self.page.wait_for_function(
-            "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-            " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
-            " return k && k.status === 'idle' && !!window.jupyterapp.ddpMagic; }",
-            timeout=90_000,
-        )
+        self.page.goto(notebook_url(server, kind, self.name), timeout=60_000)
+        self.page.wait_for_function(READY_JS, timeout=90_000)
 
     def run_all(self) -> None:
         self.page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")  # do not wait for the run
@@ -100,7 +95,7 @@ class Page:
 
     def close(self) -> None:
         try:
-            self.page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+            shut_down(self.page)
         finally:
             self.context.close()
 

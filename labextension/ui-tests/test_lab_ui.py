@@ -20,6 +20,7 @@ import shutil
 from typing import Any, Dict, Iterator, List
 
 import pytest
+from ui_pages import append_and_run, open_notebook, shut_down
 from ui_server import OUT, ROOT, SECONDS, ConsoleWatch, Server, code_cell
 
 NOTEBOOK = "ddp_ui.ipynb"
@@ -64,20 +65,13 @@ def lab(server: Server, browser: Any) -> Iterator[Lab]:
     lab = Lab(server, browser)
     try:
         page = lab.page
-        page.goto(server.url(f"lab/tree/{NOTEBOOK}?reset"), timeout=60_000)
-        page.wait_for_function(
-            "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-            " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
-            " return k && k.status === 'idle' && !!window.jupyterapp.ddpMagic; }",
-            timeout=90_000,
-        )
-        lab.watch.follow_kernel()
+        open_notebook(page, lab.watch, server, "lab", NOTEBOOK)
         page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
         yield lab
     finally:
         # the kernel of this notebook is not needed by the other test files: shut it down with its workers
         try:
-            lab.page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+            shut_down(lab.page)
         finally:
             lab.close()
     if os.environ.get("DDP_MAGIC_UPDATE_DOCS_IMG") == "1" and "live.png" in lab.shots:
@@ -102,18 +96,7 @@ def _run_all(page: Any) -> None:
 
 def _run_code(page: Any, code: str) -> None:
     """Append a code cell with ``code`` at the end of the notebook and run it (without waiting)."""
-    page.evaluate(
-        """(code) => {
-            const app = window.jupyterapp;
-            const nb = app.shell.currentWidget.content;
-            nb.activeCellIndex = nb.widgets.length - 1;
-            app.commands.execute('notebook:insert-cell-below').then(() => {
-                nb.activeCell.model.sharedModel.setSource(code);
-                app.commands.execute('notebook:run-cell');
-            });
-        }""",
-        code,
-    )
+    append_and_run(page, code)
 
 
 def _hide_toasts(page: Any) -> None:

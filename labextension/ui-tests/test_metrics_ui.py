@@ -15,7 +15,6 @@ Runs with the other browser tests (ui_fixtures.py's server and browser); Python 
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -23,7 +22,9 @@ import time
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from ui_server import OUT, ROOT, SECONDS, ConsoleWatch, Server, code_cell
+from ui_pages import front_page, no_errors, run_cell, set_theme, shrink, wait_kernel_idle
+from ui_probes import CONTRAST_JS
+from ui_server import OUT, ROOT, SECONDS, Server
 
 NOTEBOOK = "ddp_metrics.ipynb"
 CELL = """%%ddp -n 2
@@ -40,47 +41,9 @@ playwright_api = pytest.importorskip("playwright.sync_api", reason="Python Playw
 expect = playwright_api.expect
 
 
-IDLE_JS = (
-    "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-    " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
-    " return k && k.status === 'idle' && !!window.jupyterapp.ddpMagic; }"
-)
-
-
-@contextlib.contextmanager
-def lab_page(server: Server, browser: Any, notebook: str, cells: List[str], height: int, panel: bool) -> Iterator[Any]:
-    """A JupyterLab page on ``notebook`` (these cells), its kernel idle, the left area closed, toasts hidden; the DDP
-    panel open when ``panel``. Its kernel is shut down after."""
-    server.write_notebook(notebook, [code_cell(c) for c in cells])
-    context = browser.new_context(viewport={"width": 1200, "height": height}, device_scale_factor=1)
-    pg = context.new_page()
-    pg.ddp_watch = ConsoleWatch(pg)  # every console error of the page: the tests' last check (``no_errors``)
-    try:
-        pg.goto(server.url(f"lab/tree/{notebook}?reset"), timeout=60_000)
-        pg.wait_for_function(IDLE_JS, timeout=90_000)
-        pg.ddp_watch.follow_kernel()
-        pg.evaluate("() => { const s = window.jupyterapp.shell; if (!s.leftCollapsed) { s.collapseLeft(); } }")
-        if panel:
-            pg.evaluate("() => window.jupyterapp.commands.execute('ddp-magic:show-panel')")
-        pg.add_style_tag(content=".Toastify { display: none !important; }")
-        yield pg
-    finally:
-        try:
-            pg.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
-        finally:
-            context.close()
-
-
-def no_errors(page: Any) -> None:
-    """No error in the page's console (ui_server.KNOWN_NOISE aside), no kernel output that belongs to no cell."""
-    watch = page.ddp_watch
-    assert not watch.errors(), "\n".join(watch.errors()[:10] + watch.stacks[:2])
-    assert not watch.collect(), watch.collect()[:5]
-
-
 @pytest.fixture(scope="module")
 def page(server: Server, browser: Any) -> Iterator[Any]:
-    with lab_page(server, browser, NOTEBOOK, ["%load_ext ddp_magic", CELL], 860, panel=False) as pg:
+    with front_page(server, browser, NOTEBOOK, ["%load_ext ddp_magic", CELL], 860, panel=False) as pg:
         yield pg
 
 
@@ -151,36 +114,16 @@ PANEL_CLIP_JS = """() => {
 
 @pytest.fixture(scope="module")
 def panel_page(server: Server, browser: Any) -> Iterator[Any]:
-    with lab_page(server, browser, PANEL_NOTEBOOK, ["%load_ext ddp_magic", PANEL_CELL, QUIET_CELL], 900, panel=True) as pg:
+    with front_page(server, browser, PANEL_NOTEBOOK, ["%load_ext ddp_magic", PANEL_CELL, QUIET_CELL], 900, panel=True) as pg:
         yield pg
 
 
-def _run_cell(page: Any, index: int) -> None:
-    page.evaluate(
-        "(i) => { const nb = window.jupyterapp.shell.currentWidget.content; nb.activeCellIndex = i;"
-        " window.jupyterapp.commands.execute('notebook:run-cell'); }",
-        index,
-    )
-
-
-def _wait_idle(page: Any) -> None:
-    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'", timeout=120_000)
-
-
-def _theme(page: Any, dark: bool) -> None:
-    page.evaluate("(t) => window.jupyterapp.commands.execute('apputils:change-theme', {theme: t})", "JupyterLab Dark" if dark else "JupyterLab Light")
-    page.wait_for_function(f"() => document.body.dataset.jpThemeLight === '{'false' if dark else 'true'}'", timeout=30_000)
-    page.wait_for_timeout(500)
-
-
 def test_the_panel_shows_the_chart_live_keeps_it_after_the_cell_and_forgets_it_on_restart(panel_page: Any) -> None:
-    from test_views_agree import CONTRAST_JS, _shrink
-
     page = panel_page
-    _run_cell(page, 0)  # %load_ext: the panel connects
+    run_cell(page, 0)  # %load_ext: the panel connects
     expect(page.locator(".jp-ddp-Panel-summary")).to_contain_text("No pool is running", timeout=60_000)
     expect(page.locator(".jp-ddp-Panel .jp-ddp-Metrics")).to_be_hidden()  # nothing logged yet: no empty section
-    _run_cell(page, 1)
+    run_cell(page, 1)
     samples: List[Dict[str, Any]] = []
     t0 = time.monotonic()
     while time.monotonic() - t0 < 180:
@@ -207,24 +150,24 @@ def test_the_panel_shows_the_chart_live_keeps_it_after_the_cell_and_forgets_it_o
     os.makedirs(os.path.dirname(PANEL_SHOT), exist_ok=True)
     page.mouse.move(600, 5)
     page.screenshot(path=PANEL_SHOT, clip=page.evaluate(PANEL_CLIP_JS))  # the panel down to its last line, not the empty rest
-    _shrink(PANEL_SHOT)
-    _theme(page, dark=True)
+    shrink(PANEL_SHOT)
+    set_theme(page, dark=True)
     dark = page.evaluate(CONTRAST_JS, [".jp-ddp-Metrics"])
     os.makedirs(OUT, exist_ok=True)
     page.screenshot(path=os.path.join(OUT, "lab-metrics-panel-dark.png"), clip=page.evaluate(PANEL_CLIP_JS))
-    _theme(page, dark=False)
+    set_theme(page, dark=False)
     assert light["checked"] >= 10 and not light["low"], f"light theme: text under 4.5:1 {light}"
     assert dark["checked"] >= 10 and not dark["low"], f"dark theme: text under 4.5:1 {dark}"
 
-    _run_cell(page, 2)  # a cell that logs nothing
+    run_cell(page, 2)  # a cell that logs nothing
     page.wait_for_function("() => /\\[\\d+\\]/.test(document.querySelectorAll('.jp-Notebook .jp-CodeCell')[2].querySelector('.jp-InputPrompt').textContent)",
                            timeout=120_000)
-    _wait_idle(page)
+    wait_kernel_idle(page)
     kept = page.evaluate(METRICS_JS)
     assert kept["shown"] and kept["cell"] == end["cell"] and len(kept["lines"]) == 2, kept
 
     page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
-    _wait_idle(page)
+    wait_kernel_idle(page)
     expect(page.locator(".jp-ddp-Panel .jp-ddp-Metrics")).to_be_hidden(timeout=30_000)
     assert page.locator(".jp-ddp-Panel .jp-ddp-Metrics polyline").count() == 0
     no_errors(page)

@@ -18,10 +18,11 @@ import shutil
 from typing import Any, Dict, Iterator
 
 import pytest
+from ui_pages import PATHS, set_theme, shrink, shut_down
+from ui_probes import CONTRAST_JS
 from ui_server import OUT, ROOT, Server
 
 SHIPPED = "10_metrics_and_profile.ipynb"
-PATHS = {"lab": "lab/tree/{}", "notebook": "notebooks/{}"}
 NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?:e[-+]\d+)?[kMGT]?$")
 UNITS = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
@@ -85,7 +86,7 @@ def shipped(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, An
         yield {"kind": kind, "page": page}
     finally:
         try:
-            page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+            shut_down(page)
         finally:
             context.close()
 
@@ -128,16 +129,12 @@ def test_the_saved_table_is_consistent_and_agrees_with_the_profile(shipped: Dict
 
 
 def test_shots_of_the_saved_chart_in_both_themes(shipped: Dict[str, Any]) -> None:
-    from test_views_agree import CONTRAST_JS, _shrink
-
     page, kind = shipped["page"], shipped["kind"]
     os.makedirs(OUT, exist_ok=True)
     docs = os.environ.get("DDP_MAGIC_UPDATE_DOCS_IMG") == "1" and kind == "lab"
     for theme in ("light", "dark"):
         if theme == "dark":
-            page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
-            page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
-            page.wait_for_timeout(500)
+            set_theme(page, dark=True)
         chart = page.locator(".jp-OutputArea-output .ddp-metrics").first
         chart.scroll_into_view_if_needed()
         shot = os.path.join(OUT, f"saved-chart-untrusted-{kind}-{theme}.png")
@@ -145,7 +142,7 @@ def test_shots_of_the_saved_chart_in_both_themes(shipped: Dict[str, Any]) -> Non
         if docs:
             kept = os.path.join(ROOT, "docs", "img", "ui", f"saved-chart-untrusted-{theme}.png")
             shutil.copyfile(shot, kept)
-            _shrink(kept)
+            shrink(kept)
         low = page.evaluate(CONTRAST_JS, [".ddp-metrics"])
         assert low["checked"] >= 10 and not low["low"], f"{theme}: text under 4.5:1 {low['low'][:5]}"
     page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
