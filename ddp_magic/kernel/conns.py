@@ -116,6 +116,16 @@ def peer_open(sock: socket.socket) -> bool:
         return False
 
 
+def wait_ready(sock: socket.socket, seconds: float, write: bool = False) -> bool:
+    """Whether ``sock`` is readable (or writable) within ``seconds``: poll(), since select() refuses fds past 1,023.
+
+    A pool of 1,024 ranks holds 3,072 sockets, so a rank's descriptor is often above select()'s limit.
+    """
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT if write else select.POLLIN)
+    return bool(poller.poll(max(0.0, seconds) * 1000))
+
+
 def send_all_nonblocking(sock: socket.socket, frame: bytes) -> None:
     """Send a whole frame on a non-blocking socket, waiting for room when its buffer is full."""
     view = memoryview(frame)
@@ -123,6 +133,6 @@ def send_all_nonblocking(sock: socket.socket, frame: bytes) -> None:
         try:
             n = sock.send(view)
         except BlockingIOError:
-            select.select([], [sock], [], 1.0)
+            wait_ready(sock, 1.0, write=True)
             continue
         view = view[n:]

@@ -5,12 +5,11 @@ each file says one thing: hub.py the control messages, this file the output stre
 """
 from __future__ import annotations
 
-import select
 import time
 from typing import Any, Callable, Dict, Tuple
 
 from ..logs import log
-from .conns import OutConn, ReadBuffer
+from .conns import OutConn, ReadBuffer, wait_ready
 from .ranks import Listener, RankInfo
 
 STREAMS = ("stdout", "stderr")
@@ -77,7 +76,6 @@ class OutputStreams:
         for stream in STREAMS:
             out = self.outs.get((rank, stream))
             while out is not None and not out.eof and time.monotonic() < deadline:
-                r, _, _ = select.select([out.sock], [], [], min(0.05, max(0.0, deadline - time.monotonic())))
-                if not r or not self._read_out(out):
+                if not wait_ready(out.sock, min(0.05, deadline - time.monotonic())) or not self._read_out(out):
                     break
 

@@ -103,3 +103,32 @@ def test_a_done_counts_once_both_streams_are_synced_and_a_lost_connection_is_a_d
     hub.close_all()
     for s in ours.values():
         s.close()
+
+
+def test_a_socket_past_select_s_limit_is_waited_on_and_drained() -> None:
+    """A 1,024-rank pool holds 3,072 sockets: waiting on one numbered past 1,023 must work (select() raises there)."""
+    import os
+    import resource
+
+    from ddp_magic.kernel.conns import wait_ready
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    high = 1500
+    if hard != resource.RLIM_INFINITY and hard <= high:
+        high = hard - 1
+    assert high > 1023, f"this machine's fd limit ({hard}) cannot hold a descriptor past select()'s limit"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, high + 1), hard))
+    a, b = socket.socketpair()
+    fd = os.dup2(b.fileno(), high)
+    far = socket.socket(fileno=fd)
+    try:
+        assert not wait_ready(far, 0.01)
+        a.sendall(b"last words\n")
+        assert wait_ready(far, 1.0)
+        assert far.recv(64) == b"last words\n"
+        assert wait_ready(far, 0.01, write=True)
+    finally:
+        far.close()
+        a.close()
+        b.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
