@@ -96,8 +96,8 @@ def alive(pid: int) -> bool:
 
 
 def slurm_ranks() -> List[int]:
-    """Every process on this machine running a Slurm rank of ddp_magic's."""
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and "ddp_magic.procs.worker --slurm" in cmdline(int(p))]
+    """Every process on this machine running a Slurm node template of ddp_magic's, or a rank forked from one."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and "ddp_magic.procs.slurm_template" in cmdline(int(p))]
 
 
 def env_of(pid: int) -> Optional[dict]:

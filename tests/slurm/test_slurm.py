@@ -148,7 +148,8 @@ def test_ddp_env_shows_the_plan_without_allocating(sk, no_jobs_left):
     for _attempt in range(2):
         full = sk.run("r = %ddp_env --slurm --nodes 2 --ntasks-per-node 2\nprint(r.full_text())").ok().stdout
         assert "planned env for 4 ranks on 2 Slurm nodes" in full
-        assert "salloc --nodes=2 --ntasks-per-node=2 --job-name=ddp_magic" in full and "srun '--jobid=$SLURM_JOB_ID' --nodes=2 --ntasks=4" in full
+        assert "salloc --nodes=2 --ntasks-per-node=2 --job-name=ddp_magic" in full and "srun '--jobid=$SLURM_JOB_ID' --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2" in full
+        assert "-m ddp_magic.procs.slurm_template" in full, "one template a node, which forks the node's ranks"
         assert "✓ Slurm takes the request: sbatch --test-only: accepted" in full
         assert re.search(r"^every rank: .*WORLD_SIZE=4 LOCAL_WORLD_SIZE=2\b", full, re.M), full  # what every rank shares, once
         assert re.search(r"^RANK +LOCAL_RANK +NODE_RANK *$", full, re.M), full  # then only what differs, one row a rank
