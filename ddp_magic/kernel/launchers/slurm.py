@@ -23,7 +23,7 @@ import random
 import socket
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ...plan.check import Check
@@ -43,6 +43,17 @@ if TYPE_CHECKING:
 MASTER_PORTS = (20000, 32767)  # where MASTER_PORT is drawn from
 
 
+@dataclass
+class Pending:
+    """A rank asked of a template that has not joined yet: where, its pid once forked, and how to ask again."""
+
+    node: str
+    step: TemplateStep
+    args: Tuple[Dict[str, str], str, int]
+    pid: Optional[int] = None
+    retried: bool = False
+
+
 class SlurmLauncher(Launcher):
     """Ranks as tasks of an srun step; the allocation is held across restarts and released by ``close``."""
 
@@ -56,7 +67,7 @@ class SlurmLauncher(Launcher):
         super().__init__(secret, python)
         self.alloc: Optional[Allocation] = None
         self.steps: List[TemplateStep] = []  # our srun steps of node templates: the pool's, and one a node whose template was lost
-        self._pending: Dict[int, Tuple[str, Optional[int]]] = {}  # rank -> (node, pid once forked), until it joins
+        self._pending: Dict[int, Pending] = {}  # ranks asked for that have not joined yet
         self.tls_key: Optional[tls.ServerKey] = None
         self.plan: Optional[Plan] = None
         self._pids: Dict[int, int] = {}  # pid -> rank, as the ranks said in their HELLO (not ours to signal)
@@ -166,7 +177,7 @@ class SlurmLauncher(Launcher):
         env_set, env_unset = env_changes(step.env, wanted)
         config = {"env_set": env_set, "env_unset": env_unset, "kernel_addr": control_addr.strip("[]"), "kernel_port": int(control_port),
                   "tls": self.tls_key.fingerprint if self.tls_key is not None else None}
-        self._pending[rank] = (node, None)
+        self._pending[rank] = Pending(node, step, (env, control_addr, control_port))
         step.spawn(rank, node, config, self.secret)
 
     def spawn(self, rank: int, config: dict) -> None:
@@ -198,20 +209,26 @@ class SlurmLauncher(Launcher):
         if timeout:
             time.sleep(min(timeout, 0.05))
         out: List[Exit] = []
-        for step in self.steps:
+        for step in list(self.steps):
             for ev in step.take_events():
                 rank, pid = ev.get("rank"), int(ev.get("pid") or 0)
-                if rank not in self._pending:
+                waiting = self._pending.get(rank) if isinstance(rank, int) else None
+                if waiting is None or waiting.step is not step:
                     continue
                 if ev.get("event") == "spawned":
-                    self._pending[rank] = (self._pending[rank][0], pid)
-                elif ev.get("event") == "exited" and self._pending[rank][1] == pid:
+                    waiting.pid = pid
+                elif ev.get("event") == "exited" and waiting.pid == pid:
                     del self._pending[rank]
                     out.append((rank, pid, int(ev.get("code") or 1)))
-        for rank, (node, pid) in list(self._pending.items()):
-            if self._step_for(node) is None:  # its template ended (or never started)
-                del self._pending[rank]
-                out.append((rank, pid or 0, 1))
+        for rank, waiting in list(self._pending.items()):
+            if waiting.step.serves(waiting.node):
+                continue
+            del self._pending[rank]
+            if waiting.pid is None and not waiting.retried:  # asked of a template that was already gone: a new one forks it
+                self._spawn(rank, *waiting.args)
+                self._pending[rank].retried = True
+            else:  # its template ended (or never started): srun's words are in the log
+                out.append((rank, waiting.pid or 0, 1))
         return out
 
     def alive(self) -> bool:
