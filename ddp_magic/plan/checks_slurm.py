@@ -37,4 +37,4 @@ def check_task_vars(environ: Mapping[str, str], slurm: bool) -> Check:
     if slurm:
         return Check(name, True, f"the kernel has {listed}: its ranks get their own from Slurm (RANK from SLURM_PROCID, ...)", level="info")
     return Check(name, True, f"the kernel has {listed} (it runs inside Slurm job {environ.get('SLURM_JOB_ID', '?')}): removed from the "
-                 "local ranks' env, so no library takes them for Slurm task 0; %%ddp --slurm runs the ranks as tasks of that job", level="info")
+                 "local ranks' env, so no library takes them for Slurm task 0; %%ddp --slurm runs the ranks in that job", level="info")

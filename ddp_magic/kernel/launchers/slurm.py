@@ -55,13 +55,13 @@ class Pending:
 
 
 class SlurmLauncher(Launcher):
-    """Ranks as tasks of an srun step; the allocation is held across restarts and released by ``close``."""
+    """Ranks forked by one template a node (the tasks of an srun step); the allocation and the templates are held across restarts and released by ``close``."""
 
     name = "slurm"
     remote_ranks = True  # the nodes may be other hosts: ranks are asked to exit by message, a closed connection is an exit
     reports_exits = False  # srun's tasks are not our children: a lost control connection is the exit
     keeps_template = True  # the allocation is this launcher's template: a restart keeps it
-    replaces_ranks = True  # a dead rank comes back as a one-task step on its node
+    replaces_ranks = True  # a dead rank is forked again by its node's template (a new one only if that is gone)
 
     def __init__(self, secret: bytes, python: str = sys.executable) -> None:
         super().__init__(secret, python)
