@@ -66,7 +66,8 @@ def test_breakpoint_on_a_rank_of_n2_steps_and_continues(fk):
 
 
 def test_ddp_debug_after_a_failure_on_n2(fk):
-    cell = "%%ddp\ndef step():\n    width = 3 + dist.get_rank()\n    if dist.get_rank() == 3:\n        raise ValueError(f'width {width}')\n    return width\nstep()"
+    cell = ("%%ddp\ndef step():\n    width = 3 + dist.get_rank()\n    if dist.get_rank() == 3:\n        raise ValueError(f'width {width}')\n"
+            "    return width\nstep()")
     for _attempt in range(2):
         ex = fk.run(cell, timeout=60)
         assert ex.error is not None and "width 6" in str(ex.error)

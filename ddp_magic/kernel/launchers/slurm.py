@@ -208,18 +208,7 @@ class SlurmLauncher(Launcher):
         joined rank's exit is its lost connection (remote_ranks); ours to report are only those the kernel cannot see."""
         if timeout:
             time.sleep(min(timeout, 0.05))
-        out: List[Exit] = []
-        for step in list(self.steps):
-            for ev in step.take_events():
-                rank, pid = ev.get("rank"), int(ev.get("pid") or 0)
-                waiting = self._pending.get(rank) if isinstance(rank, int) else None
-                if waiting is None or waiting.step is not step:
-                    continue
-                if ev.get("event") == "spawned":
-                    waiting.pid = pid
-                elif ev.get("event") == "exited" and waiting.pid == pid:
-                    del self._pending[rank]
-                    out.append((rank, pid, int(ev.get("code") or 1)))
+        out: List[Exit] = [e for step in list(self.steps) for e in self._exits_before_joining(step)]
         for rank, waiting in list(self._pending.items()):
             if waiting.step.serves(waiting.node):
                 continue
@@ -229,6 +218,21 @@ class SlurmLauncher(Launcher):
                 self._pending[rank].retried = True
             else:  # its template ended (or never started): srun's words are in the log
                 out.append((rank, waiting.pid or 0, 1))
+        return out
+
+    def _exits_before_joining(self, step: TemplateStep) -> List[Exit]:
+        """What ``step``'s templates said of the ranks still pending: their pids, and the exits of those that never joined."""
+        out: List[Exit] = []
+        for ev in step.take_events():
+            rank, pid = ev.get("rank"), int(ev.get("pid") or 0)
+            waiting = self._pending.get(rank) if isinstance(rank, int) else None
+            if not isinstance(rank, int) or waiting is None or waiting.step is not step:
+                continue
+            if ev.get("event") == "spawned":
+                waiting.pid = pid
+            elif ev.get("event") == "exited" and waiting.pid == pid:
+                del self._pending[rank]
+                out.append((rank, pid, int(ev.get("code") or 1)))
         return out
 
     def alive(self) -> bool:
