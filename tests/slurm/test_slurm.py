@@ -76,10 +76,18 @@ def test_two_nodes_train_ddp_over_tls(sk, no_jobs_left):
         assert env.get(b"DDP_MAGIC_SECRET") == secret.encode() and b"DDP_MAGIC_TLS" in env
     for pid in slurm_ranks():
         assert secret not in cmdline(pid)
-    for n, nodes in ((2, ["n1", "n2"]), (4, ["n1", "n1", "n2", "n2"])):  # a new -n inside the same allocation: a new step, no queue
+    templates = {parent_of(pid) for pid in pids}
+    assert len(templates) == 2, "one template a node"
+    for n, nodes in ((2, ["n1", "n2"]), (4, ["n1", "n1", "n2", "n2"])):  # a new -n inside the same allocation: no queue, no import
         ex = sk.run(f"%%ddp -n {n}\nimport os, torch.distributed as dist\n"
-                    "(dist.get_world_size(), os.environ['SLURM_JOB_ID'], os.environ['SLURMD_NODENAME'])", timeout=180).ok()
-        assert sk.value("[tuple(v) for v in _]") == [(n, job.group(1), node) for node in nodes]
+                    "(dist.get_world_size(), os.environ['SLURM_JOB_ID'], os.environ['SLURMD_NODENAME'], os.getppid())", timeout=180).ok()
+        values = sk.value("[tuple(v) for v in _]")
+        assert [v[:3] for v in values] == [(n, job.group(1), node) for node in nodes]
+        assert {v[3] for v in values} == templates, "the new pool's ranks are forks of the same node templates"
+        new_secret = sk.value("get_ipython().magics_manager.registry['DDPMagics'].pool.secret.hex()")
+        assert new_secret != secret
+        for pid in slurm_ranks():  # the new pool's secret reached the templates sealed: in no command line, no env
+            assert new_secret not in cmdline(pid) and new_secret.encode() not in b" ".join((env_of(pid) or {}).values())
         assert "in the same Slurm allocation: no new queue wait" in ex.stdout
         assert our_jobs() == [f"{job.group(1)} RUNNING"]
     sk.run("%ddp stop").ok()
