@@ -256,9 +256,10 @@ finally:
 '''
 
 
-def peer(script: str, *args: str) -> dict:
-    """One peer's run with bench/.venv-peers's python; the error, short, when it fails."""
-    out = subprocess.run([PEERS_PY, "-c", script, *args], capture_output=True, text=True, timeout=600, cwd=REPO,
+def peer(script: str, *args: str, cwd: str = REPO) -> dict:
+    """One peer's run with bench/.venv-peers's python, in ``cwd`` (ipyparallel writes its sbatch file there); the error,
+    short, when it fails."""
+    out = subprocess.run([PEERS_PY, "-c", script, *args], capture_output=True, text=True, timeout=600, cwd=cwd,
                          env=dict(os.environ, PATH=os.path.dirname(PEERS_PY) + os.pathsep + os.environ.get("PATH", "")))
     for line in out.stdout.splitlines():
         if line.startswith("BENCHJSON "):
@@ -333,7 +334,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     failed[name] = "bench/.venv-peers is not there (bash bench/run_peers.sh --install-only)"
                     continue
                 try:
-                    r = peer(script, *args)
+                    r = peer(script, *args, cwd=tmp)
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
                     failed[name] = str(e)
                     continue
