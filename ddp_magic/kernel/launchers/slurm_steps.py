@@ -57,11 +57,7 @@ class TemplateStep:
             if ended:
                 with self._lock:
                     self.lost.setdefault(ended.group(1), line)
-            try:
-                self._log.write(raw)
-                self._log.flush()
-            except (OSError, ValueError):
-                log.debug("the launcher's log is closed", exc_info=True)
+            self._to_log(raw)
         self.proc.wait()
         with self._lock:  # srun is gone: so is every template it ran
             for node in self.nodes:
@@ -73,9 +69,17 @@ class TemplateStep:
                 self.ready[str(event.get("node"))] = str(event.get("info", ""))
             elif event.get("event") == "error":
                 self.lost.setdefault(str(event.get("node")), f"the template could not start: {event.get('message')}")
-                self._log.write((str(event.get("traceback", "")) + "\n").encode())
+                self._to_log((str(event.get("traceback", "")) + "\n").encode())
             else:
                 self.events.append(event)
+
+    def _to_log(self, data: bytes) -> None:
+        """Append to the launcher's log without moving its file position (the kernel reads it meanwhile: log_text)."""
+        try:
+            fd = self._log.fileno()
+            os.pwrite(fd, data, os.fstat(fd).st_size)
+        except (OSError, ValueError):
+            log.debug("the launcher's log is closed", exc_info=True)
 
     def take_events(self) -> List[dict]:
         with self._lock:
