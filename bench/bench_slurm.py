@@ -14,8 +14,11 @@ In one run, every figure a median (min–max) over the repeats, the ways interle
   then a rank on n2 SIGKILLed: the next cell's time (the rank started again as a step) and the state kept.
 - **sbatch** of the exported script (``%ddp_export --slurm``'s train.sbatch, srun torchrun on both nodes):
   submit → its first line → its end (the job gone from squeue).
-- **submitit** and **ipyparallel**'s Slurm engines: only where bench/.venv-peers has them (bench/run_peers.sh
-  installs the peers); otherwise the table says "not run".
+- **submitit** (``AutoExecutor``, a function, ``tasks_per_node``; ``TorchDistributedEnvironment`` for the env):
+  submit → the first line in task 0's log → the result; and **ipyparallel**'s Slurm engines
+  (``Cluster(engines="slurm")``, then what ``%%px`` runs, ``view.execute``): the cluster's start → the first
+  line → the result, and a warm ``%%px`` cell. Run with bench/.venv-peers's python (``bash bench/run_peers.sh
+  --install-only`` makes it); without it the rows say "not run".
 - **TLS cost**: a 256 MiB result frame from another process through the control channel's code, plain TCP
   against the TLS relay (wire/tls.py): what a rank on another host pays to return it.
 
@@ -174,6 +177,96 @@ def frame_seconds(mode: str, mib: int) -> float:
     return float(seconds)
 
 
+PEERS_PY = os.path.join(HERE, ".venv-peers", "bin", "python")
+BENCH_CELL = ("import os, torch, torch.distributed as dist\n"
+              "dist.init_process_group('gloo')\nprint('first line', flush=True)\nx = torch.ones(1)\ndist.all_reduce(x)\n")
+
+SUBMITIT = r'''
+import json, os, sys, time
+import submitit
+folder, cell = sys.argv[1], sys.argv[2]
+def train():
+    import submitit
+    env = submitit.helpers.TorchDistributedEnvironment().export()  # RANK, WORLD_SIZE, MASTER_ADDR... from Slurm's task vars
+    # its MASTER_PORT is drawn from the job id anywhere up to 60000, into the ephemeral range, where it once met
+    # EADDRINUSE here (rank 0 died, the others waited in the rendezvous): below that range, as %%ddp --slurm draws it
+    os.environ["MASTER_PORT"] = str(20000 + int(os.environ["SLURM_JOB_ID"]) % 12000)
+    ns = {}
+    exec(cell, ns)
+    value = ns["x"].item()
+    ns["dist"].destroy_process_group()
+    return value
+t0 = time.monotonic()
+ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+ex.update_parameters(nodes=2, tasks_per_node=2, timeout_min=10, name="ddp_bench_submitit")
+job = ex.submit(train)
+first = None
+while not job.done():
+    try:
+        text = job.stdout() or ""
+    except Exception:
+        text = ""
+    if first is None and "first line" in text:
+        first = time.monotonic() - t0
+    time.sleep(0.02)
+values = job.results()
+done = time.monotonic() - t0
+assert values == [4.0] * 4, values
+print("BENCHJSON " + json.dumps({"first_line_s": first if first is not None else done, "result_s": done}), flush=True)
+'''
+
+IPP = r'''
+import json, os, statistics, sys, time
+import ipyparallel as ipp
+cell, warm, n_warm = sys.argv[1], sys.argv[2], int(sys.argv[3])
+template = """#!/bin/sh
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --job-name=ddp_bench_ipp
+#SBATCH --output=/dev/null
+srun {program_and_args}
+"""
+t0 = time.monotonic()
+cluster = ipp.Cluster(engines="slurm", n=4, controller_ip="127.0.0.1", log_level=40)
+cluster.config.SlurmEngineSetLauncher.batch_template = template
+cluster.start_cluster_sync()
+try:
+    rc = cluster.connect_client_sync()
+    rc.wait_for_engines(4, timeout=300)
+    view = rc[:]
+    # what %%px runs: the cell on every engine; each engine is a Slurm task, so its rank is SLURM_PROCID
+    setup = "import os\nos.environ.update(RANK=os.environ['SLURM_PROCID'], WORLD_SIZE='4', MASTER_ADDR='127.0.0.1', MASTER_PORT='29533')\n"
+    ar = view.execute(setup + cell, block=False)
+    first = None
+    while not ar.ready():
+        if first is None and any("first line" in (out or "") for out in ar.stdout):
+            first = time.monotonic() - t0
+        time.sleep(0.005)
+    ar.get()
+    done = time.monotonic() - t0
+    if first is None:
+        first = done
+    assert view.pull("x.item()", block=True) == [4.0] * 4
+    times = []
+    for _ in range(n_warm):
+        t = time.monotonic(); view.execute(warm, block=True); times.append(1000 * (time.monotonic() - t))
+    print("BENCHJSON " + json.dumps({"first_line_s": first, "result_s": done, "warm_ms": statistics.median(times)}), flush=True)
+finally:
+    cluster.stop_cluster_sync()
+'''
+
+
+def peer(script: str, *args: str, cwd: str = REPO) -> dict:
+    """One peer's run with bench/.venv-peers's python, in ``cwd`` (ipyparallel writes its sbatch file there); the error,
+    short, when it fails."""
+    out = subprocess.run([PEERS_PY, "-c", script, *args], capture_output=True, text=True, timeout=600, cwd=cwd,
+                         env=dict(os.environ, PATH=os.path.dirname(PEERS_PY) + os.pathsep + os.environ.get("PATH", "")))
+    for line in out.stdout.splitlines():
+        if line.startswith("BENCHJSON "):
+            return json.loads(line[len("BENCHJSON "):])
+    raise RuntimeError(f"exit {out.returncode}: {(out.stderr or out.stdout)[-600:]}")
+
+
 def table(g: Dict[str, List[float]], a: argparse.Namespace, notes: List[str]) -> str:
     floor = statistics.median(g["floor"]) if g["floor"] else float("nan")
     ratio = lambda key: f"{statistics.median(g[key]) / floor:.2f}×" if g.get(key) else "–"  # noqa: E731
@@ -186,14 +279,15 @@ def table(g: Dict[str, List[float]], a: argparse.Namespace, notes: List[str]) ->
         f"| %%ddp --slurm (plain TCP) | {med(g['ddp.first'])} | {med(g['ddp.result'])} | {ratio('ddp.result')} |",
         f"| %%ddp --slurm (TLS) | {med(g['tls.first'])} | {med(g['tls.result'])} | {ratio('tls.result')} |",
         f"| sbatch of the exported script (srun torchrun) | {med(g['sbatch.first'])} | {med(g['sbatch.done'])} | {ratio('sbatch.done')} |",
-        "| submitit (AutoExecutor, tasks_per_node) | not run | not run | – |",
-        "| ipyparallel Slurm engines | not run | not run | – |",
+        f"| submitit (AutoExecutor, a function, tasks_per_node) | {med(g['submitit.first'])} | {med(g['submitit.result'])} | {ratio('submitit.result')} |",
+        f"| ipyparallel Slurm engines (Cluster(engines=\"slurm\") + %%px) | {med(g['ipp.first'])} | {med(g['ipp.result'])} | {ratio('ipp.result')} |",
         "",
-        "| warm cell (all_reduce), ms | %%ddp --slurm plain | %%ddp --slurm TLS | local pool -n 4 |",
-        "|---|---|---|---|",
-        f"| median of {a.warm} | {med(g['ddp.warm'], '{:.1f}')} | {med(g['tls.warm'], '{:.1f}')} | {med(g['local.warm'], '{:.1f}')} |",
+        "| warm cell (all_reduce), ms | %%ddp --slurm plain | %%ddp --slurm TLS | local pool -n 4 | ipyparallel %%px |",
+        "|---|---|---|---|---|",
+        f"| median of {a.warm}, per repeat | {med(g['ddp.warm'], '{:.1f}')} | {med(g['tls.warm'], '{:.1f}')} | {med(g['local.warm'], '{:.1f}')} "
+        f"| {med(g['ipp.warm'], '{:.1f}')} |",
         "",
-        f"A cell after rank 3 (n2) was SIGKILLed, the rank started again as a one-task step: {med(g['ddp.lost'])} s "
+        f"A cell after rank 3 (n2) was SIGKILLed, the rank forked again by n2's template: {med(g['ddp.lost'])} s "
         f"(TLS: {med(g['tls.lost'])} s); state kept on the other ranks: {all(g['kept'])}.",
         "",
         f"A 256 MiB result frame from another process: plain TCP {med(g['frame.tcp'])} s, TLS {med(g['frame.tls'])} s "
@@ -213,7 +307,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     subprocess.run([PY, "-c", "import torch"], check=True)  # the page cache holds torch for every way alike
     g: Dict[str, List[float]] = {k: [] for k in ("floor", "ddp.first", "ddp.result", "ddp.warm", "ddp.lost", "tls.first", "tls.result",
                                                  "tls.warm", "tls.lost", "local.warm", "kept", "sbatch.first", "sbatch.done",
-                                                 "frame.tcp", "frame.tls")}
+                                                 "frame.tcp", "frame.tls", "submitit.first", "submitit.result", "ipp.first",
+                                                 "ipp.result", "ipp.warm")}
+    failed: Dict[str, str] = {}
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ddp_bench_slurm_") as tmp:
         for i in range(a.repeats):
@@ -226,15 +322,30 @@ def main(argv: Optional[List[str]] = None) -> int:
                 g[f"{name}.lost"].append(r["lost_rank_cell_s"])
                 g["local.warm"].append(r["local_warm_ms"])
                 g["kept"].append(r["lost_rank_state"][:3] == [0, 10, 20] and r["lost_rank_state"][3] is None)
-            s = sbatch(tmp)
-            g["sbatch.first"].append(s["first_line_s"])
-            g["sbatch.done"].append(s["done_s"])
+            try:
+                s = sbatch(tmp)
+                g["sbatch.first"].append(s["first_line_s"])
+                g["sbatch.done"].append(s["done_s"])
+            except RuntimeError as e:  # torchrun's rendezvous failed once here (a port taken): the run goes on, the note says so
+                failed[f"sbatch (repeat {i + 1})"] = " ".join(str(e).split())[:300]
+            for name, script, args in (("submitit", SUBMITIT, (os.path.join(tmp, f"submitit-{i}"), BENCH_CELL)),
+                                       ("ipp", IPP, (BENCH_CELL, WARM, str(a.warm)))):
+                if not os.path.exists(PEERS_PY):
+                    failed[name] = "bench/.venv-peers is not there (bash bench/run_peers.sh --install-only)"
+                    continue
+                try:
+                    r = peer(script, *args, cwd=tmp)
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    failed[name] = str(e)
+                    continue
+                for key, value in r.items():
+                    g[f"{name}.{key.split('_')[0]}"].append(value)  # first_line_s -> .first, result_s, warm_ms
             g["frame.tcp"].append(frame_seconds("tcp", 256))
             g["frame.tls"].append(frame_seconds("tls", 256))
             print(f"repeat {i + 1}: floor {g['floor'][-1]:.2f}s, %%ddp --slurm {g['ddp.result'][-1]:.2f}s (TLS {g['tls.result'][-1]:.2f}s), "
                   f"sbatch {g['sbatch.done'][-1]:.2f}s", flush=True)
-    notes = [f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (other work on the machine skews every figure)",
-             "submitit and ipyparallel: not run (not installed for this run; see docs/bench/slurm.md)"]
+    notes = [f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (other work on the machine skews every figure)"]
+    notes += [f"{name}: failed or not run: {why}" for name, why in failed.items()]
     text = table(g, a, notes)
     write_report(OUT, text, {"args": vars(a), "results": g, "table": text})
     return 0

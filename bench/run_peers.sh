@@ -2,6 +2,8 @@
 # ddp_magic side by side with accelerate, ipyparallel, nbdistributed, torchrun, mp.spawn and bare processes.
 #
 #   bash bench/run_peers.sh [--quick] [--publish] [any bench/bench_peers.py option]
+#   bash bench/run_peers.sh --install-only   # only make the venv (bench/bench_slurm.py runs its submitit and
+#                                            # ipyparallel rows with it)
 #
 # Makes bench/.venv-peers (its own environment, never the project's .venv): torch first (the CPU
 # wheel torch==2.13.0 here; TORCH_SPEC=... to choose), then the peers pinned in
@@ -35,7 +37,10 @@ fi
 site=$("$VPY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 echo "$(pwd)" > "$site/ddp_magic_worktree.pth"
 "$VPY" -m ipykernel install --prefix "$VENV" --name ddp-bench-peers --display-name "ddp bench peers" > /dev/null
-"$VPY" -c "import ddp_magic, torch, accelerate, ipyparallel, nbdistributed; print(f'run_peers: ddp_magic from {ddp_magic.__file__}, torch {torch.__version__}')"
+"$VPY" -c "import ddp_magic, torch, accelerate, ipyparallel, nbdistributed, submitit; print(f'run_peers: ddp_magic from {ddp_magic.__file__}, torch {torch.__version__}')"
+if [ "${1:-}" = "--install-only" ]; then
+  exit 0
+fi
 status=0
 "$VPY" bench/bench_peers.py "$@" || status=$?
 left=$(pgrep -af "ddp_magic|ipengine|ipcontroller|ipyparallel|nbdistributed/worker.py" | grep -v pgrep || true)

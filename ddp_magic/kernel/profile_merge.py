@@ -127,7 +127,7 @@ class ProfileRun:
                     raise ValueError("no trace (the rank did not finish the cell)")
                 if info.get("error"):
                     raise ValueError(info["error"])
-                traces[rank], infos[rank] = _load(info), info
+                traces[rank], infos[rank] = _load(info), dict(info, node=_node_name(pool, rank))
             except (OSError, ValueError) as e:
                 report.ranks.append(RankProfile(rank, error=str(e)))
         merged = merge(traces, infos)
@@ -140,6 +140,11 @@ class ProfileRun:
         if metrics is not None and sum(1 for r in report.ranks if not r.error) > 1:
             metrics.profiled = Straggler(verdict.rank, verdict.gap, StragglerMeasure.PROFILE)
         return report
+
+
+def _node_name(pool: Any, rank: int) -> str:
+    """The Slurm node a rank ran on ("" for a rank of this host): its lanes say it, as its output's prefix does."""
+    return str(getattr(getattr(pool, "ranks", {}).get(rank), "node_name", "") or "")
 
 
 def _load(info: dict) -> dict:
@@ -182,7 +187,7 @@ def merge(traces: Dict[int, dict], infos: Dict[int, dict]) -> dict:
             if "id" in e and e.get("ph") in ("s", "t", "f"):
                 e["id"] = e["id"] * world + rank if isinstance(e["id"], int) else f"{rank}:{e['id']}"
             out.append(e)
-        out += _lane_names(rank, pids, events)
+        out += _lane_names(rank, pids, events, str(infos[rank].get("node") or ""))
         main = pids[_key(_main_pid(events))]
         for step, t in infos[rank].get("steps", []):
             out.append({"ph": "i", "s": "p", "name": f"step {step}", "pid": main, "tid": 0, "ts": t * 1e6 - t0, "cat": "ddp_magic"})
@@ -209,12 +214,14 @@ def _pid_map(rank: int, events: List[dict]) -> Dict[str, int]:
     return {k: rank * 100 + i for i, k in enumerate(keys)}
 
 
-def _lane_names(rank: int, pids: Dict[str, int], events: List[dict]) -> List[dict]:
-    """process_name and process_sort_index for each of a rank's lanes: "rank r", "rank r · GPU d", …"""
+def _lane_names(rank: int, pids: Dict[str, int], events: List[dict], node: str = "") -> List[dict]:
+    """process_name and process_sort_index for each of a rank's lanes: "rank r", "rank r · GPU d", … (a Slurm rank's with
+    its node, as its output's prefix: "rank 2 n2", "rank 2 n2 · GPU 0")."""
     main = _key(_main_pid(events))
+    me = f"rank {rank} {node}" if node else f"rank {rank}"
     out = []
     for key, pid in pids.items():
-        name = f"rank {rank}" if key == main else (f"rank {rank} · GPU {key}" if key.isdigit() else f"rank {rank} · {key or 'profiler'}")
+        name = me if key == main else (f"{me} · GPU {key}" if key.isdigit() else f"{me} · {key or 'profiler'}")
         out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
     return out

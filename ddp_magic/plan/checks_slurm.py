@@ -12,13 +12,13 @@ from typing import List, Mapping
 from .check import Check
 from .slurm import TASK_VARS, SlurmRequest
 
-WORKER = ["-m", "ddp_magic.procs.worker", "--slurm"]
+TEMPLATE = ["-m", "ddp_magic.procs.slurm_template"]  # the task a node runs: its template, which forks the ranks
 HOLD = ["-m", "ddp_magic.procs.slurm_hold"]
 
 
 def slurm_checks(request: SlurmRequest, python: str = sys.executable) -> List[Check]:
     """Where the ranks run and the command lines that start them (what %ddp_env --slurm shows; nothing is allocated)."""
-    commands = request.materialize([python, *WORKER], [python, *HOLD])
+    commands = request.materialize([python, *TEMPLATE], [python, *HOLD])
     lines = ([f"salloc: {shlex.join(commands.salloc)}"] if commands.salloc else []) + [f"srun: {shlex.join(commands.srun)}"]
     checks = [Check("Slurm allocation", True, request.describe(), level="info"), Check("Slurm commands", True, "; ".join(lines), level="info")]
     if request.gpus_per_node and request.gpus_per_node < request.ntasks_per_node:
@@ -37,4 +37,4 @@ def check_task_vars(environ: Mapping[str, str], slurm: bool) -> Check:
     if slurm:
         return Check(name, True, f"the kernel has {listed}: its ranks get their own from Slurm (RANK from SLURM_PROCID, ...)", level="info")
     return Check(name, True, f"the kernel has {listed} (it runs inside Slurm job {environ.get('SLURM_JOB_ID', '?')}): removed from the "
-                 "local ranks' env, so no library takes them for Slurm task 0; %%ddp --slurm runs the ranks as tasks of that job", level="info")
+                 "local ranks' env, so no library takes them for Slurm task 0; %%ddp --slurm runs the ranks in that job", level="info")

@@ -25,7 +25,7 @@ TASK_VARS = (
     "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES", "SLURM_GTIDS", "SLURM_TASK_PID",
 )
 # The options the pool writes itself; in --slurm-args they would contradict the step it starts.
-OWN_OPTIONS = ("--jobid", "--ntasks", "-n", "--nodes", "-N", "--ntasks-per-node", "--nodelist", "-w", "--overlap", "--export")
+OWN_OPTIONS = ("--jobid", "--ntasks", "-n", "--nodes", "-N", "--ntasks-per-node", "--nodelist", "-w", "--overlap", "--export", "--input")
 
 
 def _positive(name: str, value: Optional[int]) -> None:
@@ -46,6 +46,25 @@ def check_args(words: Sequence[str]) -> None:
     own = [w for w in words if w.split("=")[0] in OWN_OPTIONS]
     if own:
         raise PlanError(f"--slurm-args {' '.join(words)!r}: {', '.join(own)} is the pool's to set; use --nodes / --ntasks-per-node / -n instead")
+
+
+def _cpus_per_task(words: Sequence[str]) -> Tuple[int, List[str]]:
+    """(CPUs a rank asked for in --slurm-args (--cpus-per-task / -c; 1 when not), the other words): the node's template,
+    one task for all the node's ranks, asks that many times its ranks."""
+    per_rank, rest, i = 1, [], 0
+    while i < len(words):
+        word = words[i]
+        name, eq, value = word.partition("=")
+        if name in ("--cpus-per-task", "-c"):
+            if not eq and i + 1 < len(words):
+                i, value = i + 1, words[i + 1]
+            per_rank = int(value) if value.isdigit() else per_rank
+        elif word.startswith("-c") and word[2:].isdigit():
+            per_rank = int(word[2:])
+        else:
+            rest.append(word)
+        i += 1
+    return per_rank, rest
 
 
 @dataclass(frozen=True)
@@ -102,15 +121,19 @@ class SlurmRequest:
         return ["sbatch", "--test-only", *self.allocation_options(), "--wrap", "true"]
 
     def srun_argv(self, job_id: str, command: Sequence[str], node: Optional[str] = None) -> List[str]:
-        """One job step in ``job_id``: every rank (``node`` None), or one rank on ``node`` (a rank started again).
+        """One job step in ``job_id`` with one task a node, the node's template (procs/slurm_template.py), which forks
+        the node's ranks: on every node of the request (``node`` None), or on ``node`` alone (its template was lost).
 
-        --overlap lets a replacement step share the first step's CPUs; --kill-on-bad-exit=0 keeps the
-        other ranks when one dies; the env (the secret in it) travels with --export=ALL, never in argv."""
-        shape = ["--nodes=1", "--ntasks=1", f"--nodelist={node}"] if node else [
-            f"--nodes={self.nodes}", f"--ntasks={self.world_size}", f"--ntasks-per-node={self.ntasks_per_node}", "--distribution=block"]
+        The task gets the CPUs (and --gpus-per-node GPUs) of the node's ranks; --overlap lets a replacement step share
+        the first step's; --kill-on-bad-exit=0 keeps the other nodes when one template dies; --input=all gives every
+        template the kernel's commands (srun's stdin); the env (the secret in it) travels with --export=ALL, never argv."""
+        count = 1 if node else self.nodes
+        per_rank, extra = _cpus_per_task(self.extra)
+        shape = [f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", f"--cpus-per-task={self.ntasks_per_node * per_rank}"]
+        shape += [f"--nodelist={node}"] if node else []
         gpus = [f"--gpus-per-node={self.gpus_per_node}"] if self.gpus_per_node else []
-        extra = list(self.extra) if self.found else []  # inside an allocation found, the step is all we submit
-        return ["srun", f"--jobid={job_id}", *shape, *gpus, "--overlap", "--kill-on-bad-exit=0", "--mpi=none", "--input=none",
+        extra = extra if self.found else []  # inside an allocation found, the step is all we submit
+        return ["srun", f"--jobid={job_id}", *shape, *gpus, "--overlap", "--kill-on-bad-exit=0", "--mpi=none", "--input=all",
                 "--export=ALL", f"--job-name={JOB_NAME}", *extra, *command]
 
     def step_test_argv(self, job_id: str) -> List[str]:

@@ -6,17 +6,32 @@ waits for, then waits for the kernel to go: EOF on its stdin (a pipe the kernel
 holds), or the kernel's pid gone (``DDP_MAGIC_KERNEL_PID``, watched through a pidfd).
 Whichever comes first, even a SIGKILLed kernel's, the allocation is released
 within moments. It imports nothing of torch: it starts in milliseconds.
+
+salloc releases by asking the controller; with slurmctld unreachable it retries (one
+such salloc, reparented to pid 1, ran for 48 minutes at 80% CPU). So before it exits
+the holder leaves a watchdog (``_watch_salloc``, a fork in a session of its own): if
+salloc is still there RELEASE_GRACE_S later, the watchdog SIGKILLs it, then asks
+scancel for the job every SCANCEL_EVERY_S (asleep in between) until the controller
+answers, for WATCH_MAX_S at most, so a controller that comes back frees the nodes.
 """
 from __future__ import annotations
 
 import os
 import select
+import signal
+import subprocess
 import sys
+import time
 
+from ..logs import log
 from .parent import die_with_parent
 
 KERNEL_PID_ENV = "DDP_MAGIC_KERNEL_PID"
 READY = "ddp_magic_hold"  # the first word of the line the kernel waits for
+RELEASE_GRACE_S = 10.0  # salloc releases in well under a second when the controller answers
+SCANCEL_TIMEOUT_S = 10.0
+SCANCEL_EVERY_S = 15.0
+WATCH_MAX_S = 600.0  # a controller gone longer than this: the job ends at its time limit
 
 
 def _kernel_fd() -> "int | None":
@@ -30,8 +45,42 @@ def _kernel_fd() -> "int | None":
         sys.exit(0)
 
 
+def _watch_salloc(salloc: int, job: str, grace: float = RELEASE_GRACE_S) -> None:
+    """Fork a watchdog that ends ``salloc`` if it has not released within ``grace`` s of our exit; returns in the holder."""
+    try:
+        watched = os.pidfd_open(salloc)
+    except (OSError, AttributeError):  # salloc gone already, or no pidfds: nothing to watch
+        return
+    if os.fork():
+        os.close(watched)
+        return
+    try:
+        os.setsid()  # not in salloc's group, nor killed with the holder
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        if not select.select([watched], [], [], grace)[0]:  # salloc still there: the controller does not answer it
+            os.kill(salloc, signal.SIGKILL)
+            deadline = time.monotonic() + WATCH_MAX_S
+            while job and not _cancelled(job) and time.monotonic() < deadline:
+                time.sleep(SCANCEL_EVERY_S)
+    finally:
+        os._exit(0)
+
+
+def _cancelled(job: str) -> bool:
+    """scancel ``job``: whether the controller answered (it cancelled the job, or knows it no more)."""
+    try:
+        done = subprocess.run(["scancel", job], timeout=SCANCEL_TIMEOUT_S, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    except (OSError, subprocess.TimeoutExpired):
+        log.debug("scancel %s did not run", job, exc_info=True)
+        return False
+    return done.returncode == 0 or "Invalid job id" in done.stderr
+
+
 def main() -> int:
-    die_with_parent(os.getppid())  # salloc itself gone: so are we
+    salloc = os.getppid()
+    die_with_parent(salloc)  # salloc itself gone: so are we
     watch = [sys.stdin.fileno()]
     kernel = _kernel_fd()
     if kernel is not None:
@@ -41,9 +90,8 @@ def main() -> int:
     print(READY, job, nodes, flush=True)
     while True:
         ready, _, _ = select.select(watch, [], [])
-        if kernel in ready:
-            return 0
-        if sys.stdin.fileno() in ready and not os.read(sys.stdin.fileno(), 4096):
+        if kernel in ready or (sys.stdin.fileno() in ready and not os.read(sys.stdin.fileno(), 4096)):
+            _watch_salloc(salloc, job)
             return 0
 
 

@@ -1,6 +1,10 @@
 """Both ends of a Slurm task's env: what the kernel's launcher puts in the step's env, and the rank's torchrun variables from it.
 
-A rank started by Slurm runs ``python -m ddp_magic.procs.worker --slurm`` as a task of a job step.
+The launcher's step runs one task a node, the node's template (procs/slurm_template.py), which
+forks that node's ranks; each rank gets torchrun's set from the kernel's spawn command and the Slurm
+task variables it would have had as a task of its own (``task_vars``), so libraries that read
+SLURM_PROCID (Lightning, submitit) see the rank, not the template. ``python -m ddp_magic.procs.worker
+--slurm`` (one rank per task, its numbers from Slurm) is the path for a step someone writes by hand.
 
 Slurm numbers the tasks (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS); the
 ranks get torchrun's names for them, as submitit's TorchDistributedEnvironment does.
@@ -11,6 +15,8 @@ leaves ``os.environ`` once read, so the cells never see it.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from typing import Dict, Mapping, MutableMapping, Tuple
 
@@ -58,3 +64,33 @@ def config(env: MutableMapping[str, str]) -> Tuple[dict, bytes]:
 def node_name() -> str:
     """The Slurm node this task runs on (its name in squeue); "" outside Slurm (one host says nothing of its nodes)."""
     return os.environ.get("SLURMD_NODENAME", "")
+
+
+def task_vars(rank: int, local_rank: int, node: int, world: int, per_node: int) -> Dict[str, str]:
+    """The Slurm task variables of a rank forked by its node's template: what it would see as task ``rank`` of a step
+    of ``world`` tasks, ``per_node`` a node (the template's own say task ``node`` of one a node)."""
+    return {
+        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local_rank), "SLURM_NODEID": str(node),
+        "SLURM_NTASKS": str(world), "SLURM_NPROCS": str(world), "SLURM_STEP_NUM_TASKS": str(world),
+        "SLURM_NTASKS_PER_NODE": str(per_node), "SLURM_TASKS_PER_NODE": str(per_node),
+    }
+
+
+def _pad(key: bytes, nonce: bytes, size: int) -> bytes:
+    out, block = b"", 0
+    while len(out) < size:
+        out += hmac.new(key, nonce + block.to_bytes(4, "big"), hashlib.sha256).digest()
+        block += 1
+    return out[:size]
+
+
+def seal(key: bytes, secret: bytes, nonce: bytes) -> str:
+    """A new pool's secret for a template that holds ``key`` (the secret its step's env carried): the secret crosses
+    srun's stdin only masked by a pad only that key makes (hex). Never the same ``nonce`` twice for one key."""
+    return bytes(a ^ b for a, b in zip(secret, _pad(key, nonce, len(secret)))).hex()
+
+
+def unseal(key: bytes, sealed: str, nonce: bytes) -> bytes:
+    """``seal``'s inverse, in the template."""
+    data = bytes.fromhex(sealed)
+    return bytes(a ^ b for a, b in zip(data, _pad(key, nonce, len(data))))

@@ -13,11 +13,24 @@ one thread while another sends; so neither side hands a TLS socket to its code. 
 ``Relay`` thread owns every TLS socket of the process, and the code gets the plain end
 of a socketpair (``wrap``): the rank's fds 1 and 2, the hub's poll loop, everything
 else stays as it is over plain TCP. Costs: one more copy of each byte, and the AES.
+
+The relay is a thread of the process, so what the code wrote last still sits in the
+socketpair or the relay's buffer when the process ends: over plain TCP the OS sends a
+dead process's last bytes, through the relay they would be lost (a rank that prints its
+error and exits at once). So a process that dialled out over TLS drains its relay before
+it exits: ``os._exit`` (every exit path of a rank) and interpreter exit wait, up to
+DRAIN_S, until nothing the code wrote is left unsent. A rank killed by a signal it cannot
+catch (SIGKILL) still loses what the relay had not sent.
 """
 from __future__ import annotations
 
+import atexit
+import fcntl
 import hashlib
 import os
+import struct
+import termios
+import time
 import selectors
 import shutil
 import socket
@@ -25,13 +38,14 @@ import ssl
 import subprocess
 import tempfile
 import threading
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 from ..logs import log
 
 FORCE_ENV = "DDP_MAGIC_FORCE_TLS"  # "1": TLS even when every rank is on this host (tests, measurements)
 CHUNK = 1 << 18
 HIGH_WATER = 8 << 20  # stop reading a side while this much waits to be written to the other
+DRAIN_S = 3.0  # how long an exiting process waits for its relay to send what its code wrote
 
 
 class TlsError(RuntimeError):
@@ -108,6 +122,7 @@ class Relay:
         self.pairs: Dict[int, _Pair] = {}
         self.added: "list[_Pair]" = []
         self.mutex = threading.Lock()
+        self.rounds = 0  # select rounds done: a drain sees the relay between two of them
         threading.Thread(target=self._loop, name="ddp-tls-relay", daemon=True).start()
 
     @classmethod
@@ -134,7 +149,32 @@ class Relay:
             except Exception:  # the relay carries every TLS connection of the process: it must outlive any one of them
                 log.warning("tls relay: unexpected error (the relay goes on)", exc_info=True)
 
+    def drained(self) -> bool:
+        """Whether nothing the code wrote waits to go out: no pair taken over yet, no unread byte on a plain end, nothing
+        buffered for a TLS socket. (Read from another thread: ``drain`` asks twice, a relay round apart.)"""
+        if self.added:
+            return False
+        for pair in list(self.pairs.values()):
+            if pair.to_tls or (not pair.plain_eof and _unread(pair.plain)):
+                return False
+        return True
+
+    def drain(self, timeout: float = DRAIN_S) -> bool:
+        """Wait until the relay has sent what the code wrote (the process is about to exit); whether it has."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            before = self.rounds
+            if self.drained():
+                self.wake_w.send(b"x")  # one more round: bytes it read but had not buffered yet are sent in it
+                while self.rounds == before and time.monotonic() < deadline:
+                    time.sleep(0.002)
+                if self.drained():
+                    return True
+            time.sleep(0.005)
+        return False
+
     def _once(self) -> None:
+        self.rounds += 1
         for key, _ in self.sel.select(timeout=1.0):
             pair = key.data
             if pair is None:
@@ -232,6 +272,34 @@ class Relay:
                 log.debug("tls relay: close failed", exc_info=True)
 
 
+def _unread(sock: socket.socket) -> int:
+    """Bytes waiting to be read on ``sock`` (FIONREAD); 0 when it is closed."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):
+        return 0
+
+
+_EXIT: Optional[Callable[[int], None]] = None  # os._exit as it was, once a client connection made us wrap it
+
+
+def _drain_before_exit() -> None:
+    """From now on this process drains its relay before it exits: os._exit (a rank's every exit path) and interpreter exit."""
+    global _EXIT
+    if _EXIT is not None:
+        return
+    _EXIT = real = os._exit
+
+    def _exit(code: int) -> None:
+        try:
+            Relay.get().drain()
+        finally:
+            real(code)
+
+    os._exit = _exit  # type: ignore[assignment]
+    atexit.register(lambda: Relay.get().drain())
+
+
 def _registered(sel: selectors.BaseSelector, sock: socket.socket) -> bool:
     try:
         sel.get_key(sock)
@@ -267,4 +335,5 @@ def connect(addr: Tuple[str, int], fingerprint: str, timeout: float = 30) -> soc
     except ConnectionError:
         tls.close()
         raise
+    _drain_before_exit()
     return Relay.get().add(tls)

@@ -95,9 +95,18 @@ def alive(pid: int) -> bool:
         return False
 
 
+def parent_of(pid: int) -> int:
+    """The parent pid of ``pid`` (0 when it is gone): a forked rank's is its node's template."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def slurm_ranks() -> List[int]:
-    """Every process on this machine running a Slurm rank of ddp_magic's."""
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and "ddp_magic.procs.worker --slurm" in cmdline(int(p))]
+    """Every process on this machine running a Slurm node template of ddp_magic's, or a rank forked from one."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and "ddp_magic.procs.slurm_template" in cmdline(int(p))]
 
 
 def env_of(pid: int) -> Optional[dict]:

@@ -18,7 +18,7 @@ import pytest
 import slurm_fixtures
 from format_patterns import SECONDS
 from slurm_fixtures import our_jobs, wait_no_jobs
-from slurm_helpers import Kernel, cmdline, env_of, job_state, kernel_inside_salloc, run_interrupting, says, slurm_ranks
+from slurm_helpers import Kernel, cmdline, env_of, job_state, kernel_inside_salloc, parent_of, run_interrupting, says, slurm_ranks
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.slurm]
 slurm_cluster = slurm_fixtures.slurm_cluster  # the fixtures, by name in this module
@@ -76,10 +76,18 @@ def test_two_nodes_train_ddp_over_tls(sk, no_jobs_left):
         assert env.get(b"DDP_MAGIC_SECRET") == secret.encode() and b"DDP_MAGIC_TLS" in env
     for pid in slurm_ranks():
         assert secret not in cmdline(pid)
-    for n, nodes in ((2, ["n1", "n2"]), (4, ["n1", "n1", "n2", "n2"])):  # a new -n inside the same allocation: a new step, no queue
+    templates = {parent_of(pid) for pid in pids}
+    assert len(templates) == 2, "one template a node"
+    for n, nodes in ((2, ["n1", "n2"]), (4, ["n1", "n1", "n2", "n2"])):  # a new -n inside the same allocation: no queue, no import
         ex = sk.run(f"%%ddp -n {n}\nimport os, torch.distributed as dist\n"
-                    "(dist.get_world_size(), os.environ['SLURM_JOB_ID'], os.environ['SLURMD_NODENAME'])", timeout=180).ok()
-        assert sk.value("[tuple(v) for v in _]") == [(n, job.group(1), node) for node in nodes]
+                    "(dist.get_world_size(), os.environ['SLURM_JOB_ID'], os.environ['SLURMD_NODENAME'], os.getppid())", timeout=180).ok()
+        values = sk.value("[tuple(v) for v in _]")
+        assert [v[:3] for v in values] == [(n, job.group(1), node) for node in nodes]
+        assert {v[3] for v in values} == templates, "the new pool's ranks are forks of the same node templates"
+        new_secret = sk.value("get_ipython().magics_manager.registry['DDPMagics'].pool.secret.hex()")
+        assert new_secret != secret
+        for pid in slurm_ranks():  # the new pool's secret reached the templates sealed: in no command line, no env
+            assert new_secret not in cmdline(pid) and new_secret.encode() not in b" ".join((env_of(pid) or {}).values())
         assert "in the same Slurm allocation: no new queue wait" in ex.stdout
         assert our_jobs() == [f"{job.group(1)} RUNNING"]
     sk.run("%ddp stop").ok()
@@ -92,6 +100,9 @@ def test_rank_killed_on_n2_costs_only_that_rank(sk, no_jobs_left):
     for _attempt in range(2):  # kill a rank on n2 twice: each time only that rank is started again
         pids = sk.value("list(_)")
         victim = pids[3]
+        template = parent_of(victim)
+        assert "ddp_magic.procs.slurm_template" in cmdline(template), "a rank is a fork of its node's template"
+        assert parent_of(pids[2]) == template and parent_of(pids[0]) != template, "one template a node"
         os.kill(victim, signal.SIGKILL)
         assert _wait(lambda: re.search(r"rank 3: pid \d+ +dead", sk.run("%ddp status").stdout), 20), "the kernel saw rank 3 go"
         ex = sk.run(
@@ -103,7 +114,30 @@ def test_rank_killed_on_n2_costs_only_that_rank(sk, no_jobs_left):
         assert all(v[2] == 10.0 for v in values), "all_reduce over the four ranks, the new one included: 1+2+3+4"
         assert values[3][0] == "n2", "the new rank runs on the node the dead one ran on"
         assert values[3][3] != victim and [v[3] for v in values[:3]] == pids[:3]
+        assert parent_of(values[3][3]) == template, "n2's template forked the new rank: no new step, no new import of torch"
         assert "rank 3" in ex.stdout and "started it again" in ex.stdout
+        sk.run("%%ddp\nkept = dist.get_rank() * 10\nos.getpid()", timeout=120).ok()
+    sk.run("%ddp stop").ok()
+
+
+def test_a_lost_template_comes_back_as_a_new_step_on_its_node(sk, no_jobs_left):
+    sk.run("%%ddp --slurm --nodes 2 --ntasks-per-node 2\nimport os, torch, torch.distributed as dist\nkept = dist.get_rank() * 10\nos.getpid()",
+           timeout=180).ok()
+    for _attempt in range(2):  # n2's template SIGKILLed twice: each time its two ranks come back from a new one there
+        pids = sk.value("list(_)")
+        template = parent_of(pids[2])
+        os.kill(template, signal.SIGKILL)
+        assert _wait(lambda: len(re.findall(r"rank [23]: pid \d+ +dead", sk.run("%ddp status").stdout)) == 2, 20), "n2's ranks went with it"
+        sk.run(
+            "%%ddp\nimport os, torch, torch.distributed as dist\nx = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(x)\n"
+            "(os.environ['SLURMD_NODENAME'], globals().get('kept'), x.item(), os.getpid())", timeout=180,
+        ).ok()
+        values = sk.value("[tuple(v) for v in _]")
+        assert [v[1] for v in values] == [0, 10, None, None], "n1's ranks kept their variables"
+        assert all(v[2] == 10.0 for v in values) and [v[0] for v in values] == ["n1", "n1", "n2", "n2"]
+        new = parent_of(values[2][3])
+        assert new != template and new == parent_of(values[3][3]) and "ddp_magic.procs.slurm_template" in cmdline(new)
+        assert [v[3] for v in values[:2]] == pids[:2]
         sk.run("%%ddp\nkept = dist.get_rank() * 10\nos.getpid()", timeout=120).ok()
     sk.run("%ddp stop").ok()
 
@@ -148,7 +182,9 @@ def test_ddp_env_shows_the_plan_without_allocating(sk, no_jobs_left):
     for _attempt in range(2):
         full = sk.run("r = %ddp_env --slurm --nodes 2 --ntasks-per-node 2\nprint(r.full_text())").ok().stdout
         assert "planned env for 4 ranks on 2 Slurm nodes" in full
-        assert "salloc --nodes=2 --ntasks-per-node=2 --job-name=ddp_magic" in full and "srun '--jobid=$SLURM_JOB_ID' --nodes=2 --ntasks=4" in full
+        assert "salloc --nodes=2 --ntasks-per-node=2 --job-name=ddp_magic" in full
+        assert "srun '--jobid=$SLURM_JOB_ID' --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2" in full
+        assert "-m ddp_magic.procs.slurm_template" in full, "one template a node, which forks the node's ranks"
         assert "✓ Slurm takes the request: sbatch --test-only: accepted" in full
         assert re.search(r"^every rank: .*WORLD_SIZE=4 LOCAL_WORLD_SIZE=2\b", full, re.M), full  # what every rank shares, once
         assert re.search(r"^RANK +LOCAL_RANK +NODE_RANK *$", full, re.M), full  # then only what differs, one row a rank

@@ -74,3 +74,47 @@ def test_sigkilled_kernel_mid_cell_leaves_nothing(slurm_cluster, no_jobs_left):
             k.kc.stop_channels()
             k.km.shutdown_kernel(now=True)
     assert wait_no_jobs() == []
+
+
+def _ours(name: bytes) -> list:
+    """Pids of processes whose command line holds ``name`` and ddp_magic's holder (salloc and the holder itself)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(name) and b"ddp_magic.procs.slurm_hold" in argv:
+            pids.append(int(entry))
+    return pids
+
+
+def test_a_sigkilled_kernel_leaves_no_salloc_when_the_controller_is_gone(slurm_cluster, no_jobs_left):
+    """salloc releases through slurmctld and retries while it cannot reach it: the holder's watchdog ends it, and cancels
+    the job once the controller answers again."""
+    import local_slurm
+    from ddp_magic.procs import slurm_hold
+
+    for _attempt in range(2):
+        k = Kernel()
+        try:
+            k.run("%load_ext ddp_magic").ok()
+            k.run(START, timeout=180).ok()
+            [salloc] = _ours(b"salloc")
+            job = our_jobs()[0].split()[0]
+            local_slurm._stop_pid(local_slurm.CTLD_PID)  # the controller goes: salloc cannot release
+            os.kill(k.pid, signal.SIGKILL)
+            deadline = time.monotonic() + slurm_hold.RELEASE_GRACE_S + 10
+            while alive(salloc) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not alive(salloc), "salloc outlived its kernel with the controller gone"
+            assert not _ours(b"salloc") and not slurm_ranks()
+        finally:
+            k.kc.stop_channels()
+            k.km.shutdown_kernel(now=True)
+            local_slurm.start()
+        deadline = time.monotonic() + slurm_hold.SCANCEL_EVERY_S + 15
+        while any(j.startswith(job + " ") for j in our_jobs()) and time.monotonic() < deadline:  # the watchdog's next scancel
+            time.sleep(0.5)
+        assert wait_no_jobs(5) == [], "the watchdog cancelled the job once the controller was back"

@@ -15,7 +15,7 @@ from ddp_magic.plan.spec import PoolSpec
 from ddp_magic.states import SchedulerState
 from ddp_magic.wire import slurm_env
 
-WORKER = ["python", "-m", "ddp_magic.procs.worker", "--slurm"]
+WORKER = ["python", "-m", "ddp_magic.procs.slurm_template"]
 HOLD = ["python", "-m", "ddp_magic.procs.slurm_hold"]
 INSIDE = {"SLURM_JOB_ID": "1234", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "4", "SLURM_JOB_NODELIST": "n[1-2]"}
 
@@ -26,8 +26,9 @@ def test_a_new_allocation_is_salloc_running_the_holder_then_one_step():
     salloc, srun = request.materialize(WORKER, HOLD, job_id="77")
     assert salloc == ["salloc", "--nodes=2", "--ntasks-per-node=4", "--job-name=ddp_magic", "--partition=gpu", "--time=2:00:00",
                       "--gpus-per-node=4", "--account=A", "--qos=high", "--constraint=a100 80g", *HOLD]
-    assert srun == ["srun", "--jobid=77", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--distribution=block", "--gpus-per-node=4",
-                    "--overlap", "--kill-on-bad-exit=0", "--mpi=none", "--input=none", "--export=ALL", "--job-name=ddp_magic", *WORKER]
+    # one task a node (its template forks the node's 4 ranks), with the 4 ranks' CPUs and the node's GPUs
+    assert srun == ["srun", "--jobid=77", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=4", "--gpus-per-node=4",
+                    "--overlap", "--kill-on-bad-exit=0", "--mpi=none", "--input=all", "--export=ALL", "--job-name=ddp_magic", *WORKER]
     assert not any("SECRET" in word or "secret" in word for word in salloc + srun), "the secret is never in argv"
 
 
@@ -36,15 +37,26 @@ def test_inside_an_allocation_there_is_no_salloc_and_the_step_takes_the_extra_op
     assert (world, request.nodes, request.ntasks_per_node, request.job_id) == (8, 2, 4, "1234")
     salloc, srun = request.materialize(WORKER, HOLD)
     assert salloc is None
-    assert srun[:2] == ["srun", "--jobid=1234"] and "--cpus-per-task=2" in srun and srun[-len(WORKER):] == WORKER
+    assert srun[:2] == ["srun", "--jobid=1234"] and srun[-len(WORKER):] == WORKER
+    assert "--cpus-per-task=8" in srun and "--cpus-per-task=2" not in srun, "the template asks for its 4 ranks' 2 CPUs each"
     assert "never cancels it" in request.describe()
 
 
-def test_a_rank_started_again_is_a_one_task_step_on_its_node():
+def test_a_template_started_again_is_a_one_task_step_on_its_node():
     request = SlurmRequest(nodes=2, ntasks_per_node=2, gpus_per_node=2)
     srun = request.srun_argv("9", WORKER, node="n2")
-    assert srun[:5] == ["srun", "--jobid=9", "--nodes=1", "--ntasks=1", "--nodelist=n2"]
-    assert "--gpus-per-node=2" in srun and "--overlap" in srun and "--distribution=block" not in srun
+    assert srun[:7] == ["srun", "--jobid=9", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--cpus-per-task=2", "--nodelist=n2"]
+    assert "--gpus-per-node=2" in srun and "--overlap" in srun
+
+
+@pytest.mark.parametrize("words, want", [
+    ((), (1, [])), (("--cpus-per-task=3", "--qos=high"), (3, ["--qos=high"])), (("-c", "2"), (2, [])), (("-c4",), (4, [])),
+    (("--cpus-per-task", "5", "--constraint=a100"), (5, ["--constraint=a100"])),
+])
+def test_a_ranks_cpus_in_slurm_args_are_multiplied_for_its_template(words, want):
+    from ddp_magic.plan.slurm import _cpus_per_task
+
+    assert _cpus_per_task(words) == want
 
 
 def test_the_test_only_lines_submit_nothing():
@@ -199,3 +211,45 @@ def test_the_sbatch_file_carries_the_pools_job_options():
                        "train.sbatch")
     for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu", "#SBATCH --time=2:00:00", "#SBATCH --qos=high"):
         assert line in text.splitlines()
+
+
+def test_a_forked_rank_gets_the_slurm_task_variables_it_would_have_as_a_task():
+    got = slurm_env.task_vars(rank=5, local_rank=1, node=2, world=8, per_node=2)
+    assert (got["SLURM_PROCID"], got["SLURM_LOCALID"], got["SLURM_NODEID"], got["SLURM_NTASKS"], got["SLURM_NTASKS_PER_NODE"]) == (
+        "5", "1", "2", "8", "2")
+    assert slurm_env.torch_env(got)["RANK"] == "5" and slurm_env.torch_env(got)["NODE_RANK"] == "2", "the --slurm worker reads them alike"
+
+
+def test_a_later_pools_secret_crosses_srun_stdin_sealed_with_the_steps():
+    key, secret = bytes(range(32)), bytes(range(100, 132))
+    nonce_a, nonce_b = b"a" * 16, b"b" * 16
+    sealed = slurm_env.seal(key, secret, nonce_a)
+    assert secret.hex() not in sealed and len(bytes.fromhex(sealed)) == len(secret)
+    assert slurm_env.unseal(key, sealed, nonce_a) == secret
+    assert slurm_env.seal(key, secret, nonce_b) != sealed, "another nonce, another pad"
+    assert slurm_env.unseal(bytes(32), sealed, nonce_a) != secret, "only the step's key opens it"
+    long = bytes(range(70))
+    assert slurm_env.unseal(key, slurm_env.seal(key, long, nonce_a), nonce_a) == long, "longer than one HMAC block"
+
+
+def test_a_ranks_env_travels_as_changes_to_its_templates():
+    from ddp_magic.kernel.launchers.slurm_steps import env_changes
+
+    base = {"PATH": "/bin", "OLD": "1", "RANK": "0"}
+    assert env_changes(base, {"PATH": "/bin", "RANK": "3", "NEW": "x"}) == ({"RANK": "3", "NEW": "x"}, ["OLD"])
+    assert env_changes(base, dict(base)) == ({}, [])
+
+
+@pytest.mark.parametrize("line, event, lost", [
+    ('{"event": "spawned", "rank": 3, "pid": 77}', {"event": "spawned", "rank": 3, "pid": 77}, None),
+    ("srun: error: n2: task 1: Killed", None, "n2"),
+    ("srun: error: n1: tasks 0-1: Exited with exit code 1", None, "n1"),
+    ('{"event": broken', None, None),
+    ("a rank's own line before it captured its output", None, None),
+])
+def test_what_an_srun_step_of_templates_prints_is_read(line, event, lost):
+    from ddp_magic.kernel.launchers.slurm_steps import _TASK_ENDED, _event
+
+    assert _event(line) == event
+    match = _TASK_ENDED.match(line)
+    assert (match.group(1) if match else None) == lost

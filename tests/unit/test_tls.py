@@ -85,3 +85,37 @@ def test_plain_tcp_and_a_wrong_secret_are_rejected(key):
         assert len(rejected) == 2 and admission.take() == []
     finally:
         admission.close()
+
+
+EXITS_AT_ONCE = r"""
+import os, sys
+from ddp_magic.wire import protocol as P, tls
+port, fingerprint, secret, size = int(sys.argv[1]), sys.argv[2], bytes.fromhex(os.environ["SECRET"]), int(sys.argv[3])
+sock = tls.connect(("127.0.0.1", port), fingerprint)
+P.client_handshake(sock, secret)
+P.send(sock, P.message(P.HELLO, rank=3))
+sock.sendall(P.encode(P.message(P.DONE, blob=b"last words" * (size // 10))))
+os._exit(7)  # at once: the relay thread has not sent it yet
+"""
+
+
+@pytest.mark.parametrize("size", [100, 4 << 20])
+def test_what_a_rank_wrote_just_before_it_exits_still_reaches_the_kernel(key, size):
+    import subprocess
+    import sys
+
+    secret = P.new_secret()
+    admission = Admission("127.0.0.1", secret, 8, lambda: None, key)
+    try:
+        for _attempt in range(2):
+            proc = subprocess.Popen([sys.executable, "-c", EXITS_AT_ONCE, str(admission.port), key.fingerprint, str(size)],
+                                    env=dict(os.environ, SECRET=secret.hex()))
+            [(kernel_side, hello)] = _take(admission)
+            assert hello["rank"] == 3
+            kernel_side.settimeout(30)
+            assert P.recv(kernel_side)["blob"] == b"last words" * (size // 10), "the relay sent it before the process went"
+            assert kernel_side.recv(1) == b"", "then EOF"
+            assert proc.wait(timeout=30) == 7, "os._exit's code is kept"
+            kernel_side.close()
+    finally:
+        admission.close()

@@ -1,67 +1,79 @@
-"""The Slurm launcher: the ranks are the tasks of one job step, in an allocation the kernel found or made (slurm_alloc.py).
+"""The Slurm launcher: one template a node (a task of one srun step) forks that node's ranks, in an allocation the kernel found or made (slurm_alloc.py).
 
 ``acquire`` waits for the allocation (the ranks are QUEUED meanwhile) and learns its
-nodes' addresses; ``launch`` starts one ``srun`` step whose every task runs
-``python -m ddp_magic.procs.worker --slurm`` and dials back to the kernel. The step's env
-carries what a task needs: the pool's secret, the control address, the certificate
-fingerprint when the channel is TLS (ranks on other hosts, or DDP_MAGIC_FORCE_TLS=1),
-and the plan's variables; Slurm's SLURM_PROCID/LOCALID/NODEID become RANK/LOCAL_RANK/
-NODE_RANK on the task (procs/rank_slurm.py). MASTER_ADDR is the first node's NodeAddr.
+nodes' addresses; ``launch`` starts one ``srun --ntasks-per-node=1`` step whose task on
+each node is ``python -m ddp_magic.procs.slurm_template``: it imports torch once and forks
+the node's ranks as the kernel asks (spawn commands on srun's stdin, slurm_steps.py), each
+with torchrun's env for its rank (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+NODE_RANK/GROUP_RANK, MASTER_ADDR, MASTER_PORT) and its own Slurm task variables; a rank
+dials back to the kernel. The step's env carries what every rank shares: the pool's
+secret, the control address, the certificate fingerprint when the channel is TLS (ranks on
+other hosts, or DDP_MAGIC_FORCE_TLS=1). MASTER_ADDR is the first node's NodeAddr.
 
-A rank that died is started again alone (``spawn``): a step of one task on its node, in
-the same allocation, told its RANK. The allocation outlives pool restarts (a new -n
-inside it is a new step, no new queue wait) and ends with ``close``; an allocation the
+A rank that died is forked again by its node's template (``spawn``); only a node whose
+template is gone gets a new one, a one-task step on it in the same allocation. The
+allocation and the templates outlive pool restarts (a new -n inside it forks from the same
+templates: no new queue wait, no new import) and end with ``close``; an allocation the
 kernel found is never cancelled, only our steps end.
 """
 from __future__ import annotations
 
 import os
 import random
-import signal
 import socket
-import subprocess
 import sys
 import time
-from dataclasses import replace
-from typing import TYPE_CHECKING, Dict, List, Optional
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from ...logs import log
 from ...plan.check import Check
+from ...plan.checks_slurm import TEMPLATE
 from ...plan.net import address_family, is_local_ip, route_source
 from ...wire import slurm_env, tls
 from . import slurm_cli as cli
 from .base import Exit, LaunchError, Launcher
-from .slurm_alloc import Allocation, Progress, allocation_for, pdeathsig_prefix
+from .forkserver import import_env
+from .slurm_alloc import Allocation, Progress, allocation_for
+from .slurm_steps import END_WAIT_S, TemplateStep, env_changes
 
 if TYPE_CHECKING:
     from ...plan.plan import Plan
 
-WORKER = ["-m", "ddp_magic.procs.worker", "--slurm"]
-STEP_END_WAIT_S = 5.0  # an srun asked to end (SIGTERM) cancels its step within moments
+
 MASTER_PORTS = (20000, 32767)  # where MASTER_PORT is drawn from
-PER_RANK = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "ROLE_RANK")  # the task's own, from Slurm (never the plan's)
+
+
+@dataclass
+class Pending:
+    """A rank asked of a template that has not joined yet: where, its pid once forked, and how to ask again."""
+
+    node: str
+    step: TemplateStep
+    args: Tuple[Dict[str, str], str, int]
+    pid: Optional[int] = None
+    retried: bool = False
 
 
 class SlurmLauncher(Launcher):
-    """Ranks as tasks of an srun step; the allocation is held across restarts and released by ``close``."""
+    """Ranks forked by one template a node (the tasks of an srun step); the allocation and the templates are held across restarts and released by ``close``."""
 
     name = "slurm"
     remote_ranks = True  # the nodes may be other hosts: ranks are asked to exit by message, a closed connection is an exit
     reports_exits = False  # srun's tasks are not our children: a lost control connection is the exit
     keeps_template = True  # the allocation is this launcher's template: a restart keeps it
-    replaces_ranks = True  # a dead rank comes back as a one-task step on its node
+    replaces_ranks = True  # a dead rank is forked again by its node's template (a new one only if that is gone)
 
     def __init__(self, secret: bytes, python: str = sys.executable) -> None:
         super().__init__(secret, python)
         self.alloc: Optional[Allocation] = None
-        self.steps: Dict[subprocess.Popen, List[int]] = {}  # our srun clients -> their ranks (the pool's step, one per rank started again)
+        self.steps: List[TemplateStep] = []  # our srun steps of node templates: the pool's, and one a node whose template was lost
+        self._pending: Dict[int, Pending] = {}  # ranks asked for that have not joined yet
         self.tls_key: Optional[tls.ServerKey] = None
         self.plan: Optional[Plan] = None
         self._pids: Dict[int, int] = {}  # pid -> rank, as the ranks said in their HELLO (not ours to signal)
-        self._step_env: Dict[str, str] = {}
 
     def start(self, timeout: float = 0) -> str:
-        return "slurm (srun job steps)"
+        return "slurm (a template a node, in srun job steps)"
 
     # ------------------------------------------------------------ the allocation
     def acquire(self, plan: Plan, progress: Progress) -> Optional[str]:
@@ -117,35 +129,62 @@ class SlurmLauncher(Launcher):
 
     # ------------------------------------------------------------ steps
     def launch(self, plan: Plan, base_env: Dict[str, str], control_addr: str, control_port: int, store_path: Optional[str] = None) -> Optional[str]:
-        """One step, every rank a task of it. ``store_path`` is unused: ranks on several hosts meet at rank 0's TCP store."""
+        """Every rank, forked by its node's template: the templates running already (a new -n in the same allocation)
+        where their imports still fit, else one new step of them. ``store_path`` is unused: ranks on several hosts meet
+        at rank 0's TCP store."""
         assert self.alloc is not None and self.alloc.job_id is not None and plan.slurm is not None
-        self._end_steps()
         self.plan = plan
-        common = {k: v for k, v in plan.rank_env(0).items() if k not in PER_RANK}
-        env = dict(base_env, **common)
-        env[slurm_env.SECRET_ENV] = self.secret.hex()
-        env[slurm_env.CONNECT_ENV] = f"{control_addr}:{control_port}"
-        if self.tls_key is not None:
-            env[slurm_env.TLS_ENV] = self.tls_key.fingerprint
-        self._step_env = env
-        self._srun(plan.slurm.srun_argv(self.alloc.job_id, [self.python, *WORKER]), env, list(range(plan.world_size)))
+        nodes = self.alloc.nodes[: plan.slurm.nodes]
+        if not self._templates_fit(nodes, base_env):
+            self._end_steps()
+            env = dict(base_env, **{slurm_env.SECRET_ENV: self.secret.hex(), slurm_env.CONNECT_ENV: f"{control_addr}:{control_port}"})
+            if self.tls_key is not None:
+                env[slurm_env.TLS_ENV] = self.tls_key.fingerprint
+            self._start_step(nodes, env)
+        self._pids.clear()
+        for rank in range(plan.world_size):
+            self._spawn(rank, base_env, control_addr, control_port)
         return None
 
-    def _srun(self, argv: List[str], env: Dict[str, str], ranks: List[int]) -> None:
-        proc = subprocess.Popen(pdeathsig_prefix() + argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env,
-                                start_new_session=True, close_fds=True)
-        self.steps[proc] = ranks
+    def _templates_fit(self, nodes: List[str], base_env: Dict[str, str]) -> bool:
+        """Whether the running templates serve ``nodes`` and imported what ``base_env`` would import (forkserver's rule)."""
+        steps = [self._step_for(n) for n in nodes]
+        return all(s is not None and import_env(s.env) == import_env(base_env) for s in steps)
+
+    def _start_step(self, nodes: List[str], env: Dict[str, str]) -> TemplateStep:
+        assert self.alloc is not None and self.alloc.job_id is not None and self.plan is not None and self.plan.slurm is not None
+        argv = self.plan.slurm.srun_argv(self.alloc.job_id, [self.python, *TEMPLATE], node=nodes[0] if len(nodes) == 1 else None)
+        step = TemplateStep(argv, env, bytes.fromhex(env[slurm_env.SECRET_ENV]), nodes, self.log)
+        self.steps.append(step)
+        return step
+
+    def _step_for(self, node: str) -> Optional[TemplateStep]:
+        """The newest step whose template on ``node`` is still there."""
+        return next((s for s in reversed(self.steps) if s.serves(node)), None)
+
+    def _spawn(self, rank: int, env: Dict[str, str], control_addr: str, control_port: int) -> None:
+        """Ask ``rank``'s node's template to fork it; a node whose template is gone gets a new one (a one-task step)."""
+        assert self.alloc is not None and self.plan is not None and self.plan.slurm is not None
+        per_node, world = self.plan.slurm.ntasks_per_node, self.plan.world_size
+        local, node_rank = rank % per_node, rank // per_node
+        node = self.alloc.nodes[node_rank]
+        wanted = dict(env, **self.plan.rank_env(local, node_rank), **slurm_env.task_vars(rank, local, node_rank, world, per_node))
+        wanted.pop(slurm_env.SECRET_ENV, None)
+        step = self._step_for(node)
+        if step is None:
+            first = self.steps[0].env if self.steps else wanted
+            step = self._start_step([node], dict(first, **{slurm_env.SECRET_ENV: self.secret.hex()}))
+        env_set, env_unset = env_changes(step.env, wanted)
+        config = {"env_set": env_set, "env_unset": env_unset, "kernel_addr": control_addr.strip("[]"), "kernel_port": int(control_port),
+                  "tls": self.tls_key.fingerprint if self.tls_key is not None else None}
+        self._pending[rank] = Pending(node, step, (env, control_addr, control_port))
+        step.spawn(rank, node, config, self.secret)
 
     def spawn(self, rank: int, config: dict) -> None:
-        """Start one rank again, alone: a one-task step on the node it ran on, told its place (recovery.py)."""
-        assert self.alloc is not None and self.alloc.job_id is not None and self.plan is not None and self.plan.slurm is not None
-        per_node = self.plan.slurm.ntasks_per_node
-        node = rank // per_node
-        env = dict(self._step_env, **{k: v for k, v in config["env"].items() if k not in PER_RANK})
-        env.update({"DDP_MAGIC_RANK": str(rank), "DDP_MAGIC_LOCAL_RANK": str(rank % per_node), "DDP_MAGIC_NODE_RANK": str(node)})
-        env[slurm_env.CONNECT_ENV] = f"{config['kernel_addr']}:{config['kernel_port']}"
+        """Start one rank again, alone: its node's template forks it (recovery.py); a new template only if that one is gone."""
+        assert self.plan is not None
         self._pids = {pid: r for pid, r in self._pids.items() if r != rank}  # its new process has not joined yet
-        self._srun(self.plan.slurm.srun_argv(self.alloc.job_id, [self.python, *WORKER], node=self.alloc.nodes[node]), env, [rank])
+        self._spawn(rank, config["env"], config["kernel_addr"], config["kernel_port"])
 
     def node_of(self, rank: int) -> str:
         """The Slurm node a rank runs on (the block distribution the step asks for)."""
@@ -155,27 +194,45 @@ class SlurmLauncher(Launcher):
 
     def adopt(self, pid: int, rank: int, host: str) -> None:
         self._pids[pid] = rank
+        self._pending.pop(rank, None)
 
     def live_pids(self) -> Dict[int, int]:
-        """None to signal: the tasks are slurmstepd's children, perhaps on other hosts; they end by message or with the step."""
+        """None to signal: the ranks are the templates' children, perhaps on other hosts; they end by message or with the step."""
         return {}
 
     def owns(self, pid: int) -> bool:
         return False
 
     def poll(self, timeout: float = 0.0) -> List[Exit]:
-        """Reap srun clients whose step ended. A joined rank's exit is its lost connection (no exit code reaches us); a step
-        that ended before its ranks joined (srun refused it, a task failed to start) is every such rank's exit, with srun's code."""
+        """Ranks that ended before they joined: a fork that failed, or its template gone (srun's words in the log). A
+        joined rank's exit is its lost connection (remote_ranks); ours to report are only those the kernel cannot see."""
         if timeout:
             time.sleep(min(timeout, 0.05))
-        out: List[Exit] = []
-        for proc, ranks in list(self.steps.items()):
-            code = proc.poll()
-            if code is None:
+        out: List[Exit] = [e for step in list(self.steps) for e in self._exits_before_joining(step)]
+        for rank, waiting in list(self._pending.items()):
+            if waiting.step.serves(waiting.node):
                 continue
-            del self.steps[proc]
-            joined = set(self._pids.values())
-            out += [(r, 0, code or 1) for r in ranks if r not in joined]
+            del self._pending[rank]
+            if waiting.pid is None and not waiting.retried:  # asked of a template that was already gone: a new one forks it
+                self._spawn(rank, *waiting.args)
+                self._pending[rank].retried = True
+            else:  # its template ended (or never started): srun's words are in the log
+                out.append((rank, waiting.pid or 0, 1))
+        return out
+
+    def _exits_before_joining(self, step: TemplateStep) -> List[Exit]:
+        """What ``step``'s templates said of the ranks still pending: their pids, and the exits of those that never joined."""
+        out: List[Exit] = []
+        for ev in step.take_events():
+            rank, pid = ev.get("rank"), int(ev.get("pid") or 0)
+            waiting = self._pending.get(rank) if isinstance(rank, int) else None
+            if not isinstance(rank, int) or waiting is None or waiting.step is not step:
+                continue
+            if ev.get("event") == "spawned":
+                waiting.pid = pid
+            elif ev.get("event") == "exited" and waiting.pid == pid:
+                del self._pending[rank]
+                out.append((rank, pid, int(ev.get("code") or 1)))
         return out
 
     def alive(self) -> bool:
@@ -192,20 +249,15 @@ class SlurmLauncher(Launcher):
         return self.alloc.describe().replace(f"job {self.alloc.job_id} ", f"job {self.alloc.job_id} ({info.state}) ", 1)
 
     def _end_steps(self) -> None:
-        """SIGTERM to each srun still running (it cancels its step: every task ends), then make sure."""
-        steps, self.steps = list(self.steps), {}
-        for proc in steps:
-            if proc.poll() is None:
-                _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + STEP_END_WAIT_S
-        for proc in steps:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.debug("srun %s did not end on SIGTERM; killing it", proc.pid, exc_info=True)
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
+        """End every step of templates (srun cancels it: every rank ends), then make sure."""
+        steps, self.steps = self.steps, []
+        for step in steps:
+            step.end()
+        deadline = time.monotonic() + END_WAIT_S
+        for step in steps:
+            step.wait_end(deadline)
         self._pids.clear()
+        self._pending.clear()
 
     def _release(self) -> None:
         self._end_steps()
@@ -217,14 +269,6 @@ class SlurmLauncher(Launcher):
     def close(self) -> None:
         """End our steps, and release the allocation if it is ours (one the kernel found stays)."""
         self._release()
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        log.debug("srun %s: already gone", proc.pid, exc_info=True)
-
 
 
 def port_free(addr: str, port: int) -> bool:

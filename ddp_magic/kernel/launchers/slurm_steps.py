@@ -1,0 +1,156 @@
+"""One srun step of node templates, as the kernel sees it: the srun client, what its templates say, which nodes it still serves.
+
+The step runs one task a node, that node's template (procs/slurm_template.py). The kernel
+writes spawn commands to srun's stdin, which srun gives every task; a thread reads srun's
+output: the templates' events (one JSON line each: ready, spawned, exited), srun's own
+"srun: error: n2: task 1: Killed" when a template ends, and anything else (the launcher's
+log). A node whose template ended is no longer served: its next rank needs a new step there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from typing import IO, Dict, List, Optional, Tuple
+
+from ...logs import log
+from ...wire import slurm_env
+from .slurm_alloc import pdeathsig_prefix
+
+END_WAIT_S = 5.0  # an srun asked to end (SIGTERM) cancels its step within moments
+_TASK_ENDED = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): ")  # a task (a template) ended abnormally
+Event = Tuple[str, dict]  # (node, event)
+
+
+class TemplateStep:
+    """An srun client whose tasks are the templates of ``nodes``; spawn commands go to its stdin."""
+
+    def __init__(self, argv: List[str], env: Dict[str, str], secret: bytes, nodes: List[str], log_file: IO[bytes]) -> None:
+        self.nodes = list(nodes)
+        self.secret = secret  # the one in the step's env: a later pool's is sealed with it
+        self.env = {k: v for k, v in env.items() if k != slurm_env.SECRET_ENV}  # what the templates' env is (less Slurm's)
+        self.lost: Dict[str, str] = {}  # node -> how its template ended
+        self.ready: Dict[str, str] = {}  # node -> the template's import line
+        self.events: List[dict] = []  # spawned / exited, for the launcher's poll
+        self._lock = threading.Lock()
+        self._log = log_file
+        self._nonce = 0
+        self.proc = subprocess.Popen(pdeathsig_prefix() + argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True, close_fds=True)
+        self._reader = threading.Thread(target=self._read, name="ddp-slurm-step", daemon=True)
+        self._reader.start()
+
+    # ------------------------------------------------------------ what the templates say
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            event = _event(line)
+            if event is not None:
+                self._on_event(event)
+                continue
+            ended = _TASK_ENDED.match(line)
+            if ended:
+                with self._lock:
+                    self.lost.setdefault(ended.group(1), line)
+            self._to_log(raw)
+        self.proc.wait()
+        with self._lock:  # srun is gone: so is every template it ran
+            for node in self.nodes:
+                self.lost.setdefault(node, f"srun ended (code {self.proc.returncode})")
+
+    def _on_event(self, event: dict) -> None:
+        with self._lock:
+            if event.get("event") == "ready":
+                self.ready[str(event.get("node"))] = str(event.get("info", ""))
+            elif event.get("event") == "error":
+                self.lost.setdefault(str(event.get("node")), f"the template could not start: {event.get('message')}")
+                self._to_log((str(event.get("traceback", "")) + "\n").encode())
+            else:
+                self.events.append(event)
+
+    def _to_log(self, data: bytes) -> None:
+        """Append to the launcher's log without moving its file position (the kernel reads it meanwhile: log_text)."""
+        try:
+            fd = self._log.fileno()
+            os.pwrite(fd, data, os.fstat(fd).st_size)
+        except (OSError, ValueError):
+            log.debug("the launcher's log is closed", exc_info=True)
+
+    def take_events(self) -> List[dict]:
+        with self._lock:
+            out, self.events = self.events, []
+            return out
+
+    def serves(self, node: str) -> bool:
+        """Whether this step's template on ``node`` is (as far as srun has said) still there."""
+        with self._lock:
+            return node in self.nodes and node not in self.lost and self.proc.poll() is None
+
+    def lost_nodes(self) -> Dict[str, str]:
+        with self._lock:
+            return dict(self.lost)
+
+    # ------------------------------------------------------------ commands
+    def spawn(self, rank: int, node: str, config: dict, secret: bytes) -> None:
+        """One rank on ``node``: its env as changes to the template's, the pool's secret sealed when it is not the step's."""
+        cmd = {"op": "spawn", "rank": rank, "node": node, "config": config}
+        if secret != self.secret:
+            self._nonce += 1
+            nonce = os.urandom(8) + self._nonce.to_bytes(8, "big")
+            cmd.update(sealed=slurm_env.seal(self.secret, secret, nonce), nonce=nonce.hex())
+        self._write(cmd)
+
+    def _write(self, cmd: dict) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError):  # srun is gone: the rank never joins, and poll says so
+            log.debug("srun %s no longer reads commands", self.proc.pid, exc_info=True)
+
+    def end(self) -> None:
+        """Ask srun to end (stdin closed, then SIGTERM: it cancels the step, every template and rank ends)."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            log.debug("the step's stdin was closed already", exc_info=True)
+        if self.proc.poll() is None:
+            signal_group(self.proc, signal.SIGTERM)
+
+    def wait_end(self, deadline: float) -> None:
+        try:
+            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.debug("srun %s did not end on SIGTERM; killing it", self.proc.pid, exc_info=True)
+            signal_group(self.proc, signal.SIGKILL)
+            self.proc.wait()
+        self._reader.join(timeout=2)
+
+
+def _event(line: str) -> Optional[dict]:
+    """A template's event line (a JSON object with "event"), else None."""
+    if not line.startswith('{"event"'):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def env_changes(base: Dict[str, str], wanted: Dict[str, str]) -> Tuple[Dict[str, str], List[str]]:
+    """What turns ``base`` (a template's env) into ``wanted`` (a rank's): names to set, names to remove."""
+    return {k: v for k, v in wanted.items() if base.get(k) != v}, sorted(k for k in base if k not in wanted)
+
+
+def signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        log.debug("srun %s: already gone", proc.pid, exc_info=True)

@@ -1,0 +1,121 @@
+"""What works on one machine works on Slurm ranks: input(), breakpoint() and %ddp_debug, --profile, --mesh, FSDP2 results,
+and the last words of a rank that exits at once, on the local two-node Slurm (n1, n2), the control channel through TLS.
+
+The local counterparts: tests/kernel/test_debugging.py, test_profile.py, test_sharded.py. One kernel, one allocation
+(a new -n or --mesh inside it is a new pool forked from the same node templates). Every cell runs twice.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import slurm_fixtures
+from slurm_fixtures import our_jobs, wait_no_jobs
+from slurm_helpers import Kernel
+
+pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.slurm]
+slurm_cluster = slurm_fixtures.slurm_cluster  # the fixtures, by name in this module
+
+START = "%%ddp --slurm --nodes 2 --ntasks-per-node 2\nimport os, torch, torch.distributed as dist\n"
+NODES = ["n1", "n1", "n2", "n2"]
+
+
+@pytest.fixture(scope="module")
+def fk(slurm_cluster):
+    """The module's kernel (TLS forced) with a pool of 2 nodes × 2 ranks; the allocation ends with the module."""
+    slurm_fixtures.cancel_our_jobs()
+    k = Kernel(extra_env={"DDP_MAGIC_FORCE_TLS": "1"})
+    k.run("%load_ext ddp_magic\nimport torch, ddp_magic").ok()
+    k.run(START, timeout=180).ok()
+    yield k
+    k.run("%ddp stop", timeout=60)
+    k.shutdown()
+    assert wait_no_jobs(10) == [], "%ddp stop released the allocation"
+
+
+def script(*replies: str):
+    left = list(replies)
+    return lambda prompt, password: left.pop(0)
+
+
+def test_input_on_a_rank_of_n2_asks_the_notebook(fk):
+    for _attempt in range(2):
+        ex = fk.run("%%ddp\nname = input('name? ') if dist.get_rank() == 3 else os.environ['SLURMD_NODENAME']\nname",
+                    answer=script("Ada"), timeout=60).ok()
+        assert len(ex.prompts) == 1 and re.fullmatch(r"\[rank 3( n2)?\] name\? ", ex.prompts[0][0]), ex.prompts
+        assert fk.value("list(_)") == ["n1", "n1", "n2", "Ada"]
+
+
+def test_breakpoint_on_a_rank_of_n2_steps_and_continues(fk):
+    sent = []
+
+    def answer(prompt: str, password: bool) -> str:
+        assert re.fullmatch(r"\[rank 2( n2)?\] \(Pdb\) ", prompt), prompt
+        sent.append(["p x", "n", "p y", "c"][len(sent)])
+        return sent[-1]
+
+    cell = "%%ddp\nx = 40 + dist.get_rank()\nif dist.get_rank() == 2:\n    breakpoint()\ny = x + 1\nt = torch.ones(1)\ndist.all_reduce(t)\n(y, t.item())"
+    for _attempt in range(2):
+        sent.clear()
+        ex = fk.run(cell, answer=answer, timeout=120).ok()
+        assert sent == ["p x", "n", "p y", "c"]
+        assert re.search(r"\[rank 2 n2\] 42\b", ex.stdout) and re.search(r"\[rank 2 n2\] 43\b", ex.stdout), ex.stdout
+        assert fk.value("[tuple(v) for v in _]") == [(41 + r, 4.0) for r in range(4)]
+
+
+def test_ddp_debug_after_a_failure_on_n2(fk):
+    cell = ("%%ddp\ndef step():\n    width = 3 + dist.get_rank()\n    if dist.get_rank() == 3:\n        raise ValueError(f'width {width}')\n"
+            "    return width\nstep()")
+    for _attempt in range(2):
+        ex = fk.run(cell, timeout=60)
+        assert ex.error is not None and "width 6" in str(ex.error)
+        ex = fk.run("%ddp_debug 3", answer=script("p width", "q"), timeout=60).ok()
+        assert re.fullmatch(r"\[rank 3( n2)?\] \(Pdb\) ", ex.prompts[0][0]), ex.prompts
+        assert re.search(r"\[rank 3( n2)?\] 6\b", ex.stdout) and "post-mortem of rank 3" in ex.stdout, ex.stdout
+
+
+def test_profile_is_one_trace_with_lanes_per_node_and_rank(fk, tmp_path):
+    cell = "import ddp_magic, time\nx = torch.ones(1000)\nfor i in range(4):\n    dist.all_reduce(x)\n    ddp_magic.log(step=i, x=float(x[0]))\n"
+    for attempt in range(2):
+        path = tmp_path / f"trace{attempt}.json"
+        ex = fk.run(f"%%ddp --profile {path}\n{cell}", timeout=180).ok()
+        assert "https://ui.perfetto.dev" in ex.stdout
+        events = json.loads(path.read_text())["traceEvents"]
+        lanes = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+        for rank, node in enumerate(NODES):
+            assert lanes.get(rank * 100) == f"rank {rank} {node}", lanes
+            mine = [e for e in events if e.get("ph") == "X" and rank * 100 <= e["pid"] < rank * 100 + 100]
+            assert any(e["name"].startswith("gloo:all_reduce") or e["name"] == "c10d::allreduce_" for e in mine), f"rank {rank}: no collective"
+            steps = [e["name"] for e in events if e.get("cat") == "ddp_magic" and e["pid"] == rank * 100]
+            assert steps == [f"step {i}" for i in range(4)]
+
+
+def test_a_rank_that_exits_at_once_keeps_its_last_words(fk):
+    for _attempt in range(2):
+        ex = fk.run("%%ddp\nimport sys\nif dist.get_rank() == 3:\n    print('last words', flush=True)\n"
+                    "    sys.stderr.write('and an error\\n'); sys.stderr.flush()\n    os._exit(3)\n1", timeout=120)
+        assert ex.error is not None
+        assert "[rank 3 n2] last words" in ex.stdout + ex.stderr and "and an error" in ex.stderr, (ex.stdout, ex.stderr)
+        fk.run("%%ddp\nimport os, torch, torch.distributed as dist\nx = torch.ones(1)\ndist.all_reduce(x)\nx.item()", timeout=120).ok()
+        assert fk.value("list(_)") == [4.0] * 4, "the rank came back (forked by n2's template) and the group is whole"
+
+
+def test_mesh_and_fsdp2_results_across_the_nodes(fk):
+    setup = ("%%ddp --slurm --nodes 2 --ntasks-per-node 2 --mesh dp=2,tp=2\nimport os, torch, torch.nn as nn, torch.distributed as dist\n"
+             "from torch.distributed.fsdp import fully_shard\nfrom torch.distributed.tensor import Shard, distribute_tensor\n"
+             "torch.manual_seed(0)\nmodel = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))\n"
+             "for layer in (model[0], model[2]):\n    fully_shard(layer, mesh=mesh['dp'])\nfully_shard(model, mesh=mesh['dp'])\n")
+    ex = fk.run(setup, timeout=240).ok()
+    assert "in the same Slurm allocation: no new queue wait" in ex.stdout and len(our_jobs()) == 1
+    for _attempt in range(2):
+        fk.run("%%ddp --out names\n(mesh.mesh_dim_names, tuple(mesh.mesh.shape), os.environ['SLURMD_NODENAME'])").ok()
+        assert fk.value("[tuple(v) for v in names]") == [(("dp", "tp"), (2, 2), node) for node in NODES]
+        ex = fk.run("%%ddp --out g\ndistribute_tensor(torch.arange(48.).reshape(6, 8), mesh, [Shard(0), Shard(1)])").ok()
+        assert ex.result.splitlines()[0] == "ShardedResult (6, 8) float32 — Shard(0), Shard(1) on mesh dp=2 × tp=2 (cpu)"
+        assert fk.value("torch.equal(g.full(), torch.arange(48.).reshape(6, 8))") is True
+        ex = fk.run("%%ddp --out w\nmodel[0].weight").ok()
+        assert ex.result.startswith("ShardedResult (7, 5) float32 — Shard(0) on mesh")
+        fk.run("%%ddp --out ft\nmodel[0].weight.full_tensor()").ok()
+        assert fk.value("torch.equal(w.full(), ft[0]), all(torch.equal(ft[0], t) for t in ft)") == (True, True)
