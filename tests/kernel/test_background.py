@@ -225,6 +225,9 @@ def test_a_peek_may_not_enter_a_collective_and_its_error_costs_only_the_peek(k2,
         assert wait_until(lambda: peek_step(k2) == [50, 50], 60, 0.2)
         refused = k2.run("%%ddp --peek\ndist.all_reduce(torch.ones(1))", timeout=60)
         assert refused.error is not None and "a peek may not call torch.distributed.all_reduce" in refused.error[1], refused.error
+        for below, op in (("dist.group.WORLD.allreduce(torch.ones(1)).wait()", "torch.ops.c10d.allreduce_"), ("model(x)", "DistributedDataParallel.forward")):
+            refused = k2.run(f"%%ddp --peek\n{below}", timeout=60)  # the routes below torch.distributed's functions
+            assert refused.error is not None and f"a peek may not call {op}" in refused.error[1], refused.error
         raised = k2.run("%%ddp --peek --ranks 1\nprint('about to fail')\n1 / 0", timeout=60)
         assert raised.error is not None and raised.error[1].startswith("rank 1 raised ZeroDivisionError"), raised.error
         assert "[rank 1] about to fail" in raised.stdout and "rank 0" not in raised.error[1].split("\n")[0]
