@@ -5,12 +5,13 @@
 
 1. Training steps/s of one DDP loop (MLP 256→512→256, batch 64, SGD, one ``ddp_magic.log`` per step) at n ranks, in
    **short paired runs on one warm pool**: each pair is a foreground %%ddp run and, right before or after it (the
-   order alternates pair by pair), one run of another condition: a --bg cell while the notebook waits in
-   ``job.wait()``; a --bg cell while the notebook plots ``job.metrics`` every 2 s; a --bg cell peeked at
+   order alternates pair by pair), one run of another condition: a --bg cell while the notebook plots
+   ``job.metrics`` every 2 s; a --bg cell peeked at
    (``%%ddp --peek step``) once a second; and the same loop on **warm** ``torchrun --standalone`` workers started
    once, at the start, that run one timed loop each time the bench drops a file (so torchrun pays no start-up
    in a pair either). Each run times its own steps (perf_counter around the loop, after a warm-up and a barrier)
-   and returns rank 0's rate; the pair's ratio is the condition's rate ÷ its foreground partner's, so the load of a
+   and returns rank 0's rate and its CPU time per step (``time.process_time``: every thread of the rank, so a
+   peek's own work counts; another process's load does not); the pair's ratio is the condition's rate ÷ its foreground partner's, so the load of a
    shared machine, which drifts over seconds to minutes, cancels within a pair. Rounds (one pair per condition, the
    conditions' order rotating) go on until every condition is decided against the goal (the distribution-free 95%
    confidence interval of the median ratio, from the binomial order statistics, lies wholly above or wholly below
@@ -20,6 +21,8 @@
    in the foreground and in the background with the notebook idle, and for an idle kernel with a pool.
 3. The round trip (execute request → idle, seen from the client) at n=4 of a plain cell ``1``, a warm ``%%ddp`` cell
    ``1``, a ``%%ddp --peek`` of ``1``, and the same peek while a background job runs.
+4. What a peek costs the ranks: each rank's CPU (/proc utime + stime) over 100 peeks, minus its CPU over as long idle
+   right after, per peek, for a peek of ``step`` and of a 256×256 weight's norm (``--only-peek-cost``: this alone).
 
 Prints Markdown and writes bench/results/background.{md,json}; docs/bench/background.md keeps one run with what it
 means. Every kernel, pool and torchrun it starts is stopped.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -43,7 +47,7 @@ from processes import child_env, tail  # noqa: E402
 
 OUT = os.path.join(RESULTS_DIR, "background")
 GOAL = 0.97  # the issue's: a background cell's steps/s ≥ 0.97 × the foreground's
-PAIRED = ("bg, notebook waits", "bg, a plot every 2 s", "bg, a peek every 1 s", "torchrun")
+PAIRED = ("bg, a plot every 2 s", "bg, a peek every 1 s", "torchrun")  # each paired with a foreground run
 
 SETUP = """
 import os, time, torch, torch.distributed as dist, ddp_magic
@@ -63,11 +67,11 @@ LOOP = """
 for _ in range({warmup}):
     one()
 dist.barrier()
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 for step in range({steps}):
     loss = one()
     ddp_magic.log(step=step, loss=loss.detach())
-rate = {steps} / (time.perf_counter() - t0)
+rate = ({steps} / (time.perf_counter() - t0), 1000 * (time.process_time() - c0) / {steps})
 """
 WARM_TORCHRUN = """
 import sys
@@ -137,9 +141,10 @@ def verdict(xs: List[float]) -> str:
     return f"≥ {GOAL}" if ci[0] >= GOAL else f"< {GOAL}" if ci[1] < GOAL else "undecided"
 
 
-def rank0(text: str) -> float:
-    """Rank 0's value in a RankResults' text."""
-    return float(text.split("[0]", 1)[1].split()[0])
+def rank0(text: str) -> Tuple[float, dict]:
+    """Rank 0's (steps/s, CPU ms per step) in a RankResults' text: the rate, with the CPU time as the sample's info."""
+    rate, cpu = re.findall(r"[\d.]+", text.split("[0]", 1)[1].split(")", 1)[0])[:2]
+    return float(rate), {"cpu_ms": float(cpu)}
 
 
 # ====================================================================== 1. training
@@ -176,7 +181,7 @@ class WarmTorchrun:
         self.i += 1
         self._wait(rate, 600)
         with open(rate) as f:
-            return float(f.read())
+            return rank0("[0] " + f.read())
 
     def stop(self) -> None:
         open(os.path.join(self.ctl, "quit"), "w").close()
@@ -203,7 +208,8 @@ def bg_run(k: KernelSession, loop: str, every: Optional[float], cell: str = "") 
             if ex["error"] and "NameError" not in ex["error"]:  # a peek before the loop began has no `step` yet
                 raise RuntimeError(ex["error"])
             done += 1
-    return rank0(k.ok("job.result()")["value"]), {"actions": done}
+    rate, info = rank0(k.ok("job.result()")["value"])
+    return rate, dict(info, actions=done)
 
 
 def training(k: KernelSession, n: int, a: argparse.Namespace, store: Store, tmp: str) -> None:
@@ -213,7 +219,6 @@ def training(k: KernelSession, n: int, a: argparse.Namespace, store: Store, tmp:
     warm = WarmTorchrun(n, tmp)
     how: Dict[str, Callable[[], object]] = {
         "foreground": lambda: rank0(k.ok("%%ddp\n" + loop + "rate", timeout=600)["value"]),
-        "bg, notebook waits": lambda: bg_run(k, loop, None),
         "bg, a plot every 2 s": lambda: bg_run(k, loop, 2.0, PLOT),
         "bg, a peek every 1 s": lambda: bg_run(k, loop, 1.0, "%%ddp --peek\nstep"),
         "torchrun": lambda: warm.run(a.steps),
@@ -229,6 +234,8 @@ def training(k: KernelSession, n: int, a: argparse.Namespace, store: Store, tmp:
                 fg, other = got["foreground"], got[cond]
                 if fg and other is not None:
                     store.get(f"ratio.{cond}").values.append(other / fg)
+                    cpu = {c: store.get(f"train.{c}").info[-1]["cpu_ms"] for c in order}
+                    store.get(f"cpu.{cond}").values.append(cpu[cond] / cpu["foreground"])
             r += 1
             store.get("load").values.append(os.getloadavg()[0])
             if r >= a.min_pairs and all(verdict(store.get(f"ratio.{c}").values) != "undecided" for c in PAIRED):
@@ -301,12 +308,42 @@ def peek_round_trips(k: KernelSession, repeats: int, store: Store) -> None:
             k.ok(code)
     for _ in range(repeats):
         for name, code in cells.items():
-            store.measure_quiet(f"peek.{name}", lambda code=code: k.ok(code)["elapsed"])
+            store.measure(f"peek.{name}", lambda code=code: k.ok(code)["elapsed"], quiet=True)
     k.ok("%%ddp --bg --out job\n" + WAITING.format(n=100000))
     for _ in range(repeats):
-        store.measure_quiet("peek.%%ddp --peek `1` while a bg job runs", lambda: k.ok("%%ddp --peek\n1")["elapsed"])
+        store.measure("peek.%%ddp --peek `1` while a bg job runs", lambda: k.ok("%%ddp --peek\n1")["elapsed"], quiet=True)
     k.ok("job.cancel()")
     k.ok("job.wait(60)")
+
+
+# ====================================================================== 4. what a peek costs the ranks
+PEEK_SOURCES = {"`step`": "step", "`float(model.weight.norm())`, 256×256": "float(model.weight.norm())"}
+
+
+def rank_cpu(pid: int) -> float:
+    """CPU seconds (utime + stime, every thread) of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peek_cost(k: KernelSession, repeats: int, store: Store, peeks: int = 100) -> None:
+    """Each rank's CPU per peek: its CPU over ``peeks`` peeks minus its CPU over as long idle right after (n = 2)."""
+    k.ok("%%ddp -n 2 --restart\nimport os, torch\nstep = 1\nmodel = torch.nn.Linear(256, 256)\nos.getpid()", timeout=300)
+    pids = [int(x) for x in re.findall(r"\[\d\] (\d+)", k.ok("%%ddp --no-widget\nos.getpid()")["value"])]
+    for name, src in PEEK_SOURCES.items():
+        for _ in range(5):  # warm: the peek thread starts, its imports load
+            k.ok("%%ddp --peek\n" + src)
+        for _ in range(repeats):
+            c0, t0 = [rank_cpu(p) for p in pids], time.perf_counter()
+            for _ in range(peeks):
+                k.ok("%%ddp --peek\n" + src)
+            busy = time.perf_counter() - t0
+            c1 = [rank_cpu(p) for p in pids]
+            time.sleep(busy)
+            c2 = [rank_cpu(p) for p in pids]
+            for a, b, c in zip(c0, c1, c2):
+                store.get(f"peekcpu.{name}").values.append(1000 * ((b - a) - (c - b)) / peeks)
 
 
 # ====================================================================== report
@@ -335,6 +372,15 @@ def report(store: Store, n: int, steps: int, load: Tuple[str, str]) -> str:
         mm = f"{min(xs):.3f}–{max(xs):.3f}" if xs else "—"
         lines.append(f"| {cond} | {med(v('train.' + cond))} | {len(xs)} | {ratio} | {ci} | {iqr(xs)} | {mm} | {verdict(xs)}"
                      f"{' (' + '; '.join(errors) + ')' if errors else ''} |")
+    lines += ["", "## Rank 0's CPU time per step (process_time: every thread of the rank, the peek thread's too), ÷ its foreground partner's", "",
+              "| condition | CPU ms per step, every run | pairs | ÷ foreground partner: median | 95% CI of the median | IQR |", "|---|---|---|---|---|---|",
+              f"| foreground | {med([i['cpu_ms'] for i in fg.info])} | — | 1 | — | — |"]
+    for cond in PAIRED:
+        xs = v(f"cpu.{cond}")
+        interval = median_ci(xs)
+        ci = f"{interval[0]:.3f}–{interval[1]:.3f}" if interval is not None else "—"
+        lines.append(f"| {cond} | {med([i['cpu_ms'] for i in store.get('train.' + cond).info])} | {len(xs)} | "
+                     f"{statistics.median(xs):.3f} | {ci} | {iqr(xs)} |" if xs else f"| {cond} | — | 0 | — | — | — |")
     lines += ["", "## The kernel's own cost while the cell waits 50 ms per step (5 s windows)", "",
               "| | kernel CPU % | wake-ups/s |", "|---|---|---|"]
     for key, tag in (("idle kernel with a pool", "idle"), ("foreground cell", "fg"), ("background cell, notebook idle", "bg")):
@@ -343,6 +389,11 @@ def report(store: Store, n: int, steps: int, load: Tuple[str, str]) -> str:
     for key in ("plain cell `1`", "warm %%ddp cell `1`", "%%ddp --peek `1`", "%%ddp --peek `1` while a bg job runs"):
         xs = [x * 1000 for x in v("peek." + key)]
         lines.append(f"| {key} | {med(xs)} | {len(xs)} |")
+    lines += ["", "## A rank's CPU per peek (ms; n = 2, 100 peeks a sample minus as long idle; /proc ticks are 10 ms: ±0.1 ms)", "",
+              "| peek | ms of rank CPU per peek | samples (ranks × repeats) |", "|---|---|---|"]
+    for name in PEEK_SOURCES:
+        xs = v("peekcpu." + name)
+        lines.append(f"| {name} | {med(xs)} | {len(xs)} |")
     return "\n".join(lines)
 
 
@@ -356,6 +407,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=5, help="windows of the kernel-cost section (default 5)")
     p.add_argument("--peeks", type=int, default=30, help="round trips of each kind (default 30)")
     p.add_argument("--skip-cost", action="store_true", help="only the training section")
+    p.add_argument("--only-peek-cost", action="store_true", help="only section 4, a rank's CPU per peek")
     a = p.parse_args()
     os.makedirs(RESULTS_DIR, exist_ok=True)
     load0 = f"{os.getloadavg()[0]:.2f}"
@@ -363,14 +415,17 @@ def main() -> int:
     k = KernelSession()
     try:
         k.ok("%load_ext ddp_magic")
-        training(k, a.n, a, store, tmp)
-        if not a.skip_cost:
+        if not a.only_peek_cost:
+            training(k, a.n, a, store, tmp)
+        if not a.skip_cost and not a.only_peek_cost:
             kernel_cost(k, a.runs, store)
             peek_round_trips(k, a.peeks, store)
-    finally:
+        if not a.skip_cost:
+            peek_cost(k, 3, store)
+    finally:  # what was measured is written even when a later section failed
         k.shutdown()
-    md = report(store, a.n, a.steps, (load0, f"{os.getloadavg()[0]:.2f}"))
-    write_report(OUT, md, {k: s.to_dict() for k, s in store.series.items()})
+        md = report(store, a.n, a.steps, (load0, f"{os.getloadavg()[0]:.2f}"))
+        write_report(OUT, md, {key: s.to_dict() for key, s in store.series.items()})
     return 0
 
 

@@ -202,8 +202,8 @@ class Mailbox:
                 self.before()
                 self._post(Question(rank, msg.get("id"), str(msg.get("prompt", "")), bool(msg.get("password")), rank in desk.in_pdb))
             hub.debug_changed(rank)
-        with self._cond:
-            if self.in_pdb != desk.in_pdb:
+        if self.in_pdb != desk.in_pdb:  # the usual wake (nobody in pdb, nobody asking) takes no lock
+            with self._cond:
                 self.in_pdb = set(desk.in_pdb)
                 self._cond.notify_all()
 

@@ -131,7 +131,9 @@ def guard() -> ContextManager[Any]:
     """On a refused thread, for the duration of a with block: every c10d op the dispatcher runs raises CollectiveRefused.
 
     That is what a ProcessGroup's methods, ``torch.ops.c10d.*``, the functional collectives and
-    DDP's or FSDP's own collectives come down to. The mode is thread-local: other threads never see it."""
+    DDP's or FSDP's own collectives come down to. The mode is thread-local: other threads never see it. A few µs
+    a peek; but the first op under a dispatch mode imports ``torch._dynamo`` (about 1 s of CPU, once per rank,
+    unless DDP, FSDP or torch.compile imported it before: docs/bench/background.md)."""
     if "torch" not in sys.modules:
         return contextlib.nullcontext()
     if STATE.mode is None:
