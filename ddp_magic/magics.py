@@ -211,7 +211,8 @@ class DDPMagics(Magics):
         listener = MagicListener(printer, args.quiet, args.ranks, widget=not args.no_widget)
         request = _pool_request(args)
         spec = self.session.spec_for(**request) if request else None
-        stdin = debugging.kernel_ask(printer.flush) if not args.bg else debugging.no_stdin_in_background
+        mailbox = debugging.background_mailbox(printer.flush, listener.on_notice) if args.bg else None  # --bg: questions wait there
+        stdin = mailbox if mailbox is not None else debugging.kernel_ask(printer.flush)
         options = CellOptions(
             spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), stdin=stdin,
             profile=args.profile, scatter=args.scatter, ticket=ticket, queue=not args.no_queue, number=number, first_line=first_line,
@@ -221,7 +222,7 @@ class DDPMagics(Magics):
         self.session.precheck(cell, options)  # what can fail at once fails here, not in the background
         as_shell = types.SimpleNamespace(call_pdb=False)  # a background cell never stops in pdb
         job = Job(ticket, lambda j: self._cell_value(args, cell, printer, listener, dataclasses.replace(options, cancel=j.cancel_event), as_shell),
-                  live=lambda: listener.metrics.data)
+                  live=lambda: listener.metrics.data, mailbox=mailbox)
         job.outputs = functools.partial(self.session.output, cell=str(number) if isinstance(number, int) else None)  # job.output(N)
         self.session.history.begin_late(ticket)  # %ddp_export: its run goes to this cell's record, whenever it ends
         self.jobs = [j for j in self.jobs if not j.done()] + [job]
@@ -311,6 +312,9 @@ class DDPMagics(Magics):
         self._post_mortem(line)
 
     def _post_mortem(self, line: str, quiet: bool = False) -> None:
+        asking = jobs.asking(self.jobs) if not quiet else None  # a background rank waits for a line: answer it here
+        if asking is not None:
+            return debugging.attach(asking, line, debugging.kernel_ask())
         self.session.turns.check_idle("%ddp_debug runs on the ranks between cells")
         printer = RankPrinter()
         try:

@@ -7,11 +7,20 @@ stdin, the rank gets EOF with the reason at once. Which ranks are in the
 debugger or wait for input is also kept here: the status view shows it, the
 failure policy's clocks pause for it, and every rank hears it (HOLD) so its
 collective watchdog pauses too.
+
+A background cell (``%%ddp --bg``) has no cell waiting on the kernel's stdin, and its
+job's thread must not block (it pumps the hub: output, metrics, peeks, cancel). Its
+``Ask`` is a ``Mailbox``: the job's thread posts each question there and goes on; the
+notebook answers it from whichever cell runs (``job.answer``, ``%ddp_debug``, on the
+main thread, whose input box belongs to that cell), and the job's thread sends the
+answer at its next wake.
 """
 from __future__ import annotations
 
+import threading
 import time
-from typing import Callable, Dict, Mapping, Optional, Protocol, Sequence, Set
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
 from ..states import RankState, Waiting
 from ..wire import protocol as P
@@ -110,8 +119,15 @@ SETTLE_S = 0.1  # a question sent at the same moment by a lower rank arrives fir
 
 
 def answer_all(hub: _Hub, ranks: Mapping[int, RankInfo], ask: Optional[Ask], cancelled: bool) -> None:
-    """Answer the ranks' questions, lowest rank first, one at a time; what a rank printed before asking shows first."""
+    """Answer the ranks' questions, lowest rank first, one at a time; what a rank printed before asking shows first.
+
+    A ``Mailbox`` (a background cell) is not asked and waited for: its questions are posted, its answers sent once given."""
     desk = hub.stdin
+    if isinstance(ask, Mailbox):
+        if not cancelled:
+            ask.sync(hub, ranks)
+            return
+        ask.close()  # an interrupted job's questions are answered EOF below, as a foreground cell's
     if desk.pending:
         hub.pump(lambda: False, time.monotonic() + SETTLE_S)
     while desk.pending:
@@ -122,3 +138,158 @@ def answer_all(hub: _Hub, ranks: Mapping[int, RankInfo], ask: Optional[Ask], can
             hub.drain_outs(rank, 0.2)
             hub.broadcast(desk.answer(rank, ask, cancelled), [rank])
         hub.debug_changed(rank)
+
+
+@dataclass(frozen=True)
+class Question:
+    """One rank's open question in a background cell."""
+
+    rank: int
+    id: Any  # the rank's request id (a reply names it)
+    prompt: str
+    password: bool
+    debugger: bool  # the rank sits in pdb: this is its (Pdb) prompt
+
+    def text(self) -> str:
+        """``rank 0 waits for input: 'lr? '`` (``waits in the debugger`` at a pdb prompt)."""
+        return f"rank {self.rank} {'waits in the debugger' if self.debugger else 'waits for input'}: {self.prompt!r}"
+
+
+class Mailbox:
+    """A background cell's questions and their answers; the job's thread posts and sends (``sync``), any thread answers.
+
+    ``before()`` runs on the job's thread before a question is shown (pending rank output first);
+    ``tell(question)`` says a new question when no cell is attached to answer it; ``reroute(where)``
+    runs on the job's thread when a cell attaches (``where``: what ``attach`` was given) or leaves (None):
+    the front end sends the job's output to that cell meanwhile."""
+
+    def __init__(self, before: Callable[[], None] = lambda: None, tell: Callable[[Question], None] = lambda q: None,
+                 reroute: Callable[[Any], None] = lambda where: None) -> None:
+        self._cond = threading.Condition()
+        self.asking: Dict[int, Question] = {}
+        self._answers: Dict[int, Tuple[Any, str, Optional[str]]] = {}  # rank -> (question id, text, eof)
+        self.in_pdb: Set[int] = set()
+        self.closed = False
+        self._attached: Any = None
+        self._routed: Any = None  # what the job's thread last rerouted to
+        self.before, self.tell, self.reroute = before, tell, reroute
+
+    def __call__(self, prompt: str, password: bool) -> str:
+        """An ``Ask`` in name only: answer_all posts a mailbox's questions instead of asking it."""
+        raise EOFError("a background cell's questions are answered through its job's mailbox (%ddp_debug, job.answer)")
+
+    # ------------------------------------------------------------ the job's thread (answer_all, each wake)
+    def sync(self, hub: _Hub, ranks: Mapping[int, RankInfo]) -> None:
+        """Post the ranks' new questions, send the answers given since, follow an attached cell."""
+        if self._attached is not self._routed:
+            self._routed = self._attached
+            self.reroute(self._routed)
+        desk = hub.stdin
+        for rank in sorted(desk.pending):
+            msg = desk.pending[rank]
+            if ranks[rank].state != RankState.RUNNING:
+                desk.forget(rank)
+                self._drop(rank)
+            elif self._has(rank, msg.get("id")):
+                reply = self._take(rank, msg.get("id"))
+                if reply is None:
+                    continue
+                desk.pending.pop(rank)
+                no_stdin = reply[1] is not None  # the answering cell's front end had no stdin: pdb continues, as in a foreground cell
+                hub.broadcast(P.message(P.INPUT, id=msg.get("id"), text=reply[0], eof=reply[1], no_stdin=no_stdin), [rank])
+            else:
+                hub.drain_outs(rank, 0.2)
+                self.before()
+                self._post(Question(rank, msg.get("id"), str(msg.get("prompt", "")), bool(msg.get("password")), rank in desk.in_pdb))
+            hub.debug_changed(rank)
+        if self.in_pdb != desk.in_pdb:  # the usual wake (nobody in pdb, nobody asking) takes no lock
+            with self._cond:
+                self.in_pdb = set(desk.in_pdb)
+                self._cond.notify_all()
+
+    def _has(self, rank: int, qid: Any) -> bool:
+        with self._cond:
+            q = self.asking.get(rank)
+            return q is not None and q.id == qid
+
+    def _take(self, rank: int, qid: Any) -> Optional[Tuple[str, Optional[str]]]:
+        with self._cond:
+            got = self._answers.get(rank)
+            if got is None or got[0] != qid:
+                return None
+            del self._answers[rank], self.asking[rank]
+            self._cond.notify_all()
+            return got[1], got[2]
+
+    def _post(self, question: Question) -> None:
+        with self._cond:
+            self.asking[question.rank] = question
+            self._answers.pop(question.rank, None)  # an answer to an abandoned question (the rank was interrupted) is void
+            attached = self._attached is not None
+            self._cond.notify_all()
+        if not attached:
+            self.tell(question)
+
+    def _drop(self, rank: int) -> None:
+        with self._cond:
+            self.asking.pop(rank, None)
+            self._answers.pop(rank, None)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """The job ended or was interrupted: no question is open any more."""
+        with self._cond:
+            self.closed = True
+            self.asking.clear()
+            self._answers.clear()
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------ any thread (the notebook's cells)
+    def question(self, rank: Optional[int] = None) -> Optional[Question]:
+        """The open question of ``rank`` (default: the lowest rank asking) that has no answer yet; None: none."""
+        with self._cond:
+            open_ = {r: q for r, q in self.asking.items() if r not in self._answers}
+            if rank is not None:
+                return open_.get(rank)
+            return open_[min(open_)] if open_ else None
+
+    def text(self) -> Optional[str]:
+        """What the ranks wait for (``rank 0 waits for input: 'lr? '``), or None."""
+        with self._cond:
+            qs = [self.asking[r] for r in sorted(self.asking)]
+        return "; ".join(q.text() for q in qs) if qs else None
+
+    def answer(self, question: Question, text: str, eof: Optional[str] = None) -> None:
+        """Give ``question`` its line (``eof``: an EOFError with this reason instead); the job's thread sends it."""
+        with self._cond:
+            if self.asking.get(question.rank) is question:
+                self._answers[question.rank] = (question.id, text, eof)
+                self._cond.notify_all()
+
+    def next_question(self, after: Question, settle: float, timeout: float = 30.0) -> Optional[Question]:
+        """After ``after`` was answered: its rank's next question, waited for while the rank sits in pdb and for
+        ``settle`` seconds after; None when none comes (the rank went on) or the job ended."""
+        rank = after.rank
+        with self._cond:
+            self._cond.wait_for(lambda: self.closed or self.asking.get(rank) is not after, timeout)  # the answer went out
+            quiet_since = time.monotonic()
+            while not self.closed:
+                q = self.asking.get(rank)
+                if q is not None and q is not after and rank not in self._answers:
+                    return q
+                if rank in self.in_pdb:
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since >= settle:
+                    return None
+                self._cond.wait(0.05)
+            return None
+
+    def attach(self, where: Any) -> None:
+        """A cell answers the questions now: the job's output goes there (``reroute``), no notice is needed."""
+        with self._cond:
+            self._attached = where
+
+    def detach(self) -> None:
+        with self._cond:
+            self._attached = None
+

@@ -17,6 +17,7 @@ from typing import Callable, Iterator, List, Optional
 
 from ..errors import Dequeued, UsageError
 
+ANSWERS = "%ddp_debug answers"  # how a background cell's question is answered (docs/background.md)
 WAIT_SLICE_S = 0.1  # a waiting cell looks at its cancel flag this often (a Ctrl-C lands at once anyway)
 
 
@@ -34,15 +35,21 @@ class Ticket:
     background: bool = False
     since: Optional[float] = None  # when it got the turn (time.monotonic())
     progress: Callable[[], Optional[int]] = field(default=lambda: None)  # the last step its ranks logged (ddp_magic.log)
+    waiting: Callable[[], Optional[str]] = field(default=lambda: None)  # what its ranks wait on the notebook for (kernel/stdin.Mailbox)
 
     def text(self, now: Optional[float] = None) -> str:
-        """``background: cell [12] running 1:02:11, step 4,120`` (the step once one was logged)."""
+        """``background: cell [12] running 1:02:11, step 4,120`` (the step once one was logged), and what a rank waits
+        for: ``…; rank 0 waits for input: 'lr? ' (%ddp_debug answers)``."""
         now = time.monotonic() if now is None else now
         head = f"{'background: ' if self.background else ''}{self.name}"
         if self.since is None:
             return f"{head} queued"
-        step = self.progress()
-        return f"{head} running {clock_text(now - self.since)}" + (f", step {step:,}" if step is not None else "")
+        return f"{head} running {clock_text(now - self.since)}{self.tail()}"
+
+    def tail(self) -> str:
+        """``, step 4,120`` and ``; rank 0 waits for input: 'lr? ' (%ddp_debug answers)``, each when it holds."""
+        step, waiting = self.progress(), self.waiting()
+        return (f", step {step:,}" if step is not None else "") + (f"; {waiting} ({ANSWERS})" if waiting else "")
 
 
 def busy_text(holder: Ticket, what: str) -> str:

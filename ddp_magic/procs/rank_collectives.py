@@ -16,6 +16,14 @@ thread, only when the kernel asks: shapes and the sequence number are worked out
 A thread can be refused collectives altogether (``refuse``): a ``%%ddp --peek`` runs on
 the peek thread beside the training cell (procs/rank_peek.py), and a collective there
 would wait for ranks that are busy in the cell: it raises ``CollectiveRefused`` instead.
+Three fences, each asking only "is this thread refused?", so the training thread's calls
+go through untouched: the public functions above (and the group functions, ``new_group``
+and the like), the c10d ``Backend``'s own methods, and, for the routes below the Python
+wrappers (a ProcessGroup's methods, ``torch.ops.c10d.*``, the functional collectives,
+DDP's buffer broadcast), a TorchDispatchMode entered on the refused thread only
+(``guard``): dispatch modes are thread-local, so the training thread never sees it.
+``DistributedDataParallel.forward`` is refused outright on such a thread (it prepares the
+reducer the training's backward uses, even when it broadcasts nothing).
 
 Not recorded: ``async_op=True`` waits (the call returns at once; ``work.wait()`` is
 not wrapped), and collectives torch calls from C++ (DDP's gradient buckets): their
@@ -23,11 +31,12 @@ place shows in the rank's stack instead.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 from ..logs import log
 
@@ -38,6 +47,18 @@ NAMES = (
 )
 
 
+GROUP_FUNCTIONS = ("new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group", "init_process_group", "destroy_process_group")
+BACKEND_METHODS = (
+    "allreduce", "allreduce_coalesced", "allgather", "allgather_coalesced", "_allgather_base", "alltoall", "alltoall_base", "barrier",
+    "broadcast", "gather", "monitored_barrier", "recv", "recv_anysource", "reduce", "reduce_scatter", "_reduce_scatter_base", "scatter", "send",
+)
+OP_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "symm_mem"})  # torch.ops.<ns>: collectives
+DDP_FORWARD = (
+    "DistributedDataParallel.forward (the DDP wrapper's forward prepares the gradient reducer the training uses and may broadcast "
+    "buffers; call the inner module, model.module(x), under torch.no_grad())"
+)
+
+
 class CollectiveRefused(RuntimeError):
     """A collective called on a thread that may not enter one (a peek's)."""
 
@@ -45,6 +66,8 @@ class CollectiveRefused(RuntimeError):
 class _State:
     current: Optional[tuple] = None  # (op, args, kwargs, monotonic time entered) of the innermost call in progress
     refused: Dict[int, str] = {}  # thread ident -> why a collective there raises (a format string with {op})
+    fenced = False  # the Backend methods, group functions and DDP's forward check the thread (from the first refuse on)
+    mode: Any = None  # the TorchDispatchMode class of guard(), made at its first use
 
 
 STATE = _State()
@@ -53,13 +76,83 @@ STATE = _State()
 def refuse(ident: int, why: str) -> None:
     """From now on a collective called on thread ``ident`` raises CollectiveRefused(why.format(op=...))."""
     STATE.refused = {**STATE.refused, ident: why}
+    if not STATE.fenced:
+        STATE.fenced = True
+        _fence()
+
+
+def check(name: str) -> None:
+    """Raise CollectiveRefused when this thread may not enter a collective (``name``: what it called)."""
+    if STATE.refused:
+        why = STATE.refused.get(threading.get_ident())
+        if why is not None:
+            raise CollectiveRefused(why.format(op=name))
+
+
+def _checked(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(real)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        check(name)
+        return real(*args, **kwargs)
+
+    call._ddp_magic = True  # type: ignore[attr-defined]
+    return call
+
+
+def _fence() -> None:
+    """Make the routes that bypass the public functions check the thread: c10d Backend methods, group functions, DDP's forward."""
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    import torch._C._distributed_c10d as C
+    import torch.distributed.distributed_c10d as c10d
+
+    for name in BACKEND_METHODS:
+        real = getattr(C.Backend, name, None)
+        if real is not None and not getattr(real, "_ddp_magic", False):
+            setattr(C.Backend, name, _checked(f"a c10d Backend's {name}", real))
+    for name in GROUP_FUNCTIONS:
+        real = getattr(c10d, name, None)
+        if real is not None and not getattr(real, "_ddp_magic", False):
+            wrapped = _checked(f"torch.distributed.{name}", real)
+            setattr(c10d, name, wrapped)
+            if getattr(dist, name, None) is real:
+                setattr(dist, name, wrapped)
+    ddp = sys.modules.get("torch.nn.parallel.distributed")
+    cls = getattr(ddp, "DistributedDataParallel", None)
+    if cls is not None and not getattr(cls.forward, "_ddp_magic", False):
+        cls.forward = _checked(DDP_FORWARD, cls.forward)
+
+
+def guard() -> ContextManager[Any]:
+    """On a refused thread, for the duration of a with block: every c10d op the dispatcher runs raises CollectiveRefused.
+
+    That is what a ProcessGroup's methods, ``torch.ops.c10d.*``, the functional collectives and
+    DDP's or FSDP's own collectives come down to. The mode is thread-local: other threads never see it. A few µs
+    a peek; but the first op under a dispatch mode imports ``torch._dynamo`` (about 1 s of CPU, once per rank,
+    unless DDP, FSDP or torch.compile imported it before: docs/bench/background.md)."""
+    if "torch" not in sys.modules:
+        return contextlib.nullcontext()
+    if STATE.mode is None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class RefuseCollectives(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+                if func.namespace in OP_NAMESPACES:
+                    check(f"torch.ops.{func.name().replace('::', '.')} (what a ProcessGroup's methods and DDP's collectives run)")
+                return func(*args, **(kwargs or {}))
+
+        STATE.mode = RefuseCollectives
+    return STATE.mode()
 
 
 def _wrap(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(real)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if STATE.refused and threading.get_ident() in STATE.refused:  # before the record: the main thread's stays true
-            raise CollectiveRefused(STATE.refused[threading.get_ident()].format(op=name))
+        check(f"torch.distributed.{name}")  # before the record: the main thread's stays true
         outer = STATE.current
         STATE.current = (name, args, kwargs, time.monotonic())
         try:

@@ -11,8 +11,10 @@ shows in the peek's own cell; bytes written to fds 1 and 2 directly (C code) go 
 running cell's output. The peek shares the GIL with the training loop: the milliseconds
 it computes are milliseconds the loop waits (docs/background.md measures it).
 
-A collective from the peek thread raises at once (rank_collectives.refuse): the other
-ranks are busy in the running cell and would never join it, so the training would deadlock.
+A collective from the peek thread raises at once (rank_collectives.refuse and guard: the
+public functions, a ProcessGroup's and a Backend's methods, torch.ops.c10d, DDP's forward):
+the other ranks are busy in the running cell and would never join it, so the training
+would deadlock.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from ..wire.execution import error_data, format_user_traceback, run_source
 from . import rank_collectives
 
 REFUSED = (
-    "a peek may not call torch.distributed.{op}: the other ranks are busy in the running cell and would never join it, "
+    "a peek may not call {op}: the other ranks are busy in the running cell and would never join it, "
     "so the training would deadlock. A peek reads values; run collectives in a %%ddp cell once the job has ended (job.wait())"
 )
 
@@ -114,7 +116,8 @@ def _run(msg: dict) -> Dict[str, Any]:
     """The peek itself, in a shallow copy of the rank's globals: its value packed, or its error as data."""
     filename = msg["filename"]
     try:
-        value = run_source(msg["source"], filename, dict(STATE.ns))
+        with rank_collectives.guard():  # below the Python wrappers too: a ProcessGroup's methods, torch.ops.c10d, DDP
+            value = run_source(msg["source"], filename, dict(STATE.ns))
     except BaseException as e:  # a peek's failure is the peek's alone: sent back, the rank goes on
         log.debug("rank %d: a peek raised (reported to the kernel)", STATE.rank, exc_info=True)
         return {"error": error_data(e, format_user_traceback(e, filename))}

@@ -19,9 +19,10 @@ import threading
 import time
 from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
-from ..errors import CellError, Dequeued
+from ..errors import CellError, Dequeued, UsageError
 from ..kernel.metrics import CellMetrics
 from ..kernel.peek import PeekOutcome
+from ..kernel.stdin import Mailbox
 from ..kernel.turns import Ticket, clock_text
 from ..logs import log
 from ..states import JobState
@@ -35,8 +36,11 @@ PEEK_ONLY = "the peek failed on these ranks only; the running cell goes on (a pe
 class Job:
     """The handle of one background cell: ``done()``, ``wait()``, ``result()``, ``cancel()``, ``metrics``, ``elapsed``, ``await job``."""
 
-    def __init__(self, ticket: Ticket, work: Callable[["Job"], Any], live: Callable[[], Optional[CellMetrics]] = lambda: None) -> None:
+    def __init__(self, ticket: Ticket, work: Callable[["Job"], Any], live: Callable[[], Optional[CellMetrics]] = lambda: None,
+                 mailbox: Optional[Mailbox] = None) -> None:
         self.ticket = ticket
+        self.mailbox = mailbox if mailbox is not None else Mailbox()  # its ranks' input() and pdb questions (kernel/stdin.py)
+        ticket.waiting = self.mailbox.text
         self.cancel_event = threading.Event()  # the run takes it as a Ctrl-C (kernel/cell.py); the queue as a way out
         self._work = work
         self._live = live  # the running cell's metrics store (its chart's)
@@ -66,6 +70,7 @@ class Job:
             self._state = JobState.CANCELLED if self._cancelled and isinstance(e, (CellError, Dequeued)) else JobState.FAILED
             show_error(e)
         finally:
+            self.mailbox.close()
             self._ended = time.monotonic()
             self._done.set()
 
@@ -94,6 +99,20 @@ class Job:
             return self.final_metrics
         store = self._live()
         return store.columns() if store is not None else {"rank": [], "step": [], "time": []}
+
+    @property
+    def waiting(self) -> Optional[str]:
+        """What its ranks wait on the notebook for (``rank 0 waits for input: 'lr? '``), or None; ``%ddp_debug`` answers."""
+        return self.mailbox.text() if not self._done.is_set() else None
+
+    def answer(self, text: str, rank: Optional[int] = None) -> str:
+        """Answer the question of ``rank`` (default: the lowest rank asking) with ``text``; returns what was answered."""
+        question = self.mailbox.question(rank)
+        if question is None:
+            who = f"rank {rank}" if rank is not None else "no rank"
+            raise UsageError(f"job.answer: {who} of {self.ticket.name} waits for input now ({self!r})")
+        self.mailbox.answer(question, str(text))
+        return question.text()
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Wait until the job ends (or ``timeout`` seconds); True if it has. Ctrl-C stops the waiting, not the job."""
@@ -149,10 +168,10 @@ class Job:
         state = self.state
         if state == JobState.QUEUED:
             return f"<Job {self.ticket.name}: queued>"
+        if state == JobState.RUNNING:
+            return f"<Job {self.ticket.name}: running {clock_text(self.elapsed)}{self.ticket.tail()}>"
         step = self.ticket.progress()
         tail = f", step {step:,}" if step is not None else ""
-        if state == JobState.RUNNING:
-            return f"<Job {self.ticket.name}: running {clock_text(self.elapsed)}{tail}>"
         why = f": {str(self._error).splitlines()[0]}" if self._error is not None and str(self._error) else ""
         return f"<Job {self.ticket.name}: {state} after {clock_text(self.elapsed)}{tail}{why}>"
 
@@ -173,6 +192,11 @@ def show_error(error: BaseException) -> None:
     except Exception:  # a kernel without the pieces above: stderr says it as well
         log.debug("could not send a background cell's error as an error output", exc_info=True)
     print("\n".join(lines), file=sys.stderr)
+
+
+def asking(jobs: List[Job]) -> Optional[Job]:
+    """The first running job one of whose ranks waits for a line (``%ddp_debug`` answers it), or None."""
+    return next((j for j in jobs if not j.done() and j.mailbox.question() is not None), None)
 
 
 def wait_all(jobs: List[Job]) -> None:

@@ -127,7 +127,7 @@ def test_bg_training_lands_in_its_own_cell_while_other_cells_and_peeks_run(k2, g
         assert bg_values == fg_values and len(bg_values) == 2 and bg_values[0] == bg_values[1]  # DDP keeps the replicas equal
         assert k2.value("len(job.metrics['step'])") == 400 and k2.value("max(job.metrics['step'])") == 199
         assert re.fullmatch(r"'<Job cell \[\d+\]: done after \d+:\d\d:\d\d, step 199>'", k2.run("repr(job)").ok().result or "")
-        ours = late(k2, bg)
+        ours = bg.messages + late(k2, bg)  # the first lines may come before the cell has returned
         printed = ANSI.sub("", "".join(m["content"]["text"] for m in ours if m["msg_type"] == "stream"))
         assert [int(s) for s in re.findall(r"\[rank 0\] step (\d+)", printed)] == [0, 50, 100, 150], printed
         assert any(m["msg_type"] in ("display_data", "update_display_data") for m in ours)  # the view and the chart
@@ -225,6 +225,9 @@ def test_a_peek_may_not_enter_a_collective_and_its_error_costs_only_the_peek(k2,
         assert wait_until(lambda: peek_step(k2) == [50, 50], 60, 0.2)
         refused = k2.run("%%ddp --peek\ndist.all_reduce(torch.ones(1))", timeout=60)
         assert refused.error is not None and "a peek may not call torch.distributed.all_reduce" in refused.error[1], refused.error
+        for below, op in (("dist.group.WORLD.allreduce(torch.ones(1)).wait()", "torch.ops.c10d.allreduce_"), ("model(x)", "DistributedDataParallel.forward")):
+            refused = k2.run(f"%%ddp --peek\n{below}", timeout=60)  # the routes below torch.distributed's functions
+            assert refused.error is not None and f"a peek may not call {op}" in refused.error[1], refused.error
         raised = k2.run("%%ddp --peek --ranks 1\nprint('about to fail')\n1 / 0", timeout=60)
         assert raised.error is not None and raised.error[1].startswith("rank 1 raised ZeroDivisionError"), raised.error
         assert "[rank 1] about to fail" in raised.stdout and "rank 0" not in raised.error[1].split("\n")[0]

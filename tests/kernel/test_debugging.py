@@ -5,11 +5,13 @@ messages (jupyter_client's stdin channel), as an input box would.
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Callable, Dict, List, Optional
 
 import pytest
 
+from conftest import wait_until
 from kernel_helper import Kernel
 
 pytestmark = pytest.mark.kernel
@@ -158,6 +160,60 @@ def test_without_a_debugger_a_collective_missing_its_peer_still_ends_after_the_p
     assert ex.error is not None and "ran past --timeout" not in ex.error[1], ex.error[1]
     assert f"waited {PG_TIMEOUT:g}s (--pg-timeout) in torch.distributed.all_reduce" in ex.error[1] + ex.stderr, ex.error[1]
     dbg.run("%%ddp\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()", timeout=120).ok()
+
+
+# ---------------------------------------------------------------- a background cell's questions (docs/background.md)
+BG_INPUT = (
+    "%%ddp --bg --out job\nname = input('name? ') if dist.get_rank() == 0 else 'one'\n"
+    "t = torch.ones(1) * len(name)\ndist.all_reduce(t)\n(name, t.item())"
+)
+WAITS = "rank 0 waits for input: 'name? '"
+
+
+def late_text(k: Kernel, msg_id: str) -> str:
+    """What a cell printed after it returned (a background cell's output)."""
+    k.collect()
+    return "".join(m["content"]["text"] for m in k.elsewhere if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream")
+
+
+def test_input_in_a_bg_cell_waits_says_so_and_ddp_debug_answers_it(dbg):
+    for name in ("Ada", "Grace"):
+        dbg.elsewhere.clear()
+        bg = dbg.run(BG_INPUT, timeout=60).ok()
+        assert wait_until(lambda: dbg.value("str(job.waiting)") == WAITS, 60, 0.2)
+        shown = dbg.run("print(repr(job))\n%ddp status").ok().stdout
+        assert re.search(r"<Job cell \[\d+\]: running \d+:\d\d:\d\d; " + re.escape(WAITS) + r" \(%ddp_debug answers\)>", shown), shown
+        assert re.search(r"background: cell \[\d+\] running \d+:\d\d:\d\d; " + re.escape(WAITS), shown), shown
+        assert f"ddp_magic: {WAITS}: answer it with %ddp_debug" in late_text(dbg, bg.msg_id)  # said in the background cell
+        assert dbg.value("str(job.state)") == "running" and dbg.run("1 + 1").ok().result == "2"  # the notebook is free
+        ex = dbg.run("%ddp_debug", answer=script(name), timeout=60).ok()
+        assert ex.prompts == [("[rank 0] name? ", False)] and WAITS in ex.stdout
+        assert dbg.value("[tuple(v) for v in job.result(60)]") == [(name, len(name) + 3.0), ("one", len(name) + 3.0)]
+        assert dbg.value("str(job.waiting)") == "None"
+
+
+def test_job_answer_gives_a_rank_its_line_without_an_input_box(dbg):
+    cell = "%%ddp --bg --out job\nlr = float(input('lr? ')) if dist.get_rank() == 1 else 0.5\nt = torch.tensor([lr])\ndist.all_reduce(t)\nt.item()"
+    for lr in ("0.25", "1.5"):
+        dbg.run(cell, timeout=60).ok()
+        assert wait_until(lambda: dbg.value("str(job.waiting)") == "rank 1 waits for input: 'lr? '", 60, 0.2)
+        assert dbg.run("job.answer('7', rank=0)").error[1].startswith("job.answer: rank 0 of cell")  # type: ignore[index]
+        assert dbg.value(f"job.answer({lr!r})") == "rank 1 waits for input: 'lr? '"
+        assert dbg.value("list(job.result(60))") == [float(lr) + 0.5] * 2
+
+
+def test_breakpoint_in_a_bg_cell_ddp_debug_attaches_and_c_continues(dbg):
+    cell = "%%ddp --bg --out job\nx = dist.get_rank() + 1\nif dist.get_rank() == 0:\n    breakpoint()\nt = torch.ones(1) * x\ndist.all_reduce(t)\n(x, t.item())"
+    for _ in range(2):
+        dbg.elsewhere.clear()
+        bg = dbg.run(cell, timeout=60).ok()
+        assert wait_until(lambda: dbg.value("str(job.waiting)") == "rank 0 waits in the debugger: '(Pdb) '", 60, 0.2)
+        time.sleep(2 * PG_TIMEOUT)  # the user reads the code; rank 1 waits in all_reduce past --pg-timeout, held
+        ex = dbg.run("%ddp_debug", answer=script("p x * 100", "c"), timeout=60).ok()
+        assert ex.prompts == [("[rank 0] (Pdb) ", False)] * 2
+        assert "[rank 0] 100" in ex.stdout, ex.stdout  # pdb's answer shows in the cell that debugs
+        assert dbg.value("[tuple(v) for v in job.result(60)]") == [(1, 3.0), (2, 3.0)]
+        assert "[rank 0] 100" not in late_text(dbg, bg.msg_id)
 
 
 # ---------------------------------------------------------------- real JupyterLab in headless Chromium

@@ -17,9 +17,12 @@ from ddp_magic.kernel.metrics import CellMetrics
 from ddp_magic.kernel.peek import PeekDesk, _outcome
 from ddp_magic.kernel.policy import FailurePolicy
 from ddp_magic.kernel.pool_status import PoolStatus
+from ddp_magic.kernel.ranks import RankInfo
+from ddp_magic.kernel.stdin import CANCELLED, InputDesk, Mailbox, Question, answer_all
 from ddp_magic.kernel.turns import Ticket, Turns, clock_text
 from ddp_magic.procs import rank_collectives, rank_peek
-from ddp_magic.states import FailureKind, JobState
+from ddp_magic.states import FailureKind, JobState, RankState
+from ddp_magic.wire import protocol as P
 from ddp_magic.ui.jobs import Job
 
 from test_policy import FakePool
@@ -296,3 +299,97 @@ def test_a_ctrl_c_as_the_turn_is_granted_does_not_keep_it():
         with turns.turn(late):
             pytest.fail("the body must not run")
     assert turns.holder is None and turns.waiting() == []
+
+
+# ------------------------------------------------------------------ a background cell's questions (kernel/stdin.Mailbox)
+class QuestionHub:
+    """The part of the hub a mailbox acts through: the ranks' questions, and what was sent to which rank."""
+
+    def __init__(self) -> None:
+        self.stdin = InputDesk()
+        self.sent: List[tuple] = []
+        self.drained: List[int] = []
+
+    def broadcast(self, msg: dict, ranks=None) -> None:
+        self.sent.append((msg, list(ranks or [])))
+
+    def drain_outs(self, rank: int, timeout: float = 0.5) -> None:
+        self.drained.append(rank)
+
+    def debug_changed(self, rank: int) -> None:
+        pass
+
+    def pump(self, until, deadline) -> bool:
+        return until()
+
+
+def test_a_background_question_is_posted_said_once_answered_from_another_thread_then_sent():
+    told: List[str] = []
+    routes: List[object] = []
+    box = Mailbox(tell=lambda q: told.append(q.text()), reroute=routes.append)
+    hub, ranks = QuestionHub(), {0: RankInfo(0, RankState.RUNNING), 1: RankInfo(1, RankState.RUNNING)}
+    hub.stdin.request(1, {"id": 3, "prompt": "lr? "})
+    for _ in range(2):  # the job's thread wakes twice: the question is posted and said once, nothing is sent
+        answer_all(hub, ranks, box, cancelled=False)
+    assert told == ["rank 1 waits for input: 'lr? '"] and hub.sent == [] and hub.drained == [1]
+    assert box.text() == "rank 1 waits for input: 'lr? '" and box.question(0) is None
+    question = box.question()
+    assert question is not None and question.rank == 1
+    threading.Thread(target=box.answer, args=(question, "0.5")).start()  # a cell answers it (job.answer, %ddp_debug)
+    time.sleep(0.05)
+    answer_all(hub, ranks, box, cancelled=False)
+    assert [(m["op"], m["id"], m["text"], m["eof"], r) for m, r in hub.sent] == [(P.INPUT, 3, "0.5", None, [1])]
+    assert box.text() is None and hub.stdin.pending == {} and routes == []
+
+
+def test_an_attached_cell_gets_the_output_and_no_notice_and_a_cancel_answers_eof():
+    told: List[str] = []
+    routes: List[object] = []
+    box = Mailbox(tell=lambda q: told.append(q.text()), reroute=routes.append)
+    hub, ranks = QuestionHub(), {0: RankInfo(0, RankState.RUNNING)}
+    box.attach("the debugging cell")
+    hub.stdin.request(0, {"id": 1, "prompt": "(Pdb) "})
+    hub.stdin.debugger(0, True)
+    answer_all(hub, ranks, box, cancelled=False)
+    assert routes == ["the debugging cell"] and told == [] and box.text() == "rank 0 waits in the debugger: '(Pdb) '"
+    box.detach()
+    answer_all(hub, ranks, box, cancelled=True)  # job.cancel(): the rank's wait ends as a foreground cell's would
+    assert routes == ["the debugging cell"]  # a cancelled job's output goes nowhere new (its thread ends)
+    assert hub.sent[-1][0]["eof"] == CANCELLED and box.text() is None and box.closed
+
+
+def test_next_question_waits_while_the_rank_sits_in_pdb_and_gives_up_after_it_left():
+    box = Mailbox()
+    hub, ranks = QuestionHub(), {0: RankInfo(0, RankState.RUNNING)}
+    hub.stdin.request(0, {"id": 1, "prompt": "(Pdb) "})
+    hub.stdin.debugger(0, True)
+    answer_all(hub, ranks, box, cancelled=False)
+    first = box.question()
+    assert first is not None
+    box.answer(first, "n")
+    answer_all(hub, ranks, box, cancelled=False)  # sent; the rank steps and asks again
+    hub.stdin.request(0, {"id": 2, "prompt": "(Pdb) "})
+    threading.Timer(0.1, answer_all, args=(hub, ranks, box, False)).start()
+    second = box.next_question(first, settle=0.0, timeout=5)
+    assert second is not None and second.id == 2
+    box.answer(second, "c")
+    hub.stdin.debugger(0, False)
+    answer_all(hub, ranks, box, cancelled=False)  # sent, and the rank left pdb
+    assert box.next_question(second, settle=0.05, timeout=5) is None
+
+
+def test_a_job_says_what_its_rank_waits_for_and_answer_refuses_a_rank_that_does_not_ask():
+    ticket = Ticket("cell [4]", background=True)
+    gate = threading.Event()
+    job = Job(ticket, lambda j: gate.wait(10)).start()
+    ticket.since = time.monotonic()
+    job.mailbox._post(Question(0, 9, "name? ", False, False))
+    assert job.waiting == "rank 0 waits for input: 'name? '"
+    assert repr(job).endswith("; rank 0 waits for input: 'name? ' (%ddp_debug answers)>")
+    assert ticket.text().endswith("; rank 0 waits for input: 'name? ' (%ddp_debug answers)")
+    with pytest.raises(UsageError, match="job.answer: rank 1 of cell \\[4\\] waits for input now"):
+        job.answer("x", rank=1)
+    assert job.answer("Ada") == "rank 0 waits for input: 'name? '" and job.mailbox.question() is None
+    gate.set()
+    job.wait(10)
+    assert job.waiting is None and job.mailbox.closed
