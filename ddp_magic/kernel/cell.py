@@ -39,8 +39,8 @@ class RankOps(Protocol):
         after each wake, and no later than ``due()``."""
         ...
 
-    def ask(self, op: str, timeout: float) -> Dict[int, dict]:
-        """Send ``op`` (STACK) to every live rank; the replies that came within ``timeout``."""
+    def ask(self, op: str, timeout: float, ranks: Optional[Sequence[int]] = None) -> Dict[int, dict]:
+        """Send ``op`` (STACK) to these live ranks (default: every one); the replies that came within ``timeout``."""
         ...
 
     def interrupt(self, ranks: Sequence[int]) -> None:
@@ -183,10 +183,10 @@ class CellRun:
             self._decided = None  # the policy moved on: it decides again at the next wake
         for action in actions:
             if isinstance(action, CaptureStacks):
-                replies = self.ops.ask(P.STACK, STACK_TIMEOUT_S)
+                replies = self.ops.ask(P.STACK, STACK_TIMEOUT_S, ranks=action.ranks)
                 texts = {r: str(m.get("text", "")) for r, m in replies.items()}
                 collectives = {r: m.get("collective") for r, m in replies.items()}
-                self._carry_out(self.policy.stacks_taken(texts, self.clock(), collectives))
+                self._carry_out(self.policy.stacks_taken(texts, self.clock(), collectives, self._states()))
             elif isinstance(action, Interrupt):
                 self.ops.interrupt(action.ranks)
             elif isinstance(action, Abort):

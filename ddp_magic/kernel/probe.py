@@ -1,0 +1,75 @@
+"""Ending a failed cell's grace early: when every rank still running waits in a collective that cannot complete, the grace has nothing to wait for.
+
+A collective cannot complete once a rank of its group (any rank, for the default
+group) has left the cell: it raised, died, or finished. So after the first failure
+the failure policy (policy.py) asks the ranks still running where they are (STACK:
+the collective each is in, procs/rank_collectives.py), at once and again after
+0.05, 0.1, 0.2 ... s while the grace lasts (a rank may reach its collective a
+moment after its peer failed), each time only the ranks not yet known to be
+stuck: a rank stuck so stays stuck until the group is aborted. When every rank
+still running is stuck, the policy goes on as if the grace had run out, with these
+stacks. A rank in a collective of a subgroup every member of which is still in
+the cell may yet finish: the grace runs its course for it, as before.
+
+Pure, like the policy that holds it: replies and states in, a decision out.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+from ..states import RankState
+
+FIRST_GAP_S = 0.05  # the wait before the second ask; it doubles after each
+
+States = Mapping[int, Tuple[RankState, Optional[float]]]  # as policy.States: rank -> (state, when it finished)
+Collective = Mapping[str, object]
+
+
+def stuck(collective: Optional[Collective], left: Set[int]) -> bool:
+    """The rank waits in a collective that cannot complete: a rank of its group (any, for the default group) ``left`` the cell."""
+    if not collective or not left:
+        return False
+    members = collective.get("ranks")
+    return members is None or any(r in left for r in members)  # type: ignore[attr-defined]
+
+
+class Probe:
+    """The asks of one failed cell's grace, and what they found: the stuck ranks' stacks and collectives."""
+
+    def __init__(self) -> None:
+        self.at: Optional[float] = None  # when to ask next; None: not now (before the first failure, or no time left in the grace)
+        self._gap = FIRST_GAP_S
+        self._begun = False
+        self.texts: Dict[int, str] = {}  # the stuck ranks' stack texts
+        self.collectives: Dict[int, Collective] = {}  # the collective each stuck rank waits in
+
+    def begin(self, now: float) -> None:
+        """The cell's first failure: ask at once."""
+        if not self._begun:
+            self._begun, self.at = True, now
+
+    def due(self, now: float, live: Sequence[int]) -> Optional[List[int]]:
+        """The ranks to ask now (those running, not known stuck), or None when no ask is due."""
+        if self.at is None or now < self.at:
+            return None
+        self.at = None
+        return [r for r in live if r not in self.collectives]
+
+    def taken(self, replies: Mapping[int, str], collectives: Mapping[int, Optional[Collective]], states: States, now: float,
+              grace_end: float) -> Optional[List[int]]:
+        """The answers to an ask. Returns the ranks still running when every one is stuck (the grace ends now);
+        else None, and the next ask is set, if it falls inside the grace."""
+        left = {r for r, (state, _) in states.items() if state != RankState.RUNNING}
+        for r, c in collectives.items():
+            if c and stuck(c, left):
+                self.texts[r], self.collectives[r] = replies.get(r, ""), c
+        live = [r for r, (state, _) in states.items() if state == RankState.RUNNING]
+        if live and all(r in self.collectives for r in live):
+            return live
+        if now + self._gap < grace_end:
+            self.at, self._gap = now + self._gap, self._gap * 2
+        return None
+
+    def pause(self, seconds: float) -> None:
+        """A rank sat in the debugger: the next ask moves with the policy's clocks."""
+        self.at = None if self.at is None else self.at + seconds
