@@ -78,6 +78,7 @@ class SimRank:
         self.filename = ""
         self.line = 0  # the cell line the rank is at
         self.collective: Optional[Dict[str, Any]] = None  # the one it waits in
+        self.seq = 0  # the default group's sequence number: the last collective it entered (its DONE says it, as a worker's)
         self.broken = False  # the group was aborted: DONE says so until a REFORM
         self._wake: Optional[asyncio.Future] = None  # a sleep or a collective's wait, ended early by INTERRUPT or ABORT
         self._closed = False
@@ -207,7 +208,7 @@ class SimRank:
             self.script, self.collective, self.line = None, None, 0
         for writer in self.outs.values():
             writer.write(SYNC_PREFIX + str(cell).encode() + SYNC_END)
-        fields: Dict[str, Any] = {"cell": cell, "status": status, "error": error, "memory": None}
+        fields: Dict[str, Any] = {"cell": cell, "status": status, "error": error, "memory": None, "seq": self.seq}
         if self.broken:
             fields["group_broken"] = True
         if status != "ok" or value is None:
@@ -240,6 +241,7 @@ class SimRank:
         elif kind == "collective":
             op, seq = (list(args) + ["all_reduce", 0][len(args):])[:2]
             self.collective = {"op": op, "seq": seq, "shape": [1], "dtype": "float32", "group": "default", "ranks": None, "since": time.monotonic()}
+            self.seq = max(self.seq, int(seq))
             await self._wait(None)
         elif kind == "die":
             raise Died(str(int(args[0]) if args else 1))

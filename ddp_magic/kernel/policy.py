@@ -224,17 +224,17 @@ class FailurePolicy:
         return [self._awaiting]
 
     def stacks_taken(self, replies: Mapping[int, str], now: float, collectives: Optional[Collectives] = None,
-                     states: Optional[States] = None) -> List[Action]:
+                     states: Optional[States] = None, seqs: Optional[Mapping[int, Optional[int]]] = None) -> List[Action]:
         """The stacks (and collectives) that came back for a ``CaptureStacks``: note where ranks were,
-        abort the group if some wait in a collective, interrupt them. ``states``: the ranks' states now
-        (a PROBE's answer counts only for the ranks still running)."""
+        abort the group if some wait in a collective, interrupt them. ``states``: the ranks' states now, ``seqs``:
+        the default group's seq in the DONE of each rank that left the cell (what a PROBE's answer is judged by)."""
         asked, self._awaiting = self._awaiting, None
         if states is not None:
             self._note_failures(states, now)
         if asked is None:
             return []
         if asked.reason == PROBE:
-            live = self._probe.taken(replies, collectives or {}, self._states, now, (self.first_failure or now) + self.grace)
+            live = self._probe.taken(replies, collectives or {}, self._states, now, (self.first_failure or now) + self.grace, seqs or {})
             if live is None:
                 return []  # some rank may still finish: the grace runs on
             self.cancelled, asked = True, CaptureStacks(tuple(live), FAILURE)

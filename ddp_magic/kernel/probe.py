@@ -1,21 +1,24 @@
 """Ending a failed cell's grace early: when every rank still running waits in a collective that cannot complete, the grace has nothing to wait for.
 
-A collective cannot complete once a rank of its group (any rank, for the default
-group) has left the cell: it raised, died, or finished. So after the first failure
-the failure policy (policy.py) asks the ranks still running where they are (STACK:
-the collective each is in, procs/rank_collectives.py), at once and again after
+A collective on the default group cannot complete once a rank has left the cell
+(raised or finished) before it: the rank's DONE says how many collectives it issued
+on the default group (``seq``, procs/rank_collectives.py), and a peer waiting in
+collective #N, N past that, waits for a rank that will never come. (A peer still
+inside the collective a rank finished with it, seq equal, is about to return.)
+So after the first failure the failure policy (policy.py) asks the ranks still
+running where they are (STACK: the collective each is in), at once and again after
 0.05, 0.1, 0.2 ... s while the grace lasts (a rank may reach its collective a
 moment after its peer failed), each time only the ranks not yet known to be
 stuck: a rank stuck so stays stuck until the group is aborted. When every rank
 still running is stuck, the policy goes on as if the grace had run out, with these
-stacks. A rank in a collective of a subgroup every member of which is still in
-the cell may yet finish: the grace runs its course for it, as before.
+stacks. A rank in a subgroup's collective, or a cell whose ranks left without a
+``seq`` (a rank that died), gets the grace as before.
 
 Pure, like the policy that holds it: replies and states in, a decision out.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..states import RankState
 
@@ -25,12 +28,13 @@ States = Mapping[int, Tuple[RankState, Optional[float]]]  # as policy.States: ra
 Collective = Mapping[str, object]
 
 
-def stuck(collective: Optional[Collective], left: Set[int]) -> bool:
-    """The rank waits in a collective that cannot complete: a rank of its group (any, for the default group) ``left`` the cell."""
-    if not collective or not left:
+def stuck(collective: Optional[Collective], behind: Optional[int]) -> bool:
+    """The rank waits in a collective on the default group that a rank which left the cell never issued: ``behind``, the
+    lowest ``seq`` the ranks that left reported, is below the collective's (the seq it shows may lag by one: equal is not proof)."""
+    if not collective or behind is None or collective.get("ranks") is not None:
         return False
-    members = collective.get("ranks")
-    return members is None or any(r in left for r in members)  # type: ignore[attr-defined]
+    seq = collective.get("seq")
+    return isinstance(seq, int) and behind < seq
 
 
 class Probe:
@@ -56,12 +60,13 @@ class Probe:
         return [r for r in live if r not in self.collectives]
 
     def taken(self, replies: Mapping[int, str], collectives: Mapping[int, Optional[Collective]], states: States, now: float,
-              grace_end: float) -> Optional[List[int]]:
-        """The answers to an ask. Returns the ranks still running when every one is stuck (the grace ends now);
-        else None, and the next ask is set, if it falls inside the grace."""
-        left = {r for r, (state, _) in states.items() if state != RankState.RUNNING}
+              grace_end: float, seqs: Mapping[int, Optional[int]]) -> Optional[List[int]]:
+        """The answers to an ask, with the ``seq`` of each rank that left the cell (from its DONE). Returns the ranks still
+        running when every one is stuck (the grace ends now); else None, and the next ask is set, if it falls inside the grace."""
+        known = [s for r, s in seqs.items() if isinstance(s, int) and states.get(r, (RankState.RUNNING, None))[0] != RankState.RUNNING]
+        behind = min(known) if known else None
         for r, c in collectives.items():
-            if c and stuck(c, left):
+            if c and stuck(c, behind):
                 self.texts[r], self.collectives[r] = replies.get(r, ""), c
         live = [r for r, (state, _) in states.items() if state == RankState.RUNNING]
         if live and all(r in self.collectives for r in live):

@@ -202,7 +202,8 @@ class Worker:
         rank_metrics.end_cell()  # every row logged before DONE
         status, error = rank_recover.cell_status(status, error)  # a wait released by ABORT ends as interrupted
         self.capture.sync(msg["cell"])
-        fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status.value, "error": error, "memory": rank_torch.gpu_memory()}
+        fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status.value, "error": error, "memory": rank_torch.gpu_memory(),
+                        "seq": rank_collectives.default_seq()}
         fields.update(rank_profile.take())
         fields.update(rank_recover.done_fields())
         if status != CellStatus.OK or value is None:

@@ -41,7 +41,7 @@ class Ops:
         if info.state == RankState.RUNNING:
             info.state = {"ok": RankState.DONE, "error": RankState.FAILED}.get(status, RankState.INTERRUPTED)
             info.finished = self.now
-            self.done[rank] = {"status": status, "error": {"type": type_name, "message": message, "traceback": ""}}
+            self.done[rank] = {"status": status, "error": {"type": type_name, "message": message, "traceback": ""}, "seq": 2}  # before all_reduce #3
             self.version += 1
             self.failed += status != "ok"
 

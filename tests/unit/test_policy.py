@@ -74,12 +74,13 @@ class FakePool:
     def at(self, t: float, what: Callable[[], None]) -> None:
         self.events.append((t, what))
 
-    def finish(self, rank: int, status: str, error: Optional[dict] = None) -> Callable[[], None]:
+    def finish(self, rank: int, status: str, error: Optional[dict] = None, seq: Optional[int] = None) -> Callable[[], None]:
+        """``seq``: the default group's sequence number its DONE reports (collectives issued so far)."""
         def go() -> None:
             info = self.ranks[rank]
             if info.state != RankState.RUNNING:
                 return
-            self.done[rank] = {"op": "done", "status": status, "error": error}
+            self.done[rank] = {"op": "done", "status": status, "error": error, "seq": seq}
             info.state = {"ok": RankState.DONE, "interrupted": RankState.INTERRUPTED}.get(status, RankState.FAILED)
             info.finished = self.now
 
@@ -179,7 +180,7 @@ AR = {"op": "all_reduce", "seq": 5, "shape": [4], "dtype": "float32", "group": "
 
 def test_a_rank_raises_while_others_wait_in_a_collective_and_the_group_is_aborted():
     pool = FakePool(4, collective={0: AR, 2: AR, 3: AR}, abortable=[0, 2, 3])
-    pool.at(0.1, pool.finish(1, "error", ERROR))
+    pool.at(0.1, pool.finish(1, "error", ERROR, seq=4))  # it issued 4 collectives: it never reached #5
     run = _run(pool)
 
     # stacks at once (every other rank waits in all_reduce, which rank 1 left: the grace cannot help) -> abort on every live rank -> released
@@ -200,7 +201,7 @@ def test_a_rank_raises_while_others_wait_in_a_collective_and_the_group_is_aborte
 
 def test_ranks_that_not_even_the_abort_releases_are_stopped():
     pool = FakePool(4, term_ok=[0, 2, 3], collective={0: AR, 2: AR, 3: AR})  # deaf to the abort, not to SIGTERM
-    pool.at(0.1, pool.finish(1, "error", ERROR))
+    pool.at(0.1, pool.finish(1, "error", ERROR, seq=4))
     run = _run(pool)
     # abort at once (0.11) -> a grace -> still running: the interrupt they were spared (1.11) -> a grace -> SIGTERM
     assert pool.did("interrupt") == [("interrupt", (0, 2, 3), pytest.approx(1.11))]
@@ -281,11 +282,31 @@ def test_a_dead_rank_is_the_root_cause_before_the_peer_errors_it_caused():
     assert run.notes == [] and not run.state_lost
 
 
+def test_a_rank_still_inside_the_collective_its_peers_finished_with_is_not_stuck():
+    """Every rank finished all_reduce #5 and then raised; rank 0 is still seen inside it, about to return: no abort."""
+    pool = FakePool(4, collective={0: AR})
+    for r in (1, 2, 3):
+        pool.at(0.1, pool.finish(r, "error", ERROR, seq=5))
+    pool.at(0.2, lambda: pool.collective.pop(0))
+    pool.at(0.2, pool.finish(0, "error", ERROR, seq=5))
+    run = _run(pool)
+    assert pool.did("ask") and not pool.did("abort") and not pool.did("interrupt") and run.notes == []
+    assert not run.aborted
+
+
+def test_without_a_seq_from_the_rank_that_left_the_grace_runs_out():
+    """A rank that died (or an older worker) reports no seq: nothing proves the others stuck."""
+    pool = FakePool(4, collective={0: AR, 2: AR, 3: AR}, abortable=[0, 2, 3])
+    pool.at(0.1, pool.finish(1, "error", ERROR))
+    _run(pool)
+    assert pool.did("abort") == [("abort", (0, 1, 2, 3), pytest.approx(1.11))]
+
+
 def test_the_grace_runs_out_for_a_rank_in_a_collective_that_the_failed_rank_is_not_in():
     """A subgroup's all_reduce without rank 1 can still complete: rank 1's failure does not end the grace for it."""
     sub = dict(AR, group="group [0, 2]", ranks=[0, 2])
     pool = FakePool(4, collective={0: sub, 2: sub, 3: AR}, abortable=[0, 2, 3])
-    pool.at(0.1, pool.finish(1, "error", ERROR))
+    pool.at(0.1, pool.finish(1, "error", ERROR, seq=4))
     _run(pool)
     assert [t for _, _, t in pool.did("ask")] == pytest.approx([0.1, 0.16, 0.27, 0.48, 0.89, 1.1]), "ranks 0 and 2 may finish: the grace runs out"
     assert pool.did("abort") == [("abort", (0, 1, 2, 3), pytest.approx(1.11))]
@@ -293,7 +314,7 @@ def test_the_grace_runs_out_for_a_rank_in_a_collective_that_the_failed_rank_is_n
 
 def test_a_rank_that_reaches_the_collective_a_moment_after_the_failure_ends_the_grace_at_the_next_ask():
     pool = FakePool(3, collective={0: AR}, abortable=[0, 2])
-    pool.at(0.1, pool.finish(1, "error", ERROR))
+    pool.at(0.1, pool.finish(1, "error", ERROR, seq=4))
     pool.at(0.13, lambda: pool.collective.__setitem__(2, AR))  # rank 2 was still computing at the first ask
     _run(pool)
     assert [t for _, _, t in pool.did("ask")] == pytest.approx([0.1, 0.16])
@@ -305,7 +326,7 @@ def test_a_probe_that_finds_every_rank_stuck_ends_the_grace_and_counts_only_the_
     states = _states(r0=RankState.RUNNING, r1=RankState.FAILED, r2=RankState.RUNNING)
     assert p.decide(states, 0.1) == [CaptureStacks((0, 2), PROBE)]
     later = _states(r0=RankState.RUNNING, r1=RankState.FAILED, r2=RankState.DONE)  # rank 2 finished while the stacks came
-    actions = p.stacks_taken({0: STUCK, 2: "(idle)"}, 0.12, {0: AR, 2: None}, later)
+    actions = p.stacks_taken({0: STUCK, 2: "(idle)"}, 0.12, {0: AR, 2: None}, later, {1: 4, 2: 5})
     assert actions == [Abort((0, 1, 2), "rank 0 waited in a collective")]
     assert p.cancelled and p.interrupt_sent == 0.12 and p.notes[-1].startswith("rank 0 was in all_reduce #5")
 
