@@ -39,7 +39,7 @@ class RankOps(Protocol):
         after each wake, and no later than ``due()``."""
         ...
 
-    def ask(self, op: str, timeout: float, ranks: Optional[Sequence[int]] = None) -> Dict[int, dict]:
+    def ask(self, op: str, timeout: float, *, ranks: Optional[Sequence[int]] = None) -> Dict[int, dict]:
         """Send ``op`` (STACK) to these live ranks (default: every one); the replies that came within ``timeout``."""
         ...
 

@@ -155,7 +155,7 @@ def default_seq() -> Optional[int]:
 
         if not dist.is_available() or not dist.is_initialized():
             return None
-        return int(c10d._get_default_group()._get_sequence_number_for_group())  # type: ignore[union-attr]
+        return int(c10d._get_default_group()._get_sequence_number_for_group())  # type: ignore[attr-defined]
     except Exception:  # best effort: without it the kernel waits the grace out, as before
         log.debug("could not read the default group's sequence number", exc_info=True)
         return None

@@ -57,7 +57,7 @@ class Ops:
                 tick()
         raise AssertionError("the cell never ended")
 
-    def ask(self, op: str, timeout: float, ranks: Optional[Sequence[int]] = None) -> Dict[int, dict]:
+    def ask(self, op: str, timeout: float, *, ranks: Optional[Sequence[int]] = None) -> Dict[int, dict]:
         self.log.append(("ask", self.now))
         coll = {"op": "all_reduce", "seq": 3, "shape": [1], "dtype": "float32", "group": "default", "ranks": None}
         return {r: {"text": STACK, "collective": coll} for r, i in self.ranks.items() if i.state == RankState.RUNNING}

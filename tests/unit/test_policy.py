@@ -117,7 +117,7 @@ class FakePool:
                 tick()
         raise AssertionError("the loop never ended")
 
-    def ask(self, op: str, timeout: float, ranks: Optional[Sequence[int]] = None) -> Dict[int, dict]:
+    def ask(self, op: str, timeout: float, *, ranks: Optional[Sequence[int]] = None) -> Dict[int, dict]:
         self.log.append(("ask", op, self.now))
         self.now += 0.01
         asked = self.ranks if ranks is None else ranks
