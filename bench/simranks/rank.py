@@ -72,7 +72,7 @@ class SimRank:
     def __init__(self, rank: int, world: int, config: dict, on_exit: Callable[[int, int], None]) -> None:
         self.rank, self.world, self.config, self.on_exit = rank, world, config, on_exit
         self.secret = bytes.fromhex(config["secret"])
-        self.runs: "asyncio.Queue[dict]" = asyncio.Queue()
+        self.runs: "asyncio.Queue[Optional[dict]]" = asyncio.Queue()  # RUN and REFORM; None: the control channel ended
         self.outs: Dict[str, asyncio.StreamWriter] = {}
         self.script: Optional[S.Script] = None  # the cell running now
         self.filename = ""
@@ -112,14 +112,12 @@ class SimRank:
 
     async def _serve_loop(self) -> int:
         reader = asyncio.ensure_future(self._read_loop())
+        reader.add_done_callback(lambda _: self.runs.put_nowait(None))  # the channel ended: wake the loop (no task per message)
         try:
             while True:
-                get = asyncio.ensure_future(self.runs.get())
-                done, _ = await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if reader in done:
-                    get.cancel()
+                msg = await self.runs.get()
+                if msg is None:
                     return reader.result()
-                msg = get.result()
                 if msg["op"] == P.REFORM:
                     self.broken = False
                     self.send(P.REFORM, ok=True, seconds=0.0, swapped=[], stale=[])
