@@ -137,15 +137,15 @@ class FailurePolicy:
 
     def _note_failures(self, states: States, now: float) -> None:
         self._states = states
-        for r, (state, _) in sorted(states.items(), key=lambda kv: kv[1][1] or 0):
-            if r in self._place:
-                continue
-            if state in (RankState.FAILED, RankState.DEAD) or (state == RankState.INTERRUPTED and self.interrupt_sent is None and not self.user_interrupted):
-                self._place[r] = len(self.order)
-                self.order.append(r)
-                if self.first_failure is None:
-                    self.first_failure = now
-                    self._probe.begin(now)
+        counts = self.interrupt_sent is None and not self.user_interrupted  # an interruption is a failure only before we interrupted
+        new = [(r, finished) for r, (state, finished) in states.items() if r not in self._place and (
+            state in (RankState.FAILED, RankState.DEAD) or (state == RankState.INTERRUPTED and counts))]
+        for r, _ in sorted(new, key=lambda rf: rf[1] or 0):  # only the new ones sorted: asked after every failure, at 1,024 ranks
+            self._place[r] = len(self.order)
+            self.order.append(r)
+            if self.first_failure is None:
+                self.first_failure = now
+                self._probe.begin(now)
 
     def pause(self, seconds: float) -> None:
         """A rank sat in the debugger (or at input()) this long: no clock of the policy counts that time."""

@@ -23,6 +23,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from ..states import RankState
 
 FIRST_GAP_S = 0.05  # the wait before the second ask; it doubles after each
+SETTLED_S = 0.05  # how long a rank must have waited in its collective to count: one that has only just called it may not
+# be in the backend's wait yet, and an abort that lands before the wait starts does not release it (it hangs until stopped)
 
 States = Mapping[int, Tuple[RankState, Optional[float]]]  # as policy.States: rank -> (state, when it finished)
 Collective = Mapping[str, object]
@@ -30,11 +32,13 @@ Collective = Mapping[str, object]
 
 def stuck(collective: Optional[Collective], behind: Optional[int]) -> bool:
     """The rank waits in a collective on the default group that a rank which left the cell never issued: ``behind``, the
-    lowest ``seq`` the ranks that left reported, is below the collective's (the seq it shows may lag by one: equal is not proof)."""
+    lowest ``seq`` the ranks that left reported, is below the collective's (the seq it shows may lag by one: equal is not proof),
+    and it has waited there ``SETTLED_S`` at least."""
     if not collective or behind is None or collective.get("ranks") is not None:
         return False
-    seq = collective.get("seq")
-    return isinstance(seq, int) and behind < seq
+    seq, waited = collective.get("seq"), collective.get("waited")
+    settled = not isinstance(waited, (int, float)) or waited >= SETTLED_S
+    return isinstance(seq, int) and behind < seq and settled
 
 
 class Probe:

@@ -282,6 +282,16 @@ def test_a_dead_rank_is_the_root_cause_before_the_peer_errors_it_caused():
     assert run.notes == [] and not run.state_lost
 
 
+def test_a_rank_that_has_only_just_called_the_collective_counts_at_the_next_ask():
+    """An abort that lands before the backend's wait starts does not release it: a rank counts once it has waited a moment."""
+    p = FailurePolicy(None, 1.0, 0.0)
+    states = _states(r0=RankState.RUNNING, r1=RankState.FAILED)
+    assert p.decide(states, 0.1) == [CaptureStacks((0,), PROBE)]
+    assert p.stacks_taken({0: STUCK}, 0.11, {0: dict(AR, waited=0.001)}, states, {1: 4}) == [], "only just called: not yet"
+    assert p.decide(states, p.next_due()) == [CaptureStacks((0,), PROBE)]
+    assert p.stacks_taken({0: STUCK}, 0.17, {0: dict(AR, waited=0.06)}, states, {1: 4}) == [Abort((0, 1), "rank 0 waited in a collective")]
+
+
 def test_a_rank_still_inside_the_collective_its_peers_finished_with_is_not_stuck():
     """Every rank finished all_reduce #5 and then raised; rank 0 is still seen inside it, about to return: no abort."""
     pool = FakePool(4, collective={0: AR})
