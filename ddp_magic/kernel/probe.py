@@ -9,7 +9,8 @@ So after the first failure the failure policy (policy.py) asks the ranks still
 running where they are (STACK: the collective each is in), at once and again after
 0.05, 0.1, 0.2 ... s while the grace lasts (a rank may reach its collective a
 moment after its peer failed), each time only the ranks not yet known to be
-stuck: a rank stuck so stays stuck until the group is aborted. When every rank
+stuck (and only once it has waited ``SETTLED_S`` in its collective): a rank stuck so
+stays stuck until the group is aborted. When every rank
 still running is stuck, the policy goes on as if the grace had run out, with these
 stacks. A rank in a subgroup's collective, or a cell whose ranks left without a
 ``seq`` (a rank that died), gets the grace as before.
