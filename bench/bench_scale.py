@@ -37,7 +37,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--ns", help="simulated pool sizes (default 8,64,256,1024; --quick 8,64,256)")
     p.add_argument("--real-ns", help="real pool sizes (torch ranks, default 16,32; --quick 16; '' for none)")
     p.add_argument("--repeats", type=int, help="repeats of every step (default 5; --quick 2)")
-    p.add_argument("--skip", default="", help="phases to skip: api,kernel,memory,real,view")
+    p.add_argument("--skip", default="", help="phases to skip: api,kernel,profile,memory,real,view")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.path.join(RESULTS_DIR, "scale"), help="output path without extension (default bench/results/scale)")
     p.add_argument("--publish", action="store_true", help="copy the report to docs/bench/scale.md")
@@ -64,6 +64,9 @@ def run(args: argparse.Namespace, store: Store, watch: P.Watch) -> None:
     if "kernel" not in args.skip:
         log("Jupyter kernel, simulated ranks")
         scale_kernel.phase(args.ns, args.repeats, store, watch)
+    if "profile" not in args.skip:
+        log("where the kernel's CPU goes, at the largest n")
+        scale_kernel.profile(max(args.ns), args.repeats, store, watch)
     if "memory" not in args.skip:
         log("kernel memory")
         scale_kernel.memory(args.ns, store, watch)

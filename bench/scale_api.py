@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from harness import MIB, Store, log
 
-REFORMED = re.compile(r"re-formed in ([\d.]+) s")
+REFORMED = re.compile(r"re-formed in ([\d.]+) (ms|s)\b")  # words.fmt_seconds: "17 ms", "1.02 s"
+
+
+def reform_seconds(text: str) -> Optional[float]:
+    """The re-form's duration a failure's note gives, in seconds (None: no such note)."""
+    m = REFORMED.search(text)
+    return None if m is None else float(m.group(1)) / (1000.0 if m.group(2) == "ms" else 1.0)
 
 # What each step runs, on simulated ranks and on real ones (rank 1 raises: every other rank waits in all_reduce #3 / its first).
 CELLS = {
@@ -72,7 +78,7 @@ def _raise(pool: Any, n: int, src: str) -> Tuple[float, dict]:
     root = out.failures[0] if out.failures else None
     if root is None or root.rank != 1 or root.type != "ValueError":
         raise RuntimeError(f"the root cause is not rank 1's ValueError: {root.headline() if root else 'no failure'}")
-    reform = [float(m.group(1)) for m in map(REFORMED.search, out.notes) if m]
+    reform = [x for x in map(reform_seconds, out.notes) if x is not None]
     nxt = pool.run("1")
     _ok(nxt, n, "the cell after the failure")
     return wall, {"cpu": cpu, "reform_s": reform[0] if reform else None, "notes": len(out.notes)}

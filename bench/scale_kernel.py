@@ -9,13 +9,14 @@ results. Memory: a fresh kernel per n, its RSS with the pool idle.
 """
 from __future__ import annotations
 
-import re
+import json as _json
 import time
 from typing import Dict, List, Optional, Tuple
 
 import processes as P
 from harness import HERE, Store, log, short_error
 from kernels import KernelSession, stop_kernel
+from scale_api import reform_seconds
 
 SETUP = (
     "import sys, time as _t, json as _json\n"
@@ -28,7 +29,6 @@ SETUP = (
     "get_ipython().events.register('pre_run_cell', _pre)\nget_ipython().events.register('post_run_cell', _post)\n"
 )
 RAISE = '%%ddp\nsim.error("ValueError", "boom", ranks=[1])\nsim.collective("all_reduce", 3)'
-REFORMED = re.compile(r"re-formed in ([\d.]+) s")
 ENV = {"DDP_MAGIC_WARM_TEMPLATE": "0"}  # no torch template: simulated ranks need none
 
 
@@ -77,11 +77,11 @@ def _block(cells: Cells, n: int, rep: int, store: Store) -> None:
         error = info["ex"]["error"] or ""
         if not error.startswith("CellError: rank 1 raised ValueError: boom"):
             raise RuntimeError(f"unexpected error {error[:120]!r}")
-        reform = REFORMED.search(error)
+        reform = reform_seconds(error)
         nxt, _ = cells.run("%%ddp --no-widget\n1")
         if not (nxt["value"] or "").startswith(f"RankResults({n} ranks)"):
             raise RuntimeError("the cell after the failure did not run on every rank")
-        return wall, {"cpu": info["cpu"], "reform_s": float(reform.group(1)) if reform else None, "error_chars": len(error)}
+        return wall, {"cpu": info["cpu"], "reform_s": reform, "error_chars": len(error)}
 
     store.measure(f"kernel.raise.n{n}", raised, rep, quiet=True)
 
@@ -107,6 +107,33 @@ def phase(ns: List[int], repeats: int, store: Store, watch: P.Watch) -> None:
         store.error("kernel.phase", short_error(e))
     finally:
         stop_kernel(k, watch, "scale kernel")
+
+
+PROFILED = (("view", "%%ddp\n1"), ("noview", "%%ddp --no-widget\n1"), ("raise", RAISE))
+
+
+def profile(n: int, repeats: int, store: Store, watch: P.Watch) -> None:
+    """Where the kernel's CPU goes at n ranks, phase by phase (scale_phases.py), for the cells the goals are about."""
+    k: Optional[KernelSession] = None
+    try:
+        k = KernelSession(env=ENV)
+        cells = Cells(k)
+        k.ok("import scale_phases\nscale_phases.install()")
+        cells.run(f"%%ddp -n {n}\n1")
+        for rep in range(repeats):
+            for name, code in PROFILED:
+                def sample(code: str = code) -> Tuple[float, dict]:
+                    k.ok("scale_phases.take()")
+                    ex, cpu = cells.run(code)
+                    spent = _json.loads(k.ok("print(_json.dumps(scale_phases.take()))")["stdout"])
+                    return cpu, dict(spent, wall=ex["elapsed"], error=bool(ex["error"]))
+
+                store.measure(f"phase.{name}.n{n}", sample, rep, quiet=True)
+        log(f"profile at n={n}: {repeats} repeats")
+    except Exception as e:
+        store.error(f"phase.n{n}", short_error(e))
+    finally:
+        stop_kernel(k, watch, "scale profile")
 
 
 def rss_mib(pid: int) -> float:

@@ -72,12 +72,13 @@ class SimRank:
     def __init__(self, rank: int, world: int, config: dict, on_exit: Callable[[int, int], None]) -> None:
         self.rank, self.world, self.config, self.on_exit = rank, world, config, on_exit
         self.secret = bytes.fromhex(config["secret"])
-        self.runs: "asyncio.Queue[dict]" = asyncio.Queue()
+        self.runs: "asyncio.Queue[Optional[dict]]" = asyncio.Queue()  # RUN and REFORM; None: the control channel ended
         self.outs: Dict[str, asyncio.StreamWriter] = {}
         self.script: Optional[S.Script] = None  # the cell running now
         self.filename = ""
         self.line = 0  # the cell line the rank is at
         self.collective: Optional[Dict[str, Any]] = None  # the one it waits in
+        self.seq = 0  # the default group's sequence number: the last collective it entered (its DONE says it, as a worker's)
         self.broken = False  # the group was aborted: DONE says so until a REFORM
         self._wake: Optional[asyncio.Future] = None  # a sleep or a collective's wait, ended early by INTERRUPT or ABORT
         self._closed = False
@@ -111,14 +112,12 @@ class SimRank:
 
     async def _serve_loop(self) -> int:
         reader = asyncio.ensure_future(self._read_loop())
+        reader.add_done_callback(lambda _: self.runs.put_nowait(None))  # the channel ended: wake the loop (no task per message)
         try:
             while True:
-                get = asyncio.ensure_future(self.runs.get())
-                done, _ = await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if reader in done:
-                    get.cancel()
+                msg = await self.runs.get()
+                if msg is None:
                     return reader.result()
-                msg = get.result()
                 if msg["op"] == P.REFORM:
                     self.broken = False
                     self.send(P.REFORM, ok=True, seconds=0.0, swapped=[], stale=[])
@@ -207,7 +206,7 @@ class SimRank:
             self.script, self.collective, self.line = None, None, 0
         for writer in self.outs.values():
             writer.write(SYNC_PREFIX + str(cell).encode() + SYNC_END)
-        fields: Dict[str, Any] = {"cell": cell, "status": status, "error": error, "memory": None}
+        fields: Dict[str, Any] = {"cell": cell, "status": status, "error": error, "memory": None, "seq": self.seq}
         if self.broken:
             fields["group_broken"] = True
         if status != "ok" or value is None:
@@ -240,6 +239,7 @@ class SimRank:
         elif kind == "collective":
             op, seq = (list(args) + ["all_reduce", 0][len(args):])[:2]
             self.collective = {"op": op, "seq": seq, "shape": [1], "dtype": "float32", "group": "default", "ranks": None, "since": time.monotonic()}
+            self.seq = max(self.seq, int(seq))
             await self._wait(None)
         elif kind == "die":
             raise Died(str(int(args[0]) if args else 1))

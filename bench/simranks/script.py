@@ -19,6 +19,7 @@ to say which ranks do it. Pure: parsing only, no I/O; the rank (rank.py) runs it
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Optional, Tuple
@@ -102,8 +103,10 @@ def _step(node: ast.expr, source: str) -> Step:
     return Step(func.attr, args, tuple(sorted(kwargs.items())), line, None if ranks is None else parse_ranks(ranks), parse_ranks(skip))
 
 
+@functools.lru_cache(maxsize=64)
 def parse(source: str) -> Script:
-    """The cell's source as a Script; ScriptError names the first statement the simulator cannot run."""
+    """The cell's source as a Script; ScriptError names the first statement the simulator cannot run.
+    Cached: the hundreds of ranks of a host process run the same cell, and a Script is immutable."""
     try:
         tree = ast.parse(source)
     except SyntaxError as e:

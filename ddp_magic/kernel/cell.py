@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 from ..errors import RankFailure
 from ..states import RankState
 from ..wire import protocol as P
-from .policy import Abort, Action, CaptureStacks, FailurePolicy, GiveUp, Interrupt, Signal, States, running
+from .policy import PROBE, Abort, Action, CaptureStacks, FailurePolicy, GiveUp, Interrupt, Signal, States, running
 from .ranks import Due, RankInfo, Tick
 from .stdin import Ask
 
@@ -39,8 +39,8 @@ class RankOps(Protocol):
         after each wake, and no later than ``due()``."""
         ...
 
-    def ask(self, op: str, timeout: float) -> Dict[int, dict]:
-        """Send ``op`` (STACK) to every live rank; the replies that came within ``timeout``."""
+    def ask(self, op: str, timeout: float, *, ranks: Optional[Sequence[int]] = None) -> Dict[int, dict]:
+        """Send ``op`` (STACK) to these live ranks (default: every one); the replies that came within ``timeout``."""
         ...
 
     def interrupt(self, ranks: Sequence[int]) -> None:
@@ -139,6 +139,10 @@ class CellRun:
     def _states(self) -> States:
         return {r: (info.state, info.finished) for r, info in self.ops.ranks.items()}
 
+    def _seqs(self) -> Dict[int, Optional[int]]:
+        """The default group's seq in the DONE of each rank that left the cell (kernel/probe.py)."""
+        return {r: (self.ops.done_message(r) or {}).get("seq") for r, info in self.ops.ranks.items() if info.state != RankState.RUNNING}
+
     def _any_running(self) -> bool:
         ranks = self.ops.ranks
         while self._cursor < len(self._order):
@@ -183,10 +187,10 @@ class CellRun:
             self._decided = None  # the policy moved on: it decides again at the next wake
         for action in actions:
             if isinstance(action, CaptureStacks):
-                replies = self.ops.ask(P.STACK, STACK_TIMEOUT_S)
+                replies = self.ops.ask(P.STACK, STACK_TIMEOUT_S, ranks=action.ranks)
                 texts = {r: str(m.get("text", "")) for r, m in replies.items()}
                 collectives = {r: m.get("collective") for r, m in replies.items()}
-                self._carry_out(self.policy.stacks_taken(texts, self.clock(), collectives))
+                self._carry_out(self.policy.stacks_taken(texts, self.clock(), collectives, self._states(), self._seqs() if action.reason == PROBE else None))
             elif isinstance(action, Interrupt):
                 self.ops.interrupt(action.ranks)
             elif isinstance(action, Abort):

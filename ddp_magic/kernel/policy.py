@@ -2,7 +2,9 @@
 
 A rank that raises or dies makes the cell fail; the others get ``grace``
 seconds to finish, then are asked where they are (their stacks and the
-collective each is in: forensics.py) and interrupted; when some wait in a
+collective each is in: forensics.py) and interrupted. The grace ends early
+when every rank still running waits in a collective that cannot complete
+(probe.py: asked at the first failure, and again while the grace lasts). When some wait in a
 collective, the process group is aborted on every live rank as well, which
 releases them (a gloo or NCCL wait cannot be interrupted), and the pool re-forms
 the group after the cell in the same processes (recovery.py). Ranks that still do
@@ -30,6 +32,8 @@ from ..wire.execution import group_places
 from ..wire.protocol import CellStatus
 from ..words import ranks_phrase
 from . import forensics
+from .probe import Probe
+from .blame import PEER_ERRORS, STOPPED_BY_US, causes, root_cause_rank  # noqa: F401  (causes, STOPPED_BY_US: here before blame.py)
 
 States = Mapping[int, Tuple[RankState, Optional[float]]]  # rank -> (state, when it finished)
 
@@ -43,9 +47,10 @@ class StackReason(str, Enum):
     TIMEOUT = "timeout"  # the cell ran past --timeout: show where every rank was, then interrupt
     FAILURE = "failure"  # a rank failed and others still run: name where they wait, then interrupt
     USER = "user"  # Ctrl-C: show where the ranks were, then interrupt
+    PROBE = "probe"  # a rank failed just now: if every other waits in a collective it cannot finish, FAILURE at once
 
 
-TIMEOUT, FAILURE, USER = StackReason.TIMEOUT, StackReason.FAILURE, StackReason.USER
+TIMEOUT, FAILURE, USER, PROBE = StackReason.TIMEOUT, StackReason.FAILURE, StackReason.USER, StackReason.PROBE
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,7 @@ class FailurePolicy:
     def __init__(self, timeout: Optional[float], grace: float, t0: float) -> None:
         self.timeout, self.grace, self.t0 = timeout, grace, t0
         self.order: List[int] = []  # ranks in the order they failed
+        self._place: Dict[int, int] = {}  # rank -> its index in order (O(1) "failed yet?" at a thousand ranks)
         self.first_failure: Optional[float] = None
         self.interrupt_sent: Optional[float] = None
         self.killed: List[int] = []  # ranks we signalled
@@ -118,6 +124,7 @@ class FailurePolicy:
         self.state_lost = False
         self._timed_out_on: Tuple[int, ...] = ()  # the ranks still running when the timeout expired
         self._awaiting: Optional[CaptureStacks] = None  # stacks asked for, not yet handed back
+        self._probe = Probe()  # asks, while the grace lasts, whether every rank still running is stuck (probe.py)
         self._stopping: Optional[List[int]] = None  # the ranks being stopped by signal
         self._sig: int = signal.SIGTERM  # the last signal sent to them
         self._sig_at = 0.0
@@ -130,13 +137,15 @@ class FailurePolicy:
 
     def _note_failures(self, states: States, now: float) -> None:
         self._states = states
-        for r, (state, _) in sorted(states.items(), key=lambda kv: kv[1][1] or 0):
-            if r in self.order:
-                continue
-            if state in (RankState.FAILED, RankState.DEAD) or (state == RankState.INTERRUPTED and self.interrupt_sent is None and not self.user_interrupted):
-                self.order.append(r)
-                if self.first_failure is None:
-                    self.first_failure = now
+        counts = self.interrupt_sent is None and not self.user_interrupted  # an interruption is a failure only before we interrupted
+        new = [(r, finished) for r, (state, finished) in states.items() if r not in self._place and (
+            state in (RankState.FAILED, RankState.DEAD) or (state == RankState.INTERRUPTED and counts))]
+        for r, _ in sorted(new, key=lambda rf: rf[1] or 0):  # only the new ones sorted: asked after every failure, at 1,024 ranks
+            self._place[r] = len(self.order)
+            self.order.append(r)
+            if self.first_failure is None:
+                self.first_failure = now
+                self._probe.begin(now)
 
     def pause(self, seconds: float) -> None:
         """A rank sat in the debugger (or at input()) this long: no clock of the policy counts that time."""
@@ -144,6 +153,7 @@ class FailurePolicy:
         self.first_failure = None if self.first_failure is None else self.first_failure + seconds
         self.interrupt_sent = None if self.interrupt_sent is None else self.interrupt_sent + seconds
         self._sig_at += seconds
+        self._probe.pause(seconds)
 
     def next_due(self) -> Optional[float]:
         """When ``decide`` next has something to decide (the timeout, a grace period's end, an
@@ -158,7 +168,7 @@ class FailurePolicy:
         elif self.interrupt_sent is not None:
             times.append(self.interrupt_sent + self.grace)
         elif self.first_failure is not None:
-            times.append(self.first_failure + self.grace)
+            times += [self.first_failure + self.grace] + ([self._probe.at] if self._probe.at is not None else [])
         return min(times) if times else None
 
     def _next_step(self) -> float:
@@ -180,6 +190,10 @@ class FailurePolicy:
         if self.first_failure is not None and self.interrupt_sent is None and now >= self.first_failure + self.grace:
             self.cancelled = True
             return self._ask_stacks(live, FAILURE)
+        ask = self._probe.due(now, live) if self.first_failure is not None and self.interrupt_sent is None else None
+        if ask is not None:
+            self._awaiting = CaptureStacks(tuple(ask), PROBE)
+            return [self._awaiting] if ask else self.stacks_taken({}, now, {})  # every one known stuck already: no need to ask
         if self.interrupt_sent is not None and now >= self.interrupt_sent + self.grace:
             if any(r not in self._interrupted for r in live):  # released by the abort, yet still running: interrupt them
                 return self._interrupt(live, now)
@@ -209,12 +223,22 @@ class FailurePolicy:
         self._awaiting = CaptureStacks(tuple(ranks), reason)
         return [self._awaiting]
 
-    def stacks_taken(self, replies: Mapping[int, str], now: float, collectives: Optional[Collectives] = None) -> List[Action]:
+    def stacks_taken(self, replies: Mapping[int, str], now: float, collectives: Optional[Collectives] = None,
+                     states: Optional[States] = None, seqs: Optional[Mapping[int, Optional[int]]] = None) -> List[Action]:
         """The stacks (and collectives) that came back for a ``CaptureStacks``: note where ranks were,
-        abort the group if some wait in a collective, interrupt them."""
+        abort the group if some wait in a collective, interrupt them. ``states``: the ranks' states now, ``seqs``:
+        the default group's seq in the DONE of each rank that left the cell (what a PROBE's answer is judged by)."""
         asked, self._awaiting = self._awaiting, None
+        if states is not None:
+            self._note_failures(states, now)
         if asked is None:
             return []
+        if asked.reason == PROBE:
+            live = self._probe.taken(replies, collectives or {}, self._states, now, (self.first_failure or now) + self.grace, seqs or {})
+            if live is None:
+                return []  # some rank may still finish: the grace runs on
+            self.cancelled, asked = True, CaptureStacks(tuple(live), FAILURE)
+            replies, collectives = self._probe.texts, self._probe.collectives
         self.stacks.update({r: replies[r] for r in asked.ranks if r in replies})
         self.collectives.update({r: (collectives or {}).get(r) for r in asked.ranks})
         ranks, where = asked.ranks, self._where(asked.ranks)
@@ -299,7 +323,7 @@ class FailurePolicy:
         the failures of the dead ranks (``deaths``)."""
         self._note_failures(states, now)
         out: List[RankFailure] = []
-        late = [r for r, (state, _) in states.items() if state == RankState.INTERRUPTED and r not in self.order]
+        late = [r for r, (state, _) in states.items() if state == RankState.INTERRUPTED and r not in self._place]
         for r in self.order + late:
             msg = done.get(r)
             if states[r][0] == RankState.DEAD:
@@ -346,11 +370,8 @@ class FailurePolicy:
 
     def _released(self, rank: int, message: str) -> bool:
         """A collective that broke after we aborted the group, because of the abort."""
-        after = self._abort_at is not None and rank in self.order and self.order.index(rank) >= self._abort_at
-        return after and any(e in message for e in _PEER_ERRORS)
-
-
-_PEER_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "connection closed")
+        after = self._abort_at is not None and self._place.get(rank, -1) >= self._abort_at
+        return after and any(e in message for e in PEER_ERRORS)
 
 
 def _who(ranks: Sequence[int]) -> str:
@@ -360,29 +381,3 @@ def _who(ranks: Sequence[int]) -> str:
 
 def _them(ranks: Sequence[int]) -> str:
     return "it" if len(ranks) == 1 else "them"
-
-
-STOPPED_BY_US = (FailureKind.KILLED, FailureKind.INTERRUPTED)
-
-
-def causes(failures: Sequence[RankFailure]) -> Dict[int, Tuple[str, str]]:
-    """rank -> (kind, "root" | "stopped"): the failures that explain the cell, and the ranks stopped (or released)
-    because of them. The one rule the cell's view, the panel and the status bar colour ranks by."""
-    own = [f for f in failures if f.kind not in STOPPED_BY_US]
-    best = min((root_cause_rank(f) for f in own), default=None)
-    out: Dict[int, Tuple[str, str]] = {}
-    for f in failures:
-        root = best is not None and f.kind not in STOPPED_BY_US and root_cause_rank(f) == best
-        out.setdefault(f.rank, (str(f.kind), "root" if root else "stopped"))
-    return out
-
-
-def root_cause_rank(f: RankFailure) -> int:
-    """Which failure explains the others: a rank that died or that a timeout waited for (the policy
-    gives TIMEOUT only to the hung ranks, and only when no failure came first), then a real error,
-    then the collectives that broke because a peer went away, then ranks we interrupted or stopped."""
-    if f.kind in (FailureKind.DIED, FailureKind.TIMEOUT):
-        return 0
-    if f.kind == FailureKind.ERROR:
-        return 2 if any(e in f.message for e in _PEER_ERRORS) else 1
-    return 3

@@ -235,3 +235,20 @@ def describe() -> Optional[Dict[str, Any]]:
     except Exception:  # a description is best effort: the op alone still helps
         log.debug("could not describe the collective in progress", exc_info=True)
     return out
+
+
+def default_seq() -> Optional[int]:
+    """How many collectives this rank has issued on the default group (None: no group): its DONE carries it, so the kernel
+    can tell a peer that waits in collective #N from one that left the cell before it (kernel/probe.py)."""
+    try:
+        if "torch.distributed" not in sys.modules:
+            return None
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        return int(c10d._get_default_group()._get_sequence_number_for_group())  # type: ignore[attr-defined]
+    except Exception:  # best effort: without it the kernel waits the grace out, as before
+        log.debug("could not read the default group's sequence number", exc_info=True)
+        return None

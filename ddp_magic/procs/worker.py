@@ -114,8 +114,9 @@ class Worker:
                 elif op == P.INTERRUPT:
                     if self.running_user_code:
                         signal.pthread_kill(self.main_ident, signal.SIGINT)
-                elif op == P.STACK:
-                    self.chan.send(P.STACK, rank=self.rank, text=self.main_stack(), collective=rank_collectives.describe())
+                elif op == P.STACK:  # the collective first: a rank seen in one that cannot complete is still in it when its stack is taken
+                    collective = rank_collectives.describe()
+                    self.chan.send(P.STACK, rank=self.rank, text=self.main_stack(), collective=collective)
                 elif op == P.ABORT:  # release the main thread's collective wait (rank_recover.py)
                     rank_recover.on_abort(msg)
                 elif op == P.REFORM:  # a new process group, formed by the main thread between cells
@@ -201,7 +202,8 @@ class Worker:
         rank_metrics.end_cell()  # every row logged before DONE
         status, error = rank_recover.cell_status(status, error)  # a wait released by ABORT ends as interrupted
         self.capture.sync(msg["cell"])
-        fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status.value, "error": error, "memory": rank_torch.gpu_memory()}
+        fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status.value, "error": error, "memory": rank_torch.gpu_memory(),
+                        "seq": rank_collectives.default_seq()}
         fields.update(rank_profile.take())
         fields.update(rank_recover.done_fields())
         if status != CellStatus.OK or value is None:

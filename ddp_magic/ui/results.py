@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import struct
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..logs import log
@@ -30,9 +31,14 @@ class RankResults(list):
         """One entry per rank, each value formatted alone (the same way for every rank) and its further lines
         indented under its first: no rank's value depends on where another's ended."""
         rows = [f"RankResults({len(self)} rank{'' if len(self) == 1 else 's'}):"]
+        shown: Dict[Tuple[type, object], str] = {}  # a scalar every rank returned alike (a thousand ranks' 1) is formatted once
         for rank, value in enumerate(self):
             head = _prefix(rank)
-            first, *rest = show(value).split("\n") or [""]
+            key = _scalar_key(value)
+            text = shown.get(key) if key is not None else None
+            if text is None:
+                text = show(value) if key is None else shown.setdefault(key, repr(value))  # a plain scalar's pretty() is its repr()
+            first, *rest = text.split("\n") or [""]
             rows.append(head + first)
             rows += [" " * len(head) + line if line else line for line in rest]
         return "\n".join(rows)
@@ -52,6 +58,15 @@ class RankResults(list):
                 log.debug("RankResults.same: could not compare two ranks' values", exc_info=True)
                 return False
         return True
+
+
+def _scalar_key(value: Any) -> Optional[Tuple[type, object]]:
+    """A key under which equal values print alike, as their repr (what pretty() prints for them too): plain scalars
+    only, a float by its bits (0.0 and -0.0 print apart); None for anything else."""
+    kind = type(value)
+    if kind is float:
+        return kind, struct.pack("d", value)
+    return (kind, value) if kind in (int, bool, str, bytes, type(None)) else None
 
 
 def _prefix(rank: int) -> str:

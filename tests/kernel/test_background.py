@@ -160,11 +160,16 @@ def test_cancel_mid_run_keeps_the_ranks_and_their_state(k2):
         assert [v > 0 for v in k2.value("list(_)")] == [True, True]  # the loop's variable survived the cancel
 
 
-def test_a_rank_raising_in_the_bg_cell_raises_from_result_and_shows_in_the_cell(k2):
-    cell = "%%ddp --bg --out job\nx = torch.ones(2)\nif dist.get_rank() == 1:\n    raise ValueError('rank 1 gives up')\ndist.all_reduce(x)\nx"
+def test_a_rank_raising_in_the_bg_cell_raises_from_result_and_shows_in_the_cell(k2, gates):
+    # the raise waits at a gate until the cell has returned: the failure policy releases rank 0 at once (kernel/probe.py),
+    # so without it the job could fail before its own cell is idle
+    cell = ("%%ddp --bg --out job\nx = torch.ones(2)\nwhile os.path.exists({a!r}):\n    time.sleep(0.01)\n"
+            "if dist.get_rank() == 1:\n    raise ValueError('rank 1 gives up')\ndist.all_reduce(x)\nx")
     for _ in range(2):
+        gates.close()
         k2.elsewhere.clear()
-        bg = k2.run(cell, timeout=60).ok()
+        bg = k2.run(cell.format(a=gates["a"]), timeout=60).ok()
+        gates.open("a")
         k2.run("job.wait(120)", timeout=150).ok()
         ex = k2.run("job.result()", timeout=30)
         assert ex.error is not None and ex.error[0] == "CellError" and ex.error[1].startswith("rank 1 raised ValueError: rank 1 gives up"), ex.error

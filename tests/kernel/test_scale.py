@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
 
@@ -90,6 +91,27 @@ def test_one_rank_raises_while_255_wait_in_all_reduce(pool) -> None:
         assert any("never arrived at all_reduce #3" in n and "rank 100 raised" in n for n in out.notes)
         assert any(re.match(r"the process group was re-formed in " + SECONDS + r"; your variables are intact", n) for n in out.notes), out.notes[-3:]
         assert pool.run("5").values == [5] * N  # the next cell runs on every rank, in the same pool
+
+
+def test_the_grace_ends_once_every_other_rank_is_seen_stuck(pool) -> None:
+    """With a grace of an hour the cell still ends: the policy sees the 255 others wait in all_reduce #3, which rank 100 never
+    issued (its DONE's seq), and releases them at once (kernel/probe.py). A watchdog cancels the cell if it does not."""
+    grace, pool.grace = pool.grace, 3600.0
+    try:
+        for _ in range(2):
+            cancel = threading.Event()
+            watchdog = threading.Timer(120.0, cancel.set)
+            watchdog.start()
+            try:
+                out = pool.run('sim.error("ValueError", "boom", ranks=[100])\nsim.collective("all_reduce", 3)', cancel=cancel)
+            finally:
+                watchdog.cancel()
+            assert not cancel.is_set() and not any("interrupted by the user" in n for n in out.notes), out.notes[:3]
+            assert (out.failures[0].rank, out.failures[0].type) == (100, "ValueError")
+            assert sorted(f.rank for f in out.failures[1:] if f.kind == FailureKind.INTERRUPTED) == [r for r in range(N) if r != 100]
+            assert pool.run("5").values == [5] * N
+    finally:
+        pool.grace = grace
 
 
 def test_a_rank_that_never_arrives_is_named_by_the_forensics(pool) -> None:

@@ -41,7 +41,7 @@ class Ops:
         if info.state == RankState.RUNNING:
             info.state = {"ok": RankState.DONE, "error": RankState.FAILED}.get(status, RankState.INTERRUPTED)
             info.finished = self.now
-            self.done[rank] = {"status": status, "error": {"type": type_name, "message": message, "traceback": ""}}
+            self.done[rank] = {"status": status, "error": {"type": type_name, "message": message, "traceback": ""}, "seq": 2}  # before all_reduce #3
             self.version += 1
             self.failed += status != "ok"
 
@@ -57,7 +57,7 @@ class Ops:
                 tick()
         raise AssertionError("the cell never ended")
 
-    def ask(self, op: str, timeout: float) -> Dict[int, dict]:
+    def ask(self, op: str, timeout: float, *, ranks: Optional[Sequence[int]] = None) -> Dict[int, dict]:
         self.log.append(("ask", self.now))
         coll = {"op": "all_reduce", "seq": 3, "shape": [1], "dtype": "float32", "group": "default", "ranks": None}
         return {r: {"text": STACK, "collective": coll} for r, i in self.ranks.items() if i.state == RankState.RUNNING}

@@ -17,6 +17,7 @@ from ddp_magic.kernel.cell import CellRun, RankOps
 from ddp_magic.kernel.forensics import last_cell_line
 from ddp_magic.kernel.policy import (
     FAILURE,
+    PROBE,
     Abort,
     CaptureStacks,
     FailurePolicy,
@@ -73,12 +74,13 @@ class FakePool:
     def at(self, t: float, what: Callable[[], None]) -> None:
         self.events.append((t, what))
 
-    def finish(self, rank: int, status: str, error: Optional[dict] = None) -> Callable[[], None]:
+    def finish(self, rank: int, status: str, error: Optional[dict] = None, seq: Optional[int] = None) -> Callable[[], None]:
+        """``seq``: the default group's sequence number its DONE reports (collectives issued so far)."""
         def go() -> None:
             info = self.ranks[rank]
             if info.state != RankState.RUNNING:
                 return
-            self.done[rank] = {"op": "done", "status": status, "error": error}
+            self.done[rank] = {"op": "done", "status": status, "error": error, "seq": seq}
             info.state = {"ok": RankState.DONE, "interrupted": RankState.INTERRUPTED}.get(status, RankState.FAILED)
             info.finished = self.now
 
@@ -115,10 +117,11 @@ class FakePool:
                 tick()
         raise AssertionError("the loop never ended")
 
-    def ask(self, op: str, timeout: float) -> Dict[int, dict]:
+    def ask(self, op: str, timeout: float, *, ranks: Optional[Sequence[int]] = None) -> Dict[int, dict]:
         self.log.append(("ask", op, self.now))
         self.now += 0.01
-        return {r: {"op": op, "text": STUCK, "collective": self.collective.get(r)} for r, i in self.ranks.items() if i.state == RankState.RUNNING}
+        asked = self.ranks if ranks is None else ranks
+        return {r: {"op": op, "text": STUCK, "collective": self.collective.get(r)} for r in asked if self.ranks[r].state == RankState.RUNNING}
 
     def abort(self, ranks: Sequence[int], why: str) -> None:
         self.log.append(("abort", tuple(ranks), self.now))
@@ -177,12 +180,12 @@ AR = {"op": "all_reduce", "seq": 5, "shape": [4], "dtype": "float32", "group": "
 
 def test_a_rank_raises_while_others_wait_in_a_collective_and_the_group_is_aborted():
     pool = FakePool(4, collective={0: AR, 2: AR, 3: AR}, abortable=[0, 2, 3])
-    pool.at(0.1, pool.finish(1, "error", ERROR))
+    pool.at(0.1, pool.finish(1, "error", ERROR, seq=4))  # it issued 4 collectives: it never reached #5
     run = _run(pool)
 
-    # grace -> stacks (they wait in all_reduce) -> abort on every live rank + interrupt -> released
-    assert pool.did("ask") == [("ask", "stack", pytest.approx(1.1))]
-    assert pool.did("abort") == [("abort", (0, 1, 2, 3), pytest.approx(1.11))]
+    # stacks at once (every other rank waits in all_reduce, which rank 1 left: the grace cannot help) -> abort on every live rank -> released
+    assert pool.did("ask") == [("ask", "stack", pytest.approx(0.1))]
+    assert pool.did("abort") == [("abort", (0, 1, 2, 3), pytest.approx(0.11))]
     assert not pool.did("interrupt"), "the abort releases them; an interrupt could not"
     assert not pool.did("signal") and pool.broken is None
     assert run.notes[0] == "rank 1 never arrived at all_reduce #5 (rank 1 raised)"
@@ -198,12 +201,12 @@ def test_a_rank_raises_while_others_wait_in_a_collective_and_the_group_is_aborte
 
 def test_ranks_that_not_even_the_abort_releases_are_stopped():
     pool = FakePool(4, term_ok=[0, 2, 3], collective={0: AR, 2: AR, 3: AR})  # deaf to the abort, not to SIGTERM
-    pool.at(0.1, pool.finish(1, "error", ERROR))
+    pool.at(0.1, pool.finish(1, "error", ERROR, seq=4))
     run = _run(pool)
-    # abort (1.11) -> a grace -> still running: the interrupt they were spared (2.11) -> a grace -> SIGTERM
-    assert pool.did("interrupt") == [("interrupt", (0, 2, 3), pytest.approx(2.11))]
-    assert pool.did("signal") == [("signal", (0, 2, 3), signal.SIGTERM, pytest.approx(3.11))]
-    assert pool.now < 3.5, "no SIGKILL wait once every stopped rank has exited"
+    # abort at once (0.11) -> a grace -> still running: the interrupt they were spared (1.11) -> a grace -> SIGTERM
+    assert pool.did("interrupt") == [("interrupt", (0, 2, 3), pytest.approx(1.11))]
+    assert pool.did("signal") == [("signal", (0, 2, 3), signal.SIGTERM, pytest.approx(2.11))]
+    assert pool.now < 2.5, "no SIGKILL wait once every stopped rank has exited"
     assert run.notes[-1] == (
         "ranks 0, 2-3 did not respond to the interrupt (stuck in a collective or native code) and were stopped; "
         "the pool restarts on the next cell and variables defined in earlier %%ddp cells are lost"
@@ -220,6 +223,8 @@ def test_a_rank_deaf_to_the_interrupt_gets_the_group_aborted_before_it_is_stoppe
     pool = FakePool(2, abortable=[0])
     pool.at(0.1, pool.finish(1, "error", ERROR))
     run = _run(pool)
+    # rank 0 is in no collective: asked at once and again after 0.05, 0.1, 0.2, 0.4 s (each ask takes the fake 0.01 s), then the grace runs out
+    assert [t for _, _, t in pool.did("ask")] == pytest.approx([0.1, 0.16, 0.27, 0.48, 0.89, 1.1])
     assert pool.did("interrupt") == [("interrupt", (0,), pytest.approx(1.11))]
     assert pool.did("abort") == [("abort", (0, 1), pytest.approx(2.11))]
     assert not pool.did("signal") and pool.broken is None and run.aborted and not run.state_lost
@@ -273,8 +278,67 @@ def test_a_dead_rank_is_the_root_cause_before_the_peer_errors_it_caused():
     failures = run.failures()
     assert [(f.rank, f.kind) for f in failures] == [(2, "died"), (0, "error"), (1, "error"), (3, "error")]
     assert failures[0].headline().startswith("rank 2 (pid 1002) was killed by SIGKILL")
-    assert not pool.log, "every rank finished on its own: nothing to interrupt or stop"
+    assert pool.log and {e[0] for e in pool.log} == {"ask"}, "every rank finished on its own: asked where they were, nothing interrupted or stopped"
     assert run.notes == [] and not run.state_lost
+
+
+def test_a_rank_that_has_only_just_called_the_collective_counts_at_the_next_ask():
+    """An abort that lands before the backend's wait starts does not release it: a rank counts once it has waited a moment."""
+    p = FailurePolicy(None, 1.0, 0.0)
+    states = _states(r0=RankState.RUNNING, r1=RankState.FAILED)
+    assert p.decide(states, 0.1) == [CaptureStacks((0,), PROBE)]
+    assert p.stacks_taken({0: STUCK}, 0.11, {0: dict(AR, waited=0.001)}, states, {1: 4}) == [], "only just called: not yet"
+    assert p.decide(states, p.next_due()) == [CaptureStacks((0,), PROBE)]
+    assert p.stacks_taken({0: STUCK}, 0.17, {0: dict(AR, waited=0.06)}, states, {1: 4}) == [Abort((0, 1), "rank 0 waited in a collective")]
+
+
+def test_a_rank_still_inside_the_collective_its_peers_finished_with_is_not_stuck():
+    """Every rank finished all_reduce #5 and then raised; rank 0 is still seen inside it, about to return: no abort."""
+    pool = FakePool(4, collective={0: AR})
+    for r in (1, 2, 3):
+        pool.at(0.1, pool.finish(r, "error", ERROR, seq=5))
+    pool.at(0.2, lambda: pool.collective.pop(0))
+    pool.at(0.2, pool.finish(0, "error", ERROR, seq=5))
+    run = _run(pool)
+    assert pool.did("ask") and not pool.did("abort") and not pool.did("interrupt") and run.notes == []
+    assert not run.aborted
+
+
+def test_without_a_seq_from_the_rank_that_left_the_grace_runs_out():
+    """A rank that died (or an older worker) reports no seq: nothing proves the others stuck."""
+    pool = FakePool(4, collective={0: AR, 2: AR, 3: AR}, abortable=[0, 2, 3])
+    pool.at(0.1, pool.finish(1, "error", ERROR))
+    _run(pool)
+    assert pool.did("abort") == [("abort", (0, 1, 2, 3), pytest.approx(1.11))]
+
+
+def test_the_grace_runs_out_for_a_rank_in_a_collective_that_the_failed_rank_is_not_in():
+    """A subgroup's all_reduce without rank 1 can still complete: rank 1's failure does not end the grace for it."""
+    sub = dict(AR, group="group [0, 2]", ranks=[0, 2])
+    pool = FakePool(4, collective={0: sub, 2: sub, 3: AR}, abortable=[0, 2, 3])
+    pool.at(0.1, pool.finish(1, "error", ERROR, seq=4))
+    _run(pool)
+    assert [t for _, _, t in pool.did("ask")] == pytest.approx([0.1, 0.16, 0.27, 0.48, 0.89, 1.1]), "ranks 0 and 2 may finish: the grace runs out"
+    assert pool.did("abort") == [("abort", (0, 1, 2, 3), pytest.approx(1.11))]
+
+
+def test_a_rank_that_reaches_the_collective_a_moment_after_the_failure_ends_the_grace_at_the_next_ask():
+    pool = FakePool(3, collective={0: AR}, abortable=[0, 2])
+    pool.at(0.1, pool.finish(1, "error", ERROR, seq=4))
+    pool.at(0.13, lambda: pool.collective.__setitem__(2, AR))  # rank 2 was still computing at the first ask
+    _run(pool)
+    assert [t for _, _, t in pool.did("ask")] == pytest.approx([0.1, 0.16])
+    assert pool.did("abort") == [("abort", (0, 1, 2), pytest.approx(0.17))]
+
+
+def test_a_probe_that_finds_every_rank_stuck_ends_the_grace_and_counts_only_the_ranks_still_running():
+    p = FailurePolicy(None, 1.0, 0.0)
+    states = _states(r0=RankState.RUNNING, r1=RankState.FAILED, r2=RankState.RUNNING)
+    assert p.decide(states, 0.1) == [CaptureStacks((0, 2), PROBE)]
+    later = _states(r0=RankState.RUNNING, r1=RankState.FAILED, r2=RankState.DONE)  # rank 2 finished while the stacks came
+    actions = p.stacks_taken({0: STUCK, 2: "(idle)"}, 0.12, {0: AR, 2: None}, later, {1: 4, 2: 5})
+    assert actions == [Abort((0, 1, 2), "rank 0 waited in a collective")]
+    assert p.cancelled and p.interrupt_sent == 0.12 and p.notes[-1].startswith("rank 0 was in all_reduce #5")
 
 
 def test_a_real_error_ranks_before_a_peer_connection_error_that_came_first():
@@ -439,9 +503,11 @@ def test_the_escalation_is_a_sequence_of_policy_states():
     p = FailurePolicy(None, 1.0, 0.0)
     assert p.next_due() is None
     states = _states(r0=RankState.RUNNING, r1=RankState.FAILED)
-    assert p.decide(states, 0.5) == []
-    assert p.next_due() == 1.5
-    assert p.decide(states, 1.0) == []
+    assert p.decide(states, 0.5) == [CaptureStacks((0,), PROBE)], "at once: is every other rank stuck in a collective?"
+    assert p.stacks_taken({0: STUCK}, 0.51, {0: None}, states) == [] and p.notes == [], "no: rank 0 may still finish"
+    assert p.next_due() == pytest.approx(0.56), "asked again after 0.05 s"
+    assert p.decide(states, 0.56) == [CaptureStacks((0,), PROBE)] and p.stacks_taken({}, 0.57, {}, states) == []
+    assert p.next_due() == pytest.approx(0.67)
     assert p.decide(states, 1.5) == [CaptureStacks((0,), FAILURE)]
     assert p.decide(states, 1.6) == [], "nothing more until the stacks are in"
     assert p.stacks_taken({0: STUCK}, 1.6) == [Interrupt((0,))]

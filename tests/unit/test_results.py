@@ -162,6 +162,18 @@ def test_tensors_print_alike_with_their_rows_under_the_first():
     assert repr(RankResults([None])) == "RankResults(1 rank):\n  [0] None"
 
 
+def test_scalars_formatted_once_for_all_ranks_still_print_as_each_alone():
+    """Equal scalars share one formatting (a thousand ranks' ``1``); values that compare equal but print apart do not."""
+    from ddp_magic.ui.results import RankResults
+
+    values = [1, True, 1.0, -0.0, 0.0, float("nan"), "1", b"1", None, 1, 2 ** 70, -0.0]
+    results = RankResults(values)
+    for text, show in ((_pretty(results), lambda v: _pretty(v, 79 - len("  [10] "))), (repr(results), repr)):
+        entries = _entries(text)
+        assert [entries[r] for r in range(len(values))] == [show(v) for v in values], text
+    assert _entries(repr(results))[3] == "-0.0" and _entries(repr(results))[4] == "0.0" and _entries(repr(results))[1] == "True"
+
+
 def test_a_multi_line_value_s_continuations_stay_under_it_for_ranks_past_9():
     from ddp_magic.ui.results import RankResults
 

@@ -1,0 +1,37 @@
+"""Which of a failed cell's failures explains the others: the root cause, and the ranks stopped because of it.
+
+The one rule the failure policy orders failures by and the cell's view, the panel and the status bar colour ranks by.
+Pure: failures in, order and labels out.
+"""
+from __future__ import annotations
+
+from typing import Dict, Sequence, Tuple
+
+from ..errors import RankFailure
+from ..states import FailureKind
+
+PEER_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "connection closed")  # a collective broke: a peer went away
+STOPPED_BY_US = (FailureKind.KILLED, FailureKind.INTERRUPTED)
+
+
+def causes(failures: Sequence[RankFailure]) -> Dict[int, Tuple[str, str]]:
+    """rank -> (kind, "root" | "stopped"): the failures that explain the cell, and the ranks stopped (or released)
+    because of them. The one rule the cell's view, the panel and the status bar colour ranks by."""
+    own = [f for f in failures if f.kind not in STOPPED_BY_US]
+    best = min((root_cause_rank(f) for f in own), default=None)
+    out: Dict[int, Tuple[str, str]] = {}
+    for f in failures:
+        root = best is not None and f.kind not in STOPPED_BY_US and root_cause_rank(f) == best
+        out.setdefault(f.rank, (str(f.kind), "root" if root else "stopped"))
+    return out
+
+
+def root_cause_rank(f: RankFailure) -> int:
+    """Which failure explains the others: a rank that died or that a timeout waited for (the policy
+    gives TIMEOUT only to the hung ranks, and only when no failure came first), then a real error,
+    then the collectives that broke because a peer went away, then ranks we interrupted or stopped."""
+    if f.kind in (FailureKind.DIED, FailureKind.TIMEOUT):
+        return 0
+    if f.kind == FailureKind.ERROR:
+        return 2 if any(e in f.message for e in PEER_ERRORS) else 1
+    return 3
