@@ -11,6 +11,21 @@ from ..logs import log
 from ..plan import DIST_VARS, Check, Plan, plan_checks
 
 
+_ENVS: Dict[str, List[Dict[str, str]]] = {}  # run id -> each rank's DIST_VARS: a new view per cell reuses them
+_ENVS_KEPT = 4  # plans remembered (a pool's plan, and a few it replaced)
+
+
+def _plan_envs(plan: Plan) -> List[Dict[str, str]]:
+    """Each rank's DIST_VARS of ``plan``, once per plan, not once per cell's view (1,024 dicts a cell at scale)."""
+    envs = _ENVS.get(plan.run_id)
+    if envs is None:
+        envs = [{k: v for k, v in env.items() if k in DIST_VARS} for env in plan.all_envs()]
+        while len(_ENVS) >= _ENVS_KEPT:
+            _ENVS.pop(next(iter(_ENVS)))
+        _ENVS[plan.run_id] = envs
+    return envs
+
+
 class PlanFacts:
     """The plan's facts, cached by the plan's run id."""
 
@@ -56,6 +71,6 @@ class PlanFacts:
         if plan is None:
             return []
         if self._envs_for != plan.run_id:
-            self._envs = [{k: v for k, v in env.items() if k in DIST_VARS} for env in plan.all_envs()]
+            self._envs = _plan_envs(plan)
             self._envs_for = plan.run_id
         return self._envs

@@ -13,10 +13,8 @@ when the cell ends it is replaced (update_display) by that static form alone:
 the same one-line summary with the rank table and the env checks behind
 ``<details>``. Saved notebooks, nbviewer, GitHub and a reloaded JupyterLab
 show it without widget state; plain IPython gets the summary as text. nbval
-sees the first bundle (it does not apply display updates), whose HTML holds
-timings and pids: strict nbval runs sanitise it (e.g. the pattern
-``(?s)<div class='ddp-status'.*``) or turn the view off (``%%ddp --no-widget``,
-or ``DDP_MAGIC_WIDGET=0`` in the kernel's env).
+sees the first bundle (no display updates), whose HTML holds timings and pids: strict nbval runs sanitise
+it (``(?s)<div class='ddp-status'.*``) or turn the view off (``--no-widget``, ``DDP_MAGIC_WIDGET=0``).
 
 Updates are throttled: events only mark the view dirty. A change of state is
 rendered at most once per ``min_interval`` (default 0.2 s); printed lines alone
@@ -135,6 +133,7 @@ class StatusView(PlanFacts, Listener):
         self._dirty = False  # a state or notice changed: render within min_interval
         self._dirty_output = False  # only printed lines changed: render within refresh
         self._last_render = float("-inf")
+        self._ticker_told = False  # the ticker was woken for the pending render (render() clears it)
         self._last_clock = float("-inf")  # the header (and its clock) was last sent then: by a render or a clock tick
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -256,7 +255,8 @@ class StatusView(PlanFacts, Listener):
             return
         if self.clock() - self._last_render >= (self.min_interval if self._dirty else self.refresh):
             self.render()
-        elif urgent:
+        elif urgent and not self._ticker_told:
+            self._ticker_told = True  # once per pending render, not once per rank's change (1,024 a cell at scale)
             TICKER.wake()  # the ticker may be sleeping until a later moment
 
     def render(self) -> None:
@@ -264,7 +264,7 @@ class StatusView(PlanFacts, Listener):
         with self._lock:
             if self._error or not self.shown or self.display.holds():
                 return
-            self._dirty = self._dirty_output = False
+            self._dirty = self._dirty_output = self._ticker_told = False
             self._last_render = self._last_clock = self.clock()
             self.renders += 1
             self.display.render()
