@@ -1,8 +1,9 @@
 """What works on one machine works on Slurm ranks: input(), breakpoint() and %ddp_debug, --profile, --mesh, FSDP2 results,
-and the last words of a rank that exits at once, on the local two-node Slurm (n1, n2), the control channel through TLS.
+the last words of a rank that exits at once, a raise re-formed in place, --timeout's forensics and ddp_magic.log's rows,
+on the local two-node Slurm (n1, n2), the control channel through TLS.
 
-The local counterparts: tests/kernel/test_debugging.py, test_profile.py, test_sharded.py. One kernel, one allocation
-(a new -n or --mesh inside it is a new pool forked from the same node templates). Every cell runs twice.
+The local counterparts: tests/kernel/test_debugging.py, test_profile.py, test_sharded.py, test_recovery.py,
+test_metrics.py. One kernel, one allocation (a new -n or --mesh inside it is a new pool forked from the same node templates). Every cell runs twice.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 import slurm_fixtures
 from slurm_fixtures import our_jobs, wait_no_jobs
+from format_patterns import SECONDS
 from slurm_helpers import Kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.slurm]
@@ -119,3 +121,41 @@ def test_mesh_and_fsdp2_results_across_the_nodes(fk):
         assert ex.result.startswith("ShardedResult (7, 5) float32 — Shard(0) on mesh")
         fk.run("%%ddp --out ft\nmodel[0].weight.full_tensor()").ok()
         assert fk.value("torch.equal(w.full(), ft[0]), all(torch.equal(ft[0], t) for t in ft)") == (True, True)
+
+
+def test_a_rank_on_n2_raises_while_the_others_wait_and_the_group_re_forms_in_place(fk):
+    """Recovery on Slurm ranks: the raise is named, the waiting ranks released, the group re-formed across both nodes."""
+    fk.run("%%ddp\nkept = dist.get_rank() * 10\nos.getpid()", timeout=120).ok()
+    pids = fk.value("list(_)")
+    cell = "%%ddp\nx = torch.ones(3)\nif dist.get_rank() == 2:\n    raise ValueError('rank 2 cannot go on')\ndist.all_reduce(x)\nx"
+    for _attempt in range(2):  # the second failure re-forms the re-formed group
+        msg = fk.run(cell, timeout=120).error[1]
+        assert msg.startswith("rank 2 raised ValueError: rank 2 cannot go on"), msg
+        assert re.search(r"ranks 0-1, 3 were in all_reduce #\d+ \(at cell line 5: dist\.all_reduce\(x\)\) and were released", msg), msg
+        assert re.search(r"the process group was re-formed in " + SECONDS + r"; your variables are intact", msg), msg
+        fk.run("%%ddp\ny = torch.ones(1)\ndist.all_reduce(y)\n(y.item(), kept, os.getpid(), os.environ['SLURMD_NODENAME'])", timeout=120).ok()
+        assert fk.value("[tuple(v) for v in _]") == [(4.0, 10 * r, pid, node) for r, (pid, node) in enumerate(zip(pids, NODES))]
+
+
+def test_a_timeout_names_the_rank_on_n2_that_never_arrived(fk):
+    """Hang forensics on Slurm ranks: --timeout asks every rank over the control channel where it is."""
+    cell = "%%ddp --timeout 3\nimport time\nif dist.get_rank() == 3:\n    time.sleep(60)\ndist.barrier()"
+    for _attempt in range(2):
+        msg = fk.run(cell, timeout=120).error[1]
+        assert msg.startswith("the cell ran past --timeout 3s, waiting for rank 3\n"), msg
+        assert re.search(r"rank 3 never arrived at barrier #\d+ \(rank 3 at cell line 4: time\.sleep\(60\)\)", msg), msg
+        assert re.search(r"ranks 0-2 were in barrier #\d+", msg), msg
+        fk.run("%%ddp\nz = torch.ones(1)\ndist.all_reduce(z)\nz.item()", timeout=120).ok()
+        assert fk.value("list(_)") == [4.0] * 4, "every rank, n2's too, is back and the group is whole"
+
+
+def test_ddp_magic_log_rows_come_from_every_node_complete(fk):
+    cell = ("%%ddp\nimport ddp_magic\nfor step in range(50):\n"
+            "    ddp_magic.log(step=step, loss=float(dist.get_rank() * 1000 + step))")
+    for _attempt in range(2):
+        fk.run(cell, timeout=120).ok()
+        fk.run("m = %ddp metrics").ok()
+        m = fk.value("{k: v for k, v in m.items() if k != 'time'}")
+        for rank in range(4):
+            rows = [(s, v) for r, s, v in zip(m["rank"], m["step"], m["loss"]) if r == rank]
+            assert rows == [(s, float(rank * 1000 + s)) for s in range(50)], (rank, rows[:3])
