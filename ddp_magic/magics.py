@@ -319,6 +319,7 @@ class DDPMagics(Magics):
         printer = RankPrinter()
         try:
             listener = MagicListener(printer, widget=False)
+            listener.name_nodes(self.session.pool)  # [rank 3 n2] on a Slurm pool, as in the cell's output
             debugging.post_mortem(self.session.pool, self.last_failures, line, listener, debugging.kernel_ask(printer.flush), quiet)
         finally:
             printer.flush()

@@ -82,9 +82,10 @@ class InputDesk:
         self.held = now
         return P.message(P.HOLD, on=now)
 
-    def answer(self, rank: int, ask: Optional[Ask], cancelled: bool) -> dict:
+    def answer(self, rank: int, ask: Optional[Ask], cancelled: bool, node: str = "") -> dict:
         """The reply to ``rank``'s request (it is taken off the desk). KeyboardInterrupt from ``ask`` propagates:
-        the cell is interrupted, and the rank's wait with it."""
+        the cell is interrupted, and the rank's wait with it. ``node``: a Slurm rank's node, named in the prompt
+        as in its output's prefix (``[rank 3 n2] name? ``)."""
         msg = self.pending.pop(rank)
         eof: Optional[str] = None
         text = ""
@@ -94,7 +95,7 @@ class InputDesk:
             eof = NO_ASKER
         else:
             try:
-                text = ask(f"[rank {rank}] {msg.get('prompt', '')}", bool(msg.get("password")))
+                text = ask(f"[{rank_name(rank, node)}] {msg.get('prompt', '')}", bool(msg.get("password")))
             except EOFError as e:
                 eof = str(e) or NO_STDIN
         no_stdin = eof is not None and not cancelled  # pdb then continues instead of quitting (rank_debug.py)
@@ -113,6 +114,11 @@ class _Hub(Protocol):
     def broadcast(self, msg: dict, ranks: Optional[Sequence[int]] = None) -> None: ...
 
     def debug_changed(self, rank: int) -> None: ...
+
+
+def rank_name(rank: int, node: str = "") -> str:
+    """``rank 3``, or ``rank 3 n2`` for a rank on a Slurm node: the words inside a prompt's brackets."""
+    return f"rank {rank} {node}" if node else f"rank {rank}"
 
 
 SETTLE_S = 0.1  # a question sent at the same moment by a lower rank arrives first
@@ -136,7 +142,7 @@ def answer_all(hub: _Hub, ranks: Mapping[int, RankInfo], ask: Optional[Ask], can
             desk.forget(rank)
         else:
             hub.drain_outs(rank, 0.2)
-            hub.broadcast(desk.answer(rank, ask, cancelled), [rank])
+            hub.broadcast(desk.answer(rank, ask, cancelled, ranks[rank].node_name), [rank])
         hub.debug_changed(rank)
 
 
@@ -149,6 +155,12 @@ class Question:
     prompt: str
     password: bool
     debugger: bool  # the rank sits in pdb: this is its (Pdb) prompt
+    node: str = ""  # a Slurm rank's node ("n2"); a rank on this kernel's machine has none
+
+    @property
+    def name(self) -> str:
+        """``rank 3`` or ``rank 3 n2``: what its prompt and its output's prefix call the rank."""
+        return rank_name(self.rank, self.node)
 
     def text(self) -> str:
         """``rank 0 waits for input: 'lr? '`` (``waits in the debugger`` at a pdb prompt)."""
@@ -200,7 +212,8 @@ class Mailbox:
             else:
                 hub.drain_outs(rank, 0.2)
                 self.before()
-                self._post(Question(rank, msg.get("id"), str(msg.get("prompt", "")), bool(msg.get("password")), rank in desk.in_pdb))
+                self._post(Question(rank, msg.get("id"), str(msg.get("prompt", "")), bool(msg.get("password")), rank in desk.in_pdb,
+                                    ranks[rank].node_name))
             hub.debug_changed(rank)
         if self.in_pdb != desk.in_pdb:  # the usual wake (nobody in pdb, nobody asking) takes no lock
             with self._cond:

@@ -43,6 +43,12 @@ class MagicListener(CellListener):
         self.printer.world = pool.nproc  # a stderr line every rank sent is shown once, at once
         self.slurm = pool.spec.slurm is not None
 
+    def name_nodes(self, pool: Optional[Pool]) -> None:
+        """Name each rank's Slurm node in its prefix from the start (a post-mortem hears no on_state first)."""
+        if pool is not None and pool.spec.slurm is not None:
+            self.slurm = True
+            self.printer.nodes.update({r: i.node_name for r, i in pool.ranks.items() if i.node_name})
+
     def on_output(self, rank: int, stream: str, text: str) -> None:
         if self.view is not None:
             self.view.on_output(rank, stream, text)

@@ -94,7 +94,7 @@ def attach(job: Any, line: str, ask: Ask) -> None:
     try:
         while question is not None:
             try:
-                line_in, eof = ask(f"[rank {question.rank}] {question.prompt}", question.password), None
+                line_in, eof = ask(f"[{question.name}] {question.prompt}", question.password), None
             except EOFError as e:
                 line_in, eof = "", str(e) or NO_STDIN
             box.answer(question, line_in, eof)
