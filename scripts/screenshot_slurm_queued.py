@@ -28,7 +28,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import local_slurm  # noqa: E402
-from screenshot_widget import CHROMIUM_ARGS, _free_port, _wait_http, find_chromium  # noqa: E402
+from screenshot_widget import CHROMIUM_ARGS, find_chromium, start_lab  # noqa: E402
 
 CELL = "%%ddp --slurm --nodes 2 --ntasks-per-node 2\nimport torch\ntorch.__version__"
 
@@ -84,28 +84,11 @@ def take(out: str, timeout: float = 180.0, chromium: Optional[str] = None) -> Di
     tmp = tempfile.mkdtemp(prefix="ddp-shot-slurm-")
     server = None
     try:
-        settings = os.path.join(tmp, "settings", "@jupyterlab", "apputils-extension")
-        os.makedirs(settings)
-        with open(os.path.join(settings, "notification.jupyterlab-settings"), "w") as f:
-            json.dump({"fetchNews": "false", "checkForUpdates": False}, f)
-        nbdir = os.path.join(tmp, "nb")
-        os.makedirs(nbdir)
-        with open(os.path.join(nbdir, "slurm.ipynb"), "w") as f:
-            json.dump(_notebook(), f)
-        port, token = _free_port(), "ddpshot"
-        env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=os.path.join(tmp, "settings"), JUPYTERLAB_WORKSPACES_DIR=os.path.join(tmp, "ws"))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
-        env.pop("PYTEST_CURRENT_TEST", None)
-        log = open(os.path.join(tmp, "lab.log"), "wb")
-        server = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
-             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={nbdir}", "--LabApp.expose_app_in_browser=True",
-             "--ServerApp.disable_check_xsrf=True"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=nbdir)
-        _wait_http(f"http://127.0.0.1:{port}/api?token={token}", 60)
+        server, log, url = start_lab(tmp, "slurm.ipynb", _notebook())
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
             page = browser.new_page(viewport={"width": 1280, "height": 720}, device_scale_factor=1)
-            page.goto(f"http://127.0.0.1:{port}/lab/tree/slurm.ipynb?token={token}&reset", timeout=60_000)
+            page.goto(url, timeout=60_000)
             seen = _shoot(page, out, timeout)
             browser.close()
         deadline = time.monotonic() + 15
@@ -121,6 +104,7 @@ def take(out: str, timeout: float = 180.0, chromium: Optional[str] = None) -> Di
                 server.wait(10)
             except subprocess.TimeoutExpired:
                 server.kill()
+            log.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import Dict, Optional
+from typing import IO, Dict, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHROMIUM_ARGS = [
@@ -87,24 +87,17 @@ def _wait_http(url: str, timeout: float) -> None:
     raise TimeoutError(f"JupyterLab did not answer at {url}")
 
 
-def take(
-    out: str, n: int = 4, section: str = "ranks", timeout: float = 240.0, chromium: Optional[str] = None, live_out: Optional[str] = None
-) -> Dict[str, object]:
-    """Run the cell in JupyterLab, screenshot it to ``out`` (and, while it runs, to ``live_out``); returns what the browser showed."""
-    from playwright.sync_api import sync_playwright
-
-    chromium = chromium or find_chromium()
-    if chromium is None:
-        raise RuntimeError("no Chromium found; apt-get install -y chromium")
-    tmp = tempfile.mkdtemp(prefix="ddp-shot-")
+def start_lab(tmp: str, name: str, notebook: dict) -> Tuple["subprocess.Popen[bytes]", IO[bytes], str]:
+    """A JupyterLab on a free port over ``tmp`` (its settings quiet, ``notebook`` saved as ``name``), this tree's
+    ddp_magic and extension first; up once its API answers. Returns the server, its log and the notebook's URL."""
     settings = os.path.join(tmp, "settings")
     os.makedirs(os.path.join(settings, "@jupyterlab", "apputils-extension"))
     with open(os.path.join(settings, "@jupyterlab", "apputils-extension", "notification.jupyterlab-settings"), "w") as f:
         json.dump({"fetchNews": "false", "checkForUpdates": False}, f)
     nbdir = os.path.join(tmp, "nb")
     os.makedirs(nbdir)
-    with open(os.path.join(nbdir, "ddp.ipynb"), "w") as f:
-        json.dump(_notebook(n), f)
+    with open(os.path.join(nbdir, name), "w") as f:
+        json.dump(notebook, f)
     port, token = _free_port(), "ddpshot"
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=settings, JUPYTERLAB_WORKSPACES_DIR=os.path.join(tmp, "ws"))
     built = os.path.join(ROOT, "ddp_magic", "labextension")  # this tree's extension (its CSS styles the view), ahead of an installed copy
@@ -123,10 +116,29 @@ def take(
     )
     try:
         _wait_http(f"http://127.0.0.1:{port}/api?token={token}", 60)
+    except BaseException:
+        server.kill()
+        log.close()
+        raise
+    return server, log, f"http://127.0.0.1:{port}/lab/tree/{name}?token={token}&reset"
+
+
+def take(
+    out: str, n: int = 4, section: str = "ranks", timeout: float = 240.0, chromium: Optional[str] = None, live_out: Optional[str] = None
+) -> Dict[str, object]:
+    """Run the cell in JupyterLab, screenshot it to ``out`` (and, while it runs, to ``live_out``); returns what the browser showed."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = chromium or find_chromium()
+    if chromium is None:
+        raise RuntimeError("no Chromium found; apt-get install -y chromium")
+    tmp = tempfile.mkdtemp(prefix="ddp-shot-")
+    server, log, url = start_lab(tmp, "ddp.ipynb", _notebook(n))
+    try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
             page = browser.new_page(viewport={"width": 1180, "height": 1400}, device_scale_factor=1)
-            page.goto(f"http://127.0.0.1:{port}/lab/tree/ddp.ipynb?token={token}&reset", timeout=60_000)
+            page.goto(url, timeout=60_000)
             page.wait_for_function(
                 "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
                 " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"

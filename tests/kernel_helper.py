@@ -130,3 +130,17 @@ class Kernel:
             self.kc.stop_channels()
         finally:
             self.km.shutdown_kernel(now=True)
+
+
+def simulated_kernel(per_host: int, extra_env: Optional[dict] = None) -> Kernel:
+    """A real kernel whose ``%%ddp`` pools are bench/simranks' simulated ranks, ``per_host`` to a host process
+    (no template: nothing imports torch for them). The caller shuts it down."""
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    k = Kernel(extra_env={"DDP_MAGIC_WARM_TEMPLATE": "0", **(extra_env or {})})
+    try:
+        k.run(f"import sys; sys.path.insert(0, {bench!r}); import simranks; simranks.install(per_host={per_host})").ok()
+        k.run("%load_ext ddp_magic").ok()
+    except BaseException:
+        k.shutdown()
+        raise
+    return k

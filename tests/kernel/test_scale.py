@@ -156,13 +156,11 @@ def test_metrics_rows_and_every_rank_s_env_from_256_ranks(pool) -> None:
 
 @pytest.fixture(scope="module")
 def sim_kernel() -> Iterator[object]:
-    """A real Jupyter kernel whose %%ddp pools are simulated ranks (no template: nothing imports torch for them)."""
-    from kernel_helper import Kernel
+    """A real Jupyter kernel whose %%ddp pools are simulated ranks."""
+    from kernel_helper import simulated_kernel
 
-    k = Kernel(extra_env={"DDP_MAGIC_WARM_TEMPLATE": "0"})
+    k = simulated_kernel(per_host=N // 2)
     try:
-        k.run(f"import sys; sys.path.insert(0, {str(Path(simranks.__file__).parents[1])!r}); import simranks; simranks.install(per_host={N // 2})").ok()
-        k.run("%load_ext ddp_magic").ok()
         yield k
     finally:
         k.shutdown()

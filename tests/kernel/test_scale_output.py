@@ -13,16 +13,11 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
-from pathlib import Path
 from typing import Iterator, List
 
 import pytest
 
-from kernel_helper import Kernel
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import simranks  # noqa: E402
+from kernel_helper import Kernel, simulated_kernel
 
 pytestmark = pytest.mark.kernel
 N = 256
@@ -32,11 +27,8 @@ HELD = re.compile(r"ddp_magic: ([\d,]+) lines? from ranks? [\d, -]+ held back; %
 
 @pytest.fixture(scope="module")
 def sim_kernel() -> Iterator[Kernel]:
-    env = {"DDP_MAGIC_WARM_TEMPLATE": "0", "DDP_MAGIC_FOLD_WINDOW": "5", "DDP_MAGIC_OUTPUT_LINES": str(BUDGET), "NO_COLOR": "1"}
-    k = Kernel(extra_env=env)
+    k = simulated_kernel(N // 2, {"DDP_MAGIC_FOLD_WINDOW": "5", "DDP_MAGIC_OUTPUT_LINES": str(BUDGET), "NO_COLOR": "1"})
     try:
-        k.run(f"import sys; sys.path.insert(0, {str(Path(simranks.__file__).parents[1])!r}); import simranks; simranks.install(per_host={N // 2})").ok()
-        k.run("%load_ext ddp_magic").ok()
         k.run(f"%%ddp -n {N}\n1", timeout=120).ok()
         yield k
     finally:

@@ -81,13 +81,11 @@ def test_forensics_group_the_ranks_by_the_collective_they_hang_in(pool) -> None:
 
 @pytest.fixture(scope="module")
 def sim_kernel() -> Iterator[object]:
-    """A real Jupyter kernel whose %%ddp pools are simulated ranks (no template: nothing imports torch for them)."""
-    from kernel_helper import Kernel
+    """A real Jupyter kernel whose %%ddp pools are simulated ranks."""
+    from kernel_helper import simulated_kernel
 
-    k = Kernel(extra_env={"DDP_MAGIC_WARM_TEMPLATE": "0"})
+    k = simulated_kernel(per_host=N // 2)
     try:
-        k.run(f"import sys; sys.path.insert(0, {str(Path(simranks.__file__).parents[1])!r}); import simranks; simranks.install(per_host={N // 2})").ok()
-        k.run("%load_ext ddp_magic").ok()
         yield k
     finally:
         k.shutdown()
