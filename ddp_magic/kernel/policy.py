@@ -33,7 +33,7 @@ from ..wire.protocol import CellStatus
 from ..words import ranks_phrase
 from . import forensics
 from .probe import Probe
-from .blame import PEER_ERRORS, STOPPED_BY_US, causes, root_cause_rank  # noqa: F401  (causes, STOPPED_BY_US: here before blame.py)
+from .blame import PEER_ERRORS, root_cause_rank
 
 States = Mapping[int, Tuple[RankState, Optional[float]]]  # rank -> (state, when it finished)
 

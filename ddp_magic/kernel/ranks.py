@@ -15,7 +15,7 @@ from ..logs import log
 from ..states import RankState, Waiting
 from .combine import combine
 from ..words import ranks_phrase
-from .policy import causes
+from .blame import causes
 
 Tick = Callable[[], None]  # runs after each wake of the poll loop
 Due = Callable[[], Optional[float]]  # when the next tick is needed at the latest (monotonic), or None
@@ -91,7 +91,7 @@ class LastCell:
     ok: bool
     headline: str = ""  # its root cause, as the cell's error names it
     recovered: bool = False  # it failed and the pool is whole again: every rank ready, the workers' variables kept
-    causes: Mapping[int, Tuple[str, str]] = field(default_factory=dict)  # rank -> (kind, root | stopped): kernel.policy.causes
+    causes: Mapping[int, Tuple[str, str]] = field(default_factory=dict)  # rank -> (kind, root | stopped): kernel.blame.causes
     generation: int = 0  # the start of the pool it ran on: a restart leaves it behind
 
     @property

@@ -13,6 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 import pytest
 
 from ddp_magic.errors import CellError, RankFailure
+from ddp_magic.kernel.blame import causes, root_cause_rank
 from ddp_magic.kernel.cell import CellRun, RankOps
 from ddp_magic.kernel.forensics import last_cell_line
 from ddp_magic.kernel.policy import (
@@ -24,8 +25,6 @@ from ddp_magic.kernel.policy import (
     GiveUp,
     Interrupt,
     Signal,
-    causes,
-    root_cause_rank,
 )
 from ddp_magic.kernel.ranks import RankInfo
 from ddp_magic.states import FailureKind, RankState
