@@ -154,6 +154,7 @@ class LabBridge:
         self._lock = threading.RLock()
         self._last_time = float("-inf")
         self._last_key: Optional[str] = None
+        self._last_final = False  # the last snapshot sent was a final one (a cell's end)
         self._timer: Optional[threading.Timer] = None
         self.last_metrics: Optional[Tuple[Dict[str, Any], Any]] = None  # the last metrics message, and the pool it was logged on
         self.cell_running = False  # a cell runs on the main thread (between pre_ and post_run_cell)
@@ -319,9 +320,9 @@ class LabBridge:
     def _broadcast(self, final: bool, only_if_changed: bool = False) -> None:
         snap = self.snapshot(final=final)
         key = json.dumps({k: v for k, v in snap.items() if k not in ("seq", "final")}, sort_keys=True, default=str)
-        if only_if_changed and key == self._last_key:
-            return
-        self._last_key = key
+        if only_if_changed and key == self._last_key and (self._last_final or not final):
+            return  # nothing new; but a cell's end is news even when a throttled snapshot already showed its last state
+        self._last_key, self._last_final = key, final
         self._last_time = time.monotonic()
         self.sent += 1
         for comm in list(self.comms.values()):
