@@ -299,6 +299,7 @@ class Session:
             self.owned.clear()
             listener.on_notice("restarted the pool; " + NAMES_GONE)
         generation = pool.generation
+        reload = self.autoreload.before_cell(pool, options.kernel_autoreload, listener)  # raises (nothing ran) when the ranks disagree
         self.cells += 1
         label = str(self.cells)
         metrics = CellMetrics(label if options.number is None else str(options.number))  # outermost listener: ddp_magic.log rows
@@ -306,7 +307,6 @@ class Session:
         profile = ProfileRun.arm(pool, listener, options.profile) if options.profile is not None else None
         self.last = None  # this cell is the news now
         kept = self.outputs.tap(listener, label if options.number is None else str(options.number))  # %ddp output --rank N
-        reload = self.autoreload.before_cell(pool, options.kernel_autoreload, listener)  # raises (nothing ran) when the ranks disagree
         outcome = pool.run(
             editor_lines(source, options.first_line), blobs, listener=metrics.tee(self.history.tap(kept), listener), timeout=options.timeout,
             gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin, cancel=options.cancel, reload=reload,

@@ -25,7 +25,7 @@ from ..logs import log
 from ..wire import protocol as P
 from ..wire import reload as R
 from ..wire.execution import syntax_error_text
-from ..words import rank_list
+from ..words import ranks_phrase
 
 if TYPE_CHECKING:
     from .pool import Pool
@@ -193,7 +193,7 @@ class Autoreload:
         replies = pool.ask(P.VERSIONS, VERSIONS_TIMEOUT_S, fields={"names": names})
         silent = [r for r in range(pool.nproc) if r not in replies]
         if silent:
-            raise UsageError(f"autoreload: {rank_list(silent)} did not say which version of {', '.join(names)} they have within "
+            raise UsageError(f"autoreload: {ranks_phrase(silent)} did not say which version of {', '.join(names)} they have within "
                              f"{VERSIONS_TIMEOUT_S:.0f} s; nothing ran. Run the cell again ({OFF_HINT}).")
         apply, problems = {}, []
         for name in names:
@@ -265,7 +265,7 @@ class Autoreload:
         if shipped:
             self.shipped = tuple(sorted(set(self.shipped) | set(shipped)))
             for name, ranks in sorted(shipped.items()):
-                listener.on_notice(f"autoreload: {name} ({self.notebook.get(name, '?')}) is not importable on {rank_list(ranks)}: "
+                listener.on_notice(f"autoreload: {name} ({self.notebook.get(name, '?')}) is not importable on {ranks_phrase(ranks)}: "
                                    "shipped by value from the notebook's machine; edits to it reach them the same way")
         log.debug("autoreload after the cell: %d files watched, reloaded %s", len(self.files), self.reloaded)
 
@@ -281,7 +281,7 @@ def _mismatch_text(name: str, want: Tuple[str, str], wrong: Dict[Tuple[str, str]
     lines = [f"  {name}: the notebook's {want[0]} (version {R.short(want[1])})"]
     for (path, sha), ranks in sorted(wrong.items(), key=lambda kv: kv[1][0]):
         nodes = sorted({pool.ranks[r].node_name or pool.ranks[r].host or "?" for r in ranks if r in pool.ranks})
-        lines.append(f"    {rank_list(ranks)} (node {', '.join(nodes)}): {path} (version {R.short(sha)})")
+        lines.append(f"    {ranks_phrase(ranks)} (node {', '.join(nodes)}): {path} (version {R.short(sha)})")
     return "\n".join(lines)
 
 
