@@ -53,7 +53,7 @@ class Watched:
         self.key, self.sha = key, R.digest(data) if data is not None else "missing"
 
 
-class ShippedFinder(importlib.abc.MetaPathFinder, importlib.abc.SourceLoader):
+class ShippedFinder(importlib.abc.SourceLoader):
     """Modules the kernel shipped by value: found after every real finder, loaded from the source the kernel sent."""
 
     def __init__(self) -> None:
