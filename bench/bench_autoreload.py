@@ -43,6 +43,9 @@ def _timed(name, fn):
     return run
 _s.autoreload.before_cell = _timed("before", _s.autoreload.before_cell)
 _s.autoreload.after_cell = _timed("after", _s.autoreload.after_cell)
+_cpu, _c0 = [], [0.0]
+get_ipython().events.register("pre_run_cell", lambda *a: _c0.__setitem__(0, _t.process_time()))
+get_ipython().events.register("post_run_cell", lambda *a: _cpu.append(_t.process_time() - _c0[0]))
 """
 RANK_COST = """%%ddp
 import time as _t
@@ -66,9 +69,9 @@ def timed(k: Kernel, code: str) -> float:
 
 
 def measure(k: Kernel, cell: str, repeats: int) -> Tuple[List[float], List[float], Dict[str, float]]:
-    """(off times, on times, autoreload's own kernel CPU per on-cell: before and after, median s)."""
+    """(off times, on times, {before, after: autoreload's own kernel CPU per on-cell; cpu_off, cpu_on: the kernel's CPU per cell}, s)."""
     off, on = [], []
-    k.run("_costs.clear()").ok()
+    k.run("_costs.clear(); _cpu.clear()").ok()
     for _ in range(repeats):
         k.run("%ddp autoreload off").ok()
         off.append(timed(k, cell))
@@ -76,6 +79,9 @@ def measure(k: Kernel, cell: str, repeats: int) -> Tuple[List[float], List[float
         on.append(timed(k, cell))
     costs = k.value("[(n, c) for n, c in _costs]")
     parts = {name: statistics.median([c for n, c in costs if n == name] or [0.0]) for name in ("before", "after")}
+    cpu = k.value("list(_cpu)")  # the clearing cell, then per pair: off toggle, off cell, on toggle, on cell
+    parts["cpu_off"] = statistics.median(cpu[2::4])
+    parts["cpu_on"] = statistics.median(cpu[4::4])
     return off, on, parts
 
 
@@ -126,13 +132,15 @@ def simulated(n: int, repeats: int, folder: Path) -> dict:
 
 
 def table(rows: List[dict]) -> str:
-    out = ["| ranks | warm cell, off (ms) | warm cell, on (ms) | on − off, medians (ms) | kernel CPU autoreload adds (ms) | a rank adds (µs) |",
-           "|---|---|---|---|---|---|"]
+    out = ["| ranks | warm cell, off (ms) | warm cell, on (ms) | on − off, medians (ms) | kernel CPU a cell, off → on (ms) "
+           "| kernel CPU autoreload's own steps (ms) | a rank adds (µs) |",
+           "|---|---|---|---|---|---|---|"]
     for r in rows:
         diff = (statistics.median(r["on"]) - statistics.median(r["off"])) * 1e3
         kern = (r["parts"]["before"] + r["parts"]["after"]) * 1e3
         rank = f"{r['rank_us']:.1f} ({r['watched']} modules watched)" if r["rank_us"] is not None else "— (simulated)"
-        out.append(f"| {r['ranks']} | {fmt(r['off'])} | {fmt(r['on'])} | {diff:+.2f} | {kern:.3f} (before {r['parts']['before'] * 1e3:.3f}, "
+        cpu = f"{r['parts']['cpu_off'] * 1e3:.1f} → {r['parts']['cpu_on'] * 1e3:.1f}"
+        out.append(f"| {r['ranks']} | {fmt(r['off'])} | {fmt(r['on'])} | {diff:+.2f} | {cpu} | {kern:.3f} (before {r['parts']['before'] * 1e3:.3f}, "
                    f"after {r['parts']['after'] * 1e3:.3f}) | {rank} |")
     return "\n".join(out)
 

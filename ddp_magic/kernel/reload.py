@@ -64,6 +64,7 @@ class Autoreload:
     reloaded: Tuple[str, ...] = ()  # the last cell's
     shipped: Tuple[str, ...] = ()  # modules some rank got by value (this pool)
     _seen: int = 0  # len(sys.modules) at the kernel's last scan
+    _scanned: Set[str] = field(default_factory=set)  # the modules that scan looked at
 
     @property
     def on(self) -> bool:
@@ -122,17 +123,16 @@ class Autoreload:
         """A new pool: its ranks have imported nothing yet."""
         self.generation = generation
         self.files, self.paths, self.reference, self.loaded = {}, {}, {}, {}
-        self.pending, self.offered, self.shipped, self.notebook, self._seen = set(), {}, (), {}, 0
+        self.pending, self.offered, self.shipped, self.notebook, self._seen, self._scanned = set(), {}, (), {}, 0, set()
 
     def _scan_kernel(self) -> None:
         """Modules the kernel imported from under the notebook's directory: what a rank that cannot import them gets by value."""
         if len(sys.modules) == self._seen:
             return
         here = os.path.realpath(os.getcwd()) + os.sep
-        for name, module in list(sys.modules.items()):
-            if name in self.notebook:
-                continue
-            path = R.user_file(module)
+        for name in sys.modules.keys() - self._scanned:  # only the modules imported since: the kernel imports some at every cell
+            self._scanned.add(name)
+            path = R.user_file(sys.modules.get(name))
             if path is not None and path.startswith(here):
                 self.notebook[name] = path
                 self.reference[name] = path
