@@ -100,10 +100,9 @@ class Reloader:
         if len(sys.modules) == self._seen:
             return
         with self._lock:
-            for name, module in list(sys.modules.items()):
-                if name in self.watched or name in self._reported:
-                    continue
+            for name in sys.modules.keys() - self._reported:  # only the modules imported since
                 self._reported.add(name)
+                module = sys.modules.get(name)
                 if name in self.finder.sources:
                     sha = R.digest(self.finder.sources[name][0].encode())
                     self.watched[name] = Watched(SHIPPED, None, sha, sha)
