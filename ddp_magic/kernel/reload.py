@@ -71,10 +71,9 @@ class Autoreload:
         return self.setting if self.setting is not None else self.kernel_on
 
     def describe(self) -> str:
-        """One line for %ddp status and %ddp_env."""
+        """One line for %ddp status and %ddp_env; "" while it was never asked for (what they showed before autoreload existed)."""
         if not self.on:
-            how = "off (%ddp autoreload turns it on; the kernel's %autoreload 2 does too)" if self.setting is None else "off (%ddp autoreload off)"
-            return f"autoreload: {how}"
+            return "autoreload: off (%ddp autoreload off)" if self.setting is False else ""
         why = "%ddp autoreload" if self.setting else "following the kernel's %autoreload 2"
         last = ", ".join(self.reloaded) if self.reloaded else "none"
         shipped = f"; shipped by value: {', '.join(self.shipped)}" if self.shipped else ""

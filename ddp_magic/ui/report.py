@@ -315,5 +315,6 @@ def env_report(env: EnvData) -> EnvReport:
     else:
         assert env.plan is not None
         report = plan_report(env.plan, extra_checks=env.checks)
-    report.autoreload = report.extra["autoreload"] = env.autoreload
+    if env.autoreload:  # on, or turned off: said (a report of a session that never asked stays as it was)
+        report.autoreload = report.extra["autoreload"] = env.autoreload
     return report

@@ -61,7 +61,7 @@ def test_a_changed_init_is_found_in_nested_classes_too():
 
 def test_the_setting_and_what_it_says():
     a = Autoreload()
-    assert a.describe() == "autoreload: off (%ddp autoreload turns it on; the kernel's %autoreload 2 does too)"
+    assert a.describe() == ""  # never asked for: %ddp status and %ddp_env say nothing of it
     a.kernel_on = True
     assert a.describe() == "autoreload: on (following the kernel's %autoreload 2); reloaded at the last cell: none"
     assert a.set("autoreload", "off", IPython.__version__) == "autoreload: off (%ddp autoreload off)"
