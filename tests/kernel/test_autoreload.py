@@ -34,6 +34,11 @@ class Point:
         return self.x * 1
 
 
+class Child(Point):
+    def twice(self):
+        return super().twice() + 100
+
+
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -85,7 +90,7 @@ def test_an_edit_reaches_every_rank_and_the_model_keeps_its_state(k4):
     k4.run(
         "%%ddp\nimport model\nnet = DDP(model.Net())\nopt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)\n"
         "net(torch.ones(1)).sum().backward(); opt.step(); opt.zero_grad()\n"
-        "p = model.Point(3)\n"
+        "p, c = model.Point(3), model.Child(3)\n"
         "before = (id(net), id(opt), opt.state[net.module.w]['momentum_buffer'].clone(), net.module.w.detach().clone())\n"
         "(model.f(), round(float(net(torch.ones(1)) / net.module.w), 6))"
     ).ok()
@@ -106,11 +111,36 @@ def test_an_edit_reaches_every_rank_and_the_model_keeps_its_state(k4):
     assert len({w for w, _ in weights}) == 1 and weights[0][0] == pytest.approx(weights[0][1]), weights
     # an object made before the reload: IPython moved it to the new class; it pickles and comes back to the notebook
     for _ in range(2):
-        k4.run("%%ddp\n(isinstance(p, model.Point), p.twice())").ok()
-        assert per_rank(k4) == [(True, 6)] * 4
+        k4.run("%%ddp\n(isinstance(p, model.Point), p.twice(), isinstance(c, model.Point), c.twice())").ok()  # super() too
+        assert per_rank(k4) == [(True, 6, True, 106)] * 4
         ex = k4.run("%%ddp --ranks 0\np").ok()
         assert ex.result is not None and "[0] <model.Point at 0x" in ex.result, ex.result
         assert k4.value("[(type(v).__qualname__, v.twice()) for v in _]") == [("Point", 6)] * 4
+
+
+def test_a_module_that_imports_an_edited_one_sees_the_new_code(k4):
+    write(k4.where / "dep_a.py", "def k():\n    return 1\n")
+    write(k4.where / "dep_b.py", "from dep_a import k\n\ndef g():\n    return k() * 10\n")
+    k4.run("%%ddp\nimport dep_b\ndep_b.g()").ok()
+    assert per_rank(k4) == [10] * 4
+    write(k4.where / "dep_a.py", "def k():\n    return 2\n")
+    for _ in range(2):
+        k4.run("%%ddp\ndep_b.g()").ok()
+        assert per_rank(k4) == [20] * 4
+
+
+def test_a_model_under_fully_shard_runs_the_new_forward(k4):
+    mod = k4.where / "fsdpmod.py"
+    write(mod, "import torch\n\nclass Block(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+               "        self.lin = torch.nn.Linear(8, 8, bias=False)\n        torch.nn.init.ones_(self.lin.weight)\n\n"
+               "    def forward(self, x):\n        return self.lin(x) * 1\n")
+    k4.run("%%ddp\nimport fsdpmod\nfrom torch.distributed.fsdp import fully_shard\nblock = fully_shard(fsdpmod.Block())\n"
+           "block_id = id(block)\nblock(torch.ones(1, 8)).sum().item()", timeout=120).ok()
+    assert per_rank(k4) == [64.0] * 4
+    write(mod, mod.read_text().replace("* 1", "* 2"))
+    for _ in range(2):
+        k4.run("%%ddp\n(block(torch.ones(1, 8)).sum().item(), id(block) == block_id)", timeout=120).ok()
+        assert per_rank(k4) == [(128.0, True)] * 4
 
 
 def test_a_syntax_error_is_one_error_naming_the_file_and_line_and_the_fix_runs(k4):
