@@ -65,6 +65,8 @@ class Autoreload:
     shipped: Tuple[str, ...] = ()  # modules some rank got by value (this pool)
     _seen: int = 0  # len(sys.modules) at the kernel's last scan
     _scanned: Set[str] = field(default_factory=set)  # the modules that scan looked at
+    _expect: Dict[str, Set[int]] = field(default_factory=dict)  # this cell's reloads: module -> the ranks that have it
+    _was: Dict[str, str] = field(default_factory=dict)  # this cell's reloads: module -> the version the ranks ran before
 
     @property
     def on(self) -> bool:
@@ -114,8 +116,8 @@ class Autoreload:
         ship = {n: [self.files[p].sha, self.files[p].source or "", p] for n, p in self.notebook.items()
                 if p in self.files and self.offered.get(n) != self.files[p].sha}
         self.offered.update({n: v[0] for n, v in ship.items()})
-        for name, sha in apply.items():
-            self.loaded[name] = sha
+        self._was = {name: self.loaded.get(name, "") for name in apply}
+        self.loaded.update(apply)
         return {"apply": apply, "ship": ship}
 
     def _reset(self, generation: Tuple[int, int]) -> None:
@@ -195,6 +197,7 @@ class Autoreload:
             raise UsageError(f"autoreload: {ranks_phrase(silent)} did not say which version of {', '.join(names)} they have within "
                              f"{VERSIONS_TIMEOUT_S:.0f} s; nothing ran. Run the cell again ({OFF_HINT}).")
         apply, problems = {}, []
+        self._expect = {}
         for name in names:
             want = self._want(name, changed, replies)
             if want is None:
@@ -208,6 +211,7 @@ class Autoreload:
                 problems.append(_mismatch_text(name, want, wrong, pool))
             elif want[1] != self.loaded.get(name):
                 apply[name] = want[1]
+                self._expect[name] = {r for r, msg in replies.items() if name in (msg.get("modules") or {})}
         if problems:
             raise UsageError("autoreload: the ranks do not all have the notebook's version of a module; nothing ran, every rank "
                              "keeps its state.\n" + "\n".join(problems) + "\nMake the file the same for every rank (a node with a stale "
@@ -261,12 +265,22 @@ class Autoreload:
             for name in msg.get("reload_shipped") or ():
                 shipped.setdefault(name, []).append(rank)
         self.reloaded = tuple(sorted(reloaded))
+        self._failed_reloads(pool)
         if shipped:
             self.shipped = tuple(sorted(set(self.shipped) | set(shipped)))
             for name, ranks in sorted(shipped.items()):
                 listener.on_notice(f"autoreload: {name} ({self.notebook.get(name, '?')}) is not importable on {ranks_phrase(ranks)}: "
                                    "shipped by value from the notebook's machine; edits to it reach them the same way")
         log.debug("autoreload after the cell: %d files watched, reloaded %s", len(self.files), self.reloaded)
+
+
+    def _failed_reloads(self, pool: "Pool") -> None:
+        """A module some rank did not reload (its reload raised, the cell was stopped): the ranks still run the old version,
+        so it is reloaded again at the next cell (its rank reports it pending); until then it stays an error, not old code."""
+        for name, ranks in self._expect.items():
+            if any(name not in ((pool.done_message(r) or {}).get("reloaded") or ()) for r in ranks):
+                self.loaded[name] = self._was.get(name, "")
+        self._expect, self._was = {}, {}
 
 
 def kernel_follows(shell: object) -> bool:

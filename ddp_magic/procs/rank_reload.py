@@ -223,12 +223,16 @@ class Reloader:
         if w.sha != sha:
             text = f"{w.path} changed again while the ranks reloaded it (version {R.short(w.sha)}, the ranks agreed on {R.short(sha)}); run the cell again"
             return {"type": "RuntimeError", "message": text, "traceback": text + "\n"}
+        sources = self._deduper.source_by_modname if self._deduper is not None else {}
+        before = sources.get(name)
         try:
             deduped = w.path != SHIPPED and self._deduper is not None and self._deduper.maybe_reload_module(module)
             if not deduped:
                 self._ipython.superreload(module, _reload, self._old_objects)
         except BaseException as e:
             log.debug("reloading %s failed", name, exc_info=True)
+            if before is not None:  # the deduper took the new source as loaded: the next try must see the change again
+                sources[name] = before
             text = f"autoreload: reloading {name} ({w.path}) failed; the cell did not run, the rank keeps its state:\n"
             return error_data(e, text + "".join(traceback.format_exception_only(type(e), e)))
         w.loaded = sha

@@ -160,6 +160,24 @@ def test_a_syntax_error_is_one_error_naming_the_file_and_line_and_the_fix_runs(k
         assert per_rank(k4) == [("v2", 100)] * 4  # `kept += 1` never ran
 
 
+def test_a_module_that_raises_as_it_reloads_fails_every_cell_until_fixed(k4):
+    mod = k4.where / "raisemod.py"
+    write(mod, "X = 1\n")
+    k4.run("%%ddp\nimport raisemod\nraisemod.X").ok()
+    write(mod, "X = 2\nundefined_thing\n")
+    for _ in range(2):  # the old code never runs silently: the reload is tried again, and fails again
+        ex = k4.run("%%ddp\nkept += 1\nraisemod.X")
+        assert ex.error is not None and ex.error[0] == "CellError", ex.error
+        text = ex.error[1]
+        assert re.match(r"rank \d raised NameError: name 'undefined_thing' is not defined\n", text), text
+        assert f"autoreload: reloading raisemod ({mod}) failed; the cell did not run, the rank keeps its state:" in text, text
+        assert re.search(r"ranks [0-3, -]+ failed the same way", text), text
+    write(mod, "X = 3\n")
+    for _ in range(2):
+        k4.run("%%ddp\n(raisemod.X, kept - rank)").ok()
+        assert per_rank(k4) == [(3, 100)] * 4
+
+
 def test_a_parameter_added_in_init_is_said_once_and_nothing_hangs(k4):
     mod = k4.where / "initmod.py"
     v1 = MODEL_V1.replace("return 1", "return 'v1'")

@@ -139,5 +139,14 @@ def test_a_reload_that_raises_keeps_the_old_code(tmp_path, monkeypatch):
     assert error["message"] == "name 'undefined_name' is not defined"
     assert error["traceback"].startswith(f"autoreload: reloading rk_bad ({os.path.realpath(path)}) failed; the cell did not run, the rank keeps its state:\n")
     assert sys.modules["rk_bad"].f() == 1
+    again = r.begin_cell({"apply": {"rk_bad": R.digest(path.read_bytes())}})  # tried again: the same error, not the old code
+    assert again is not None and again["message"] == error["message"] and sys.modules["rk_bad"].f() == 1
     sys.meta_path.remove(r.finder)
     sys.modules.pop("rk_bad")
+
+
+def test_a_rank_with_an_unsupported_ipython_fails_the_cell_saying_so(monkeypatch):
+    monkeypatch.setattr(IPython, "__version__", "8.17.0")
+    error = Reloader().begin_cell({"apply": {}, "ship": {}})
+    assert error is not None and error["message"] == R.ipython_problem("8.17.0") and error["type"] == "ImportError"
+    assert Reloader().begin_cell(None) is None  # autoreload off: nothing asked of IPython
