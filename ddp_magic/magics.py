@@ -288,10 +288,10 @@ class DDPMagics(Magics):
             return _show_output(self.session, args)
         if args.rank is not None or args.cell is not None:
             raise UsageError("%ddp: --rank and --cell go with output, e.g. %ddp output --rank 3")
+        if args.action in ("status", "log", "wait", "autoreload") and request:
+            raise UsageError("%ddp: pool options need an action, e.g. %ddp restart -n 2 (or put them on a %%ddp cell)")
         if args.action == "autoreload" or args.setting:
             return print(self.session.autoreload.set(args.action, args.setting, IPython.__version__))
-        if args.action in ("status", "log", "wait") and request:
-            raise UsageError("%ddp: pool options need an action, e.g. %ddp restart -n 2 (or put them on a %%ddp cell)")
         if args.action == "stop":
             print(STOPPED if self.session.stop() else NO_POOL)
         elif args.action == "restart":
