@@ -113,7 +113,7 @@ class Autoreload:
         self._notice_inits(changed, apply, listener)
         self.files.update(changed)
         self.pending -= set(names)
-        ship = {n: [self.files[p].sha, self.files[p].source, p] for n, p in self.notebook.items()
+        ship = {n: [self.files[p].sha, self.files[p].source or "", p] for n, p in self.notebook.items()
                 if p in self.files and self.files[p].source is not None and self.offered.get(n) != self.files[p].sha}
         self.offered.update({n: v[0] for n, v in ship.items()})
         self._was = {name: self.loaded.get(name, "") for name in apply}
