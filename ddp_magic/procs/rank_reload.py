@@ -50,7 +50,9 @@ class Watched:
         if key == self.key:
             return
         data, key = R.read(self.path)
-        self.key, self.sha = key, R.digest(data) if data is not None else "missing"
+        if data is None:  # deleted or unreadable (a save in progress, a rename): nothing to reload, as IPython skips it
+            return
+        self.key, self.sha = key, R.digest(data)
 
 
 class ShippedFinder(importlib.abc.SourceLoader):
@@ -100,7 +102,7 @@ class Reloader:
         if len(sys.modules) == self._seen:
             return
         with self._lock:
-            for name in sys.modules.keys() - self._reported:  # only the modules imported since
+            for name in set(list(sys.modules)) - self._reported:  # only the modules imported since (a peek may import meanwhile)
                 self._reported.add(name)
                 module = sys.modules.get(name)
                 if name in self.finder.sources:

@@ -105,6 +105,10 @@ def test_a_ranks_reloader_reloads_in_place_and_takes_shipped_modules(tmp_path, m
     assert r.versions(["rk_mod", "absent"]) == {"rk_mod": [os.path.realpath(path), sha2]}
     error = r.begin_cell({"apply": {"rk_mod": sha1}})  # a version other than the file's: refused, nothing reloaded
     assert error is not None and "changed again while the ranks reloaded it" in error["message"] and f() == 1
+    moved = path.with_suffix(".moved")
+    path.rename(moved)  # a file that is gone for a moment (an editor's save, a rename) is no change
+    assert r.done_fields() == {"reload_pending": ["rk_mod"]} and r.versions(["rk_mod"]) == {"rk_mod": [os.path.realpath(path), sha2]}
+    moved.rename(path)
     assert r.begin_cell({"apply": {"rk_mod": sha2}}) is None
     assert (f(), obj.v(), isinstance(obj, sys.modules["rk_mod"].K)) == (2, 2, True)
     assert r.done_fields() == {"reloaded": ["rk_mod"]}
