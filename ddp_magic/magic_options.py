@@ -40,6 +40,8 @@ examples:
   %ddp stop                  stop every worker
   %ddp log                   ddp_magic's recent log records, to attach to a bug report
   %ddp wait                  wait for the background cells (%%ddp --bg) to end
+  %ddp autoreload [off]      before each %%ddp cell every rank reloads the modules whose files changed (the kernel's
+                             %autoreload 2 turns it on too; docs/autoreload.md)
   %ddp output --rank 517     rank 517's whole output of the last %%ddp cell, what the cell held back included
                              (--cell 12: of In [12]; a background job: job.output(517))
   %ddp metrics [--df]        what the last cell's ranks logged with ddp_magic.log: a dict of lists (--df: a DataFrame)

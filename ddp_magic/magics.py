@@ -16,6 +16,7 @@ import sys
 import types
 from typing import Any, Dict, List, Optional
 
+import IPython
 from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_argstring
@@ -24,6 +25,7 @@ from . import logs
 from .errors import CellError, UsageError
 from .kernel.peek import PEEK_TIMEOUT_S
 from .kernel.pool import Pool
+from .kernel.reload import kernel_follows
 from .kernel.turns import Ticket
 from .magic_options import (  # noqa: F401  (SEE_HELP, POOL_KEYS, SLURM_KEYS: the magics' own names, kept importable here)
     CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, pool_arguments,
@@ -43,7 +45,8 @@ from .words import plural
 
 @magic_arguments("ddp")
 @kwds(epilog=LINE_EXAMPLES)
-@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics", "wait", "output"), default="status", help="what to do (default: status)")
+@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics", "wait", "output", "autoreload"), default="status", help="what to do")
+@argument("setting", nargs="?", choices=("on", "off"), help="with autoreload: on (the default) or off")
 @argument("--df", action="store_true", help="with metrics: a pandas DataFrame instead of a dict of lists")
 @argument("--rank", type=int, metavar="R", help="with output: the rank whose whole output to show")
 @argument("--cell", metavar="N", help="with output: the cell (its In [N]) whose output to show (default: the last %%%%ddp cell)")
@@ -216,6 +219,7 @@ class DDPMagics(Magics):
         options = CellOptions(
             spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), stdin=stdin,
             profile=args.profile, scatter=args.scatter, ticket=ticket, queue=not args.no_queue, number=number, first_line=first_line,
+            kernel_autoreload=kernel_follows(self.shell),
         )
         if not args.bg:
             return self._cell_value(args, cell, printer, listener, options, self.shell)
@@ -284,8 +288,10 @@ class DDPMagics(Magics):
             return _show_output(self.session, args)
         if args.rank is not None or args.cell is not None:
             raise UsageError("%ddp: --rank and --cell go with output, e.g. %ddp output --rank 3")
-        if args.action in ("status", "log", "wait") and request:
+        if args.action in ("status", "log", "wait", "autoreload") and request:
             raise UsageError("%ddp: pool options need an action, e.g. %ddp restart -n 2 (or put them on a %%ddp cell)")
+        if args.action == "autoreload" or args.setting:
+            return print(self.session.autoreload.set(args.action, args.setting, IPython.__version__))
         if args.action == "stop":
             print(STOPPED if self.session.stop() else NO_POOL)
         elif args.action == "restart":

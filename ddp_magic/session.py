@@ -1,14 +1,10 @@
 """One kernel's session: its pool, the names that live on the workers, and what a front end may ask.
 
-The magics (magics.py) and the JupyterLab comm (ui/labcomm.py) both drive the
-pool through a :class:`Session`; it returns data (:class:`PoolStatus`,
-:class:`EnvData`, :class:`CellResult`) and raises the user-facing errors of
-errors.py, and it never prints: each front end renders what it gets. It holds
-the only reference a front end has to the pool, so the magics, the comm and a
-plain-Python caller all see the same pool and the same worker-owned names.
-
-No IPython here (tests/unit/test_structure.py checks that): a test or a script
-drives a session exactly as a notebook does.
+The magics (magics.py) and the JupyterLab comm (ui/labcomm.py) both drive the pool through a :class:`Session`; it
+returns data (:class:`PoolStatus`, :class:`EnvData`, :class:`CellResult`) and raises the user-facing errors of
+errors.py, and it never prints: each front end renders what it gets. It holds the only reference a front end has to
+the pool, so the magics, the comm and a plain-Python caller all see the same pool and the same worker-owned names.
+No IPython here (tests/unit/test_structure.py checks that): a test or a script drives a session as a notebook does.
 """
 from __future__ import annotations
 
@@ -26,6 +22,7 @@ from .kernel import peek as peeks, templates
 from .kernel.launchers.slurm import preview as slurm_preview
 from .kernel.pool import Pool
 from .kernel.profile_merge import ProfileReport, ProfileRun
+from .kernel.reload import Autoreload
 from .kernel.texts import NAMES_GONE
 from .kernel.turns import Ticket, Turns
 from .kernel.pool_status import NO_POOL, PoolStatus, RankRow  # noqa: F401  (NO_POOL: the front ends read it here)
@@ -53,6 +50,7 @@ class EnvData:
     plan: Optional[Plan] = None
     live: Optional[Dict[int, Dict[str, Any]]] = None
     checks: Tuple[Check, ...] = ()  # what the plan's own checks cannot know: Slurm's verdict on a --slurm request
+    autoreload: str = ""  # whether autoreload is on, and what the last cell reloaded (kernel/reload.py)
 
     @property
     def state(self) -> str:
@@ -76,6 +74,7 @@ class CellOptions:
     ticket: Optional[Ticket] = None  # the cell's place in the pool's line ("cell [12]", background or not); None: a new one
     queue: bool = True  # wait for the turn when another cell holds it (--no-queue: False, a UsageError instead)
     cancel: Optional[threading.Event] = None  # set: interrupt the cell as Ctrl-C would (a job's cancel(); out of the queue if it waits)
+    kernel_autoreload: bool = False  # the kernel's %autoreload 2 is on: the ranks follow it unless %ddp autoreload off (kernel/reload.py)
 
 
 @dataclass(frozen=True)
@@ -122,6 +121,7 @@ class Session:
     last: Optional[LastCell] = None  # the last %%ddp cell's outcome, while its pool runs (None once it stops or restarts)
     turns: Turns = field(default_factory=Turns)  # one cell at a time on the pool; the others wait in line (kernel/turns.py)
     outputs: OutputLog = field(default_factory=OutputLog)  # every rank's whole output of the recent cells: %ddp output --rank N
+    autoreload: Autoreload = field(default_factory=Autoreload)  # %ddp autoreload: edited modules reach the ranks (kernel/reload.py)
 
     # ------------------------------------------------------------ specs
     def spec_for(self, nproc: Optional[int] = None, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> Optional[PoolSpec]:
@@ -242,6 +242,7 @@ class Session:
             job=self.turns.holder,
             queued=tuple(self.turns.waiting()),
             where=pool.launcher.where() if pool.started else "",
+            autoreload=self.autoreload.describe(),
         )
 
     def env(self, spec: Optional[PoolSpec] = None) -> EnvData:
@@ -249,7 +250,7 @@ class Session:
         pool = self.pool
         if spec is None and pool is not None and pool.alive:
             self.turns.check_idle("%ddp_env reads the ranks between cells")
-            return EnvData(nproc=pool.nproc, backend=pool.backend, plan=pool.plan, live=pool.live_env())  # plan: the checks the cell counts
+            return EnvData(pool.nproc, pool.backend, pool.plan, pool.live_env(), autoreload=self.autoreload.describe())  # plan: the checks the cell counts
         spec = spec or (pool.spec if pool is not None else None)
         if spec is None:
             raise UsageError(NEED_N_FOR_ENV)
@@ -258,7 +259,7 @@ class Session:
         except PlanError as e:
             raise UsageError(str(e)) from None
         plan, checks = slurm_preview(plan) if plan.slurm is not None else (plan, [])  # Slurm asked, nothing allocated
-        return EnvData(nproc=spec.nproc, backend=plan.backend, plan=plan, checks=tuple(checks))
+        return EnvData(nproc=spec.nproc, backend=plan.backend, plan=plan, checks=tuple(checks), autoreload=self.autoreload.describe())
 
     # ------------------------------------------------------------ cells
     def run(self, source: str, user_ns: Mapping[str, Any], options: Optional[CellOptions] = None, listener: Optional[Listener] = None) -> CellResult:
@@ -298,6 +299,7 @@ class Session:
             self.owned.clear()
             listener.on_notice("restarted the pool; " + NAMES_GONE)
         generation = pool.generation
+        reload = self.autoreload.before_cell(pool, options.kernel_autoreload, listener)  # raises (nothing ran) when the ranks disagree
         self.cells += 1
         label = str(self.cells)
         metrics = CellMetrics(label if options.number is None else str(options.number))  # outermost listener: ddp_magic.log rows
@@ -307,8 +309,9 @@ class Session:
         kept = self.outputs.tap(listener, label if options.number is None else str(options.number))  # %ddp output --rank N
         outcome = pool.run(
             editor_lines(source, options.first_line), blobs, listener=metrics.tee(self.history.tap(kept), listener), timeout=options.timeout,
-            gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin, cancel=options.cancel,
+            gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin, cancel=options.cancel, reload=reload,
         )
+        self.autoreload.after_cell(pool, listener)
         self.last = LastCell.of(outcome, options.number, label, pool.generation)
         if pool.generation != generation:  # the pool (re)started for this cell: earlier names are gone
             self.owned.clear()

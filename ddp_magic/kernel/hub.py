@@ -296,7 +296,7 @@ class Hub(OutputStreams):
             err, pid = msg["error"], info.pid if info else None
             failure = RankFailure(rank=rank, kind=FailureKind.INIT, type=err["type"], message=err["message"], traceback=err["traceback"], pid=pid)
             self.init_failures.append(failure)
-        elif op in (P.STACK, P.ENV, P.REFORM):
+        elif op in (P.STACK, P.ENV, P.REFORM, P.VERSIONS):
             self.replies.setdefault(op, {})[rank] = msg
         elif op == P.INPUT:
             self.stdin.request(rank, msg)

@@ -275,6 +275,7 @@ class Pool:
         owned: Sequence[str] = (),
         stdin: Optional[Ask] = None,
         cancel: Optional[threading.Event] = None,
+        reload: Optional[dict] = None,
     ) -> CellOutcome:
         """Run source on every rank; names are cloudpickled notebook values to bind first.
 
@@ -285,18 +286,20 @@ class Pool:
         the next run restarts it). KeyboardInterrupt interrupts every rank, then
         a failed outcome is returned (``cancel`` set does the same off the main thread: a background cell).
         ``stdin(prompt, password)`` answers the ranks' input() and pdb (kernel/stdin.py); without it they read EOF.
+        ``reload``: autoreload is on, what the ranks reload first (kernel/reload.py).
         """
         guarded = GuardedListener(listener or Listener())
         with self._bound(guarded):
             notice = self.ensure_started(guarded, owned)
             if notice:
                 guarded.on_notice(notice)
-            t0 = self._send_cell(source, names or {}, gather, argv, label, owned)
+            t0 = self._send_cell(source, names or {}, gather, argv, label, owned, reload)
             cell = CellRun(self, FailurePolicy(timeout=timeout, grace=self.grace, t0=t0), stdin=stdin, cancel=cancel)
             cell.drive()
             return self._outcome(cell, guarded, t0)
 
-    def _send_cell(self, source: str, names: Dict[str, bytes], gather: str, argv: Optional[List[str]], label: Optional[str], owned: Sequence[str]) -> float:
+    def _send_cell(self, source: str, names: Dict[str, bytes], gather: str, argv: Optional[List[str]], label: Optional[str], owned: Sequence[str],
+                   reload: Optional[dict] = None) -> float:
         """Mark every rank RUNNING and send it the cell; returns the cell's start time."""
         self._cell += 1
         filename = f"<ddp-cell-{label if label is not None else self._cell}>"
@@ -307,6 +310,8 @@ class Pool:
             info.tail.clear()
             self.hub.listener.on_state(info)
         here, common = socket.gethostname(), dict(cell=self._cell, source=source, filename=filename, names=names, owned=sorted(owned), gather=gather)
+        if reload is not None:
+            common["reload"] = reload
         for rank in range(self.nproc):
             info = self.ranks[rank]
             local_rank = info.local_rank if info.local_rank is not None else rank
@@ -326,12 +331,13 @@ class Pool:
         recovered = bool(failures) and self.recovery.ready_again(self)  # whole again: every rank READY
         return CellOutcome(values, failures, notes, time.monotonic() - t0, stacks=cell.stacks, state_lost=lost, recovered=recovered)
 
-    def ask(self, op: str, timeout: float = 5.0, listener: Optional[Listener] = None, ranks: Optional[Sequence[int]] = None) -> Dict[int, dict]:
-        """Ask every live rank (or these of them) for its STACK or ENV; returns the replies that came in time."""
+    def ask(self, op: str, timeout: float = 5.0, listener: Optional[Listener] = None, ranks: Optional[Sequence[int]] = None,
+            fields: Optional[dict] = None) -> Dict[int, dict]:
+        """Ask every live rank (or these of them) for its STACK, ENV or VERSIONS; returns the replies that came in time."""
         hub = self.hub
         replies = hub.replies[op] = {}
         ranks = list(hub.conns) if ranks is None else [r for r in ranks if r in hub.conns]
-        hub.broadcast(P.message(op), ranks)
+        hub.broadcast(P.message(op, **(fields or {})), ranks)
         answered = lambda: len(replies) >= len(ranks) or (len(hub.conns) < len(ranks) and all(r in replies or r not in hub.conns for r in ranks))  # noqa: E731
         with self._bound(listener) if listener is not None else contextlib.nullcontext():
             hub.pump(answered, time.monotonic() + timeout)

@@ -57,6 +57,7 @@ class PoolStatus:
     queued: Tuple[str, ...] = ()  # the cells waiting for their turn, first first
     where: str = ""  # where the ranks run, when not on this host alone: the Slurm job, its state and nodes
     last_cell: Optional[LastCell] = None  # the last %%ddp cell that ran on this pool
+    autoreload: str = ""  # on or off, and what the last cell reloaded (kernel/reload.py Autoreload.describe)
 
     @property
     def exists(self) -> bool:
@@ -77,6 +78,7 @@ class PoolStatus:
             rows.append("names on the workers: " + ", ".join(self.owned))
         rows += [self.job.text()] if self.job is not None else []
         rows += [f"queued: {', '.join(self.queued)}"] if self.queued else []
+        rows += [self.autoreload] if self.autoreload else []
         if self.last_cell is not None and not self.last_cell.ok:
             rows.append(self.last_cell.text())
         return "\n".join(rows)

@@ -32,6 +32,7 @@ from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
 from ..wire.protocol import CellStatus
 from . import mesh, rank_argv, rank_collectives, rank_debug, rank_group, rank_metrics, rank_peek, rank_profile, rank_recover, rank_torch
+from .rank_reload import RELOADER
 from .parent import die_with_parent
 
 
@@ -131,6 +132,8 @@ class Worker:
                     rank_debug.on_message(msg)
                 elif op == P.PEEK:  # a short read-only cell beside the running one, on the peek thread
                     rank_peek.submit(msg)
+                elif op == P.VERSIONS:  # autoreload: this rank's versions of the modules named, read between cells
+                    self.chan.send(P.VERSIONS, rank=self.rank, modules=RELOADER.versions(msg.get("names", ())))
                 elif op == P.PROFILE:  # the next cell runs under torch.profiler (it comes before that cell's RUN)
                     rank_profile.arm(msg)
         except (ConnectionError, OSError, EOFError):
@@ -194,7 +197,7 @@ class Worker:
         rank_debug.begin_cell(msg["source"])  # the last failure's frames go (unless this is its post-mortem)
         rank_recover.begin_cell()
         rank_metrics.begin_cell(msg["cell"])
-        error = self._reform_group() or self._load_names(msg)
+        error = self._reform_group() or RELOADER.begin_cell(msg.get("reload")) or self._load_names(msg)  # autoreload: agreed modules first
         status = CellStatus.OK if error is None else CellStatus.ERROR
         with rank_profile.profiled(self.rank, self.device, self.shm_ok):  # --profile armed it: torch.profiler around the cell
             if error is None:
@@ -206,6 +209,7 @@ class Worker:
                         "seq": rank_collectives.default_seq()}
         fields.update(rank_profile.take())
         fields.update(rank_recover.done_fields())
+        fields.update(RELOADER.done_fields())
         if status != CellStatus.OK or value is None:
             self.chan.send(P.DONE, result=None, **fields)
             return

@@ -188,6 +188,7 @@ class EnvReport:
         self.checks = checks
         self.reported = reported
         self.extra = extra or {}
+        self.autoreload = ""  # "autoreload: on (...); reloaded at the last cell: model" (kernel/reload.py)
 
     @property
     def all_checks(self) -> List[Check]:
@@ -240,7 +241,7 @@ class EnvReport:
             lines += checks_text(shown)
         if not every_check and len(shown) < len(self.all_checks):
             lines.append("(every check: print(_.full_text()), or _.to_dict())")
-        return "\n".join(lines)
+        return "\n".join(lines + ([self.autoreload] if self.autoreload else []))
 
     def _repr_html_(self) -> str:
         """The verdict and the problems; every check one click away (inline styles only)."""
@@ -256,7 +257,8 @@ class EnvReport:
             f"{checks_html(said) if said else ''}{line}"
             f"{env_table_html(rows, cols, max_height='24em')}{html.escape(left)}"
             f"<details class='ddp-env-checks'><summary style='cursor:pointer'>all {plural(len(self.all_checks), 'check')}</summary>"
-            f"{every}</details></div>"
+            f"{every}</details>"
+            f"{f'<div class=ddp-env-autoreload>{html.escape(self.autoreload)}</div>' if self.autoreload else ''}</div>"
         )
 
 
@@ -309,6 +311,10 @@ def live_report(live: Dict[int, Dict[str, Any]], nproc: int, backend: str, plan:
 def env_report(env: EnvData) -> EnvReport:
     """The report of the session's env data, planned or live: what %ddp_env shows and the panel's env request returns."""
     if env.live is not None:
-        return live_report(env.live, env.nproc, env.backend, env.plan)
-    assert env.plan is not None
-    return plan_report(env.plan, extra_checks=env.checks)
+        report = live_report(env.live, env.nproc, env.backend, env.plan)
+    else:
+        assert env.plan is not None
+        report = plan_report(env.plan, extra_checks=env.checks)
+    if env.autoreload:  # on, or turned off: said (a report of a session that never asked stays as it was)
+        report.autoreload = report.extra["autoreload"] = env.autoreload
+    return report
