@@ -58,7 +58,7 @@ PROBE_JS = """(i) => {
     lastCell: q('.jp-ddp-Panel-lastCell') ? q('.jp-ddp-Panel-lastCell').textContent : '',
     notices: [...document.querySelectorAll('.jp-ddp-Panel-notice')].map(n => n.textContent),
     facts: q('.jp-ddp-Panel-facts') ? q('.jp-ddp-Panel-facts').textContent : '',
-    viewText: view ? view.innerText.split('\\n')[0] : '',
+    viewText: view ? (view.innerText.split('\\n').find(l => /\\d+ ranks? /.test(l)) || '') : '',
     outputText: cell ? [...cell.querySelectorAll('.jp-OutputArea-output')].map(o => o.innerText).join('\\n') : '',
     restartDisabled: btn ? btn.disabled : null,
     restartTitle: btn ? btn.title : '',

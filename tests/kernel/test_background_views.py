@@ -75,6 +75,7 @@ def test_a_job_that_starts_its_pool_counts_its_seconds_on_the_ranks_and_the_star
         began_to_ready = kernel.value(f"{SESSION}.pool.start_seconds")
         assert clocks and clocks[-1] <= began_to_ready + 0.05, (clocks, began_to_ready)  # the pool's own clock, up to its start
         pool = kernel.value(SNAP)
+        pids = [r["pid"] for r in pool["ranks"]]
         on_ranks = max(r["elapsed"] for r in pool["ranks"])
         assert abs(pool["job"]["elapsed"] - on_ranks) < 0.5, pool  # the job's clock is its ranks' clock
         gate.unlink()
@@ -86,6 +87,9 @@ def test_a_job_that_starts_its_pool_counts_its_seconds_on_the_ranks_and_the_star
         assert f"pool started in {fmt_seconds(began_to_ready)}" in view, view  # the pool's start apart, named
         assert kernel.run("repr(job)").ok().result == repr(f"<Job {bg_name(bg)}: done after {clock_text(elapsed)}>")
         assert 1.5 <= elapsed < 30
+        # the pool the job started outlives the job's thread (its template asked for a parent-death signal)
+        kernel.run("%%ddp\nimport os\nos.getpid()", timeout=120).ok()
+        assert kernel.value("list(_)") == pids
 
 
 def bg_name(cell: Execution) -> str:

@@ -157,7 +157,6 @@ def test_queued_job_shows_queued_and_ctrl_c_cancels_it(sk, no_jobs_left):
             assert clock and clock == sorted(clock), f"the start clock never goes back: {clock}"
             assert 3.0 <= clock[-1] <= time.monotonic() - t0, "it counts from the pool's start, within the cell's time"
             said = " ".join(str(m["content"]) for m in ex.messages)
-            import json; open("/tmp/h36_said.json", "w").write(json.dumps([m["content"] for m in ex.messages if "received" in str(m["content"]) or "MASTER_PORT=" in str(m["content"])], default=str))
             assert "the env each rank received" not in said and "MASTER_PORT=" not in said, "no rank exists: nothing received yet"
             assert "planned: the env each rank will receive; MASTER_ADDR/PORT are set when the ranks start" in said
             assert wait_no_jobs(10) == [], "Ctrl-C cancelled the queued job"

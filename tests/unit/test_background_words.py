@@ -8,12 +8,15 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from ddp_magic.errors import JobCancelled, RankFailure
 from ddp_magic.kernel.launchers.slurm import released_text
 from ddp_magic.kernel.launchers.slurm_alloc import Allocation, OwnAllocation
 from ddp_magic.kernel.ranks import CellOutcome, LastCell
 from ddp_magic.kernel.texts import cancelled_text
 from ddp_magic.kernel.turns import Ticket
+from ddp_magic.plan import Check
 from ddp_magic.plan.slurm import SlurmRequest
 from ddp_magic.session import PoolStatus, RankRow
 from ddp_magic.states import FailureKind, RankState
@@ -58,7 +61,9 @@ def test_the_snapshot_s_start_clock_is_the_pool_s_own_and_its_facts_are_planned_
 
 def test_a_pool_not_yet_started_shows_its_env_as_planned_without_a_placeholder_port():
     envs = [{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "51829", "RANK": str(r), "WORLD_SIZE": "2"} for r in range(2)]
-    planned = T.env_html(R.Snapshot(nproc=2, infos={}, now=0.0, elapsed=0.0, envs=envs, planned=True))
+    checks = [Check("same MASTER_PORT", True, "MASTER_PORT=51829 on every rank"), Check("same WORLD_SIZE", True, "WORLD_SIZE=2 on every rank")]
+    planned = T.env_html(R.Snapshot(nproc=2, infos={}, now=0.0, elapsed=0.0, envs=envs, checks=checks, planned=True))
+    assert "MASTER_PORT: one value on every rank, set when the ranks start" in planned and "WORLD_SIZE=2 on every rank" in planned
     assert "planned: the env each rank will receive; MASTER_ADDR/PORT are set when the ranks start" in planned
     assert "51829" not in planned and "received" not in planned
     ran = T.env_html(R.Snapshot(nproc=2, infos={}, now=0.0, elapsed=0.0, envs=envs))
@@ -95,3 +100,50 @@ def test_ddp_stop_says_what_became_of_the_slurm_job():
     assert released_text(ours) == "; Slurm job 1234 cancelled while it was queued"
     found = Allocation(SlurmRequest(nodes=2, job_id="77"))
     assert released_text(found) == "; Slurm job 77 kept: the kernel runs inside it"
+
+
+def test_a_process_a_short_lived_thread_starts_outlives_the_thread():
+    """Linux sends the parent-death signal when the *thread* that started a process ends: a background job's thread
+    started the template, and the pool died with the job. launchers.base.popen starts it on a thread that lasts."""
+    import shutil
+    import subprocess
+    import threading
+
+    from ddp_magic.kernel.launchers.base import popen
+
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("no setpriv (util-linux) to ask for a parent-death signal")
+    started: list = []
+    thread = threading.Thread(target=lambda: started.append(popen([setpriv, "--pdeathsig", "KILL", "sleep", "30"], stdin=subprocess.DEVNULL)))
+    thread.start()
+    thread.join()
+    proc = started[0]
+    try:
+        time.sleep(0.5)
+        assert proc.poll() is None, "it died with the thread that started it"
+    finally:
+        proc.kill()
+        proc.wait()
+    with pytest.raises(FileNotFoundError):  # a start that fails raises on the caller's thread
+        _on_thread(popen, ["/nonexistent/program"])
+
+
+def _on_thread(fn: Any, *args: Any) -> Any:
+    out: list = []
+    errors: list = []
+
+    def run() -> None:
+        try:
+            out.append(fn(*args))
+        except BaseException as e:
+            errors.append(e)
+
+    import threading
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+    return out[0]
