@@ -188,10 +188,10 @@ def test_the_start_clock_is_one_clock_that_never_goes_back_or_stands_still(story
     for (t0, b0, _), (t1, b1, _) in zip(bar, bar[1:]):
         if t1 - t0 >= 0.8:
             assert b1 > b0, f"the bar's clock stood still for {t1 - t0:.1f} s at {b0} s"
-    for _, b, p in bar:  # one clock: the bar and the cell, read at the same moment, say the same start time
-        m = re.search(r"start (\d+\.\d) s", p["viewText"])
+    for _, b, p in bar:  # one clock: the bar and the cell, read at the same moment, say the same start time (within what
+        m = re.search(r"start (\d+\.\d) s", p["viewText"])  # a widget update and a snapshot take to arrive on a busy machine)
         if m:
-            assert abs(b - float(m.group(1))) <= 0.6, f"bar starting {b} s, cell start {m.group(1)} s"
+            assert abs(b - float(m.group(1))) <= 1.0, f"bar starting {b} s, cell start {m.group(1)} s"
 
 
 @pytest.mark.parametrize("n", range(ROUNDS))
@@ -235,6 +235,8 @@ def test_a_cancel_reads_cancelled_by_job_cancel_in_the_cell_the_panel_and_the_re
     p = rec["cancelled"]
     assert text in p["outputText"] and "Ctrl-C" not in p["outputText"] and "rank 0 was interrupted" not in p["outputText"], p["outputText"][-800:]
     assert p["lastCell"].endswith(text), p["lastCell"]
+    assert p["summary"].endswith(f"ready · In[{rec['cancel_prompt']}]: cancelled"), p["summary"]  # not "interrupted"
+    assert "JobCancelled: " + text in p["outputText"], p["outputText"][-400:]
     assert told[0].startswith(f"<Job cell [{rec['cancel_prompt']}]: {text} ("), told
 
 
