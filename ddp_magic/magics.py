@@ -22,7 +22,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_argstring
 
 from . import logs
-from .errors import CellError, UsageError
+from .errors import CellError, JobCancelled, UsageError
 from .kernel.peek import PEEK_TIMEOUT_S
 from .kernel.pool import Pool
 from .kernel.reload import kernel_follows
@@ -31,7 +31,7 @@ from .magic_options import (  # noqa: F401  (SEE_HELP, POOL_KEYS, SLURM_KEYS: th
     CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, pool_arguments,
 )
 from .plan.spec import positive_int as _positive_int
-from .session import NO_POOL, STOPPED, CellOptions, Session
+from .session import NO_POOL, CellOptions, Session
 from .ui.cell_listener import MagicListener
 from .ui import jobs
 from .ui.jobs import Job
@@ -261,6 +261,8 @@ class DDPMagics(Magics):
             if args.pdb or getattr(shell, "call_pdb", False):  # --pdb, or IPython's %pdb on
                 debugging.once_instead_of_ipython(self.shell)
                 self._post_mortem("", quiet=True)
+            if outcome.cancel_text:
+                raise JobCancelled(outcome.cancel_text, outcome.failures, notes, partial=results)
             raise CellError(outcome.failures, notes, partial=results)
         for note in notes:
             listener.on_notice(note)
@@ -293,7 +295,7 @@ class DDPMagics(Magics):
         if args.action == "autoreload" or args.setting:
             return print(self.session.autoreload.set(args.action, args.setting, IPython.__version__))
         if args.action == "stop":
-            print(STOPPED if self.session.stop() else NO_POOL)
+            print(self.session.stop() or NO_POOL)
         elif args.action == "restart":
             spec = self.session.spec_for(**request) if request else None
             print(self.session.restart(spec, MagicListener(RankPrinter())).ready_text())

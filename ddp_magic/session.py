@@ -23,8 +23,8 @@ from .kernel.launchers.slurm import preview as slurm_preview
 from .kernel.pool import Pool
 from .kernel.profile_merge import ProfileReport, ProfileRun
 from .kernel.reload import Autoreload
-from .kernel.texts import NAMES_GONE
-from .kernel.turns import Ticket, Turns
+from .kernel.texts import NAMES_GONE, cancelled_text
+from .kernel.turns import Ticket, TicketClock, Turns
 from .kernel.pool_status import NO_POOL, PoolStatus, RankRow  # noqa: F401  (NO_POOL: the front ends read it here)
 from .logs import log
 from .plan import Check
@@ -176,8 +176,8 @@ class Session:
         self.last = None
         return self.status()
 
-    def stop(self, force: bool = False) -> bool:
-        """Stop every worker, the template and the notebook data in /dev/shm; False when there was no pool.
+    def stop(self, force: bool = False) -> str:
+        """Stop every worker, the template and the notebook data in /dev/shm; what it says ("" when there was no pool).
         A cell holding the turn (a background job) refuses it, unless ``force`` (the kernel goes away)."""
         if not force:
             self.turns.check_idle("the pool was not stopped")
@@ -187,9 +187,9 @@ class Session:
         self.template.close()
         self.data.clear()
         if pool is None:
-            return False
+            return ""
         pool.stop()
-        return True
+        return STOPPED + getattr(pool.launcher, "released", "")  # a Slurm pool: its job released (or the kernel's own kept)
 
     def _pool_for(self, spec: Optional[PoolSpec], listener: Listener, missing: str) -> Pool:
         """The pool ``spec`` asks for: the running one, a new one, or a replacement (validated before the old one goes)."""
@@ -308,10 +308,13 @@ class Session:
         self.last = None  # this cell is the news now
         kept = self.outputs.tap(listener, label if options.number is None else str(options.number))  # %ddp output --rank N
         outcome = pool.run(
-            editor_lines(source, options.first_line), blobs, listener=metrics.tee(self.history.tap(kept), listener), timeout=options.timeout,
-            gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin, cancel=options.cancel, reload=reload,
+            editor_lines(source, options.first_line), blobs, listener=TicketClock(ticket, metrics.tee(self.history.tap(kept), listener)),
+            timeout=options.timeout, gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin,
+            cancel=options.cancel, reload=reload,
         )
         self.autoreload.after_cell(pool, listener)
+        ticket.ran_for = outcome.elapsed  # the job's run time is the cell's: seconds on the ranks
+        outcome.cancel_text = cancelled_text(outcome, metrics.last_step())  # job.cancel()'s words ("" for any other end)
         self.last = LastCell.of(outcome, options.number, label, pool.generation)
         if pool.generation != generation:  # the pool (re)started for this cell: earlier names are gone
             self.owned.clear()

@@ -50,7 +50,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 from ..errors import UsageError
 from ..kernel import Listener
 from ..logs import log
-from ..session import NO_POOL, STOPPED, Session
+from ..session import NO_POOL, Session
 from .labsnap import PoolSnapshots, jsonable
 from .report import env_report
 
@@ -70,13 +70,15 @@ def changed() -> None:
         bridge.publish()
 
 
-def notice(text: str) -> None:
-    """A notice for the user (the magics print it too); the panel shows the last few."""
+def notice(text: str, withdraw: bool = False) -> None:
+    """A notice for the user (the magics print it too); the panel shows the last few. ``withdraw``: it is no longer
+    true (a queued cell got its turn), the panel stops showing it."""
     bridge = _bridge
-    if bridge is not None:
-        bridge.notices.append(text)
-        if bridge.comms:
-            bridge.publish()
+    if bridge is None or (withdraw and text not in bridge.notices):
+        return
+    bridge.notices.remove(text) if withdraw else bridge.notices.append(text)
+    if bridge.comms:
+        bridge.publish()
 
 
 def metrics(payload: Dict[str, Any], final: bool = False) -> None:
@@ -264,7 +266,7 @@ class LabBridge:
                 report = env_report(self.session.env()).to_dict()
                 return {"ok": True, "message": f"%ddp_env: {report.get('verdict', '')}".strip(), "report": report}
             if op == "stop":
-                return {"ok": True, "message": STOPPED if self.session.stop() else NO_POOL}
+                return {"ok": True, "message": self.session.stop() or NO_POOL}
             if op == "restart":
                 nproc = args.get("nproc")
                 spec = self.session.spec_for(int(nproc)) if nproc is not None else None
@@ -275,7 +277,7 @@ class LabBridge:
         except (Exception, KeyboardInterrupt) as e:  # a kernel interrupt while a request runs ends the request, not the kernel's loop
             log.debug("labcomm: request %s failed", op, exc_info=True)
             why = str(e) if isinstance(e, UsageError) else f"{type(e).__name__}: {e}"
-            return {"ok": False, "message": "", "error": why.strip(), "output": "\n".join(heard.lines)}
+            return {"ok": False, "refused": isinstance(e, UsageError), "message": "", "error": why.strip(), "output": "\n".join(heard.lines)}
 
     # ------------------------------------------------------------ snapshots
     def publish(self, final: bool = False) -> None:

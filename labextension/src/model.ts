@@ -1,19 +1,14 @@
 /**
- * What the kernel tells us about its pool (the messages' types, here), and what the UI shows for it (the modules
- * re-exported at the end, one per concern: format, ranks, state, commands, metrics; `import * as M from './model'`
- * gives all of it).
- *
- * Pure functions and plain data only (no JupyterLab imports), so the logic that
- * turns kernel messages into status text, rank rows and command availability is
- * unit-tested with node's own test runner (src/__tests__/model.test.ts).
+ * What the kernel tells us about its pool: the messages' types (and the plain data the UI keeps of them, IUIState).
+ * No functions and no imports: every module imports these types from here and what else it uses from the module that
+ * defines it (format, ranks, state, commands, metrics, groups), so the imports form no circle
+ * (tests/labextension/test_import_cycles.py checks it).
  *
  * The kernel side is ddp_magic/ui/labcomm.py; its messages on the "ddp_magic" comm:
  *   {type: "snapshot", seq, version, pool: PoolSnapshot | null, notice?, final}
  *   {type: "reply", id, op, ok, message, error?, report?}
  *   {type: "metrics", session, final, cell, names, ranks, rows, series, summary}  (ddp_magic.log's chart data)
  */
-
-import type { IMetricsMsg } from './metrics';
 
 /** The comm target the IPython extension registers (ddp_magic/ui/labcomm.py TARGET). */
 export const COMM_TARGET = 'ddp_magic';
@@ -88,13 +83,17 @@ export interface IPoolSnapshot {
   job?: IJobSnapshot | null;
   /** The cells waiting for their turn behind it, first first. */
   queued?: string[];
+  /** The pool has not started: no rank exists, MASTER and the env are the plan's (a queued Slurm job's port is not chosen). */
+  planned?: boolean;
 }
 
 /** A cell holding the pool's turn, as ddp_magic/kernel/turns.py Ticket says it. */
 export interface IJobSnapshot {
   name: string; // "cell [12]"
   background: boolean; // %%ddp --bg: it runs while the notebook runs other cells
-  elapsed: number | null; // seconds it had run when the snapshot was sent (null: still queued)
+  /** queued (waits for the turn), starting (holds it; the pool starts, the cell has not reached the ranks), running. */
+  phase?: 'queued' | 'starting' | 'running';
+  elapsed: number | null; // seconds on the ranks when the snapshot was sent (the cell's run clock, job.elapsed); null before
   step: number | null; // the last step its ranks logged with ddp_magic.log
   text: string; // the kernel's own words, at the time of the snapshot
 }
@@ -105,9 +104,41 @@ export interface ILastCell {
   ok: boolean;
   headline: string; // its root cause, as the cell's error says it
   recovered: boolean; // it failed, and the pool is whole again (every rank ready, the workers' variables kept)
+  cancelled?: boolean; // a background job's job.cancel() ended it: headline says "cancelled by job.cancel(): …"
   root: number[]; // the ranks to blame
   causes: Record<string, { kind: FailureKind; cause: Cause }>;
   text: string; // what %ddp status prints
+}
+
+/** (step, value); a value the kernel could not put in JSON (NaN, ±inf) is null. */
+export type MetricPoint = [number, number | null];
+
+/** One metric over the ranks (ddp_magic/kernel/metrics.py MetricSummary). */
+export interface IMetricSummary {
+  name: string;
+  last: number | null; // mean over the ranks of each rank's last value
+  last_lo: number | null;
+  last_hi: number | null;
+  min: number | null;
+  mean: number | null;
+  slowest: number | null; // the rank that reached the latest common step last (null: none stands out)
+  lag: number | null; // how much later than the first rank, seconds
+  /** What named the slowest rank (kernel/metrics.py StragglerMeasure): the logged steps, or --profile's collectives. */
+  slowest_by?: 'steps' | 'profile';
+  steps: [number, number];
+}
+
+/** ui/labcomm.py metrics(): the kernel's CellMetrics.payload, at most once a second while a cell logs, once more with final. */
+export interface IMetricsMsg {
+  type: 'metrics';
+  session: string;
+  final: boolean;
+  cell: string;
+  names: string[];
+  ranks: number[];
+  rows: number;
+  series: Record<string, Record<string, MetricPoint[]>>; // metric -> rank (a string, JSON's keys) -> points
+  summary: IMetricSummary[];
 }
 
 export interface ISnapshotMsg {
@@ -135,6 +166,8 @@ export interface IReplyMsg {
   id: string;
   op: Op;
   ok: boolean;
+  /** The kernel refused it (a UsageError: a background job holds the pool), rather than trying and failing. */
+  refused?: boolean;
   message: string;
   error?: string;
   report?: IEnvReport;
@@ -188,10 +221,3 @@ export interface IUIState {
   /** The pids of the pool the chart was logged on: a snapshot of a pool without any of them (restarted) clears it. */
   metricsPids: number[];
 }
-
-export * from './format';
-export * from './ranks';
-export * from './state';
-export * from './commands';
-export * from './metrics';
-export * from './groups';

@@ -141,6 +141,9 @@ export function lastCellNote(pool: IPoolSnapshot): string | null {
   if (!last || last.ok) {
     return null;
   }
+  if (last.cancelled) {
+    return `${cellName(last.number)}: cancelled`; // job.cancel(): nobody failed, nobody pressed Ctrl-C
+  }
   if (!last.root.length) {
     return `${cellName(last.number)}: interrupted`; // Ctrl-C: nobody to blame, nothing to recover from
   }
@@ -185,6 +188,9 @@ export function statusText(state: IUIState, now: number): string | null {
   const note = p.phase === 'ready' || p.phase === 'interrupted' ? lastCellNote(pool) : null;
   if (note) {
     tail += ` · ${note}`;
+  }
+  if (pool.queued && pool.queued.length && (p.phase === 'running' || p.phase === 'starting')) {
+    tail += ` · ${pool.queued.join(', ')} queued`; // cells that wait their turn behind the one that runs
   }
   const waiting = state.pending.filter(q => q.op !== 'status');
   if (waiting.length) {
