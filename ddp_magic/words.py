@@ -3,7 +3,7 @@
 Pure functions of plain values, imported by wire/, plan/, kernel/ and ui/ alike (it imports
 nothing of ours), so the checks, the pool's notices, errors, forensics, the status view,
 %ddp_env and the output prefixes say "2 ranks", "ranks 0, 2-3" and "998 ms" the same way.
-labextension/src/model.ts mirrors ``fmt_seconds`` (tests/labextension/test_model_mirror.py).
+labextension/src/format.ts mirrors ``fmt_seconds`` (tests/labextension/test_model_mirror.py).
 """
 from __future__ import annotations
 

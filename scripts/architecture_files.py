@@ -32,8 +32,8 @@ SPECIAL = {
     "__init__.py": "the IPython extension's entry points (lazy imports) and `ddp_magic.Pool`",
 }
 LABEXTENSION = (
-    "**labextension/ (browser)**: `src/model.ts` (the messages' types; it re-exports `format`, `ranks`, `groups`, `state`, "
-    "`commands`, `metrics`: messages → what the UI shows; no JupyterLab imports), `connection.ts` (the comm), "
+    "**labextension/ (browser)**: `src/model.ts` (the messages' types only), `format`, `ranks`, `groups`, `state`, "
+    "`commands`, `metrics` (messages → what the UI shows; no JupyterLab imports, no circle of imports), `connection.ts` (the comm), "
     "`statusbar.ts`, `panel.ts` (with `panel_ranks.ts`, `panel_metrics.ts`, `panel_facts.ts`, `dom.ts`), `index.ts` (commands, menus), "
     "`highlight.ts` (the `%%ddp` line); the build writes `ddp_magic/labextension/`. "
     "See [labextension/README.md](../labextension/README.md).\n"

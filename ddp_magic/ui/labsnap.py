@@ -44,7 +44,7 @@ def jsonable(value: Any) -> Any:
 
 def job_dict(ticket: Optional[Ticket]) -> Optional[Dict[str, Any]]:
     """The cell that holds the pool's turn (kernel/turns.py), as the panel and the status bar show it: their clock
-    goes on from ``elapsed`` (labextension/src/model.ts ``jobText`` says it as ``Ticket.text`` does)."""
+    goes on from ``elapsed`` (labextension/src/format.ts ``jobText`` says it as ``Ticket.text`` does)."""
     if ticket is None:
         return None
     now = time.monotonic()

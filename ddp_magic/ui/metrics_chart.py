@@ -77,7 +77,7 @@ def rank_color(rank: int, form: ChartForm = ChartForm.LIVE) -> str:
 def fmt(x: Optional[float]) -> str:
     """Short numbers: 4 significant digits below 10,000 ("5963", "0.0002628", "1e-06"); from 10,000 up, 3 significant
     digits and the largest of k, M, G, T whose mantissa stays under 1000 ("15.9k" is 15,900; 999,999 is "1M"); past
-    that, "1e+15". None, NaN and infinities are "-", zero (and -0) is "0". labextension/src/model.ts fmtValue is the same."""
+    that, "1e+15". None, NaN and infinities are "-", zero (and -0) is "0". labextension/src/metrics.ts fmtValue is the same."""
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
     if x == 0:

@@ -1,7 +1,7 @@
 /**
  * One notebook's link to its kernel's pool: the "ddp_magic" comm, the kernel's
  * status, and the requests in flight. Holds no UI; the status bar and the panel
- * listen to `changed` and render `state` through the pure functions of model.ts.
+ * listen to `changed` and render `state` through the pure functions of format.ts, ranks.ts, state.ts, commands.ts.
  *
  * Finding out whether the kernel has ddp_magic loaded costs nothing visible: a
  * comm_info request for our target (the IPython extension keeps one comm of
@@ -23,7 +23,8 @@ import { UUID } from '@lumino/coreutils';
 import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import * as M from './model';
+import { COMM_TARGET, type IReplyMsg, type IUIState, type KernelStatus, type Op, PROTOCOL } from './model';
+import { applyMessage, disconnected, initialState, withKernelStatus, withRequest } from './state';
 
 /** How long a comm_info question over a subshell may go unanswered before the next one may be asked. */
 const PROBE_TIMEOUT_MS = 10000;
@@ -73,7 +74,7 @@ export class PoolConnection implements IDisposable {
     return this._changed;
   }
 
-  get state(): M.IUIState {
+  get state(): IUIState {
     return this._state;
   }
 
@@ -140,17 +141,17 @@ export class PoolConnection implements IDisposable {
   /**
    * Send a request to the kernel. Resolves with the kernel's reply; rejects when
    * the comm closes or the kernel restarts before it answers. Check
-   * M.commandPolicy first: this does not refuse anything itself.
+   * commandPolicy first: this does not refuse anything itself.
    */
-  request(op: M.Op, args: Record<string, unknown> = {}): Promise<M.IReplyMsg> {
+  request(op: Op, args: Record<string, unknown> = {}): Promise<IReplyMsg> {
     const comm = this._comm;
     if (!comm) {
       return Promise.reject(new Error('ddp_magic is not connected to this kernel'));
     }
     const id = UUID.uuid4();
     const waits = this._state.kernelStatus === 'busy';
-    this._set(M.withRequest(this._state, { id, op, sentAt: Date.now(), waits }));
-    return new Promise<M.IReplyMsg>((resolve, reject) => {
+    this._set(withRequest(this._state, { id, op, sentAt: Date.now(), waits }));
+    return new Promise<IReplyMsg>((resolve, reject) => {
       this._waiters.set(id, { resolve, reject });
       try {
         comm.send({ type: 'request', id, op, args } as any);
@@ -187,7 +188,7 @@ export class PoolConnection implements IDisposable {
           session: kernel.clientId,
           username: kernel.username,
           subshellId,
-          content: { target_name: M.COMM_TARGET }
+          content: { target_name: COMM_TARGET }
         });
         const reply = (await kernel.sendShellMessage(msg, true, true).done) as KernelMessage.ICommInfoReplyMsg;
         return found(reply.content);
@@ -195,7 +196,7 @@ export class PoolConnection implements IDisposable {
         // no subshell after all: ask on the main shell (answered between cells)
       }
     }
-    const reply = await kernel.requestCommInfo({ target_name: M.COMM_TARGET });
+    const reply = await kernel.requestCommInfo({ target_name: COMM_TARGET });
     return found(reply.content as KernelMessage.ICommInfoReplyMsg['content']);
   }
 
@@ -224,7 +225,7 @@ export class PoolConnection implements IDisposable {
     }
   }
 
-  private _set(state: M.IUIState): void {
+  private _set(state: IUIState): void {
     if (state !== this._state) {
       this._state = state;
       this._changed.emit();
@@ -232,7 +233,7 @@ export class PoolConnection implements IDisposable {
   }
 
   private _openComm(kernel: Kernel.IKernelConnection): void {
-    const comm = kernel.createComm(M.COMM_TARGET);
+    const comm = kernel.createComm(COMM_TARGET);
     this._comm = comm;
     this._commIds.push(comm.commId);
     comm.onMsg = msg => {
@@ -240,9 +241,9 @@ export class PoolConnection implements IDisposable {
         return;
       }
       const data = msg.content.data as unknown;
-      this._set(M.applyMessage(this._state, data, Date.now()));
-      if (data && (data as M.IReplyMsg).type === 'reply') {
-        const reply = data as M.IReplyMsg;
+      this._set(applyMessage(this._state, data, Date.now()));
+      if (data && (data as IReplyMsg).type === 'reply') {
+        const reply = data as IReplyMsg;
         const waiter = this._waiters.get(reply.id);
         if (waiter) {
           this._waiters.delete(reply.id);
@@ -256,7 +257,7 @@ export class PoolConnection implements IDisposable {
       }
       this._comm = null;
       this._rejectAll('ddp_magic closed its connection (the extension was unloaded, or the kernel went away)');
-      this._set(M.disconnected(this._state));
+      this._set(disconnected(this._state));
     };
     void this._open(kernel, comm);
   }
@@ -275,7 +276,7 @@ export class PoolConnection implements IDisposable {
       return;
     }
     try {
-      comm.open({ type: 'hello', protocol: M.PROTOCOL, version: this._version } as any);
+      comm.open({ type: 'hello', protocol: PROTOCOL, version: this._version } as any);
     } catch (e) {
       this._comm = null;
     }
@@ -308,7 +309,7 @@ export class PoolConnection implements IDisposable {
     this._mainBusy = false;
     this._sessionStatus = this._kernel()?.status ?? 'unknown';
     this._rejectAll('the kernel changed');
-    this._set(M.withKernelStatus(M.disconnected(this._state), this._kernel() ? 'unknown' : 'none'));
+    this._set(withKernelStatus(disconnected(this._state), this._kernel() ? 'unknown' : 'none'));
     void this.probe();
   }
 
@@ -317,8 +318,8 @@ export class PoolConnection implements IDisposable {
    * JupyterLab's own status also follows subshell requests (our probe, comms over
    * subshells), which can read "idle" in the middle of a running cell.
    */
-  private _effective(): M.KernelStatus {
-    const status = (this._kernel() ? this._sessionStatus : 'none') as M.KernelStatus;
+  private _effective(): KernelStatus {
+    const status = (this._kernel() ? this._sessionStatus : 'none') as KernelStatus;
     if (status === 'idle' || status === 'busy') {
       return this._mainBusy ? 'busy' : 'idle';
     }
@@ -340,7 +341,7 @@ export class PoolConnection implements IDisposable {
       this._reprobe = null;
       this._rejectAll(`the kernel is ${next === 'dead' ? 'dead' : 'restarting'}`);
     }
-    this._set(M.withKernelStatus(this._state, next));
+    this._set(withKernelStatus(this._state, next));
     if (next === 'idle' && (before === 'restarting' || before === 'autorestarting' || before === 'starting' || before === 'unknown')) {
       void this.probe(); // a kernel that loads ddp_magic from its config has it already
     }
@@ -352,7 +353,7 @@ export class PoolConnection implements IDisposable {
       const busy = (msg.content as KernelMessage.IStatusMsg['content']).execution_state === 'busy';
       if (busy !== this._mainBusy) {
         this._mainBusy = busy;
-        this._set(M.withKernelStatus(this._state, this._effective()));
+        this._set(withKernelStatus(this._state, this._effective()));
       }
     }
     if (this._comm) {
@@ -381,7 +382,7 @@ export class PoolConnection implements IDisposable {
 
   private _session: ISessionContext;
   private _version: string;
-  private _state: M.IUIState = M.initialState();
+  private _state: IUIState = initialState();
   private _changed = new Signal<this, void>(this);
   private _comm: Kernel.IComm | null = null;
   private _asking = { main: false, sub: false }; // a comm_info question in flight on the main shell, over a subshell
@@ -393,5 +394,5 @@ export class PoolConnection implements IDisposable {
   private _ddpCells = new Set<string>();
   private _commIds: string[] = [];
   private _disposed = false;
-  private _waiters = new Map<string, { resolve: (r: M.IReplyMsg) => void; reject: (e: Error) => void }>();
+  private _waiters = new Map<string, { resolve: (r: IReplyMsg) => void; reject: (e: Error) => void }>();
 }

@@ -23,7 +23,9 @@ import { Menu, Widget } from '@lumino/widgets';
 
 import { PoolConnection } from './connection';
 import { ddpMagicLine } from './highlight';
-import * as M from './model';
+import type { IEnvReport, IReplyMsg } from './model';
+import { plural } from './format';
+import { commandPolicy, type ICommandPolicy, OP_LABEL, replyText, reportColumns } from './commands';
 import { CommandIDs, PoolPanel } from './panel';
 import { PoolStatusItem } from './statusbar';
 import { ConnectionTracker } from './tracker';
@@ -38,7 +40,7 @@ const ICON_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16"
 
 export const ddpIcon = new LabIcon({ name: 'ddp-magic:pool', svgstr: ICON_SVG });
 
-function envReportWidget(report: M.IEnvReport): Widget {
+function envReportWidget(report: IEnvReport): Widget {
   const node = document.createElement('div');
   node.className = 'jp-ddp-EnvReport';
   const verdict = document.createElement('div');
@@ -61,7 +63,7 @@ function envReportWidget(report: M.IEnvReport): Widget {
     checks.appendChild(li);
   }
   node.appendChild(checks);
-  const cols = M.reportColumns(report);
+  const cols = reportColumns(report);
   if (cols.length) {
     const table = document.createElement('table');
     table.className = 'jp-ddp-EnvReport-table';
@@ -89,14 +91,14 @@ function envReportWidget(report: M.IEnvReport): Widget {
 const VERB: Record<string, string> = { restart: 'Restart', stop: 'Stop', env: 'Show' };
 
 /** Run a pool command on the current notebook's kernel, saying whether it runs, waits or is refused. */
-async function runOp(tracker: ConnectionTracker, op: 'restart' | 'stop' | 'env'): Promise<M.IReplyMsg | null> {
+async function runOp(tracker: ConnectionTracker, op: 'restart' | 'stop' | 'env'): Promise<IReplyMsg | null> {
   const conn: PoolConnection | null = tracker.current;
-  const label = M.OP_LABEL[op];
+  const label = OP_LABEL[op];
   if (!conn) {
     Notification.warning(`${label}: refused — open a notebook first`, { autoClose: 6000 });
     return null;
   }
-  let policy = M.commandPolicy(op, conn.state);
+  let policy = commandPolicy(op, conn.state);
   if (policy.mode === 'refused') {
     Notification.warning(`${label}: refused — ${policy.reason}`, { autoClose: 8000 });
     return null;
@@ -111,7 +113,7 @@ async function runOp(tracker: ConnectionTracker, op: 'restart' | 'stop' | 'env')
     }
     if (loses) {
       const them = names.length === 1 ? 'it' : 'them';
-      lines.push(`The workers hold ${M.plural(names.length, 'name')} defined in %%ddp cells (${names.slice(0, 8).join(', ')}${names.length > 8 ? ', …' : ''}); a ${op} loses ${them}.`);
+      lines.push(`The workers hold ${plural(names.length, 'name')} defined in %%ddp cells (${names.slice(0, 8).join(', ')}${names.length > 8 ? ', …' : ''}); a ${op} loses ${them}.`);
     }
     const buttons = [Dialog.cancelButton()];
     if (policy.mode === 'waits') {
@@ -128,7 +130,7 @@ async function runOp(tracker: ConnectionTracker, op: 'restart' | 'stop' | 'env')
     if (!result.button.accept) {
       return null;
     }
-    policy = M.commandPolicy(op, conn.state); // things may have moved while the dialog was open
+    policy = commandPolicy(op, conn.state); // things may have moved while the dialog was open
     if (policy.mode === 'refused') {
       Notification.warning(`${label}: refused — ${policy.reason}`, { autoClose: 8000 });
       return null;
@@ -137,7 +139,7 @@ async function runOp(tracker: ConnectionTracker, op: 'restart' | 'stop' | 'env')
   const progress = new Progress(policy.mode === 'waits' ? `${label}: waits for the running cell to end…` : `${label}…`);
   try {
     const reply = await conn.request(op);
-    progress.done(M.replyText(reply), reply.ok ? 'success' : 'error', reply.ok ? 4000 : 10000);
+    progress.done(replyText(reply), reply.ok ? 'success' : 'error', reply.ok ? 4000 : 10000);
     if (op === 'env' && reply.ok && reply.report) {
       void showDialog({
         title: reply.report.title ?? '%ddp_env',
@@ -278,8 +280,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const tracker = new ConnectionTracker(notebooks, VERSION);
     const { commands } = app;
 
-    const policyOf = (op: 'restart' | 'stop' | 'env'): M.ICommandPolicy =>
-      tracker.current ? M.commandPolicy(op, tracker.current.state) : { mode: 'refused', reason: 'open a notebook first' };
+    const policyOf = (op: 'restart' | 'stop' | 'env'): ICommandPolicy =>
+      tracker.current ? commandPolicy(op, tracker.current.state) : { mode: 'refused', reason: 'open a notebook first' };
     const caption = (op: 'restart' | 'stop' | 'env', what: string) => {
       const p = policyOf(op);
       return p.mode === 'now' ? what : p.mode === 'waits' ? `${what}. ${p.reason}` : `${what} — unavailable: ${p.reason}`;

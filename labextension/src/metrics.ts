@@ -3,37 +3,7 @@
  */
 
 import { cellName, fmtSeconds } from './format';
-
-/** (step, value); a value the kernel could not put in JSON (NaN, ±inf) is null. */
-export type MetricPoint = [number, number | null];
-
-/** One metric over the ranks (ddp_magic/kernel/metrics.py MetricSummary). */
-export interface IMetricSummary {
-  name: string;
-  last: number | null; // mean over the ranks of each rank's last value
-  last_lo: number | null;
-  last_hi: number | null;
-  min: number | null;
-  mean: number | null;
-  slowest: number | null; // the rank that reached the latest common step last (null: none stands out)
-  lag: number | null; // how much later than the first rank, seconds
-  /** What named the slowest rank (kernel/metrics.py StragglerMeasure): the logged steps, or --profile's collectives. */
-  slowest_by?: 'steps' | 'profile';
-  steps: [number, number];
-}
-
-/** ui/labcomm.py metrics(): the kernel's CellMetrics.payload, at most once a second while a cell logs, once more with final. */
-export interface IMetricsMsg {
-  type: 'metrics';
-  session: string;
-  final: boolean;
-  cell: string;
-  names: string[];
-  ranks: number[];
-  rows: number;
-  series: Record<string, Record<string, MetricPoint[]>>; // metric -> rank (a string, JSON's keys) -> points
-  summary: IMetricSummary[];
-}
+import type { IMetricsMsg, IMetricSummary, MetricPoint } from './model';
 
 const num = (x: unknown): number | null => (typeof x === 'number' && isFinite(x) ? x : null);
 

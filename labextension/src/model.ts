@@ -1,19 +1,14 @@
 /**
- * What the kernel tells us about its pool (the messages' types, here), and what the UI shows for it (the modules
- * re-exported at the end, one per concern: format, ranks, state, commands, metrics; `import * as M from './model'`
- * gives all of it).
- *
- * Pure functions and plain data only (no JupyterLab imports), so the logic that
- * turns kernel messages into status text, rank rows and command availability is
- * unit-tested with node's own test runner (src/__tests__/model.test.ts).
+ * What the kernel tells us about its pool: the messages' types (and the plain data the UI keeps of them, IUIState).
+ * No functions and no imports: every module imports these types from here and what else it uses from the module that
+ * defines it (format, ranks, state, commands, metrics, groups), so the imports form no circle
+ * (tests/labextension/test_import_cycles.py checks it).
  *
  * The kernel side is ddp_magic/ui/labcomm.py; its messages on the "ddp_magic" comm:
  *   {type: "snapshot", seq, version, pool: PoolSnapshot | null, notice?, final}
  *   {type: "reply", id, op, ok, message, error?, report?}
  *   {type: "metrics", session, final, cell, names, ranks, rows, series, summary}  (ddp_magic.log's chart data)
  */
-
-import type { IMetricsMsg } from './metrics';
 
 /** The comm target the IPython extension registers (ddp_magic/ui/labcomm.py TARGET). */
 export const COMM_TARGET = 'ddp_magic';
@@ -110,6 +105,37 @@ export interface ILastCell {
   text: string; // what %ddp status prints
 }
 
+/** (step, value); a value the kernel could not put in JSON (NaN, ±inf) is null. */
+export type MetricPoint = [number, number | null];
+
+/** One metric over the ranks (ddp_magic/kernel/metrics.py MetricSummary). */
+export interface IMetricSummary {
+  name: string;
+  last: number | null; // mean over the ranks of each rank's last value
+  last_lo: number | null;
+  last_hi: number | null;
+  min: number | null;
+  mean: number | null;
+  slowest: number | null; // the rank that reached the latest common step last (null: none stands out)
+  lag: number | null; // how much later than the first rank, seconds
+  /** What named the slowest rank (kernel/metrics.py StragglerMeasure): the logged steps, or --profile's collectives. */
+  slowest_by?: 'steps' | 'profile';
+  steps: [number, number];
+}
+
+/** ui/labcomm.py metrics(): the kernel's CellMetrics.payload, at most once a second while a cell logs, once more with final. */
+export interface IMetricsMsg {
+  type: 'metrics';
+  session: string;
+  final: boolean;
+  cell: string;
+  names: string[];
+  ranks: number[];
+  rows: number;
+  series: Record<string, Record<string, MetricPoint[]>>; // metric -> rank (a string, JSON's keys) -> points
+  summary: IMetricSummary[];
+}
+
 export interface ISnapshotMsg {
   type: 'snapshot';
   session: string; // one per loaded extension in the kernel; seq counts within it
@@ -188,10 +214,3 @@ export interface IUIState {
   /** The pids of the pool the chart was logged on: a snapshot of a pool without any of them (restarted) clears it. */
   metricsPids: number[];
 }
-
-export * from './format';
-export * from './ranks';
-export * from './state';
-export * from './commands';
-export * from './metrics';
-export * from './groups';

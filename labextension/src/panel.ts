@@ -3,13 +3,15 @@
  * (pid, device, state, time, memory, last output line), the pool's env
  * validation, the live chart of what the ranks log with ddp_magic.log, and
  * buttons for the pool commands. It only presents: every decision comes from
- * model.ts, every action is a command.
+ * the pure modules (ranks.ts, commands.ts, state.ts), every action is a command.
  */
 import { CommandRegistry } from '@lumino/commands';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import * as M from './model';
+import { poolPhase, rankRows, statusText } from './ranks';
+import { initialState } from './state';
+import { commandPolicy, OP_LABEL, replyText } from './commands';
 import { el, withCommands, words } from './dom';
 import { PoolFacts } from './panel_facts';
 import { MetricsSection } from './panel_metrics';
@@ -100,14 +102,14 @@ export class PoolPanel extends Widget {
     const t0 = performance.now();
     const conn = this._tracker.current;
     const panel = this._tracker.currentPanel;
-    const state = conn ? conn.state : M.initialState();
+    const state = conn ? conn.state : initialState();
     const now = Date.now();
     const pool = state.snapshot ? state.snapshot.pool : null;
 
     this._where.textContent = '';
     this._where.appendChild(words(panel ? `${panel.context.localPath} · kernel ${state.kernelStatus === 'none' ? 'none' : state.kernelStatus}` : 'no notebook'));
 
-    const text = M.statusText(state, now);
+    const text = statusText(state, now);
     withCommands(
       this._summary,
       text ??
@@ -120,7 +122,7 @@ export class PoolPanel extends Widget {
     if (text && pool && pool.queued && pool.queued.length) {
       this._summary.appendChild(document.createTextNode(` · queued behind it: ${pool.queued.join(', ')}`));
     }
-    this._summary.dataset.phase = pool ? M.poolPhase(pool, state.receivedAt, now).phase : 'none';
+    this._summary.dataset.phase = pool ? poolPhase(pool, state.receivedAt, now).phase : 'none';
     const last = pool && pool.last_cell && !pool.last_cell.ok ? pool.last_cell : null;
     this._lastCell.textContent = '';
     this._lastCell.appendChild(words(last ? last.text : ''));
@@ -136,20 +138,20 @@ export class PoolPanel extends Widget {
       }
       lines.push(
         p.queued
-          ? `${M.OP_LABEL[p.op]}: waits for the running cell — the kernel holds it and runs it when the cell ends`
+          ? `${OP_LABEL[p.op]}: waits for the running cell — the kernel holds it and runs it when the cell ends`
           : p.waits && state.kernelStatus === 'busy'
-            ? `${M.OP_LABEL[p.op]}: waits for the running cell (the kernel handles it when the cell ends)`
-            : `${M.OP_LABEL[p.op]}: sent…`
+            ? `${OP_LABEL[p.op]}: waits for the running cell (the kernel handles it when the cell ends)`
+            : `${OP_LABEL[p.op]}: sent…`
       );
     }
     if (!lines.length && state.lastReply) {
-      lines.push(M.replyText(state.lastReply));
+      lines.push(replyText(state.lastReply));
     }
     this._message.textContent = '';
     this._message.appendChild(words(lines.join('\n')));
     this._message.dataset.kind = state.pending.length ? 'pending' : state.lastReply && !state.lastReply.ok ? 'error' : 'info';
 
-    this._ranks.render(M.rankRows(state, now));
+    this._ranks.render(rankRows(state, now));
     this._metrics.render(state.metrics, () => this.node.clientWidth - 20); // a width read only with a chart: no forced layout
     this._facts.render(state, pool);
     this._refreshButtons();
@@ -168,7 +170,7 @@ export class PoolPanel extends Widget {
       const conn = this._tracker.current;
       const op = (Object.keys(CommandIDs) as Array<keyof typeof CommandIDs>).find(k => CommandIDs[k] === command);
       const waits =
-        conn && (op === 'restart' || op === 'stop' || op === 'env') ? M.commandPolicy(op, conn.state).mode === 'waits' : false;
+        conn && (op === 'restart' || op === 'stop' || op === 'env') ? commandPolicy(op, conn.state).mode === 'waits' : false;
       b.textContent = waits ? `${base} (waits)` : base;
     }
   }

@@ -3,20 +3,22 @@
  * behind a fold) and the pool's facts (MASTER address, start method, start time), the names the workers own, the
  * notices of the last %%ddp cell.
  */
-import * as M from './model';
+import type { IPoolSnapshot, IUIState } from './model';
+import { fmtSeconds } from './format';
+import { envHeadline, envSummary } from './commands';
 import { el, prose, words } from './dom';
 
 export class PoolFacts {
   readonly env = el('div', 'jp-ddp-Panel-section jp-ddp-Env');
   readonly extra = el('div', 'jp-ddp-Panel-section jp-ddp-Panel-extra');
 
-  render(state: M.IUIState, pool: M.IPoolSnapshot | null): void {
+  render(state: IUIState, pool: IPoolSnapshot | null): void {
     // env validation
     this.env.textContent = '';
-    const env = M.envSummary(pool);
+    const env = envSummary(pool);
     if (env) {
       this.env.appendChild(el('h3', '', 'Env validation'));
-      const verdict = el('div', 'jp-ddp-Env-verdict', M.envHeadline(env));
+      const verdict = el('div', 'jp-ddp-Env-verdict', envHeadline(env));
       verdict.title = env.verdict;
       verdict.dataset.ok = env.problems.some(c => c.level === 'error') ? 'false' : 'true';
       this.env.appendChild(verdict);
@@ -53,7 +55,7 @@ export class PoolFacts {
       const facts = [
         `MASTER ${pool.master_addr}:${pool.master_port}`,
         `start method ${pool.start_method}${pool.start_method_asked === 'auto' && pool.start_method !== 'auto' ? ' (auto)' : ''}`,
-        pool.start_seconds !== null && pool.start_seconds !== undefined ? `pool started in ${M.fmtSeconds(pool.start_seconds)}` : '',
+        pool.start_seconds !== null && pool.start_seconds !== undefined ? `pool started in ${fmtSeconds(pool.start_seconds)}` : '',
         pool.broken ? `needs restart: ${pool.broken}` : ''
       ].filter(Boolean);
       this.extra.appendChild(prose('div', 'jp-ddp-Panel-facts', facts.join(' · ')));

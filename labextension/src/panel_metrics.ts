@@ -2,11 +2,12 @@
  * The panel's Metrics section: what the last cell logged with ddp_magic.log, a chart per metric as wide as the
  * sidebar (inline SVG, a line per rank in the cell chart's rank colours) and the summary table.
  */
-import * as M from './model';
+import type { IMetricsMsg } from './model';
+import { CHART, estimateWidth, type IChart, metricChart, metricRows, metricsHeadline, rankColour } from './metrics';
 import { el, prose, svg } from './dom';
 
 /** One metric's chart as inline SVG: grid lines with their values, the first and last step, a polyline per rank. */
-function chartSvg(c: M.IChart): SVGSVGElement {
+function chartSvg(c: IChart): SVGSVGElement {
   const root = svg('svg', { class: 'jp-ddp-Metric-chart', width: c.width, height: c.height, viewBox: `0 0 ${c.width} ${c.height}` });
   root.setAttribute('role', 'img');
   root.setAttribute('aria-label', `${c.name}: one line per rank`);
@@ -35,7 +36,7 @@ function measurer(box: HTMLElement): (text: string) => number {
   probe.remove();
   const ctx = document.createElement('canvas').getContext('2d');
   if (!ctx || !st.fontSize) {
-    return M.estimateWidth;
+    return estimateWidth;
   }
   ctx.font = font;
   return (text: string) => ctx.measureText(text).width;
@@ -49,7 +50,7 @@ export class MetricsSection {
    * sidebar, and the summary table. Drawn again only when the data or the width changed (refresh
    * runs every second while a cell runs).
    */
-  render(m: M.IMetricsMsg | null, fallbackWidth: () => number): void {
+  render(m: IMetricsMsg | null, fallbackWidth: () => number): void {
     const box = this.node;
     if (!m) {
       box.textContent = '';
@@ -69,13 +70,13 @@ export class MetricsSection {
     box.dataset.final = String(m.final);
     box.dataset.cell = m.cell;
     box.appendChild(el('h3', '', 'Metrics'));
-    box.appendChild(prose('div', 'jp-ddp-Metrics-head', M.metricsHeadline(m)));
+    box.appendChild(prose('div', 'jp-ddp-Metrics-head', metricsHeadline(m)));
     const legend = el('div', 'jp-ddp-Metrics-legend');
     for (const r of m.ranks.slice(0, 16)) {
       const item = el('span', 'jp-ddp-Metrics-rank');
       item.dataset.rank = String(r);
       const swatch = el('span', 'jp-ddp-Metrics-swatch');
-      swatch.setAttribute('style', `background: ${M.rankColour(r)}`);
+      swatch.setAttribute('style', `background: ${rankColour(r)}`);
       item.appendChild(swatch);
       item.appendChild(document.createTextNode(`rank ${r}`));
       legend.appendChild(item);
@@ -90,7 +91,7 @@ export class MetricsSection {
       fig.dataset.name = name;
       const title = fig.appendChild(el('div', 'jp-ddp-Metric-name', name));
       title.title = name; // a long name is cut with … (never wrapped inside): the whole of it here
-      fig.appendChild(chartSvg(M.metricChart(m, name, width, M.CHART.height, measure)));
+      fig.appendChild(chartSvg(metricChart(m, name, width, CHART.height, measure)));
       box.appendChild(fig);
     }
     box.appendChild(this._table(m));
@@ -100,7 +101,7 @@ export class MetricsSection {
    * The summary table: per metric a line with its name across the table, then its last, min and mean (numbers whole:
    * never wrapped, never cut), then the slowest rank and the ranks' last values. Three columns share the sidebar.
    */
-  private _table(m: M.IMetricsMsg): HTMLTableElement {
+  private _table(m: IMetricsMsg): HTMLTableElement {
     const table = el('table', 'jp-ddp-MetricsTable');
     const hr = el('tr');
     for (const key of ['last', 'min', 'mean']) {
@@ -108,7 +109,7 @@ export class MetricsSection {
     }
     table.appendChild(el('thead')).appendChild(hr);
     const body = table.appendChild(el('tbody'));
-    for (const r of M.metricRows(m)) {
+    for (const r of metricRows(m)) {
       const head = el('tr', 'jp-ddp-MetricsName');
       head.dataset.name = r.name;
       const name = head.appendChild(el('td', 'jp-ddp-Metrics-name', r.name));
@@ -137,6 +138,6 @@ export class MetricsSection {
     return table;
   }
 
-  private _shown: M.IMetricsMsg | null = null;
+  private _shown: IMetricsMsg | null = null;
   private _width = 0;
 }

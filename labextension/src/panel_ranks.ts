@@ -1,10 +1,11 @@
 /**
- * The panel's Ranks section. Up to M.GROUPED_ABOVE ranks: a table with a row per rank (rank, pid, state, time) and
+ * The panel's Ranks section. Up to GROUPED_ABOVE ranks: a table with a row per rank (rank, pid, state, time) and
  * under it the rank's node, device, memory and last output line, fitting the narrow sidebar. Above: the ranks grouped
  * by node, a line per group ("n2 · 510 running · rank 517 failed", a click folds it), in a virtualized list: a
  * scroller of fixed-height rows of which only the visible window (and a few either side) is in the DOM.
  */
-import * as M from './model';
+import type { IRankRow } from './ranks';
+import { GROUPED_ABOVE, type ListItem, listItems, visibleRange } from './groups';
 import { el } from './dom';
 
 /** The height of one row of the grouped list, in px (style/base.css .jp-ddp-RankList-item says the same). */
@@ -51,16 +52,16 @@ export class RanksSection {
   }
 
   /** A row per rank, or the grouped list at scale (no rank: the section is hidden, no empty "Ranks" heading). */
-  render(rows: M.IRankRow[]): void {
+  render(rows: IRankRow[]): void {
     this.node.style.display = rows.length ? '' : 'none';
-    const grouped = rows.length > M.GROUPED_ABOVE;
+    const grouped = rows.length > GROUPED_ABOVE;
     this._table.style.display = grouped ? 'none' : '';
     this._list.style.display = grouped ? '' : 'none';
     this.node.dataset.grouped = String(grouped);
     if (grouped) {
       this._tbody.textContent = '';
       this._rows = rows;
-      this._items = M.listItems(rows, this._foldedNodes());
+      this._items = listItems(rows, this._foldedNodes());
       this._draw();
       return;
     }
@@ -128,7 +129,7 @@ export class RanksSection {
     const height = Math.min(items.length, VISIBLE_ROWS) * ROW_HEIGHT;
     this._list.style.height = `${height}px`;
     this._spacer.style.height = `${items.length * ROW_HEIGHT}px`;
-    const [first, end] = M.visibleRange(items.length, this._top, height, ROW_HEIGHT);
+    const [first, end] = visibleRange(items.length, this._top, height, ROW_HEIGHT);
     const shown = new Map<string, HTMLDivElement>();
     for (let i = first; i < end; i++) {
       const key = itemKey(items[i]);
@@ -164,14 +165,14 @@ export class RanksSection {
     } else {
       this._toggled.add(node);
     }
-    this._items = M.listItems(this._rows, this._foldedNodes());
+    this._items = listItems(this._rows, this._foldedNodes());
     this._draw();
   }
 
   private _list: HTMLDivElement;
   private _spacer: HTMLDivElement;
-  private _rows: M.IRankRow[] = [];
-  private _items: M.ListItem[] = [];
+  private _rows: IRankRow[] = [];
+  private _items: ListItem[] = [];
   private _toggled = new Set<string>(); // the nodes whose line the user clicked: folded or opened against the default
   private _shown = new Map<string, HTMLDivElement>(); // the rows in the DOM, by item (itemKey)
   private _frame = 0;
@@ -180,7 +181,7 @@ export class RanksSection {
   private _tbody: HTMLTableSectionElement;
 }
 
-function itemKey(item: M.ListItem): string {
+function itemKey(item: ListItem): string {
   return item.kind === 'group' ? `group:${item.group.node}` : `rank:${item.row.rank}`;
 }
 
@@ -202,7 +203,7 @@ function setText(node: HTMLElement, text: string): void {
 }
 
 /** One row of the grouped list: a group's line, or a rank's (rank, state, time, pid, device, memory, last line). */
-function fillItem(node: HTMLDivElement, item: M.ListItem): void {
+function fillItem(node: HTMLDivElement, item: ListItem): void {
   if (item.kind === 'group') {
     const g = item.group;
     node.className = `jp-ddp-RankList-item jp-ddp-RankGroup${g.bad ? ' jp-ddp-RankGroup-bad' : ''}`;

@@ -5,7 +5,7 @@
  */
 import { Widget } from '@lumino/widgets';
 
-import * as M from './model';
+import { poolPhase, statusText, statusTooltip } from './ranks';
 import { ConnectionTracker } from './tracker';
 
 export class PoolStatusItem extends Widget {
@@ -22,17 +22,17 @@ export class PoolStatusItem extends Widget {
   /** What the item shows now (null: hidden). */
   get text(): string | null {
     const conn = this._tracker.current;
-    return conn ? M.statusText(conn.state, Date.now()) : null;
+    return conn ? statusText(conn.state, Date.now()) : null;
   }
 
   refresh(): void {
     const conn = this._tracker.current;
     const now = Date.now();
-    const text = conn ? M.statusText(conn.state, now) : null;
+    const text = conn ? statusText(conn.state, now) : null;
     this.node.textContent = text ?? '';
-    this.node.title = conn && text ? M.statusTooltip(conn.state, now) : '';
+    this.node.title = conn && text ? statusTooltip(conn.state, now) : '';
     const pool = conn?.state.snapshot?.pool;
-    this.node.dataset.phase = pool && conn ? M.poolPhase(pool, conn.state.receivedAt, now).phase : 'none';
+    this.node.dataset.phase = pool && conn ? poolPhase(pool, conn.state.receivedAt, now).phase : 'none';
   }
 
   private _tracker: ConnectionTracker;

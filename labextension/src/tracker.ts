@@ -8,7 +8,7 @@ import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { PoolConnection } from './connection';
-import * as M from './model';
+import { poolPhase } from './ranks';
 
 export class ConnectionTracker {
   constructor(notebooks: INotebookTracker, version: string) {
@@ -83,7 +83,7 @@ export class ConnectionTracker {
     if (!conn || !pool) {
       return;
     }
-    const phase = M.poolPhase(pool, conn.state.receivedAt, Date.now()).phase;
+    const phase = poolPhase(pool, conn.state.receivedAt, Date.now()).phase;
     if (phase === 'running' || phase === 'starting' || conn.state.pending.length) {
       this._updated.emit();
     }

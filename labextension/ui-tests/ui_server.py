@@ -24,7 +24,7 @@ if os.path.join(ROOT, "tests") not in sys.path:
     sys.path.append(os.path.join(ROOT, "tests"))  # tests/format_patterns.py: one home for what a formatted time may read
 import format_patterns  # noqa: E402  (the tests' own helper module, found once tests/ is on the path)
 
-SECONDS = format_patterns.SECONDS  # any time the status bar may show (model.ts fmtSeconds mirrors fmt_seconds)
+SECONDS = format_patterns.SECONDS  # any time the status bar may show (format.ts fmtSeconds mirrors fmt_seconds)
 BUILT = os.path.join(ROOT, "ddp_magic", "labextension")
 CHROMIUM = os.environ.get("DDP_MAGIC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -1,8 +1,8 @@
 """The panel writes times and metric values as the cell does, and both write them truly.
 
-labextension/src/model.ts ``fmtSeconds`` mirrors ddp_magic/ui/status_render.py ``fmt_seconds``, and ``fmtValue``
-mirrors ddp_magic/ui/metrics_chart.py ``fmt``; this runs the built TypeScript (labextension/lib/model.js, pure: no
-imports) in node and compares the two on the same values. Agreeing is not enough (both once wrote 15,900 as
+labextension/src/format.ts ``fmtSeconds`` mirrors ddp_magic/ui/status_render.py ``fmt_seconds``, and ``fmtValue``
+mirrors ddp_magic/ui/metrics_chart.py ``fmt``; this runs the built TypeScript (labextension/lib/format.js, metrics.js,
+...: pure, no JupyterLab imports) in node and compares the two on the same values. Agreeing is not enough (both once wrote 15,900 as
 "1.59k"): the TypeScript's metric values are also read back and checked against the number they stand for.
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ from ddp_magic.ui.metrics_chart import fmt
 from ddp_magic.ui.status_render import fmt_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODEL_JS = os.path.join(ROOT, "labextension", "lib", "model.js")
+LIB = os.path.join(ROOT, "labextension", "lib")
+MODULES = ["format", "ranks", "state", "commands", "metrics", "groups"]  # the pure modules: M in the calls is all of them
 VALUES = [0, 0.0005, 0.004, 0.005, 0.0125, 0.0355, 0.125, 0.375, 0.5, 0.9994, 0.9995, 0.9996, 1.005, 1.125, 2.125, 2.315, 9.999, 10.094,
           59.994, 59.996, 60, 64.5, 65.5, 75.25, 599.5, 3599.4, 3599.6, 3600, 3725, 86399]
 # mantissas with more digits than either formatter shows, so no value is an exact decimal tie (Python rounds those
@@ -35,7 +36,7 @@ METRIC_VALUES = [0.0, 15900.0, 5963.0, 0.0002628, -0.0002628] + [
 
 
 def _ts(function: str, values: List[Any]) -> List[Any]:
-    """``function`` of labextension/src/model.ts applied to every value, in node (a list value: its arguments)."""
+    """``function`` of labextension/src/ (format.ts, metrics.ts, ...) applied to every value, in node (a list value: its arguments)."""
     call = f"(Array.isArray(v) ? M.{function}(...v) : M.{function}(v))"
     out = _node_model(f"{json.dumps(values)}.map(v => {call})")
     assert isinstance(out, list)
@@ -84,22 +85,21 @@ def test_the_env_line_is_the_kernel_s_checks_verdict() -> None:
 
 
 def _node_model(calls: str) -> object:
-    """Evaluate ``calls`` (a JS expression over the built model, ``M``) in node; its JSON value."""
+    """Evaluate ``calls`` (a JS expression over ``M``, the exports of the built pure modules) in node; its JSON value."""
     node = shutil.which("node")
     assert node is not None, "node is needed to build the extension (scripts/setup.sh installs it)"
-    assert os.path.exists(MODEL_JS), "labextension/lib/model.js is missing: run bash scripts/build_labextension.sh"
+    assert os.path.exists(os.path.join(LIB, "format.js")), "labextension/lib/ is missing: run bash scripts/build_labextension.sh"
     with tempfile.TemporaryDirectory() as tmp:
         # lib/ is ES modules whose imports name no extension (the bundler resolves them): .mjs copies, each import
-        # naming its .mjs, import in node without a package.json (model.js re-exports format.js, ranks.js, ...)
-        lib = os.path.dirname(MODEL_JS)
-        for name in os.listdir(lib):
+        # naming its .mjs, import in node without a package.json
+        for name in os.listdir(LIB):
             if name.endswith(".js"):
-                with open(os.path.join(lib, name)) as f:
+                with open(os.path.join(LIB, name)) as f:
                     text = re.sub(r"""(from\s+['"]\./[\w-]+)(['"])""", r"\1.mjs\2", f.read())
                 with open(os.path.join(tmp, name[:-3] + ".mjs"), "w") as f:
                     f.write(text)
-        module = os.path.join(tmp, "model.mjs")
-        script = f"import * as M from {json.dumps(module)}; console.log(JSON.stringify({calls}));"
+        imports = "".join(f"import * as {m} from {json.dumps(os.path.join(tmp, m + '.mjs'))}; " for m in MODULES)
+        script = f"{imports}const M = {{{', '.join('...' + m for m in MODULES)}}}; console.log(JSON.stringify({calls}));"
         out = subprocess.run([node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)

@@ -7,9 +7,14 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 
-import * as M from '../model';
+import { type ICheck, type IJobSnapshot, type ILastCell, type IMetricsMsg, type IPoolSnapshot, type IRankSnapshot, type IReplyMsg, type ISnapshotMsg, type IUIState, type KernelStatus, type Op, PROTOCOL } from '../model';
+import { cellName, cleanLine, fmtSeconds, formatBytes, jobText, ranksPhrase } from '../format';
+import { poolPhase, queueLine, rankRows, rankStateLabel, statusText, statusTooltip } from '../ranks';
+import { applyMessage, disconnected, initialState, withKernelStatus, withRequest } from '../state';
+import { commandPolicy, envHeadline, envSummary, replyText, reportColumns } from '../commands';
+import { CHART, chartBounds, estimateWidth, fmtValue, metricChart, metricRows, metricsHeadline, parseMetrics, RANK_PALETTE, rankColour } from '../metrics';
 
-function rank(r: number, over: Partial<M.IRankSnapshot> = {}): M.IRankSnapshot {
+function rank(r: number, over: Partial<IRankSnapshot> = {}): IRankSnapshot {
   return {
     rank: r,
     state: 'ready',
@@ -24,7 +29,7 @@ function rank(r: number, over: Partial<M.IRankSnapshot> = {}): M.IRankSnapshot {
   };
 }
 
-function pool(ranks: M.IRankSnapshot[], over: Partial<M.IPoolSnapshot> = {}): M.IPoolSnapshot {
+function pool(ranks: IRankSnapshot[], over: Partial<IPoolSnapshot> = {}): IPoolSnapshot {
   return {
     nproc: ranks.length,
     world_size: ranks.length,
@@ -44,94 +49,94 @@ function pool(ranks: M.IRankSnapshot[], over: Partial<M.IPoolSnapshot> = {}): M.
   };
 }
 
-function snapshot(p: M.IPoolSnapshot | null, seq = 1, session = 's1'): M.ISnapshotMsg {
-  return { type: 'snapshot', session, seq, version: '0.1.0', protocol: M.PROTOCOL, pool: p, notices: [], final: false };
+function snapshot(p: IPoolSnapshot | null, seq = 1, session = 's1'): ISnapshotMsg {
+  return { type: 'snapshot', session, seq, version: '0.1.0', protocol: PROTOCOL, pool: p, notices: [], final: false };
 }
 
-function connected(p: M.IPoolSnapshot | null, status: M.KernelStatus = 'idle', receivedAt = 1000): M.IUIState {
-  const s = M.applyMessage({ ...M.initialState(), kernelStatus: status }, snapshot(p), receivedAt);
+function connected(p: IPoolSnapshot | null, status: KernelStatus = 'idle', receivedAt = 1000): IUIState {
+  const s = applyMessage({ ...initialState(), kernelStatus: status }, snapshot(p), receivedAt);
   return s;
 }
 
 describe('formatting', () => {
   it('formats seconds as the cell view does (status_render.fmt_seconds)', () => {
-    assert.equal(M.fmtSeconds(0), '<1 ms');
-    assert.equal(M.fmtSeconds(0.0355), '36 ms');
-    assert.equal(M.fmtSeconds(10.094), '10.09 s');
-    assert.equal(M.fmtSeconds(2.125), '2.12 s'); // half to even, as Python
-    assert.equal(M.fmtSeconds(65), '1 m 05 s');
-    assert.equal(M.fmtSeconds(3725), '1 h 02 m');
-    assert.equal(M.fmtSeconds(null), '');
+    assert.equal(fmtSeconds(0), '<1 ms');
+    assert.equal(fmtSeconds(0.0355), '36 ms');
+    assert.equal(fmtSeconds(10.094), '10.09 s');
+    assert.equal(fmtSeconds(2.125), '2.12 s'); // half to even, as Python
+    assert.equal(fmtSeconds(65), '1 m 05 s');
+    assert.equal(fmtSeconds(3725), '1 h 02 m');
+    assert.equal(fmtSeconds(null), '');
   });
 
   it('formats memory in binary units', () => {
-    assert.equal(M.formatBytes(null), '');
-    assert.equal(M.formatBytes(512), '512 B');
-    assert.equal(M.formatBytes(1536), '1.5 KiB');
-    assert.equal(M.formatBytes(3 * 2 ** 30), '3.0 GiB');
+    assert.equal(formatBytes(null), '');
+    assert.equal(formatBytes(512), '512 B');
+    assert.equal(formatBytes(1536), '1.5 KiB');
+    assert.equal(formatBytes(3 * 2 ** 30), '3.0 GiB');
   });
 
   it('names how a rank died', () => {
-    assert.equal(M.rankStateLabel(rank(0, { state: 'dead', exit_code: -9 })), 'killed (SIGKILL)');
-    assert.equal(M.rankStateLabel(rank(0, { state: 'dead', exit_code: -11 })), 'killed (SIGSEGV)');
-    assert.equal(M.rankStateLabel(rank(0, { state: 'dead', exit_code: -64 })), 'killed (signal 64)');
-    assert.equal(M.rankStateLabel(rank(0, { state: 'dead', exit_code: 3 })), 'died (exit 3)');
-    assert.equal(M.rankStateLabel(rank(0, { state: 'running' })), 'running');
+    assert.equal(rankStateLabel(rank(0, { state: 'dead', exit_code: -9 })), 'killed (SIGKILL)');
+    assert.equal(rankStateLabel(rank(0, { state: 'dead', exit_code: -11 })), 'killed (SIGSEGV)');
+    assert.equal(rankStateLabel(rank(0, { state: 'dead', exit_code: -64 })), 'killed (signal 64)');
+    assert.equal(rankStateLabel(rank(0, { state: 'dead', exit_code: 3 })), 'died (exit 3)');
+    assert.equal(rankStateLabel(rank(0, { state: 'running' })), 'running');
   });
 
   it('cleans the last output line', () => {
-    assert.equal(M.cleanLine('\x1b[31mred\x1b[0m\tline  '), 'red line');
-    assert.equal(M.cleanLine('x'.repeat(200)).length, 160);
+    assert.equal(cleanLine('\x1b[31mred\x1b[0m\tline  '), 'red line');
+    assert.equal(cleanLine('x'.repeat(200)).length, 160);
   });
 });
 
 describe('status bar text', () => {
   it('shows nothing without a pool or without the comm', () => {
-    assert.equal(M.statusText(M.initialState(), 0), null);
-    assert.equal(M.statusText(connected(null), 0), null);
+    assert.equal(statusText(initialState(), 0), null);
+    assert.equal(statusText(connected(null), 0), null);
     const s = connected(pool([rank(0)]));
-    assert.equal(M.statusText(M.disconnected(s), 0), null);
+    assert.equal(statusText(disconnected(s), 0), null);
   });
 
   it('shows a background cell by its name, its clock moving between messages, and its last step', () => {
-    const job: M.IJobSnapshot = { name: 'cell [12]', background: true, elapsed: 3729.5, step: 4120, text: '' };
+    const job: IJobSnapshot = { name: 'cell [12]', background: true, elapsed: 3729.5, step: 4120, text: '' };
     const ranks = [rank(0, { state: 'running', elapsed: 3729.5 }), rank(1, { state: 'running', elapsed: 3729.5 })];
     const s = connected(pool(ranks, { job, queued: ['cell [13]'] }), 'idle', 1000);
-    assert.equal(M.statusText(s, 1000), 'DDP 2×gloo · background: cell [12] running 1:02:09, step 4,120');
-    assert.equal(M.statusText(s, 3000), 'DDP 2×gloo · background: cell [12] running 1:02:11, step 4,120');
+    assert.equal(statusText(s, 1000), 'DDP 2×gloo · background: cell [12] running 1:02:09, step 4,120');
+    assert.equal(statusText(s, 3000), 'DDP 2×gloo · background: cell [12] running 1:02:11, step 4,120');
     const noStep = connected(pool(ranks, { job: { ...job, step: null, elapsed: 7 } }), 'idle', 0);
-    assert.equal(M.statusText(noStep, 0), 'DDP 2×gloo · background: cell [12] running 0:00:07');
+    assert.equal(statusText(noStep, 0), 'DDP 2×gloo · background: cell [12] running 0:00:07');
     const foreground = connected(pool(ranks, { job: { ...job, background: false } }), 'busy', 1000);
-    assert.equal(M.statusText(foreground, 1000), 'DDP 2×gloo · running 1 h 02 m');
-    assert.equal(M.jobText({ ...job, elapsed: null }, 0, 0), 'background: cell [12] queued');
-    assert.equal(M.jobText({ ...job, step: 1234567 }, 0, 0), 'background: cell [12] running 1:02:09, step 1,234,567');
+    assert.equal(statusText(foreground, 1000), 'DDP 2×gloo · running 1 h 02 m');
+    assert.equal(jobText({ ...job, elapsed: null }, 0, 0), 'background: cell [12] queued');
+    assert.equal(jobText({ ...job, step: 1234567 }, 0, 0), 'background: cell [12] running 1:02:09, step 1,234,567');
   });
 
   it('shows world size, backend and a running clock that moves between messages', () => {
     const s = connected(pool([rank(0, { state: 'running', elapsed: 10 }), rank(1, { state: 'running', elapsed: 9 })], { world_size: 4, nproc: 4 }), 'busy', 1000);
-    assert.equal(M.statusText(s, 1000), 'DDP 4×gloo · running 10.00 s');
-    assert.equal(M.statusText(s, 3500), 'DDP 4×gloo · running 12.50 s');
+    assert.equal(statusText(s, 1000), 'DDP 4×gloo · running 10.00 s');
+    assert.equal(statusText(s, 3500), 'DDP 4×gloo · running 12.50 s');
   });
 
   it('says which rank failed', () => {
     const s = connected(pool([rank(0, { state: 'done' }), rank(1, { state: 'failed' })]));
-    assert.equal(M.statusText(s, 0), 'DDP 2×gloo · rank 1 failed');
+    assert.equal(statusText(s, 0), 'DDP 2×gloo · rank 1 failed');
     const dead = connected(pool([rank(0, { state: 'dead', exit_code: 3 }), rank(1, { state: 'failed' })], { broken: 'rank 0 died' }));
-    assert.equal(M.statusText(dead, 0), 'DDP 2×gloo · ranks 0-1 failed');
+    assert.equal(statusText(dead, 0), 'DDP 2×gloo · ranks 0-1 failed');
   });
 
   it('names only the root cause, not the ranks ddp_magic stopped because of it', () => {
     // live: rank 1 raised; the others, stuck in all_reduce, were stopped with SIGTERM
     const live = pool([rank(0, { state: 'dead', exit_code: -15 }), rank(1, { state: 'failed' }), rank(2, { state: 'dead', exit_code: -15 })]);
-    assert.equal(M.statusText(connected(live), 0), 'DDP 3×gloo · rank 1 failed');
+    assert.equal(statusText(connected(live), 0), 'DDP 3×gloo · rank 1 failed');
     // once the cell has ended the kernel says so itself (ui/labsnap.py)
     const told = pool([
       rank(0, { state: 'interrupted', kind: 'interrupted', cause: 'stopped' }),
       rank(1, { state: 'dead', exit_code: -9, kind: 'died', cause: 'root' }),
       rank(2, { state: 'dead', exit_code: -15, kind: 'killed', cause: 'stopped' })
     ]);
-    assert.equal(M.statusText(connected(told), 0), 'DDP 3×gloo · rank 1 failed');
-    const rows = M.rankRows(connected(told), 0);
+    assert.equal(statusText(connected(told), 0), 'DDP 3×gloo · rank 1 failed');
+    const rows = rankRows(connected(told), 0);
     assert.deepEqual(
       rows.map(r => [r.state, r.stateClass]),
       [
@@ -142,37 +147,37 @@ describe('status bar text', () => {
     );
     assert.match(rows[2].why, /^stopped by ddp_magic \(killed \(SIGTERM\)\) after rank 1 failed$/);
     // a rank whose collective broke because rank 1 went away: a consequence, shown neutral
-    const peer = M.rankRows(connected(pool([rank(0, { state: 'failed', kind: 'error', cause: 'stopped' }), rank(1, { state: 'failed', kind: 'error', cause: 'root' })])), 0);
+    const peer = rankRows(connected(pool([rank(0, { state: 'failed', kind: 'error', cause: 'stopped' }), rank(1, { state: 'failed', kind: 'error', cause: 'root' })])), 0);
     assert.deepEqual(peer.map(r => [r.state, r.stateClass]), [['aborted', 'idle'], ['failed', 'bad']]);
     // a failed rank the kernel does not list among the cell's failures (released by it): not a cause either
     const released = connected(pool([rank(0, { state: 'failed' }), rank(1, { state: 'failed', kind: 'error', cause: 'root' })]));
-    assert.equal(M.statusText(released, 0), 'DDP 2×gloo · rank 1 failed');
-    assert.deepEqual(M.rankRows(released, 0).map(r => r.stateClass), ['idle', 'bad']);
+    assert.equal(statusText(released, 0), 'DDP 2×gloo · rank 1 failed');
+    assert.deepEqual(rankRows(released, 0).map(r => r.stateClass), ['idle', 'bad']);
   });
 
   it('keeps running visible while one rank has already failed', () => {
     const s = connected(pool([rank(0, { state: 'running', elapsed: 3 }), rank(1, { state: 'failed' })]));
-    assert.equal(M.statusText(s, 1000), 'DDP 2×gloo · running 3.00 s · rank 1 failed');
+    assert.equal(statusText(s, 1000), 'DDP 2×gloo · running 3.00 s · rank 1 failed');
   });
 
   it('shows starting, ready, interrupted, needs restart and stopped', () => {
-    assert.equal(M.statusText(connected(pool([rank(0, { state: 'connecting', elapsed: 2 })])), 1000), 'DDP 1×gloo · starting 2.00 s');
-    assert.equal(M.statusText(connected(pool([rank(0, { state: 'done' })])), 0), 'DDP 1×gloo · ready');
-    assert.equal(M.statusText(connected(pool([rank(0, { state: 'interrupted' })])), 0), 'DDP 1×gloo · interrupted');
-    assert.equal(M.statusText(connected(pool([rank(0, { state: 'done' })], { broken: 'rank 0 died' })), 0), 'DDP 1×gloo · needs restart');
-    assert.equal(M.statusText(connected(pool([rank(0, { state: 'stopped' })], { started: false })), 0), 'DDP 1×gloo · stopped');
+    assert.equal(statusText(connected(pool([rank(0, { state: 'connecting', elapsed: 2 })])), 1000), 'DDP 1×gloo · starting 2.00 s');
+    assert.equal(statusText(connected(pool([rank(0, { state: 'done' })])), 0), 'DDP 1×gloo · ready');
+    assert.equal(statusText(connected(pool([rank(0, { state: 'interrupted' })])), 0), 'DDP 1×gloo · interrupted');
+    assert.equal(statusText(connected(pool([rank(0, { state: 'done' })], { broken: 'rank 0 died' })), 0), 'DDP 1×gloo · needs restart');
+    assert.equal(statusText(connected(pool([rank(0, { state: 'stopped' })], { started: false })), 0), 'DDP 1×gloo · stopped');
     // a pool a %%ddp cell has just created: no ranks yet while its template process starts
-    assert.equal(M.statusText(connected(pool([], { started: false, nproc: 2, world_size: 2 })), 0), 'DDP 2×gloo · starting');
+    assert.equal(statusText(connected(pool([], { started: false, nproc: 2, world_size: 2 })), 0), 'DDP 2×gloo · starting');
   });
 
   it('mentions a request that waits for the running cell', () => {
     let s = connected(pool([rank(0, { state: 'running', elapsed: 1 })]), 'busy');
-    s = M.withRequest(s, { id: 'a', op: 'restart', sentAt: 0, waits: true });
-    assert.equal(M.statusText(s, 1000), 'DDP 1×gloo · running 1.00 s · restart waits for the cell');
+    s = withRequest(s, { id: 'a', op: 'restart', sentAt: 0, waits: true });
+    assert.equal(statusText(s, 1000), 'DDP 1×gloo · running 1.00 s · restart waits for the cell');
   });
 
   it('after a failed cell whose pool is whole again: ready, and the cell and the rank it names', () => {
-    const last: M.ILastCell = {
+    const last: ILastCell = {
       number: 5,
       ok: false,
       headline: 'rank 1 raised ValueError: bad shard',
@@ -182,10 +187,10 @@ describe('status bar text', () => {
       text: 'last cell In[5]: rank 1 raised ValueError: bad shard; recovered: every rank is ready, the workers\' variables intact'
     };
     const s = connected(pool([rank(0), rank(1)], { last_cell: last }));
-    assert.equal(M.poolPhase(s.snapshot!.pool!, 0, 0).phase, 'ready');
-    assert.equal(M.statusText(s, 0), 'DDP 2×gloo · ready · In[5]: rank 1 failed, recovered');
-    assert.match(M.statusTooltip(s, 0), /^last cell In\[5\]: rank 1 raised ValueError: bad shard; recovered/m);
-    const rows = M.rankRows(s, 0);
+    assert.equal(poolPhase(s.snapshot!.pool!, 0, 0).phase, 'ready');
+    assert.equal(statusText(s, 0), 'DDP 2×gloo · ready · In[5]: rank 1 failed, recovered');
+    assert.match(statusTooltip(s, 0), /^last cell In\[5\]: rank 1 raised ValueError: bad shard; recovered/m);
+    const rows = rankRows(s, 0);
     assert.deepEqual(
       rows.map(r => [r.state, r.stateClass, r.lastCause, r.lastNote]),
       [
@@ -198,103 +203,103 @@ describe('status bar text', () => {
     // a timeout: the rank that never arrived is the one named, not the one that waited for it
     const hung = { ...last, headline: 'rank 1 never arrived', root: [1], causes: { '0': { kind: 'interrupted' as const, cause: 'stopped' as const }, '1': { kind: 'timeout' as const, cause: 'root' as const } } };
     const t = connected(pool([rank(0), rank(1)], { last_cell: hung }));
-    assert.equal(M.statusText(t, 0), 'DDP 2×gloo · ready · In[5]: rank 1 failed, recovered');
-    assert.deepEqual(M.rankRows(t, 0).map(r => r.lastNote), ['', 'In[5]: timed out']);
+    assert.equal(statusText(t, 0), 'DDP 2×gloo · ready · In[5]: rank 1 failed, recovered');
+    assert.deepEqual(rankRows(t, 0).map(r => r.lastNote), ['', 'In[5]: timed out']);
     // Ctrl-C: nobody to blame; a cell that went well leaves nothing to say
-    assert.equal(M.statusText(connected(pool([rank(0)], { last_cell: { ...last, root: [], causes: {}, recovered: true } })), 0), 'DDP 1×gloo · ready · In[5]: interrupted');
-    assert.equal(M.statusText(connected(pool([rank(0)], { last_cell: { ...last, ok: true } })), 0), 'DDP 1×gloo · ready');
+    assert.equal(statusText(connected(pool([rank(0)], { last_cell: { ...last, root: [], causes: {}, recovered: true } })), 0), 'DDP 1×gloo · ready · In[5]: interrupted');
+    assert.equal(statusText(connected(pool([rank(0)], { last_cell: { ...last, ok: true } })), 0), 'DDP 1×gloo · ready');
     // a rank still failed (the pool is not whole): the rank shows it itself, as before
     const broken = connected(pool([rank(0), rank(1, { state: 'dead', exit_code: -9, kind: 'died', cause: 'root' })], { last_cell: { ...last, recovered: false } }));
-    assert.equal(M.statusText(broken, 0), 'DDP 2×gloo · rank 1 failed');
-    assert.deepEqual(M.rankRows(broken, 0).map(r => r.lastNote), ['', '']);
+    assert.equal(statusText(broken, 0), 'DDP 2×gloo · rank 1 failed');
+    assert.deepEqual(rankRows(broken, 0).map(r => r.lastNote), ['', '']);
   });
 
   it('words rank lists and cells as the kernel does (plan/words.py, the prompt number)', () => {
-    assert.equal(M.ranksPhrase([1]), 'rank 1');
-    assert.equal(M.ranksPhrase([3, 0, 2, 1]), 'ranks 0-3');
-    assert.equal(M.ranksPhrase([0, 2, 3]), 'ranks 0, 2-3');
-    assert.equal(M.ranksPhrase([0, 2]), 'ranks 0, 2');
-    assert.equal(M.cellName(5), 'In[5]');
-    assert.equal(M.cellName('12'), 'In[12]');
-    assert.equal(M.cellName('x'), 'cell x');
-    assert.equal(M.cellName(null), 'a cell');
+    assert.equal(ranksPhrase([1]), 'rank 1');
+    assert.equal(ranksPhrase([3, 0, 2, 1]), 'ranks 0-3');
+    assert.equal(ranksPhrase([0, 2, 3]), 'ranks 0, 2-3');
+    assert.equal(ranksPhrase([0, 2]), 'ranks 0, 2');
+    assert.equal(cellName(5), 'In[5]');
+    assert.equal(cellName('12'), 'In[12]');
+    assert.equal(cellName('x'), 'cell x');
+    assert.equal(cellName(null), 'a cell');
   });
 
   it('explains itself in the tooltip', () => {
     const s = connected(pool([rank(0)], { verdict: '! 1 warning (of 19)' }));
-    const tip = M.statusTooltip(s, 0);
+    const tip = statusTooltip(s, 0);
     assert.match(tip, /^ddp_magic pool: 1 rank, backend gloo, MASTER_PORT 29500$/m);
     assert.match(tip, /^env checks: ! 1 warning \(of 19\)$/m);
-    assert.match(M.statusTooltip(connected(pool([rank(0), rank(1)])), 0), /^ddp_magic pool: 2 ranks,/);
+    assert.match(statusTooltip(connected(pool([rank(0), rank(1)])), 0), /^ddp_magic pool: 2 ranks,/);
   });
 });
 
 describe('messages', () => {
   it('takes snapshots, ignores stale ones, accepts a new session', () => {
-    let s = M.applyMessage(M.initialState(), snapshot(pool([rank(0)]), 5), 1);
+    let s = applyMessage(initialState(), snapshot(pool([rank(0)]), 5), 1);
     assert.equal(s.connected, true);
-    const stale = M.applyMessage(s, snapshot(pool([rank(0), rank(1)]), 4), 2);
+    const stale = applyMessage(s, snapshot(pool([rank(0), rank(1)]), 4), 2);
     assert.equal(stale, s);
-    s = M.applyMessage(s, snapshot(pool([rank(0), rank(1)]), 1, 's2'), 3);
+    s = applyMessage(s, snapshot(pool([rank(0), rank(1)]), 1, 's2'), 3);
     assert.equal(s.snapshot?.pool?.nproc, 2);
     assert.equal(s.receivedAt, 3);
   });
 
   it('ignores what it does not know', () => {
-    const s = M.initialState();
-    assert.equal(M.applyMessage(s, null, 0), s);
-    assert.equal(M.applyMessage(s, 'text', 0), s);
-    assert.equal(M.applyMessage(s, { type: 'future-thing' }, 0), s);
+    const s = initialState();
+    assert.equal(applyMessage(s, null, 0), s);
+    assert.equal(applyMessage(s, 'text', 0), s);
+    assert.equal(applyMessage(s, { type: 'future-thing' }, 0), s);
   });
 
   it('drops the last reply once a later cell or start runs', () => {
     let s = connected(pool([rank(0)]));
-    s = M.applyMessage(s, { type: 'reply', id: 'x', op: 'restart', ok: true, message: 'pool of 1 ready' }, 1);
+    s = applyMessage(s, { type: 'reply', id: 'x', op: 'restart', ok: true, message: 'pool of 1 ready' }, 1);
     assert.equal(s.lastReply?.message, 'pool of 1 ready');
-    s = M.applyMessage(s, snapshot(pool([rank(0, { state: 'running' })]), 5), 2);
+    s = applyMessage(s, snapshot(pool([rank(0, { state: 'running' })]), 5), 2);
     assert.equal(s.lastReply, null);
   });
 
   it('matches replies to pending requests', () => {
     let s = connected(pool([rank(0)]));
-    s = M.withRequest(s, { id: 'r1', op: 'restart', sentAt: 0, waits: false });
-    s = M.withRequest(s, { id: 'r2', op: 'env', sentAt: 0, waits: false });
-    const reply: M.IReplyMsg = { type: 'reply', id: 'r1', op: 'restart', ok: true, message: 'pool of 1 (gloo) ready in 0.40s, pids [7]' };
-    s = M.applyMessage(s, reply, 1);
+    s = withRequest(s, { id: 'r1', op: 'restart', sentAt: 0, waits: false });
+    s = withRequest(s, { id: 'r2', op: 'env', sentAt: 0, waits: false });
+    const reply: IReplyMsg = { type: 'reply', id: 'r1', op: 'restart', ok: true, message: 'pool of 1 (gloo) ready in 0.40s, pids [7]' };
+    s = applyMessage(s, reply, 1);
     assert.deepEqual(
       s.pending.map(p => p.id),
       ['r2']
     );
-    assert.equal(M.replyText(s.lastReply!), 'pool of 1 (gloo) ready in 0.40s, pids [7]');
-    assert.equal(M.replyText({ ...reply, ok: false, error: 'no pool to restart' }), 'restart failed: no pool to restart');
+    assert.equal(replyText(s.lastReply!), 'pool of 1 (gloo) ready in 0.40s, pids [7]');
+    assert.equal(replyText({ ...reply, ok: false, error: 'no pool to restart' }), 'restart failed: no pool to restart');
   });
 
   it('marks a request the kernel queued until the running cell ends', () => {
     let s = connected(pool([rank(0, { state: 'running', elapsed: 1 })]), 'busy');
-    s = M.withRequest(s, { id: 'r1', op: 'restart', sentAt: 0, waits: false });
-    s = M.applyMessage(s, { type: 'queued', id: 'r1', op: 'restart', reason: 'a cell is running' }, 1);
+    s = withRequest(s, { id: 'r1', op: 'restart', sentAt: 0, waits: false });
+    s = applyMessage(s, { type: 'queued', id: 'r1', op: 'restart', reason: 'a cell is running' }, 1);
     assert.deepEqual(
       s.pending.map(p => [p.id, p.waits, p.queued]),
       [['r1', true, true]]
     );
-    assert.match(M.statusText(s, 1)!, /restart waits for the cell$/);
+    assert.match(statusText(s, 1)!, /restart waits for the cell$/);
   });
 
   it('forgets everything when the kernel restarts or dies', () => {
     let s = connected(pool([rank(0)]), 'busy');
-    s = M.withRequest(s, { id: 'r1', op: 'stop', sentAt: 0, waits: true });
-    const r = M.withKernelStatus(s, 'restarting');
+    s = withRequest(s, { id: 'r1', op: 'stop', sentAt: 0, waits: true });
+    const r = withKernelStatus(s, 'restarting');
     assert.equal(r.connected, false);
     assert.equal(r.snapshot, null);
     assert.deepEqual(r.pending, []);
-    assert.equal(M.statusText(r, 0), null);
-    assert.equal(M.withKernelStatus(s, 'busy'), s);
-    assert.equal(M.withKernelStatus(s, 'idle').connected, true);
+    assert.equal(statusText(r, 0), null);
+    assert.equal(withKernelStatus(s, 'busy'), s);
+    assert.equal(withKernelStatus(s, 'idle').connected, true);
   });
 
   it('keeps the last notices', () => {
     const snap = { ...snapshot(pool([rank(0)])), notices: ['a', 'b', 'c', 'd', 'e', 'f'] };
-    const s = M.applyMessage(M.initialState(), snap, 0);
+    const s = applyMessage(initialState(), snap, 0);
     assert.deepEqual(s.notices, ['b', 'c', 'd', 'e', 'f']);
   });
 });
@@ -309,7 +314,7 @@ describe('panel rows', () => {
       'busy',
       0
     );
-    const rows = M.rankRows(s, 1000);
+    const rows = rankRows(s, 1000);
     assert.deepEqual(
       rows.map(r => [r.rank, r.pid, r.device, r.state, r.stateClass, r.elapsed, r.memory, r.lastLine]),
       [
@@ -321,7 +326,7 @@ describe('panel rows', () => {
 
   it('marks failed and dead ranks', () => {
     const s = connected(pool([rank(0, { state: 'failed' }), rank(1, { state: 'dead', exit_code: -9, pid: null })]));
-    const rows = M.rankRows(s, 0);
+    const rows = rankRows(s, 0);
     assert.deepEqual(
       rows.map(r => [r.state, r.stateClass, r.pid]),
       [
@@ -329,17 +334,17 @@ describe('panel rows', () => {
         ['stopped', 'idle', ''] // SIGKILL beside a rank that raised: taken as stopped by ddp_magic
       ]
     );
-    const alone = M.rankRows(connected(pool([rank(0, { state: 'done' }), rank(1, { state: 'dead', exit_code: -9 })])), 0);
+    const alone = rankRows(connected(pool([rank(0, { state: 'done' }), rank(1, { state: 'dead', exit_code: -9 })])), 0);
     assert.deepEqual(alone.map(r => [r.state, r.stateClass]), [['done', 'ok'], ['killed (SIGKILL)', 'bad']]);
   });
 
   it('summarises env validation with failures before warnings', () => {
-    const checks: M.ICheck[] = [
+    const checks: ICheck[] = [
       { name: 'port', ok: true, level: 'error', mark: '✓', detail: 'free' },
       { name: 'omp', ok: false, level: 'warning', mark: '!', detail: 'oversubscribed' },
       { name: 'gpus', ok: false, level: 'error', mark: '✗', detail: 'none' }
     ];
-    const sum = M.envSummary(pool([rank(0)], { checks, verdict: 'env ✗ 1 failed' }))!;
+    const sum = envSummary(pool([rank(0)], { checks, verdict: 'env ✗ 1 failed' }))!;
     assert.equal(sum.verdict, 'env ✗ 1 failed');
     assert.deepEqual(
       sum.problems.map(c => c.name),
@@ -347,16 +352,16 @@ describe('panel rows', () => {
     );
     assert.equal(sum.passed, 1);
     assert.equal(sum.total, 3);
-    assert.equal(M.envSummary(null), null);
-    assert.equal(M.envHeadline(sum), 'env ✗ 1 failed', "the kernel's own line (checks_verdict), as the cell says it");
-    assert.equal(M.envHeadline({ ...sum, verdict: '' }), '✗ 1 of 3 checks failed');
-    assert.equal(M.envHeadline(M.envSummary(pool([rank(0)], { checks: [checks[0]], verdict: '' }))!), '✓ 1 check passed');
-    assert.equal(M.envHeadline(M.envSummary(pool([rank(0)], { checks: checks.slice(0, 2), verdict: '' }))!), '! 1 warning, 1 check passed');
+    assert.equal(envSummary(null), null);
+    assert.equal(envHeadline(sum), 'env ✗ 1 failed', "the kernel's own line (checks_verdict), as the cell says it");
+    assert.equal(envHeadline({ ...sum, verdict: '' }), '✗ 1 of 3 checks failed');
+    assert.equal(envHeadline(envSummary(pool([rank(0)], { checks: [checks[0]], verdict: '' }))!), '✓ 1 check passed');
+    assert.equal(envHeadline(envSummary(pool([rank(0)], { checks: checks.slice(0, 2), verdict: '' }))!), '! 1 warning, 1 check passed');
   });
 
   it('lists report columns in first-seen order', () => {
-    assert.deepEqual(M.reportColumns({ ranks: [{ RANK: '0', WORLD_SIZE: '2' }, { RANK: '1', EXTRA: 'x' }] }), ['RANK', 'WORLD_SIZE', 'EXTRA']);
-    assert.deepEqual(M.reportColumns({}), []);
+    assert.deepEqual(reportColumns({ ranks: [{ RANK: '0', WORLD_SIZE: '2' }, { RANK: '1', EXTRA: 'x' }] }), ['RANK', 'WORLD_SIZE', 'EXTRA']);
+    assert.deepEqual(reportColumns({}), []);
   });
 });
 
@@ -364,55 +369,55 @@ describe('command policy', () => {
   const idle = connected(pool([rank(0)], { names: ['model'] }), 'idle');
 
   it('runs now when the kernel is idle', () => {
-    for (const op of ['restart', 'stop', 'env'] as M.Op[]) {
-      assert.equal(M.commandPolicy(op, idle).mode, 'now');
+    for (const op of ['restart', 'stop', 'env'] as Op[]) {
+      assert.equal(commandPolicy(op, idle).mode, 'now');
     }
   });
 
   it('waits for the running cell when the kernel is busy, and says why', () => {
-    const busy = M.withKernelStatus(idle, 'busy');
-    for (const op of ['restart', 'stop', 'env'] as M.Op[]) {
-      const p = M.commandPolicy(op, busy);
+    const busy = withKernelStatus(idle, 'busy');
+    for (const op of ['restart', 'stop', 'env'] as Op[]) {
+      const p = commandPolicy(op, busy);
       assert.equal(p.mode, 'waits');
       assert.match(p.reason, /A cell is running/);
       assert.match(p.reason, /between cells/);
     }
-    assert.match(M.commandPolicy('restart', busy).reason, /interrupt the kernel/);
+    assert.match(commandPolicy('restart', busy).reason, /interrupt the kernel/);
   });
 
   it('refuses without a kernel, while it restarts, or when it is dead', () => {
-    assert.match(M.commandPolicy('restart', M.initialState()).reason, /no kernel/);
-    for (const ks of ['restarting', 'autorestarting', 'starting', 'dead', 'terminating'] as M.KernelStatus[]) {
+    assert.match(commandPolicy('restart', initialState()).reason, /no kernel/);
+    for (const ks of ['restarting', 'autorestarting', 'starting', 'dead', 'terminating'] as KernelStatus[]) {
       const s = { ...idle, kernelStatus: ks };
-      assert.equal(M.commandPolicy('restart', s).mode, 'refused', ks);
+      assert.equal(commandPolicy('restart', s).mode, 'refused', ks);
     }
   });
 
   it('refuses when ddp_magic is not loaded, saying how to load it', () => {
-    const s = { ...M.initialState(), kernelStatus: 'idle' as M.KernelStatus };
-    const p = M.commandPolicy('env', s);
+    const s = { ...initialState(), kernelStatus: 'idle' as KernelStatus };
+    const p = commandPolicy('env', s);
     assert.equal(p.mode, 'refused');
     assert.match(p.reason, /%load_ext ddp_magic/);
   });
 
   it('refuses restart, stop and env without a pool', () => {
     const s = connected(null, 'idle');
-    assert.match(M.commandPolicy('restart', s).reason, /no pool to restart/);
-    assert.match(M.commandPolicy('stop', s).reason, /no pool to stop/);
-    assert.match(M.commandPolicy('env', s).reason, /%ddp_env -n N/);
+    assert.match(commandPolicy('restart', s).reason, /no pool to restart/);
+    assert.match(commandPolicy('stop', s).reason, /no pool to stop/);
+    assert.match(commandPolicy('env', s).reason, /%ddp_env -n N/);
   });
 
   it('refuses a second request of the same kind while one is pending', () => {
-    const s = M.withRequest(idle, { id: 'x', op: 'restart', sentAt: 0, waits: false });
-    assert.equal(M.commandPolicy('restart', s).mode, 'refused');
-    assert.match(M.commandPolicy('restart', s).reason, /already pending/);
-    assert.equal(M.commandPolicy('env', s).mode, 'now');
+    const s = withRequest(idle, { id: 'x', op: 'restart', sentAt: 0, waits: false });
+    assert.equal(commandPolicy('restart', s).mode, 'refused');
+    assert.match(commandPolicy('restart', s).reason, /already pending/);
+    assert.equal(commandPolicy('env', s).mode, 'now');
   });
 });
 
 describe('phase', () => {
   it('puts activity before failures and failures before rest', () => {
-    const p = (ranks: M.IRankSnapshot[], over = {}) => M.poolPhase(pool(ranks, over), 0, 0).phase;
+    const p = (ranks: IRankSnapshot[], over = {}) => poolPhase(pool(ranks, over), 0, 0).phase;
     assert.equal(p([rank(0, { state: 'running' }), rank(1, { state: 'failed' })]), 'running');
     assert.equal(p([rank(0, { state: 'starting' })]), 'starting');
     assert.equal(p([rank(0, { state: 'done' }), rank(1, { state: 'failed' })]), 'failed');
@@ -427,11 +432,11 @@ describe('phase', () => {
     const queued = pool([rank(0, { state: 'queued', pid: null, last_line: line, elapsed: 12.5 }), rank(1, { state: 'queued', pid: null, last_line: line, elapsed: 12.5 })], {
       started: false
     });
-    assert.equal(M.poolPhase(queued, 0, 0).phase, 'queued');
-    assert.equal(M.queueLine(queued), line);
+    assert.equal(poolPhase(queued, 0, 0).phase, 'queued');
+    assert.equal(queueLine(queued), line);
     const s = connected(queued, 'busy', 1000);
-    assert.equal(M.statusText(s, 3000), `DDP 2×gloo · ${line} · waited 14.50 s`); // the clock runs on while queued
-    const rows = M.rankRows(s, 1000);
+    assert.equal(statusText(s, 3000), `DDP 2×gloo · ${line} · waited 14.50 s`); // the clock runs on while queued
+    const rows = rankRows(s, 1000);
     assert.deepEqual(
       rows.map(r => [r.state, r.stateClass, r.lastLine]),
       [
@@ -444,14 +449,14 @@ describe('phase', () => {
   it('names each rank\'s Slurm node in the panel', () => {
     const s = connected(pool([rank(0, { node: 'n1' }), rank(1, { node: 'n2' }), rank(2)]));
     assert.deepEqual(
-      M.rankRows(s, 1000).map(r => r.node),
+      rankRows(s, 1000).map(r => r.node),
       ['n1', 'n2', '']
     );
   });
 });
 
 // ------------------------------------------------------------------ metrics (ddp_magic.log's chart)
-function metrics(over: Partial<M.IMetricsMsg> = {}): M.IMetricsMsg {
+function metrics(over: Partial<IMetricsMsg> = {}): IMetricsMsg {
   return {
     type: 'metrics',
     session: 's1',
@@ -486,9 +491,9 @@ function metrics(over: Partial<M.IMetricsMsg> = {}): M.IMetricsMsg {
 describe('metrics messages', () => {
   it('parses the kernel message and keeps it across snapshots', () => {
     let s = connected(pool([rank(0)]));
-    s = M.applyMessage(s, JSON.parse(JSON.stringify(metrics())), 0);
+    s = applyMessage(s, JSON.parse(JSON.stringify(metrics())), 0);
     assert.deepEqual(s.metrics, metrics());
-    s = M.applyMessage(s, snapshot(pool([rank(0, { state: 'done' })]), 2), 0);
+    s = applyMessage(s, snapshot(pool([rank(0, { state: 'done' })]), 2), 0);
     assert.deepEqual(s.metrics, metrics(), 'a snapshot leaves the chart as it is');
   });
 
@@ -498,7 +503,7 @@ describe('metrics messages', () => {
       series: { loss: { '0': [[0, 1], ['x', 2], [1, 'NaN'], 5] }, lr: 'junk' },
       summary: [{ name: 'loss', last: null, steps: [0] }, 'junk']
     };
-    const m = M.parseMetrics(raw)!;
+    const m = parseMetrics(raw)!;
     assert.deepEqual(m.series, {
       loss: {
         '0': [
@@ -509,79 +514,79 @@ describe('metrics messages', () => {
       lr: {}
     });
     assert.deepEqual(m.summary, [{ name: 'loss', last: null, last_lo: null, last_hi: null, min: null, mean: null, slowest: null, lag: null, steps: [0, 0] }]);
-    assert.equal(M.parseMetrics({ type: 'metrics', names: [1] }), null);
-    assert.equal(M.parseMetrics(null), null);
+    assert.equal(parseMetrics({ type: 'metrics', names: [1] }), null);
+    assert.equal(parseMetrics(null), null);
     const s = connected(null);
-    assert.equal(M.applyMessage(s, { type: 'metrics', names: 'loss' }, 0), s);
+    assert.equal(applyMessage(s, { type: 'metrics', names: 'loss' }, 0), s);
   });
 
   it('keeps the last cell that logged anything, as %ddp metrics does', () => {
-    let s = M.applyMessage(connected(null), metrics({ final: true }), 0);
+    let s = applyMessage(connected(null), metrics({ final: true }), 0);
     const shown = s.metrics;
     // a cell that logs nothing sends nothing; a message with nothing logged would not wipe the chart either
-    s = M.applyMessage(s, metrics({ cell: '4', names: [], series: {}, summary: [], final: true }), 0);
+    s = applyMessage(s, metrics({ cell: '4', names: [], series: {}, summary: [], final: true }), 0);
     assert.equal(s.metrics, shown);
     // a live redraw that overtook the cell's end, and a message of an earlier cell, are late
-    assert.equal(M.applyMessage(s, metrics({ final: false }), 0).metrics, shown);
-    assert.equal(M.applyMessage(s, metrics({ cell: '2' }), 0).metrics, shown);
+    assert.equal(applyMessage(s, metrics({ final: false }), 0).metrics, shown);
+    assert.equal(applyMessage(s, metrics({ cell: '2' }), 0).metrics, shown);
     // the next cell that logs replaces it, live first
-    s = M.applyMessage(s, metrics({ cell: '5', rows: 1 }), 0);
+    s = applyMessage(s, metrics({ cell: '5', rows: 1 }), 0);
     assert.equal(s.metrics!.cell, '5');
     assert.equal(s.metrics!.final, false);
-    s = M.applyMessage(s, metrics({ cell: '5', final: true }), 0);
+    s = applyMessage(s, metrics({ cell: '5', final: true }), 0);
     assert.equal(s.metrics!.final, true);
     // a new extension session (%reload_ext) counts its cells anew
-    assert.equal(M.applyMessage(s, metrics({ session: 's2', cell: '1' }), 0).metrics!.session, 's2');
+    assert.equal(applyMessage(s, metrics({ session: 's2', cell: '1' }), 0).metrics!.session, 's2');
   });
 
   it('without cell labels, takes live data after a final picture once a snapshot showed a cell running', () => {
-    let s = M.applyMessage(connected(pool([rank(0, { state: 'running' })]), 'busy'), metrics({ cell: '' }), 0);
-    s = M.applyMessage(s, snapshot(pool([rank(0, { state: 'running' })]), 2), 0);
-    s = M.applyMessage(s, metrics({ cell: '', final: true, rows: 9 }), 0);
+    let s = applyMessage(connected(pool([rank(0, { state: 'running' })]), 'busy'), metrics({ cell: '' }), 0);
+    s = applyMessage(s, snapshot(pool([rank(0, { state: 'running' })]), 2), 0);
+    s = applyMessage(s, metrics({ cell: '', final: true, rows: 9 }), 0);
     assert.equal(s.metrics!.final, true);
-    s = M.applyMessage(s, snapshot(pool([rank(0, { state: 'done' })]), 3), 0);
+    s = applyMessage(s, snapshot(pool([rank(0, { state: 'done' })]), 3), 0);
     const shown = s.metrics;
-    assert.equal(M.applyMessage(s, metrics({ cell: '', rows: 8 }), 0).metrics, shown, 'a redraw that overtook the end is late');
-    s = M.applyMessage(s, snapshot(pool([rank(0, { state: 'running' })]), 4), 0); // the next cell runs
-    s = M.applyMessage(s, metrics({ cell: '', rows: 1 }), 0);
+    assert.equal(applyMessage(s, metrics({ cell: '', rows: 8 }), 0).metrics, shown, 'a redraw that overtook the end is late');
+    s = applyMessage(s, snapshot(pool([rank(0, { state: 'running' })]), 4), 0); // the next cell runs
+    s = applyMessage(s, metrics({ cell: '', rows: 1 }), 0);
     assert.equal(s.metrics!.rows, 1);
     assert.equal(s.metrics!.final, false);
   });
 
   it("keeps the chart while its pool runs, and forgets the old pool's chart once it restarted or stopped", () => {
-    let s = M.applyMessage(connected(pool([rank(0), rank(1)])), metrics({ final: true }), 0);
+    let s = applyMessage(connected(pool([rank(0), rank(1)])), metrics({ final: true }), 0);
     const shown = s.metrics;
     // a cell that logs nothing, a rank replaced alone (pid 1001 stays): the same pool, the same chart
-    s = M.applyMessage(s, snapshot(pool([rank(0, { state: 'done' }), rank(1)]), 2), 0);
-    s = M.applyMessage(s, snapshot(pool([rank(0, { pid: 2000 }), rank(1)]), 3), 0);
+    s = applyMessage(s, snapshot(pool([rank(0, { state: 'done' }), rank(1)]), 2), 0);
+    s = applyMessage(s, snapshot(pool([rank(0, { pid: 2000 }), rank(1)]), 3), 0);
     assert.equal(s.metrics, shown);
     // a restart: new pids everywhere (the panel's Restart shows no starting ranks at all)
-    assert.equal(M.applyMessage(s, snapshot(pool([rank(0, { pid: 3000 }), rank(1, { pid: 3001 })]), 4), 0).metrics, null);
+    assert.equal(applyMessage(s, snapshot(pool([rank(0, { pid: 3000 }), rank(1, { pid: 3001 })]), 4), 0).metrics, null);
     // a new pool starting (%%ddp -n 4): every rank starting, no pid yet
     const starting = pool([0, 1, 2, 3].map(r => rank(r, { state: 'starting', pid: null })), { started: false });
-    assert.equal(M.applyMessage(s, snapshot(starting, 4), 0).metrics, null);
+    assert.equal(applyMessage(s, snapshot(starting, 4), 0).metrics, null);
     // %ddp stop
-    assert.equal(M.applyMessage(s, snapshot(null, 4), 0).metrics, null);
+    assert.equal(applyMessage(s, snapshot(null, 4), 0).metrics, null);
     // a reload: the kernel sends the pool, then its last chart
-    let r = M.applyMessage(connected(pool([rank(0), rank(1)])), metrics({ final: true }), 0);
-    r = M.applyMessage(r, snapshot(pool([rank(0), rank(1)]), 2), 0);
+    let r = applyMessage(connected(pool([rank(0), rank(1)])), metrics({ final: true }), 0);
+    r = applyMessage(r, snapshot(pool([rank(0), rank(1)]), 2), 0);
     assert.notEqual(r.metrics, null);
   });
 
   it("shows the kernel's notices as it lists them (it forgets them when the next %%ddp cell runs)", () => {
-    let s = M.applyMessage(M.initialState(), { ...snapshot(pool([rank(0)])), notices: ['-n 2 -> 4: the pool restarts'] }, 0);
+    let s = applyMessage(initialState(), { ...snapshot(pool([rank(0)])), notices: ['-n 2 -> 4: the pool restarts'] }, 0);
     assert.deepEqual(s.notices, ['-n 2 -> 4: the pool restarts']);
-    s = M.applyMessage(s, snapshot(pool([rank(0)]), 2), 0);
+    s = applyMessage(s, snapshot(pool([rank(0)]), 2), 0);
     assert.deepEqual(s.notices, []);
   });
 
   it('forgets the chart when the kernel restarts or goes away', () => {
-    const s = M.applyMessage(connected(pool([rank(0)])), metrics({ final: true }), 0);
+    const s = applyMessage(connected(pool([rank(0)])), metrics({ final: true }), 0);
     assert.notEqual(s.metrics, null);
-    assert.equal(M.withKernelStatus(s, 'busy').metrics, s.metrics);
-    assert.equal(M.withKernelStatus(s, 'restarting').metrics, null);
-    assert.equal(M.withKernelStatus(s, 'dead').metrics, null);
-    assert.equal(M.disconnected(s).metrics, null);
+    assert.equal(withKernelStatus(s, 'busy').metrics, s.metrics);
+    assert.equal(withKernelStatus(s, 'restarting').metrics, null);
+    assert.equal(withKernelStatus(s, 'dead').metrics, null);
+    assert.equal(disconnected(s).metrics, null);
   });
 });
 
@@ -617,7 +622,7 @@ describe('metrics chart', () => {
       [Infinity, '-']
     ];
     for (const [x, want] of cases) {
-      assert.equal(M.fmtValue(x), want, String(x));
+      assert.equal(fmtValue(x), want, String(x));
     }
   });
 
@@ -638,7 +643,7 @@ describe('metrics chart', () => {
       for (const mant of [1, 1.0004, 1.23456, 1.5, 2.5, 3.14159, 4.99951, 5.963, 7.77777, 9.9994, 9.99951, 9.99999]) {
         for (const sign of [1, -1]) {
           const x = sign * mant * 10 ** e;
-          const text = M.fmtValue(x);
+          const text = fmtValue(x);
           const back = parse(text);
           assert.ok(Math.abs(back - x) <= halfUlp(text) * (1 + 1e-9), `${x} written ${text} reads ${back}`);
           assert.ok(Math.abs(x) < 1e4 || Math.abs(back) >= 1e3 || /e/.test(text), `${x}: ${text} keeps its magnitude`);
@@ -647,14 +652,14 @@ describe('metrics chart', () => {
         }
       }
     }
-    assert.equal(M.fmtValue(0), '0');
-    assert.equal(M.fmtValue(-0), '0');
+    assert.equal(fmtValue(0), '0');
+    assert.equal(fmtValue(-0), '0');
     assert.ok(checked > 400);
   });
 
   it('draws one polyline per rank over the data range, skipping missing values', () => {
-    const c = M.metricChart(metrics(), 'loss', 200, 96);
-    const { left, right, top, bottom } = M.CHART;
+    const c = metricChart(metrics(), 'loss', 200, 96);
+    const { left, right, top, bottom } = CHART;
     assert.deepEqual(c.plot, { x0: left, x1: 200 - right, y0: top, y1: 96 - bottom });
     assert.deepEqual(
       c.lines.map(l => l.rank),
@@ -688,37 +693,37 @@ describe('metrics chart', () => {
 
   it('starts the plot right of its widest value label: no label is cut at the left', () => {
     const tiny = metrics({ series: { loss: { '0': [[0, 0.0002628], [1, 0.00031]] } } });
-    const c = M.metricChart(tiny, 'loss', 240, 96);
+    const c = metricChart(tiny, 'loss', 240, 96);
     assert.deepEqual(
       c.yTicks.map(t => t.label),
       ['0.0002628', '0.0002864', '0.00031']
     );
-    const widest = Math.max(...c.yTicks.map(t => M.estimateWidth(t.label)));
-    assert.ok(c.plot.x0 - M.CHART.gap - widest >= 0, `the labels end at x=${c.plot.x0 - M.CHART.gap}, ${widest}px wide`);
+    const widest = Math.max(...c.yTicks.map(t => estimateWidth(t.label)));
+    assert.ok(c.plot.x0 - CHART.gap - widest >= 0, `the labels end at x=${c.plot.x0 - CHART.gap}, ${widest}px wide`);
     // a measurer that says each character is 10 px: the plot moves right with it
-    const wide = M.metricChart(tiny, 'loss', 240, 96, t => t.length * 10);
-    assert.ok(wide.plot.x0 - M.CHART.gap >= 90, String(wide.plot.x0));
-    assert.equal(M.metricChart(metrics(), 'loss', 200, 96).plot.x0, M.CHART.left, 'short labels keep the narrow margin');
+    const wide = metricChart(tiny, 'loss', 240, 96, t => t.length * 10);
+    assert.ok(wide.plot.x0 - CHART.gap >= 90, String(wide.plot.x0));
+    assert.equal(metricChart(metrics(), 'loss', 200, 96).plot.x0, CHART.left, 'short labels keep the narrow margin');
   });
 
   it('widens a single step and a flat line, and draws nothing without values', () => {
-    assert.deepEqual(M.chartBounds({ '0': [[5, 2]] }), [4, 6, 1.9, 2.1]);
-    assert.deepEqual(M.chartBounds({ '0': [[5, 0]] }), [4, 6, -1, 1]);
-    assert.deepEqual(M.chartBounds({ '0': [[5, null]] }), [0, 1, 0, 1]);
-    assert.deepEqual(M.metricChart(metrics({ series: { loss: { '0': [[0, null]] } } }), 'loss', 200).lines, []);
-    assert.deepEqual(M.metricChart(metrics(), 'unknown', 200).lines, []);
+    assert.deepEqual(chartBounds({ '0': [[5, 2]] }), [4, 6, 1.9, 2.1]);
+    assert.deepEqual(chartBounds({ '0': [[5, 0]] }), [4, 6, -1, 1]);
+    assert.deepEqual(chartBounds({ '0': [[5, null]] }), [0, 1, 0, 1]);
+    assert.deepEqual(metricChart(metrics({ series: { loss: { '0': [[0, null]] } } }), 'loss', 200).lines, []);
+    assert.deepEqual(metricChart(metrics(), 'unknown', 200).lines, []);
   });
 
   it('gives a rank the colour of its line in the cell chart (ddp_magic/ui/metrics_chart.py PALETTE)', () => {
     const py = fs.readFileSync(path.resolve(__dirname, '../../../ddp_magic/ui/metrics_chart.py'), 'utf8');
     const line = /^PALETTE = \(([^)]*)\)/m.exec(py);
     assert.ok(line, 'metrics_chart.py has a PALETTE tuple');
-    assert.deepEqual(M.RANK_PALETTE, line![1].split(',').map(s => s.trim().replace(/^"|"$/g, '')));
-    assert.equal(M.rankColour(12), 'var(--ddp-magic-rank-12, #2ca02c)');
+    assert.deepEqual(RANK_PALETTE, line![1].split(',').map(s => s.trim().replace(/^"|"$/g, '')));
+    assert.equal(rankColour(12), 'var(--ddp-magic-rank-12, #2ca02c)');
   });
 
   it('sums up each metric in a row, and says what the chart shows', () => {
-    assert.deepEqual(M.metricRows(metrics()), [
+    assert.deepEqual(metricRows(metrics()), [
       {
         name: 'loss',
         last: '0.125',
@@ -730,12 +735,12 @@ describe('metrics chart', () => {
       },
       { name: 'lr', last: '0.1', range: '', min: '0.1', mean: '0.1', slowest: 'none stands out', note: 'slowest so far: none stands out' }
     ]);
-    assert.equal(M.metricRows(metrics({ final: true }))[0].note, 'slowest: rank 1 (+12 ms) · last per rank: 0 to 0.25');
+    assert.equal(metricRows(metrics({ final: true }))[0].note, 'slowest: rank 1 (+12 ms) · last per rank: 0 to 0.25');
     const profiled = metrics({ summary: [{ ...metrics().summary[0], lag: 0.35, slowest_by: 'profile' }] });
-    assert.equal(M.metricRows(profiled)[0].slowest, 'rank 1 (+350 ms, the others waited for it)');
-    assert.equal(M.parseMetrics(JSON.parse(JSON.stringify(profiled)))!.summary[0].slowest_by, 'profile');
-    assert.equal(M.metricsHeadline(metrics()), 'In[3]: loss, lr from 2 ranks, steps 0-2 (live)');
-    assert.equal(M.metricsHeadline(metrics({ final: true, ranks: [0] })), 'In[3]: loss, lr from 1 rank, steps 0-2');
-    assert.equal(M.metricsHeadline(metrics({ cell: '' })), 'loss, lr from 2 ranks, steps 0-2 (live)');
+    assert.equal(metricRows(profiled)[0].slowest, 'rank 1 (+350 ms, the others waited for it)');
+    assert.equal(parseMetrics(JSON.parse(JSON.stringify(profiled)))!.summary[0].slowest_by, 'profile');
+    assert.equal(metricsHeadline(metrics()), 'In[3]: loss, lr from 2 ranks, steps 0-2 (live)');
+    assert.equal(metricsHeadline(metrics({ final: true, ranks: [0] })), 'In[3]: loss, lr from 1 rank, steps 0-2');
+    assert.equal(metricsHeadline(metrics({ cell: '' })), 'loss, lr from 2 ranks, steps 0-2 (live)');
   });
 });
