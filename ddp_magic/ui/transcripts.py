@@ -148,6 +148,8 @@ class Recorder:
         if not msg_id or self._session is None:
             return None
         cell_id = str((parent.get("metadata") or {}).get("cellId") or "")
+        for old in [k for k, c in self.cells.items() if cell_id and c.cell_id == cell_id]:
+            self.cells.pop(old)  # the cell ran again: its output area is the new run's (the old job's output shows nowhere)
         cell = self.cells[msg_id] = Transcript(msg_id, cell_id, str(header.get("session") or ""), name, done)
         while len(self.cells) > self.keep:
             oldest = next((k for k, c in self.cells.items() if c.done()), None)

@@ -1,0 +1,89 @@
+/**
+ * A cell's output messages applied to its outputs as JupyterLab's OutputArea applies them (its `_onIOPub`): streams
+ * and displays added (the model joins consecutive streams itself), a display update set on every output its
+ * display_id named, a clear (a waiting one at the next output, which the model does itself).
+ *
+ * The rebinder (rebind.ts) uses it for a background cell whose execute request another page sent (before a reload):
+ * no future of this page listens to it, so the kernel's copy of its messages (ddp_magic/ui/transcripts.py) is applied
+ * here. Pure (no JupyterLab imports): unit-tested in node.
+ */
+import type { IOutputMsg } from './model';
+
+/** What of an output area's model this needs (IOutputAreaModel has all of it). */
+export interface IOutputSink {
+  readonly length: number;
+  add(output: Record<string, any>): number;
+  set(index: number, output: Record<string, any>): void;
+  clear(wait?: boolean): void;
+}
+
+/** What the output area keeps besides its outputs: display_id -> the indices it names, and a clear that waits. */
+export interface IOutputState {
+  ids: Map<string, number[]>;
+  clearNext: boolean;
+}
+
+export function outputState(): IOutputState {
+  return { ids: new Map(), clearNext: false };
+}
+
+const ADDED = ['execute_result', 'display_data', 'stream', 'error'];
+
+function displayId(content: Record<string, any>): string | null {
+  const transient = content && typeof content.transient === 'object' && content.transient ? content.transient : {};
+  return typeof transient.display_id === 'string' ? transient.display_id : null;
+}
+
+/** Apply one output message to `sink`; `state` keeps the display ids and a waiting clear as the output area does. */
+export function applyOutput(sink: IOutputSink, state: IOutputState, msg: IOutputMsg): void {
+  const content = msg.content || {};
+  const id = displayId(content);
+  const ids = state.ids;
+  if (msg.msg_type === 'clear_output') {
+    state.clearNext = !!content.wait;
+    if (!content.wait) {
+      sink.clear();
+      ids.clear();
+    }
+    return;
+  }
+  if (msg.msg_type === 'update_display_data') {
+    const output = { ...content, output_type: 'display_data' };
+    for (const index of (id && ids.get(id)) || []) {
+      sink.set(index, output);
+    }
+    return;
+  }
+  if (ADDED.indexOf(msg.msg_type) < 0) {
+    return;
+  }
+  if (state.clearNext) {
+    state.clearNext = false;
+    sink.clear();
+    ids.clear();
+  }
+  sink.add({ ...content, output_type: msg.msg_type });
+  if (id && msg.msg_type === 'display_data') {
+    ids.set(id, [...(ids.get(id) || []), sink.length - 1]);
+  }
+}
+
+/**
+ * Which of the messages that came before the follow reply, or after it, the page applies: those after `seq`, in
+ * order; `gap` when one is missing (the page then asks again: nothing lost, nothing twice).
+ */
+export function nextMessages<T extends { seq: number }>(seq: number, pending: T[]): { apply: T[]; gap: boolean } {
+  const apply: T[] = [];
+  let last = seq;
+  for (const m of [...pending].sort((a, b) => a.seq - b.seq)) {
+    if (m.seq <= last) {
+      continue;
+    }
+    if (m.seq !== last + 1) {
+      return { apply, gap: true };
+    }
+    apply.push(m);
+    last = m.seq;
+  }
+  return { apply, gap: false };
+}

@@ -1,0 +1,127 @@
+"""A page reloaded while a background cell runs gets the cell back (JupyterLab and Notebook 7, headless Chromium).
+
+The notebook: ``%load_ext ddp_magic`` and a 2-rank ``%%ddp --bg`` cell that prints ``r{rank} step {i}`` and logs a
+loss every 0.25 s for 80 steps (20 s). A few steps in, the notebook is saved (as JupyterLab's autosave does) and the
+page reloaded; the job goes on for more than 10 s after. The reloaded page must show the truth: the bg cell gets
+its lines back (the ones printed while the page was away, from the kernel's copy of the cell's outputs) and keeps
+getting new ones; the panel (and the status bar in JupyterLab) names the job by the cell's prompt with a step the
+cell has printed; at the end the cell holds every line exactly once, its status view settled (each rank ``done``)
+and the job's chart (``steps 0-79``), the panel and status bar say ``ready``. No console error. The round runs twice.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Iterator, List
+
+import pytest
+from ui_pages import front_page, prompt_number, run_cell, wait_prompt, wait_ready
+from ui_probes import SAMPLE_JS
+from ui_server import Server
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+pytest.importorskip("playwright.sync_api", reason="Python Playwright is in requirements-dev.txt")
+
+STEPS = 80
+BG = f"""%%ddp --bg --out job -n 2
+import time, torch.distributed as dist, ddp_magic
+rank = dist.get_rank()
+for step in range({STEPS}):
+    time.sleep(0.25)
+    print(f"r{{rank}} step {{step}}", flush=True)
+    ddp_magic.log(step=step, loss=1.0 / (step + 1) + 0.01 * rank)"""
+JOB_LINE = r"background: cell \[(\d+)\] running \d+:\d\d:\d\d, step ([\d,]+)"
+ROUNDS = 2
+
+CELL_JS = """(i) => {
+  const cell = document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i];
+  const outs = cell ? [...cell.querySelectorAll('.jp-OutputArea-output')] : [];
+  return {
+    text: outs.map(o => o.textContent).join('\\n'),
+    charts: cell ? [...cell.querySelectorAll('.jp-OutputArea-output > .ddp-metrics')].map(c => c.textContent.slice(0, 200)) : [],
+    live: !!(cell && cell.querySelector('.ddp-status-live')),
+    widgetError: !!(cell && /Error displaying widget/.test(cell.textContent)),
+  };
+}"""
+
+
+def steps_shown(text: str, rank: int) -> List[int]:
+    return [int(s) for s in re.findall(rf"\br{rank} step (\d+)\b", text)]
+
+
+def one_round(page: Any, kind: str) -> Dict[str, Any]:
+    rec: Dict[str, Any] = {}
+    run_cell(page, 1)
+    rec["number"] = prompt_number(wait_prompt(page, 1))
+    page.wait_for_function("(i) => /r1 step 3\\b/.test(document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].textContent)", arg=1, timeout=120_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_timeout(1000)
+    page.reload(timeout=60_000)
+    wait_ready(page, page.ddp_watch)
+    page.add_style_tag(content=".Toastify { display: none !important; }")
+    rec["after_reload"] = page.evaluate(CELL_JS, 1)
+    reads = []
+    for _ in range(2):
+        page.wait_for_timeout(2000)
+        reads.append({"cell": page.evaluate(CELL_JS, 1), "sample": page.evaluate(SAMPLE_JS, 1)})
+    rec["reads"] = reads
+    page.wait_for_function("(i) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelector('.jp-OutputArea-output > .ddp-metrics')",
+                           arg=1, timeout=120_000)
+    page.wait_for_timeout(2500)  # the last lines, the settled view, the snapshot after the job
+    rec["end"] = page.evaluate(CELL_JS, 1)
+    rec["end_sample"] = page.evaluate(SAMPLE_JS, 1)
+    rec["prompt_end"] = prompt_number(wait_prompt(page, 1))
+    return rec
+
+
+@pytest.fixture(scope="module", params=["lab", "notebook"])
+def story(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, Any]]:
+    kind = request.param
+    if kind == "notebook":
+        pytest.importorskip("notebook", reason="Notebook 7 (pip install notebook) is in requirements-dev.txt")
+    cells = ["%load_ext ddp_magic", BG]
+    with front_page(server, browser, f"reload_{kind}.ipynb", cells, 900, panel=True, kind=kind, width=1300) as page:
+        run_cell(page, 0)
+        wait_prompt(page, 0)
+        rounds = [one_round(page, kind) for _ in range(ROUNDS)]
+        yield {"kind": kind, "rounds": rounds, "errors": page.ddp_watch.errors(), "orphans": page.ddp_watch.collect(),
+               "stacks": page.ddp_watch.stacks}
+
+
+@pytest.mark.parametrize("n", range(ROUNDS))
+def test_the_reloaded_cell_keeps_getting_its_lines_and_the_panel_names_the_job(story: Dict[str, Any], n: int) -> None:
+    rec = story["rounds"][n]
+    first, second = rec["reads"]
+    for r in (0, 1):
+        a, b = steps_shown(first["cell"]["text"], r), steps_shown(second["cell"]["text"], r)
+        assert a and b and max(b) > max(a), f"rank {r}'s lines keep coming after the reload: {a[-3:]} -> {b[-3:]}"
+        assert a == list(range(len(a))), f"rank {r}: the lines printed while the page was away are back, in order, once: {a}"
+    assert not second["cell"]["widgetError"]
+    for read in rec["reads"]:
+        s = read["sample"]
+        m = re.search(JOB_LINE, s["summary"])
+        assert m and int(m.group(1)) == rec["number"], f"the panel names the job's cell [{rec['number']}]: {s['summary']!r}"
+        step = int(m.group(2).replace(",", ""))
+        assert step <= max(steps_shown(read["cell"]["text"], 0) + steps_shown(read["cell"]["text"], 1)) + 8, (step, s["summary"])
+        if story["kind"] == "lab":
+            bar = re.match(r"^DDP 2×gloo · " + JOB_LINE + "$", s["statusBar"] or "")
+            assert bar and int(bar.group(1)) == rec["number"], f"the status bar shows the job: {s['statusBar']!r}"
+
+
+@pytest.mark.parametrize("n", range(ROUNDS))
+def test_the_reloaded_cell_settles_as_without_the_reload(story: Dict[str, Any], n: int) -> None:
+    rec = story["rounds"][n]
+    end, sample = rec["end"], rec["end_sample"]
+    for r in (0, 1):
+        assert steps_shown(end["text"], r) == list(range(STEPS)), f"rank {r}: every line exactly once: {steps_shown(end['text'], r)}"
+    assert len(end["charts"]) == 1 and f"steps 0-{STEPS - 1}" in end["charts"][0] and "loss from 2 ranks" in end["charts"][0], end["charts"]
+    assert sample["cellRanks"] == {"0": "done", "1": "done"}, f"the settled status view: {sample['cellRanks']}"
+    assert not end["live"] and not end["widgetError"]
+    assert rec["prompt_end"] == rec["number"]
+    assert "background:" not in sample["summary"], sample["summary"]
+    if story["kind"] == "lab":
+        assert (sample["statusBar"] or "").startswith("DDP 2×gloo · ready"), sample["statusBar"]
+
+
+def test_no_console_error_and_nothing_said_outside_a_cell(story: Dict[str, Any]) -> None:
+    assert not story["errors"], "\n".join(story["errors"][:10] + story["stacks"][:2])
+    assert not story["orphans"], story["orphans"][:5]
