@@ -87,3 +87,23 @@ export function nextMessages<T extends { seq: number }>(seq: number, pending: T[
   }
   return { apply, gap: false };
 }
+
+/** The MIME type of an ipywidgets view: a reference to a widget model that lives in the kernel that made it. */
+export const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
+
+/**
+ * A %%ddp status view saved while its cell ran (JupyterLab autosaves every 120 s) holds its live widget's reference
+ * beside its HTML form; opened after the job ended (or in another kernel), the widget renderer would win and say
+ * "Error displaying widget: model not found". Such an output as it opens: its HTML form alone (null: not one). A
+ * job still running in this kernel gets its live view back from the kernel's copy of the cell (rebind.ts).
+ */
+export function savedView(output: Record<string, any>): Record<string, any> | null {
+  const data = output && typeof output.data === 'object' && output.data ? output.data : null;
+  const html = data ? data['text/html'] : null;
+  const text = Array.isArray(html) ? html.join('') : html;
+  if (!data || !data[WIDGET_MIME] || typeof text !== 'string' || !/class=['"]ddp-status\b/.test(text)) {
+    return null;
+  }
+  const { [WIDGET_MIME]: _widget, ...rest } = data;
+  return { ...output, data: rest };
+}

@@ -17,7 +17,7 @@ import { NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
 import { IDisposable } from '@lumino/disposable';
 import { Signal } from '@lumino/signaling';
 
-import { applyOutput, IOutputSink, IOutputState, nextMessages, outputState } from './cell_outputs';
+import { applyOutput, IOutputSink, IOutputState, nextMessages, outputState, savedView } from './cell_outputs';
 import type { ICellBrief, ICellOutputMsg } from './model';
 import { PoolConnection } from './connection';
 
@@ -35,6 +35,10 @@ export class CellRebinder implements IDisposable {
     conn.changed.connect(this._check, this);
     conn.cellOutput.connect(this._onOutput, this);
     NotebookActions.executionScheduled.connect(this._onScheduled, this);
+    panel.context.ready.then(
+      () => this._openSaved(),
+      () => undefined
+    );
   }
 
   /** The msg_ids of the cells this page follows now (what a test reads). */
@@ -54,6 +58,24 @@ export class CellRebinder implements IDisposable {
     this._bound.clear();
     NotebookActions.executionScheduled.disconnect(this._onScheduled, this);
     Signal.clearData(this);
+  }
+
+  /** The notebook as it opens: a status view saved while its cell ran shows its HTML form (cell_outputs.ts savedView). */
+  private _openSaved(): void {
+    const model = this._panel.content.model;
+    for (let i = 0; model && i < model.cells.length; i++) {
+      const cell = model.cells.get(i);
+      if (cell.type !== 'code') {
+        continue;
+      }
+      const outputs = (cell as ICodeCellModel).outputs;
+      for (let j = 0; j < outputs.length; j++) {
+        const settled = savedView(outputs.get(j).toJSON() as Record<string, any>);
+        if (settled) {
+          outputs.set(j, settled as any);
+        }
+      }
+    }
   }
 
   private _check(): void {

@@ -7,16 +7,20 @@ its lines back (the ones printed while the page was away, from the kernel's copy
 getting new ones; the panel (and the status bar in JupyterLab) names the job by the cell's prompt with a step the
 cell has printed; at the end the cell holds every line exactly once, its status view settled (each rank ``done``)
 and the job's chart (``steps 0-79``), the panel and status bar say ``ready``. No console error. The round runs twice.
+Shots of the bg cell after the reload (live) and settled go to ``$DDP_MAGIC_UI_OUT/bg-reloaded-*.png`` and, with
+``DDP_MAGIC_UPDATE_DOCS_IMG=1``, to docs/img/ui/.
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from ui_pages import front_page, prompt_number, run_cell, wait_prompt, wait_ready
+from ui_pages import front_page, prompt_number, run_cell, shrink, wait_prompt, wait_ready
 from ui_probes import SAMPLE_JS
-from ui_server import Server
+from ui_server import OUT, ROOT, Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 pytest.importorskip("playwright.sync_api", reason="Python Playwright is in requirements-dev.txt")
@@ -48,7 +52,17 @@ def steps_shown(text: str, rank: int) -> List[int]:
     return [int(s) for s in re.findall(rf"\br{rank} step (\d+)\b", text)]
 
 
-def one_round(page: Any, kind: str) -> Dict[str, Any]:
+def shot(page: Any, kind: str, what: str) -> None:
+    os.makedirs(OUT, exist_ok=True)
+    path = os.path.join(OUT, f"bg-reloaded-{what}-{kind}.png")
+    page.locator(".jp-Notebook .jp-CodeCell").nth(1).screenshot(path=path)
+    if os.environ.get("DDP_MAGIC_UPDATE_DOCS_IMG") == "1":
+        kept = os.path.join(ROOT, "docs", "img", "ui", os.path.basename(path))
+        shutil.copyfile(path, kept)
+        shrink(kept)
+
+
+def one_round(page: Any, kind: str, first: bool) -> Dict[str, Any]:
     rec: Dict[str, Any] = {}
     run_cell(page, 1)
     rec["number"] = prompt_number(wait_prompt(page, 1))
@@ -64,12 +78,16 @@ def one_round(page: Any, kind: str) -> Dict[str, Any]:
         page.wait_for_timeout(2000)
         reads.append({"cell": page.evaluate(CELL_JS, 1), "sample": page.evaluate(SAMPLE_JS, 1)})
     rec["reads"] = reads
+    if first:
+        shot(page, kind, "live")
     page.wait_for_function("(i) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelector('.jp-OutputArea-output > .ddp-metrics')",
                            arg=1, timeout=120_000)
     page.wait_for_timeout(2500)  # the last lines, the settled view, the snapshot after the job
     rec["end"] = page.evaluate(CELL_JS, 1)
     rec["end_sample"] = page.evaluate(SAMPLE_JS, 1)
     rec["prompt_end"] = prompt_number(wait_prompt(page, 1))
+    if first:
+        shot(page, kind, "settled")
     return rec
 
 
@@ -82,7 +100,7 @@ def story(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, Any]
     with front_page(server, browser, f"reload_{kind}.ipynb", cells, 900, panel=True, kind=kind, width=1300) as page:
         run_cell(page, 0)
         wait_prompt(page, 0)
-        rounds = [one_round(page, kind) for _ in range(ROUNDS)]
+        rounds = [one_round(page, kind, n == 0) for n in range(ROUNDS)]
         yield {"kind": kind, "rounds": rounds, "errors": page.ddp_watch.errors(), "orphans": page.ddp_watch.collect(),
                "stacks": page.ddp_watch.stacks}
 

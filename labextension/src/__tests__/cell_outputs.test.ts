@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { applyOutput, type IOutputSink, nextMessages, outputState } from '../cell_outputs';
+import { applyOutput, type IOutputSink, nextMessages, outputState, savedView, WIDGET_MIME } from '../cell_outputs';
 
 /** An output area's model as JupyterLab's behaves for what applyOutput uses: consecutive streams of one name join. */
 class Sink implements IOutputSink {
@@ -63,5 +63,14 @@ describe('a background cell given back after a reload (cell_outputs.ts)', () => 
     assert.deepEqual(nextMessages(4, [m(6), m(3), m(5), m(4)]), { apply: [m(5), m(6)], gap: false });
     assert.deepEqual(nextMessages(4, [m(5), m(7)]), { apply: [m(5)], gap: true });
     assert.deepEqual(nextMessages(4, []), { apply: [], gap: false });
+  });
+
+  it('opens a status view saved while its cell ran as its HTML form, and leaves every other output as it is', () => {
+    const html = "<div class='ddp-status'>cell [3] running</div>";
+    const saved = { output_type: 'display_data', metadata: {}, data: { [WIDGET_MIME]: { model_id: 'abc' }, 'text/html': html } };
+    assert.deepEqual(savedView(saved), { output_type: 'display_data', metadata: {}, data: { 'text/html': html } });
+    assert.equal(savedView({ output_type: 'display_data', data: { [WIDGET_MIME]: { model_id: 'x' }, 'text/html': '<b>a user widget</b>' } }), null);
+    assert.equal(savedView({ output_type: 'display_data', data: { 'text/html': html } }), null);
+    assert.equal(savedView({ output_type: 'stream', name: 'stdout', text: 'x' }), null);
   });
 });
