@@ -11,7 +11,8 @@ sanitized). What stays in the notebook must survive JupyterLab's sanitizer, beca
 shipped or reopened notebook is untrusted and there text/html is still the output shown
 (it is a "safe" renderer: it sanitizes), and the sanitizer drops every <svg> element and
 every ``var()`` style. So the saved chart draws each metric as an <img> of a self-contained
-SVG (a data: URL, which the sanitizer keeps on <img>) on its own light card, and writes the
+SVG (a data: URL, which the sanitizer keeps on <img>) on its own light card (the JupyterLab extension's
+stylesheet darkens the picture in a dark theme: labextension/style/cell.css), and writes the
 legend and table in plain HTML whose colours come as a hex value first. The text/plain form
 is the headline and the same table as text (what a terminal or a plain IPython shows).
 
