@@ -181,6 +181,19 @@ class CellError(DDPError):
         return colour_traceback("\n".join([f"CellError: {text[0]}"] + text[1:])).splitlines()
 
 
+class JobCancelled(CellError):
+    """A background job's cell ended by ``job.cancel()``: the ranks were interrupted because the notebook asked, so
+    the error says that (``cancelled by job.cancel(): ranks 0-1 stopped at step 187; state kept``), not a rank's
+    interrupt nor a Ctrl-C; ``failures`` still lists each interrupted rank."""
+
+    def __init__(self, text: str, failures: Sequence[RankFailure], notes: Sequence[str] = (), partial: object = None) -> None:
+        self.text = text
+        super().__init__(failures, notes, partial)
+
+    def render(self) -> str:
+        return "\n".join([self.text] + ([""] + self.notes if self.notes else []))
+
+
 _COLOURED = (
     (re.compile(r"^(\s*)Cell In\[(\d+)\], line (\d+)", re.M), "\\1\x1b[96mCell\x1b[39m \x1b[32mIn[\\2], line \\3\x1b[39m"),
     (re.compile(r'^(\s*)File "([^"]+)", line (\d+)', re.M), '\\1\x1b[96mFile\x1b[39m \x1b[32m"\\2", line \\3\x1b[39m'),

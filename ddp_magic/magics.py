@@ -21,7 +21,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_argstring
 
 from . import logs
-from .errors import CellError, UsageError
+from .errors import CellError, JobCancelled, UsageError
 from .kernel.peek import PEEK_TIMEOUT_S
 from .kernel.pool import Pool
 from .kernel.turns import Ticket
@@ -258,6 +258,8 @@ class DDPMagics(Magics):
             if args.pdb or getattr(shell, "call_pdb", False):  # --pdb, or IPython's %pdb on
                 debugging.once_instead_of_ipython(self.shell)
                 self._post_mortem("", quiet=True)
+            if outcome.cancel_text:
+                raise JobCancelled(outcome.cancel_text, outcome.failures, notes, partial=results)
             raise CellError(outcome.failures, notes, partial=results)
         for note in notes:
             listener.on_notice(note)

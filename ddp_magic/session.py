@@ -26,8 +26,8 @@ from .kernel import peek as peeks, templates
 from .kernel.launchers.slurm import preview as slurm_preview
 from .kernel.pool import Pool
 from .kernel.profile_merge import ProfileReport, ProfileRun
-from .kernel.texts import NAMES_GONE
-from .kernel.turns import Ticket, Turns
+from .kernel.texts import NAMES_GONE, cancelled_text
+from .kernel.turns import Ticket, TicketClock, Turns
 from .kernel.pool_status import NO_POOL, PoolStatus, RankRow  # noqa: F401  (NO_POOL: the front ends read it here)
 from .logs import log
 from .plan import Check
@@ -306,9 +306,12 @@ class Session:
         self.last = None  # this cell is the news now
         kept = self.outputs.tap(listener, label if options.number is None else str(options.number))  # %ddp output --rank N
         outcome = pool.run(
-            editor_lines(source, options.first_line), blobs, listener=metrics.tee(self.history.tap(kept), listener), timeout=options.timeout,
-            gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin, cancel=options.cancel,
+            editor_lines(source, options.first_line), blobs, listener=TicketClock(ticket, metrics.tee(self.history.tap(kept), listener)),
+            timeout=options.timeout, gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin,
+            cancel=options.cancel,
         )
+        ticket.ran_for = outcome.elapsed  # the job's run time is the cell's: seconds on the ranks
+        outcome.cancel_text = cancelled_text(outcome, metrics.last_step())  # job.cancel()'s words ("" for any other end)
         self.last = LastCell.of(outcome, options.number, label, pool.generation)
         if pool.generation != generation:  # the pool (re)started for this cell: earlier names are gone
             self.owned.clear()

@@ -91,6 +91,7 @@ class CellRun:
                  cancel: Optional[threading.Event] = None) -> None:
         self.ops = ops
         self.cancel = cancel  # a background job's cancel(): a Ctrl-C for a cell that runs off the main thread
+        self.job_cancelled = False  # that cancel() came: the outcome says "cancelled by job.cancel()", not Ctrl-C
         self.stdin = stdin  # answers the ranks' input() and pdb (kernel/stdin.py)
         self._held_since: Optional[float] = None  # a rank debugs: the policy's clocks stand still
         self.policy = policy
@@ -130,7 +131,7 @@ class CellRun:
                 return
             except KeyboardInterrupt:
                 self._decided = None
-                pending = self.policy.user_interrupt(self.clock(), running(self._states()))
+                pending = self.policy.user_interrupt(self.clock(), running(self._states()), job=self.job_cancelled)
 
     def _due(self) -> Optional[float]:
         """The policy's next step; none while a rank debugs (its clocks stand still, ``_tick``)."""
@@ -162,6 +163,7 @@ class CellRun:
     def _tick(self) -> None:
         if self.cancel is not None and self.cancel.is_set():  # drive() takes it as the Ctrl-C it stands for
             self.cancel.clear()
+            self.job_cancelled = True
             raise KeyboardInterrupt
         self.ops.answer_input(self.stdin, self.policy.cancelled)
         now = self.clock()

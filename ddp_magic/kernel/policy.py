@@ -299,14 +299,16 @@ class FailurePolicy:
         )
         return [GiveUp(tuple(dead), f"{who} did not respond to the interrupt and {verb} stopped")]
 
-    def user_interrupt(self, now: float, ranks: Sequence[int]) -> List[Action]:
-        """Ctrl-C in the kernel, ``ranks`` being those still running. The first interrupts them
-        (stragglers are stopped after the grace); each further one skips a step of the escalation."""
+    def user_interrupt(self, now: float, ranks: Sequence[int], job: bool = False) -> List[Action]:
+        """Ctrl-C in the kernel (``job``: a background job's cancel(), whose headline says so), ``ranks`` being those
+        still running. The first interrupts them (stragglers are stopped after the grace); each further one skips a
+        step of the escalation."""
         self._ctrl_c += 1
         if self._ctrl_c == 1:
             self.user_interrupted = self.cancelled = True
             self._awaiting = None  # a stack capture the Ctrl-C cut short
-            self.notes.append("interrupted by the user (Ctrl-C / kernel interrupt)")
+            if not job:
+                self.notes.append("interrupted by the user (Ctrl-C / kernel interrupt)")
             return self._ask_stacks(ranks, USER) if ranks else []
         self._awaiting = None
         if self._stopping is None:

@@ -77,6 +77,7 @@ class Pool:
         self.generation = 0
         self.template_info = ""
         self.start_seconds: Optional[float] = None
+        self.start_began: Optional[float] = None  # while it starts: when (monotonic); the one start clock of every view
         self.rejected_peers = 0
         self.control_port: Optional[int] = None  # open only until every rank has joined
         self.listen_addr = spec.control_addr  # where it listens: an address the ranks reach (kernel/placement.py)
@@ -113,7 +114,7 @@ class Pool:
         listener = listener or Listener()
         if self.started:
             return
-        t0 = time.monotonic()
+        self.start_began = t0 = time.monotonic()  # the template's warm-up and a Slurm job's queue wait count too
         shm.remove_orphans()  # files of this host's dead kernels that had no template to remove them
         self._warm_up()
         raise_fd_limit(3 * self.nproc + 64)  # three sockets per rank: control, stdout, stderr
@@ -215,6 +216,7 @@ class Pool:
     def _teardown(self, close_launcher: bool) -> None:
         """SHUTDOWN to every rank, SIGKILL to our own that stay, close every socket."""
         launcher = self.launcher
+        self.start_began = None  # a start that failed is no longer under way
         self.hub.shutdown_all()
         self._wait_for_exits(SHUTDOWN_WAIT_S)
         if launcher.remote_ranks:  # remote ranks exit on SHUTDOWN; wait until their connections close
@@ -324,7 +326,8 @@ class Pool:
         if self.broken and not cell.state_lost:
             notes.append(texts.restarts_next_note(self.broken))
         recovered = bool(failures) and self.recovery.ready_again(self)  # whole again: every rank READY
-        return CellOutcome(values, failures, notes, time.monotonic() - t0, stacks=cell.stacks, state_lost=lost, recovered=recovered)
+        return CellOutcome(values, failures, notes, time.monotonic() - t0, stacks=cell.stacks, state_lost=lost, recovered=recovered,
+                           cancelled=cell.job_cancelled)
 
     def ask(self, op: str, timeout: float = 5.0, listener: Optional[Listener] = None, ranks: Optional[Sequence[int]] = None) -> Dict[int, dict]:
         """Ask every live rank (or these of them) for its STACK or ENV; returns the replies that came in time."""

@@ -68,6 +68,8 @@ class CellOutcome:
     stacks: Dict[int, str] = field(default_factory=dict)
     state_lost: bool = False
     recovered: bool = False  # it failed, and the pool is whole again: every rank READY, the workers' variables kept
+    cancelled: bool = False  # a background job's cancel() interrupted it (kernel/cell.py), not a Ctrl-C nor a failure
+    cancel_text: str = ""  # then what every view says of it (texts.cancelled_text; the session knows the step)
     combined: Any = field(init=False, default=None)  # one value for all ranks when they returned pieces of the same DTensors
 
     def __post_init__(self) -> None:
@@ -93,6 +95,7 @@ class LastCell:
     recovered: bool = False  # it failed and the pool is whole again: every rank ready, the workers' variables kept
     causes: Mapping[int, Tuple[str, str]] = field(default_factory=dict)  # rank -> (kind, root | stopped): kernel.blame.causes
     generation: int = 0  # the start of the pool it ran on: a restart leaves it behind
+    cancelled: bool = False  # job.cancel() ended it: the headline says so, and whether the state was kept
 
     @property
     def name(self) -> str:
@@ -108,7 +111,7 @@ class LastCell:
         """"last cell In[4]: rank 1 raised ValueError: bad shard; recovered: every rank is ready, variables intact"."""
         if self.ok:
             return f"last cell {self.name}: ok"
-        after = "; recovered: every rank is ready, the workers' variables intact" if self.recovered else ""
+        after = "; recovered: every rank is ready, the workers' variables intact" if self.recovered and not self.cancelled else ""
         return f"last cell {self.name}: {self.headline}{after}"
 
     @classmethod
@@ -119,12 +122,14 @@ class LastCell:
         if found and all(cause == "stopped" for _, cause in found.values()):  # nobody to blame: Ctrl-C
             who = sorted(found)
             headline = f"{ranks_phrase(who)} {'was' if len(who) == 1 else 'were'} interrupted"
-        return cls(number, label, outcome.ok, headline, outcome.recovered, found, generation)
+        headline = outcome.cancel_text or headline  # job.cancel(): nobody failed, and no Ctrl-C either
+        return cls(number, label, outcome.ok, headline, outcome.recovered, found, generation, bool(outcome.cancel_text))
 
     def to_dict(self) -> Dict[str, Any]:
         """What the JupyterLab panel is told (ui/labsnap.py)."""
         return {
             "number": self.number, "ok": self.ok, "headline": self.headline, "recovered": self.recovered, "root": self.root, "text": self.text(),
+            "cancelled": self.cancelled,
             "causes": {str(r): {"kind": kind, "cause": cause} for r, (kind, cause) in sorted(self.causes.items())},
         }
 

@@ -60,7 +60,7 @@ def adopt(new: "Pool", launcher: Launcher) -> bool:
     return True
 
 
-_REPLACED: "weakref.WeakKeyDictionary[Pool, Tuple[List[str], bool, float]]" = weakref.WeakKeyDictionary()  # new pool -> (changes, kept, since)
+_REPLACED: "weakref.WeakKeyDictionary[Pool, Tuple[List[str], bool, float]]" = weakref.WeakKeyDictionary()  # new pool -> (changes, kept, stopped in)
 
 
 def hand_over(old: "Pool", new: "Pool", changes: List[str]) -> bool:
@@ -76,23 +76,23 @@ def hand_over(old: "Pool", new: "Pool", changes: List[str]) -> bool:
         old.hub.launcher = spare  # the old pool's finalizer closes a launcher that never started, not the template
     else:
         old.stop()
-    _REPLACED[new] = (changes, kept, since)
+    _REPLACED[new] = (changes, kept, time.monotonic() - since)
     return kept
 
 
 def start_replaced(pool: "Pool", listener: "Listener") -> bool:
-    """Start a pool that replaced another (hand_over) now, and tell the listener how long its ranks took (the old ones'
-    stop included) and what was kept.
+    """Start a pool that replaced another (hand_over) now, and tell the listener how long the old ranks took to stop and
+    the new pool to start (``Pool.start_seconds``: the "pool started in" of the cell's view, the same figure) and what was kept.
 
     Returns whether it did; a pool that replaced none is left as it is."""
     replaced = _REPLACED.pop(pool, None)
     if replaced is None or pool.started:
         return False
-    changes, kept, since = replaced
+    changes, kept, stopped = replaced
     before = _template_pid(pool)
     pool.start(listener)
     kept = kept and _template_pid(pool) == before  # the launcher may have replaced a stale template
-    listener.on_notice(restart_notice(changes, time.monotonic() - since, kept, pool.template_info))
+    listener.on_notice(restart_notice(changes, stopped, pool.start_seconds or 0.0, kept, pool.template_info))
     return True
 
 
@@ -101,14 +101,16 @@ def _template_pid(pool: "Pool") -> Optional[int]:
     return proc.pid if proc is not None else None
 
 
-def restart_notice(changes: List[str], seconds: float, kept: bool, info: str = "") -> str:
-    """What the user reads once the new pool's ranks are up: what changed, how long it took, what was kept."""
+def restart_notice(changes: List[str], stopped: float, started: float, kept: bool, info: str = "") -> str:
+    """What the user reads once the new pool's ranks are up: what changed, how long the old ranks took to stop and the
+    new pool to start (one clock: the view's "pool started in" says the same), what was kept."""
     why = info[info.find("(new template: ") + len("(new template: ") : -1] if info.endswith(")") and "(new template: " in info else ""
     if kept and info.startswith("slurm"):
         how = "in the same Slurm allocation: no new queue wait"
     else:
         how = "from the same template: torch stayed imported" if kept else "with a new template" + (f" ({why})" if why else "")
-    return f"restarting the pool ({', '.join(changes)}): ranks restarted in {fmt_seconds(seconds)}, {how}; {NAMES_GONE}"
+    took = f"old ranks stopped in {fmt_seconds(stopped)}, pool started in {fmt_seconds(started)}"
+    return f"restarting the pool ({', '.join(changes)}): {took}, {how}; {NAMES_GONE}"
 
 
 class WarmTemplate:

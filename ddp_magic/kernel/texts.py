@@ -9,8 +9,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import RankFailure
 from ..words import plural, ranks_phrase
-from ..states import RankState
-from .ranks import RankInfo
+from ..states import FailureKind, RankState
+from .ranks import CellOutcome, RankInfo
 
 
 def node_instructions(nproc: int, nnodes: int, per_node: int, command: str, secret_file: Optional[str]) -> str:
@@ -89,3 +89,16 @@ def restarted_notice(why: Optional[str]) -> str:
 def restarts_next_note(why: str) -> str:
     """The note on a cell that broke the pool: the next cell restarts it."""
     return f"the pool restarts on the next cell ({why}); variables defined in earlier %%ddp cells will be lost"
+
+
+def cancelled_text(outcome: CellOutcome, step: Optional[int]) -> str:
+    """What every view says of a background job that ``job.cancel()`` ended: ``cancelled by job.cancel(): ranks 0-1
+    stopped at step 187; state kept`` (the cell, ``repr(job)``, ``%ddp status``, the panel). Not a rank's failure, not
+    a Ctrl-C: the ranks were interrupted because the notebook asked. "" for any other end (a rank that raised on its
+    own before the cancel is that rank's failure)."""
+    if not outcome.cancelled or not all(f.kind in (FailureKind.INTERRUPTED, FailureKind.KILLED) for f in outcome.failures):
+        return ""
+    ranks = sorted({f.rank for f in outcome.failures})
+    at = f" at step {step:,}" if step is not None else ""
+    state = "state kept" if not outcome.state_lost else "state lost: the pool restarts on the next cell"
+    return f"cancelled by job.cancel(): {ranks_phrase(ranks) if ranks else 'the ranks'} stopped{at}; {state}"

@@ -13,9 +13,11 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..errors import Dequeued, UsageError
+from ..states import RankState
+from .ranks import Listener, RankInfo
 
 ANSWERS = "%ddp_debug answers"  # how a background cell's question is answered (docs/background.md)
 WAIT_SLICE_S = 0.1  # a waiting cell looks at its cancel flag this often (a Ctrl-C lands at once anyway)
@@ -34,22 +36,60 @@ class Ticket:
     name: str  # what the user calls the cell: "cell [12]"
     background: bool = False
     since: Optional[float] = None  # when it got the turn (time.monotonic())
+    ran: Optional[float] = None  # when the cell reached the ranks (the cell view's run clock starts there: RankInfo.started)
+    ran_for: Optional[float] = None  # once it ended: its seconds on the ranks, the cell's own figure (CellOutcome.elapsed)
     progress: Callable[[], Optional[int]] = field(default=lambda: None)  # the last step its ranks logged (ddp_magic.log)
     waiting: Callable[[], Optional[str]] = field(default=lambda: None)  # what its ranks wait on the notebook for (kernel/stdin.Mailbox)
 
     def text(self, now: Optional[float] = None) -> str:
         """``background: cell [12] running 1:02:11, step 4,120`` (the step once one was logged), and what a rank waits
         for: ``…; rank 0 waits for input: 'lr? ' (%ddp_debug answers)``."""
-        now = time.monotonic() if now is None else now
         head = f"{'background: ' if self.background else ''}{self.name}"
         if self.since is None:
             return f"{head} queued"
-        return f"{head} running {clock_text(now - self.since)}{self.tail()}"
+        if self.ran is None:  # it holds the turn, the pool starts (or the notebook's names are shipped): no run time yet
+            return f"{head} starting{self.tail()}"
+        return f"{head} running {clock_text(self.on_ranks(now))}{self.tail()}"
+
+    @property
+    def phase(self) -> str:
+        """``queued`` (waits for the turn), ``starting`` (holds it, the cell has not reached the ranks), ``running``."""
+        return "queued" if self.since is None else "starting" if self.ran is None else "running"
+
+    def on_ranks(self, now: Optional[float] = None) -> float:
+        """Seconds the cell has run on the ranks (0 before it reached them), up to its end: the one run time of a job,
+        the same as its cell's view counts (a pool's start is the start clock's, not the run's: docs/background.md)."""
+        if self.ran_for is not None:
+            return self.ran_for
+        if self.ran is None:
+            return 0.0
+        return max(0.0, (time.monotonic() if now is None else now) - self.ran)
 
     def tail(self) -> str:
         """``, step 4,120`` and ``; rank 0 waits for input: 'lr? ' (%ddp_debug answers)``, each when it holds."""
         step, waiting = self.progress(), self.waiting()
         return (f", step {step:,}" if step is not None else "") + (f"; {waiting} ({ANSWERS})" if waiting else "")
+
+
+class TicketClock(Listener):
+    """Passes a cell's events on to ``inner``, and starts its ticket's run clock when the cell reaches the ranks."""
+
+    def __init__(self, ticket: Ticket, inner: Listener) -> None:
+        self.ticket, self.inner = ticket, inner
+
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        self.inner.on_output(rank, stream, text)
+
+    def on_state(self, info: RankInfo) -> None:
+        if info.state == RankState.RUNNING and self.ticket.ran is None:
+            self.ticket.ran = info.started  # the pool's t0 of the cell (Pool._send_cell), the cell view's too
+        self.inner.on_state(info)
+
+    def on_notice(self, text: str) -> None:
+        self.inner.on_notice(text)
+
+    def on_metrics(self, rank: int, rows: List[Tuple[int, float, Dict[str, float]]]) -> None:
+        self.inner.on_metrics(rank, rows)
 
 
 def busy_text(holder: Ticket, what: str) -> str:

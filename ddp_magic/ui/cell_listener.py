@@ -29,8 +29,12 @@ class MagicListener(CellListener):
         self.view: Optional[Any] = None  # the status view (ui/status.StatusView), once shown
         self.metrics = MetricsView(cell=cell)  # ddp_magic.log's live chart (labelled with the cell's In [n]), its static picture at the end
         self.slurm = False  # a Slurm pool: prefixes name each rank's node
+        self.queued_notice = ""  # "queued behind cell [16], …" while this cell waits its turn; withdrawn when it comes
 
     def on_pool(self, pool: Pool) -> None:
+        if self.queued_notice:  # the turn came: the panel's "queued behind …" is no longer true (the cell's own line stays)
+            labcomm.notice(self.queued_notice, withdraw=True)
+            self.queued_notice = ""
         if self.ranks:
             try:
                 parse_ranks(self.ranks, pool.nproc)  # the magic checked the form; this checks them against the pool
@@ -74,9 +78,13 @@ class MagicListener(CellListener):
         labcomm.changed()  # the panel's "step 4,120" of a background cell, throttled; a no-op without it
 
     def finish(self, outcome: Any = None, error: Optional[BaseException] = None, metrics: Any = None) -> None:
+        if self.queued_notice:  # taken out of the queue before its turn: it waits no more
+            labcomm.notice(self.queued_notice, withdraw=True)
+            self.queued_notice = ""
         if self.view is not None:
             self.view.finish(outcome, error)
         self.metrics.finish(metrics)  # the session's copy: complete, and labelled with the cell
 
     def on_queued(self, holder: Ticket) -> None:
-        self.on_notice(f"queued behind {holder.name}, which runs on the pool now; this cell starts when it ends (Ctrl-C takes it out of the queue)")
+        self.queued_notice = f"queued behind {holder.name}, which runs on the pool now; this cell starts when it ends (Ctrl-C takes it out of the queue)"
+        self.on_notice(self.queued_notice)

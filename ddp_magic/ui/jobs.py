@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
-from ..errors import CellError, Dequeued, UsageError
+from ..errors import CellError, Dequeued, JobCancelled, UsageError
 from ..kernel.metrics import CellMetrics
 from ..kernel.peek import PeekOutcome
 from ..kernel.stdin import Mailbox
@@ -48,7 +48,6 @@ class Job:
         self._state: Optional[JobState] = None  # set once it ended
         self._value: Any = None
         self._error: Optional[BaseException] = None
-        self._ended: Optional[float] = None
         self._cancelled = False
         self.final_metrics: Optional[Dict[str, List[Any]]] = None
         self.thread: Optional[threading.Thread] = None
@@ -71,7 +70,8 @@ class Job:
             show_error(e)
         finally:
             self.mailbox.close()
-            self._ended = time.monotonic()
+            if self.ticket.ran_for is None:  # it ended before its cell's outcome gave the figure (a start that failed)
+                self.ticket.ran_for = self.ticket.on_ranks()
             self._done.set()
 
     # ------------------------------------------------------------ asking
@@ -87,10 +87,9 @@ class Job:
 
     @property
     def elapsed(self) -> float:
-        """Seconds it has run on the ranks (0 while queued), up to its end."""
-        if self.ticket.since is None:
-            return 0.0
-        return (self._ended if self._ended is not None else time.monotonic()) - self.ticket.since
+        """Seconds it has run on the ranks (0 while queued or while the pool starts), up to its end: its cell's own
+        run time (the status view's clock, its final ``✓ 28.12 s``), the one every view of the job counts."""
+        return self.ticket.on_ranks()
 
     @property
     def metrics(self) -> Dict[str, List[Any]]:
@@ -169,7 +168,10 @@ class Job:
         if state == JobState.QUEUED:
             return f"<Job {self.ticket.name}: queued>"
         if state == JobState.RUNNING:
-            return f"<Job {self.ticket.name}: running {clock_text(self.elapsed)}{self.ticket.tail()}>"
+            what = "starting" if self.ticket.ran is None else f"running {clock_text(self.elapsed)}"  # Ticket.text's words
+            return f"<Job {self.ticket.name}: {what}{self.ticket.tail()}>"
+        if isinstance(self._error, JobCancelled):  # its own words, the cell's and the panel's
+            return f"<Job {self.ticket.name}: {self._error.text} ({clock_text(self.elapsed)} on the ranks)>"
         step = self.ticket.progress()
         tail = f", step {step:,}" if step is not None else ""
         why = f": {str(self._error).splitlines()[0]}" if self._error is not None and str(self._error) else ""

@@ -64,13 +64,15 @@ def changed() -> None:
         bridge.publish()
 
 
-def notice(text: str) -> None:
-    """A notice for the user (the magics print it too); the panel shows the last few."""
+def notice(text: str, withdraw: bool = False) -> None:
+    """A notice for the user (the magics print it too); the panel shows the last few. ``withdraw``: it is no longer
+    true (a queued cell got its turn), the panel stops showing it."""
     bridge = _bridge
-    if bridge is not None:
-        bridge.notices.append(text)
-        if bridge.comms:
-            bridge.publish()
+    if bridge is None or (withdraw and text not in bridge.notices):
+        return
+    bridge.notices.remove(text) if withdraw else bridge.notices.append(text)
+    if bridge.comms:
+        bridge.publish()
 
 
 def metrics(payload: Dict[str, Any], final: bool = False) -> None:
@@ -277,7 +279,7 @@ class LabBridge:
         except (Exception, KeyboardInterrupt) as e:  # a kernel interrupt while a request runs ends the request, not the kernel's loop
             log.debug("labcomm: request %s failed", op, exc_info=True)
             why = str(e) if isinstance(e, UsageError) else f"{type(e).__name__}: {e}"
-            return {"ok": False, "message": "", "error": why.strip(), "output": "\n".join(heard.lines)}
+            return {"ok": False, "refused": isinstance(e, UsageError), "message": "", "error": why.strip(), "output": "\n".join(heard.lines)}
 
     # ------------------------------------------------------------ snapshots
     def publish(self, final: bool = False) -> None:

@@ -35,6 +35,7 @@ from ..states import RankState
 
 LAUNCHER_NAMES = {"forkserver": "fork"}  # a launcher's name -> the start method a user names (--start-method)
 BAD_STATES = (RankState.FAILED, RankState.DEAD, RankState.INTERRUPTED)
+STARTING_STATES = (RankState.QUEUED, RankState.STARTING, RankState.CONNECTING)
 
 
 def jsonable(value: Any) -> Any:
@@ -48,8 +49,10 @@ def job_dict(ticket: Optional[Ticket]) -> Optional[Dict[str, Any]]:
     if ticket is None:
         return None
     now = time.monotonic()
-    elapsed = None if ticket.since is None else now - ticket.since
-    return {"name": ticket.name, "background": ticket.background, "elapsed": elapsed, "step": ticket.progress(), "text": ticket.text(now)}
+    phase = ticket.phase  # queued, starting (the pool starts for it), running
+    elapsed = ticket.on_ranks(now) if phase == "running" else None  # seconds on the ranks: the cell's run clock, job.elapsed
+    return {"name": ticket.name, "background": ticket.background, "phase": phase, "elapsed": elapsed, "step": ticket.progress(),
+            "text": ticket.text(now)}
 
 
 class PoolSnapshots:
@@ -57,7 +60,6 @@ class PoolSnapshots:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._start_seen: Optional[Tuple[int, float]] = None  # (id(pool), when) this unstarted pool was first seen
 
     def cell_started(self, raw_cell: str) -> None:
         """A cell starts (labcomm's pre_run_cell): nothing to do, the session knows which cell is the last."""
@@ -76,6 +78,9 @@ class PoolSnapshots:
         if clock is not None and not queued and not any(r["pid"] for r in ranks):  # the template warms up: every rank is on its way
             ranks = [dict(rank=r, state=str(RankState.STARTING), pid=None, device="", host="", exit_code=None, elapsed=clock,
                           memory=None, last_line="") for r in range(status.nproc)]
+        for r in ranks if clock is not None else ():  # one start clock: a rank on its way shows the pool's, as the cell does
+            if r["state"] in STARTING_STATES:
+                r["elapsed"] = clock
         last = status.last_cell
         for r in ranks:
             if last is not None and r["rank"] in last.causes and RankState(r["state"]) in BAD_STATES:
@@ -88,16 +93,16 @@ class PoolSnapshots:
         out.update(world_size=status.nproc, start_seconds=round(seconds, 3) if isinstance(seconds, (int, float)) else None)
         out.update(ranks=ranks, checks=checks, verdict=verdict, names=list(status.owned), last_cell=last.to_dict() if last is not None else None)
         out.update(job=job_dict(status.job), queued=list(status.queued))
+        out.update(planned=not status.started)  # no rank exists yet: MASTER and the env are the plan's, not facts (a queued Slurm job)
         return jsonable(out)
 
     def _start_clock(self, pool: Any, status: PoolStatus) -> Optional[float]:
-        """Seconds since this start was first seen, while the pool starts; None once it has started."""
+        """While the pool starts, the seconds since its start began (``Pool.start_began``, the clock the cell's view
+        shows: the template's warm-up and a Slurm queue included; 0 until it begins); None once it has started."""
         if status.started:
-            self._start_seen = None
             return None
-        if self._start_seen is None or self._start_seen[0] != id(pool):
-            self._start_seen = (id(pool), time.monotonic())
-        return round(time.monotonic() - self._start_seen[1], 3)
+        began = getattr(pool, "start_began", None)
+        return round(max(0.0, time.monotonic() - began), 3) if isinstance(began, (int, float)) else 0.0
 
     def _env_checks(self, status: PoolStatus) -> Tuple[List[dict], str]:
         """The checks of the pool's plan (plan_checks caches them: a snapshot may ask often)."""

@@ -75,7 +75,8 @@ class Snapshot:
     elapsed: float  # the run clock: since the cell was sent to the ranks (0 while the pool starts)
     backend: str = ""
     checks: Sequence[Check] = ()
-    envs: Sequence[Mapping[str, str]] = ()  # the DIST_VARS each rank received, by rank
+    envs: Sequence[Mapping[str, str]] = ()  # the DIST_VARS each rank received, by rank (planned: will receive)
+    planned: bool = False  # the pool has not started: no rank exists, the env is the plan's (a queued Slurm job's port is not chosen)
     notices: Sequence[str] = ()
     finished: bool = False
     ok: bool = False
@@ -347,7 +348,7 @@ def verdict(outcome: Any, error: Optional[BaseException]) -> Tuple[bool, str]:
     """Whether the cell succeeded, and why not in a few words (its first failure, or the error)."""
     if outcome is not None:
         failures = list(getattr(outcome, "failures", []) or [])
-        note = clean_line(failure_note(failures), 100) if failures else ""
+        note = clean_line(getattr(outcome, "cancel_text", "") or (failure_note(failures) if failures else ""), 100)
         return bool(getattr(outcome, "ok", False)), note
     if error is not None:
         first = (str(error).strip().splitlines() or [""])[0]

@@ -145,7 +145,7 @@ def env_html(s: Snapshot) -> str:
         return ""
     # The view hands the same envs list every time (status_facts.PlanFacts): found by identity, it costs nothing at
     # 1,024 ranks; another list (a test's, a new plan's) is rendered anew.
-    key = (tuple(s.checks), id(s.envs))
+    key = (tuple(s.checks), id(s.envs), s.planned)
     hit = _ENV_CACHE.get(key)
     if hit is not None and hit[0] is s.envs:
         return hit[1]
@@ -155,17 +155,22 @@ def env_html(s: Snapshot) -> str:
     return _ENV_CACHE[key][1]
 
 
+UNPLACED = ("MASTER_ADDR", "MASTER_PORT")  # chosen when the ranks start (Pool.start: the launcher's placed plan)
+ENV_WORDS = {False: "the env each rank received", True: "planned: the env each rank will receive; MASTER_ADDR/PORT are set when the ranks start"}
+
+
 def _env_html(s: Snapshot) -> str:
     bad = worth_saying(s.checks)
-    common = common_env(s.envs, list(DIST_VARS))
+    shown = [c for c in DIST_VARS if not (s.planned and c in UNPLACED)]  # no placeholder presented as a fact
+    common = common_env(s.envs, shown)
     shared = " ".join(f"{esc(k)}={esc(v)}" for k, v in common.items())
-    cols = [c for c in DIST_VARS if c not in common]
+    cols = [c for c in shown if c not in common]
     rows, left = env_rows(s.envs, cols)  # over 32 ranks: runs of ranks that follow one pattern (report.env_runs)
     table = (f"<div class='ddp-env-common' style='font-family:monospace'>every rank: {shared}</div>" if common else "") + (
         env_table_html(rows, cols) + esc(left) if s.envs else "")
     problems = checks_html(bad) if bad else ""
     return (
-        f"<div class='ddp-status-env' style='{SMALL}'>{esc(checks_line(s.checks))} (the env each rank received){problems}"
+        f"<div class='ddp-status-env' style='{SMALL}'>{esc(checks_line(s.checks))} ({ENV_WORDS[s.planned]}){problems}"
         f"<details><summary style='cursor:pointer'>all checks and variables</summary>{checks_html(s.checks)}{table}</details></div>"
     )
 

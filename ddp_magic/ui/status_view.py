@@ -161,9 +161,7 @@ class StatusView(PlanFacts, Listener):
 
     def start_seconds(self) -> Optional[float]:
         """How long the pool took to start in this cell (the pool's own measure when it has one)."""
-        if self.started_in is None:
-            return None
-        measured = getattr(self._pool, "start_seconds", None)
+        measured = getattr(self._pool, "start_seconds", None) if self.started_in is not None else None
         return measured if isinstance(measured, (int, float)) else self.started_in
 
     def elapsed(self) -> float:
@@ -173,12 +171,14 @@ class StatusView(PlanFacts, Listener):
         return self.clock() - self._run_t0 if self._run_t0 is not None else 0.0
 
     def starting_for(self) -> Optional[float]:
-        """The start clock, while the pool starts for this cell (None once the cell runs, or with a pool already up)."""
+        """The start clock while the pool starts for this cell (None once the cell runs, or with a pool up): the pool's
+        own (``Pool.start_began``; the status bar's and the panel's too, ui/labsnap.py), 0 until the start begins."""
         if self._run_t0 is not None or self.finished:
             return None
-        if any(self.label(r) in (RankState.QUEUED, RankState.STARTING, RankState.CONNECTING) for r in R.all_ranks(self.nproc, self.infos)):
-            return self.clock() - self.started_at
-        return None
+        if not any(self.label(r) in (RankState.QUEUED, RankState.STARTING, RankState.CONNECTING) for r in R.all_ranks(self.nproc, self.infos)):
+            return None
+        began = getattr(self._pool, "start_began", None) if self._pool is not None else self.started_at  # no pool: a test's view
+        return max(0.0, self.clock() - began) if isinstance(began, (int, float)) else 0.0
 
     def snapshot(self) -> R.Snapshot:
         """What the view shows now, for the renderer."""
@@ -189,7 +189,7 @@ class StatusView(PlanFacts, Listener):
             elapsed=self.elapsed(),
             backend=self.backend,
             checks=self.checks,
-            envs=self._rank_envs(),
+            envs=self._rank_envs(), planned=self._pool is not None and not getattr(self._pool, "started", False),
             notices=list(self.notices),
             finished=self.finished,
             ok=bool(self.result_ok),

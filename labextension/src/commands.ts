@@ -91,6 +91,11 @@ export function commandPolicy(op: Op, state: IUIState): ICommandPolicy {
   if (op === 'env' && !pool) {
     return { mode: 'refused', reason: 'no pool is running: %ddp_env -n N in a cell shows a planned env' };
   }
+  const job = pool && pool.job && pool.job.background && pool.job.phase !== 'queued' ? pool.job : null;
+  if (job && op !== 'status') {
+    // the kernel would refuse it (kernel/turns.py check_idle): say so before asking anything, in a toast's 140 characters
+    return { mode: 'refused', reason: `${job.name} holds the pool (background job): job.cancel() or %ddp wait first` };
+  }
   if (state.pending.some(p => p.op === op)) {
     return { mode: 'refused', reason: `a ${op} request is already pending` };
   }
@@ -109,9 +114,27 @@ export function commandPolicy(op: Op, state: IUIState): ICommandPolicy {
 /** One line for a reply: what happened, or why it did not. */
 export function replyText(reply: IReplyMsg): string {
   if (!reply.ok) {
-    return `${reply.op} failed: ${reply.error || reply.message || 'unknown error'}`;
+    return `${reply.op} ${reply.refused ? 'refused' : 'failed'}: ${reply.error || reply.message || 'unknown error'}`;
   }
   return reply.message || `${reply.op}: done`;
+}
+
+/** JupyterLab cuts a toast's message at 140 characters. */
+export const TOAST_CHARS = 140;
+
+/**
+ * A reply as a toast: replyText whole when it fits, else its first clause and where the rest is (the panel's message
+ * line shows replyText whole), never a message cut off in the middle.
+ */
+export function toastText(reply: IReplyMsg): string {
+  const text = replyText(reply);
+  if (text.length <= TOAST_CHARS) {
+    return text;
+  }
+  const more = ' … (the DDP panel shows it whole)';
+  const room = TOAST_CHARS - more.length;
+  const cut = Math.max(text.lastIndexOf(';', room), text.lastIndexOf(':', room), text.lastIndexOf('(', room) - 1);
+  return `${text.slice(0, cut > 20 ? cut : room).trimEnd()}${more}`;
 }
 
 /** Columns of an env report's rank table: every key any rank has, DIST vars first in the kernel's order. */

@@ -51,6 +51,9 @@ function grouped(n: number): string {
  */
 export function jobText(job: IJobSnapshot, receivedAt: number, now: number): string {
   const head = `${job.background ? 'background: ' : ''}${job.name}`;
+  if (job.phase === 'starting') {
+    return `${head} starting${job.step === null || job.step === undefined ? '' : `, step ${grouped(job.step)}`}`;
+  }
   if (job.elapsed === null || job.elapsed === undefined) {
     return `${head} queued`;
   }

@@ -25,7 +25,7 @@ import { PoolConnection } from './connection';
 import { ddpMagicLine } from './highlight';
 import type { IEnvReport, IReplyMsg } from './model';
 import { plural } from './format';
-import { commandPolicy, type ICommandPolicy, OP_LABEL, replyText, reportColumns } from './commands';
+import { commandPolicy, type ICommandPolicy, OP_LABEL, reportColumns, toastText } from './commands';
 import { CommandIDs, PoolPanel } from './panel';
 import { PoolStatusItem } from './statusbar';
 import { ConnectionTracker } from './tracker';
@@ -139,7 +139,7 @@ async function runOp(tracker: ConnectionTracker, op: 'restart' | 'stop' | 'env')
   const progress = new Progress(policy.mode === 'waits' ? `${label}: waits for the running cell to end…` : `${label}…`);
   try {
     const reply = await conn.request(op);
-    progress.done(replyText(reply), reply.ok ? 'success' : 'error', reply.ok ? 4000 : 10000);
+    progress.done(toastText(reply), reply.ok ? 'success' : reply.refused ? 'warning' : 'error', reply.ok ? 4000 : 10000);
     if (op === 'env' && reply.ok && reply.report) {
       void showDialog({
         title: reply.report.title ?? '%ddp_env',
@@ -169,7 +169,7 @@ class Progress {
     }, PROGRESS_DELAY_MS);
   }
 
-  done(message: string, type: 'success' | 'error', autoClose: number): void {
+  done(message: string, type: 'success' | 'warning' | 'error', autoClose: number): void {
     window.clearTimeout(this._timer);
     if (this._id !== null) {
       Notification.dismiss(this._id);

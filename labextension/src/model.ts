@@ -84,13 +84,17 @@ export interface IPoolSnapshot {
   job?: IJobSnapshot | null;
   /** The cells waiting for their turn behind it, first first. */
   queued?: string[];
+  /** The pool has not started: no rank exists, MASTER and the env are the plan's (a queued Slurm job's port is not chosen). */
+  planned?: boolean;
 }
 
 /** A cell holding the pool's turn, as ddp_magic/kernel/turns.py Ticket says it. */
 export interface IJobSnapshot {
   name: string; // "cell [12]"
   background: boolean; // %%ddp --bg: it runs while the notebook runs other cells
-  elapsed: number | null; // seconds it had run when the snapshot was sent (null: still queued)
+  /** queued (waits for the turn), starting (holds it; the pool starts, the cell has not reached the ranks), running. */
+  phase?: 'queued' | 'starting' | 'running';
+  elapsed: number | null; // seconds on the ranks when the snapshot was sent (the cell's run clock, job.elapsed); null before
   step: number | null; // the last step its ranks logged with ddp_magic.log
   text: string; // the kernel's own words, at the time of the snapshot
 }
@@ -200,6 +204,8 @@ export interface IReplyMsg {
   id: string;
   op: Op;
   ok: boolean;
+  /** The kernel refused it (a UsageError: a background job holds the pool), rather than trying and failing. */
+  refused?: boolean;
   message: string;
   error?: string;
   report?: IEnvReport;

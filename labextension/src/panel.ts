@@ -119,9 +119,6 @@ export class PoolPanel extends Widget {
             ? 'ddp_magic is not loaded in this kernel. Run `%load_ext ddp_magic`, then a `%%ddp -n N` cell.'
             : 'No pool is running. A `%%ddp -n N` cell starts one.')
     );
-    if (text && pool && pool.queued && pool.queued.length) {
-      this._summary.appendChild(document.createTextNode(` · queued behind it: ${pool.queued.join(', ')}`));
-    }
     this._summary.dataset.phase = pool ? poolPhase(pool, state.receivedAt, now).phase : 'none';
     const last = pool && pool.last_cell && !pool.last_cell.ok ? pool.last_cell : null;
     this._lastCell.textContent = '';

@@ -53,7 +53,8 @@ export class PoolFacts {
     this.extra.textContent = '';
     if (pool) {
       const facts = [
-        `MASTER ${pool.master_addr}:${pool.master_port}`,
+        // before any rank exists the address and port are the plan's placeholder (a queued Slurm job's is not chosen)
+        pool.planned ? 'planned: MASTER address and port are set when the ranks start' : `MASTER ${pool.master_addr}:${pool.master_port}`,
         `start method ${pool.start_method}${pool.start_method_asked === 'auto' && pool.start_method !== 'auto' ? ' (auto)' : ''}`,
         pool.start_seconds !== null && pool.start_seconds !== undefined ? `pool started in ${fmtSeconds(pool.start_seconds)}` : '',
         pool.broken ? `needs restart: ${pool.broken}` : ''

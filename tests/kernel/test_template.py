@@ -49,7 +49,7 @@ def test_the_template_stays_across_size_changes(kernel: Kernel) -> None:
         ex = kernel.run(f"%%ddp -n {n}\n{PARENTS}", timeout=180).ok()
         assert kernel.value("list(_)") == [template] * n
         if n != 2 or "restarting" in ex.stdout:  # notices are on stdout
-            assert "ranks restarted in" in ex.stdout and "from the same template" in ex.stdout, ex.stdout
+            assert "pool started in" in ex.stdout and "from the same template" in ex.stdout, ex.stdout
             assert "variables defined in earlier %%ddp cells are gone" in ex.stdout
     ex = kernel.run("%ddp restart -n 2", timeout=180).ok()
     assert "from the same template" in ex.stdout and "pool of 2" in ex.stdout

@@ -39,8 +39,37 @@ def test_a_ticket_says_what_the_status_and_the_panel_show():
     assert t.text() == "background: cell [12] queued"
     t.since = 100.0
     t.progress = lambda: 4120
-    assert t.text(now=100.0 + 3731) == "background: cell [12] running 1:02:11, step 4,120"
-    assert Ticket("cell [3]", since=5.0).text(now=6.0) == "cell [3] running 0:00:01"
+    assert t.text(now=100.0 + 30) == "background: cell [12] starting, step 4,120" and t.phase == "starting"  # the pool starts
+    t.ran = 100.0 + 20  # the cell reached the ranks 20 s after it got the turn: its run time starts there
+    assert t.text(now=100.0 + 20 + 3731) == "background: cell [12] running 1:02:11, step 4,120" and t.phase == "running"
+    t.ran_for = 28.12  # it ended: the cell's own figure, whatever the clock says now
+    assert t.on_ranks(now=1e9) == 28.12
+    assert Ticket("cell [3]", since=5.0, ran=5.5).text(now=6.5) == "cell [3] running 0:00:01"
+
+
+def test_the_job_s_run_clock_starts_when_its_cell_reaches_the_ranks():
+    """TicketClock (Session._run) starts the ticket's clock at the ranks' RUNNING, the moment the cell view's run clock
+    starts (Pool._send_cell's t0): job.elapsed, the status bar and the cell count the same seconds."""
+    from ddp_magic.kernel.ranks import Listener
+    from ddp_magic.kernel.turns import TicketClock
+
+    heard: List[RankState] = []
+
+    class Inner(Listener):
+        def on_state(self, info: RankInfo) -> None:
+            heard.append(info.state)
+
+    ticket = Ticket("cell [3]", True, since=10.0)
+    clock = TicketClock(ticket, Inner())
+    clock.on_state(RankInfo(0, RankState.STARTING, started=11.0))
+    assert ticket.ran is None and ticket.on_ranks(now=30.0) == 0.0
+    clock.on_state(RankInfo(0, RankState.RUNNING, started=32.0))
+    clock.on_state(RankInfo(1, RankState.RUNNING, started=32.0))
+    assert ticket.ran == 32.0 and ticket.on_ranks(now=49.03) == pytest.approx(17.03) and heard == ["starting", "running", "running"]
+    job = Job(ticket, lambda j: None)
+    assert repr(job).startswith("<Job cell [3]: running ")
+    ticket.ran_for = 17.03  # the session gives the cell's own figure once it ended (CellOutcome.elapsed)
+    assert job.elapsed == 17.03 and repr(job) == "<Job cell [3]: running 0:00:17>"
 
 
 def test_cells_take_their_turn_first_come_first_served():
@@ -99,7 +128,8 @@ def test_a_cancel_or_a_ctrl_c_takes_a_waiting_cell_out_of_the_line():
 
 
 def test_the_status_shows_the_job_and_the_line():
-    status = PoolStatus(started=True, nproc=2, backend="gloo", master_port=1234, job=Ticket("cell [5]", True, since=time.monotonic()), queued=("cell [6]",))
+    now = time.monotonic()
+    status = PoolStatus(started=True, nproc=2, backend="gloo", master_port=1234, job=Ticket("cell [5]", True, since=now, ran=now), queued=("cell [6]",))
     lines = status.text().splitlines()
     assert lines[-2].startswith("background: cell [5] running 0:00:0") and lines[-1] == "queued: cell [6]"
 
@@ -112,7 +142,8 @@ def test_a_cancel_interrupts_the_cell_as_ctrl_c_does():
     run = CellRun(pool, FailurePolicy(None, pool.grace, 0.0), clock=lambda: pool.now, cancel=cancel)
     run.drive()
     assert pool.did("interrupt") == [("interrupt", (0, 1, 2), pytest.approx(0.71))]
-    assert run.notes == ["interrupted by the user (Ctrl-C / kernel interrupt)"] and run.user_interrupt and not run.state_lost
+    assert run.job_cancelled and run.user_interrupt and not run.state_lost
+    assert run.notes == []  # not "interrupted by the user (Ctrl-C …)": the cancel's own words come from the session
     assert not cancel.is_set()  # taken: a second cancel() is a second Ctrl-C
 
 
@@ -129,7 +160,7 @@ def test_a_second_cancel_stops_ranks_that_ignore_the_interrupt():
 # ------------------------------------------------------------------ the job handle
 def _job(work, live=lambda: None) -> Job:
     ticket = Ticket("cell [9]", background=True)
-    return Job(ticket, lambda job: (setattr(ticket, "since", time.monotonic()), work(job))[1], live=live)
+    return Job(ticket, lambda job: (setattr(ticket, "since", time.monotonic()), setattr(ticket, "ran", time.monotonic()), work(job))[2], live=live)
 
 
 def test_a_job_gives_its_value_once_it_ended():
@@ -382,7 +413,7 @@ def test_a_job_says_what_its_rank_waits_for_and_answer_refuses_a_rank_that_does_
     ticket = Ticket("cell [4]", background=True)
     gate = threading.Event()
     job = Job(ticket, lambda j: gate.wait(10)).start()
-    ticket.since = time.monotonic()
+    ticket.since = ticket.ran = time.monotonic()
     job.mailbox._post(Question(0, 9, "name? ", False, False))
     assert job.waiting == "rank 0 waits for input: 'name? '"
     assert repr(job).endswith("; rank 0 waits for input: 'name? ' (%ddp_debug answers)>")

@@ -42,7 +42,7 @@ def test_the_snapshot_says_ready_with_the_last_cell_failed_and_recovered():
     assert all("cause" not in r and "kind" not in r for r in pool["ranks"]), "a ready rank carries no failure"
     assert pool["last_cell"] == {
         "number": 4, "ok": False, "headline": "rank 1 raised ValueError: bad shard", "recovered": True, "root": [1], "text": last.text(),
-        "causes": {"0": {"kind": "interrupted", "cause": "stopped"}, "1": {"kind": "error", "cause": "root"}},
+        "causes": {"0": {"kind": "interrupted", "cause": "stopped"}, "1": {"kind": "error", "cause": "root"}}, "cancelled": False,
     }
 
 

@@ -11,7 +11,7 @@ import { type ICheck, type IJobSnapshot, type ILastCell, type IMetricsMsg, type 
 import { cellName, cleanLine, fmtSeconds, formatBytes, jobText, ranksPhrase } from '../format';
 import { poolPhase, queueLine, rankRows, rankStateLabel, statusText, statusTooltip } from '../ranks';
 import { applyMessage, disconnected, initialState, withKernelStatus, withRequest } from '../state';
-import { commandPolicy, envHeadline, envSummary, replyText, reportColumns } from '../commands';
+import { commandPolicy, envHeadline, envSummary, replyText, reportColumns, TOAST_CHARS, toastText } from '../commands';
 import { CHART, chartBounds, estimateWidth, fmtValue, metricChart, metricRows, metricsHeadline, parseMetrics, RANK_PALETTE, rankColour } from '../metrics';
 
 function rank(r: number, over: Partial<IRankSnapshot> = {}): IRankSnapshot {
@@ -102,14 +102,33 @@ describe('status bar text', () => {
     const job: IJobSnapshot = { name: 'cell [12]', background: true, elapsed: 3729.5, step: 4120, text: '' };
     const ranks = [rank(0, { state: 'running', elapsed: 3729.5 }), rank(1, { state: 'running', elapsed: 3729.5 })];
     const s = connected(pool(ranks, { job, queued: ['cell [13]'] }), 'idle', 1000);
-    assert.equal(statusText(s, 1000), 'DDP 2×gloo · background: cell [12] running 1:02:09, step 4,120');
-    assert.equal(statusText(s, 3000), 'DDP 2×gloo · background: cell [12] running 1:02:11, step 4,120');
+    assert.equal(statusText(s, 1000), 'DDP 2×gloo · background: cell [12] running 1:02:09, step 4,120 · cell [13] queued');
+    assert.equal(statusText(s, 3000), 'DDP 2×gloo · background: cell [12] running 1:02:11, step 4,120 · cell [13] queued');
     const noStep = connected(pool(ranks, { job: { ...job, step: null, elapsed: 7 } }), 'idle', 0);
     assert.equal(statusText(noStep, 0), 'DDP 2×gloo · background: cell [12] running 0:00:07');
     const foreground = connected(pool(ranks, { job: { ...job, background: false } }), 'busy', 1000);
     assert.equal(statusText(foreground, 1000), 'DDP 2×gloo · running 1 h 02 m');
     assert.equal(jobText({ ...job, elapsed: null }, 0, 0), 'background: cell [12] queued');
     assert.equal(jobText({ ...job, step: 1234567 }, 0, 0), 'background: cell [12] running 1:02:09, step 1,234,567');
+  });
+
+  it('counts a job on the ranks only: while the pool starts for it, no run time', () => {
+    const job: IJobSnapshot = { name: 'cell [3]', background: true, phase: 'starting', elapsed: null, step: null, text: '' };
+    const starting = [rank(0, { state: 'starting', pid: null, elapsed: 2.4 }), rank(1, { state: 'starting', pid: null, elapsed: 2.4 })];
+    const s = connected(pool(starting, { job, started: false }), 'idle', 1000);
+    assert.equal(statusText(s, 1000), 'DDP 2×gloo · starting 2.40 s'); // the pool's start clock, not the job's
+    assert.equal(jobText(job, 0, 5000), 'background: cell [3] starting'); // no clock of its own until it reaches the ranks
+    const running: IJobSnapshot = { ...job, phase: 'running', elapsed: 17.03 };
+    assert.equal(jobText(running, 1000, 1000), 'background: cell [3] running 0:00:17'); // the cell's 17.03 s, as a clock
+  });
+
+  it('says in the status bar that a cell waits in the queue, and only while it does', () => {
+    const ranks = [rank(0, { state: 'running', elapsed: 5 }), rank(1, { state: 'running', elapsed: 5 })];
+    const job: IJobSnapshot = { name: 'cell [16]', background: true, phase: 'running', elapsed: 5, step: 40, text: '' };
+    const waiting = connected(pool(ranks, { job, queued: ['cell [17]'] }), 'busy', 1000);
+    assert.equal(statusText(waiting, 1000), 'DDP 2×gloo · background: cell [16] running 0:00:05, step 40 · cell [17] queued');
+    const ran = connected(pool([rank(0), rank(1)], { job: null, queued: [] }), 'idle', 1000);
+    assert.equal(statusText(ran, 1000), 'DDP 2×gloo · ready');
   });
 
   it('shows world size, backend and a running clock that moves between messages', () => {
@@ -391,6 +410,36 @@ describe('command policy', () => {
       const s = { ...idle, kernelStatus: ks };
       assert.equal(commandPolicy('restart', s).mode, 'refused', ks);
     }
+  });
+
+  it('refuses Restart, Stop and %ddp_env while a background job holds the pool, before asking anything', () => {
+    const job: IJobSnapshot = { name: 'cell [12]', background: true, phase: 'running', elapsed: 30, step: 120, text: '' };
+    const ranks = [rank(0, { state: 'running' }), rank(1, { state: 'running' })];
+    const s = connected(pool(ranks, { job, names: Array.from({ length: 12 }, (_, i) => `n${i}`) }), 'idle', 1000);
+    for (const op of ['restart', 'stop', 'env'] as Op[]) {
+      const p = commandPolicy(op, s);
+      assert.equal(p.mode, 'refused', op);
+      assert.equal(p.reason, 'cell [12] holds the pool (background job): job.cancel() or %ddp wait first');
+      assert.ok(`Restart the DDP pool: refused — ${p.reason}`.length <= TOAST_CHARS); // the toast is whole
+    }
+    const queued = connected(pool(ranks, { job: { ...job, phase: 'queued', elapsed: null } }), 'idle', 1000);
+    assert.equal(commandPolicy('restart', queued).mode, 'now'); // a job still in line holds nothing
+    const done = connected(pool([rank(0), rank(1)], { job: null }), 'idle', 1000);
+    assert.equal(commandPolicy('restart', done).mode, 'now');
+  });
+
+  it('calls a refusal a refusal, and keeps a toast whole within JupyterLab\'s 140 characters', () => {
+    const kernelSaid =
+      'the pool was not restarted: cell [12] runs on the pool now (background: cell [12] running 0:00:12, step 40); ' +
+      'job.wait() or %ddp wait, or job.cancel() to stop it, then try again';
+    const reply: IReplyMsg = { type: 'reply', id: 'x', op: 'restart', ok: false, refused: true, message: '', error: kernelSaid };
+    assert.equal(replyText(reply), `restart refused: ${kernelSaid}`);
+    const toast = toastText(reply);
+    assert.ok(toast.length <= TOAST_CHARS, toast);
+    assert.ok(!/failed/.test(toast) && toast.startsWith('restart refused: the pool was not restarted'), toast);
+    assert.ok(toast.endsWith('(the DDP panel shows it whole)'), toast);
+    const failed: IReplyMsg = { ...reply, refused: false, error: 'StartError: no torch' };
+    assert.equal(toastText(failed), 'restart failed: StartError: no torch');
   });
 
   it('refuses when ddp_magic is not loaded, saying how to load it', () => {
