@@ -25,9 +25,7 @@ Threads. Comm messages arrive on the shell channel: on the main thread between c
 thread while a cell runs (JupyterLab ≥ 4.4 with ipykernel ≥ 7). The pool belongs to the main thread: ``restart``,
 ``stop`` and ``env`` from another thread go to the main thread's event loop, which runs them when no cell holds it,
 after a ``{"type": "queued", "id", "op", "reason"}`` while a cell runs. The rest only read: answered on any thread.
-
-Nothing here may break a cell: every hook swallows its own errors (``LabBridge.last_error``, the log).
-"""
+Nothing here may break a cell: every hook swallows its own errors (``LabBridge.last_error``, the log)."""
 from __future__ import annotations
 
 import asyncio
