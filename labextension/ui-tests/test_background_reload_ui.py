@@ -1,8 +1,10 @@
 """A page reloaded while a background cell runs gets the cell back (JupyterLab and Notebook 7, headless Chromium).
 
-The notebook: ``%load_ext ddp_magic`` and a 2-rank ``%%ddp --bg`` cell that prints ``r{rank} step {i}`` and logs a
-loss every 0.25 s for 80 steps (20 s). A few steps in, the notebook is saved (as JupyterLab's autosave does) and the
-page reloaded; the job goes on for more than 10 s after. The reloaded page must show the truth: the bg cell gets
+The notebook: ``%load_ext ddp_magic``, a 2-rank cell that logs 5 steps (its final chart is the panel's until the
+job logs), and a ``%%ddp --bg`` cell that prints ``r{rank} step {i}`` and logs a loss every 0.25 s for 80 steps
+(20 s). While it logs, the panel's chart is the job's (its cell's prompt, live, its steps growing), not the cell
+before's. A few steps in, the notebook is saved (as JupyterLab's autosave does) and the page reloaded; the job goes
+on for more than 10 s after. The reloaded page must show the truth: the bg cell gets
 its lines back (the ones printed while the page was away, from the kernel's copy of the cell's outputs) and keeps
 getting new ones; the panel (and the status bar in JupyterLab) names the job by the cell's prompt with a step the
 cell has printed; at the end the cell holds every line exactly once, its status view settled (each rank ``done``)
@@ -33,6 +35,11 @@ for step in range({STEPS}):
     time.sleep(0.25)
     print(f"r{{rank}} step {{step}}", flush=True)
     ddp_magic.log(step=step, loss=1.0 / (step + 1) + 0.01 * rank)"""
+FOREGROUND = "%%ddp -n 2\nimport ddp_magic\nfor step in range(5):\n    ddp_magic.log(step=step, x=float(step))"
+BG_CELL = 2
+PANEL_CHART_JS = """() => { const m = document.querySelector('.jp-ddp-Panel .jp-ddp-Metrics');
+  const head = m ? m.querySelector('.jp-ddp-Metrics-head') : null;
+  return m && head ? {cell: m.dataset.cell, final: m.dataset.final, head: head.textContent} : null; }"""
 JOB_LINE = r"background: cell \[(\d+)\] running \d+:\d\d:\d\d, step ([\d,]+)"
 ROUNDS = 2
 
@@ -55,7 +62,7 @@ def steps_shown(text: str, rank: int) -> List[int]:
 def shot(page: Any, kind: str, what: str) -> None:
     os.makedirs(OUT, exist_ok=True)
     path = os.path.join(OUT, f"bg-reloaded-{what}-{kind}.png")
-    page.locator(".jp-Notebook .jp-CodeCell").nth(1).screenshot(path=path)
+    page.locator(".jp-Notebook .jp-CodeCell").nth(BG_CELL).screenshot(path=path)
     if os.environ.get("DDP_MAGIC_UPDATE_DOCS_IMG") == "1":
         kept = os.path.join(ROOT, "docs", "img", "ui", os.path.basename(path))
         shutil.copyfile(path, kept)
@@ -65,27 +72,35 @@ def shot(page: Any, kind: str, what: str) -> None:
 def one_round(page: Any, kind: str, first: bool) -> Dict[str, Any]:
     rec: Dict[str, Any] = {}
     run_cell(page, 1)
-    rec["number"] = prompt_number(wait_prompt(page, 1))
-    page.wait_for_function("(i) => /r1 step 3\\b/.test(document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].textContent)", arg=1, timeout=120_000)
+    rec["foreground"] = prompt_number(wait_prompt(page, 1))
+    run_cell(page, BG_CELL)
+    rec["number"] = prompt_number(wait_prompt(page, BG_CELL))
+    page.wait_for_function("(i) => /r1 step 3\\b/.test(document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].textContent)", arg=BG_CELL,
+                           timeout=120_000)
+    rec["panel_chart"] = []
+    for _ in range(2):  # before the reload: the panel's chart is the job's, live
+        page.wait_for_timeout(1500)
+        rec["panel_chart"].append(page.evaluate(PANEL_CHART_JS))
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     page.wait_for_timeout(1000)
     page.reload(timeout=60_000)
     wait_ready(page, page.ddp_watch)
     page.add_style_tag(content=".Toastify { display: none !important; }")
-    rec["after_reload"] = page.evaluate(CELL_JS, 1)
+    rec["after_reload"] = page.evaluate(CELL_JS, BG_CELL)
     reads = []
     for _ in range(2):
         page.wait_for_timeout(2000)
-        reads.append({"cell": page.evaluate(CELL_JS, 1), "sample": page.evaluate(SAMPLE_JS, 1)})
+        reads.append({"cell": page.evaluate(CELL_JS, BG_CELL), "sample": page.evaluate(SAMPLE_JS, BG_CELL), "panel_chart": page.evaluate(PANEL_CHART_JS)})
     rec["reads"] = reads
     if first:
         shot(page, kind, "live")
     page.wait_for_function("(i) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelector('.jp-OutputArea-output > .ddp-metrics')",
-                           arg=1, timeout=120_000)
+                           arg=BG_CELL, timeout=120_000)
     page.wait_for_timeout(2500)  # the last lines, the settled view, the snapshot after the job
-    rec["end"] = page.evaluate(CELL_JS, 1)
-    rec["end_sample"] = page.evaluate(SAMPLE_JS, 1)
-    rec["prompt_end"] = prompt_number(wait_prompt(page, 1))
+    rec["end"] = page.evaluate(CELL_JS, BG_CELL)
+    rec["end_sample"] = page.evaluate(SAMPLE_JS, BG_CELL)
+    rec["prompt_end"] = prompt_number(wait_prompt(page, BG_CELL))
+    rec["panel_chart_end"] = page.evaluate(PANEL_CHART_JS)
     if first:
         shot(page, kind, "settled")
     return rec
@@ -96,7 +111,7 @@ def story(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, Any]
     kind = request.param
     if kind == "notebook":
         pytest.importorskip("notebook", reason="Notebook 7 (pip install notebook) is in requirements-dev.txt")
-    cells = ["%load_ext ddp_magic", BG]
+    cells = ["%load_ext ddp_magic", FOREGROUND, BG]
     with front_page(server, browser, f"reload_{kind}.ipynb", cells, 900, panel=True, kind=kind, width=1300) as page:
         run_cell(page, 0)
         wait_prompt(page, 0)
@@ -138,6 +153,29 @@ def test_the_reloaded_cell_settles_as_without_the_reload(story: Dict[str, Any], 
     assert "background:" not in sample["summary"], sample["summary"]
     if story["kind"] == "lab":
         assert (sample["statusBar"] or "").startswith("DDP 2×gloo · ready"), sample["statusBar"]
+
+
+def panel_steps(chart: Dict[str, Any]) -> int:
+    m = re.search(r", steps 0-(\d+)", chart["head"])
+    assert m, chart
+    return int(m.group(1))
+
+
+@pytest.mark.parametrize("n", range(ROUNDS))
+def test_the_panel_charts_the_job_while_it_logs(story: Dict[str, Any], n: int) -> None:
+    rec = story["rounds"][n]
+    live = rec["panel_chart"] + [read["panel_chart"] for read in rec["reads"]]
+    for chart in live:
+        assert chart and chart["cell"] == str(rec["number"]) and chart["final"] == "false", (
+            f"the panel charts the job's cell [{rec['number']}] live, not cell [{rec['foreground']}]: {chart}")
+        assert chart["head"].startswith(f"In[{rec['number']}]: loss from 2 ranks, steps 0-") and chart["head"].endswith("(live)"), chart
+    before, after = [panel_steps(c) for c in rec["panel_chart"]], [panel_steps(r["panel_chart"]) for r in rec["reads"]]
+    assert before[1] > before[0] and after[1] > after[0], f"its steps grow, before and after the reload: {before} {after}"
+    for read in rec["reads"]:  # the steps it charts are steps the cell has printed (a second's lag at most)
+        shown = max(steps_shown(read["cell"]["text"], 0) + steps_shown(read["cell"]["text"], 1))
+        assert abs(panel_steps(read["panel_chart"]) - shown) <= 8, (read["panel_chart"], shown)
+    end = rec["panel_chart_end"]
+    assert end["cell"] == str(rec["number"]) and end["final"] == "true" and end["head"] == f"In[{rec['number']}]: loss from 2 ranks, steps 0-{STEPS - 1}"
 
 
 def test_no_console_error_and_nothing_said_outside_a_cell(story: Dict[str, Any]) -> None:
