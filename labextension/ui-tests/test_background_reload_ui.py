@@ -2,9 +2,9 @@
 
 The notebook: ``%load_ext ddp_magic``, a 2-rank cell that logs 5 steps (its final chart is the panel's until the
 job logs), and a ``%%ddp --bg`` cell that prints ``r{rank} step {i}`` and logs a loss every 0.25 s for 80 steps
-(20 s). While it logs, the panel's chart is the job's (its cell's prompt, live, its steps growing), not the cell
-before's. A few steps in, the notebook is saved (as JupyterLab's autosave does) and the page reloaded; the job goes
-on for more than 10 s after. The reloaded page must show the truth: the bg cell gets
+(20 s), waiting at a gate (a file) before step 30. While it logs, the panel's chart is the job's (its cell's prompt,
+live, its steps growing), not the cell before's. A few steps in, the notebook is saved (as JupyterLab's autosave
+does) and the page reloaded; the gate opens once the page is back, and the job goes on for 12.5 s after. The reloaded page must show the truth: the bg cell gets
 its lines back (the ones printed while the page was away, from the kernel's copy of the cell's outputs) and keeps
 getting new ones; the panel (and the status bar in JupyterLab) names the job by the cell's prompt with a step the
 cell has printed; at the end the cell holds every line exactly once, its status view settled (each rank ``done``)
@@ -27,11 +27,13 @@ from ui_server import OUT, ROOT, Server
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 pytest.importorskip("playwright.sync_api", reason="Python Playwright is in requirements-dev.txt")
 
-STEPS = 80
-BG = f"""%%ddp --bg --out job -n 2
-import time, torch.distributed as dist, ddp_magic
+STEPS, GATE_AT = 80, 30
+BG = """%%ddp --bg --out job -n 2
+import os, time, torch.distributed as dist, ddp_magic
 rank = dist.get_rank()
-for step in range({STEPS}):
+for step in range({steps}):
+    while step == {at} and os.path.exists({gate!r}):
+        time.sleep(0.05)
     time.sleep(0.25)
     print(f"r{{rank}} step {{step}}", flush=True)
     ddp_magic.log(step=step, loss=1.0 / (step + 1) + 0.01 * rank)"""
@@ -48,6 +50,7 @@ CELL_JS = """(i) => {
   const outs = cell ? [...cell.querySelectorAll('.jp-OutputArea-output')] : [];
   return {
     text: outs.map(o => o.textContent).join('\\n'),
+    ranks: cell ? Object.fromEntries([...cell.querySelectorAll('.ddp-status tr[data-rank][data-state]')].map(r => [r.dataset.rank, r.dataset.state])) : {},
     charts: cell ? [...cell.querySelectorAll('.jp-OutputArea-output > .ddp-metrics')].map(c => c.textContent.slice(0, 200)) : [],
     live: !!(cell && cell.querySelector('.ddp-status-live')),
     widgetError: !!(cell && /Error displaying widget/.test(cell.textContent)),
@@ -69,8 +72,12 @@ def shot(page: Any, kind: str, what: str) -> None:
         shrink(kept)
 
 
-def one_round(page: Any, kind: str, first: bool) -> Dict[str, Any]:
+def one_round(page: Any, kind: str, first: bool, gate: str) -> Dict[str, Any]:
     rec: Dict[str, Any] = {}
+    with open(gate, "w"):
+        pass
+    page.evaluate("([i, code]) => window.jupyterapp.shell.currentWidget.content.model.cells.get(i).sharedModel.setSource(code)",
+                  [BG_CELL, BG.format(steps=STEPS, at=GATE_AT, gate=gate)])
     run_cell(page, 1)
     rec["foreground"] = prompt_number(wait_prompt(page, 1))
     run_cell(page, BG_CELL)
@@ -86,6 +93,8 @@ def one_round(page: Any, kind: str, first: bool) -> Dict[str, Any]:
     page.reload(timeout=60_000)
     wait_ready(page, page.ddp_watch)
     page.add_style_tag(content=".Toastify { display: none !important; }")
+    page.wait_for_timeout(1000)
+    os.unlink(gate)  # the job goes on: 50 steps of 0.25 s after the page is back
     rec["after_reload"] = page.evaluate(CELL_JS, BG_CELL)
     reads = []
     for _ in range(2):
@@ -111,11 +120,11 @@ def story(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, Any]
     kind = request.param
     if kind == "notebook":
         pytest.importorskip("notebook", reason="Notebook 7 (pip install notebook) is in requirements-dev.txt")
-    cells = ["%load_ext ddp_magic", FOREGROUND, BG]
+    cells = ["%load_ext ddp_magic", FOREGROUND, "%%ddp --bg: written by each round"]
     with front_page(server, browser, f"reload_{kind}.ipynb", cells, 900, panel=True, kind=kind, width=1300) as page:
         run_cell(page, 0)
         wait_prompt(page, 0)
-        rounds = [one_round(page, kind, n == 0) for n in range(ROUNDS)]
+        rounds = [one_round(page, kind, n == 0, os.path.join(server.nbdir, f"gate_{kind}_{n}")) for n in range(ROUNDS)]
         yield {"kind": kind, "rounds": rounds, "errors": page.ddp_watch.errors(), "orphans": page.ddp_watch.collect(),
                "stacks": page.ddp_watch.stacks}
 
@@ -147,7 +156,7 @@ def test_the_reloaded_cell_settles_as_without_the_reload(story: Dict[str, Any], 
     for r in (0, 1):
         assert steps_shown(end["text"], r) == list(range(STEPS)), f"rank {r}: every line exactly once: {steps_shown(end['text'], r)}"
     assert len(end["charts"]) == 1 and f"steps 0-{STEPS - 1}" in end["charts"][0] and "loss from 2 ranks" in end["charts"][0], end["charts"]
-    assert sample["cellRanks"] == {"0": "done", "1": "done"}, f"the settled status view: {sample['cellRanks']}"
+    assert end["ranks"] == {"0": "done", "1": "done"}, f"the settled status view: {end['ranks']}"
     assert not end["live"] and not end["widgetError"]
     assert rec["prompt_end"] == rec["number"]
     assert "background:" not in sample["summary"], sample["summary"]
