@@ -91,11 +91,15 @@ export function nextMessages<T extends { seq: number }>(seq: number, pending: T[
 /** The MIME type of an ipywidgets view: a reference to a widget model that lives in the kernel that made it. */
 export const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
 
+/** What a status view saved while its cell ran says under its HTML form, which shows the cell's first moments. */
+export const SAVED_NOTE = 'saved while the cell ran: its view as the cell began, and the lines saved with it; how it ended is not in this notebook';
+
 /**
  * A %%ddp status view saved while its cell ran (JupyterLab autosaves every 120 s) holds its live widget's reference
  * beside its HTML form; opened after the job ended (or in another kernel), the widget renderer would win and say
- * "Error displaying widget: model not found". Such an output as it opens: its HTML form alone (null: not one). A
- * job still running in this kernel gets its live view back from the kernel's copy of the cell (rebind.ts).
+ * "Error displaying widget: model not found". Such an output as it opens: its HTML form, which is the view as the
+ * cell began, and a line that says so (SAVED_NOTE); null: not one. A job still running in this kernel, or ended
+ * while the kernel kept its outputs, gets its view back from the kernel's copy of the cell (rebind.ts).
  */
 export function savedView(output: Record<string, any>): Record<string, any> | null {
   const data = output && typeof output.data === 'object' && output.data ? output.data : null;
@@ -105,5 +109,6 @@ export function savedView(output: Record<string, any>): Record<string, any> | nu
     return null;
   }
   const { [WIDGET_MIME]: _widget, ...rest } = data;
-  return { ...output, data: rest };
+  const note = `<div class='ddp-status-saved' style='font-size:var(--jp-ui-font-size0,11px);opacity:0.8'>${SAVED_NOTE}</div>`;
+  return { ...output, data: { ...rest, 'text/html': text + note } };
 }

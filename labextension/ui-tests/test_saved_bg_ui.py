@@ -8,7 +8,8 @@ page closed; the job goes on for more than 10 s. Once it ended, the notebook is 
 - its kernel still running (the same session): the cell shows the job's last true state, from the kernel's copy of
   the cell's outputs: every line once, the status view settled (each rank ``done``), the job's chart;
 - the notebook made untrusted (its saved signature no longer matches) and opened in a new kernel: the cell shows
-  the saved HTML form of its status view, its saved lines, and no "Error displaying widget: model not found".
+  the saved HTML form of its status view (the view as the cell began) with a line that says so, its saved lines,
+  and no "Error displaying widget: model not found".
 
 Neither page logs a console error (``widget model not found`` among them). Each case runs twice.
 """
@@ -129,6 +130,7 @@ def test_reopened_untrusted_in_a_new_kernel_it_shows_the_saved_view(story: Dict[
     assert cell["trusted"] is False, "the edited copy opens untrusted"
     assert not cell["widgetError"], cell["text"][:300]
     assert len(cell["views"]) == 1, f"the status view's saved HTML form (sanitized: no data attributes): {cell['views']}"
+    assert "saved while the cell ran: its view as the cell began, and the lines saved with it; how it ended is not in this notebook" in cell["text"]
     shown = steps_shown(cell["text"], 0)
     assert shown and shown == list(range(len(shown))), f"the saved lines, in order, once: {shown}"
     errors = rec["new_kernel"]["errors"]

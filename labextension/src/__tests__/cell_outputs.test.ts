@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { applyOutput, type IOutputSink, nextMessages, outputState, savedView, WIDGET_MIME } from '../cell_outputs';
+import { applyOutput, type IOutputSink, nextMessages, outputState, SAVED_NOTE, savedView, WIDGET_MIME } from '../cell_outputs';
 
 /** An output area's model as JupyterLab's behaves for what applyOutput uses: consecutive streams of one name join. */
 class Sink implements IOutputSink {
@@ -68,7 +68,9 @@ describe('a background cell given back after a reload (cell_outputs.ts)', () => 
   it('opens a status view saved while its cell ran as its HTML form, and leaves every other output as it is', () => {
     const html = "<div class='ddp-status'>cell [3] running</div>";
     const saved = { output_type: 'display_data', metadata: {}, data: { [WIDGET_MIME]: { model_id: 'abc' }, 'text/html': html } };
-    assert.deepEqual(savedView(saved), { output_type: 'display_data', metadata: {}, data: { 'text/html': html } });
+    const opened = savedView(saved) as Record<string, any>;
+    assert.deepEqual(Object.keys(opened.data), ['text/html'], 'no widget reference left');
+    assert.ok(opened.data['text/html'].startsWith(html) && opened.data['text/html'].includes(SAVED_NOTE), 'the saved form, and a line that says what it is');
     assert.equal(savedView({ output_type: 'display_data', data: { [WIDGET_MIME]: { model_id: 'x' }, 'text/html': '<b>a user widget</b>' } }), null);
     assert.equal(savedView({ output_type: 'display_data', data: { 'text/html': html } }), null);
     assert.equal(savedView({ output_type: 'stream', name: 'stdout', text: 'x' }), null);
