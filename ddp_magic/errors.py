@@ -178,7 +178,7 @@ class CellError(DDPError):
 
     def _render_traceback_(self) -> List[str]:
         text = self.render().splitlines()
-        return colour_traceback("\n".join([f"CellError: {text[0]}"] + text[1:])).splitlines()
+        return colour_traceback("\n".join([f"{type(self).__name__}: {text[0]}"] + text[1:])).splitlines()
 
 
 class JobCancelled(CellError):

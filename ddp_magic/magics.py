@@ -29,7 +29,7 @@ from .magic_options import (  # noqa: F401  (SEE_HELP, POOL_KEYS, SLURM_KEYS: th
     CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, pool_arguments,
 )
 from .plan.spec import positive_int as _positive_int
-from .session import NO_POOL, STOPPED, CellOptions, Session
+from .session import NO_POOL, CellOptions, Session
 from .ui.cell_listener import MagicListener
 from .ui import jobs
 from .ui.jobs import Job
@@ -290,7 +290,7 @@ class DDPMagics(Magics):
         if args.action in ("status", "log", "wait") and request:
             raise UsageError("%ddp: pool options need an action, e.g. %ddp restart -n 2 (or put them on a %%ddp cell)")
         if args.action == "stop":
-            print(STOPPED if self.session.stop() else NO_POOL)
+            print(self.session.stop() or NO_POOL)
         elif args.action == "restart":
             spec = self.session.spec_for(**request) if request else None
             print(self.session.restart(spec, MagicListener(RankPrinter())).ready_text())

@@ -176,8 +176,8 @@ class Session:
         self.last = None
         return self.status()
 
-    def stop(self, force: bool = False) -> bool:
-        """Stop every worker, the template and the notebook data in /dev/shm; False when there was no pool.
+    def stop(self, force: bool = False) -> str:
+        """Stop every worker, the template and the notebook data in /dev/shm; what it says ("" when there was no pool).
         A cell holding the turn (a background job) refuses it, unless ``force`` (the kernel goes away)."""
         if not force:
             self.turns.check_idle("the pool was not stopped")
@@ -187,9 +187,9 @@ class Session:
         self.template.close()
         self.data.clear()
         if pool is None:
-            return False
+            return ""
         pool.stop()
-        return True
+        return STOPPED + getattr(pool.launcher, "released", "")  # a Slurm pool: its job released (or the kernel's own kept)
 
     def _pool_for(self, spec: Optional[PoolSpec], listener: Listener, missing: str) -> Pool:
         """The pool ``spec`` asks for: the running one, a new one, or a replacement (validated before the old one goes)."""

@@ -1,8 +1,9 @@
 """Folding the same line from many ranks into one, and the budget of lines a cell shows: pure, the caller gives the time.
 
 ``LineFolder``: ``epoch 3 loss 0.41`` printed by 1,024 ranks becomes one line for ranks
-0-1023. A line waits until every shown rank has sent it, or ``window`` seconds, so no
-line is held back longer than that; a rank's own lines keep their order.
+0-1023. A line waits until every shown rank has sent it, or ``window`` seconds after its
+latest copy came while copies keep coming (ranks that print it 50 ms apart are one line),
+never more than ``HOLD_WINDOWS`` windows in all; a rank's own lines keep their order.
 ``OutputBudget``: what a notebook's output area can take (a token bucket of lines); past
 it, lines are held back, counted, and kept by the session (kernel/output_log.py).
 ui/output.py writes what these two let through.
@@ -18,6 +19,7 @@ from typing import Deque, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 from ..logs import log
 
 FOLD_WINDOW = 0.3  # seconds a stdout line waits for the same line from the other ranks (DDP_MAGIC_FOLD_WINDOW)
+HOLD_WINDOWS = 3  # a line whose copies keep coming waits at most this many windows (0.9 s by default)
 FOLD_ABOVE = 8  # stdout is folded in pools larger than this; at 8 ranks or fewer each rank's lines show as they come
 BUDGET_LINES = 50_000  # lines a cell shows at once (a notebook's output area stays usable; DDP_MAGIC_OUTPUT_LINES)
 BUDGET_RATE = 50.0  # lines a second after that, for as long as the cell runs
@@ -48,11 +50,12 @@ def fold_window() -> float:
 @dataclass(eq=False)
 class _Held:
     line: str
-    since: float  # when its first copy came: its deadline is since + window
+    since: float  # when its first copy came: its deadline is since + window, later while copies keep coming (due())
     pos: int  # its place in the output; a line joined by a rank that is further on moves to the end
     ranks: Set[int] = field(default_factory=set)
     moved_on: int = 0  # its ranks that have sent a later line since: while 0, it may move to the end
     done: bool = False
+    last: float = 0.0  # when its latest copy came
 
 
 class LineFolder:
@@ -98,10 +101,11 @@ class LineFolder:
                     continue  # one of its ranks wrote on since: moving it would reorder that rank's lines
                 self._place(held)
             held.ranks.add(rank)
+            held.last = max(held.last, now)
             self._moved(prev, held)
             self._last[rank] = held
             return
-        held = _Held(line, now, 0, {rank})
+        held = _Held(line, now, 0, {rank}, last=now)
         self._place(held)
         self._made.append(held)
         self._by_line.setdefault(line, []).append(held)
@@ -137,7 +141,7 @@ class LineFolder:
             if head is None or oldest is None:
                 return out
             complete = self._need is not None and len(head.ranks) >= self._need
-            if not (final or complete or now - oldest.since >= self.window):  # a line due takes the lines before it along
+            if not (final or complete or now >= self._due(oldest)):  # a line due takes the lines before it along
                 return out
             heapq.heappop(self._places)
             head.done = True
@@ -148,9 +152,16 @@ class LineFolder:
                 del self._by_line[head.line]
             out.append((head.ranks, head.line))
 
+    def _due(self, held: _Held) -> float:
+        """When a held line goes out: ``window`` after its first copy, or, while the other expected ranks are still
+        sending it (a copy came within the window), ``window`` after its latest copy; at most HOLD_WINDOWS windows."""
+        if self._need is None or len(held.ranks) < 2:
+            return held.since + self.window
+        return min(held.since + HOLD_WINDOWS * self.window, max(held.since, held.last) + self.window)
+
     def next_due(self) -> Optional[float]:
         oldest = self._oldest()
-        return oldest.since + self.window if oldest is not None else None
+        return self._due(oldest) if oldest is not None else None
 
     def __len__(self) -> int:
         return self._count

@@ -6,6 +6,9 @@ cell that started it (a background cell's thread runs in that cell's context, ui
 """
 from __future__ import annotations
 
+import contextvars
+import threading
+import time
 from typing import Any, Optional
 
 from ..errors import UsageError
@@ -30,6 +33,7 @@ class MagicListener(CellListener):
         self.metrics = MetricsView(cell=cell)  # ddp_magic.log's live chart (labelled with the cell's In [n]), its static picture at the end
         self.slurm = False  # a Slurm pool: prefixes name each rank's node
         self.queued_notice = ""  # "queued behind cell [16], …" while this cell waits its turn; withdrawn when it comes
+        self.ended = False
 
     def on_pool(self, pool: Pool) -> None:
         if self.queued_notice:  # the turn came: the panel's "queued behind …" is no longer true (the cell's own line stays)
@@ -42,10 +46,24 @@ class MagicListener(CellListener):
                 raise UsageError(str(e)) from None
         from .status import show_status  # lazy: ipywidgets is imported when a cell first runs
 
+        if not pool.started and threading.current_thread() is not threading.main_thread():
+            self._announce_start(pool)
         self.view = show_status(pool, enabled=self.widget)  # above any output of the ranks
         self.metrics.attach(self.view)  # ddp_magic.log's live chart: a section of the view
         self.printer.world = pool.nproc  # a stderr line every rank sent is shown once, at once
         self.slurm = pool.spec.slurm is not None
+
+    def _announce_start(self, pool: Pool) -> None:
+        """A background job's pool starts on the job's thread while the notebook is idle: no cell's watcher (labcomm)
+        sends the start's snapshots, so the status bar and the panel would show nothing, then a clock from nowhere.
+        This asks for one each interval until the pool has started or the cell ended (in the cell's context)."""
+        def watch() -> None:
+            while not pool.started and not self.ended:
+                labcomm.changed()
+                time.sleep(labcomm.MIN_INTERVAL)
+            labcomm.changed()
+
+        threading.Thread(target=contextvars.copy_context().run, args=(watch,), name="ddp_magic-start-watch", daemon=True).start()
 
     def name_nodes(self, pool: Optional[Pool]) -> None:
         """Name each rank's Slurm node in its prefix from the start (a post-mortem hears no on_state first)."""
@@ -78,6 +96,7 @@ class MagicListener(CellListener):
         labcomm.changed()  # the panel's "step 4,120" of a background cell, throttled; a no-op without it
 
     def finish(self, outcome: Any = None, error: Optional[BaseException] = None, metrics: Any = None) -> None:
+        self.ended = True
         if self.queued_notice:  # taken out of the queue before its turn: it waits no more
             labcomm.notice(self.queued_notice, withdraw=True)
             self.queued_notice = ""

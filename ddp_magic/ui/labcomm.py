@@ -41,7 +41,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 from ..errors import UsageError
 from ..kernel import Listener
 from ..logs import log
-from ..session import NO_POOL, STOPPED, Session
+from ..session import NO_POOL, Session
 from .labsnap import PoolSnapshots, jsonable
 from .report import env_report
 from .transcripts import RECORDER
@@ -266,7 +266,7 @@ class LabBridge:
                 report = env_report(self.session.env()).to_dict()
                 return {"ok": True, "message": f"%ddp_env: {report.get('verdict', '')}".strip(), "report": report}
             if op == "stop":
-                return {"ok": True, "message": STOPPED if self.session.stop() else NO_POOL}
+                return {"ok": True, "message": self.session.stop() or NO_POOL}
             if op == "restart":
                 nproc = args.get("nproc")
                 spec = self.session.spec_for(int(nproc)) if nproc is not None else None

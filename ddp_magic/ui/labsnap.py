@@ -32,6 +32,7 @@ from ..plan import checks_verdict, plan_checks
 from ..kernel.turns import Ticket
 from ..session import PoolStatus, Session
 from ..states import RankState
+from .status_tables import planned_checks
 
 LAUNCHER_NAMES = {"forkserver": "fork"}  # a launcher's name -> the start method a user names (--start-method)
 BAD_STATES = (RankState.FAILED, RankState.DEAD, RankState.INTERRUPTED)
@@ -109,7 +110,8 @@ class PoolSnapshots:
         try:
             assert status.plan is not None
             checks = plan_checks(status.plan, started=status.started)
-            return [c.to_dict() for c in checks], checks_verdict(checks)
+            shown = checks if status.started else planned_checks(checks)  # no placeholder port presented as a fact
+            return [c.to_dict() for c in shown], checks_verdict(checks)
         except Exception as e:  # a check must never break a cell
             log.debug("labcomm: env checks failed", exc_info=True)
             failed = {"name": "env checks", "ok": False, "level": "warning", "mark": "!", "detail": f"could not run: {type(e).__name__}: {e}"}

@@ -7,11 +7,12 @@ Pure functions of a ``Snapshot``; inline styles only (no ``<style>``).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import describe_exit
-from ..plan import DIST_VARS
+from ..plan import DIST_VARS, Check
 from . import colours
 from . import status_compact as C
 from .report import (
@@ -156,7 +157,15 @@ def env_html(s: Snapshot) -> str:
 
 
 UNPLACED = ("MASTER_ADDR", "MASTER_PORT")  # chosen when the ranks start (Pool.start: the launcher's placed plan)
+PLACED_CHECKS = tuple(f"same {v}" for v in UNPLACED)  # plan/checks_ranks.py: they quote the value
 ENV_WORDS = {False: "the env each rank received", True: "planned: the env each rank will receive; MASTER_ADDR/PORT are set when the ranks start"}
+
+
+def planned_checks(checks: Sequence[Check]) -> List[Check]:
+    """The checks of a pool not yet started, as the cell and the panel show them: the ones that quote MASTER_ADDR/PORT
+    say it is set when the ranks start, not the plan's placeholder (a queued Slurm job's port is not chosen)."""
+    return [dataclasses.replace(c, detail=f"{c.name[5:]}: one value on every rank, set when the ranks start")
+            if c.ok and c.name in PLACED_CHECKS else c for c in checks]
 
 
 def _env_html(s: Snapshot) -> str:
@@ -169,9 +178,10 @@ def _env_html(s: Snapshot) -> str:
     table = (f"<div class='ddp-env-common' style='font-family:monospace'>every rank: {shared}</div>" if common else "") + (
         env_table_html(rows, cols) + esc(left) if s.envs else "")
     problems = checks_html(bad) if bad else ""
+    every = planned_checks(s.checks) if s.planned else s.checks
     return (
         f"<div class='ddp-status-env' style='{SMALL}'>{esc(checks_line(s.checks))} ({ENV_WORDS[s.planned]}){problems}"
-        f"<details><summary style='cursor:pointer'>all checks and variables</summary>{checks_html(s.checks)}{table}</details></div>"
+        f"<details><summary style='cursor:pointer'>all checks and variables</summary>{checks_html(every)}{table}</details></div>"
     )
 
 

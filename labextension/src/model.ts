@@ -105,6 +105,7 @@ export interface ILastCell {
   ok: boolean;
   headline: string; // its root cause, as the cell's error says it
   recovered: boolean; // it failed, and the pool is whole again (every rank ready, the workers' variables kept)
+  cancelled?: boolean; // a background job's job.cancel() ended it: headline says "cancelled by job.cancel(): …"
   root: number[]; // the ranks to blame
   causes: Record<string, { kind: FailureKind; cause: Cause }>;
   text: string; // what %ddp status prints

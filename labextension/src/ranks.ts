@@ -141,6 +141,9 @@ export function lastCellNote(pool: IPoolSnapshot): string | null {
   if (!last || last.ok) {
     return null;
   }
+  if (last.cancelled) {
+    return `${cellName(last.number)}: cancelled`; // job.cancel(): nobody failed, nobody pressed Ctrl-C
+  }
   if (!last.root.length) {
     return `${cellName(last.number)}: interrupted`; // Ctrl-C: nobody to blame, nothing to recover from
   }

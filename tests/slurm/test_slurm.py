@@ -16,7 +16,6 @@ import time
 import pytest
 
 import slurm_fixtures
-from format_patterns import SECONDS
 from slurm_fixtures import our_jobs, wait_no_jobs
 from slurm_helpers import Kernel, cmdline, env_of, job_state, kernel_inside_salloc, parent_of, run_interrupting, says, slurm_ranks
 
@@ -90,8 +89,9 @@ def test_two_nodes_train_ddp_over_tls(sk, no_jobs_left):
             assert new_secret not in cmdline(pid) and new_secret.encode() not in b" ".join((env_of(pid) or {}).values())
         assert "in the same Slurm allocation: no new queue wait" in ex.stdout
         assert our_jobs() == [f"{job.group(1)} RUNNING"]
-    sk.run("%ddp stop").ok()
-    assert wait_no_jobs(10) == [], "%ddp stop releases the allocation we made"
+    stop = sk.run("%ddp stop").ok()
+    assert stop.stdout.strip() == f"stopped the pool; its workers have exited; Slurm job {job.group(1)} released: its nodes are free", stop.stdout
+    assert wait_no_jobs(10) == [], "%ddp stop releases the allocation we made, and says so"
 
 
 def test_rank_killed_on_n2_costs_only_that_rank(sk, no_jobs_left):
@@ -148,11 +148,17 @@ def test_queued_job_shows_queued_and_ctrl_c_cancels_it(sk, no_jobs_left):
     try:
         assert _wait(lambda: job_state(hold) == "RUNNING", 30), "the holder job did not start"
         for _attempt in range(2):
-            ex = run_interrupting(sk, "%%ddp --slurm --nodes 2 --ntasks-per-node 2\n1", lambda m: says(m, "queued: job"))
+            t0 = time.monotonic()
+            ex = run_interrupting(sk, "%%ddp --slurm --nodes 2 --ntasks-per-node 2\n1", lambda m: says(m, "queued: job") and _waited(m)[-1:] >= [3.0])
             assert ex.error is not None and ex.error[0] == "KeyboardInterrupt"
             shown = [m for m in ex.messages if says(m, "queued: job")]
             assert shown and re.search(r"queued: job \d+ pending \((Resources|Priority)\)", str(shown[-1]["content"])), "the view says why"
-            assert any(re.search(r"waited " + SECONDS, str(m["content"])) for m in shown), "and how long it waited"
+            clock = [w for m in shown for w in _waited(m)]
+            assert clock and clock == sorted(clock), f"the start clock never goes back: {clock}"
+            assert 3.0 <= clock[-1] <= time.monotonic() - t0, "it counts from the pool's start, within the cell's time"
+            said = " ".join(str(m["content"]) for m in ex.messages)
+            assert "the env each rank received" not in said and "MASTER_PORT=" not in said, "no rank exists: nothing received yet"
+            assert "planned: the env each rank will receive; MASTER_ADDR/PORT are set when the ranks start" in said
             assert wait_no_jobs(10) == [], "Ctrl-C cancelled the queued job"
         for _attempt in range(2):
             t0 = time.monotonic()
@@ -207,7 +213,8 @@ def test_kernel_inside_salloc_uses_that_allocation_and_leaves_it(slurm_cluster, 
             assert values == [(job, 4, "n1"), (job, 4, "n1"), (job, 4, "n2"), (job, 4, "n2")]
             if attempt == 0:
                 assert f"Slurm job {job} on n1,n2: the kernel runs inside it" in ex.stdout and "never cancels it" in ex.stdout
-            k.run("%ddp stop").ok()
+            stop = k.run("%ddp stop").ok()
+            assert stop.stdout.strip().endswith(f"; Slurm job {job} kept: the kernel runs inside it"), stop.stdout
             time.sleep(1)
             assert job_state(job) == "RUNNING", "the allocation the kernel found is left allocated"
             assert _wait(lambda: not slurm_ranks(), 10), "but our ranks are gone"
@@ -220,6 +227,12 @@ def test_kernel_inside_salloc_uses_that_allocation_and_leaves_it(slurm_cluster, 
         k.kc.stop_channels()
         k.km.shutdown_kernel(now=False)  # the kernel exits; salloc, whose command it was, then releases its allocation
     assert _wait(lambda: job_state(job) == "", 20), "the kernel's own allocation ends with the kernel (salloc's command)"
+
+
+def _waited(msg: dict) -> list:
+    """The 'waited 3.62 s' figures a message of the queued cell's view says, in seconds, in the order they appear."""
+    units = {"ms": 0.001, "s": 1.0}
+    return [float(n) * units[u] for n, u in re.findall(r"waited (\d+(?:\.\d+)?) (ms|s)\b", str(msg["content"]))]
 
 
 def _wait(pred, seconds: float) -> bool:

@@ -11,7 +11,7 @@ from typing import List, Set, Tuple
 
 import pytest
 
-from ddp_magic.kernel.fold import FOLD_ABOVE, FOLD_WINDOW, LineFolder, OutputBudget, line_cost
+from ddp_magic.kernel.fold import FOLD_ABOVE, FOLD_WINDOW, HOLD_WINDOWS, LineFolder, OutputBudget, line_cost
 from ddp_magic.ui import output
 from ddp_magic.ui.output import RankPrinter
 from ddp_magic.words import rank_list
@@ -47,6 +47,34 @@ def test_a_line_from_half_the_ranks_goes_out_at_the_deadline_with_their_ranks():
     assert f.next_due() == pytest.approx(10.0 + FOLD_WINDOW)
     (ranks, line), = f.ready(10.0 + FOLD_WINDOW)
     assert ranks == set(range(0, N, 2)) and line == "even\n"
+
+
+def test_a_line_all_ranks_print_50_ms_apart_is_one_line_not_two():
+    """12 ranks print "epoch 3 done" 50 ms apart (0.55 s from the first to the last, past the 0.3 s window): while copies
+    keep coming the line waits for the rest, so it reads [ranks 0-11], not [ranks 0-6] and [ranks 7-11]."""
+    f, out = _folder(12), []
+    for r in range(12):
+        now = 5.0 + 0.05 * r
+        out += f.ready(now)  # the printer asks at every wake
+        f.add(r, "epoch 3 done\n", now)
+        out += f.ready(now)
+    assert _shown(out) == ["[0-11] epoch 3 done\n"]
+
+
+def test_a_line_some_ranks_never_print_waits_a_window_after_its_last_copy_and_never_past_the_cap():
+    f = _folder(12)
+    for r in range(6):  # ranks 6-11 never print it
+        f.add(r, "half\n", 0.05 * r)
+    assert f.next_due() == pytest.approx(0.25 + FOLD_WINDOW) and f.ready(0.25 + FOLD_WINDOW - 0.01) == []
+    assert _shown(f.ready(0.25 + FOLD_WINDOW)) == ["[0-5] half\n"]
+    f = _folder(1024)
+    for r in range(1000):  # a copy every 10 ms for 10 s: the line still goes out after HOLD_WINDOWS windows
+        f.add(r, "slow\n", 0.01 * r)
+        if 0.01 * r >= HOLD_WINDOWS * FOLD_WINDOW:
+            break
+    assert f.next_due() == pytest.approx(HOLD_WINDOWS * FOLD_WINDOW)
+    (ranks, _), = f.ready(HOLD_WINDOWS * FOLD_WINDOW)
+    assert len(ranks) == 91
 
 
 def test_lines_that_differ_keep_their_rank_in_arrival_order():

@@ -8,10 +8,13 @@ to a rank (the control channel is the pool's).
 from __future__ import annotations
 
 import os
+import queue
+import subprocess
 import sys
 import tempfile
+import threading
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from ...logs import log
 from ...plan.slurm import TASK_VARS
@@ -39,6 +42,40 @@ def worker_env() -> Dict[str, str]:
         path.insert(0, os.getcwd())
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path + env.get("PYTHONPATH", "").split(os.pathsep)).keys()).strip(os.pathsep)
     return env
+
+
+_SPAWNS: "queue.Queue[Tuple[Callable[[], Any], queue.Queue]]" = queue.Queue()
+_SPAWNER: List[threading.Thread] = []
+_SPAWNER_LOCK = threading.Lock()
+
+
+def popen(*args: Any, **kwargs: Any) -> "subprocess.Popen[bytes]":
+    """subprocess.Popen on a thread that lives as long as the kernel. Our programs ask Linux for a parent-death signal
+    (procs/parent.py, ``setpriv --pdeathsig``), and Linux sends it when the *thread* that started them ends: a template
+    a background job's thread started died with that job (and its ranks with it). The main thread lasts; any other
+    thread hands the start to one that does (``ddp-spawner``)."""
+    if threading.current_thread() is threading.main_thread():
+        return subprocess.Popen(*args, **kwargs)
+    with _SPAWNER_LOCK:
+        if not _SPAWNER or not _SPAWNER[0].is_alive():
+            _SPAWNER[:] = [threading.Thread(target=_spawn_loop, name="ddp-spawner", daemon=True)]
+            _SPAWNER[0].start()
+    answer: queue.Queue = queue.Queue(maxsize=1)
+    _SPAWNS.put((lambda: subprocess.Popen(*args, **kwargs), answer))
+    ok, value = answer.get()
+    if not ok:
+        raise value
+    return value
+
+
+def _spawn_loop() -> None:
+    while True:
+        start, answer = _SPAWNS.get()
+        try:
+            answer.put((True, start()))
+        except BaseException as e:  # the caller raises it, on its own thread
+            log.debug("a start on the spawner thread failed", exc_info=True)
+            answer.put((False, e))
 
 
 def signal_pid(pid: int, sig: int) -> None:

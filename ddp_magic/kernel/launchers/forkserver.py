@@ -20,7 +20,7 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from ...logs import log
-from .base import Exit, LaunchError, LocalLauncher, signal_pid, worker_env
+from .base import Exit, LaunchError, LocalLauncher, popen, signal_pid, worker_env
 
 
 class ForkServerLauncher(LocalLauncher):
@@ -48,7 +48,7 @@ class ForkServerLauncher(LocalLauncher):
         self.close()  # a template that died: its pipes go
         env = worker_env()
         self.import_env, self.ready_info, self.nice = import_env(env), "", nice
-        self.proc = subprocess.Popen(
+        self.proc = popen(
             [self.python, "-m", "ddp_magic.procs.forkserver"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -62,6 +62,7 @@ class SlurmLauncher(Launcher):
     reports_exits = False  # srun's tasks are not our children: a lost control connection is the exit
     keeps_template = True  # the allocation is this launcher's template: a restart keeps it
     replaces_ranks = True  # a dead rank is forked again by its node's template (a new one only if that is gone)
+    released = ""  # once the pool stopped: what became of its job (released_text), for %ddp stop to say
 
     def __init__(self, secret: bytes, python: str = sys.executable) -> None:
         super().__init__(secret, python)
@@ -264,11 +265,22 @@ class SlurmLauncher(Launcher):
         alloc, self.alloc = self.alloc, None
         if alloc is not None:
             alloc.release()
+            self.released = released_text(alloc)
         self.tls_key = None
 
     def close(self) -> None:
         """End our steps, and release the allocation if it is ours (one the kernel found stays)."""
         self._release()
+
+
+def released_text(alloc: Allocation) -> str:
+    """What ``%ddp stop`` (and the panel's Stop) adds about the Slurm job: ours is released (cancelled while it was still
+    queued), the kernel's own stays."""
+    if not alloc.job_id:
+        return ""
+    if not alloc.ours:
+        return f"; Slurm job {alloc.job_id} kept: the kernel runs inside it"
+    return f"; Slurm job {alloc.job_id} {'released: its nodes are free' if alloc.nodes else 'cancelled while it was queued'}"
 
 
 def port_free(addr: str, port: int) -> bool:

@@ -26,7 +26,7 @@ from ...logs import log
 from ...plan.slurm import SlurmRequest
 from ...states import SchedulerState
 from . import slurm_cli as cli
-from .base import LaunchError, worker_env
+from .base import LaunchError, popen, worker_env
 from ...words import plural
 
 Progress = Callable[[str], None]
@@ -103,7 +103,7 @@ class OwnAllocation(Allocation):
     def wait(self, progress: Progress) -> None:
         env = dict(worker_env(), DDP_MAGIC_KERNEL_PID=str(os.getpid()))
         argv = pdeathsig_prefix() + self.request.salloc_argv([self.python, *HOLD])
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        self.proc = popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                      start_new_session=True, close_fds=True)  # Ctrl-C on the cell is ours to handle, not salloc's
         try:
             self._await(progress)

@@ -19,6 +19,7 @@ from typing import IO, Dict, List, Optional, Tuple
 
 from ...logs import log
 from ...wire import slurm_env
+from .base import popen
 from .slurm_alloc import pdeathsig_prefix
 
 END_WAIT_S = 5.0  # an srun asked to end (SIGTERM) cancels its step within moments
@@ -39,7 +40,7 @@ class TemplateStep:
         self._lock = threading.Lock()
         self._log = log_file
         self._nonce = 0
-        self.proc = subprocess.Popen(pdeathsig_prefix() + argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        self.proc = popen(pdeathsig_prefix() + argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True, close_fds=True)
         self._reader = threading.Thread(target=self._read, name="ddp-slurm-step", daemon=True)
         self._reader.start()

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Dict, List, Tuple
 
-from .base import Exit, LocalLauncher
+from .base import Exit, LocalLauncher, popen
 
 
 class SpawnLauncher(LocalLauncher):
@@ -24,7 +24,7 @@ class SpawnLauncher(LocalLauncher):
         self.procs: Dict[int, Tuple[int, subprocess.Popen]] = {}  # pid -> (rank, proc)
 
     def spawn(self, rank: int, config: dict) -> None:
-        proc = subprocess.Popen(
+        proc = popen(
             [self.python, "-m", "ddp_magic.procs.worker"],
             stdin=subprocess.PIPE,
             stdout=self.log,

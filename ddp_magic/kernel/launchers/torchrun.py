@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Dict, List, Optional
 
 from ...logs import log
-from .base import Exit, LaunchError, Launcher
+from .base import Exit, LaunchError, Launcher, popen
 
 if TYPE_CHECKING:
     from ...plan.plan import Plan
@@ -62,7 +62,7 @@ class TorchrunLauncher(Launcher):
         ``store_path`` is unused: ranks on several hosts cannot share a FileStore."""
         host, port = plan.master_addr, plan.master_port
         self.secret_file = self._write_secret(plan.run_id)
-        self.store = subprocess.Popen(
+        self.store = popen(
             [self.python, "-m", "ddp_magic.procs.rendezvous", host, str(port)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=base_env, start_new_session=True, close_fds=True,
         )
@@ -73,7 +73,7 @@ class TorchrunLauncher(Launcher):
         worker_args = ["-m", "ddp_magic.procs.worker", "--connect", f"{control_addr}:{control_port}", "--secret-file", self.secret_file,
                        "--backend", plan.backend] + ([] if plan.init else ["--no-init"])
         rdzv = rendezvous_args(plan.nnodes, plan.nproc, f"{host}:{port}", plan.run_id)
-        self.agent = subprocess.Popen(
+        self.agent = popen(
             [self.python, "-m", "torch.distributed.run"] + rdzv + ["--rdzv-conf", "is_host=false"] + worker_args,
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=base_env, start_new_session=True, close_fds=True,
         )

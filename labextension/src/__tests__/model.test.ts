@@ -412,6 +412,13 @@ describe('command policy', () => {
     }
   });
 
+  it('says a cancelled job was cancelled, not interrupted', () => {
+    const text = 'cancelled by job.cancel(): ranks 0-1 stopped at step 40; state kept';
+    const last: ILastCell = { number: 6, ok: false, headline: text, recovered: true, root: [], causes: {}, text: `last cell In[6]: ${text}`, cancelled: true };
+    const s = connected(pool([rank(0), rank(1)], { last_cell: last }), 'idle', 1000);
+    assert.equal(statusText(s, 1000), 'DDP 2×gloo · ready · In[6]: cancelled');
+  });
+
   it('refuses Restart, Stop and %ddp_env while a background job holds the pool, before asking anything', () => {
     const job: IJobSnapshot = { name: 'cell [12]', background: true, phase: 'running', elapsed: 30, step: 120, text: '' };
     const ranks = [rank(0, { state: 'running' }), rank(1, { state: 'running' })];
