@@ -108,7 +108,8 @@ export function savedView(output: Record<string, any>): Record<string, any> | nu
   if (!data || !data[WIDGET_MIME] || typeof text !== 'string' || !/class=['"]ddp-status\b/.test(text)) {
     return null;
   }
-  const { [WIDGET_MIME]: _widget, ...rest } = data;
+  const rest: Record<string, any> = { ...data };
+  delete rest[WIDGET_MIME];
   const note = `<div class='ddp-status-saved' style='font-size:var(--jp-ui-font-size0,11px);opacity:0.8'>${SAVED_NOTE}</div>`;
   return { ...output, data: { ...rest, 'text/html': text + note } };
 }
