@@ -65,7 +65,12 @@ def steps_shown(text: str, rank: int) -> List[int]:
 def shot(page: Any, kind: str, what: str) -> None:
     os.makedirs(OUT, exist_ok=True)
     path = os.path.join(OUT, f"bg-reloaded-{what}-{kind}.png")
-    page.locator(".jp-Notebook .jp-CodeCell").nth(BG_CELL).screenshot(path=path)
+    cell = page.locator(".jp-Notebook .jp-CodeCell").nth(BG_CELL)
+    # live: the cell's top (its view, its first lines); settled: the job's chart at the end of its output
+    part = cell if what == "live" else cell.locator(".jp-OutputArea-output > .ddp-metrics")
+    part.scroll_into_view_if_needed()
+    box = part.bounding_box()
+    page.screenshot(path=path, clip={"x": box["x"], "y": max(0, box["y"]), "width": box["width"], "height": min(box["height"], 640)})
     if os.environ.get("DDP_MAGIC_UPDATE_DOCS_IMG") == "1":
         kept = os.path.join(ROOT, "docs", "img", "ui", os.path.basename(path))
         shutil.copyfile(path, kept)
