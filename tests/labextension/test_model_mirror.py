@@ -124,9 +124,11 @@ def test_a_background_job_reads_the_same_in_the_status_bar_and_in_percent_ddp_st
 
     seconds = [0, 0.4, 7.9, 59.99, 61, 3599.5, 3731, 86399, 360000]
     assert _node_model(f"{json.dumps(seconds)}.map(M.clockText)") == [clock_text(s) for s in seconds]
-    tickets = [Ticket("cell [12]", True), Ticket("cell [3]", True, since=0.0), Ticket("cell [7]", False, since=0.0)]
+    tickets = [Ticket("cell [12]", True), Ticket("cell [3]", True, since=0.0, ran=0.0), Ticket("cell [7]", False, since=0.0, ran=0.0),
+               Ticket("cell [9]", True, since=0.0)]  # the last: its pool starts, its cell has not reached the ranks
     tickets[1].progress = lambda: 4120
     jobs = [job_dict(t) for t in tickets]
     shown = _node_model(f"{json.dumps(jobs)}.map(j => M.jobText(j, 0, 0))")
     assert shown == [j["text"] for j in jobs]  # read at the snapshot's moment: the kernel's own words
     assert shown[0] == "background: cell [12] queued" and re.fullmatch(r"background: cell \[3\] running \d+:\d\d:\d\d, step 4,120", shown[1])
+    assert shown[3] == "background: cell [9] starting"

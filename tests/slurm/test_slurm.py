@@ -94,6 +94,22 @@ def test_two_nodes_train_ddp_over_tls(sk, no_jobs_left):
     assert wait_no_jobs(10) == [], "%ddp stop releases the allocation we made, and says so"
 
 
+def test_a_background_cell_s_pool_and_allocation_outlive_its_job(sk, no_jobs_left):
+    """The job's thread starts salloc and the node templates; they ask for a parent-death signal, which Linux sends
+    when that *thread* ends: started there, the allocation went with the job. They start on a lasting thread."""
+    for _attempt in range(2):
+        cell = "%%ddp --slurm --nodes 2 --ntasks-per-node 2 --bg --out job\nimport os\n(os.environ['SLURM_JOB_ID'], os.getpid())"
+        sk.run(cell, timeout=60).ok()
+        assert sk.value("job.wait(180)") is True, sk.run("repr(job)").result
+        ran = [tuple(v) for v in sk.value("[list(v) for v in job.result()]")]
+        time.sleep(2)  # the job's thread has ended
+        assert our_jobs() == [f"{ran[0][0]} RUNNING"], "the allocation outlives the job"
+        sk.run("%%ddp\nimport os\n(os.environ['SLURM_JOB_ID'], os.getpid())", timeout=120).ok()
+        assert [tuple(v) for v in sk.value("[list(v) for v in _]")] == ran, "the same ranks answer the next cell"
+    sk.run("%ddp stop").ok()
+    assert wait_no_jobs(10) == []
+
+
 def test_rank_killed_on_n2_costs_only_that_rank(sk, no_jobs_left):
     sk.run("%%ddp --slurm --nodes 2 --ntasks-per-node 2\nimport os, torch, torch.distributed as dist\nkept = dist.get_rank() * 10\nos.getpid()",
            timeout=180).ok()
