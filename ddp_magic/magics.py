@@ -39,7 +39,7 @@ from .ui.report import env_report
 from .ui.output import RankPrinter, parse_ranks
 from .ui.results import CellNumbers, RankResults, running_cell
 from .ui.metrics_view import metrics_data
-from .ui import debugging
+from .ui import debugging, transcripts
 from .words import plural
 
 
@@ -211,7 +211,7 @@ class DDPMagics(Magics):
         number, first_line = running_cell(self.shell)  # In [n], and the editor's line of the body's first
         ticket = Ticket(f"cell [{number}]" if isinstance(number, int) else "a %%ddp cell", background=args.bg)
         printer = RankPrinter(_ranks(args.ranks) if args.ranks else None, ordered=args.ordered, read_back=_read_back(args, number))
-        listener = MagicListener(printer, args.quiet, args.ranks, widget=not args.no_widget)
+        listener = MagicListener(printer, args.quiet, args.ranks, widget=not args.no_widget, cell=str(number) if isinstance(number, int) else "")
         request = _pool_request(args)
         spec = self.session.spec_for(**request) if request else None
         mailbox = debugging.background_mailbox(printer.flush, listener.on_notice) if args.bg else None  # --bg: questions wait there
@@ -230,6 +230,7 @@ class DDPMagics(Magics):
         job.outputs = functools.partial(self.session.output, cell=str(number) if isinstance(number, int) else None)  # job.output(N)
         self.session.history.begin_late(ticket)  # %ddp_export: its run goes to this cell's record, whenever it ends
         self.jobs = [j for j in self.jobs if not j.done()] + [job]
+        transcripts.begin(self.shell, ticket.name, job.done)  # its outputs are kept: a page that reloads gets them back
         job.start()
         if args.out:
             self.user_ns[args.out] = job

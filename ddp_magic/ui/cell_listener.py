@@ -24,13 +24,13 @@ from .output import RankPrinter, parse_ranks
 class MagicListener(CellListener):
     """What a cell shows while it runs: rank-prefixed output, notices (on stdout), the status view, the lab panel."""
 
-    def __init__(self, printer: RankPrinter, quiet: bool = False, ranks: Optional[str] = None, widget: bool = True) -> None:
+    def __init__(self, printer: RankPrinter, quiet: bool = False, ranks: Optional[str] = None, widget: bool = True, cell: str = "") -> None:
         self.printer = printer
         self.quiet = quiet
         self.ranks = ranks
         self.widget = widget
         self.view: Optional[Any] = None  # the status view (ui/status.StatusView), once shown
-        self.metrics = MetricsView()  # ddp_magic.log's live chart, and its static picture when the cell ends
+        self.metrics = MetricsView(cell=cell)  # ddp_magic.log's live chart (labelled with the cell's In [n]), its static picture at the end
         self.slurm = False  # a Slurm pool: prefixes name each rank's node
         self.queued_notice = ""  # "queued behind cell [16], …" while this cell waits its turn; withdrawn when it comes
         self.ended = False

@@ -1,40 +1,31 @@
 """The kernel side of the JupyterLab extension (``labextension/``): a comm target.
 
-``%load_ext ddp_magic`` calls :func:`register`. In a kernel with a comm manager
-(ipykernel) it registers the comm target ``ddp_magic``; plain IPython has none,
-and then nothing happens here at all. The front end opens a comm of that target
-once a ``comm_info_request`` shows the target, so this module keeps one silent
-comm of it registered (never opened towards a front end) while loaded. Front ends
-without the extension (VS Code, nbclient, nbval) never get a message from here.
+``%load_ext ddp_magic`` calls :func:`register`. In a kernel with a comm manager (ipykernel) it registers the comm
+target ``ddp_magic``; plain IPython has none, and then nothing happens here at all. The front end opens a comm of
+that target once a ``comm_info_request`` shows the target, so this module keeps one silent comm of it registered
+(never opened towards a front end) while loaded. Front ends without the extension never get a message from here.
 
 Kernel → front end, on every open comm:
 
-- ``{"type": "snapshot", "session", "seq", "version", "protocol", "pool", "notices", "final"}``:
-  ``pool`` is None or the session's pool (ui/labsnap.py builds it: ranks, the last
-  cell, the env checks). While a cell runs, snapshots follow the pool's events, at
-  most one per ``MIN_INTERVAL`` (a trailing timer sends a burst's last change), and
-  a watcher looks every ``MIN_INTERVAL`` for changes no event announces (a pool
-  starting, a restart). When a cell ends one more is sent if anything changed.
+- ``{"type": "snapshot", "session", "seq", "version", "protocol", "pool", "notices", "final", "cells"}``: ``pool`` is
+  None or the session's pool (ui/labsnap.py builds it: ranks, the last cell, the env checks); ``cells``: the kept
+  background cells (ui/transcripts.py). While a cell runs, snapshots follow the pool's events, at most one per
+  ``MIN_INTERVAL`` (a trailing timer sends a burst's last change), and a watcher looks every ``MIN_INTERVAL`` for
+  changes no event announces (a pool starting, a restart). When a cell ends one more is sent if anything changed.
   ``notices`` are forgotten when the next ``%%ddp`` cell runs.
-- ``{"type": "metrics", ...}``: a cell's ``ddp_magic.log`` chart (:func:`metrics`); a
-  comm that opens later (a reload) gets the last one, if the pool it was logged on runs.
+- ``{"type": "metrics", ...}``: a cell's ``ddp_magic.log`` chart (:func:`metrics`); a comm that opens later gets the last.
 - ``{"type": "reply", "id", "op", "ok", "message", "error"?, "report"?}`` for a request.
+- ``{"type": "cell_output", ...}``: a background cell's output, to a page that follows it (ui/transcripts.py).
 
-Front end → kernel: ``{"type": "request", "id", "op", "args"}`` with op ``restart``
-(optional ``args.nproc``), ``stop``, ``env`` or ``status``. They call the same
-:class:`~ddp_magic.session.Session` methods as ``%ddp restart``, ``%ddp stop``,
-``%ddp_env --json`` and ``%ddp status``; the reply is built from what they return.
+Front end → kernel: ``{"type": "request", "id", "op", "args"}`` with op ``restart`` (optional ``args.nproc``),
+``stop``, ``env``, ``status`` (the same Session calls as ``%ddp restart``, ``%ddp stop``, ``%ddp_env --json``,
+``%ddp status``; the reply is built from what they return) or ``follow`` (``args.msg_id``: a background cell's).
 
-Threads. Comm messages arrive on the shell channel: on the main thread between
-cells, or on a kernel subshell's thread while a cell runs (JupyterLab ≥ 4.4 with
-ipykernel ≥ 7). The pool belongs to the main thread: ``restart``, ``stop`` and
-``env`` from another thread go to the main thread's event loop, which runs them
-when no cell holds it, after a ``{"type": "queued", "id", "op", "reason"}`` while a
-cell runs. ``status`` and snapshots only read: answered on any thread.
-
-Nothing here may break a cell: every hook swallows its own errors (the last one
-is kept in ``LabBridge.last_error``, and each is logged: ``%ddp log`` shows them).
-"""
+Threads. Comm messages arrive on the shell channel: on the main thread between cells, or on a kernel subshell's
+thread while a cell runs (JupyterLab ≥ 4.4 with ipykernel ≥ 7). The pool belongs to the main thread: ``restart``,
+``stop`` and ``env`` from another thread go to the main thread's event loop, which runs them when no cell holds it,
+after a ``{"type": "queued", "id", "op", "reason"}`` while a cell runs. The rest only read: answered on any thread.
+Nothing here may break a cell: every hook swallows its own errors (``LabBridge.last_error``, the log)."""
 from __future__ import annotations
 
 import asyncio
@@ -53,6 +44,7 @@ from ..logs import log
 from ..session import NO_POOL, Session
 from .labsnap import PoolSnapshots, jsonable
 from .report import env_report
+from .transcripts import RECORDER
 
 TARGET = "ddp_magic"
 PROTOCOL = 1  # labextension/src/model.ts PROTOCOL
@@ -109,6 +101,7 @@ def register(shell: Any, session: Any) -> Optional["LabBridge"]:
     if _bridge is not None:
         _bridge.close()
     _bridge = LabBridge(shell, session, manager)
+    RECORDER.install(kernel)  # a background cell's outputs are kept: a page that reloads gets them back
     return _bridge
 
 
@@ -203,18 +196,23 @@ class LabBridge:
             self._announce = None
         _quietly("unregistering pre_run_cell", lambda: self.shell.events.unregister("pre_run_cell", self._pre_run_cell))
         _quietly("unregistering post_run_cell", lambda: self.shell.events.unregister("post_run_cell", self._post_run_cell))
+        _quietly("uninstalling the transcripts", RECORDER.uninstall)
 
     # ------------------------------------------------------------ comms
     def _on_open(self, comm: Any, msg: dict) -> None:
         self.comms[comm.comm_id] = comm
         comm.on_msg(lambda m, c=comm: self._on_msg(c, m))
-        comm.on_close(lambda m, cid=comm.comm_id: self.comms.pop(cid, None))
+        comm.on_close(lambda m, cid=comm.comm_id: self._closed(cid))
         with self._lock:
             self._send(comm, self.snapshot(final=True))
         chart = self.last_metrics
         if chart is not None and chart[1] == self.pool_key():  # a reload keeps the pool's chart; a restarted pool has none
             self._send(comm, chart[0])
         self._start_watch()  # connected while a cell runs: changes no event announces reach it too
+
+    def _closed(self, comm_id: str) -> None:
+        self.comms.pop(comm_id, None)
+        RECORDER.unfollow(comm_id)
 
     def pool_key(self) -> Any:
         """Which start of which pool runs now (None: no pool): a chart belongs to the pool it was logged on."""
@@ -227,6 +225,8 @@ class LabBridge:
             if data.get("type") != "request":
                 return
             op, rid, args = str(data.get("op")), data.get("id"), data.get("args") or {}
+            if op == "follow":  # only reads, on any thread; the front end joins the reply and the cell's next messages by seq
+                return self._send(comm, jsonable(RECORDER.follow_reply(rid, args, comm.comm_id, lambda d: self._send(comm, d))))
             if op in ("restart", "stop", "env") and threading.current_thread() is not self._main and self._loop is not None:
                 # a subshell's thread: the pool belongs to the main thread (see the module's docstring)
                 if self.cell_running:
@@ -379,7 +379,7 @@ class LabBridge:
         from .._version import __version__
 
         return {"type": "snapshot", "session": self.session_id, "seq": seq, "version": __version__, "protocol": PROTOCOL,
-                "pool": self.pools.pool_dict(), "notices": list(self.notices), "final": final}
+                "pool": self.pools.pool_dict(), "notices": list(self.notices), "final": final, "cells": RECORDER.briefs()}
 
 
 def _main_loop() -> Optional[asyncio.AbstractEventLoop]:

@@ -11,7 +11,8 @@ sanitized). What stays in the notebook must survive JupyterLab's sanitizer, beca
 shipped or reopened notebook is untrusted and there text/html is still the output shown
 (it is a "safe" renderer: it sanitizes), and the sanitizer drops every <svg> element and
 every ``var()`` style. So the saved chart draws each metric as an <img> of a self-contained
-SVG (a data: URL, which the sanitizer keeps on <img>) on its own light card, and writes the
+SVG (a data: URL, which the sanitizer keeps on <img>) on its own light card (the JupyterLab extension's
+stylesheet darkens the picture in a dark theme: labextension/style/cell.css), and writes the
 legend and table in plain HTML whose colours come as a hex value first. The text/plain form
 is the headline and the same table as text (what a terminal or a plain IPython shows).
 
@@ -29,6 +30,8 @@ import html
 import math
 from enum import Enum
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from ..words import rank_list
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 TEXT = "var(--jp-ui-font-color1,#24292f)"
@@ -89,6 +92,37 @@ def fmt(x: Optional[float]) -> str:
         if abs(m) < 1000:
             return f"{m:.3g}{suffix}"
     return f"{x:.3g}"
+
+
+def tick_labels(values: Sequence[float]) -> List[str]:
+    """The y axis' labels, in one precision: 4 significant digits on the largest, every label with as many decimals,
+    and no more than the labels need ("1.05", "8.92", "16.80"; "0.0", "0.5", "1.0"), so that they read as one scale.
+    From 10,000 up, and below 0.0001, ``fmt``'s own forms ("15.9k", "1e-05"). labextension/src/metrics.ts tickLabels
+    is the same."""
+    top = max(abs(v) for v in values)
+    if not top > 0 or top >= 1e4 or top < 1e-4:
+        return [fmt(v) for v in values]
+    decimals = max(0, 3 - math.floor(math.log10(top)))
+    labels = [f"{v:.{decimals}f}" for v in values]
+    while decimals > 0 and all(t.endswith("0") for t in labels):
+        decimals -= 1
+        labels = [f"{v:.{decimals}f}" for v in values]
+    return [t.replace("-", "") if float(t) == 0 else t for t in labels]
+
+
+def identical_ranks(lines: Dict[str, List[List[Any]]]) -> List[List[int]]:
+    """The ranks whose points are all the same (a loss DDP keeps in step): groups of two or more, lowest rank first.
+    One line is drawn per group, in its first rank's colour, and the chart says so: drawn one over the other, the last
+    rank's line would hide the others'. labextension/src/metrics.ts identicalRanks is the same."""
+    groups: Dict[Tuple[Tuple[Any, ...], ...], List[int]] = {}
+    for rank in sorted(lines, key=int):
+        groups.setdefault(tuple(tuple(p) for p in lines[rank]), []).append(int(rank))
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def identical_text(groups: Sequence[Sequence[int]]) -> str:
+    """ "ranks 0-1 identical" ('' when none)."""
+    return "; ".join(f"ranks {rank_list(g)} identical" for g in groups)
 
 
 def slowest_text(s: Dict[str, Any]) -> str:
@@ -229,7 +263,11 @@ def metric_svg(payload: Dict[str, Any], name: str, form: ChartForm = ChartForm.L
     ink = INKS[form]
     lines = payload.get("series", {}).get(name, {})
     x0, x1, y0, y1 = _bounds(lines)
-    ticks = [(y0 + f * (y1 - y0), fmt(y0 + f * (y1 - y0))) for f in (0.0, 0.5, 1.0)]
+    values = [y0 + f * (y1 - y0) for f in (0.0, 0.5, 1.0)]
+    ticks = list(zip(values, tick_labels(values)))
+    same = identical_ranks(lines)
+    once = {r for g in same for r in g[1:]}  # drawn in their group's first rank's line
+    note = fit(identical_text(same), W / 2) if same else ""
     left = PAD + max(text_width(t) for _, t in ticks) + GAP
     pw, ph = W - left - RIGHT, H - TOP - BOTTOM
 
@@ -240,13 +278,17 @@ def metric_svg(payload: Dict[str, Any], name: str, form: ChartForm = ChartForm.L
         return TOP + (y1 - y) / (y1 - y0) * ph
 
     parts = [f"<rect x='0.5' y='0.5' width='{W - 1}' height='{H - 1}' rx='4' style='fill:{ink.card};stroke:{ink.grid}'/>"] if ink.card else []
-    parts.append(_label(PAD, 13, fit(name, W - 2 * PAD, bold=True), ink.text, bold=True))
+    parts.append(_label(PAD, 13, fit(name, W - 2 * PAD - (text_width(note) + GAP * 2 if note else 0), bold=True), ink.text, bold=True))
+    if note:
+        parts.append(_label(W - PAD, 13, note, ink.muted, "end"))
     for y, text in ticks:
         parts.append(f"<line x1='{left:.1f}' x2='{W - RIGHT}' y1='{py(y):.1f}' y2='{py(y):.1f}' style='stroke:{ink.grid};stroke-width:1'/>")
         parts.append(_label(left - GAP, py(y) + 4, text, ink.muted, "end"))
     parts.append(_label(px(x0), H - 4, fmt(x0), ink.muted, "start"))
     parts.append(_label(px(x1), H - 4, fmt(x1), ink.muted, "end"))
     for rank in sorted(lines, key=int):
+        if int(rank) in once:
+            continue
         pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in lines[rank] if y is not None)
         if pts:
             parts.append(f"<polyline points='{pts}' style='fill:none;stroke:{rank_color(int(rank), form)};stroke-width:1.5'/>")

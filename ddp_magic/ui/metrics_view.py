@@ -34,8 +34,8 @@ class MetricsView(Listener):
     """The live chart of one cell (``interval``: seconds between two redraws)."""
 
     def __init__(self, interval: float = 1.0, publish: Publish = labcomm.metrics, display: Optional[Callable[..., Any]] = None,
-                 on_redraw: Optional[Callable[[], None]] = None) -> None:
-        self.data = CellMetrics()
+                 on_redraw: Optional[Callable[[], None]] = None, cell: str = "") -> None:
+        self.data = CellMetrics(cell)  # its label (the cell's In [n]) goes with each live message: the panel tells cells apart by it
         self.interval = interval
         self.publish = publish
         self._display = display

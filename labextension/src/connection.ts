@@ -23,7 +23,7 @@ import { UUID } from '@lumino/coreutils';
 import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { COMM_TARGET, type IReplyMsg, type IUIState, type KernelStatus, type Op, PROTOCOL } from './model';
+import { COMM_TARGET, type ICellOutputMsg, type IFollowReply, type IReplyMsg, type IUIState, type KernelStatus, type Op, PROTOCOL } from './model';
 import { applyMessage, disconnected, initialState, withKernelStatus, withRequest } from './state';
 
 /** How long a comm_info question over a subshell may go unanswered before the next one may be asked. */
@@ -72,6 +72,16 @@ export class PoolConnection implements IDisposable {
 
   get changed(): ISignal<this, void> {
     return this._changed;
+  }
+
+  /** A followed background cell's next output message (rebind.ts applies it). */
+  get cellOutput(): ISignal<this, ICellOutputMsg> {
+    return this._cellOutput;
+  }
+
+  /** This page's connection to the kernel (the session of the execute requests it sends); '' without a kernel. */
+  get clientId(): string {
+    return this._kernel()?.clientId ?? '';
   }
 
   get state(): IUIState {
@@ -163,6 +173,22 @@ export class PoolConnection implements IDisposable {
     });
   }
 
+  /**
+   * Follow a background cell another page ran (ddp_magic/ui/transcripts.py): resolves with its outputs now and their
+   * seq; each later message comes as `cellOutput`. Not a command: nothing pending is shown.
+   */
+  follow(msgId: string): Promise<IFollowReply> {
+    const comm = this._comm;
+    if (!comm) {
+      return Promise.reject(new Error('ddp_magic is not connected to this kernel'));
+    }
+    const id = UUID.uuid4();
+    return new Promise<IFollowReply>((resolve, reject) => {
+      this._waiters.set(id, { resolve: r => resolve(r as unknown as IFollowReply), reject });
+      comm.send({ type: 'request', id, op: 'follow', args: { msg_id: msgId } } as any);
+    });
+  }
+
   /** Interrupt the kernel: the running %%ddp cell interrupts every rank (KeyboardInterrupt in each). */
   async interrupt(): Promise<void> {
     const kernel = this._kernel();
@@ -241,7 +267,14 @@ export class PoolConnection implements IDisposable {
         return;
       }
       const data = msg.content.data as unknown;
-      this._set(applyMessage(this._state, data, Date.now()));
+      const kind = data && typeof data === 'object' ? (data as { type?: string; op?: string }) : {};
+      if (kind.type === 'cell_output') {
+        this._cellOutput.emit(data as ICellOutputMsg);
+        return;
+      }
+      if (kind.type !== 'reply' || kind.op !== 'follow') {
+        this._set(applyMessage(this._state, data, Date.now()));
+      }
       if (data && (data as IReplyMsg).type === 'reply') {
         const reply = data as IReplyMsg;
         const waiter = this._waiters.get(reply.id);
@@ -384,6 +417,7 @@ export class PoolConnection implements IDisposable {
   private _version: string;
   private _state: IUIState = initialState();
   private _changed = new Signal<this, void>(this);
+  private _cellOutput = new Signal<this, ICellOutputMsg>(this);
   private _comm: Kernel.IComm | null = null;
   private _asking = { main: false, sub: false }; // a comm_info question in flight on the main shell, over a subshell
   private _probeRound = 0; // bumped when the kernel restarts or changes: questions in flight are abandoned

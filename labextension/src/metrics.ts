@@ -2,7 +2,7 @@
  * ddp_magic.log's chart data (the kernel's {type: "metrics"} message): parsed, formatted, laid out as SVG lines.
  */
 
-import { cellName, fmtSeconds } from './format';
+import { cellName, fmtSeconds, rankRuns } from './format';
 import type { IMetricsMsg, IMetricSummary, MetricPoint } from './model';
 
 const num = (x: unknown): number | null => (typeof x === 'number' && isFinite(x) ? x : null);
@@ -135,6 +135,44 @@ export function fmtValue(x: number | null | undefined): string {
   return pyG(x, 3);
 }
 
+/**
+ * The y axis' labels, in one precision: 4 significant digits on the largest, every label with as many decimals, and
+ * no more than the labels need (1.05 / 8.92 / 16.80, 0.0 / 0.5 / 1.0), so that they read as one scale. From 10,000
+ * up, and below 0.0001, fmtValue's own forms (15.9k, 1e-05). ddp_magic/ui/metrics_chart.py tick_labels is the same.
+ */
+export function tickLabels(values: number[]): string[] {
+  const top = Math.max(...values.map(v => Math.abs(v)));
+  if (!(top > 0) || top >= 1e4 || top < 1e-4) {
+    return values.map(v => fmtValue(v));
+  }
+  let decimals = Math.max(0, 3 - Math.floor(Math.log10(top)));
+  let labels = values.map(v => v.toFixed(decimals));
+  while (decimals > 0 && labels.every(l => l.endsWith('0'))) {
+    decimals--;
+    labels = values.map(v => v.toFixed(decimals));
+  }
+  return labels.map(l => (Number(l) === 0 ? l.replace('-', '') : l));
+}
+
+/**
+ * The ranks whose points are all the same (a loss DDP keeps in step): groups of two or more, lowest rank first. One
+ * line is drawn for each group, in its first rank's colour, and the chart says so ("ranks 0-1 identical"): drawn
+ * one over the other, the last rank's line would hide the others'. ddp_magic/ui/metrics_chart.py identical_ranks is the same.
+ */
+export function identicalRanks(lines: Record<string, MetricPoint[]>): number[][] {
+  const groups = new Map<string, number[]>();
+  for (const rank of Object.keys(lines).sort((a, b) => Number(a) - Number(b))) {
+    const key = JSON.stringify(lines[rank]);
+    groups.set(key, [...(groups.get(key) || []), Number(rank)]);
+  }
+  return [...groups.values()].filter(g => g.length > 1);
+}
+
+/** What a chart says of its identical ranks: "ranks 0-1 identical" ('' when none). */
+export function identicalText(groups: number[][]): string {
+  return groups.map(g => `ranks ${rankRuns(g)} identical`).join('; ');
+}
+
 /** The line over a chart: what was logged, by how many ranks, over which steps, and whether the cell still runs. */
 export function metricsHeadline(m: IMetricsMsg): string {
   const steps = m.summary.reduce<number[]>((acc, s) => acc.concat(s.steps), []);
@@ -167,7 +205,8 @@ export interface IChart {
   plot: { x0: number; x1: number; y0: number; y1: number }; // the plot area, in pixels
   yTicks: Array<{ y: number; label: string }>; // the bottom, middle and top values, with a grid line each
   xTicks: Array<{ x: number; label: string; anchor: 'start' | 'end' }>; // the first and last step
-  lines: IChartLine[]; // one per rank that logged the metric, in rank order
+  lines: IChartLine[]; // one per rank that logged the metric, in rank order (one per group of identical ranks)
+  same: number[][]; // the groups of ranks whose points are identical (identicalRanks)
 }
 
 /** The data range of some lines (metrics_chart._bounds): a single step or a flat line is widened so it can be drawn. */
@@ -196,12 +235,18 @@ export function metricChart(m: IMetricsMsg, name: string, width: number, height 
   const lines = m.series[name] || {};
   const [x0, x1, y0, y1] = chartBounds(lines);
   const values = [0, 0.5, 1].map(f => y0 + f * (y1 - y0));
-  const left = Math.max(CHART.left, Math.ceil(Math.max(...values.map(v => measure(fmtValue(v))))) + CHART.gap + 2);
+  const labels = tickLabels(values);
+  const left = Math.max(CHART.left, Math.ceil(Math.max(...labels.map(l => measure(l)))) + CHART.gap + 2);
+  const same = identicalRanks(lines);
+  const drawnOnce = new Set(same.reduce<number[]>((acc, g) => acc.concat(g.slice(1)), []));
   const plot = { x0: left, x1: width - CHART.right, y0: CHART.top, y1: height - CHART.bottom };
   const px = (x: number) => plot.x0 + ((x - x0) / (x1 - x0)) * (plot.x1 - plot.x0);
   const py = (y: number) => plot.y0 + ((y1 - y) / (y1 - y0)) * (plot.y1 - plot.y0);
   const out: IChartLine[] = [];
   for (const rank of Object.keys(lines).sort((a, b) => Number(a) - Number(b))) {
+    if (drawnOnce.has(Number(rank))) {
+      continue; // the same points as a lower rank's, drawn in its colour
+    }
     const points = lines[rank]
       .filter(p => p[1] !== null)
       .map(([x, y]) => `${px(x).toFixed(1)},${py(y as number).toFixed(1)}`)
@@ -215,12 +260,13 @@ export function metricChart(m: IMetricsMsg, name: string, width: number, height 
     width,
     height,
     plot,
-    yTicks: values.map(v => ({ y: py(v), label: fmtValue(v) })),
+    yTicks: values.map((v, i) => ({ y: py(v), label: labels[i] })),
     xTicks: [
       { x: px(x0), label: fmtValue(x0), anchor: 'start' },
       { x: px(x1), label: fmtValue(x1), anchor: 'end' }
     ],
-    lines: out
+    lines: out,
+    same
   };
 }
 

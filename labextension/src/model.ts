@@ -8,6 +8,7 @@
  *   {type: "snapshot", seq, version, pool: PoolSnapshot | null, notice?, final}
  *   {type: "reply", id, op, ok, message, error?, report?}
  *   {type: "metrics", session, final, cell, names, ranks, rows, series, summary}  (ddp_magic.log's chart data)
+ *   {type: "cell_output", msg_id, seq, msg_type, content}  (a followed background cell's output: ui/transcripts.py)
  */
 
 /** The comm target the IPython extension registers (ddp_magic/ui/labcomm.py TARGET). */
@@ -150,6 +151,44 @@ export interface ISnapshotMsg {
   pool: IPoolSnapshot | null;
   notices: string[];
   final: boolean;
+  /** The background cells whose outputs the kernel keeps (ddp_magic/ui/transcripts.py): a page that did not run one follows it. */
+  cells?: ICellBrief[];
+}
+
+/** A background cell the kernel keeps the outputs of (ddp_magic/ui/transcripts.py Transcript.brief). */
+export interface ICellBrief {
+  msg_id: string; // its execute request's: the parent of all its outputs
+  cell_id: string; // the notebook's id of the cell (the request's metadata.cellId)
+  client: string; // the page that ran it (its kernel connection's clientId): that page routes the cell's outputs itself
+  name: string; // "cell [12]"
+  ended: boolean;
+}
+
+/** One output message of a background cell, as its output area receives it (iopub's msg_type and content). */
+export interface IOutputMsg {
+  msg_type: string;
+  content: Record<string, any>;
+}
+
+/** A followed cell's next output message (seq: one more than the last the page has). */
+export interface ICellOutputMsg extends IOutputMsg {
+  type: 'cell_output';
+  msg_id: string;
+  seq: number;
+}
+
+/** The reply to {op: "follow"}: what the cell shows now, and the seq its next message will follow. */
+export interface IFollowReply {
+  type: 'reply';
+  id: string;
+  op: 'follow';
+  ok: boolean;
+  error?: string;
+  msg_id: string;
+  cell_id: string;
+  seq: number;
+  ended: boolean;
+  outputs: IOutputMsg[];
 }
 
 export interface IEnvReport {

@@ -3,7 +3,7 @@
  * sidebar (inline SVG, a line per rank in the cell chart's rank colours) and the summary table.
  */
 import type { IMetricsMsg } from './model';
-import { CHART, estimateWidth, type IChart, metricChart, metricRows, metricsHeadline, rankColour } from './metrics';
+import { CHART, estimateWidth, type IChart, identicalText, metricChart, metricRows, metricsHeadline, rankColour } from './metrics';
 import { el, prose, svg } from './dom';
 
 /** One metric's chart as inline SVG: grid lines with their values, the first and last step, a polyline per rank. */
@@ -91,7 +91,11 @@ export class MetricsSection {
       fig.dataset.name = name;
       const title = fig.appendChild(el('div', 'jp-ddp-Metric-name', name));
       title.title = name; // a long name is cut with … (never wrapped inside): the whole of it here
-      fig.appendChild(chartSvg(metricChart(m, name, width, CHART.height, measure)));
+      const chart = metricChart(m, name, width, CHART.height, measure);
+      if (chart.same.length) {
+        fig.appendChild(el('div', 'jp-ddp-Metric-same', identicalText(chart.same))); // one line drawn for them
+      }
+      fig.appendChild(chartSvg(chart));
       box.appendChild(fig);
     }
     box.appendChild(this._table(m));

@@ -8,6 +8,7 @@ import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { PoolConnection } from './connection';
+import { CellRebinder } from './rebind';
 import { poolPhase } from './ranks';
 
 export class ConnectionTracker {
@@ -29,6 +30,11 @@ export class ConnectionTracker {
     return this._current;
   }
 
+  /** The rebinder of a notebook panel (rebind.ts), once its connection exists. */
+  rebinderFor(panel: NotebookPanel): CellRebinder | null {
+    return this._rebinders.get(panel) ?? null;
+  }
+
   /** Every open notebook's connection. */
   get connections(): PoolConnection[] {
     return [...this._connections.values()];
@@ -44,12 +50,16 @@ export class ConnectionTracker {
     if (!conn) {
       conn = new PoolConnection(panel.sessionContext, this._version);
       this._connections.set(panel, conn);
+      const rebinder = new CellRebinder(panel, conn); // a background cell another page ran (before a reload) gets its outputs back
+      this._rebinders.set(panel, rebinder);
       conn.changed.connect(() => {
         if (conn === this._current) {
           this._updated.emit();
         }
       }, this);
       panel.disposed.connect(() => {
+        this._rebinders.get(panel)?.dispose();
+        this._rebinders.delete(panel);
         this._connections.get(panel)?.dispose();
         this._connections.delete(panel);
         if (this._current === conn) {
@@ -92,6 +102,7 @@ export class ConnectionTracker {
   private _notebooks: INotebookTracker;
   private _version: string;
   private _connections = new Map<NotebookPanel, PoolConnection>();
+  private _rebinders = new Map<NotebookPanel, CellRebinder>();
   private _current: PoolConnection | null = null;
   private _updated = new Signal<this, void>(this);
   private _timer: number;

@@ -7,11 +7,13 @@ left ``loss0.00026287.29314.59049`` where the chart was. The saved chart is buil
 HTML. This opens the committed notebook as a user would and checks what a person sees: every picture decoded at its
 size and no stray text where the pictures are; every label inside its picture, measured by Chromium's own fonts; the
 legend's colours; numbers in the table that are consistent (min <= last <= the range's top); and the profiled cell's
-chart naming the rank its profile says everyone waited for. Shots (light and dark) go to
+chart naming the rank its profile says everyone waited for; each picture light in the light theme and dark in the
+dark one (its pixels as Chromium paints them: not a white card on a dark page). Shots (light and dark) go to
 ``$DDP_MAGIC_UI_OUT/saved-chart-untrusted-*.png`` and, with ``DDP_MAGIC_UPDATE_DOCS_IMG=1``, to docs/img/ui/.
 """
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -62,6 +64,14 @@ FIT_JS = """(srcs) => srcs.map(src => {
   host.remove();
   return out;
 })"""
+
+
+def luminance(png: bytes) -> float:
+    """The mean relative luminance (0 black .. 1 white) of a screenshot."""
+    from PIL import Image, ImageStat
+
+    with Image.open(io.BytesIO(png)) as im:
+        return float(ImageStat.Stat(im.convert("L")).mean[0]) / 255.0
 
 
 def read_back(text: str) -> float:
@@ -145,4 +155,7 @@ def test_shots_of_the_saved_chart_in_both_themes(shipped: Dict[str, Any]) -> Non
             shrink(kept)
         low = page.evaluate(CONTRAST_JS, [".ddp-metrics"])
         assert low["checked"] >= 10 and not low["low"], f"{theme}: text under 4.5:1 {low['low'][:5]}"
+        pictures = [luminance(img.screenshot()) for img in page.locator(".jp-OutputArea-output .ddp-metrics img").all()[:2]]
+        dark = theme == "dark"
+        assert pictures and all((lum < 0.3) if dark else (lum > 0.7) for lum in pictures), f"{theme}: the pictures' luminance {pictures}"
     page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")

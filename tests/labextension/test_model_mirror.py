@@ -19,7 +19,7 @@ from typing import Any, List
 from format_patterns import half_place, read_back
 from ddp_magic.plan.check import Check, checks_verdict
 from ddp_magic.words import plural, ranks_phrase
-from ddp_magic.ui.metrics_chart import fmt
+from ddp_magic.ui.metrics_chart import fmt, identical_ranks, tick_labels
 from ddp_magic.ui.status_render import fmt_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,6 +64,19 @@ def test_fmt_value_is_the_same_in_the_panel_and_the_cell_chart() -> None:
     want = [fmt(v) for v in METRIC_VALUES] + ["-", "-"]
     differ = [f"{x!r}: panel {a!r}, cell {b!r}" for x, a, b in zip(METRIC_VALUES + [None, None], shown, want) if a != b]
     assert not differ, "\n".join(differ[:20])
+
+
+def test_the_y_axis_labels_and_identical_ranks_are_the_same_in_the_panel_and_the_cell_chart() -> None:
+    triples = [[lo, (lo + hi) / 2, hi] for lo, hi in ((1.049, 16.8), (0.0, 1.0), (0.0002628, 0.00031), (-0.05, 0.05), (5181.0, 92500.0),
+                                                      (1e-6, 3e-6), (0.6136, 0.7184), (2.31, 2.37), (99.2, 1000.7), (-3.3, -1.1))]
+    shown = _ts("tickLabels", [[t] for t in triples])
+    assert shown == [tick_labels(t) for t in triples]
+    for labels in shown:  # one precision on an axis (fmt's unit forms aside)
+        if not any(c in "".join(labels) for c in "kMGTe"):
+            assert len({len(t.split(".")[1]) if "." in t else 0 for t in labels}) == 1, labels
+    lines = [{"0": [[0, 1.0], [1, 0.5]], "1": [[0, 1.0], [1, 0.5]], "2": [[0, 1.0]]}, {"0": [[0, 1.0]], "1": [[0, 2.0]]},
+             {"3": [[0, 1.5]], "1": [[0, 1.5]], "2": [[0, 1.5]], "0": [[0, 0.5]]}]
+    assert _ts("identicalRanks", [[x] for x in lines]) == [identical_ranks(x) for x in lines] == [[[0, 1]], [], [[1, 2, 3]]]
 
 
 def test_rank_lists_and_counts_are_worded_as_the_kernel_words_them() -> None:

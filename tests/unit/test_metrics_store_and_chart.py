@@ -15,6 +15,7 @@ import pytest
 from ddp_magic.kernel.metrics import CellMetrics, thin
 from ddp_magic.procs import rank_metrics
 from ddp_magic.ui import metrics_chart
+from ddp_magic.ui.metrics_chart import PALETTE, ChartForm, identical_ranks, metric_svg, tick_labels
 from ddp_magic.ui.metrics_view import MetricsView, metrics_data
 from ddp_magic.wire import protocol as P
 
@@ -192,3 +193,33 @@ def test_the_chart_joins_the_status_view_only_once_something_was_logged():
     assert title == "Metrics" and view.changes == 1 and "<svg" in html(Snap())
     Snap.finished = True
     assert "<svg" not in html(Snap()) and text(Snap()) == [mv.text]
+
+
+@pytest.mark.parametrize("values, labels", [
+    ([1.049, 8.9245, 16.8], ["1.05", "8.92", "16.80"]),  # once '1.049', '8.923', '16.8': three precisions on one axis
+    ([0.0, 0.5, 1.0], ["0.0", "0.5", "1.0"]),
+    ([0.0002628, 0.0002864, 0.00031], ["0.0002628", "0.0002864", "0.0003100"]),
+    ([-0.05, 0.0, 0.05], ["-0.05", "0.00", "0.05"]),
+    ([5181.0, 48840.0, 92500.0], ["5181", "48.8k", "92.5k"]),  # from 10,000 up: fmt's units
+    ([1e-6, 2e-6, 3e-6], ["1e-06", "2e-06", "3e-06"]),
+])
+def test_the_y_axis_labels_read_as_one_scale(values, labels) -> None:
+    assert tick_labels(values) == labels
+    for v, t in zip(values, labels):  # each label stands for its value, within the digits it shows
+        if t[-1] not in "kMGT" and "e" not in t:
+            assert abs(float(t) - v) <= 0.5 * 10 ** -len(t.split(".")[1] if "." in t else "") * (1 + 1e-9), (v, t)
+
+
+def test_identical_ranks_draw_one_line_and_say_so() -> None:
+    def payload(second: list) -> dict:
+        return {"names": ["loss"], "ranks": [0, 1, 2], "series": {"loss": {"0": [[0, 2.0], [1, 1.0]], "1": second, "2": [[0, 3.0], [1, 1.5]]}}}
+
+    same = metric_svg(payload([[0, 2.0], [1, 1.0]]), "loss", ChartForm.SAVED)
+    root = ET.fromstring(same)
+    lines = [el for el in root.iter() if el.tag.endswith("polyline")]
+    assert len(lines) == 2 and PALETTE[0] in lines[0].get("style", "") and PALETTE[2] in lines[1].get("style", ""), [el.get("style") for el in lines]
+    assert any((el.text or "") == "ranks 0-1 identical" for el in root.iter() if el.tag.endswith("text"))
+    apart = ET.fromstring(metric_svg(payload([[0, 2.0], [1, 1.01]]), "loss", ChartForm.SAVED))
+    assert len([el for el in apart.iter() if el.tag.endswith("polyline")]) == 3
+    assert not any("identical" in (el.text or "") for el in apart.iter() if el.tag.endswith("text"))
+    assert identical_ranks({"0": [[0, 1.0]], "1": [[0, 1.0]], "2": [[0, 1.0]], "3": [[0, 2.0]]}) == [[0, 1, 2]]

@@ -730,7 +730,7 @@ describe('metrics chart', () => {
     assert.equal(c.lines[1].colour, 'var(--ddp-magic-rank-1, #ff7f0e)');
     assert.deepEqual(
       c.yTicks.map(t => t.label),
-      ['0', '0.5', '1']
+      ['0.0', '0.5', '1.0']
     );
     assert.deepEqual(
       c.xTicks.map(t => [t.label, t.anchor]),
@@ -752,7 +752,7 @@ describe('metrics chart', () => {
     const c = metricChart(tiny, 'loss', 240, 96);
     assert.deepEqual(
       c.yTicks.map(t => t.label),
-      ['0.0002628', '0.0002864', '0.00031']
+      ['0.0002628', '0.0002864', '0.0003100']
     );
     const widest = Math.max(...c.yTicks.map(t => estimateWidth(t.label)));
     assert.ok(c.plot.x0 - CHART.gap - widest >= 0, `the labels end at x=${c.plot.x0 - CHART.gap}, ${widest}px wide`);

@@ -1,0 +1,137 @@
+"""A notebook saved while a background cell ran, opened after the job ended (JupyterLab and Notebook 7, headless Chromium).
+
+JupyterLab autosaves every 120 s: a background cell is saved with its live status view, an ipywidgets reference
+beside its HTML form. The notebook: ``%load_ext ddp_magic`` and a 2-rank ``%%ddp --bg`` cell that prints
+``r{rank} step {i}`` and logs a loss every 0.25 s for 60 steps (15 s). A few steps in, the notebook is saved and its
+page closed; the job goes on for more than 10 s. Once it ended, the notebook is opened again:
+
+- its kernel still running (the same session): the cell shows the job's last true state, from the kernel's copy of
+  the cell's outputs: every line once, the status view settled (each rank ``done``), the job's chart;
+- the notebook made untrusted (its saved signature no longer matches) and opened in a new kernel: the cell shows
+  the saved HTML form of its status view (the view as the cell began) with a line that says so, its saved lines,
+  and no "Error displaying widget: model not found".
+
+Neither page logs a console error (``widget model not found`` among them). Each case runs twice.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Dict, Iterator, List
+
+import pytest
+from ui_pages import open_notebook, prompt_number, run_cell, shut_down, wait_prompt
+from ui_probes import SAMPLE_JS
+from ui_server import ConsoleWatch, Server, code_cell
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+pytest.importorskip("playwright.sync_api", reason="Python Playwright is in requirements-dev.txt")
+
+STEPS = 60
+BG = f"""%%ddp --bg --out job -n 2
+import time, torch.distributed as dist, ddp_magic
+rank = dist.get_rank()
+for step in range({STEPS}):
+    time.sleep(0.25)
+    print(f"r{{rank}} step {{step}}", flush=True)
+    ddp_magic.log(step=step, loss=1.0 / (step + 1) + 0.01 * rank)"""
+ROUNDS = 2
+CELL_JS = """(i) => {
+  const cell = document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i];
+  return {
+    text: [...cell.querySelectorAll('.jp-OutputArea-output')].map(o => o.textContent).join('\\n'),
+    charts: [...cell.querySelectorAll('.jp-OutputArea-output > .ddp-metrics')].map(c => c.textContent.slice(0, 200)),
+    views: [...cell.querySelectorAll('.jp-OutputArea-output .ddp-status')].map(v => v.dataset.state || ''),
+    widgetError: /Error displaying widget/.test(cell.textContent),
+    trusted: window.jupyterapp.shell.currentWidget.content.model.cells.get(i).trusted,
+  };
+}"""
+
+
+def steps_shown(text: str, rank: int) -> List[int]:
+    return [int(s) for s in re.findall(rf"\br{rank} step (\d+)\b", text)]
+
+
+def settled(page: Any, watch: ConsoleWatch, seen: int) -> Dict[str, Any]:
+    """What the reopened notebook's bg cell shows once the widget manager, our comm and the kernel's copy are in."""
+    page.wait_for_timeout(6000)
+    return {"cell": page.evaluate(CELL_JS, 1), "sample": page.evaluate(SAMPLE_JS, 1), "errors": watch.errors()[seen:]}
+
+
+def one_round(server: Server, browser: Any, kind: str, n: int) -> Dict[str, Any]:
+    name = f"saved_bg_{kind}_{n}.ipynb"
+    server.write_notebook(name, [code_cell("%load_ext ddp_magic"), code_cell(BG)])
+    rec: Dict[str, Any] = {}
+    context = browser.new_context(viewport={"width": 1300, "height": 900}, device_scale_factor=1)
+    try:
+        page = context.new_page()
+        watch = page.ddp_watch = ConsoleWatch(page)
+        open_notebook(page, watch, server, kind, name)
+        run_cell(page, 0)
+        wait_prompt(page, 0)
+        run_cell(page, 1)
+        rec["number"] = prompt_number(wait_prompt(page, 1))
+        page.wait_for_function("() => /r1 step 5\\b/.test(document.querySelectorAll('.jp-Notebook .jp-CodeCell')[1].textContent)", timeout=120_000)
+        page.wait_for_function("() => !!document.querySelectorAll('.jp-Notebook .jp-CodeCell')[1].querySelector('.ddp-status-live')", timeout=60_000)
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_timeout(1500)
+        with open(os.path.join(server.nbdir, name)) as f:
+            saved = json.load(f)
+        rec["saved_widget"] = any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in saved["cells"][1]["outputs"])
+        page.close()  # the page goes; the kernel and its job go on
+        page = context.new_page()
+        watch = page.ddp_watch = ConsoleWatch(page)
+        page.wait_for_timeout(STEPS * 250 + 3000)  # the job ends meanwhile
+        open_notebook(page, watch, server, kind, name)  # the same kernel session
+        rec["same_kernel"] = settled(page, watch, 0)
+        shut_down(page)
+        page.wait_for_timeout(1500)
+        page.close()
+        saved["cells"][1]["metadata"]["edited"] = True  # the signature no longer matches: the notebook opens untrusted
+        with open(os.path.join(server.nbdir, name), "w") as f:
+            json.dump(saved, f)
+        page = context.new_page()
+        watch = page.ddp_watch = ConsoleWatch(page)
+        open_notebook(page, watch, server, kind, name)  # a new kernel
+        rec["new_kernel"] = settled(page, watch, 0)
+        shut_down(page)
+    finally:
+        context.close()
+    return rec
+
+
+@pytest.fixture(scope="module", params=["lab", "notebook"])
+def story(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, Any]]:
+    kind = request.param
+    if kind == "notebook":
+        pytest.importorskip("notebook", reason="Notebook 7 (pip install notebook) is in requirements-dev.txt")
+    yield {"kind": kind, "rounds": [one_round(server, browser, kind, n) for n in range(ROUNDS)]}
+
+
+@pytest.mark.parametrize("n", range(ROUNDS))
+def test_reopened_in_its_kernel_it_shows_the_jobs_end(story: Dict[str, Any], n: int) -> None:
+    rec = story["rounds"][n]
+    assert rec["saved_widget"], "the notebook was saved with the live widget's reference (what makes the case)"
+    cell, sample = rec["same_kernel"]["cell"], rec["same_kernel"]["sample"]
+    assert not cell["widgetError"], cell["text"][:300]
+    for r in (0, 1):
+        assert steps_shown(cell["text"], r) == list(range(STEPS)), f"rank {r}: every line once: {steps_shown(cell['text'], r)}"
+    assert cell["views"] == ["finished"] and sample["cellRanks"] == {"0": "done", "1": "done"}, (cell["views"], sample["cellRanks"])
+    assert len(cell["charts"]) == 1 and f"steps 0-{STEPS - 1}" in cell["charts"][0], cell["charts"]
+    errors = rec["same_kernel"]["errors"]
+    assert not errors, errors[:5]
+
+
+@pytest.mark.parametrize("n", range(ROUNDS))
+def test_reopened_untrusted_in_a_new_kernel_it_shows_the_saved_view(story: Dict[str, Any], n: int) -> None:
+    rec = story["rounds"][n]
+    cell = rec["new_kernel"]["cell"]
+    assert cell["trusted"] is False, "the edited copy opens untrusted"
+    assert not cell["widgetError"], cell["text"][:300]
+    assert len(cell["views"]) == 1, f"the status view's saved HTML form (sanitized: no data attributes): {cell['views']}"
+    assert "saved while the cell ran: its view as the cell began, and the lines saved with it; how it ended is not in this notebook" in cell["text"]
+    shown = steps_shown(cell["text"], 0)
+    assert shown and shown == list(range(len(shown))), f"the saved lines, in order, once: {shown}"
+    errors = rec["new_kernel"]["errors"]
+    assert not errors, errors[:5]
