@@ -316,6 +316,9 @@ class Box:
                     _sh("ip", "link", "del", self.port(h.name, net), check=False)
         for net in ("mgmt", "fast"):
             _sh("ip", "link", "del", self.bridge(net), check=False)
+        if os.path.isdir(f"{self.dir}/log"):  # the daemons' logs outlive the box, for a failed test's reader
+            shutil.rmtree(f"/tmp/ddp_box-{self.prefix}-logs", ignore_errors=True)
+            shutil.copytree(f"{self.dir}/log", f"/tmp/ddp_box-{self.prefix}-logs", dirs_exist_ok=True)
         shutil.rmtree(self.dir, ignore_errors=True)
         if unlock and self._lock is not None:
             os.close(self._lock)
