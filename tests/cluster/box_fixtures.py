@@ -57,6 +57,7 @@ def box() -> Iterator[cluster_box.Box]:
         t1 = time.monotonic()
         b.down()
         TIMINGS["down_s"] = time.monotonic() - t1
+        print(f"\ncluster box {b.prefix}: up in {TIMINGS.get('up_s', float('nan')):.1f} s, down in {TIMINGS['down_s']:.1f} s", file=sys.stderr)
 
 
 def kernel_env(b: cluster_box.Box, **extra: str) -> dict:

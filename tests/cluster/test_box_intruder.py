@@ -4,6 +4,7 @@ pool starts and works as if nobody had knocked, and ddp_magic's log names the in
 from __future__ import annotations
 
 import os
+import socket
 import struct
 import subprocess
 import sys
@@ -64,8 +65,8 @@ def _payloads(pcap: bytes, dst: str) -> Dict[Tuple[str, int, int], bytes]:
     return streams
 
 
-def _listening(pid: int) -> Set[int]:
-    """The TCP ports process ``pid`` listens on (in its own network namespace)."""
+def _listening(pid: int, addr: str) -> Set[int]:
+    """The TCP ports process ``pid`` listens on at ``addr`` (IPv4, in its own network namespace)."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -75,12 +76,13 @@ def _listening(pid: int) -> Set[int]:
         if link.startswith("socket:["):
             inodes.add(link[8:-1])
     ports = set()
-    for table in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{table}") as f:
-            for line in list(f)[1:]:
-                parts = line.split()
-                if parts[3] == "0A" and parts[9] in inodes:
-                    ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+    want = socket.inet_aton(addr)[::-1].hex().upper()  # /proc/net/tcp writes an address little-endian
+    with open(f"/proc/{pid}/net/tcp") as f:
+        for line in list(f)[1:]:
+            parts = line.split()
+            host, port = parts[1].split(":")
+            if parts[3] == "0A" and parts[9] in inodes and host == want:
+                ports.add(int(port, 16))
     return ports - NOT_OURS
 
 
@@ -109,15 +111,23 @@ def test_an_intruder_cannot_join_or_harm_the_pool(box: cluster_box.Box, box_kern
     knocked: List[str] = []
     stop = threading.Event()
 
+    # n2's new connections to login wait (SYNs dropped) until the intruder has knocked: the control port stays open
+    # while n2's ranks retry, and they join once the rule goes (TCP retries its SYN)
+    hold = ["-p", "tcp", "--syn", "-d", login, "-m", "multiport", "!", "--dports", "6817,60001:60100", "-j", "DROP"]
+    box.run("n2", ["iptables", "-I", "OUTPUT", *hold], check=True)
+
     def watch() -> None:  # the control port opens while the ranks join: knock then
-        while not stop.is_set():
-            ports = _listening(box_kernel.pid)
-            if ports:
-                port = ports.pop()
-                done = box.run("intruder", [sys.executable, "-c", KNOCK, login, str(port), str(replay)], timeout=30)
-                knocked.append(f"{port}: {done.stdout.split()} {done.stderr[-300:]}")
-                return
-            time.sleep(0.01)
+        try:
+            while not stop.is_set():
+                ports = _listening(box_kernel.pid, login)
+                if ports:
+                    port = ports.pop()
+                    done = box.run("intruder", [sys.executable, "-c", KNOCK, login, str(port), str(replay)], timeout=30)
+                    knocked.append(f"{port}: {done.stdout.split()} {done.stderr[-300:]}")
+                    return
+                time.sleep(0.01)
+        finally:
+            box.run("n2", ["iptables", "-D", "OUTPUT", *hold])
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -134,6 +144,8 @@ def test_an_intruder_cannot_join_or_harm_the_pool(box: cluster_box.Box, box_kern
         log = box_kernel.run("%ddp log", timeout=30).ok().stdout
         refused = [ln for ln in log.splitlines() if f"the control port refused a peer at {box.host('intruder').mgmt}:" in ln]
         assert len(refused) >= 3, f"{knocked}\n{log[-3000:]}"
+        print("\n".join(refused[:3]))
     finally:
         stop.set()
+        watcher.join(35)
         box_kernel.run("%ddp stop", timeout=60)
