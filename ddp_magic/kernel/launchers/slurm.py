@@ -30,7 +30,8 @@ from ...plan.check import Check
 from ...plan.checks_slurm import TEMPLATE
 from ...plan.net import address_family, is_local_ip, route_source
 from ...wire import slurm_env, tls
-from . import slurm_cli as cli
+# not ``from . import slurm_cli``: that imports this package, whose __init__ imports this module
+from .slurm_cli import hostnames, installed, job as slurm_job, node_addr, test_request
 from .base import Exit, LaunchError, Launcher
 from .forkserver import import_env
 from .slurm_alloc import Allocation, Progress, allocation_for
@@ -79,7 +80,7 @@ class SlurmLauncher(Launcher):
     # ------------------------------------------------------------ the allocation
     def acquire(self, plan: Plan, progress: Progress) -> Optional[str]:
         """The allocation the plan's request runs in: the one held if it fits, else the kernel's own, else a new one (queued meanwhile)."""
-        why = cli.installed()
+        why = installed()
         if why:
             raise LaunchError(why)
         request = plan.slurm
@@ -138,7 +139,7 @@ class SlurmLauncher(Launcher):
         nodes = self.alloc.nodes[: plan.slurm.nodes]
         if not self._templates_fit(nodes, base_env):
             self._end_steps()
-            env = dict(base_env, **{slurm_env.SECRET_ENV: self.secret.hex(), slurm_env.CONNECT_ENV: f"{control_addr}:{control_port}"})
+            env = dict(base_env, **{slurm_env.CONNECT_ENV: f"{control_addr}:{control_port}"})
             if self.tls_key is not None:
                 env[slurm_env.TLS_ENV] = self.tls_key.fingerprint
             self._start_step(nodes, env)
@@ -155,7 +156,8 @@ class SlurmLauncher(Launcher):
     def _start_step(self, nodes: List[str], env: Dict[str, str]) -> TemplateStep:
         assert self.alloc is not None and self.alloc.job_id is not None and self.plan is not None and self.plan.slurm is not None
         argv = self.plan.slurm.srun_argv(self.alloc.job_id, [self.python, *TEMPLATE], node=nodes[0] if len(nodes) == 1 else None)
-        step = TemplateStep(argv, env, bytes.fromhex(env[slurm_env.SECRET_ENV]), nodes, self.log)
+        env = dict(env, **slurm_env.secret_env(self.secret, len(nodes), env))  # sealed by MUNGE: srun's wire is clear
+        step = TemplateStep(argv, env, self.secret, nodes, self.log)
         self.steps.append(step)
         return step
 
@@ -170,11 +172,12 @@ class SlurmLauncher(Launcher):
         local, node_rank = rank % per_node, rank // per_node
         node = self.alloc.nodes[node_rank]
         wanted = dict(env, **self.plan.rank_env(local, node_rank), **slurm_env.task_vars(rank, local, node_rank, world, per_node))
-        wanted.pop(slurm_env.SECRET_ENV, None)
+        for carrier in (slurm_env.SECRET_ENV, slurm_env.MUNGED_ENV):
+            wanted.pop(carrier, None)
         step = self._step_for(node)
         if step is None:
             first = self.steps[0].env if self.steps else wanted
-            step = self._start_step([node], dict(first, **{slurm_env.SECRET_ENV: self.secret.hex()}))
+            step = self._start_step([node], first)
         env_set, env_unset = env_changes(step.env, wanted)
         config = {"env_set": env_set, "env_unset": env_unset, "kernel_addr": control_addr.strip("[]"), "kernel_port": int(control_port),
                   "tls": self.tls_key.fingerprint if self.tls_key is not None else None}
@@ -246,7 +249,7 @@ class SlurmLauncher(Launcher):
         """'Slurm job 18 running on n1,n2: allocated for this kernel, ...' (squeue asked now)."""
         if self.alloc is None or self.alloc.job_id is None:
             return ""
-        info = cli.job(self.alloc.job_id)
+        info = slurm_job(self.alloc.job_id)
         return self.alloc.describe().replace(f"job {self.alloc.job_id} ", f"job {self.alloc.job_id} ({info.state}) ", 1)
 
     def _end_steps(self) -> None:
@@ -298,13 +301,13 @@ def preview(plan: Plan) -> "tuple[Plan, List[Check]]":
     allocation, the first node's real address as MASTER_ADDR."""
     request = plan.slurm
     assert request is not None
-    why = cli.installed()
+    why = installed()
     if why:
         return plan, [Check("Slurm commands", False, why)]
     argv = request.step_test_argv(str(request.job_id)) if request.found else request.test_argv()
-    refused = cli.test_request(argv)
+    refused = test_request(argv)
     verdict = Check("Slurm takes the request", not refused, f"{argv[0]} --test-only: " + (refused or "accepted (nothing was submitted)"))
     if not request.found:
         return replace(plan, master_addr="(NodeAddr of the first node, once allocated)"), [verdict]
-    nodes = cli.hostnames(os.environ.get("SLURM_JOB_NODELIST") or cli.job(str(request.job_id)).nodelist)
-    return (replace(plan, master_addr=cli.node_addr(nodes[0])) if nodes else plan), [verdict]
+    nodes = hostnames(os.environ.get("SLURM_JOB_NODELIST") or slurm_job(str(request.job_id)).nodelist)
+    return (replace(plan, master_addr=node_addr(nodes[0])) if nodes else plan), [verdict]
