@@ -33,7 +33,7 @@ from ...wire import slurm_env, tls
 from . import slurm_cli as cli
 from .base import Exit, LaunchError, Launcher
 from .forkserver import import_env
-from .slurm_alloc import Allocation, Progress, allocation_for
+from .slurm_alloc import Allocation, OwnAllocation, Progress, allocation_for
 from .slurm_steps import END_WAIT_S, TemplateStep, env_changes
 
 if TYPE_CHECKING:
@@ -237,6 +237,17 @@ class SlurmLauncher(Launcher):
 
     def alive(self) -> bool:
         return self.alloc is not None and self.alloc.alive()
+
+    def cannot_reach(self) -> List[dict]:
+        return [ev for step in self.steps for ev in step.unreachable]
+
+    def give_up(self) -> str:
+        """End the steps, and release the allocation if we made it (one the kernel found stays: it is the user's)."""
+        alloc = self.alloc
+        self._release()
+        if alloc is None or alloc.job_id is None:
+            return "nothing is held"
+        return f"Slurm job {alloc.job_id} was released" if isinstance(alloc, OwnAllocation) else f"Slurm job {alloc.job_id} (yours) stays"
 
     def job_id(self) -> Optional[str]:
         return self.alloc.job_id if self.alloc is not None else None
