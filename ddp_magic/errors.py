@@ -165,7 +165,9 @@ class CellError(DDPError):
             lines += ["", f"--- last lines rank {root.rank} printed ---", *root.last_lines]
         others = self.failures[1:]
         same = [f for f in others if _how(f) == _how(root)]
-        if same and root.kind != FailureKind.TIMEOUT:  # a timeout's headline names every rank it waited for
+        if same and root.node:  # a node gone silent: the node and all its ranks in the first line
+            lines[0] = group_headline([root, *same])
+        elif same and root.kind != FailureKind.TIMEOUT:  # a timeout's headline names every rank it waited for
             lines += ["", f"{_who([f.rank for f in same])} failed the same way"]
         said = {id(f) for f in same}  # by identity: comparing dataclasses is O(n) each, O(n²) over 1,024 ranks
         rest = [f for f in others if id(f) not in said and f.kind != FailureKind.KILLED and not f.message.startswith("released")]

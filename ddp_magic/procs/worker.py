@@ -80,7 +80,7 @@ class Worker:
                 sock = socket.create_connection((host, port), timeout=timeout)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 if control:  # the kernel's host gone silent: the rank goes within seconds (wire/liveness.py)
-                    liveness.arm(sock)
+                    liveness.arm(sock, silence=liveness.RANK_SILENCE_S)
         except OSError as e:
             self._unreachable(host, port, e)
             raise

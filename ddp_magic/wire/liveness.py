@@ -35,6 +35,7 @@ from ..logs import log
 IDLE_S = 2  # a control connection idle this long is probed
 INTERVAL_S = 1  # then a probe a second
 SILENCE_S = 8  # nothing acknowledged by the peer for this long: the connection fails (ETIMEDOUT)
+RANK_SILENCE_S = 2 * SILENCE_S  # a rank's own end waits longer: the kernel names the node first, then the rank goes
 CONNECT_ENV = "DDP_MAGIC_CONNECT_TIMEOUT"  # in a rank's env: how long its first connect to the kernel may take
 SILENT_ERRNOS = (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)
 
@@ -42,7 +43,7 @@ _silent: "weakref.WeakSet[socket.socket]" = weakref.WeakSet()  # plain ends whos
 _silent_lock = threading.Lock()
 
 
-def arm(sock: socket.socket, data_too: bool = True) -> None:
+def arm(sock: socket.socket, data_too: bool = True, silence: int = SILENCE_S) -> None:
     """Ask the OS to check the peer of ``sock`` (a TCP socket): keepalive probes, and with ``data_too`` a user timeout.
 
     Only control sockets get the user timeout (``data_too``): it also ends a connection whose
@@ -50,8 +51,8 @@ def arm(sock: socket.socket, data_too: bool = True) -> None:
     kernel does not read a rank's output between cells.
     """
     opts = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
-    timings = [("TCP_KEEPIDLE", IDLE_S), ("TCP_KEEPINTVL", INTERVAL_S), ("TCP_KEEPCNT", SILENCE_S // INTERVAL_S)]
-    for name, value in timings + ([("TCP_USER_TIMEOUT", SILENCE_S * 1000)] if data_too else []):
+    timings = [("TCP_KEEPIDLE", IDLE_S), ("TCP_KEEPINTVL", INTERVAL_S), ("TCP_KEEPCNT", silence // INTERVAL_S)]
+    for name, value in timings + ([("TCP_USER_TIMEOUT", silence * 1000)] if data_too else []):
         if hasattr(socket, name):  # Linux has all four; elsewhere keepalive with the OS's timings
             opts.append((socket.IPPROTO_TCP, getattr(socket, name), value))
     for level, opt, value in opts:

@@ -346,7 +346,7 @@ def connect(addr: Tuple[str, int], fingerprint: str, timeout: float = 30, contro
     """Rank side: a TLS connection to the kernel, its certificate checked; returns the plain twin."""
     raw = socket.create_connection(addr, timeout=timeout)
     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    liveness.arm(raw, data_too=control)
+    liveness.arm(raw, data_too=control, silence=liveness.RANK_SILENCE_S)
     tls = client_context().wrap_socket(raw)
     try:
         check_peer(tls, fingerprint)
