@@ -28,7 +28,8 @@ from ddp_magic.wire import liveness
 pytestmark = pytest.mark.kernel
 
 SESSION = "get_ipython().magics_manager.registry['DDPMagics'].session"
-PORT = f"{{c.sock.getsockname()[1] for c in {SESSION}.pool.hub.conns.values()}}.pop()"  # where the ranks' control sockets meet (a rank started again joins on a new port)
+# where the ranks' control sockets meet (ranks started again join on a new port)
+PORT = f"{{c.sock.getsockname()[1] for c in {SESSION}.pool.hub.conns.values()}}.pop()"
 LOOP = (
     "%%ddp\nimport time, torch, torch.distributed as dist\nt = torch.ones(1)\n"
     "for i in range(100000):\n    dist.all_reduce(t)\n    time.sleep(0.01)"
@@ -101,7 +102,7 @@ def test_a_control_port_gone_silent_ends_the_cell_naming_the_node(nk: NetnsKerne
         nk.run("%%ddp\ndist.get_rank()").ok()  # the pool is up (the second time: its ranks started again after the first cut)
         port = nk.value(PORT)
         cut_at: List[float] = []
-        timer = threading.Timer(3.0, lambda: (nk.cut(port), cut_at.append(time.monotonic())))
+        timer = threading.Timer(3.0, lambda p=port, at=cut_at: (nk.cut(p), at.append(time.monotonic())))
         timer.start()
         try:
             ex = nk.run(LOOP, timeout=120)
