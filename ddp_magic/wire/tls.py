@@ -224,7 +224,7 @@ class Relay:
             _flush(pair.tls, pair.to_tls)
         except (OSError, ValueError) as e:
             log.debug("tls relay: a connection failed", exc_info=True)
-            if liveness.is_silence(e):
+            if liveness.is_silence(e) or liveness.went_silent(pair.tls):
                 liveness.mark_silent(pair.twin())
             pair.tls_eof = pair.plain_eof = True
             pair.to_plain.clear()
@@ -250,6 +250,8 @@ class Relay:
                 data = b""
             if not data:
                 pair.tls_eof = True
+                if liveness.went_silent(pair.tls):  # a timeout reads as an EOF through OpenSSL
+                    liveness.mark_silent(pair.twin())
                 return
             pair.to_plain += data
 

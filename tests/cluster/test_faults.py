@@ -1,0 +1,133 @@
+"""Faults across real hosts, on the cluster in a box: bounded in time, named, nothing lost (docs/multinode.md, "What a
+lost link costs").
+
+- n2's link goes down while the ranks all_reduce, or a firewall on n2 drops everything both ways: the cell ends
+  within seconds, found by the control channel's liveness check (wire/liveness.py), naming n2 and its ranks, never a
+  rank on n1; n1's ranks keep their state; the link back, n2's ranks rejoin at the next cell.
+- n2 cannot reach the kernel's control port: the first cell ends within the join timeout naming n2's ranks, the
+  address and the fix, and the allocation we made is released.
+
+Each fault twice, as a notebook user runs a cell again. The times from the fault to the error go to TIMES (printed
+with -s; the docs quote them).
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from typing import Callable, Dict, List
+
+import box_fixtures
+import cluster_box
+import pytest
+
+from ddp_magic.wire import liveness
+from kernel_helper import Kernel
+
+box = box_fixtures.box
+box_kernel = box_fixtures.box_kernel
+
+POOL = "%%ddp --slurm --nodes 2 --ntasks-per-node 2"
+LOOP = ("%%ddp\nimport time, torch, torch.distributed as dist\nt = torch.ones(1)\n"
+        "for i in range(100000):\n    dist.all_reduce(t)\n    time.sleep(0.01)")
+SESSION = "get_ipython().magics_manager.registry['DDPMagics'].session"
+TIMES: Dict[str, List[float]] = {}
+ALL_TCP_BUT_SLURM = ["-p", "tcp", "-m", "multiport", "!", "--dports", "6817,6818,60001:60100"]
+
+
+def _sh(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+def _link(b: cluster_box.Box, node: str, up: bool) -> None:
+    """A node's management link, cut on the machine's side of its veth (as a pulled cable)."""
+    _sh("ip", "link", "set", b.port(node, "mgmt"), "up" if up else "down")
+
+
+def _firewall(b: cluster_box.Box, node: str, on: bool, *match: str) -> None:
+    """A DROP rule on a node's management interface, both ways (or only out, with ``match``), added or removed."""
+    rules = [["OUTPUT", "-o", "mgmt0", *match]] if match else [["INPUT", "-i", "mgmt0"], ["OUTPUT", "-o", "mgmt0"]]
+    for rule in rules:
+        done = b.run(node, ["iptables", "-A" if on else "-D", *rule, "-j", "DROP"])
+        assert done.returncode == 0 or not on, done.stderr
+
+
+def _during(k: Kernel, code: str, fault: Callable[[], None], after: float = 4.0) -> "tuple[str, float]":
+    """Run ``code``; ``after`` seconds in, the fault. The cell's error text and the seconds from the fault to the end."""
+    at: List[float] = []
+    timer = threading.Timer(after, lambda: (fault(), at.append(time.monotonic())))
+    timer.start()
+    try:
+        ex = k.run(code, timeout=180)
+    finally:
+        timer.join()
+    end = time.monotonic()
+    assert ex.error is not None and at, f"the cell did not fail: {ex.stdout[-2000:]}"
+    return "\n".join(ex.error[2]), end - at[0]
+
+
+def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], None], heal: Callable[[str], None]) -> None:
+    """Ranks 2-3's node goes silent mid all_reduce (twice): it and they are named, ranks 0-1 keep their state, and
+    with the link back ranks 2-3 rejoin at the next cell."""
+    k.run(f"{POOL}\nimport os, socket, torch, torch.distributed as dist\nkept = (dist.get_rank(), os.getpid())", timeout=240).ok()
+    node, healthy = (k.value(f"{SESSION}.pool.ranks[{r}].node_name") for r in (2, 0))
+    try:
+        for attempt in range(2):
+            try:
+                text, took = _during(k, LOOP, lambda: cut(node))
+            finally:
+                heal(node)
+            TIMES.setdefault(name, []).append(round(took, 1))
+            print(f"{name} #{attempt}: fault to error {took:.1f}s\n{text}\n")
+            first = text.splitlines()[0]
+            assert first == f"CellError: ranks 2-3 on {node} are unreachable: {liveness.silence_words()}", text
+            blamed = re.search(r"ranks? [01]\b[^\n]*(pid|raised|mismatched|unreachable|lost)", text)
+            assert blamed is None and healthy not in text, text  # never a healthy node's rank: they were only released
+            assert "srun: error" not in text, text
+            assert took < 15, f"{name}: the error came {took:.1f}s after the fault"
+            # the link is back: the node's ranks rejoin at the next cell; ranks 0-1 kept their state (same pids, same variables)
+            again = k.run("%%ddp\nimport os, torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n"
+                          "(kept if dist.get_rank() < 2 else None, os.getpid(), t.item())", timeout=240).ok()
+            said = again.stdout
+            assert re.search(rf"rank 2 was unreachable on {node} \(pid \d+\); rank 3 was unreachable on {node} \(pid \d+\): "
+                             "started it again", said), said
+            assert "ranks 0-1 kept theirs" in said, said
+            values = again.results[-1]
+            assert values.count("4.0") == 4 and "(0, " in values and "(1, " in values, values
+    finally:
+        k.run("%ddp stop")
+
+
+def test_link_down_mid_all_reduce_names_the_node_and_it_rejoins(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    _lost_node(box, box_kernel, "link down", lambda n: _link(box, n, False), lambda n: _link(box, n, True))
+
+
+def test_traffic_dropped_both_ways_names_the_node(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    _lost_node(box, box_kernel, "DROP both ways", lambda n: _firewall(box, n, True), lambda n: _firewall(box, n, False))
+
+
+def test_control_port_blocked_from_n2_is_named_and_the_allocation_released(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    login = box.host("login").mgmt
+    for node in cluster_box.NODES:  # Slurm's own ports still pass (srun starts the templates); ranks cannot reach the kernel
+        _firewall(box, node, True, "-d", login, *ALL_TCP_BUT_SLURM)
+    try:
+        for attempt in range(2):
+            t0 = time.monotonic()
+            ex = box_kernel.run(f"{POOL} --join-timeout 30\nimport torch", timeout=180)
+            took = time.monotonic() - t0
+            assert ex.error is not None, ex.stdout
+            text = "\n".join(ex.error[2])
+            print(f"blocked control port #{attempt}: {took:.1f}s\n{text}\n")
+            TIMES.setdefault("blocked port", []).append(round(took, 1))
+            assert re.search(rf"ranks 2-3 on n2 cannot reach the kernel at {re.escape(login)}:\d+ \(no answer\): a firewall between "
+                             r"the nodes and this machine\? --control-addr ADDR chooses another address\. 2 of 4 ranks joined; "
+                             r"Slurm job \d+ was released\.", text), text
+            assert "Run the command printed above" not in text and "srun: error" not in text, text
+            assert took < 60, f"the start failed after {took:.1f}s (join timeout 30s, and the allocation's own time)"
+            jobs = box.run("login", ["squeue", "-h", "-o", "%i %T"]).stdout.strip()
+            assert jobs == "", f"still allocated: {jobs}"
+    finally:
+        for node in cluster_box.NODES:
+            _firewall(box, node, False, "-d", login, *ALL_TCP_BUT_SLURM)
+        box_kernel.run("%ddp stop")
