@@ -131,3 +131,33 @@ def test_control_port_blocked_from_a_node_is_named_and_the_allocation_released(b
         for node in ("n2", "n3"):
             _firewall(box, node, False, "-d", login, *CONTROL_PORTS)
         box_kernel.run("%ddp stop")
+
+
+def test_a_node_lost_past_slurms_timeout_costs_the_allocation_in_one_line(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    """The link stays down until Slurm declares the node dead and revokes our job: the next cell says so in one line
+    and allocates again; no raw srun line reaches the cell."""
+    k = box_kernel
+    k.run(f"{POOL}\nimport torch", timeout=240).ok()
+    node = k.value(f"{SESSION}.pool.ranks[2].node_name")
+    job = k.value(f"{SESSION}.pool.launcher.job_id()")
+    try:
+        text, took = _during(k, LOOP, lambda: _link(box, node, False))
+        assert text.splitlines()[0].startswith(f"CellError: ranks 2-3 on {node} are unreachable"), text
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and job in box.run("login", ["squeue", "-h", "-o", "%i"]).stdout.split():
+            time.sleep(2)
+        assert job not in box.run("login", ["squeue", "-h", "-o", "%i"]).stdout.split(), "Slurm did not revoke the job"
+    finally:
+        _link(box, node, True)
+    for attempt in range(2):
+        ex = k.run("%%ddp\nimport torch, torch.distributed as dist\ndist.get_world_size()", timeout=240).ok()
+        print(f"after the revocation #{attempt}:", ex.stdout)
+        assert "srun:" not in ex.stdout + ex.stderr, ex.stdout + ex.stderr
+        assert len(re.findall(r"\[\d\] 4\b", ex.results[-1])) == 4, ex.results
+        said = [ln for ln in ex.stdout.splitlines() if "restarted the pool" in ln]
+        if attempt == 0:
+            assert said == [f"ddp_magic: restarted the pool (Slurm revoked job {job} when node {node} failed; a new allocation "
+                            "replaces it); variables defined in earlier %%ddp cells are gone"], ex.stdout
+        else:
+            assert said == [], ex.stdout
+    k.run("%ddp stop")

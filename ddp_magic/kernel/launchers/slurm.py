@@ -239,6 +239,13 @@ class SlurmLauncher(Launcher):
     def alive(self) -> bool:
         return self.alloc is not None and self.alloc.alive()
 
+    def lost(self) -> str:
+        """Slurm ended our allocation under us (a node failed, the job was cancelled): the next start allocates again."""
+        alloc = self.alloc
+        if isinstance(alloc, OwnAllocation) and alloc.job_id and not alloc.alive():
+            return f"{alloc.gone_why()}; a new allocation replaces it"
+        return ""
+
     def cannot_reach(self) -> List[dict]:
         return [ev for step in self.steps for ev in step.unreachable]
 
