@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 from ...logs import log
 from ...plan.slurm import SlurmRequest
@@ -171,9 +171,10 @@ class OwnAllocation(Allocation):
             self._heard(data.decode(errors="replace"))
         return self.proc.poll() is None and not self.revoked
 
-    def gone_why(self) -> str:
-        """Why the allocation ended under us, in one line of our words (salloc's told us), never raw srun lines."""
-        failed = list(dict.fromkeys(_NODE_FAILURE.findall(self.said)))
+    def gone_why(self, down: Sequence[str] = ()) -> str:
+        """Why the allocation ended under us, in one line of our words (salloc's told us, else ``down``: the nodes Slurm
+        holds down now), never raw srun lines."""
+        failed = list(dict.fromkeys(_NODE_FAILURE.findall(self.said))) or list(down)
         if self.revoked:
             return f"Slurm revoked job {self.job_id}" + (f" when {'node' if len(failed) == 1 else 'nodes'} {', '.join(failed)} failed" if failed else "")
         return f"Slurm job {self.job_id} ended (salloc exited: {short_error(self.said)})"
