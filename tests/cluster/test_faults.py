@@ -108,6 +108,27 @@ def test_traffic_dropped_both_ways_names_the_node(box: cluster_box.Box, box_kern
     _lost_node(box, box_kernel, "DROP both ways", lambda n: _firewall(box, n, True), lambda n: _firewall(box, n, False))
 
 
+def test_a_background_job_on_a_lost_node_ends_naming_it(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    k = box_kernel
+    k.run(f"{POOL}\nimport time, torch, torch.distributed as dist", timeout=240).ok()
+    node = k.value(f"{SESSION}.pool.ranks[2].node_name")
+    try:
+        for _ in range(2):  # a notebook user runs it again
+            k.run("%%ddp --bg --out job\n" + LOOP.split("\n", 1)[1]).ok()
+            time.sleep(4)
+            t0 = time.monotonic()
+            _link(box, node, False)
+            try:
+                said = k.run("job.wait(120)\ntry:\n    job.result()\nexcept Exception as e:\n    print(str(e).splitlines()[0])", timeout=150).ok()
+            finally:
+                _link(box, node, True)
+            TIMES.setdefault("--bg job", []).append(round(time.monotonic() - t0, 1))
+            assert said.stdout.strip().splitlines()[-1] == f"ranks 2-3 on {node} are unreachable: {liveness.silence_words()}", said.stdout
+            k.run("%%ddp\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()", timeout=240).ok()
+    finally:
+        k.run("%ddp stop")
+
+
 def test_control_port_blocked_from_a_node_is_named_and_the_allocation_released(box: cluster_box.Box, box_kernel: Kernel) -> None:
     login = box.host("login").mgmt
     for node in ("n2", "n3"):  # Slurm's own ports still pass (srun starts the templates); n1 (Slurm's first pick) reaches us
