@@ -1,14 +1,16 @@
 """Faults across real hosts, on the cluster in a box: bounded in time, named, nothing lost (docs/multinode.md, "What a
 lost link costs").
 
-- n2's link goes down while the ranks all_reduce, or a firewall on n2 drops everything both ways: the cell ends
-  within seconds, found by the control channel's liveness check (wire/liveness.py), naming n2 and its ranks, never a
-  rank on n1; n1's ranks keep their state; the link back, n2's ranks rejoin at the next cell.
-- n2 cannot reach the kernel's control port: the first cell ends within the join timeout naming n2's ranks, the
-  address and the fix, and the allocation we made is released.
+- A node's link goes down while the ranks all_reduce, or a firewall on it drops everything both ways: the cell (or a
+  ``--bg`` job) ends within seconds, found by the control channel's liveness check (wire/liveness.py), naming the node
+  and its ranks, never a rank on the healthy node; the healthy node's ranks keep their state; the link back, the
+  node's ranks rejoin at the next cell.
+- The link stays down until Slurm revokes the job: the next cell says so in one line and allocates again.
+- A node cannot reach the kernel's control port: the first cell ends within the join timeout naming the node's ranks,
+  the address and the fix, and the allocation we made is released.
 
 Each fault twice, as a notebook user runs a cell again. The times from the fault to the error go to TIMES (printed
-with -s; the docs quote them).
+with -s; the docs quote them). A healthy rank that holds the GIL past the check's window is tests/kernel/test_lost_link.py's.
 """
 from __future__ import annotations
 
