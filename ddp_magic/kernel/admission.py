@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ..logs import log
 from ..plan.net import address_family
 from ..wire import protocol as P
-from ..wire import tls
+from ..wire import liveness, tls
 
 Joined = Tuple[socket.socket, dict]  # an authenticated socket and its HELLO
 HANDSHAKE_S = 10  # a peer that has not proved itself by then is dropped
@@ -192,6 +192,8 @@ class Admission:
         self._forget(sel, peers, peer)
         peer.sock.settimeout(None)
         peer.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if hello.get("op") == P.HELLO:  # the control socket: a node that goes silent is found within seconds (wire/liveness.py)
+            liveness.arm(peer.sock)
         self._admitted(peer.sock, hello)
 
     def _admit_tls(self, sock: socket.socket) -> None:
@@ -208,6 +210,8 @@ class Admission:
             if hello.get("op") not in (P.HELLO, P.HELLO_OUT):
                 raise P.AuthenticationError("no hello")
             sock.settimeout(None)
+            if hello.get("op") == P.HELLO:
+                tls.arm_control(sock)  # the control socket: a node that goes silent is found within seconds (wire/liveness.py)
         except Exception as e:  # a wrong secret, garbage, a timeout, a closed socket: all the same to us
             log.warning("the control port refused %s (TLS): %s", who, _why(e))
             self.on_reject()

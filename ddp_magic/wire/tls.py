@@ -38,9 +38,11 @@ import ssl
 import subprocess
 import tempfile
 import threading
+import weakref
 from typing import Callable, Dict, Optional, Tuple
 
 from ..logs import log
+from . import liveness
 
 FORCE_ENV = "DDP_MAGIC_FORCE_TLS"  # "1": TLS even when every rank is on this host (tests, measurements)
 CHUNK = 1 << 18
@@ -101,8 +103,9 @@ def check_peer(sock: ssl.SSLSocket, fingerprint: str) -> None:
 class _Pair:
     """One TLS socket and the plain socket the code uses instead, with what waits to go each way."""
 
-    def __init__(self, tls: ssl.SSLSocket, plain: socket.socket) -> None:
+    def __init__(self, tls: ssl.SSLSocket, plain: socket.socket, twin: socket.socket) -> None:
         self.tls, self.plain = tls, plain
+        self.twin = weakref.ref(twin)  # the code's end: told when the TLS peer went silent (wire/liveness.py)
         self.to_plain = bytearray()  # decrypted, not yet handed to the code
         self.to_tls = bytearray()  # from the code, not yet encrypted
         self.tls_eof = self.plain_eof = self.plain_shut = False
@@ -138,7 +141,7 @@ class Relay:
         tls.setblocking(False)
         mine.setblocking(False)
         with self.mutex:
-            self.added.append(_Pair(tls, mine))
+            self.added.append(_Pair(tls, mine, theirs))
         self.wake_w.send(b"x")
         return theirs
 
@@ -219,8 +222,10 @@ class Relay:
             self._read_plain(pair)
             _flush(pair.plain, pair.to_plain)
             _flush(pair.tls, pair.to_tls)
-        except (OSError, ValueError):
+        except (OSError, ValueError) as e:
             log.debug("tls relay: a connection failed", exc_info=True)
+            if liveness.is_silence(e) or liveness.went_silent(pair.tls):
+                liveness.mark_silent(pair.twin())
             pair.tls_eof = pair.plain_eof = True
             pair.to_plain.clear()
             pair.to_tls.clear()
@@ -245,6 +250,8 @@ class Relay:
                 data = b""
             if not data:
                 pair.tls_eof = True
+                if liveness.went_silent(pair.tls):  # a timeout reads as an EOF through OpenSSL
+                    liveness.mark_silent(pair.twin())
                 return
             pair.to_plain += data
 
@@ -321,14 +328,27 @@ def _flush(sock: socket.socket, buf: bytearray) -> None:
 def wrap_server(sock: socket.socket, key: ServerKey, timeout: float) -> socket.socket:
     """Kernel side: the TLS handshake on an accepted socket, then the plain twin the admission and hub use."""
     sock.settimeout(timeout)
+    liveness.arm(sock, data_too=False)  # arm_control adds the rest once the peer says it is a control socket
     tls = key.context.wrap_socket(sock, server_side=True)
     return Relay.get().add(tls)
 
 
-def connect(addr: Tuple[str, int], fingerprint: str, timeout: float = 30) -> socket.socket:
+def arm_control(plain: socket.socket) -> None:
+    """Kernel side: the TLS socket behind ``plain`` carries a rank's control channel: its full liveness check."""
+    relay = Relay.get()
+    with relay.mutex:
+        pairs = list(relay.pairs.values()) + list(relay.added)
+    for pair in pairs:
+        if pair.twin() is plain:
+            liveness.arm(pair.tls)
+            return
+
+
+def connect(addr: Tuple[str, int], fingerprint: str, timeout: float = 30, control: bool = False) -> socket.socket:
     """Rank side: a TLS connection to the kernel, its certificate checked; returns the plain twin."""
     raw = socket.create_connection(addr, timeout=timeout)
     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    liveness.arm(raw, data_too=control, silence=liveness.RANK_SILENCE_S)
     tls = client_context().wrap_socket(raw)
     try:
         check_peer(tls, fingerprint)

@@ -31,10 +31,10 @@ from ...plan.checks_slurm import TEMPLATE
 from ...plan.net import address_family, is_local_ip, route_source
 from ...wire import slurm_env, tls
 # not ``from . import slurm_cli``: that imports this package, whose __init__ imports this module
-from .slurm_cli import hostnames, installed, job as slurm_job, node_addr, test_request
+from .slurm_cli import down_nodes, hostnames, installed, job as slurm_job, node_addr, test_request
 from .base import Exit, LaunchError, Launcher
 from .forkserver import import_env
-from .slurm_alloc import Allocation, Progress, allocation_for
+from .slurm_alloc import Allocation, OwnAllocation, Progress, allocation_for
 from .slurm_steps import END_WAIT_S, TemplateStep, env_changes
 
 if TYPE_CHECKING:
@@ -241,6 +241,24 @@ class SlurmLauncher(Launcher):
 
     def alive(self) -> bool:
         return self.alloc is not None and self.alloc.alive()
+
+    def lost(self) -> str:
+        """Slurm ended our allocation under us (a node failed, the job was cancelled): the next start allocates again."""
+        alloc = self.alloc
+        if isinstance(alloc, OwnAllocation) and alloc.job_id and not alloc.alive():
+            return f"{alloc.gone_why(down_nodes(alloc.nodes))}; a new allocation replaces it"
+        return ""
+
+    def cannot_reach(self) -> List[dict]:
+        return [ev for step in self.steps for ev in step.unreachable]
+
+    def give_up(self) -> str:
+        """End the steps, and release the allocation if we made it (one the kernel found stays: it is the user's)."""
+        alloc = self.alloc
+        self._release()
+        if alloc is None or alloc.job_id is None:
+            return "nothing is held"
+        return f"Slurm job {alloc.job_id} was released" if isinstance(alloc, OwnAllocation) else f"Slurm job {alloc.job_id} (yours) stays"
 
     def job_id(self) -> Optional[str]:
         return self.alloc.job_id if self.alloc is not None else None
