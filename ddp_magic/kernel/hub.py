@@ -246,20 +246,20 @@ class Hub(OutputStreams):
     # ------------------------------------------------------------ reading
     def _read_conn(self, conn: Conn) -> None:
         try:
-            data = self._rbuf.recv(conn.sock)
+            msgs = self._rbuf.frames(conn)
         except BlockingIOError:
             return
         except OSError:
             log.debug("rank %s's control socket failed on read", conn.rank, exc_info=True)
-            data = b""
-        if not data:
+            msgs = None
+        if msgs is None:
             self._drop_conn(conn)
             if not self.launcher.reports_exits:  # no exit code to wait for: the rank is gone
                 info = self.ranks.get(conn.rank)
                 if info is not None and info.state not in (RankState.STOPPED, RankState.DEAD):
                     self.on_exit(conn.rank, info.pid or 0, None)
             return
-        for msg in conn.reader.feed(data):
+        for msg in msgs:
             self._dispatch(conn.rank, msg)
 
     def _drop_conn(self, conn: Conn) -> None:
@@ -271,10 +271,10 @@ class Hub(OutputStreams):
         """Whatever a rank sent before dying is still in its control socket."""
         try:
             while True:
-                data = self._rbuf.recv(conn.sock)
-                if not data:
+                msgs = self._rbuf.frames(conn)
+                if msgs is None:
                     return
-                for msg in conn.reader.feed(data):
+                for msg in msgs:
                     self._dispatch(conn.rank, msg)
         except OSError:  # BlockingIOError included: nothing more is there
             return

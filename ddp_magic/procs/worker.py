@@ -43,9 +43,10 @@ class Channel:
         self._lock = threading.Lock()
 
     def send(self, op: str, **fields: Any) -> None:
-        frame = P.encode(P.message(op, **fields))
+        parts = P.encode_parts(P.message(op, **fields))  # a result's tensors as their own memory, not copied into the frame
         with self._lock:
-            self.sock.sendall(frame)
+            for part in parts:
+                self.sock.sendall(part)
 
 
 class Worker:

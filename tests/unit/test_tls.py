@@ -119,3 +119,45 @@ def test_what_a_rank_wrote_just_before_it_exits_still_reaches_the_kernel(key, si
             kernel_side.close()
     finally:
         admission.close()
+
+
+def test_results_cross_the_relays_whole_from_two_ranks_at_once_and_big_frames_go_back(key):
+    """Two ranks each return a result with a buffer past the relay's chunk and round (out of band, as from another
+    host) while the kernel sends each a big frame: every byte crosses both relays intact, in order, both ways."""
+    import pickle
+
+    from ddp_magic.wire import tls_relay
+
+    secret = P.new_secret()
+    admission = Admission("127.0.0.1", secret, 8, lambda: None, key)
+    size = tls_relay.ROUND_BYTES + tls_relay.CHUNK + 12345
+    try:
+        ranks = []
+        for r in range(2):
+            sock = tls.connect(("127.0.0.1", admission.port), key.fingerprint)
+            P.client_handshake(sock, secret)
+            P.send(sock, P.message(P.HELLO, rank=r))
+            ranks.append(sock)
+        joined = []
+        while len(joined) < 2:
+            joined += _take(admission)
+        kernel = {hello["rank"]: s for s, hello in joined}
+        payload = [bytes([r + 1]) * size for r in range(2)]
+        senders = [threading.Thread(target=P.send, args=(ranks[r], P.message(P.RESULT, rank=r, blob=pickle.PickleBuffer(payload[r]), after=r)))
+                   for r in range(2)]
+        for t in senders:
+            t.start()
+        for r in range(2):
+            P.send(kernel[r], P.message(P.RUN, source="x" * size))
+        for r in range(2):
+            kernel[r].settimeout(60)
+            ranks[r].settimeout(60)
+            got = P.recv(kernel[r])
+            assert got["rank"] == r and got["after"] == r and bytes(got["blob"]) == payload[r]
+            assert P.recv(ranks[r])["source"] == "x" * size
+        for t in senders:
+            t.join()
+        for s in ranks + list(kernel.values()):
+            s.close()
+    finally:
+        admission.close()
