@@ -79,8 +79,11 @@ class RankFailure:
     pid: Optional[int] = None
     exit_code: Optional[int] = None
     last_lines: List[str] = field(default_factory=list)
+    node: str = ""  # set when its node stopped answering (DIED, ``message`` says how): the node is named, not a pid
 
     def headline(self) -> str:
+        if self.kind == FailureKind.DIED and self.node:
+            return f"rank {self.rank} on {self.node} is unreachable: {self.message}"
         if self.kind == FailureKind.DIED:
             return f"rank {self.rank} (pid {self.pid}) {describe_exit(self.exit_code)}"
         if self.kind == FailureKind.KILLED:
@@ -99,7 +102,7 @@ GROUPS_SHOWN = 8  # groups of failures a cell's message lists; the others are co
 
 def _how(f: RankFailure) -> Tuple[object, ...]:
     """What ranks that failed the same way share: the kind, the exception and its message, how the process ended."""
-    return (f.kind, f.type, f.message, f.exit_code if f.kind in (FailureKind.DIED, FailureKind.KILLED) else None)
+    return (f.kind, f.type, f.message, f.exit_code if f.kind in (FailureKind.DIED, FailureKind.KILLED) else None, f.node)
 
 
 def _who(ranks: Sequence[int]) -> str:
@@ -122,6 +125,8 @@ def group_headline(group: Sequence[RankFailure]) -> str:
     if len(group) == 1:
         return first.headline()
     who = _who([f.rank for f in group])
+    if first.kind == FailureKind.DIED and first.node:
+        return f"{who} on {first.node} are unreachable: {first.message}"
     if first.kind == FailureKind.DIED:
         how = describe_exit(first.exit_code)
         return f"{who} {how.replace('was killed', 'were killed').replace('lost its connection', 'lost their connections')}"
@@ -160,7 +165,9 @@ class CellError(DDPError):
             lines += ["", f"--- last lines rank {root.rank} printed ---", *root.last_lines]
         others = self.failures[1:]
         same = [f for f in others if _how(f) == _how(root)]
-        if same and root.kind != FailureKind.TIMEOUT:  # a timeout's headline names every rank it waited for
+        if same and root.node:  # a node gone silent: the node and all its ranks in the first line
+            lines[0] = group_headline([root, *same])
+        elif same and root.kind != FailureKind.TIMEOUT:  # a timeout's headline names every rank it waited for
             lines += ["", f"{_who([f.rank for f in same])} failed the same way"]
         said = {id(f) for f in same}  # by identity: comparing dataclasses is O(n) each, O(n²) over 1,024 ranks
         rest = [f for f in others if id(f) not in said and f.kind != FailureKind.KILLED and not f.message.startswith("released")]

@@ -26,33 +26,34 @@ NODES = ("n1", "n2")
 CPUS_PER_NODE = 4
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 BINARIES = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/srun", "/usr/bin/salloc", "/usr/sbin/munged")
-CTLD_PID = "/run/slurm/slurmctld.pid"
 MUNGE_PID = "/run/munge/munged.pid"
 MARK = "# written by ddp_magic scripts/local_slurm.py"
 
 
+STATE = "/var/lib/slurm/ddpmagic"  # ours alone: a Slurm that ran here before keeps /var/lib/slurm/slurmctld (and its clustername)
+RUN = "/run/slurm/ddpmagic"
+LOGS = "/var/log/slurm/ddpmagic"
+CTLD_PID = f"{RUN}/slurmctld.pid"
+LEGACY_PIDS = ("/run/slurm/slurmctld.pid", "/run/slurm/slurmd-n1.pid", "/run/slurm/slurmd-n2.pid")  # before the paths were ours
+
+
 def slurmd_pid(node: str) -> str:
-    return f"/run/slurm/slurmd-{node}.pid"
+    return f"{RUN}/slurmd-{node}.pid"
 
 
-def conf_text(host: str) -> str:
-    """slurm.conf for two fake nodes on ``host`` (``hostname -s``); the lines that work without systemd or cgroups."""
-    nodes = "\n".join(
-        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={17001 + i} CPUs={CPUS_PER_NODE} RealMemory=4000 State=UNKNOWN"
-        for i, n in enumerate(NODES)
-    )
+def render_conf(cluster: str, ctld: str, state: str, run: str, logs: str, nodes: str, extra: str = "") -> str:
+    """A slurm.conf whose state, spool, pid and log paths are the caller's own: the lines that work without systemd or
+    cgroups, shared by this one-host Slurm and the cluster in a box (cluster_box.py). ``ctld``: ``host(addr)``."""
     return f"""{MARK}
-ClusterName=ddpmagic
-SlurmctldHost={host}(127.0.0.1)
-SlurmUser=slurm
-SlurmctldPort=16817
+ClusterName={cluster}
+SlurmctldHost={ctld}
 AuthType=auth/munge
-StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/lib/slurm/slurmd-%n
-SlurmctldPidFile={CTLD_PID}
-SlurmdPidFile=/run/slurm/slurmd-%n.pid
-SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd-%n.log
+StateSaveLocation={state}/slurmctld
+SlurmdSpoolDir={state}/slurmd-%n
+SlurmctldPidFile={run}/slurmctld.pid
+SlurmdPidFile={run}/slurmd-%n.pid
+SlurmctldLogFile={logs}/slurmctld.log
+SlurmdLogFile={logs}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -68,9 +69,31 @@ MinJobAge=5
 KillWait=2
 InactiveLimit=0
 SlurmdTimeout=30
-{nodes}
-PartitionName=debug Nodes={NODES[0][0]}[1-{len(NODES)}] Default=YES MaxTime=INFINITE State=UP
+{extra}{nodes}
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
+
+
+def conf_text(host: str) -> str:
+    """slurm.conf for two fake nodes on ``host`` (``hostname -s``), every path under ours (STATE, RUN, LOGS)."""
+    nodes = "\n".join(
+        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={17001 + i} CPUs={CPUS_PER_NODE} RealMemory=4000 State=UNKNOWN"
+        for i, n in enumerate(NODES)
+    )
+    return render_conf("ddpmagic", f"{host}(127.0.0.1)", STATE, RUN, LOGS, nodes, "SlurmUser=slurm\nSlurmctldPort=16817\n")
+
+
+def private_state(state: str, cluster: str) -> None:
+    """A ``clustername`` in our own state folder that names another cluster (ours renamed) goes: slurmctld would stop
+    with CLUSTER NAME MISMATCH. Nobody else writes there."""
+    path = os.path.join(state, "slurmctld", "clustername")
+    try:
+        with open(path) as f:
+            stale = f.read().strip() != cluster
+    except OSError:
+        return
+    if stale:
+        os.remove(path)
 
 
 def missing() -> Optional[str]:
@@ -102,7 +125,8 @@ def install() -> Optional[str]:
     return missing()
 
 
-def _alive(pidfile: str) -> Optional[int]:
+def alive(pidfile: str) -> Optional[int]:
+    """The pid a pid file names when that process runs, else None."""
     try:
         with open(pidfile) as f:
             pid = int(f.read().strip())
@@ -114,7 +138,7 @@ def _alive(pidfile: str) -> Optional[int]:
 
 def running() -> bool:
     """Whether our cluster's daemons are up (all of them, by their pid files)."""
-    return all(_alive(p) for p in (MUNGE_PID, CTLD_PID, *map(slurmd_pid, NODES)))
+    return all(alive(p) for p in (MUNGE_PID, CTLD_PID, *map(slurmd_pid, NODES)))
 
 
 def _run(cmd: List[str], timeout: float = 20) -> Tuple[int, str]:
@@ -149,16 +173,17 @@ def _hosts_entry() -> None:
 
 def _start_daemons(host: str) -> None:
     subprocess.run(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0755", "/run/munge"], check=True)
-    if not _alive(MUNGE_PID):
+    if not alive(MUNGE_PID):
         subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True)
-    for folder in ("/var/lib/slurm/slurmctld", "/var/log/slurm", "/run/slurm"):
+    for folder in (f"{STATE}/slurmctld", LOGS, RUN):
         subprocess.run(["install", "-d", "-o", "slurm", "-g", "slurm", folder], check=True)
     for node in NODES:
-        os.makedirs(f"/var/lib/slurm/slurmd-{node}", exist_ok=True)
-    if not _alive(CTLD_PID):
+        os.makedirs(f"{STATE}/slurmd-{node}", exist_ok=True)
+    private_state(STATE, "ddpmagic")
+    if not alive(CTLD_PID):
         subprocess.run(["/usr/sbin/slurmctld", "-c"], check=True)  # -c: no jobs of an earlier run come back
     for node in NODES:
-        if not _alive(slurmd_pid(node)):
+        if not alive(slurmd_pid(node)):
             subprocess.run(["/usr/sbin/slurmd", "-N", node], check=True)
 
 
@@ -173,6 +198,9 @@ def start(timeout: float = 60.0) -> str:
     if old != text:
         if running():
             stop()
+        if MARK in old:  # ours, from before the paths were ours: its daemons hold the ports
+            for pidfile in LEGACY_PIDS:
+                stop_pid(pidfile)
         os.makedirs(os.path.dirname(CONF), exist_ok=True)
         with open(CONF, "w") as f:
             f.write(text)
@@ -185,12 +213,13 @@ def start(timeout: float = 60.0) -> str:
         for node in NODES:  # a node left DOWN by an earlier run comes back
             subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
         time.sleep(0.5)
-    logs = _run(["sh", "-c", "tail -n 5 /var/log/slurm/slurmctld.log /var/log/slurm/slurmd-*.log"])[1]
+    logs = _run(["sh", "-c", f"tail -n 5 {LOGS}/slurmctld.log {LOGS}/slurmd-*.log"])[1]
     raise RuntimeError(f"the local Slurm's nodes did not come up within {timeout:.0f}s:\n{_run(['sinfo'])[1]}\n{logs}")
 
 
-def _stop_pid(pidfile: str, wait: float = 10.0) -> None:
-    pid = _alive(pidfile)
+def stop_pid(pidfile: str, wait: float = 10.0) -> None:
+    """SIGTERM the daemon a pid file names, SIGKILL after ``wait`` seconds; nothing when it is not running."""
+    pid = alive(pidfile)
     if pid is None:
         return
     os.kill(pid, signal.SIGTERM)
@@ -215,12 +244,16 @@ def _wait_queue_empty(seconds: float) -> None:
 
 
 def _stop_holders() -> None:
-    """SIGTERM, then SIGKILL, every ``salloc ... ddp_magic.procs.slurm_hold`` still running (a test's leftovers)."""
+    """SIGTERM, then SIGKILL, every ``salloc ... ddp_magic.procs.slurm_hold`` still running (a test's leftovers) in this
+    network namespace (a cluster in a box's holders run in its login host and are its own to stop)."""
     pids = []
+    here = os.readlink("/proc/self/ns/net")
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
+            if os.readlink(f"/proc/{entry}/ns/net") != here:
+                continue
         except (OSError, ValueError):
             continue
         if argv and argv[0].endswith(b"salloc") and b"ddp_magic.procs.slurm_hold" in argv:
@@ -236,14 +269,14 @@ def _stop_holders() -> None:
 
 def stop() -> None:
     """Cancel every job, then stop the slurmds, slurmctld and munged (each by its pid file)."""
-    if _alive(CTLD_PID):
+    if alive(CTLD_PID):
         subprocess.run(["scancel", "--full", "--user", "root"], capture_output=True, timeout=10)
         _wait_queue_empty(10.0)
     _stop_holders()  # an salloc whose controller is gone retries for ever (at full CPU): never leave one behind
     for node in NODES:
-        _stop_pid(slurmd_pid(node))
-    _stop_pid(CTLD_PID)
-    _stop_pid(MUNGE_PID)
+        stop_pid(slurmd_pid(node))
+    stop_pid(CTLD_PID)
+    stop_pid(MUNGE_PID)
 
 
 def main(argv: List[str]) -> int:

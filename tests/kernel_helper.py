@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
 
-from jupyter_client.manager import start_new_kernel
+from jupyter_client.manager import KernelManager, start_new_kernel
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes: assertions read the text a person reads
 
@@ -36,13 +37,46 @@ class Execution:
         return self
 
 
-class Kernel:
-    """One real IPython kernel; ``run`` executes a cell and waits for it to go idle."""
+class _PrefixedKernelManager(KernelManager):
+    """A kernel started under a command prefix (another host of a cluster in a box: ``nsenter -t ANCHOR ...``). Its
+    ZMQ channels are unix sockets (``transport='ipc'``): a file path reaches a kernel in another network namespace,
+    where 127.0.0.1 would not. The prefix execs the kernel, so its pid (interrupts, shutdown) is the kernel's."""
 
-    def __init__(self, extra_env: Optional[dict] = None) -> None:
+    prefix: List[str] = []
+
+    def format_kernel_cmd(self, extra_arguments: Optional[List[str]] = None) -> List[str]:
+        return [*self.prefix, *super().format_kernel_cmd(extra_arguments)]
+
+
+def _start_prefixed(prefix: List[str], env: dict) -> Tuple[KernelManager, Any]:
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="ddp-kernel-ipc-")
+    km = _PrefixedKernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(folder, "k"))
+    km.prefix = list(prefix)
+    km.start_kernel(env=env)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+    except RuntimeError:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        raise
+    return km, kc
+
+
+class Kernel:
+    """One real IPython kernel; ``run`` executes a cell and waits for it to go idle. ``prefix``: the command the kernel
+    runs under (``cluster_box.Box.enter("login")``: the kernel is on the box's login host)."""
+
+    def __init__(self, extra_env: Optional[dict] = None, prefix: Optional[List[str]] = None) -> None:
         env = dict(os.environ)
         env.update(extra_env or {})
-        self.km, self.kc = start_new_kernel(kernel_name="python3", env=env)
+        if prefix:
+            self.km, self.kc = _start_prefixed(prefix, env)
+        else:
+            self.km, self.kc = start_new_kernel(kernel_name="python3", env=env)
         self.elsewhere: List[dict] = []  # iopub messages of another cell than the one running (a background cell's, late ones)
 
     @property
@@ -130,6 +164,8 @@ class Kernel:
             self.kc.stop_channels()
         finally:
             self.km.shutdown_kernel(now=True)
+            if isinstance(self.km, _PrefixedKernelManager):  # its unix sockets' folder
+                shutil.rmtree(os.path.dirname(self.km.ip), ignore_errors=True)
 
 
 def simulated_kernel(per_host: int, extra_env: Optional[dict] = None) -> Kernel:

@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ..logs import log
 from ..plan.net import address_family
 from ..wire import protocol as P
-from ..wire import tls
+from ..wire import liveness, tls
 
 Joined = Tuple[socket.socket, dict]  # an authenticated socket and its HELLO
 HANDSHAKE_S = 10  # a peer that has not proved itself by then is dropped
@@ -192,6 +192,8 @@ class Admission:
         self._forget(sel, peers, peer)
         peer.sock.settimeout(None)
         peer.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if hello.get("op") == P.HELLO:  # the control socket: a node that goes silent is found within seconds (wire/liveness.py)
+            liveness.arm(peer.sock)
         self._admitted(peer.sock, hello)
 
     def _admit_tls(self, sock: socket.socket) -> None:
@@ -207,6 +209,8 @@ class Admission:
             if hello.get("op") not in (P.HELLO, P.HELLO_OUT):
                 raise P.AuthenticationError("no hello")
             sock.settimeout(None)
+            if hello.get("op") == P.HELLO:
+                tls.arm_control(sock)  # the control socket: a node that goes silent is found within seconds (wire/liveness.py)
         except Exception:  # a wrong secret, garbage, a timeout, a closed socket: all the same to us
             log.debug("a TLS peer on the control port was rejected", exc_info=True)
             self.on_reject()

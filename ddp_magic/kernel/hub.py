@@ -24,6 +24,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 from ..errors import RankFailure
 from ..logs import log
 from ..states import FailureKind, RankState
+from ..wire import liveness
 from ..wire import protocol as P
 from .admission import Admission
 from .conns import Conn, OutConn, Poller, ReadBuffer, close_socket, peer_open, send_all_nonblocking
@@ -32,6 +33,7 @@ from .launchers import Launcher
 from .peek import PeekDesk
 from .ranks import Due, Listener, RankInfo, Tick
 from .stdin import InputDesk
+from .unreachable import node_key, silent_siblings
 
 POLL_S = 0.05  # the wait while starting, asking, or with a launcher that has no exit-event fd
 IDLE_POLL_S = 0.5  # the longest sleep while a cell runs: a safety net, every event wakes the loop sooner
@@ -148,6 +150,8 @@ class Hub(OutputStreams):
     def death_failure(self, rank: int) -> RankFailure:
         """How a dead rank died (exit code, last lines), as a failure."""
         info = self.ranks[rank]
+        if info.silent:
+            return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, message=liveness.silence_words(), node=node_key(info))
         return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, exit_code=info.exit_code, last_lines=list(info.tail)[-10:])
 
     def any_peer_open(self) -> bool:
@@ -216,10 +220,8 @@ class Hub(OutputStreams):
         if self.launcher.reports_exits:
             return
         for conn in list(self.conns.values()):
-            info = self.ranks.get(conn.rank)
-            if not peer_open(conn.sock) and info is not None and info.state not in (RankState.STOPPED, RankState.DEAD):
-                self.on_exit(conn.rank, info.pid or 0, None)
-                self._drop_conn(conn)
+            if conn.rank in self.conns and not peer_open(conn.sock):
+                self._lost(conn, None)
 
     def _watch_extras(self, launcher_fd: Optional[int]) -> None:
         """The launcher's exit events and the admission's wake-up, added again each time: a closed pipe's number may be a new one's."""
@@ -245,22 +247,38 @@ class Hub(OutputStreams):
 
     # ------------------------------------------------------------ reading
     def _read_conn(self, conn: Conn) -> None:
+        error: Optional[OSError] = None
         try:
             msgs = self._rbuf.frames(conn)
         except BlockingIOError:
             return
-        except OSError:
+        except OSError as e:
             log.debug("rank %s's control socket failed on read", conn.rank, exc_info=True)
-            msgs = None
+            msgs, error = None, e
         if msgs is None:
-            self._drop_conn(conn)
-            if not self.launcher.reports_exits:  # no exit code to wait for: the rank is gone
-                info = self.ranks.get(conn.rank)
-                if info is not None and info.state not in (RankState.STOPPED, RankState.DEAD):
-                    self.on_exit(conn.rank, info.pid or 0, None)
+            self._lost(conn, error)
             return
         for msg in msgs:
             self._dispatch(conn.rank, msg)
+
+    def _lost(self, conn: Conn, error: Optional[OSError]) -> None:
+        """A rank's control connection ended. Its node gone silent (wire/liveness.py): it and every rank on that node are
+        unreachable (they share the link), the others are released by the failure policy as for any death. Else, with
+        no exit code to wait for (remote ranks), the rank is gone."""
+        silent = liveness.lost_to_silence(conn.sock, error)
+        self._drop_conn(conn)
+        if not (silent or not self.launcher.reports_exits):
+            return
+        lost = [conn.rank] + (silent_siblings(self.ranks, conn.rank) if silent else [])
+        for rank in lost:
+            info = self.ranks[rank]
+            if info.state in (RankState.STOPPED, RankState.DEAD):
+                continue
+            info.silent = silent
+            other = self.conns.get(rank)
+            if other is not None:
+                self._drop_conn(other)
+            self.on_exit(rank, info.pid or 0, None)
 
     def _drop_conn(self, conn: Conn) -> None:
         self._unwatch(conn.sock)
@@ -337,7 +355,7 @@ class Hub(OutputStreams):
         if rank is None or rank not in self.ranks or self.ranks[rank].pid not in (None, pid):
             return
         info = self.ranks[rank]
-        if info.state == RankState.STOPPED:
+        if info.state == RankState.STOPPED or (info.silent and info.state == RankState.DEAD):  # an unreachable rank's exit, seen late
             return
         conn = self.conns.get(rank)
         if conn is not None:

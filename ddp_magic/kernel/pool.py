@@ -25,9 +25,9 @@ from ..plan.plan import Plan, make_plan
 from ..plan.spec import PoolSpec
 from ..states import FailureKind, RankState
 from ..wire import protocol as P
-from ..wire import shm
+from ..wire import liveness, shm
 from ..wire.tls import ServerKey
-from . import placement, results, texts
+from . import placement, results, texts, unreachable
 from .admission import Admission, raise_fd_limit
 from .cell import CellRun
 from .hub import Hub
@@ -159,6 +159,7 @@ class Pool:
             # the GPU forever; a value set in the kernel's env wins.
             base_env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         base_env[shm.ENV] = self.shm_prefix
+        base_env[liveness.CONNECT_ENV] = str(liveness.connect_timeout(self.spec.start_timeout))  # a blocked port is reported in time
         # A FileStore in /dev/shm is shared only by ranks on this host.
         self.store_path = None if self.launcher.remote_ranks else shm.new_store(self.shm_prefix, self.plan.run_id)
         command = self.launcher.launch(self.plan, base_env, self.listen_addr, port, self.store_path)
@@ -174,12 +175,14 @@ class Pool:
         dead = hub.dead_ranks()
         if not (hub.init_failures or dead) and all_in():
             return
+        unreachable.raise_if_cut_off(self.launcher, len(hub.conns), self.nproc)  # a node said it cannot reach us: name it, let go
         failures = hub.init_failures + [self.death_failure(r) for r in dead]
         if not failures:
             missing = sorted(set(range(self.nproc)) - hub.ready)
             if self.spec.nnodes > 1:
-                rendezvous = f"{self.plan.master_addr}:{self.plan.master_port}"
                 control = f"{self.listen_addr}:{self.control_port}"
+                unreachable.raise_if_never_joined(self.launcher, self.ranks, self.spec.start_timeout, control)  # Slurm started them
+                rendezvous = f"{self.plan.master_addr}:{self.plan.master_port}"
                 raise StartError(texts.missing_nodes_text(self.ranks, missing, self.spec.nnodes, self.spec.start_timeout, rendezvous, control))
             why = f"did not start within {self.spec.start_timeout:.0f}s"
             failures = [RankFailure(rank=r, kind=FailureKind.INIT, message=why) for r in missing]

@@ -40,6 +40,7 @@ class RankInfo:
     last_line: str = ""
     debugging: Waiting = Waiting.NO  # what a RUNNING rank waits on the notebook for (kernel/stdin.py)
     tail: Deque[str] = field(default_factory=lambda: deque(maxlen=20))
+    silent: bool = False  # its node stopped answering (wire/liveness.py): DEAD as unreachable, not as exited
 
     @property
     def elapsed(self) -> float:

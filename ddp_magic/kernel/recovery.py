@@ -42,6 +42,7 @@ from ..words import fmt_seconds, ranks_phrase
 from .hub import Hub
 from .launchers import Launcher
 from .ranks import Listener, RankInfo
+from .unreachable import node_key
 
 REFORM_WAIT_S = 10.0  # how long live ranks get to form the new group
 _GONE = (RankState.DEAD, RankState.STOPPED)
@@ -232,7 +233,8 @@ class Recovery:
         return (
             f"{died}: started it again in {fmt_seconds(time.monotonic() - t0)} ({new}). "
             f"{ranks_phrase(gone)}'s variables are gone" + (f" ({names})" if names else "")
-            + f"; {ranks_phrase(survivors)} kept {'its' if len(survivors) == 1 else 'theirs'}. %ddp restart gives every rank a fresh start."
+            + (f"; {ranks_phrase(survivors)} kept {'its' if len(survivors) == 1 else 'theirs'}" if survivors else "")
+            + ". %ddp restart gives every rank a fresh start."
         ) + "".join("\n" + note for note in swap_notes(replies))
 
     def _replace(self, pool: Pool, listener: Listener, gone: Sequence[int]) -> Tuple[Optional[str], Dict[int, dict]]:
@@ -289,7 +291,9 @@ def note_death(pool_ref: "weakref.ref[Any]", rank: int, code: Optional[int]) -> 
     """A rank's process is gone while it held state: started again alone at the next cell, or the pool restarts."""
     pool = pool_ref()
     if pool is not None:
-        pool.broken = pool.recovery.on_death(pool, rank, code, describe_exit(code)) or pool.broken  # None: started again alone
+        info = pool.ranks.get(rank)
+        how = f"was unreachable on {node_key(info)}" if info is not None and info.silent else describe_exit(code)
+        pool.broken = pool.recovery.on_death(pool, rank, code, how) or pool.broken  # None: started again alone
 
 
 def stop_quietly(hub: Hub, shm_prefix: str) -> None:

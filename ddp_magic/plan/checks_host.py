@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import List, Mapping, Optional, Sequence
 
-from . import net
+from .net import interfaces as local_interfaces
 from .check import Check
 from .gpus import BackendInfo, GPUInfo, cuda_initialised, detect_gpus
 from .plan import STALE_VARS, threads_per_rank, usable_cpus
@@ -161,7 +161,7 @@ def check_socket_ifname(environ: Mapping[str, str], backend: str, interfaces: Op
     gloo, nccl = environ.get("GLOO_SOCKET_IFNAME"), environ.get("NCCL_SOCKET_IFNAME")
     if not gloo and not nccl:
         return Check(name, True, "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME not set: chosen automatically", level="info")
-    have = list(interfaces) if interfaces is not None else net.interfaces()
+    have = list(interfaces) if interfaces is not None else local_interfaces()
     problems: List[str] = []
     fatal = False
     if gloo:

@@ -26,7 +26,7 @@ from typing import Any, Optional, Tuple
 
 from ..logs import log
 from ..wire import protocol as P
-from ..wire import shm, slurm_env, tls, transfer
+from ..wire import liveness, shm, slurm_env, tls, transfer
 from ..wire.capture import FdCapture
 from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
@@ -69,22 +69,43 @@ class Worker:
         self.shm_ok = True
 
     # ------------------------------------------------------------ start-up
-    def _dial(self) -> socket.socket:
-        """An authenticated connection to the kernel's control port."""
+    def _dial(self, control: bool = False) -> socket.socket:
+        """An authenticated connection to the kernel's control port; one that cannot be made is reported (``_unreachable``)."""
         host, port = self.config["kernel_addr"], int(self.config["kernel_port"])
-        if self.config.get("tls"):  # ranks on other hosts: TLS, the kernel's certificate pinned (wire/tls.py)
-            sock = tls.connect((host, port), self.config["tls"])
-            sock.settimeout(30)
-        else:
-            sock = socket.create_connection((host, port), timeout=30)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        timeout = float(self.config["env"].get(liveness.CONNECT_ENV) or 30)
+        try:
+            if self.config.get("tls"):  # ranks on other hosts: TLS, the kernel's certificate pinned (wire/tls.py)
+                sock = tls.connect((host, port), self.config["tls"], timeout, control=control)
+                sock.settimeout(30)
+            else:
+                sock = socket.create_connection((host, port), timeout=timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if control:  # the kernel's host gone silent: the rank goes within seconds (wire/liveness.py)
+                    liveness.arm(sock, silence=liveness.RANK_SILENCE_S)
+        except OSError as e:
+            self._unreachable(host, port, e)
+            raise
         P.client_handshake(sock, self.secret)
         sock.settimeout(None)
         return sock
 
+    def _unreachable(self, host: str, port: int, e: OSError) -> None:
+        """Tell whoever started us (a template reads our fd 1 before it is captured: srun's output for a Slurm node)
+        that the kernel's port cannot be reached, so the kernel can name this node instead of waiting out its join."""
+        why = "no answer" if liveness.is_silence(e) or isinstance(e, socket.timeout) else (e.strerror or type(e).__name__).lower()
+        event = {"event": "unreachable", "rank": self.rank, "node": slurm_env.node_name() or socket.gethostname(),
+                 "addr": f"{host}:{port}", "why": why}
+        text = (f"rank {self.rank} on {event['node']} cannot reach the kernel at {event['addr']} ({why}): a firewall between the nodes "
+                "and the kernel's machine? --control-addr ADDR chooses another address")
+        try:
+            os.write(1, (json.dumps(event) + "\n").encode())  # the template's reader (srun's output): the kernel words it
+            os.write(2, (text + "\n").encode())  # torchrun's terminal, or the launcher's log
+        except OSError:
+            log.debug("rank %d: nobody reads our start-up events", self.rank, exc_info=True)
+
     def connect(self) -> None:
         """The control channel, then one raw socket per output stream that becomes fd 1 or 2."""
-        self.chan = Channel(self._dial())
+        self.chan = Channel(self._dial(control=True))
         self.chan.send(
             P.HELLO, rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=rank_torch.planned_device(self.local_rank),
             local_rank=self.local_rank, node=int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0"))),

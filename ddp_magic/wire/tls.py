@@ -26,6 +26,7 @@ import subprocess
 import tempfile
 from typing import Dict, Optional, Tuple
 
+from . import liveness
 from .tls_relay import Relay, drain_before_exit
 
 FORCE_ENV = "DDP_MAGIC_FORCE_TLS"  # "1": TLS even when every rank is on this host (tests, measurements)
@@ -84,14 +85,23 @@ def check_peer(sock: ssl.SSLSocket, fingerprint: str) -> None:
 def wrap_server(sock: socket.socket, key: ServerKey, timeout: float) -> socket.socket:
     """Kernel side: the TLS handshake on an accepted socket, then the plain twin the admission and hub use."""
     sock.settimeout(timeout)
+    liveness.arm(sock, data_too=False)  # arm_control adds the rest once the peer says it is a control socket
     tls = key.context.wrap_socket(sock, server_side=True)
     return Relay.get().add(tls)
 
 
-def connect(addr: Tuple[str, int], fingerprint: str, timeout: float = 30) -> socket.socket:
+def arm_control(plain: socket.socket) -> None:
+    """Kernel side: the TLS socket behind ``plain`` carries a rank's control channel: its full liveness check."""
+    tls = Relay.get().tls_of(plain)
+    if tls is not None:
+        liveness.arm(tls)
+
+
+def connect(addr: Tuple[str, int], fingerprint: str, timeout: float = 30, control: bool = False) -> socket.socket:
     """Rank side: a TLS connection to the kernel, its certificate checked; returns the plain twin."""
     raw = socket.create_connection(addr, timeout=timeout)
     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    liveness.arm(raw, data_too=control, silence=liveness.RANK_SILENCE_S)
     tls = client_context().wrap_socket(raw)
     try:
         check_peer(tls, fingerprint)

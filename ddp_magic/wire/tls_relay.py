@@ -36,9 +36,11 @@ import struct
 import termios
 import threading
 import time
+import weakref
 from typing import Callable, Dict, Optional, Union
 
 from ..logs import log
+from . import liveness
 
 CHUNK = 1 << 20  # one direction's buffer: the most one TLS write gets, the most one socketpair write gets
 PAIR_BUFFER = 4 << 20  # SO_SNDBUF/SO_RCVBUF of the socketpair: a big result crosses it in few rounds
@@ -76,8 +78,9 @@ class _Way:
 class _Pair:
     """One TLS socket and the plain socket the code uses instead, with what waits to go each way."""
 
-    def __init__(self, tls: ssl.SSLSocket, plain: socket.socket) -> None:
+    def __init__(self, tls: ssl.SSLSocket, plain: socket.socket, twin: socket.socket) -> None:
         self.tls, self.plain = tls, plain
+        self.twin = weakref.ref(twin)  # the code's end: told when the TLS peer went silent (wire/liveness.py)
         self.up = _Way()  # from the code (plain) to the peer (tls)
         self.down = _Way()  # from the peer (tls) to the code (plain)
         self.plain_shut = False
@@ -98,6 +101,7 @@ class Relay:
         self.pairs: Dict[int, _Pair] = {}
         self.added: "list[_Pair]" = []
         self.mutex = threading.Lock()
+        self._tls_of: "weakref.WeakKeyDictionary[socket.socket, ssl.SSLSocket]" = weakref.WeakKeyDictionary()  # the code's end -> its TLS socket
         self.rounds = 0  # select rounds done: a drain sees the relay between two of them
         threading.Thread(target=self._loop, name="ddp-tls-relay", daemon=True).start()
 
@@ -117,9 +121,15 @@ class Relay:
         tls.setblocking(False)
         mine.setblocking(False)
         with self.mutex:
-            self.added.append(_Pair(tls, mine))
+            self.added.append(_Pair(tls, mine, theirs))
+            self._tls_of[theirs] = tls
         self.wake_w.send(b"x")
         return theirs
+
+    def tls_of(self, plain: socket.socket) -> Optional[ssl.SSLSocket]:
+        """The TLS socket behind the code's end ``plain`` (to set its socket options), or None."""
+        with self.mutex:
+            return self._tls_of.get(plain)
 
     def _loop(self) -> None:
         while True:
@@ -180,8 +190,10 @@ class Relay:
         try:
             _move(pair.down, pair.tls.recv_into, pair.plain.send, gather=True)
             _move(pair.up, pair.plain.recv_into, pair.tls.send, gather=False)
-        except (OSError, ValueError):
+        except (OSError, ValueError) as e:
             log.debug("tls relay: a connection failed", exc_info=True)
+            if liveness.is_silence(e):
+                liveness.mark_silent(pair.twin())
             pair.up.eof = pair.down.eof = True
             pair.up.clear()
             pair.down.clear()

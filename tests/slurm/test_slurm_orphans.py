@@ -103,7 +103,7 @@ def test_a_sigkilled_kernel_leaves_no_salloc_when_the_controller_is_gone(slurm_c
             k.run(START, timeout=180).ok()
             [salloc] = _ours(b"salloc")
             job = our_jobs()[0].split()[0]
-            local_slurm._stop_pid(local_slurm.CTLD_PID)  # the controller goes: salloc cannot release
+            local_slurm.stop_pid(local_slurm.CTLD_PID)  # the controller goes: salloc cannot release
             os.kill(k.pid, signal.SIGKILL)
             deadline = time.monotonic() + slurm_hold.RELEASE_GRACE_S + 10
             while alive(salloc) and time.monotonic() < deadline:

@@ -197,10 +197,10 @@ def test_port_holder_is_named():
 
 def test_master_address_reachability_for_several_nodes(monkeypatch):
     assert netc.check_master_addr_local("127.0.0.1", nnodes=2).ok
-    monkeypatch.setattr(net, "route_source", lambda family, ip: "10.1.2.3")
+    monkeypatch.setattr(netc, "route_source", lambda family, ip: "10.1.2.3")
     ok = netc.check_master_addr_local("192.0.2.1", nnodes=2)
     assert ok.ok and ok.name == "master address reachable" and "10.1.2.3" in ok.detail
-    monkeypatch.setattr(net, "route_source", lambda family, ip: None)
+    monkeypatch.setattr(netc, "route_source", lambda family, ip: None)
     bad = netc.check_master_addr_local("192.0.2.1", nnodes=2)
     assert not bad.ok and "no route" in bad.detail
     unresolved = netc.check_master_addr_local("no-such-host.invalid")

@@ -140,6 +140,18 @@ class Launcher(ABC):
     def close(self) -> None:
         """Stop every process we started (ranks, template, agent) and release what we hold."""
 
+    def cannot_reach(self) -> List[dict]:
+        """What ranks said when they could not reach the control port at start-up (events: rank, node, addr, why)."""
+        return []
+
+    def give_up(self) -> str:
+        """The pool could not start and retrying in place would not help: let go of what we hold; says what became of it."""
+        return "nothing is held"
+
+    def node_of(self, rank: int) -> str:
+        """The node a rank was asked to run on, when the launcher places ranks on nodes ("" otherwise)."""
+        return ""
+
     def log_text(self, limit: int = 4000) -> str:
         """The last ``limit`` characters the launched processes printed outside cells."""
         try:

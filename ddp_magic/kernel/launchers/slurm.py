@@ -30,10 +30,11 @@ from ...plan.check import Check
 from ...plan.checks_slurm import TEMPLATE
 from ...plan.net import address_family, is_local_ip, route_source
 from ...wire import slurm_env, tls
-from . import slurm_cli as cli
+# not ``from . import slurm_cli``: that imports this package, whose __init__ imports this module
+from .slurm_cli import hostnames, installed, job as slurm_job, node_addr, test_request
 from .base import Exit, LaunchError, Launcher
 from .forkserver import import_env
-from .slurm_alloc import Allocation, Progress, allocation_for
+from .slurm_alloc import Allocation, OwnAllocation, Progress, allocation_for
 from .slurm_steps import END_WAIT_S, TemplateStep, env_changes
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class SlurmLauncher(Launcher):
     # ------------------------------------------------------------ the allocation
     def acquire(self, plan: Plan, progress: Progress) -> Optional[str]:
         """The allocation the plan's request runs in: the one held if it fits, else the kernel's own, else a new one (queued meanwhile)."""
-        why = cli.installed()
+        why = installed()
         if why:
             raise LaunchError(why)
         request = plan.slurm
@@ -238,6 +239,17 @@ class SlurmLauncher(Launcher):
     def alive(self) -> bool:
         return self.alloc is not None and self.alloc.alive()
 
+    def cannot_reach(self) -> List[dict]:
+        return [ev for step in self.steps for ev in step.unreachable]
+
+    def give_up(self) -> str:
+        """End the steps, and release the allocation if we made it (one the kernel found stays: it is the user's)."""
+        alloc = self.alloc
+        self._release()
+        if alloc is None or alloc.job_id is None:
+            return "nothing is held"
+        return f"Slurm job {alloc.job_id} was released" if isinstance(alloc, OwnAllocation) else f"Slurm job {alloc.job_id} (yours) stays"
+
     def job_id(self) -> Optional[str]:
         return self.alloc.job_id if self.alloc is not None else None
 
@@ -245,7 +257,7 @@ class SlurmLauncher(Launcher):
         """'Slurm job 18 running on n1,n2: allocated for this kernel, ...' (squeue asked now)."""
         if self.alloc is None or self.alloc.job_id is None:
             return ""
-        info = cli.job(self.alloc.job_id)
+        info = slurm_job(self.alloc.job_id)
         return self.alloc.describe().replace(f"job {self.alloc.job_id} ", f"job {self.alloc.job_id} ({info.state}) ", 1)
 
     def _end_steps(self) -> None:
@@ -286,13 +298,13 @@ def preview(plan: Plan) -> "tuple[Plan, List[Check]]":
     allocation, the first node's real address as MASTER_ADDR."""
     request = plan.slurm
     assert request is not None
-    why = cli.installed()
+    why = installed()
     if why:
         return plan, [Check("Slurm commands", False, why)]
     argv = request.step_test_argv(str(request.job_id)) if request.found else request.test_argv()
-    refused = cli.test_request(argv)
+    refused = test_request(argv)
     verdict = Check("Slurm takes the request", not refused, f"{argv[0]} --test-only: " + (refused or "accepted (nothing was submitted)"))
     if not request.found:
         return replace(plan, master_addr="(NodeAddr of the first node, once allocated)"), [verdict]
-    nodes = cli.hostnames(os.environ.get("SLURM_JOB_NODELIST") or cli.job(str(request.job_id)).nodelist)
-    return (replace(plan, master_addr=cli.node_addr(nodes[0])) if nodes else plan), [verdict]
+    nodes = hostnames(os.environ.get("SLURM_JOB_NODELIST") or slurm_job(str(request.job_id)).nodelist)
+    return (replace(plan, master_addr=node_addr(nodes[0])) if nodes else plan), [verdict]

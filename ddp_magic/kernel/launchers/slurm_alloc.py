@@ -25,7 +25,8 @@ from typing import Callable, List, Optional
 from ...logs import log
 from ...plan.slurm import SlurmRequest
 from ...states import SchedulerState
-from . import slurm_cli as cli
+# not ``from . import slurm_cli``: that imports this package, whose __init__ imports this module
+from .slurm_cli import cancel, hostnames, job as slurm_job, node_addr, parse_salloc, short_error, test_request
 from .base import LaunchError, worker_env
 from ...words import plural
 
@@ -59,18 +60,18 @@ class Allocation:
 
     def wait(self, progress: Progress) -> None:
         """Until the nodes are ours (at once for an allocation found); a step Slurm would refuse is refused here, in its words."""
-        refused = cli.test_request(self.request.step_test_argv(str(self.job_id)))
+        refused = test_request(self.request.step_test_argv(str(self.job_id)))
         if refused:
             raise LaunchError(f"srun refused the step in job {self.job_id}: {refused}")
-        info = cli.job(str(self.job_id))
+        info = slurm_job(str(self.job_id))
         nodelist = os.environ.get("SLURM_JOB_NODELIST") or info.nodelist
         if info.state != SchedulerState.RUNNING and not nodelist:
             raise LaunchError(f"the kernel's Slurm job {self.job_id} is {info.state} ({info.reason or 'squeue says no more'}): no nodes to run on")
         self._place(nodelist)
 
     def _place(self, nodelist: str) -> None:
-        self.nodes = cli.hostnames(nodelist)
-        self.addrs = [cli.node_addr(n) for n in self.nodes]
+        self.nodes = hostnames(nodelist)
+        self.addrs = [node_addr(n) for n in self.nodes]
         if len(self.nodes) < self.request.nodes:
             raise LaunchError(f"Slurm job {self.job_id} has {plural(len(self.nodes), 'node')} ({nodelist}) but {self.request.nodes} were asked for")
 
@@ -133,11 +134,11 @@ class OwnAllocation(Allocation):
                 self._place(words[2])
                 return
             if not streams and self.proc.wait() is not None:  # both pipes closed: salloc has ended
-                raise LaunchError(f"salloc could not allocate: {cli.short_error(self.said)}")
+                raise LaunchError(f"salloc could not allocate: {short_error(self.said)}")
             now = time.monotonic()
             if self.job_id and now - t0 >= QUEUE_AFTER_S and now - asked >= QUEUE_POLL_S:
                 asked = now
-                self.reason = cli.job(self.job_id).reason or self.reason
+                self.reason = slurm_job(self.job_id).reason or self.reason
                 progress(queued_text(self.job_id, self.reason))
             if limit is not None and now - t0 > limit:
                 raise LaunchError(f"Slurm job {self.job_id or '(not yet numbered)'} did not start within --start-timeout {limit:g} s: "
@@ -146,9 +147,9 @@ class OwnAllocation(Allocation):
     def _heard(self, text: str) -> None:
         self.said += text
         for line in text.splitlines():
-            kind, job = cli.parse_salloc(line)
-            if kind in ("pending", "granted") and job:
-                self.job_id = job
+            kind, number = parse_salloc(line)
+            if kind in ("pending", "granted") and number:
+                self.job_id = number
 
     def fits(self, request: SlurmRequest) -> bool:
         mine = self.request
@@ -172,13 +173,13 @@ class OwnAllocation(Allocation):
         except OSError:
             log.debug("the holder's pipe was closed already", exc_info=True)
         if self.job_id and not self.nodes:
-            cli.cancel(self.job_id)  # still queued: no holder runs yet
+            cancel(self.job_id)  # still queued: no holder runs yet
         try:
             proc.wait(timeout=RELEASE_WAIT_S)
         except subprocess.TimeoutExpired:
             log.debug("salloc did not exit after its holder; cancelling job %s", self.job_id, exc_info=True)
             if self.job_id:
-                cli.cancel(self.job_id)
+                cancel(self.job_id)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         for stream in (proc.stdout, proc.stderr):

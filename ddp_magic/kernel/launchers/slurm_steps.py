@@ -36,6 +36,7 @@ class TemplateStep:
         self.lost: Dict[str, str] = {}  # node -> how its template ended
         self.ready: Dict[str, str] = {}  # node -> the template's import line
         self.events: List[dict] = []  # spawned / exited, for the launcher's poll
+        self.unreachable: List[dict] = []  # ranks that could not reach the kernel's control port (procs/worker.py)
         self._lock = threading.Lock()
         self._log = log_file
         self._nonce = 0
@@ -67,6 +68,8 @@ class TemplateStep:
         with self._lock:
             if event.get("event") == "ready":
                 self.ready[str(event.get("node"))] = str(event.get("info", ""))
+            elif event.get("event") == "unreachable":
+                self.unreachable.append(event)
             elif event.get("event") == "error":
                 self.lost.setdefault(str(event.get("node")), f"the template could not start: {event.get('message')}")
                 self._to_log((str(event.get("traceback", "")) + "\n").encode())

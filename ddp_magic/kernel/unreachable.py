@@ -1,0 +1,76 @@
+"""Nodes that cannot be reached: which ranks share a silent node, and what a user reads when a node cannot reach the kernel.
+
+The liveness check itself is the OS's (wire/liveness.py); these are the kernel's pure decisions
+over what it found: one rank's connection gone silent means its whole node is (they share the
+link), so the node and all its ranks are named at once, never a rank on a healthy node. And a
+rank that could not reach the control port at start-up says so through its launcher (a Slurm
+template's events on srun's output), so the pool names the node instead of waiting out its join.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+from ..errors import StartError
+from ..states import RankState
+from ..words import plural, ranks_phrase
+from .launchers import Launcher
+from .ranks import RankInfo
+
+_GONE = (RankState.STOPPED, RankState.DEAD)
+
+
+def node_key(info: RankInfo) -> str:
+    """The name a rank's node goes by: the scheduler's (Slurm's n2), else the host's."""
+    return info.node_name or info.host
+
+
+def silent_siblings(ranks: Dict[int, RankInfo], rank: int) -> List[int]:
+    """The other live ranks on ``rank``'s node: unreachable with it."""
+    key = node_key(ranks[rank])
+    return [r for r, info in sorted(ranks.items()) if r != rank and key and node_key(info) == key and info.state not in _GONE]
+
+
+def cannot_reach_text(events: Sequence[dict], joined: int, nproc: int, released: str) -> str:
+    """Why a pool did not start when ranks said they cannot reach the kernel's control port: each node named once,
+    with its ranks, the address and why; then what to do. ``released`` says what became of the allocation."""
+    by_node: Dict[str, List[dict]] = {}
+    for ev in events:
+        by_node.setdefault(str(ev.get("node") or "?"), []).append(ev)
+    lines = []
+    for node, evs in sorted(by_node.items()):
+        ranks = sorted({int(ev["rank"]) for ev in evs if isinstance(ev.get("rank"), int)})
+        first = evs[0]
+        lines.append(f"{ranks_phrase(ranks)} on {node} cannot reach the kernel at {first.get('addr')} ({first.get('why')})")
+    head = "; ".join(lines)
+    return (
+        f"{head}: a firewall between the nodes and this machine? --control-addr ADDR chooses another address. "
+        f"{joined} of {plural(nproc, 'rank')} joined; {released}."
+    )
+
+
+def raise_if_cut_off(launcher: Launcher, joined: int, nproc: int) -> None:
+    """A start that failed because ranks could not reach the control port: the launcher lets go of its nodes (a retry
+    in the same place would fail the same way) and the user reads which nodes, at which address, and the fix."""
+    events = launcher.cannot_reach()
+    if events:
+        raise StartError(cannot_reach_text(events, joined, nproc, launcher.give_up()))
+
+
+def raise_if_never_joined(launcher: Launcher, ranks: Dict[int, RankInfo], timeout: float, control: str) -> None:
+    """A pool whose nodes the launcher started (Slurm: no command was the user's to run) where ranks never connected."""
+    missing = [r for r, info in sorted(ranks.items()) if info.state == RankState.STARTING]
+    if missing and launcher.node_of(missing[0]):
+        raise StartError(never_joined_text(launcher, missing, len(ranks), timeout, control))
+
+
+def never_joined_text(launcher: Launcher, missing: Sequence[int], nproc: int, timeout: float, control: str) -> str:
+    """Why a pool whose nodes the launcher started did not start: the ranks that never connected, by node."""
+    by_node: Dict[str, List[int]] = {}
+    for r in missing:
+        by_node.setdefault(launcher.node_of(r) or "?", []).append(r)
+    who = "; ".join(f"{ranks_phrase(rs)} on {node}" for node, rs in sorted(by_node.items()))
+    return (
+        f"{plural(len(missing), 'rank')} of {nproc} never reached the kernel at {control} within {timeout:.0f}s ({who}). "
+        f"Slurm started them; a firewall between the nodes and this machine? --control-addr ADDR chooses another address, "
+        f"--join-timeout SECONDS waits longer."
+    )

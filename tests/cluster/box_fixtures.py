@@ -1,0 +1,98 @@
+"""A cluster in a box for the tests: hosts login, n1, n2, n3 and an intruder as network namespaces, with a Slurm of
+their own (scripts/cluster_box.py), built once per session and removed after it, even when a test failed.
+
+The test modules import these fixtures by name (``from box_fixtures import ...``), as tests/slurm does: a conftest.py
+here would be imported as ``conftest`` too and shadow tests/conftest.py.
+
+Where namespaces cannot be made (not root, not Linux, a sandbox that forbids them, no tools and no apt-get) every
+test here skips, saying why; as root (CI) a box that cannot be built is an error, never a skip. The box takes
+/tmp/ddp_box.lock for the session (or uses the one an enclosing ``flock /tmp/ddp_box.lock pytest ...`` holds).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import cluster_box  # noqa: E402
+from kernel_helper import Kernel  # noqa: E402
+
+TIMINGS: dict = {}  # up_s, down_s of this session's box (the report reads them)
+
+
+def _cannot() -> str:
+    """Why a box cannot be had here at all; "" when it can (or when root should be able to, and a failure is an error)."""
+    why = cluster_box.missing()
+    if why is None:
+        return ""
+    if "needs root" in why or "needs Linux" in why or "cannot be made" in why:
+        return why
+    if not shutil.which("apt-get"):
+        return why + "; and there is no apt-get to install it"
+    return ""
+
+
+@pytest.fixture(scope="session")
+def box() -> Iterator[cluster_box.Box]:
+    """The session's box, up (Slurm nodes idle); removed after the session whatever happened."""
+    why = _cannot()
+    if why:
+        pytest.skip(f"no cluster in a box: {why}")
+    b = cluster_box.Box()
+    t0 = time.monotonic()
+    try:
+        b.up()  # raises (an error, not a skip) when root cannot build it
+        TIMINGS["up_s"] = time.monotonic() - t0
+        yield b
+    finally:
+        t1 = time.monotonic()
+        b.down()
+        TIMINGS["down_s"] = time.monotonic() - t1
+
+
+def kernel_env(b: cluster_box.Box, **extra: str) -> dict:
+    """A box kernel's env: the box's Slurm, this checkout first on the path of the kernel and of every rank it starts."""
+    env = dict(b.env(), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])))
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    env.update(extra)
+    return env
+
+
+def login_kernel(b: cluster_box.Box, **extra: str) -> Kernel:
+    """A real kernel on the box's login host, ddp_magic loaded; the caller shuts it down."""
+    k = Kernel(extra_env=kernel_env(b, **extra), prefix=b.enter("login", cwd=str(ROOT)))
+    try:
+        k.run("%load_ext ddp_magic").ok()
+    except BaseException:
+        k.shutdown()
+        raise
+    return k
+
+
+@pytest.fixture(scope="session")
+def box_kernel(box: cluster_box.Box) -> Iterator[Kernel]:
+    """One warm kernel on login for the session's tests (each test leaves it with no pool: ``%ddp stop``)."""
+    k = login_kernel(box)
+    try:
+        yield k
+    finally:
+        k.shutdown()
+
+
+@pytest.fixture
+def debian_hosts(box: cluster_box.Box) -> Iterator[str]:
+    """Every host's /etc/hosts in Debian's style (own name -> 127.0.1.1) for one test; back to names that resolve after."""
+    box.hosts_style("debian")
+    try:
+        yield "debian"
+    finally:
+        box.hosts_style("resolve")
