@@ -72,6 +72,8 @@ POOL_ARGUMENTS = (
     argument("--start-timeout", dest="queue_timeout", type=float, metavar="SECONDS",
              help="--slurm: cancel a job still queued after this long (default: wait; Ctrl-C cancels)"),
     argument("--control-addr", metavar="ADDR", help="where the ranks dial the kernel (default: loopback, or the address that reaches the first node)"),
+    argument("--iface", metavar="NAME", help="across hosts: the interface the collectives use on every node, e.g. fast0 "
+             "(default: each node's interface on its route to MASTER_ADDR; GLOO_SOCKET_IFNAME, when set, wins)"),
 )
 SLURM_KEYS = ("nodes", "ntasks_per_node", "partition", "time", "gpus_per_node", "account", "slurm_args", "queue_timeout")
 HELP_ARGUMENT = argument("-h", "--help", action="store_true", help="show this help")

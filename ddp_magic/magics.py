@@ -69,7 +69,9 @@ def _pool_request(args: argparse.Namespace) -> Dict[str, Any]:
     if args.nproc is not None:
         request["nproc"] = args.nproc
     if args.nccl_debug:
-        request["extra_env"] = {"NCCL_DEBUG": args.nccl_debug}
+        request.setdefault("extra_env", {})["NCCL_DEBUG"] = args.nccl_debug
+    if args.iface:
+        request.setdefault("extra_env", {})["DDP_MAGIC_IFACE"] = args.iface  # procs/rank_net.py reads it on each node
     if args.control_addr:
         request["listen_addr"] = args.control_addr
     slurm = {k: getattr(args, k) for k in SLURM_KEYS if getattr(args, k) is not None}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, Iterable, List, Mapping, Optional, Set, Tuple
@@ -38,6 +39,16 @@ def setting(name: str, default: float, environ: Mapping[str, str] = os.environ) 
         log.warning("%s=%r is not a positive number; using %g", name, text, default)
         return default
     return value
+
+
+_GLOG_TIME = re.compile(r"^\[([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ ([^\]\s]+)\] ")
+
+
+def without_log_time(line: str) -> str:
+    """A line of torch's C++ log (glog: ``[W1201 20:17:46.189958604 socket.cpp:207] ...``) without its date and time,
+    so that the warning every rank prints (c10d's ``The hostname of the client socket cannot be retrieved``) folds
+    into one line: ``[W socket.cpp:207] ...``. Any other line is returned as it is."""
+    return _GLOG_TIME.sub(r"[\1 \2] ", line, count=1) if line.startswith("[") else line
 
 
 def fold_window() -> float:

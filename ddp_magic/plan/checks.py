@@ -29,7 +29,7 @@ from .checks_host import (
     check_omp,
     check_socket_ifname,
 )
-from .checks_live import Live, check_process_group, check_seen_settings
+from .checks_live import Live, check_interfaces, check_process_group, check_seen_settings
 from .checks_net import check_master_addr_local, check_master_addr_resolves, check_port
 from .checks_ranks import check_rank_envs
 from .checks_slurm import check_task_vars, slurm_checks
@@ -114,7 +114,7 @@ def _plan_checks(
     checks.extend(check_kernel_env(environ, gpus))
     checks.append(check_omp(plan.omp_threads, plan.nproc, environ, cpus))
     checks.append(check_nccl_env(environ, plan.backend))
-    checks.append(check_socket_ifname(environ, plan.backend, interfaces))
+    checks.append(check_socket_ifname(environ, plan.backend, interfaces, elsewhere=plan.slurm is not None))
     return checks + plan_facts(plan, environ)
 
 
@@ -149,4 +149,5 @@ def live_checks(live: Live, nproc: int, backend: str) -> List[Check]:
     checks.append(check_process_group(live, nproc, backend))
     if envs:
         checks.extend(check_seen_settings(envs))
+    checks.extend(check_interfaces(live))
     return checks

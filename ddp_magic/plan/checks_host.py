@@ -155,10 +155,16 @@ def check_nccl_env(environ: Mapping[str, str], backend: str) -> Check:
     return Check(name, True, f"every rank sees {listing}{unused}", level="info")
 
 
-def check_socket_ifname(environ: Mapping[str, str], backend: str, interfaces: Optional[Sequence[str]] = None) -> Check:
-    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME must name interfaces this machine has."""
+def check_socket_ifname(environ: Mapping[str, str], backend: str, interfaces: Optional[Sequence[str]] = None,
+                        elsewhere: bool = False) -> Check:
+    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME must name interfaces this machine has; ``elsewhere``: the ranks run on
+    other hosts (Slurm nodes), whose interfaces this machine cannot see: each node chooses its own (procs/rank_net.py)."""
     name = "socket interface"
     gloo, nccl = environ.get("GLOO_SOCKET_IFNAME"), environ.get("NCCL_SOCKET_IFNAME")
+    if elsewhere:
+        shown = ", ".join(f"{k}={v}" for k, v in (("GLOO_SOCKET_IFNAME", gloo), ("NCCL_SOCKET_IFNAME", nccl)) if v)
+        return Check(name, True, f"{shown}: kept on every node, which must have it" if shown else
+                     "chosen on each node: the interface on its route to MASTER_ADDR (--iface NAME names one)", level="info")
     if not gloo and not nccl:
         return Check(name, True, "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME not set: chosen automatically", level="info")
     have = list(interfaces) if interfaces is not None else local_interfaces()

@@ -54,3 +54,24 @@ def check_seen_settings(envs: Sequence[Mapping[str, str]]) -> List[Check]:
     else:
         checks.append(Check("NCCL settings", True, "none set on the ranks", level="info"))
     return checks
+
+
+def check_interfaces(live: Live) -> List[Check]:
+    """A pool across hosts: the interface each host's ranks chose for the collectives (procs/rank_net.py), and a
+    warning for each host whose own name resolves to loopback (Debian's ``127.0.1.1 <name>`` line in /etc/hosts)."""
+    hosts: Dict[str, Mapping[str, Any]] = {}
+    for r in sorted(live):
+        net = live[r].get("net") or {}
+        if net.get("how"):
+            hosts.setdefault(str(net.get("host") or f"rank {r}"), net)
+    if not hosts:
+        return []
+    checks = [Check("collectives' interface", True, "; ".join(f"{h}: {n['how']}" for h, n in hosts.items()), level="info")]
+    for host, net in hosts.items():
+        addr = str(net.get("name_resolves_to") or "")
+        if addr.startswith("127.") or addr == "::1":
+            fix = (f"GLOO_SOCKET_IFNAME={net['iface']} was set there, so gloo does not bind it" if net.get("iface")
+                   else "set GLOO_SOCKET_IFNAME to the interface the nodes reach each other on")
+            checks.append(Check("host name", False, f"{host}'s own name resolves to {addr} (loopback: a `{addr} {host}` line in its "
+                                f"/etc/hosts, as Debian and Ubuntu install it); {fix}", level="warning"))
+    return checks

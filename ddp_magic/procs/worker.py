@@ -31,7 +31,7 @@ from ..wire.capture import FdCapture
 from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
 from ..wire.protocol import CellStatus
-from . import mesh, rank_argv, rank_collectives, rank_debug, rank_group, rank_metrics, rank_peek, rank_profile, rank_recover, rank_torch
+from . import mesh, rank_argv, rank_collectives, rank_debug, rank_group, rank_metrics, rank_net, rank_peek, rank_profile, rank_recover, rank_torch
 from .parent import die_with_parent
 
 
@@ -180,7 +180,8 @@ class Worker:
     def env_report(self) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DDP_MAGIC_SECRET")}
         pg = rank_torch.process_group_report()
-        return {"env": env, "process_group": pg, "pid": os.getpid(), "device": self.device, "argv": list(sys.argv)}
+        return {"env": env, "process_group": pg, "pid": os.getpid(), "device": self.device, "argv": list(sys.argv),
+                "net": rank_net.report(os.environ)}
 
     # ------------------------------------------------------------ cells
     def serve(self) -> int:
@@ -188,6 +189,7 @@ class Worker:
         signal.signal(signal.SIGINT, self._on_sigint)
         threading.Thread(target=self.reader, name="ddp-reader", daemon=True).start()
         try:
+            rank_net.choose(os.environ)  # across hosts: the collectives' interface, on the route to MASTER_ADDR
             self.device = rank_torch.setup(self.local_rank)
             rank_recover.install()  # before the group forms: its sockets, the collectives' record
             rank_torch.init_process_group(self.rank, self.device)

@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, TextIO, Tuple
 
-from ..kernel.fold import FOLD_ABOVE, LineFolder, OutputBudget, fold_window, line_cost
+from ..kernel.fold import FOLD_ABOVE, LineFolder, OutputBudget, fold_window, line_cost, without_log_time
 from ..words import ranks_phrase
 from .colours import rank_ansi
 
@@ -100,6 +100,7 @@ class RankPrinter:
         self.ordered = ordered
         self._held: Dict[Tuple[int, str], List[str]] = {}
         self.merger = LineFolder(max(MERGE_WINDOW, fold_window()))  # stderr: the same warning from every rank, once
+        self._cpp_seen: Set[Tuple[int, str]] = set()  # (rank, torch C++ log line without its time) shown in this cell
         self.folder: Optional[LineFolder] = None  # stdout, once more than FOLD_ABOVE ranks are shown
         self.budget = budget or OutputBudget()
         self.read_back = read_back  # "%ddp output --rank {rank}": named where lines were held back
@@ -172,8 +173,13 @@ class RankPrinter:
             return
         if stream == "stderr":
             now = time.monotonic()
-            for piece in pieces:
-                self.merger.add(rank, piece, now)
+            for piece in pieces:  # torch's C++ warnings carry each rank's own time: without it they fold
+                line = without_log_time(piece)
+                if line != piece:  # a C++ warning again from the same rank (c10d's, per peer) is not repeated
+                    if (rank, line) in self._cpp_seen:
+                        continue
+                    self._cpp_seen.add((rank, line))
+                self.merger.add(rank, line, now)
             return
         if not bar and self._bar_pending(rank):
             self._after_bar.setdefault(rank, (time.monotonic(), []))[1].extend(pieces)

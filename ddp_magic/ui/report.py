@@ -46,7 +46,7 @@ def checks_line(checks: Sequence[Check]) -> str:
     return checks_verdict(checks)
 
 
-FACTS = ("GPU per rank", "device mesh")  # the report's own informative lines: worth a line even when all is well
+FACTS = ("GPU per rank", "device mesh", "collectives' interface")  # informative lines worth one even when all is well
 
 
 def worth_saying(checks: Sequence[Check]) -> List[Check]:
