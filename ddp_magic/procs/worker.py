@@ -46,7 +46,7 @@ class Channel:
         parts = P.encode_parts(P.message(op, **fields))  # a result's tensors as their own memory, not copied into the frame
         with self._lock:
             for part in parts:
-                self.sock.sendall(part)
+                tls.send(self.sock, part)  # over TLS a big one goes from that memory (the relay's), else sendall
 
 
 class Worker:

@@ -24,7 +24,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 from . import liveness
 from .tls_relay import Relay, drain_before_exit
@@ -95,6 +95,16 @@ def arm_control(plain: socket.socket) -> None:
     tls = Relay.get().tls_of(plain)
     if tls is not None:
         liveness.arm(tls)
+
+
+def send(sock: socket.socket, data: Union[bytes, bytearray, memoryview]) -> None:
+    """``sock.sendall(data)``; on a relayed socket a big buffer goes from the caller's memory (tls_relay.Relay.send).
+    The caller holds ``sock``'s write lock."""
+    relay = Relay.current()
+    if relay is None:
+        sock.sendall(data)
+    else:
+        relay.send(sock, data)
 
 
 def connect(addr: Tuple[str, int], fingerprint: str, timeout: float = 30, control: bool = False) -> socket.socket:

@@ -12,8 +12,10 @@ buffer is empty and writes from it until it is, so the bytes are copied once by 
 relay (not three times through growing bytearrays), a TLS write gets up to ``CHUNK``
 bytes at once (OpenSSL cuts its records from it), and a TLS read gathers many 16 KiB
 records before one write to the socketpair. The socketpair's buffers are large, so the
-code's ``sendall`` of a big result and the hub's reads take few rounds. A socket's
-interest in the selector changes only when what it waits for does.
+hub's reads take few rounds. A socket's interest in the selector changes only when what
+it waits for does. A rank's big result skips the socketpair altogether: ``send`` hands
+the relay the tensor's own memory, which it encrypts from there once everything the
+code wrote before has gone (the caller holds the socket's write lock and waits).
 
 The relay is a thread of the process, so what the code wrote last still sits in the
 socketpair or the relay's buffer when the process ends: over plain TCP the OS sends a
@@ -37,7 +39,8 @@ import termios
 import threading
 import time
 import weakref
-from typing import Callable, Dict, Optional, Union
+from collections import deque
+from typing import Callable, Deque, Dict, List, Optional, Union
 
 from ..logs import log
 from . import liveness
@@ -46,6 +49,7 @@ CHUNK = 1 << 20  # one direction's buffer: the most one TLS write gets, the most
 PAIR_BUFFER = 4 << 20  # SO_SNDBUF/SO_RCVBUF of the socketpair: a big result crosses it in few rounds
 ROUND_BYTES = 8 << 20  # the most one direction moves in one round, so one busy connection cannot starve the others
 DRAIN_S = 3.0  # how long an exiting process waits for its relay to send what its code wrote
+DIRECT_MIN = 1 << 20  # ``send`` hands the relay a buffer this large; a smaller one goes through the socketpair
 _SSL_WAIT = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError)
 _SSL_END = (ssl.SSLZeroReturnError, ssl.SSLEOFError, ConnectionError)
 
@@ -75,6 +79,19 @@ class _Way:
         self.start = self.end = 0
 
 
+class _Direct:
+    """A buffer the code handed the relay to encrypt from where it lies (``Relay.send``), and how far it went."""
+
+    def __init__(self, data: memoryview) -> None:
+        self.view, self.sent = data, 0
+        self.done = threading.Event()
+        self.error: Optional[BaseException] = None
+
+    def finish(self, error: Optional[BaseException] = None) -> None:
+        self.error = error
+        self.done.set()
+
+
 class _Pair:
     """One TLS socket and the plain socket the code uses instead, with what waits to go each way."""
 
@@ -83,6 +100,7 @@ class _Pair:
         self.twin = weakref.ref(twin)  # the code's end: told when the TLS peer went silent (wire/liveness.py)
         self.up = _Way()  # from the code (plain) to the peer (tls)
         self.down = _Way()  # from the peer (tls) to the code (plain)
+        self.direct: Deque[_Direct] = deque()  # handed over by ``Relay.send``: sent after everything on ``plain`` before it
         self.plain_shut = False
         self.events: Dict[int, int] = {}  # fd -> the events it is registered for (0: not registered)
 
@@ -101,7 +119,8 @@ class Relay:
         self.pairs: Dict[int, _Pair] = {}
         self.added: "list[_Pair]" = []
         self.mutex = threading.Lock()
-        self._tls_of: "weakref.WeakKeyDictionary[socket.socket, ssl.SSLSocket]" = weakref.WeakKeyDictionary()  # the code's end -> its TLS socket
+        self._pair_of: "weakref.WeakKeyDictionary[socket.socket, _Pair]" = weakref.WeakKeyDictionary()  # the code's end -> its pair
+        self.kicked: List[_Pair] = []  # pairs handed a buffer: pumped at the next wake
         self.rounds = 0  # select rounds done: a drain sees the relay between two of them
         threading.Thread(target=self._loop, name="ddp-tls-relay", daemon=True).start()
 
@@ -112,6 +131,11 @@ class Relay:
                 cls._instance = Relay()
             return cls._instance
 
+    @classmethod
+    def current(cls) -> Optional["Relay"]:
+        """This process's relay, if it has one (no TLS connection yet: None, and no thread started for it)."""
+        return cls._instance
+
     def add(self, tls: ssl.SSLSocket) -> socket.socket:
         """Take over ``tls`` (handshake done); returns the plain socket to use instead."""
         mine, theirs = socket.socketpair()
@@ -121,15 +145,36 @@ class Relay:
         tls.setblocking(False)
         mine.setblocking(False)
         with self.mutex:
-            self.added.append(_Pair(tls, mine, theirs))
-            self._tls_of[theirs] = tls
+            pair = _Pair(tls, mine, theirs)
+            self.added.append(pair)
+            self._pair_of[theirs] = pair
         self.wake_w.send(b"x")
         return theirs
 
     def tls_of(self, plain: socket.socket) -> Optional[ssl.SSLSocket]:
         """The TLS socket behind the code's end ``plain`` (to set its socket options), or None."""
         with self.mutex:
-            return self._tls_of.get(plain)
+            pair = self._pair_of.get(plain)
+        return pair.tls if pair is not None else None
+
+    def send(self, plain: socket.socket, data: Union[bytes, bytearray, memoryview]) -> None:
+        """``plain.sendall(data)``, but a big buffer on a relayed socket is encrypted from where it lies (no socketpair,
+        no copy), after everything written to ``plain`` before. The caller holds ``plain``'s write lock; returns once
+        it is all sent, raises OSError when the connection fails first."""
+        view = memoryview(data).cast("B")
+        with self.mutex:
+            pair = self._pair_of.get(plain) if view.nbytes >= DIRECT_MIN else None
+            job = _Direct(view)
+            if pair is not None:
+                pair.direct.append(job)
+                self.kicked.append(pair)
+        if pair is None:
+            plain.sendall(view)
+            return
+        self.wake_w.send(b"x")
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
 
     def _loop(self) -> None:
         while True:
@@ -144,7 +189,7 @@ class Relay:
         if self.added:
             return False
         for pair in list(self.pairs.values()):
-            if pair.up.waiting or (not pair.up.eof and _unread(pair.plain)):
+            if pair.up.waiting or pair.direct or (not pair.up.eof and _unread(pair.plain)):
                 return False
         return True
 
@@ -182,14 +227,21 @@ class Relay:
             pass
         with self.mutex:
             new, self.added = self.added, []
+            kicked, self.kicked = self.kicked, []
         for pair in new:
             self.pairs[id(pair)] = pair
             self._pump(pair)
+        for pair in kicked:
+            if id(pair) in self.pairs:
+                self._pump(pair)
+            else:
+                _fail(pair, ConnectionError("the control connection is closed"))
 
     def _pump(self, pair: _Pair) -> None:
         try:
             _move(pair.down, pair.tls.recv_into, pair.plain.send, gather=True)
             _move(pair.up, pair.plain.recv_into, pair.tls.send, gather=False)
+            _send_direct(pair)
         except (OSError, ValueError) as e:
             log.debug("tls relay: a connection failed", exc_info=True)
             if liveness.is_silence(e):
@@ -197,6 +249,7 @@ class Relay:
             pair.up.eof = pair.down.eof = True
             pair.up.clear()
             pair.down.clear()
+            _fail(pair, e if isinstance(e, OSError) else ConnectionError(str(e)))
         if pair.down.eof and not pair.down.waiting and not pair.plain_shut:  # the kernel (or rank) closed: the code reads EOF
             pair.plain_shut = True
             try:
@@ -212,7 +265,8 @@ class Relay:
         """Register each socket for what it needs now: reading while its direction's buffer is free, writing while the
         other direction's waits. The selector is told only when that changes."""
         for sock, source, sink in ((pair.tls, pair.down, pair.up), (pair.plain, pair.up, pair.down)):
-            events = (selectors.EVENT_READ if not source.eof and not source.waiting else 0) | (selectors.EVENT_WRITE if sink.waiting else 0)
+            writing = sink.waiting or (sock is pair.tls and bool(pair.direct))
+            events = (selectors.EVENT_READ if not source.eof and not source.waiting else 0) | (selectors.EVENT_WRITE if writing else 0)
             fd = sock.fileno()
             if pair.events.get(fd, 0) == events:
                 continue
@@ -229,6 +283,7 @@ class Relay:
 
     def _drop(self, pair: _Pair) -> None:
         self.pairs.pop(id(pair), None)
+        _fail(pair, ConnectionError("the control connection is closed"))
         for sock in (pair.tls, pair.plain):
             if pair.events.get(sock.fileno(), 0):
                 try:
@@ -277,6 +332,28 @@ def _move(way: _Way, read: Callable[[memoryview], int], write: Callable[[memoryv
             return
         way.start += n
         moved += n
+
+
+def _send_direct(pair: _Pair) -> None:
+    """Encrypt the buffers handed over, from where they lie, once nothing the code wrote before them waits (the
+    writer waits for them: nothing new comes on ``plain`` meanwhile). A TLS write that must wait is retried with the
+    same slice."""
+    while pair.direct and not pair.up.waiting and not pair.up.eof and not _unread(pair.plain):
+        job = pair.direct[0]
+        try:
+            n = pair.tls.send(job.view[job.sent : job.sent + CHUNK])
+        except _SSL_WAIT:
+            return
+        job.sent += n
+        if job.sent >= job.view.nbytes:
+            pair.direct.popleft()
+            job.finish()
+
+
+def _fail(pair: _Pair, error: BaseException) -> None:
+    """The buffers handed over for a connection that failed: their writers raise ``error``."""
+    while pair.direct:
+        pair.direct.popleft().finish(error)
 
 
 def _unread(sock: socket.socket) -> int:

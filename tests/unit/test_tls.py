@@ -123,10 +123,17 @@ def test_what_a_rank_wrote_just_before_it_exits_still_reaches_the_kernel(key, si
 
 def test_results_cross_the_relays_whole_from_two_ranks_at_once_and_big_frames_go_back(key):
     """Two ranks each return a result with a buffer past the relay's chunk and round (out of band, as from another
-    host) while the kernel sends each a big frame: every byte crosses both relays intact, in order, both ways."""
+    host: the rank's Channel hands it to the relay from the tensor's memory) and then a small message, while the
+    kernel sends each a big frame: every byte crosses both relays intact, in order, both ways."""
     import pickle
 
+    from ddp_magic.procs.worker import Channel
     from ddp_magic.wire import tls_relay
+
+    def result(r: int) -> None:
+        chan = Channel(ranks[r])
+        chan.send(P.RESULT, rank=r, blob=pickle.PickleBuffer(payload[r]), after=r)
+        chan.send(P.READY, rank=r)
 
     secret = P.new_secret()
     admission = Admission("127.0.0.1", secret, 8, lambda: None, key)
@@ -143,8 +150,7 @@ def test_results_cross_the_relays_whole_from_two_ranks_at_once_and_big_frames_go
             joined += _take(admission)
         kernel = {hello["rank"]: s for s, hello in joined}
         payload = [bytes([r + 1]) * size for r in range(2)]
-        senders = [threading.Thread(target=P.send, args=(ranks[r], P.message(P.RESULT, rank=r, blob=pickle.PickleBuffer(payload[r]), after=r)))
-                   for r in range(2)]
+        senders = [threading.Thread(target=result, args=(r,)) for r in range(2)]
         for t in senders:
             t.start()
         for r in range(2):
@@ -154,6 +160,7 @@ def test_results_cross_the_relays_whole_from_two_ranks_at_once_and_big_frames_go
             ranks[r].settimeout(60)
             got = P.recv(kernel[r])
             assert got["rank"] == r and got["after"] == r and bytes(got["blob"]) == payload[r]
+            assert P.recv(kernel[r]) == P.message(P.READY, rank=r), "what the rank wrote after the handed-over buffer comes after it"
             assert P.recv(ranks[r])["source"] == "x" * size
         for t in senders:
             t.join()
