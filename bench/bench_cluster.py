@@ -140,7 +140,7 @@ def one_repeat(box, a: argparse.Namespace, g: Dict[str, List[float]], failed: Di
             if r is not None:
                 g[tag + key].append(statistics.median(r["seconds"]))
                 texts[tag + key] = f"hosts {r['hosts']}, TLS {r['tls']}"
-    r = measure(box, g, failed, "warm.box", lambda: pool_child(box, ["warm", "2", "2", str(a.warm)], REPO))
+    r = measure(box, g, failed, "warm.box", lambda: pool_child(box, ["warm", "2", "2", str(a.warm), "--exclude=n3"], REPO))
     if r is not None:
         g["warm.box"].append(r["ms"])
         texts["warm.box"] = f"hosts {r['hosts']}, TLS {r['tls']}"
@@ -151,7 +151,7 @@ def one_repeat(box, a: argparse.Namespace, g: Dict[str, List[float]], failed: Di
 
 
 def link_row(box, g: Dict[str, List[float]], failed: Dict[str, str], texts: Dict[str, str]) -> None:  # type: ignore[no-untyped-def]
-    r = measure(box, g, failed, "link", lambda: pool_child(box, ["link-down", box.port("n2", "mgmt")], REPO))
+    r = measure(box, g, failed, "link", lambda: pool_child(box, ["link-down", box.port("n2", "mgmt"), str(os.getpid())], REPO))
     if r is not None and r.get("seconds") is not None:
         g["link"].append(r["seconds"])
         texts["link"], texts["link.after"] = r["text"], r.get("after", "")

@@ -3,12 +3,13 @@
 
     python bench/cluster_pool.py result-slurm MIB REPEATS        # a Slurm pool, rank 0 on n1, rank 1 on n2 (TLS)
     python bench/cluster_pool.py result-manual MIB REPEATS N2_PREFIX_JSON LOGIN_ADDR   # --nnodes 2 by hand, login + n2 (plain TCP)
-    python bench/cluster_pool.py warm NODES TASKS N_WARM         # a Slurm pool's warm all_reduce cell, median ms
-    python bench/cluster_pool.py link-down PORT                  # 2 x 2 on n1, n2; n2's link cut mid-cell: the time to the error
+    python bench/cluster_pool.py warm NODES TASKS N_WARM [ARGS]  # a Slurm pool's warm all_reduce cell, median ms
+    python bench/cluster_pool.py link-down PORT ROOT_PID         # 2 x 2 on n1, n2; n2's link cut mid-cell: the time to the error
 
 Each prints one line ``BENCHJSON {...}``. A result cell returns the tensor of MIB MiB of the rank on n2 (the
 other rank returns None, so no gather): the time is the whole cell, ``Pool.run`` to the value in hand. The tensor
-is made and touched in an untimed cell first, and each value is dropped before the next.
+is made and touched in an untimed cell first, a small tensor result first makes the kernel import torch, and each
+value is dropped (its memory unmapped by an untimed cell) before the next.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from ddp_magic.errors import CellError
 from ddp_magic.kernel.pool import Pool
 from ddp_magic.kernel.ranks import Listener
 
+BOX = "--exclude=n3"  # the box's pools: n1 and n2 (n3 is spare)
 WARM = "x = torch.ones(1)\ndist.all_reduce(x)\nx.item()"
 SETUP = "import socket, torch, torch.distributed as dist\nt = torch.ones({n}) if socket.gethostname() == 'n2' else None"
 
@@ -32,8 +34,10 @@ SETUP = "import socket, torch, torch.distributed as dist\nt = torch.ones({n}) if
 def _results(pool: Pool, mib: int, repeats: int) -> List[float]:
     out = pool.run(SETUP.format(n=(mib << 20) // 4))
     assert out.ok, out
+    pool.run("torch.ones(1)")  # the kernel imports torch at its first tensor result: untimed, as a kernel that had one before
     seconds = []
     for _ in range(repeats):
+        pool.run("None")  # the last result's memory is given back at the next cell's start: untimed
         t = time.monotonic()
         got = pool.run("t")
         seconds.append(time.monotonic() - t)
@@ -44,7 +48,7 @@ def _results(pool: Pool, mib: int, repeats: int) -> List[float]:
 
 
 def result_slurm(mib: int, repeats: int) -> dict:
-    pool = Pool(None, slurm=dict(nodes=2, ntasks_per_node=1))
+    pool = Pool(None, slurm=dict(nodes=2, ntasks_per_node=1, extra=BOX))
     try:
         seconds = _results(pool, mib, repeats)
         hosts = [pool.ranks[r].host for r in (0, 1)]
@@ -84,8 +88,9 @@ def result_manual(mib: int, repeats: int, prefix: List[str], addr: str) -> dict:
                 agent.proc.wait()
 
 
-def warm(nodes: int, tasks: int, n_warm: int) -> dict:
-    pool = Pool(None, slurm=dict(nodes=nodes, ntasks_per_node=tasks))
+def warm(nodes: int, tasks: int, n_warm: int, box: str) -> dict:
+    """A Slurm pool's warm all_reduce cell (``box``: the box's Slurm args, "" on the one-host Slurm), median ms."""
+    pool = Pool(None, slurm=dict(nodes=nodes, ntasks_per_node=tasks, extra=box))
     try:
         out = pool.run("import torch, torch.distributed as dist\n" + WARM)
         assert out.ok and out.values == [float(nodes * tasks)] * (nodes * tasks), out
@@ -114,11 +119,11 @@ def after(pool: Pool) -> str:
     return f"ok: {out.values}" if out.ok else CellError(out.failures, out.notes).render()[:1500]
 
 
-def link_down(port: str) -> dict:
+def link_down(port: str, root_pid: str) -> dict:
     """n2's management link cut (from the machine's side) while every rank runs a long loop of all_reduces: the time
     from the cut to the cell's end, and what the cell says."""
-    pool = Pool(None, slurm=dict(nodes=2, ntasks_per_node=2))
-    cut = ["nsenter", "--net=/proc/1/ns/net", "ip", "link", "set", port]
+    pool = Pool(None, slurm=dict(nodes=2, ntasks_per_node=2, extra=BOX))
+    cut = ["nsenter", "-t", root_pid, "--net", "ip", "link", "set", port]  # the machine's side of n2's link (the bench's namespace)
     try:
         out = pool.run("import torch, torch.distributed as dist\n" + WARM)
         assert out.ok, out
@@ -147,9 +152,9 @@ if __name__ == "__main__":
     elif mode == "result-manual":
         res = result_manual(int(args[0]), int(args[1]), json.loads(args[2]), args[3])
     elif mode == "warm":
-        res = warm(int(args[0]), int(args[1]), int(args[2]))
+        res = warm(int(args[0]), int(args[1]), int(args[2]), args[3] if len(args) > 3 else "")
     elif mode == "link-down":
-        res = link_down(args[0])
+        res = link_down(args[0], args[1])
     else:
         raise SystemExit(f"mode {mode!r}?")
     print("BENCHJSON " + json.dumps(res), flush=True)
