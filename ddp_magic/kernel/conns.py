@@ -15,6 +15,7 @@ from typing import List, Optional, Set
 
 from ..logs import log
 from ..wire import protocol as P
+from ..wire import tls
 from ..wire.capture import MarkerScanner
 
 
@@ -25,6 +26,7 @@ class Conn:
         self.rank = rank
         self.sock = sock
         self.reader = P.FrameReader()
+        self.handover = tls.filler(sock)  # over TLS: the relay decrypts a big result straight into its memory
 
 
 class OutConn:
@@ -100,7 +102,7 @@ class ReadBuffer:
     def frames(self, conn: Conn) -> Optional[list]:
         """The messages one read of ``conn``'s socket completes (None at EOF; BlockingIOError when nothing is there): a
         result's out-of-band buffers are read straight into their own memory, the rest through this buffer."""
-        return conn.reader.recv(conn.sock, self._buf)
+        return conn.reader.recv(conn.sock, self._buf, conn.handover)
 
 
 def close_socket(sock: socket.socket) -> None:

@@ -26,7 +26,7 @@ import socket
 import mmap
 import struct
 from enum import Enum
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 MAGIC = b"DDPM1"
 NONCE_SIZE = 32
@@ -230,14 +230,35 @@ class FrameReader:
         self._done: List[Union[bytearray, mmap.mmap]] = []  # its buffers filled so far
         self._fill: Optional[memoryview] = None  # the one being filled, and how much of it is
         self._got = 0
+        self._relayed: Any = None  # a tls_ways.Fill: the TLS relay is filling the rest of ``_fill``
 
     def feed(self, data: Union[bytes, bytearray, memoryview]) -> list:
         self._buf += data
         return self._parse()
 
-    def recv(self, sock: socket.socket, scratch: bytearray) -> Optional[list]:
-        """Read once from ``sock``: the messages it completed (None at EOF). BlockingIOError when nothing is there."""
+    @property
+    def relayed(self) -> bool:
+        """Whether the TLS relay is filling a buffer of ours (tell us, ``recv``, when its note comes)."""
+        return self._relayed is not None
+
+    def recv(self, sock: socket.socket, scratch: bytearray, handover: Optional[Callable[[memoryview, int], Any]] = None) -> Optional[list]:
+        """Read once from ``sock``: the messages it completed (None at EOF). BlockingIOError when nothing is there.
+
+        ``handover`` (a relayed socket: tls.filler): the rest of a big buffer is given to the relay to decrypt into it,
+        once the socketpair is empty; the relay's note then brings us back here."""
+        if self._relayed is not None:
+            if not self._relayed.done:
+                raise BlockingIOError("the relay is filling the buffer")
+            fill, self._relayed = self._relayed, None
+            if fill.failed:
+                return None
+            self._got = fill.got
+            return self._parse()
         if self._fill is not None and not self._buf:
+            fill = handover(self._fill, self._got) if handover is not None else None
+            if fill is not None:
+                self._relayed = fill
+                return self.recv(sock, scratch)
             n = sock.recv_into(self._fill[self._got:])
             if n == 0:
                 return None

@@ -17,6 +17,7 @@ else stays as it is over plain TCP. Costs: one more pass of each byte through th
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -24,10 +25,11 @@ import socket
 import ssl
 import subprocess
 import tempfile
-from typing import Dict, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 from . import liveness
 from .tls_relay import Relay, drain_before_exit
+from .tls_ways import Fill
 
 FORCE_ENV = "DDP_MAGIC_FORCE_TLS"  # "1": TLS even when every rank is on this host (tests, measurements)
 
@@ -95,6 +97,21 @@ def arm_control(plain: socket.socket) -> None:
     tls = Relay.get().tls_of(plain)
     if tls is not None:
         liveness.arm(tls)
+
+
+def filler(sock: socket.socket) -> Optional[Callable[[memoryview, int], Optional[Fill]]]:
+    """For the hub's reader of ``sock``: how to have this process's relay decrypt the rest of a big buffer straight into
+    it (tls_relay.Relay.fill); None for a socket the relay does not carry."""
+    relay = Relay.current()
+    if relay is None or relay.tls_of(sock) is None:
+        return None
+    return functools.partial(relay.fill, sock)
+
+
+def note_fd() -> Optional[int]:
+    """The descriptor that turns readable when the relay finished a fill (None: no relay in this process)."""
+    relay = Relay.current()
+    return relay.note_fd() if relay is not None else None
 
 
 def send(sock: socket.socket, data: Union[bytes, bytearray, memoryview]) -> None:

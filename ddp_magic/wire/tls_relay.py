@@ -5,17 +5,13 @@ reads its control socket in one thread while another sends; so no code of ours h
 TLS socket. The relay owns them all, and the code gets the plain end of a socketpair
 (tls.py's ``wrap_server`` and ``connect``).
 
-What it costs is what a result from another host pays (docs/bench/cluster.md): each
-pair has one buffer a direction, a map whose pages are touched only when used (a
-thousand idle ranks' pairs cost no memory). A direction reads into its buffer while the
-buffer is empty and writes from it until it is, so the bytes are copied once by the
-relay (not three times through growing bytearrays), a TLS write gets up to ``CHUNK``
-bytes at once (OpenSSL cuts its records from it), and a TLS read gathers many 16 KiB
-records before one write to the socketpair. The socketpair's buffers are large, so the
-hub's reads take few rounds. A socket's interest in the selector changes only when what
-it waits for does. A rank's big result skips the socketpair altogether: ``send`` hands
-the relay the tensor's own memory, which it encrypts from there once everything the
-code wrote before has gone (the caller holds the socket's write lock and waits).
+What it costs is what a result from another host pays (docs/bench/cluster.md). How the
+bytes go (each direction's buffer, a big result handed over in place at both ends) is
+tls_ways.py. The socketpair's buffers are large, so the hub's reads take few rounds, and
+a socket's interest in the selector changes only when what it waits for does. Whoever
+uses a pair's TLS socket holds its lock: the relay's thread, or the hub's for the moment
+it hands a buffer over (``fill``); a finished fill is told on a pipe the hub watches
+(``note_fd``).
 
 The relay is a thread of the process, so what the code wrote last still sits in the
 socketpair or the relay's buffer when the process ends: over plain TCP the OS sends a
@@ -28,81 +24,21 @@ signal it cannot catch (SIGKILL) still loses what the relay had not sent.
 from __future__ import annotations
 
 import atexit
-import fcntl
-import mmap
 import os
 import selectors
 import socket
 import ssl
-import struct
-import termios
 import threading
 import time
 import weakref
-from collections import deque
-from typing import Callable, Deque, Dict, List, Optional, Union
+from typing import Callable, Dict, List, Optional, Union
 
 from ..logs import log
 from . import liveness
+from .tls_ways import HANDED_MIN, Fill, Handed, Pair, fail, fill_in, held, move, send_handed, take_over, unread
 
-CHUNK = 1 << 20  # one direction's buffer: the most one TLS write gets, the most one socketpair write gets
 PAIR_BUFFER = 4 << 20  # SO_SNDBUF/SO_RCVBUF of the socketpair: a big result crosses it in few rounds
-ROUND_BYTES = 8 << 20  # the most one direction moves in one round, so one busy connection cannot starve the others
 DRAIN_S = 3.0  # how long an exiting process waits for its relay to send what its code wrote
-DIRECT_MIN = 1 << 20  # ``send`` hands the relay a buffer this large; a smaller one goes through the socketpair
-_SSL_WAIT = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError)
-_SSL_END = (ssl.SSLZeroReturnError, ssl.SSLEOFError, ConnectionError)
-
-
-class _Way:
-    """One direction of a pair: a buffer, read into while empty and written from until it is."""
-
-    def __init__(self) -> None:
-        self.buf: Optional[Union[mmap.mmap, bytearray]] = None
-        self.view: Optional[memoryview] = None
-        self.start = self.end = 0  # what waits to be written: view[start:end]
-        self.eof = False  # its source is at EOF
-
-    def space(self) -> memoryview:
-        """The buffer to read into (it is empty); made on first use."""
-        if self.view is None:
-            self.buf = mmap.mmap(-1, CHUNK, flags=mmap.MAP_PRIVATE)
-            self.view = memoryview(self.buf)
-        self.start = self.end = 0
-        return self.view
-
-    @property
-    def waiting(self) -> bool:
-        return self.start < self.end
-
-    def clear(self) -> None:
-        self.start = self.end = 0
-
-
-class _Direct:
-    """A buffer the code handed the relay to encrypt from where it lies (``Relay.send``), and how far it went."""
-
-    def __init__(self, data: memoryview) -> None:
-        self.view, self.sent = data, 0
-        self.done = threading.Event()
-        self.error: Optional[BaseException] = None
-
-    def finish(self, error: Optional[BaseException] = None) -> None:
-        self.error = error
-        self.done.set()
-
-
-class _Pair:
-    """One TLS socket and the plain socket the code uses instead, with what waits to go each way."""
-
-    def __init__(self, tls: ssl.SSLSocket, plain: socket.socket, twin: socket.socket) -> None:
-        self.tls, self.plain = tls, plain
-        self.twin = weakref.ref(twin)  # the code's end: told when the TLS peer went silent (wire/liveness.py)
-        self.up = _Way()  # from the code (plain) to the peer (tls)
-        self.down = _Way()  # from the peer (tls) to the code (plain)
-        self.direct: Deque[_Direct] = deque()  # handed over by ``Relay.send``: sent after everything on ``plain`` before it
-        self.plain_shut = False
-        self.events: Dict[int, int] = {}  # fd -> the events it is registered for (0: not registered)
 
 
 class Relay:
@@ -116,11 +52,14 @@ class Relay:
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
         self.sel.register(self.wake_r, selectors.EVENT_READ, None)
-        self.pairs: Dict[int, _Pair] = {}
-        self.added: "list[_Pair]" = []
+        self.pairs: Dict[int, Pair] = {}
+        self.added: "list[Pair]" = []
         self.mutex = threading.Lock()
-        self._pair_of: "weakref.WeakKeyDictionary[socket.socket, _Pair]" = weakref.WeakKeyDictionary()  # the code's end -> its pair
-        self.kicked: List[_Pair] = []  # pairs handed a buffer: pumped at the next wake
+        self._pair_of: "weakref.WeakKeyDictionary[socket.socket, Pair]" = weakref.WeakKeyDictionary()  # the code's end -> its pair
+        self.kicked: List[Pair] = []  # pairs handed a buffer: pumped at the next wake
+        self.note_r, self.note_w = os.pipe()  # a byte: a Fill finished (the hub watches note_r)
+        os.set_blocking(self.note_r, False)
+        os.set_blocking(self.note_w, False)
         self.rounds = 0  # select rounds done: a drain sees the relay between two of them
         threading.Thread(target=self._loop, name="ddp-tls-relay", daemon=True).start()
 
@@ -145,7 +84,7 @@ class Relay:
         tls.setblocking(False)
         mine.setblocking(False)
         with self.mutex:
-            pair = _Pair(tls, mine, theirs)
+            pair = Pair(tls, mine, theirs)
             self.added.append(pair)
             self._pair_of[theirs] = pair
         self.wake_w.send(b"x")
@@ -157,14 +96,34 @@ class Relay:
             pair = self._pair_of.get(plain)
         return pair.tls if pair is not None else None
 
+    def fill(self, plain: socket.socket, view: memoryview, got: int) -> Optional[Fill]:
+        """The hub's thread: let the relay decrypt the rest of a frame's buffer (``view`` from ``got``) straight into it.
+        It first reads what ``plain`` holds into ``view`` itself. None when it cannot (not a relayed socket, a small
+        rest, the peer gone): read ``plain`` as usual. A Fill not ``done`` yet is told on ``note_fd`` when it is."""
+        with self.mutex:
+            pair = self._pair_of.get(plain)
+        if pair is None or view.nbytes - got < HANDED_MIN:
+            return None
+        with pair.lock:
+            fill = take_over(pair, plain, view, got)
+        if fill is not None and not fill.done:
+            with self.mutex:
+                self.kicked.append(pair)  # OpenSSL may hold bytes already: no select would wake us for them
+            self.wake_w.send(b"x")
+        return fill
+
+    def note_fd(self) -> int:
+        """Readable when a Fill finished (drain it with ``os.read``)."""
+        return self.note_r
+
     def send(self, plain: socket.socket, data: Union[bytes, bytearray, memoryview]) -> None:
         """``plain.sendall(data)``, but a big buffer on a relayed socket is encrypted from where it lies (no socketpair,
         no copy), after everything written to ``plain`` before. The caller holds ``plain``'s write lock; returns once
         it is all sent, raises OSError when the connection fails first."""
         view = memoryview(data).cast("B")
         with self.mutex:
-            pair = self._pair_of.get(plain) if view.nbytes >= DIRECT_MIN else None
-            job = _Direct(view)
+            pair = self._pair_of.get(plain) if view.nbytes >= HANDED_MIN else None
+            job = Handed(view)
             if pair is not None:
                 pair.direct.append(job)
                 self.kicked.append(pair)
@@ -189,7 +148,7 @@ class Relay:
         if self.added:
             return False
         for pair in list(self.pairs.values()):
-            if pair.up.waiting or pair.direct or (not pair.up.eof and _unread(pair.plain)):
+            if pair.up.waiting or pair.direct or (not pair.up.eof and unread(pair.plain)):
                 return False
         return True
 
@@ -209,15 +168,15 @@ class Relay:
 
     def _once(self) -> None:
         self.rounds += 1
-        held = any(_held(pair) for pair in self.pairs.values())
-        for key, _ in self.sel.select(timeout=0 if held else 1.0):
+        holding = any(held(pair) for pair in self.pairs.values())
+        for key, _ in self.sel.select(timeout=0 if holding else 1.0):
             pair = key.data
             if pair is None:
                 self._take_new()
             elif id(pair) in self.pairs:
                 self._pump(pair)
         for pair in list(self.pairs.values()):
-            if _held(pair):
+            if held(pair):
                 self._pump(pair)
 
     def _take_new(self) -> None:
@@ -235,13 +194,21 @@ class Relay:
             if id(pair) in self.pairs:
                 self._pump(pair)
             else:
-                _fail(pair, ConnectionError("the control connection is closed"))
+                with pair.lock:
+                    self._fail(pair, ConnectionError("the control connection is closed"))
 
-    def _pump(self, pair: _Pair) -> None:
+    def _pump(self, pair: Pair) -> None:
+        with pair.lock:
+            self._pump_locked(pair)
+
+    def _pump_locked(self, pair: Pair) -> None:
         try:
-            _move(pair.down, pair.tls.recv_into, pair.plain.send, gather=True)
-            _move(pair.up, pair.plain.recv_into, pair.tls.send, gather=False)
-            _send_direct(pair)
+            if fill_in(pair):
+                self._note()
+            if pair.fill is None:
+                move(pair.down, pair.tls.recv_into, pair.plain.send, gather=True)
+            move(pair.up, pair.plain.recv_into, pair.tls.send, gather=False)
+            send_handed(pair)
         except (OSError, ValueError) as e:
             log.debug("tls relay: a connection failed", exc_info=True)
             if liveness.is_silence(e):
@@ -249,7 +216,7 @@ class Relay:
             pair.up.eof = pair.down.eof = True
             pair.up.clear()
             pair.down.clear()
-            _fail(pair, e if isinstance(e, OSError) else ConnectionError(str(e)))
+            self._fail(pair, e if isinstance(e, OSError) else ConnectionError(str(e)))
         if pair.down.eof and not pair.down.waiting and not pair.plain_shut:  # the kernel (or rank) closed: the code reads EOF
             pair.plain_shut = True
             try:
@@ -261,7 +228,7 @@ class Relay:
             return
         self._watch(pair)
 
-    def _watch(self, pair: _Pair) -> None:
+    def _watch(self, pair: Pair) -> None:
         """Register each socket for what it needs now: reading while its direction's buffer is free, writing while the
         other direction's waits. The selector is told only when that changes."""
         for sock, source, sink in ((pair.tls, pair.down, pair.up), (pair.plain, pair.up, pair.down)):
@@ -281,9 +248,21 @@ class Relay:
             except (ValueError, OSError, KeyError):
                 log.debug("tls relay: a socket went while being watched", exc_info=True)
 
-    def _drop(self, pair: _Pair) -> None:
+    def _fail(self, pair: Pair, error: BaseException) -> None:
+        filling = pair.fill is not None
+        fail(pair, error)
+        if filling:
+            self._note()
+
+    def _note(self) -> None:
+        try:
+            os.write(self.note_w, b"x")
+        except BlockingIOError:  # the pipe is full of notes the hub has not read: it will look anyway
+            pass
+
+    def _drop(self, pair: Pair) -> None:
         self.pairs.pop(id(pair), None)
-        _fail(pair, ConnectionError("the control connection is closed"))
+        self._fail(pair, ConnectionError("the control connection is closed"))
         for sock in (pair.tls, pair.plain):
             if pair.events.get(sock.fileno(), 0):
                 try:
@@ -294,74 +273,6 @@ class Relay:
                 sock.close()
             except OSError:
                 log.debug("tls relay: close failed", exc_info=True)
-
-
-def _held(pair: _Pair) -> bool:
-    """Decrypted bytes OpenSSL holds for a pair that can take them: no select wakes us for those."""
-    return bool(pair.tls.pending()) and not pair.down.waiting and not pair.down.eof
-
-
-def _move(way: _Way, read: Callable[[memoryview], int], write: Callable[[memoryview], int], gather: bool) -> None:
-    """Move bytes one way until its source has none, its sink takes no more, or ROUND_BYTES went. ``gather``: fill the
-    buffer from many reads before writing (a TLS read returns one 16 KiB record)."""
-    moved = 0
-    while moved < ROUND_BYTES:
-        if not way.waiting:
-            if way.eof:
-                return
-            view = way.space()
-            while way.end < CHUNK:
-                try:
-                    n = read(view[way.end:])
-                except _SSL_WAIT:
-                    break
-                except _SSL_END:
-                    n = 0
-                if not n:
-                    way.eof = True
-                    break
-                way.end += n
-                if not gather:
-                    break
-            if not way.waiting:
-                return
-        assert way.view is not None
-        try:
-            n = write(way.view[way.start:way.end])  # a TLS write that must wait is retried with these same bytes
-        except _SSL_WAIT:
-            return
-        way.start += n
-        moved += n
-
-
-def _send_direct(pair: _Pair) -> None:
-    """Encrypt the buffers handed over, from where they lie, once nothing the code wrote before them waits (the
-    writer waits for them: nothing new comes on ``plain`` meanwhile). A TLS write that must wait is retried with the
-    same slice."""
-    while pair.direct and not pair.up.waiting and not pair.up.eof and not _unread(pair.plain):
-        job = pair.direct[0]
-        try:
-            n = pair.tls.send(job.view[job.sent : job.sent + CHUNK])
-        except _SSL_WAIT:
-            return
-        job.sent += n
-        if job.sent >= job.view.nbytes:
-            pair.direct.popleft()
-            job.finish()
-
-
-def _fail(pair: _Pair, error: BaseException) -> None:
-    """The buffers handed over for a connection that failed: their writers raise ``error``."""
-    while pair.direct:
-        pair.direct.popleft().finish(error)
-
-
-def _unread(sock: socket.socket) -> int:
-    """Bytes waiting to be read on ``sock`` (FIONREAD); 0 when it is closed."""
-    try:
-        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
-    except (OSError, ValueError):
-        return 0
 
 
 _EXIT: Optional[Callable[[int], None]] = None  # os._exit as it was, once a client connection made us wrap it

@@ -128,7 +128,7 @@ def test_results_cross_the_relays_whole_from_two_ranks_at_once_and_big_frames_go
     import pickle
 
     from ddp_magic.procs.worker import Channel
-    from ddp_magic.wire import tls_relay
+    from ddp_magic.wire import tls_ways
 
     def result(r: int) -> None:
         chan = Channel(ranks[r])
@@ -137,7 +137,7 @@ def test_results_cross_the_relays_whole_from_two_ranks_at_once_and_big_frames_go
 
     secret = P.new_secret()
     admission = Admission("127.0.0.1", secret, 8, lambda: None, key)
-    size = tls_relay.ROUND_BYTES + tls_relay.CHUNK + 12345
+    size = tls_ways.ROUND_BYTES + tls_ways.CHUNK + 12345
     try:
         ranks = []
         for r in range(2):
@@ -166,5 +166,60 @@ def test_results_cross_the_relays_whole_from_two_ranks_at_once_and_big_frames_go
             t.join()
         for s in ranks + list(kernel.values()):
             s.close()
+    finally:
+        admission.close()
+
+
+def test_the_kernels_relay_decrypts_a_big_result_straight_into_the_readers_memory(key):
+    """The hub's reader hands the rest of a big buffer to the relay (tls.filler) once the socketpair is empty; the relay's
+    note wakes it. Two big results and small messages around them arrive whole and in order."""
+    import pickle
+
+    from ddp_magic.procs.worker import Channel
+
+    secret = P.new_secret()
+    admission = Admission("127.0.0.1", secret, 8, lambda: None, key)
+    try:
+        rank = tls.connect(("127.0.0.1", admission.port), key.fingerprint)
+        P.client_handshake(rank, secret)
+        P.send(rank, P.message(P.HELLO, rank=0))
+        [(kernel_side, _)] = _take(admission)
+        real, fills = tls.filler(kernel_side), []
+        assert real is not None and tls.filler(socket.socket()) is None, "only a relayed socket is handed over"
+
+        def handover(view, got):
+            fills.append(real(view, got))
+            return fills[-1]
+
+        payloads = [os.urandom(24 << 20), os.urandom(17 << 20)]
+
+        def results() -> None:
+            chan = Channel(rank)
+            for i, blob in enumerate(payloads):
+                chan.send(P.READY, rank=i)
+                chan.send(P.RESULT, rank=i, blob=pickle.PickleBuffer(blob))
+            chan.send(P.DONE, rank=9)
+
+        threading.Thread(target=results, daemon=True).start()
+        kernel_side.setblocking(False)
+        reader, scratch, got = P.FrameReader(), bytearray(1 << 20), []
+        deadline = time.monotonic() + 60
+        while len(got) < 5 and time.monotonic() < deadline:
+            select.select([kernel_side, tls.note_fd()], [], [], 1.0)
+            try:
+                os.read(tls.note_fd(), 4096)
+            except BlockingIOError:
+                pass
+            try:
+                msgs = reader.recv(kernel_side, scratch, handover)
+            except BlockingIOError:
+                continue
+            assert msgs is not None, "no EOF before the last message"
+            got += msgs
+        assert [m["op"] for m in got] == [P.READY, P.RESULT, P.READY, P.RESULT, P.DONE]
+        assert bytes(got[1]["blob"]) == payloads[0] and bytes(got[3]["blob"]) == payloads[1]
+        assert any(f is not None and f.got > 0 for f in fills), "the relay filled at least one buffer in place"
+        rank.close()
+        kernel_side.close()
     finally:
         admission.close()
