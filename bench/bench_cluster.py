@@ -120,7 +120,7 @@ def measure(box, g: Dict[str, List[float]], failed: Dict[str, str], key: str, fn
     try:
         return fn()
     except (RuntimeError, OSError, subprocess.SubprocessError, ValueError, AssertionError) as e:
-        failed[key] = " ".join(str(e).split())[:400]
+        failed[key] = " ".join(str(e).split())[-600:]  # the end: the exception's own line
         return None
 
 
@@ -160,10 +160,10 @@ def link_row(box, g: Dict[str, List[float]], failed: Dict[str, str], texts: Dict
 
 
 def ratio(g: Dict[str, List[float]], key: str, floor: str) -> str:
-    """The floor's median time ÷ this way's median time: 1.00× is the floor's throughput."""
-    if not g.get(key) or not g.get(floor):
-        return "–"
-    return f"{statistics.median(g[floor]) / statistics.median(g[key]):.2f}×"
+    """The floor's time ÷ this way's, repeat by repeat (the two were measured in the same repeat, so a slow moment of
+    the machine hits both), as median (min–max): 1.00× is the floor's throughput."""
+    pairs = [f / v for f, v in zip(g.get(floor, []), g.get(key, []))]
+    return med(pairs, "{:.2f}") + "×" if pairs and len(g[floor]) == len(g[key]) else "–"  # a failed sample would misalign them
 
 
 def table(g: Dict[str, List[float]], a: argparse.Namespace, failed: Dict[str, str], texts: Dict[str, str], notes: List[str]) -> str:
