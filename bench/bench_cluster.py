@@ -92,13 +92,14 @@ def wire(box, way: str, src: str) -> Tuple[float, float, float]:  # type: ignore
 
 
 def pool_child(box, args: List[str], src: str, host: str = "login", timeout: float = 900, **extra: str) -> dict:  # type: ignore[no-untyped-def]
-    """One bench/cluster_pool.py run on ``host`` (its own process, as a fresh kernel): its BENCHJSON."""
-    prefix = box.enter(host, cwd=REPO) if box is not None else []
+    """One bench/cluster_pool.py run on ``host`` (its own process, as a fresh kernel): its BENCHJSON. It runs in ``src``,
+    so the ranks' ``python -m`` (the current directory first on their path) import that tree's ddp_magic too."""
+    prefix = box.enter(host, cwd=src) if box is not None else []
     env = env_for(src, **extra)
     if box is not None:
         env.update(box.env())
     out = subprocess.run(prefix + [PY, os.path.join(HERE, "cluster_pool.py"), *args], capture_output=True, text=True, timeout=timeout,
-                         env=env, cwd=REPO)
+                         env=env, cwd=src)
     for line in out.stdout.splitlines():
         if line.startswith("BENCHJSON "):
             return json.loads(line[len("BENCHJSON "):])
