@@ -126,9 +126,9 @@ def measure(box, g: Dict[str, List[float]], failed: Dict[str, str], key: str, fn
 
 
 def one_repeat(box, a: argparse.Namespace, g: Dict[str, List[float]], failed: Dict[str, str], texts: Dict[str, str]) -> None:  # type: ignore[no-untyped-def]
-    n2 = json.dumps(box.enter("n2", cwd=REPO))
     login = box.host("login").mgmt
     for tag, src in a.sources:
+        n2 = json.dumps(box.enter("n2", cwd=src))  # the other node's agent: its ranks import this tree's ddp_magic too
         for way, key in WIRE_WAYS:
             if tag and way.startswith(("tcp", "ssl")):
                 continue  # the floors do not depend on ddp_magic's code
