@@ -190,6 +190,7 @@ class CellRun:
                 replies = self.ops.ask(P.STACK, STACK_TIMEOUT_S, ranks=action.ranks)
                 texts = {r: str(m.get("text", "")) for r, m in replies.items()}
                 collectives = {r: m.get("collective") for r, m in replies.items()}
+                self.policy.unreachable = {r for r, info in self.ops.ranks.items() if info.silent}  # their node went silent
                 self._carry_out(self.policy.stacks_taken(texts, self.clock(), collectives, self._states(), self._seqs() if action.reason == PROBE else None))
             elif isinstance(action, Interrupt):
                 self.ops.interrupt(action.ranks)

@@ -132,12 +132,26 @@ def culprits(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective
     return sorted(out)
 
 
+def _left_mid_call(f: Finding, op: str, where: Mapping[int, str]) -> bool:
+    """Whether ranks one call behind the others are only that: some members died (or their node went silent) while
+    the call ran, so some survivors finished it and others did not. Not a mismatch to blame anyone for."""
+    gone = any(where.get(r) in GONE_WORDS for r in f.missing)
+    name, _, seq = op.partition(" #")
+    major_name, _, major_seq = f.shown.partition(" #")
+    return gone and name == major_name and seq.isdigit() and major_seq.isdigit() and abs(int(seq) - int(major_seq)) == 1
+
+
+GONE_WORDS = ("died", "unreachable")  # what the policy's ``where`` says of a rank that left the cell without a word
+
+
 def verdicts(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]], where: Mapping[int, str]) -> List[str]:
     """Per group: who called a different collective ("mismatched collective") and who never arrived."""
     out: List[str] = []
     for f in findings(ranks, collectives):
         suffix = "" if f.group == "default" else f" on {f.group}"
         for op, odd in f.odd:
+            if _left_mid_call(f, op, where):
+                continue
             verb = "is" if len(odd) == 1 else "are"
             out.append(
                 f"{_who(odd)} {verb} in {op} while {_who(f.majority)} "

@@ -118,6 +118,7 @@ class FailurePolicy:
         self._interrupted: Set[int] = set()  # ranks sent an interrupt this cell
         self._abort_at: Optional[int] = None  # len(order) when it was: later peer errors are released ranks, not failures
         self._states: States = {}
+        self.unreachable: Set[int] = set()  # dead ranks whose node went silent (wire/liveness.py): "unreachable", not "died"
         self.cancelled = False  # results are not collected
         self.user_interrupted = False
         self.timed_out = False
@@ -216,7 +217,7 @@ class FailurePolicy:
         out = {r: f"at {forensics.last_cell_line(self.stacks[r])}" for r in ranks if r in self.stacks}
         for r, (state, _) in self._states.items():
             if r not in out and state in words:
-                out[r] = words[state]
+                out[r] = "unreachable" if state == RankState.DEAD and r in self.unreachable else words[state]
         return out
 
     def _ask_stacks(self, ranks: Sequence[int], reason: StackReason) -> List[Action]:

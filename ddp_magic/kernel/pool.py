@@ -258,7 +258,7 @@ class Pool:
             notice = self.recovery.before_cell(self, listener, owned)
             if not self.broken:
                 return notice
-        why = self.broken
+        why = self.launcher.lost() or self.broken
         if self.started:
             self.restart(listener)
             return texts.restarted_notice(why)

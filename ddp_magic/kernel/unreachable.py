@@ -8,6 +8,7 @@ template's events on srun's output), so the pool names the node instead of waiti
 """
 from __future__ import annotations
 
+import time
 from typing import Dict, List, Sequence
 
 from ..errors import StartError
@@ -17,6 +18,7 @@ from .launchers import Launcher
 from .ranks import RankInfo
 
 _GONE = (RankState.STOPPED, RankState.DEAD)
+SETTLE_S, SETTLE_MAX_S = 0.5, 3.0  # how long the other ranks' "cannot reach" may follow the first one's
 
 
 def node_key(info: RankInfo) -> str:
@@ -52,6 +54,13 @@ def raise_if_cut_off(launcher: Launcher, joined: int, nproc: int) -> None:
     """A start that failed because ranks could not reach the control port: the launcher lets go of its nodes (a retry
     in the same place would fail the same way) and the user reads which nodes, at which address, and the fix."""
     events = launcher.cannot_reach()
+    deadline = time.monotonic() + SETTLE_MAX_S
+    while events and time.monotonic() < deadline:  # the node's other ranks timed out at the same moment: wait for their word
+        time.sleep(SETTLE_S)
+        more = launcher.cannot_reach()
+        if len(more) == len(events):
+            break
+        events = more
     if events:
         raise StartError(cannot_reach_text(events, joined, nproc, launcher.give_up()))
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import struct
 import threading
 import weakref
 from typing import Optional
@@ -37,6 +38,7 @@ INTERVAL_S = 1  # then a probe a second
 SILENCE_S = 8  # nothing acknowledged by the peer for this long: the connection fails (ETIMEDOUT)
 RANK_SILENCE_S = 2 * SILENCE_S  # a rank's own end waits longer: the kernel names the node first, then the rank goes
 CONNECT_ENV = "DDP_MAGIC_CONNECT_TIMEOUT"  # in a rank's env: how long its first connect to the kernel may take
+TCP_CLOSE = 7  # tcpi_state of a connection ended by a timeout or a reset (a FIN leaves it in CLOSE_WAIT)
 SILENT_ERRNOS = (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)
 
 _silent: "weakref.WeakSet[socket.socket]" = weakref.WeakSet()  # plain ends whose TLS peer went silent
@@ -74,6 +76,24 @@ def is_silence(exc: Optional[BaseException]) -> bool:
     return isinstance(exc, OSError) and (isinstance(exc, TimeoutError) or exc.errno in SILENT_ERRNOS)
 
 
+def went_silent(sock: socket.socket, silence: int = SILENCE_S) -> bool:
+    """Whether ``sock`` (TCP, closed by an error or a timeout) heard nothing from its peer for the check's window.
+
+    What an error says is not enough: through OpenSSL a timed-out read surfaces as an EOF. The kernel's own record
+    (TCP_INFO) does not lie: the connection is closed (not half-closed by a FIN) and the peer's last acknowledgement
+    is ``silence`` seconds old (less a probe), where a reset or a FIN arrived just now."""
+    if not hasattr(socket, "TCP_INFO"):
+        return False
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    except OSError:
+        return False
+    if len(info) < 60:
+        return False
+    state, last_ack_recv = info[0], struct.unpack_from("I", info, 56)[0]  # struct tcp_info: tcpi_state, tcpi_last_ack_recv (ms)
+    return state == TCP_CLOSE and last_ack_recv >= (silence - INTERVAL_S) * 1000
+
+
 def mark_silent(plain: Optional[socket.socket]) -> None:
     """The relay's word: the TLS peer of ``plain`` went silent (its socket is about to read EOF)."""
     if plain is not None:
@@ -82,8 +102,8 @@ def mark_silent(plain: Optional[socket.socket]) -> None:
 
 
 def lost_to_silence(sock: socket.socket, exc: Optional[BaseException] = None) -> bool:
-    """Whether ``sock``'s connection was lost because its peer went silent: its own error, or its relay's."""
-    if is_silence(exc):
+    """Whether ``sock``'s connection was lost because its peer went silent: its own error or record, or its relay's."""
+    if is_silence(exc) or (sock.family in (socket.AF_INET, socket.AF_INET6) and went_silent(sock)):
         return True
     with _silent_lock:
         return sock in _silent

@@ -202,6 +202,7 @@ class Relay:
             self._pump_locked(pair)
 
     def _pump_locked(self, pair: Pair) -> None:
+        ended = pair.down.eof
         try:
             if fill_in(pair):
                 self._note()
@@ -211,12 +212,15 @@ class Relay:
             send_handed(pair)
         except (OSError, ValueError) as e:
             log.debug("tls relay: a connection failed", exc_info=True)
-            if liveness.is_silence(e):
+            if liveness.is_silence(e) or liveness.went_silent(pair.tls):
                 liveness.mark_silent(pair.twin())
             pair.up.eof = pair.down.eof = True
             pair.up.clear()
             pair.down.clear()
             self._fail(pair, e if isinstance(e, OSError) else ConnectionError(str(e)))
+        else:
+            if pair.down.eof and not ended and liveness.went_silent(pair.tls):  # a timeout reads as an EOF through OpenSSL
+                liveness.mark_silent(pair.twin())
         if pair.down.eof and not pair.down.waiting and not pair.plain_shut:  # the kernel (or rank) closed: the code reads EOF
             pair.plain_shut = True
             try:

@@ -140,6 +140,10 @@ class Launcher(ABC):
     def close(self) -> None:
         """Stop every process we started (ranks, template, agent) and release what we hold."""
 
+    def lost(self) -> str:
+        """Why what the ranks ran on is gone under us (a scheduler revoked the allocation), "" when it is not."""
+        return ""
+
     def cannot_reach(self) -> List[dict]:
         """What ranks said when they could not reach the control port at start-up (events: rank, node, addr, why)."""
         return []

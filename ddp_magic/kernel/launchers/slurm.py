@@ -31,7 +31,7 @@ from ...plan.checks_slurm import TEMPLATE
 from ...plan.net import address_family, is_local_ip, route_source
 from ...wire import slurm_env, tls
 # not ``from . import slurm_cli``: that imports this package, whose __init__ imports this module
-from .slurm_cli import hostnames, installed, job as slurm_job, node_addr, test_request
+from .slurm_cli import down_nodes, hostnames, installed, job as slurm_job, node_addr, test_request
 from .base import Exit, LaunchError, Launcher
 from .forkserver import import_env
 from .slurm_alloc import Allocation, OwnAllocation, Progress, allocation_for
@@ -238,6 +238,13 @@ class SlurmLauncher(Launcher):
 
     def alive(self) -> bool:
         return self.alloc is not None and self.alloc.alive()
+
+    def lost(self) -> str:
+        """Slurm ended our allocation under us (a node failed, the job was cancelled): the next start allocates again."""
+        alloc = self.alloc
+        if isinstance(alloc, OwnAllocation) and alloc.job_id and not alloc.alive():
+            return f"{alloc.gone_why(down_nodes(alloc.nodes))}; a new allocation replaces it"
+        return ""
 
     def cannot_reach(self) -> List[dict]:
         return [ev for step in self.steps for ev in step.unreachable]

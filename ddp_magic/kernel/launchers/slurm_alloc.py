@@ -14,13 +14,14 @@ While the job waits in the queue, ``wait`` tells its caller "queued: job 1234 pe
 from __future__ import annotations
 
 import os
+import re
 import select
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 from ...logs import log
 from ...plan.slurm import SlurmRequest
@@ -100,6 +101,7 @@ class OwnAllocation(Allocation):
         self.proc: Optional[subprocess.Popen] = None
         self.said = ""  # what salloc printed (its errors name the cause)
         self.reason = ""
+        self.revoked = False  # salloc said "Job allocation N has been revoked" (a node of it failed, or it was cancelled)
 
     def wait(self, progress: Progress) -> None:
         env = dict(worker_env(), DDP_MAGIC_KERNEL_PID=str(os.getpid()))
@@ -150,6 +152,7 @@ class OwnAllocation(Allocation):
             kind, number = parse_salloc(line)
             if kind in ("pending", "granted") and number:
                 self.job_id = number
+            self.revoked = self.revoked or (kind == "revoked" and number == self.job_id)
 
     def fits(self, request: SlurmRequest) -> bool:
         mine = self.request
@@ -157,7 +160,24 @@ class OwnAllocation(Allocation):
         return same and not request.found and request.nodes <= mine.nodes and request.ntasks_per_node <= mine.ntasks_per_node
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        """The holder runs and salloc has not said that Slurm revoked the job (read now, without waiting: each cell asks)."""
+        if self.proc is None:
+            return False
+        stderr = self.proc.stderr  # read first: a salloc that has exited said why before it went
+        while stderr is not None and not stderr.closed and select.select([stderr], [], [], 0)[0]:
+            data = os.read(stderr.fileno(), 65536)
+            if not data:
+                break
+            self._heard(data.decode(errors="replace"))
+        return self.proc.poll() is None and not self.revoked
+
+    def gone_why(self, down: Sequence[str] = ()) -> str:
+        """Why the allocation ended under us, in one line of our words (salloc's told us, else ``down``: the nodes Slurm
+        holds down now), never raw srun lines."""
+        failed = list(dict.fromkeys(_NODE_FAILURE.findall(self.said))) or list(down)
+        if self.revoked:
+            return f"Slurm revoked job {self.job_id}" + (f" when {'node' if len(failed) == 1 else 'nodes'} {', '.join(failed)} failed" if failed else "")
+        return f"Slurm job {self.job_id} ended (salloc exited: {short_error(self.said)})"
 
     def describe(self) -> str:
         return f"Slurm job {self.job_id} on {','.join(self.nodes)}: allocated for this kernel, released when the pool stops or the kernel ends"
@@ -185,6 +205,9 @@ class OwnAllocation(Allocation):
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+_NODE_FAILURE = re.compile(r"Node failure on (\S+)")  # salloc's words when Slurm lost a node of the job
 
 
 def allocation_for(request: SlurmRequest, python: str = sys.executable) -> Allocation:

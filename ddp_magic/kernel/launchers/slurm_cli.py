@@ -101,6 +101,14 @@ def node_addr(node: str) -> str:
     return (parse_node_addr(out) if code == 0 else None) or node
 
 
+def down_nodes(nodes: Sequence[str]) -> List[str]:
+    """Which of ``nodes`` Slurm holds down or failed now (not answering it): why it revoked a job on them."""
+    if not nodes:
+        return []
+    code, out = run(["sinfo", "-h", "-N", "-t", "down,fail,no_respond", "-n", ",".join(nodes), "-o", "%N"])
+    return sorted(set(out.split())) if code == 0 else []
+
+
 def test_request(argv: Sequence[str]) -> Optional[str]:
     """sbatch --test-only's verdict on a request: None when Slurm would take it, else its own message, short."""
     code, out = run(argv)

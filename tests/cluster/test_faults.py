@@ -1,0 +1,187 @@
+"""Faults across real hosts, on the cluster in a box: bounded in time, named, nothing lost (docs/multinode.md, "What a
+lost link costs").
+
+- A node's link goes down while the ranks all_reduce, or a firewall on it drops everything both ways: the cell (or a
+  ``--bg`` job) ends within seconds, found by the control channel's liveness check (wire/liveness.py), naming the node
+  and its ranks, never a rank on the healthy node; the healthy node's ranks keep their state; the link back, the
+  node's ranks rejoin at the next cell.
+- The link stays down until Slurm revokes the job: the next cell says so in one line and allocates again.
+- A node cannot reach the kernel's control port: the first cell ends within the join timeout naming the node's ranks,
+  the address and the fix, and the allocation we made is released.
+
+Each fault twice, as a notebook user runs a cell again. The times from the fault to the error go to TIMES (printed
+with -s; the docs quote them). A healthy rank that holds the GIL past the check's window is tests/kernel/test_lost_link.py's.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from typing import Callable, Dict, List
+
+import box_fixtures
+import cluster_box
+
+from ddp_magic.wire import liveness
+from kernel_helper import Kernel
+
+box = box_fixtures.box
+box_kernel = box_fixtures.box_kernel
+
+POOL = "%%ddp --slurm --nodes 2 --ntasks-per-node 2"
+LOOP = ("%%ddp\nimport time, torch, torch.distributed as dist\nt = torch.ones(1)\n"
+        "for i in range(100000):\n    dist.all_reduce(t)\n    time.sleep(0.01)")
+SESSION = "get_ipython().magics_manager.registry['DDPMagics'].session"
+TIMES: Dict[str, List[float]] = {}
+# new connections to the ports the kernel's control port is taken from (ephemeral), less srun's own (SrunPortRange=60001-60100)
+CONTROL_PORTS = ["-p", "tcp", "--syn", "-m", "multiport", "--dports", "32768:60000,60101:65535"]
+
+
+def _sh(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+def _link(b: cluster_box.Box, node: str, up: bool) -> None:
+    """A node's management link, cut on the machine's side of its veth (as a pulled cable)."""
+    _sh("ip", "link", "set", b.port(node, "mgmt"), "up" if up else "down")
+
+
+def _firewall(b: cluster_box.Box, node: str, on: bool, *match: str) -> None:
+    """A DROP rule on a node's management interface, both ways (or only out, with ``match``), added or removed."""
+    rules = [["OUTPUT", "-o", "mgmt0", *match]] if match else [["INPUT", "-i", "mgmt0"], ["OUTPUT", "-o", "mgmt0"]]
+    for rule in rules:
+        done = b.run(node, ["iptables", "-A" if on else "-D", *rule, "-j", "DROP"])
+        assert done.returncode == 0 or not on, done.stderr
+
+
+def _during(k: Kernel, code: str, fault: Callable[[], None], after: float = 4.0) -> "tuple[str, float]":
+    """Run ``code``; ``after`` seconds in, the fault. The cell's error text and the seconds from the fault to the end."""
+    at: List[float] = []
+    timer = threading.Timer(after, lambda: (fault(), at.append(time.monotonic())))
+    timer.start()
+    try:
+        ex = k.run(code, timeout=180)
+    finally:
+        timer.join()
+    end = time.monotonic()
+    assert ex.error is not None and at, f"the cell did not fail: {ex.stdout[-2000:]}"
+    return "\n".join(ex.error[2]), end - at[0]
+
+
+def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], None], heal: Callable[[str], None]) -> None:
+    """Ranks 2-3's node goes silent mid all_reduce (twice): it and they are named, ranks 0-1 keep their state, and
+    with the link back ranks 2-3 rejoin at the next cell."""
+    k.run(f"{POOL}\nimport os, socket, torch, torch.distributed as dist\nkept = (dist.get_rank(), os.getpid())", timeout=240).ok()
+    node, healthy = (k.value(f"{SESSION}.pool.ranks[{r}].node_name") for r in (2, 0))
+    try:
+        for attempt in range(2):
+            try:
+                text, took = _during(k, LOOP, lambda: cut(node))
+            finally:
+                heal(node)
+            TIMES.setdefault(name, []).append(round(took, 1))
+            print(f"{name} #{attempt}: fault to error {took:.1f}s\n{text}\n")
+            first = text.splitlines()[0]
+            assert first == f"CellError: ranks 2-3 on {node} are unreachable: {liveness.silence_words()}", text
+            blamed = re.search(r"ranks? [01]\b[^\n]*(pid|raised|mismatched|unreachable|lost)", text)
+            assert blamed is None and healthy not in text, text  # never a healthy node's rank: they were only released
+            assert "srun: error" not in text, text
+            # the goal is 15 s (7.4-7.6 s measured: the OS's timers); room for a loaded machine, still far from Slurm's 30 s
+            assert took < 20, f"{name}: the error came {took:.1f}s after the fault"
+            # the link is back: the node's ranks rejoin at the next cell; ranks 0-1 kept their state (same pids, same variables)
+            again = k.run("%%ddp\nimport os, torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n"
+                          "(kept if dist.get_rank() < 2 else None, os.getpid(), t.item())", timeout=240).ok()
+            said = again.stdout
+            assert re.search(rf"rank 2 was unreachable on {node} \(pid \d+\); rank 3 was unreachable on {node} \(pid \d+\): "
+                             "started it again", said), said
+            assert "ranks 0-1 kept theirs" in said, said
+            values = again.results[-1]
+            assert values.count("4.0") == 4 and "(0, " in values and "(1, " in values, values
+    finally:
+        k.run("%ddp stop")
+
+
+def test_link_down_mid_all_reduce_names_the_node_and_it_rejoins(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    _lost_node(box, box_kernel, "link down", lambda n: _link(box, n, False), lambda n: _link(box, n, True))
+
+
+def test_traffic_dropped_both_ways_names_the_node(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    _lost_node(box, box_kernel, "DROP both ways", lambda n: _firewall(box, n, True), lambda n: _firewall(box, n, False))
+
+
+def test_a_background_job_on_a_lost_node_ends_naming_it(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    k = box_kernel
+    k.run(f"{POOL}\nimport time, torch, torch.distributed as dist", timeout=240).ok()
+    node = k.value(f"{SESSION}.pool.ranks[2].node_name")
+    try:
+        for _ in range(2):  # a notebook user runs it again
+            k.run("%%ddp --bg --out job\n" + LOOP.split("\n", 1)[1]).ok()
+            time.sleep(4)
+            t0 = time.monotonic()
+            _link(box, node, False)
+            try:
+                said = k.run("job.wait(120)\ntry:\n    job.result()\nexcept Exception as e:\n    print(str(e).splitlines()[0])", timeout=150).ok()
+            finally:
+                _link(box, node, True)
+            TIMES.setdefault("--bg job", []).append(round(time.monotonic() - t0, 1))
+            assert said.stdout.strip().splitlines()[-1] == f"ranks 2-3 on {node} are unreachable: {liveness.silence_words()}", said.stdout
+            k.run("%%ddp\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()", timeout=240).ok()
+    finally:
+        k.run("%ddp stop")
+
+
+def test_control_port_blocked_from_a_node_is_named_and_the_allocation_released(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    login = box.host("login").mgmt
+    for node in ("n2", "n3"):  # Slurm's own ports still pass (srun starts the templates); n1 (Slurm's first pick) reaches us
+        _firewall(box, node, True, "-d", login, *CONTROL_PORTS)
+    try:
+        for attempt in range(2):
+            t0 = time.monotonic()
+            ex = box_kernel.run(f"{POOL} --join-timeout 30\nimport torch", timeout=180)
+            took = time.monotonic() - t0
+            assert ex.error is not None, ex.stdout
+            text = "\n".join(ex.error[2])
+            print(f"blocked control port #{attempt}: {took:.1f}s\n{text}\n")
+            TIMES.setdefault("blocked port", []).append(round(took, 1))
+            assert re.search(rf"ranks 2-3 on n[23] cannot reach the kernel at {re.escape(login)}:\d+ \(no answer\): a firewall between "
+                             r"the nodes and this machine\? --control-addr ADDR chooses another address\. 2 of 4 ranks joined; "
+                             r"Slurm job \d+ was released\.", text), text
+            assert "Run the command printed above" not in text and "srun: error" not in text, text
+            assert took < 60, f"the start failed after {took:.1f}s (join timeout 30s, and the allocation's own time)"
+            jobs = box.run("login", ["squeue", "-h", "-o", "%i %T"]).stdout.strip()
+            assert jobs == "", f"still allocated: {jobs}"
+    finally:
+        for node in ("n2", "n3"):
+            _firewall(box, node, False, "-d", login, *CONTROL_PORTS)
+        box_kernel.run("%ddp stop")
+
+
+def test_a_node_lost_past_slurms_timeout_costs_the_allocation_in_one_line(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    """The link stays down until Slurm declares the node dead and revokes our job: the next cell says so in one line
+    and allocates again; no raw srun line reaches the cell."""
+    k = box_kernel
+    k.run(f"{POOL}\nimport torch", timeout=240).ok()
+    node = k.value(f"{SESSION}.pool.ranks[2].node_name")
+    job = k.value(f"{SESSION}.pool.launcher.job_id()")
+    try:
+        text, took = _during(k, LOOP, lambda: _link(box, node, False))
+        assert text.splitlines()[0].startswith(f"CellError: ranks 2-3 on {node} are unreachable"), text
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and job in box.run("login", ["squeue", "-h", "-o", "%i"]).stdout.split():
+            time.sleep(2)
+        assert job not in box.run("login", ["squeue", "-h", "-o", "%i"]).stdout.split(), "Slurm did not revoke the job"
+    finally:
+        _link(box, node, True)
+    for attempt in range(2):
+        ex = k.run("%%ddp\nimport torch, torch.distributed as dist\ndist.get_world_size()", timeout=240).ok()
+        print(f"after the revocation #{attempt}:", ex.stdout)
+        assert "srun:" not in ex.stdout + ex.stderr, ex.stdout + ex.stderr
+        assert len(re.findall(r"\[\d\] 4\b", ex.results[-1])) == 4, ex.results
+        said = [ln for ln in ex.stdout.splitlines() if "restarted the pool" in ln]
+        if attempt == 0:
+            assert said == [f"ddp_magic: restarted the pool (Slurm revoked job {job} when node {node} failed; a new allocation "
+                            "replaces it); variables defined in earlier %%ddp cells are gone"], ex.stdout
+        else:
+            assert said == [], ex.stdout
+    k.run("%ddp stop")

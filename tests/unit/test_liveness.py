@@ -1,0 +1,150 @@
+"""The liveness check's pure parts: which errors and socket records mean "the peer went silent", which ranks share a
+silent node, and what the user reads (a node gone silent; a node that cannot reach the control port; ranks that never
+joined a Slurm pool). The OS's side of it (keepalive, the user timeout) runs for real in tests/kernel/test_lost_link.py
+and tests/cluster/test_faults.py."""
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+from typing import Dict, Sequence
+
+import pytest
+
+from ddp_magic.errors import CellError, RankFailure
+from ddp_magic.kernel import forensics
+from ddp_magic.kernel.launchers.base import Launcher
+from ddp_magic.kernel.launchers.slurm_steps import _event
+from ddp_magic.kernel.ranks import RankInfo
+from ddp_magic.kernel.unreachable import cannot_reach_text, never_joined_text, node_key, silent_siblings
+from ddp_magic.states import FailureKind, RankState
+from ddp_magic.wire import liveness
+
+
+def test_silence_is_a_timeout_or_an_unreachable_host_never_a_close() -> None:
+    assert liveness.is_silence(TimeoutError(errno.ETIMEDOUT, "Connection timed out"))
+    assert liveness.is_silence(OSError(errno.EHOSTUNREACH, "No route to host"))
+    for not_silent in (ConnectionResetError(errno.ECONNRESET, "reset"), BrokenPipeError(errno.EPIPE, "pipe"), None, ValueError("x")):
+        assert not liveness.is_silence(not_silent)
+
+
+class _Recorded:
+    """A socket whose TCP_INFO is given: its state and how long ago the peer last acknowledged (ms)."""
+
+    family = socket.AF_INET
+
+    def __init__(self, state: int, last_ack_ms: int) -> None:
+        self.info = bytes([state]) + bytes(55) + struct.pack("I", last_ack_ms) + bytes(44)
+
+    def getsockopt(self, level: int, opt: int, size: int) -> bytes:
+        assert (level, opt) == (socket.IPPROTO_TCP, socket.TCP_INFO)
+        return self.info[:size]
+
+
+@pytest.mark.parametrize("state, last_ack_ms, silent", [
+    (liveness.TCP_CLOSE, liveness.SILENCE_S * 1000 + 300, True),  # timed out: nothing heard for the window
+    (liveness.TCP_CLOSE, (liveness.SILENCE_S - liveness.INTERVAL_S) * 1000, True),  # the last probe's tick
+    (liveness.TCP_CLOSE, 40, False),  # a reset, just now
+    (8, liveness.SILENCE_S * 5000, False),  # CLOSE_WAIT: the peer closed (a FIN), however quiet before
+    (1, liveness.SILENCE_S * 5000, False),  # still established
+])
+def test_the_os_record_tells_silence_from_a_close(state: int, last_ack_ms: int, silent: bool) -> None:
+    sock = _Recorded(state, last_ack_ms)
+    assert liveness.went_silent(sock) is silent  # type: ignore[arg-type]
+    assert liveness.lost_to_silence(sock) is silent  # type: ignore[arg-type]
+
+
+def test_a_relay_marks_the_plain_end_it_serves() -> None:
+    a, b = socket.socketpair()
+    try:
+        assert not liveness.lost_to_silence(a)
+        liveness.mark_silent(a)
+        assert liveness.lost_to_silence(a) and not liveness.lost_to_silence(b)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_arming_a_tcp_socket_sets_the_window_and_a_socketpair_is_left_alone() -> None:
+    with socket.socket() as s:
+        liveness.arm(s)
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == liveness.IDLE_S
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == liveness.SILENCE_S * 1000
+    with socket.socket() as s:
+        liveness.arm(s, data_too=False, silence=liveness.RANK_SILENCE_S)  # an output stream: no user timeout
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 0
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == liveness.RANK_SILENCE_S // liveness.INTERVAL_S
+    a, b = socket.socketpair()
+    liveness.arm(a)  # not TCP: nothing to arm, nothing raised
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("join, connect", [(30, 10.0), (180, 30.0), (3, 3.0), (600, 30.0)])
+def test_a_rank_gives_up_connecting_well_inside_the_join_timeout(join: float, connect: float) -> None:
+    assert liveness.connect_timeout(join) == connect
+
+
+def _ranks(layout: Dict[int, str], dead: Sequence[int] = ()) -> Dict[int, RankInfo]:
+    out = {r: RankInfo(rank=r, node_name=n, host=n, state=RankState.RUNNING) for r, n in layout.items()}
+    for r in dead:
+        out[r].state = RankState.DEAD
+    return out
+
+
+def test_a_silent_rank_takes_its_node_with_it_and_nobody_else() -> None:
+    ranks = _ranks({0: "n1", 1: "n1", 2: "n2", 3: "n2", 4: "n2"}, dead=[4])
+    assert silent_siblings(ranks, 2) == [3]  # 4 is gone already; n1's ranks are healthy
+    assert silent_siblings(_ranks({0: "vm", 1: "vm"}), 1) == [0]
+    hosts = {0: RankInfo(rank=0, host="a"), 1: RankInfo(rank=1, host="b")}
+    assert node_key(hosts[0]) == "a" and silent_siblings(hosts, 0) == []
+
+
+def test_a_silent_node_is_the_first_line_with_all_its_ranks() -> None:
+    why = liveness.silence_words()
+    lost = [RankFailure(rank=r, kind=FailureKind.DIED, pid=100 + r, message=why, node="n2") for r in (3, 2)]
+    released = RankFailure(rank=0, kind=FailureKind.INTERRUPTED)
+    text = CellError(lost + [released], notes=["ranks 2-3 will be started again at the next cell"]).render()
+    assert text.splitlines()[0] == f"ranks 2-3 on n2 are unreachable: {why}"
+    assert "pid" not in text and "failed the same way" not in text
+    assert RankFailure(rank=2, kind=FailureKind.DIED, pid=7, message=why, node="n2").headline() == f"rank 2 on n2 is unreachable: {why}"
+
+
+def test_survivors_one_call_apart_after_a_node_went_away_are_not_a_mismatch() -> None:
+    calls = {0: {"op": "all_reduce", "seq": 270}, 1: {"op": "all_reduce", "seq": 269}, 2: None, 3: None}
+    gone = {2: "died", 3: "unreachable"}
+    assert forensics.verdicts([0, 1, 2, 3], calls, gone) == ["ranks 2-3 never arrived at all_reduce #270 (rank 2 died; rank 3 unreachable)"]
+    assert any("mismatched" in v for v in forensics.verdicts([0, 1, 2, 3], calls, {2: "at cell line 3", 3: "at cell line 3"}))
+    far = {0: {"op": "all_reduce", "seq": 270}, 1: {"op": "broadcast", "seq": 269}, 2: None, 3: None}
+    assert any("mismatched" in v for v in forensics.verdicts([0, 1, 2, 3], far, gone))  # another collective still is one
+
+
+def test_the_template_step_reads_a_rank_that_cannot_reach_the_kernel() -> None:
+    line = '{"event": "unreachable", "rank": 2, "node": "n2", "addr": "198.51.100.10:40513", "why": "no answer"}'
+    assert _event(line) == {"event": "unreachable", "rank": 2, "node": "n2", "addr": "198.51.100.10:40513", "why": "no answer"}
+
+
+def test_a_node_that_cannot_reach_the_control_port_is_named_once_with_its_ranks() -> None:
+    events = [{"rank": r, "node": n, "addr": "198.51.100.10:40513", "why": "no answer"} for r, n in ((3, "n2"), (2, "n2"), (5, "n3"))]
+    text = cannot_reach_text(events, 2, 6, "Slurm job 7 was released")
+    assert text == (
+        "ranks 2-3 on n2 cannot reach the kernel at 198.51.100.10:40513 (no answer); rank 5 on n3 cannot reach the kernel at "
+        "198.51.100.10:40513 (no answer): a firewall between the nodes and this machine? --control-addr ADDR chooses another "
+        "address. 2 of 6 ranks joined; Slurm job 7 was released."
+    )
+
+
+class _Placed(Launcher):
+    """A launcher that placed ranks 2 a node (as Slurm's does); nothing else of it is used."""
+
+    def node_of(self, rank: int) -> str:
+        return f"n{rank // 2 + 1}"
+
+    launch = adopt = live_pids = poll = alive = close = lambda *a, **k: None  # type: ignore[assignment]
+
+
+def test_ranks_that_never_joined_a_slurm_pool_are_counted_and_placed() -> None:
+    text = never_joined_text(_Placed(b"s"), [2, 3], 4, 30, "198.51.100.10:40513")
+    assert text.startswith("2 ranks of 4 never reached the kernel at 198.51.100.10:40513 within 30s (ranks 2-3 on n2). Slurm started them")
+    assert "Run the command printed above" not in text
