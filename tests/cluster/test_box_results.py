@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 POOL = '%%ddp --slurm --nodes 2 --ntasks-per-node 1 --slurm-args "--exclude=n3"\n'
 SETUP = """
 import socket, torch, torch.distributed as dist
-t = torch.arange(20 << 20, dtype=torch.float32) * (dist.get_rank() + 1)  # 80 MiB a rank
+t = torch.arange(20 << 20, dtype=torch.int32) * (dist.get_rank() + 1)  # 80 MiB a rank (int32: every value exact)
 """
 LAST = float((20 << 20) - 1)
 CHECK = "[(len(v), float(v[-1]), bool((v[1:] - v[:-1]).eq(v[1]).all())) for v in {}]"
@@ -27,12 +27,15 @@ def test_big_results_from_each_host_arrive_whole_over_tls(box: cluster_box.Box, 
         for _attempt in range(2):
             # each rank's own value, in its DONE (a tuple: sent as it is, its tensor out of band)
             box_kernel.run("%%ddp\n(socket.gethostname(), t)", timeout=300).ok()
-            assert box_kernel.value("[v[0] for v in _]") == ["n1", "n2"]
-            assert box_kernel.value(CHECK.format("[v[1] for v in _]")) == [(20 << 20, LAST, True), (20 << 20, 2 * LAST, True)]
+            box_kernel.run("r = _").ok()  # each check below is a cell of its own, which sets _
+            assert box_kernel.value("[v[0] for v in r]") == ["n1", "n2"]
+            assert box_kernel.value(CHECK.format("[v[1] for v in r]")) == [(20 << 20, LAST, True), (20 << 20, 2 * LAST, True)]
             # a tensor of the same shape on every rank: gathered on rank 0 (n1), then one RESULT of 160 MiB to the kernel
             box_kernel.run("%%ddp\nt", timeout=300).ok()
-            assert box_kernel.value(CHECK.format("_")) == [(20 << 20, LAST, True), (20 << 20, 2 * LAST, True)]
+            box_kernel.run("r = _").ok()
+            assert box_kernel.value(CHECK.format("r")) == [(20 << 20, LAST, True), (20 << 20, 2 * LAST, True)]
             box_kernel.run("%%ddp\ntorch.ones(2) * dist.get_rank()", timeout=120).ok()
-            assert box_kernel.value("[v.tolist() for v in _]") == [[0.0, 0.0], [1.0, 1.0]], "a small result after the big ones"
+            box_kernel.run("r = _").ok()
+            assert box_kernel.value("[v.tolist() for v in r]") == [[0.0, 0.0], [1.0, 1.0]], "a small result after the big ones"
     finally:
         box_kernel.run("%ddp stop", timeout=60)
