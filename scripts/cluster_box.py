@@ -311,8 +311,14 @@ class Box:
         local_slurm.stop_pid(f"{self.dir}/munge/munged.pid")
         for h in HOSTS:
             _sh("ip", "netns", "del", self.netns(h.name), check=False)
+            for net in ("mgmt", "fast"):  # gone with the namespace, unless another's mount namespace still pins it
+                if os.path.exists(f"/sys/class/net/{self.port(h.name, net)}"):
+                    _sh("ip", "link", "del", self.port(h.name, net), check=False)
         for net in ("mgmt", "fast"):
             _sh("ip", "link", "del", self.bridge(net), check=False)
+        if os.path.isdir(f"{self.dir}/log"):  # the daemons' logs outlive the box, for a failed test's reader
+            shutil.rmtree(f"/tmp/ddp_box-{self.prefix}-logs", ignore_errors=True)
+            shutil.copytree(f"{self.dir}/log", f"/tmp/ddp_box-{self.prefix}-logs", dirs_exist_ok=True)
         shutil.rmtree(self.dir, ignore_errors=True)
         if unlock and self._lock is not None:
             os.close(self._lock)
@@ -322,6 +328,7 @@ class Box:
         """What of a box of this prefix exists (empty after ``down``)."""
         left = [f"netns {self.netns(h)}" for h in self._namespaces()]
         left += [f"bridge {self.bridge(n)}" for n in ("mgmt", "fast") if os.path.exists(f"/sys/class/net/{self.bridge(n)}")]
+        left += [f"link {self.port(h.name, n)}" for h in HOSTS for n in ("mgmt", "fast") if os.path.exists(f"/sys/class/net/{self.port(h.name, n)}")]
         left += [f"process {p}" for p in self.processes()]
         return left + ([self.dir] if os.path.exists(self.dir) else [])
 

@@ -183,8 +183,8 @@ class Admission:
             hello = peer.feed(self.secret)
         except BlockingIOError:
             return
-        except Exception:  # a wrong secret, garbage, a closed socket: all the same to us
-            log.debug("a peer on the control port was rejected", exc_info=True)
+        except Exception as e:  # a wrong secret, garbage, a closed socket: all the same to us
+            log.warning("the control port refused %s: %s", _who(peer.sock), _why(e))
             self._reject(sel, peers, peer)
             return
         if hello is None:
@@ -199,6 +199,7 @@ class Admission:
     def _admit_tls(self, sock: socket.socket) -> None:
         """A TLS peer: the TLS handshake, then the proof of the secret and the HELLO over it, blocking, on its own thread."""
         assert self.tls_key is not None
+        who = _who(sock)
         try:
             sock.settimeout(HANDSHAKE_S)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -211,8 +212,8 @@ class Admission:
             sock.settimeout(None)
             if hello.get("op") == P.HELLO:
                 tls.arm_control(sock)  # the control socket: a node that goes silent is found within seconds (wire/liveness.py)
-        except Exception:  # a wrong secret, garbage, a timeout, a closed socket: all the same to us
-            log.debug("a TLS peer on the control port was rejected", exc_info=True)
+        except Exception as e:  # a wrong secret, garbage, a timeout, a closed socket: all the same to us
+            log.warning("the control port refused %s (TLS): %s", who, _why(e))
             self.on_reject()
             sock.close()
             return
@@ -237,6 +238,19 @@ class Admission:
         self._forget(sel, peers, peer)
         peer.sock.close()
         self.on_reject()
+
+
+def _who(sock: socket.socket) -> str:
+    """A peer's address, for the log line that says it was refused."""
+    try:
+        host, port = sock.getpeername()[:2]
+        return f"a peer at {host}:{port}"
+    except OSError:
+        return "a peer that had gone"
+
+
+def _why(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:200] if str(e) else type(e).__name__
 
 
 def raise_fd_limit(needed: int) -> None:

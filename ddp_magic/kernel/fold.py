@@ -159,6 +159,10 @@ class LineFolder:
                 del self._by_line[head.line]
             out.append((head.ranks, head.line))
 
+    def holds(self, line: str) -> bool:
+        """Whether a copy of ``line`` is still held (a new copy would join it)."""
+        return bool(self._by_line.get(line))
+
     def next_due(self) -> Optional[float]:
         oldest = self._oldest()
         return oldest.since + self.window if oldest is not None else None

@@ -72,16 +72,21 @@ def own_name_address() -> Optional[str]:
         return None
 
 
-def choose(env: MutableMapping[str, str]) -> str:
+def choose(env: MutableMapping[str, str], kernel: str = "") -> str:
     """Set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME in ``env`` for a pool across hosts (each unless set); returns the
-    line %ddp_env shows ("" on one host). Never raises: without a route, gloo's own choice stays, and the line says so."""
+    line %ddp_env shows ("" on one host). Never raises: without a route, gloo's own choice stays, and the line says so.
+    On the master's own host MASTER_ADDR may be its name, resolving to 127.0.1.1 there (torchrun's rendezvous names
+    it so): the route to the kernel's control address (``kernel``, one the other hosts reach) decides instead."""
     master = env.get("MASTER_ADDR", "")
     if not master or loopback(master):
         return ""
     asked = env.get(IFACE_ENV, "")
-    source = None if asked else route_source(master)
-    iface = asked or (interface_of(source) if source else None)
-    why = "--iface" if asked else f"on the route to MASTER_ADDR {master}" + (f" (from {source})" if source else "")
+    target, source = master, None if asked else route_source(master)
+    if source and loopback(source) and kernel and not loopback(kernel):
+        target, source = kernel, route_source(kernel)
+    iface = asked or (interface_of(source) if source and not loopback(source) else None)
+    name = "MASTER_ADDR" if target == master else "the kernel"
+    why = "--iface" if asked else f"on the route to {name} {target}" + (f" (from {source})" if source else "")
     own = [v for v in VARS if env.get(v)]
     if iface is None:
         line = f"no interface found {why}: gloo binds what the host's name resolves to"

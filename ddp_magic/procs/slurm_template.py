@@ -52,12 +52,15 @@ class NodeTemplate(Template):
 
 def main() -> None:
     env = dict(os.environ)
-    secret = env.pop(slurm_env.SECRET_ENV, "")
-    os.environ.pop(slurm_env.SECRET_ENV, None)
+    try:
+        secret = slurm_env.step_secret(env)  # MUNGE-sealed (or plain), out of the env either way
+    finally:
+        for carrier in (slurm_env.SECRET_ENV, slurm_env.MUNGED_ENV):
+            os.environ.pop(carrier, None)
     if not secret:
         raise SystemExit(f"{slurm_env.SECRET_ENV} is not in the env: this task was not started by ddp_magic's Slurm launcher")
     node = env.get(NODE_ENV, "")
-    template = NodeTemplate(node, bytes.fromhex(secret), env)
+    template = NodeTemplate(node, secret, env)
     signal.signal(signal.SIGTERM, template.kernel_gone)  # the step cancelled: the ranks go with us
     die_with_parent(os.getppid(), signal.SIGTERM)  # slurmstepd gone
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -189,7 +189,7 @@ class Worker:
         signal.signal(signal.SIGINT, self._on_sigint)
         threading.Thread(target=self.reader, name="ddp-reader", daemon=True).start()
         try:
-            rank_net.choose(os.environ)  # across hosts: the collectives' interface, on the route to MASTER_ADDR
+            rank_net.choose(os.environ, str(self.config["kernel_addr"]))  # across hosts: the collectives' interface
             self.device = rank_torch.setup(self.local_rank)
             rank_recover.install()  # before the group forms: its sockets, the collectives' record
             rank_torch.init_process_group(self.rank, self.device)

@@ -100,7 +100,7 @@ class RankPrinter:
         self.ordered = ordered
         self._held: Dict[Tuple[int, str], List[str]] = {}
         self.merger = LineFolder(max(MERGE_WINDOW, fold_window()))  # stderr: the same warning from every rank, once
-        self._cpp_seen: Set[Tuple[int, str]] = set()  # (rank, torch C++ log line without its time) shown in this cell
+        self._cpp_seen: Dict[str, Set[int]] = {}  # a torch C++ log line (without its time) -> the ranks that sent it
         self.folder: Optional[LineFolder] = None  # stdout, once more than FOLD_ABOVE ranks are shown
         self.budget = budget or OutputBudget()
         self.read_back = read_back  # "%ddp output --rank {rank}": named where lines were held back
@@ -175,10 +175,8 @@ class RankPrinter:
             now = time.monotonic()
             for piece in pieces:  # torch's C++ warnings carry each rank's own time: without it they fold
                 line = without_log_time(piece)
-                if line != piece:  # a C++ warning again from the same rank (c10d's, per peer) is not repeated
-                    if (rank, line) in self._cpp_seen:
-                        continue
-                    self._cpp_seen.add((rank, line))
+                if line != piece and not self._cpp_first(rank, line):
+                    continue
                 self.merger.add(rank, line, now)
             return
         if not bar and self._bar_pending(rank):
@@ -189,6 +187,14 @@ class RankPrinter:
         self._show(rank, stream, pieces)
         if bar:
             self._release(rank)
+
+    def _cpp_first(self, rank: int, line: str) -> bool:
+        """Whether a torch C++ warning is shown: once a cell, however many ranks print it (c10d's reverse lookup,
+        once per peer, nodes seconds apart): a copy joins the held line, or goes once that line is out."""
+        ranks = self._cpp_seen.setdefault(line, set())
+        first = not ranks or (rank not in ranks and self.merger.holds(line))
+        ranks.add(rank)
+        return first
 
     def _show(self, rank: int, stream: str, pieces: List[str]) -> None:
         """A rank's stdout lines: written, or folded with the same lines of the other ranks (above FOLD_ABOVE ranks)."""

@@ -20,7 +20,10 @@ import hmac
 import os
 from typing import Dict, Mapping, MutableMapping, Tuple
 
-SECRET_ENV = "DDP_MAGIC_SECRET"  # the pool's secret, hex (the step's env only)
+from . import slurm_munge
+
+SECRET_ENV = "DDP_MAGIC_SECRET"  # the pool's secret, hex (the step's env only, where MUNGE cannot seal it)
+MUNGED_ENV = "DDP_MAGIC_SECRET_MUNGE"  # the same secret sealed by MUNGE, one credential a node in the step's order
 CONNECT_ENV = "DDP_MAGIC_CONNECT"  # HOST:PORT of the kernel's control channel
 TLS_ENV = "DDP_MAGIC_TLS"  # the kernel's certificate fingerprint (sha256 hex): the channel is TLS, pinned to it
 # torchrun's name <- (our override for a rank started again alone, Slurm's own)
@@ -49,7 +52,7 @@ def torch_env(env: Mapping[str, str]) -> Dict[str, str]:
 
 def config(env: MutableMapping[str, str]) -> Tuple[dict, bytes]:
     """The worker's config and the pool's secret, from the step's env (the secret is removed from it)."""
-    secret = env.pop(SECRET_ENV, "")
+    secret = step_secret(env)
     if not secret:
         raise RuntimeError(f"{SECRET_ENV} is not in the env: this task was not started by ddp_magic's Slurm launcher")
     host, _, port = env.get(CONNECT_ENV, "").rpartition(":")
@@ -58,7 +61,7 @@ def config(env: MutableMapping[str, str]) -> Tuple[dict, bytes]:
     mapped = torch_env(env)
     env.update(mapped)
     cfg = {"env": dict(env), "kernel_addr": host.strip("[]"), "kernel_port": int(port), "tls": env.get(TLS_ENV) or None}
-    return cfg, bytes.fromhex(secret)
+    return cfg, secret
 
 
 def node_name() -> str:
@@ -94,3 +97,21 @@ def unseal(key: bytes, sealed: str, nonce: bytes) -> bytes:
     """``seal``'s inverse, in the template."""
     data = bytes.fromhex(sealed)
     return bytes(a ^ b for a, b in zip(data, _pad(key, nonce, len(data))))
+
+
+def secret_env(secret: bytes, nodes: int, env: Mapping[str, str]) -> Dict[str, str]:
+    """What carries the pool's secret in a step's env: MUNGE credentials, one a node (srun sends the env to every
+    node in the clear, and a credential decodes once), or, without MUNGE, the secret itself."""
+    sealed = slurm_munge.seal(secret.hex(), nodes, env)
+    return {MUNGED_ENV: sealed} if sealed else {SECRET_ENV: secret.hex()}
+
+
+def step_secret(env: MutableMapping[str, str]) -> bytes:
+    """The pool's secret from a task's env (b"" when none); both carriers leave the env. A credential is this node's
+    (SLURM_NODEID); one that does not decode raises RuntimeError, naming MUNGE's words."""
+    plain, sealed = env.pop(SECRET_ENV, ""), env.pop(MUNGED_ENV, "")
+    if sealed:
+        creds = sealed.split(",")
+        node = int(env.get("SLURM_NODEID", "0") or 0)
+        return bytes.fromhex(slurm_munge.unseal(creds[node if node < len(creds) else 0], env))
+    return bytes.fromhex(plain) if plain else b""

@@ -41,22 +41,39 @@ def _cannot() -> str:
     return ""
 
 
+_SHARED: dict = {}  # the one box and the one warm kernel of the session, however many modules alias the fixtures
+
+
 @pytest.fixture(scope="session")
 def box() -> Iterator[cluster_box.Box]:
-    """The session's box, up (Slurm nodes idle); removed after the session whatever happened."""
+    """The session's box, up (Slurm nodes idle); removed after the session whatever happened. Each test module that
+    names this fixture gets its own session-scoped copy from pytest: they share one box (counted), and the last one
+    to go removes it, after the shared kernel."""
     why = _cannot()
     if why:
         pytest.skip(f"no cluster in a box: {why}")
-    b = cluster_box.Box()
-    t0 = time.monotonic()
-    try:
-        b.up()  # raises (an error, not a skip) when root cannot build it
+    if "box" not in _SHARED:
+        b = cluster_box.Box()
+        t0 = time.monotonic()
+        try:
+            b.up()  # raises (an error, not a skip) when root cannot build it
+        except BaseException:
+            b.down()
+            raise
         TIMINGS["up_s"] = time.monotonic() - t0
-        yield b
+        _SHARED.update(box=b, box_users=0)
+    _SHARED["box_users"] += 1
+    try:
+        yield _SHARED["box"]
     finally:
-        t1 = time.monotonic()
-        b.down()
-        TIMINGS["down_s"] = time.monotonic() - t1
+        _SHARED["box_users"] -= 1
+        if _SHARED["box_users"] == 0:
+            _end_kernel()
+            b = _SHARED.pop("box")
+            t1 = time.monotonic()
+            b.down()
+            TIMINGS["down_s"] = time.monotonic() - t1
+            print(f"\ncluster box {b.prefix}: up in {TIMINGS['up_s']:.1f} s, down in {TIMINGS['down_s']:.1f} s", file=sys.stderr)
 
 
 def kernel_env(b: cluster_box.Box, **extra: str) -> dict:
@@ -80,11 +97,22 @@ def login_kernel(b: cluster_box.Box, **extra: str) -> Kernel:
 
 @pytest.fixture(scope="session")
 def box_kernel(box: cluster_box.Box) -> Iterator[Kernel]:
-    """One warm kernel on login for the session's tests (each test leaves it with no pool: ``%ddp stop``)."""
-    k = login_kernel(box)
+    """One warm kernel on login for the session's tests (each test leaves it with no pool: ``%ddp stop``), shared
+    like the box; it goes before the box does."""
+    if "kernel" not in _SHARED:
+        _SHARED.update(kernel=login_kernel(box), kernel_users=0)
+    _SHARED["kernel_users"] += 1
     try:
-        yield k
+        yield _SHARED["kernel"]
     finally:
+        _SHARED["kernel_users"] -= 1
+        if _SHARED["kernel_users"] == 0:
+            _end_kernel()
+
+
+def _end_kernel() -> None:
+    k = _SHARED.pop("kernel", None)
+    if k is not None:
         k.shutdown()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import box_fixtures
 import cluster_box
@@ -93,3 +94,20 @@ def test_a_second_box_beside_it_and_nothing_left_after(box: cluster_box.Box) -> 
 def test_prefix_is_checked() -> None:
     with pytest.raises(ValueError, match="DDP_MAGIC_BOX_PREFIX"):
         cluster_box.Box(prefix="Has-Dash-And-Too-Long")
+
+
+def test_a_secret_sealed_by_munge_opens_once_on_each_node(box: cluster_box.Box) -> None:
+    """The pool's secret crosses srun's clear wire as MUNGE credentials (wire/slurm_munge.py): each node's munged
+    opens one once; the same credential again is refused."""
+    code = ("import os, sys; from ddp_magic.wire import slurm_env as s; "
+            "print(s.secret_env(bytes.fromhex('ab' * 32), 2, os.environ)[s.MUNGED_ENV])")
+    env = ["env", f"PYTHONPATH={box_fixtures.ROOT}", f"SLURM_CONF={box.conf}"]
+    sealed = box.run("login", [*env, sys.executable, "-c", code], check=True).stdout.strip()
+    assert sealed.count("MUNGE:") == 2 and "ab" * 32 not in sealed
+    read = ("import os; from ddp_magic.wire import slurm_env as s; "
+            "print(s.step_secret({s.MUNGED_ENV: os.environ['CREDS'], 'SLURM_NODEID': os.environ['NODE'], 'SLURM_CONF': os.environ['SLURM_CONF']}).hex())")
+    for node, index in (("n1", "0"), ("n2", "1")):
+        out = box.run(node, [*env, f"CREDS={sealed}", f"NODE={index}", sys.executable, "-c", read], check=True).stdout.strip()
+        assert out == "ab" * 32
+    again = box.run("n1", [*env, f"CREDS={sealed}", "NODE=0", sys.executable, "-c", read])
+    assert again.returncode != 0 and "unmunge could not read the pool's secret" in again.stderr

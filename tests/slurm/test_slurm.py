@@ -70,10 +70,11 @@ def test_two_nodes_train_ddp_over_tls(sk, no_jobs_left):
     assert re.findall(r"rank (\d): pid \d+ +\w+ +cpu +on (n\d)", status) == [("0", "n1"), ("1", "n1"), ("2", "n2"), ("3", "n2")]
     secret = sk.value("get_ipython().magics_manager.registry['DDPMagics'].pool.secret.hex()")
     pids = [int(p) for p in re.findall(r"pid (\d+)", status)]
-    for pid in pids:  # the secret travels in the step's env, never in a command line
+    for pid in pids:  # the secret travels in the step's env sealed by MUNGE (srun's wire is clear), never in a command line
         assert secret not in cmdline(pid)
         env = env_of(pid) or {}
-        assert env.get(b"DDP_MAGIC_SECRET") == secret.encode() and b"DDP_MAGIC_TLS" in env
+        assert b"DDP_MAGIC_SECRET" not in env and env.get(b"DDP_MAGIC_SECRET_MUNGE", b"").startswith(b"MUNGE:") and b"DDP_MAGIC_TLS" in env
+        assert not any(secret.encode() in value for value in env.values())
     for pid in slurm_ranks():
         assert secret not in cmdline(pid)
     templates = {parent_of(pid) for pid in pids}

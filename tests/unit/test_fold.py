@@ -198,3 +198,12 @@ def test_ordered_output_of_many_ranks_folds_at_the_cell_s_end():
         assert out.getvalue() == "", "--ordered: everything at the end"
         p.flush()
         assert out.getvalue() == "[ranks 0-15] start\n" + "".join(f"[rank {r}] rank {r} loss {r / 10}\n" for r in range(16)) + "[ranks 0-15] end\n"
+
+
+def test_without_log_time_drops_only_a_cpp_log_lines_time():
+    from ddp_magic.kernel.fold import without_log_time
+
+    assert without_log_time("[W1201 20:17:46.189958604 socket.cpp:207] [c10d] err=-3\n") == "[W socket.cpp:207] [c10d] err=-3\n"
+    assert without_log_time("[I0102 01:02:03.4 ProcessGroupGloo.cpp:1] x") == "[I ProcessGroupGloo.cpp:1] x"
+    for line in ("[rank 0] [W1201 20:17:46.1 a.cpp:1] x", "[W1201 not a time] x", "plain line\n", ""):
+        assert without_log_time(line) == line

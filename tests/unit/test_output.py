@@ -217,3 +217,35 @@ def test_a_line_that_overtakes_its_rank_s_bar_end_waits_for_it(monkeypatch):
     assert out.getvalue() == "[rank 0] epoch 1\n[rank 0] epoch 2\n"
     p.flush()
     assert out.getvalue() == "[rank 0] epoch 1\n[rank 0] epoch 2\n[rank 0]  10%|   | 2/20 [00:00<00:09, 2.0it/s]\n"
+
+
+def test_a_cpp_warning_every_rank_prints_shows_once():
+    """torch's C++ log lines carry each rank's own time; without it they fold, and a rank's repeat (c10d's reverse
+    lookup warning, once per peer) is not shown again in the same cell."""
+    for _run in (1, 2):
+        p, _, err = _printer()
+        p.world = 4
+        for r in range(4):
+            p.feed(r, "stderr", f"[W1201 20:17:46.18{r}958604 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3\n")
+        p.feed(0, "stderr", "[W1201 20:17:47.000000001 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3\n")
+        p.flush()  # out: a node's ranks that print it seconds later add nothing
+        p.feed(2, "stderr", "[W1201 20:17:49.000000001 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3\n")
+        p.feed(1, "stderr", "[E1201 20:17:47.000000001 other.cpp:1] a different line\n")
+        p.flush()
+        assert err.getvalue() == ("[ranks 0-3] [W socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3\n"
+                                  "[rank 1] [E other.cpp:1] a different line\n")
+
+
+def test_a_cpp_warning_from_a_later_node_is_not_shown_again():
+    p, _, err = _printer()
+    p.world = 4
+    warn = "[W1201 20:17:4{}.1 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3\n"
+    for r in (0, 1):
+        p.feed(r, "stderr", warn.format(5))
+    p.flush()  # n1's ranks' copy is out before n2's ranks print theirs, a second later
+    for r in (2, 3):
+        p.feed(r, "stderr", warn.format(6))
+    p.feed(3, "stderr", "a rank's own line\n")
+    p.flush()
+    assert err.getvalue() == ("[ranks 0-1] [W socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3\n"
+                              "[rank 3] a rank's own line\n")

@@ -138,7 +138,7 @@ class SlurmLauncher(Launcher):
         nodes = self.alloc.nodes[: plan.slurm.nodes]
         if not self._templates_fit(nodes, base_env):
             self._end_steps()
-            env = dict(base_env, **{slurm_env.SECRET_ENV: self.secret.hex(), slurm_env.CONNECT_ENV: f"{control_addr}:{control_port}"})
+            env = dict(base_env, **{slurm_env.CONNECT_ENV: f"{control_addr}:{control_port}"})
             if self.tls_key is not None:
                 env[slurm_env.TLS_ENV] = self.tls_key.fingerprint
             self._start_step(nodes, env)
@@ -155,7 +155,8 @@ class SlurmLauncher(Launcher):
     def _start_step(self, nodes: List[str], env: Dict[str, str]) -> TemplateStep:
         assert self.alloc is not None and self.alloc.job_id is not None and self.plan is not None and self.plan.slurm is not None
         argv = self.plan.slurm.srun_argv(self.alloc.job_id, [self.python, *TEMPLATE], node=nodes[0] if len(nodes) == 1 else None)
-        step = TemplateStep(argv, env, bytes.fromhex(env[slurm_env.SECRET_ENV]), nodes, self.log)
+        env = dict(env, **slurm_env.secret_env(self.secret, len(nodes), env))  # sealed by MUNGE: srun's wire is clear
+        step = TemplateStep(argv, env, self.secret, nodes, self.log)
         self.steps.append(step)
         return step
 
@@ -170,11 +171,12 @@ class SlurmLauncher(Launcher):
         local, node_rank = rank % per_node, rank // per_node
         node = self.alloc.nodes[node_rank]
         wanted = dict(env, **self.plan.rank_env(local, node_rank), **slurm_env.task_vars(rank, local, node_rank, world, per_node))
-        wanted.pop(slurm_env.SECRET_ENV, None)
+        for carrier in (slurm_env.SECRET_ENV, slurm_env.MUNGED_ENV):
+            wanted.pop(carrier, None)
         step = self._step_for(node)
         if step is None:
             first = self.steps[0].env if self.steps else wanted
-            step = self._start_step([node], dict(first, **{slurm_env.SECRET_ENV: self.secret.hex()}))
+            step = self._start_step([node], first)
         env_set, env_unset = env_changes(step.env, wanted)
         config = {"env_set": env_set, "env_unset": env_unset, "kernel_addr": control_addr.strip("[]"), "kernel_port": int(control_port),
                   "tls": self.tls_key.fingerprint if self.tls_key is not None else None}

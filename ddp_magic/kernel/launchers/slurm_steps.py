@@ -32,7 +32,7 @@ class TemplateStep:
     def __init__(self, argv: List[str], env: Dict[str, str], secret: bytes, nodes: List[str], log_file: IO[bytes]) -> None:
         self.nodes = list(nodes)
         self.secret = secret  # the one in the step's env: a later pool's is sealed with it
-        self.env = {k: v for k, v in env.items() if k != slurm_env.SECRET_ENV}  # what the templates' env is (less Slurm's)
+        self.env = {k: v for k, v in env.items() if k not in (slurm_env.SECRET_ENV, slurm_env.MUNGED_ENV)}  # the templates' env (less Slurm's)
         self.lost: Dict[str, str] = {}  # node -> how its template ended
         self.ready: Dict[str, str] = {}  # node -> the template's import line
         self.events: List[dict] = []  # spawned / exited, for the launcher's poll
