@@ -11,10 +11,11 @@ from __future__ import annotations
 import codecs
 import select
 import socket
-from typing import List, Set
+from typing import List, Optional, Set
 
 from ..logs import log
 from ..wire import protocol as P
+from ..wire import tls
 from ..wire.capture import MarkerScanner
 
 
@@ -25,6 +26,7 @@ class Conn:
         self.rank = rank
         self.sock = sock
         self.reader = P.FrameReader()
+        self.handover = tls.filler(sock)  # over TLS: the relay decrypts a big result straight into its memory
 
 
 class OutConn:
@@ -96,6 +98,11 @@ class ReadBuffer:
         """What ``sock`` has (b"" at EOF); BlockingIOError when nothing is there."""
         n = sock.recv_into(self._buf)
         return bytes(self._view[:n])
+
+    def frames(self, conn: Conn) -> Optional[list]:
+        """The messages one read of ``conn``'s socket completes (None at EOF; BlockingIOError when nothing is there): a
+        result's out-of-band buffers are read straight into their own memory, the rest through this buffer."""
+        return conn.reader.recv(conn.sock, self._buf, conn.handover)
 
 
 def close_socket(sock: socket.socket) -> None:

@@ -16,6 +16,7 @@ into one buffer, and ``version``/``failed`` count the state changes the hub make
 """
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -26,6 +27,7 @@ from ..logs import log
 from ..states import FailureKind, RankState
 from ..wire import liveness
 from ..wire import protocol as P
+from ..wire import tls
 from .admission import Admission
 from .conns import Conn, OutConn, Poller, ReadBuffer, close_socket, peer_open, send_all_nonblocking
 from .hub_output import STREAMS, OutputStreams
@@ -224,8 +226,9 @@ class Hub(OutputStreams):
                 self._lost(conn, None)
 
     def _watch_extras(self, launcher_fd: Optional[int]) -> None:
-        """The launcher's exit events and the admission's wake-up, added again each time: a closed pipe's number may be a new one's."""
-        extras = {fd for fd in (launcher_fd, self.admission.fileno() if self.admission is not None else None) if fd is not None}
+        """The launcher's exit events, the admission's wake-up and the TLS relay's notes (a result it filled in place), added
+        again each time: a closed pipe's number may be a new one's."""
+        extras = {fd for fd in (launcher_fd, self.admission.fileno() if self.admission is not None else None, tls.note_fd()) if fd is not None}
         for fd in self._extras - extras:
             if fd not in self._by_fd:
                 self._poller.remove(fd)
@@ -239,6 +242,9 @@ class Hub(OutputStreams):
                 for sock, hello in self.admission.take():
                     self.register(sock, hello)
                 continue
+            if fd == tls.note_fd():
+                self._relay_noted(fd)
+                continue
             conn = self._by_fd.get(fd)
             if isinstance(conn, OutConn):
                 self._read_out(conn)
@@ -246,19 +252,28 @@ class Hub(OutputStreams):
                 self._read_conn(conn)
 
     # ------------------------------------------------------------ reading
+    def _relay_noted(self, fd: int) -> None:
+        """The relay finished filling a buffer in place: read on the connections that were waiting for one."""
+        try:
+            os.read(fd, 4096)
+        except BlockingIOError:
+            pass
+        for conn in [c for c in self.conns.values() if c.reader.relayed]:
+            self._read_conn(conn)
+
     def _read_conn(self, conn: Conn) -> None:
         error: Optional[OSError] = None
         try:
-            data = self._rbuf.recv(conn.sock)
+            msgs = self._rbuf.frames(conn)
         except BlockingIOError:
             return
         except OSError as e:
             log.debug("rank %s's control socket failed on read", conn.rank, exc_info=True)
-            data, error = b"", e
-        if not data:
+            msgs, error = None, e
+        if msgs is None:
             self._lost(conn, error)
             return
-        for msg in conn.reader.feed(data):
+        for msg in msgs:
             self._dispatch(conn.rank, msg)
 
     def _lost(self, conn: Conn, error: Optional[OSError]) -> None:
@@ -289,10 +304,10 @@ class Hub(OutputStreams):
         """Whatever a rank sent before dying is still in its control socket."""
         try:
             while True:
-                data = self._rbuf.recv(conn.sock)
-                if not data:
+                msgs = self._rbuf.frames(conn)
+                if msgs is None:
                     return
-                for msg in conn.reader.feed(data):
+                for msg in msgs:
                     self._dispatch(conn.rank, msg)
         except OSError:  # BlockingIOError included: nothing more is there
             return

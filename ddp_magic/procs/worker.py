@@ -44,9 +44,10 @@ class Channel:
         self._lock = threading.Lock()
 
     def send(self, op: str, **fields: Any) -> None:
-        frame = P.encode(P.message(op, **fields))
+        parts = P.encode_parts(P.message(op, **fields))  # a result's tensors as their own memory, not copied into the frame
         with self._lock:
-            self.sock.sendall(frame)
+            for part in parts:
+                tls.send(self.sock, part)  # over TLS a big one goes from that memory (the relay's), else sendall
 
 
 class Worker:

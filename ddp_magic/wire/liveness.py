@@ -18,7 +18,7 @@ connection that has been idle for ``IDLE_S``. What it does not find: a rank whos
 up but whose process hangs or is stopped (SIGSTOP) - its host still answers; that is a
 hang, the cell's timeout and hang forensics are for it (kernel/forensics.py).
 
-With TLS the TCP socket is the relay's (wire/tls.py) and the code holds a socketpair end:
+With TLS the TCP socket is the relay's (wire/tls_relay.py) and the code holds a socketpair end:
 the relay records which plain end lost its peer to silence (``mark_silent``), and
 ``lost_to_silence`` reads it, so the kernel can say "unreachable" rather than "exited".
 """

@@ -8,6 +8,13 @@ values inside them (results, notebook names) are unpickled by transfer.py, from
 frames that already passed it. The handshake's steps are also here without I/O
 (``challenge``/``check_answer``, ``answer_challenge``/``check_proof``), for a
 peer that runs them on a non-blocking socket.
+
+A frame is an 8-byte length and a pickled message. A message that holds large buffers (a
+result's tensors, ``pickle.PickleBuffer``) is pickled with protocol 5 and its buffers go
+out of band, after the pickle, flagged in the length (``OOB``): the sender writes them
+from the tensor's own memory and the receiver reads them straight into the memory the
+result will live in (``FrameReader.recv``). Across hosts a result has no /dev/shm to
+take, and each copy of 256 MiB in the way cost about as much as the network itself.
 """
 from __future__ import annotations
 
@@ -16,15 +23,21 @@ import hmac
 import os
 import pickle
 import socket
+import mmap
 import struct
 from enum import Enum
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 MAGIC = b"DDPM1"
 NONCE_SIZE = 32
 DIGEST_SIZE = 32
 HEADER = struct.Struct("!Q")
 MAX_FRAME = 1 << 40  # a sanity bound: a corrupted length must not allocate the world
+OOB = 1 << 63  # in HEADER: the body is COUNT, COUNT sizes, the pickle, then that many out-of-band buffers
+COUNT = struct.Struct("!I")
+SIZE = struct.Struct("!Q")
+MAX_BUFFERS = 1 << 16
+LAZY_BUFFER = 1 << 20  # a buffer this large is an anonymous map: its pages are touched by the read that fills them, not by a memset first
 
 # Message kinds (the "op" field of every message dict).
 HELLO = "hello"          # worker -> kernel: rank, pid, host, device (first frame of the control socket)
@@ -131,42 +144,151 @@ def client_handshake(sock: socket.socket, secret: bytes) -> None:
     check_proof(secret, nonce, recv_exact(sock, DIGEST_SIZE))
 
 
+def encode_parts(msg: dict) -> List[Union[bytes, memoryview]]:
+    """One frame as the pieces to write in order: the header and pickle, then each out-of-band buffer's own memory."""
+    buffers: List[pickle.PickleBuffer] = []
+    body = pickle.dumps(msg, protocol=5, buffer_callback=buffers.append)
+    if not buffers:
+        return [HEADER.pack(len(body)) + body]
+    raws = [b.raw() for b in buffers]
+    prefix = COUNT.pack(len(raws)) + b"".join(SIZE.pack(r.nbytes) for r in raws)
+    total = len(prefix) + len(body) + sum(r.nbytes for r in raws)
+    return [HEADER.pack(total | OOB) + prefix + body, *raws]
+
+
 def encode(msg: dict) -> bytes:
-    """One frame: 8-byte length, then the pickled message (plain data only)."""
-    body = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-    return HEADER.pack(len(body)) + body
+    """One frame as bytes (a copy of any out-of-band buffer: for small messages; ``send`` writes big ones in place)."""
+    return b"".join(encode_parts(msg))
 
 
 def send(sock: socket.socket, msg: dict) -> None:
-    sock.sendall(encode(msg))
+    for part in encode_parts(msg):
+        sock.sendall(part)
+
+
+def new_buffer(size: int) -> Union[bytearray, mmap.mmap]:
+    """Memory for an out-of-band buffer, ours to keep (a tensor is built over it)."""
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE) if size >= LAZY_BUFFER else bytearray(size)
+
+
+def _layout(total: int, prefix: bytes) -> Tuple[List[int], int]:
+    """An OOB frame's buffer sizes and pickle length, from its COUNT and sizes; a frame that does not add up is refused."""
+    (count,) = COUNT.unpack_from(prefix)
+    sizes = [SIZE.unpack_from(prefix, COUNT.size + SIZE.size * i)[0] for i in range(count)]
+    plen = total - COUNT.size - SIZE.size * count - sum(sizes)
+    if plen < 0:
+        raise ConnectionError("frame layout is not credible")
+    return sizes, plen
+
+
+def _frame_size(word: int) -> int:
+    size = word & ~OOB
+    if size > MAX_FRAME:
+        raise ConnectionError(f"frame of {size} bytes is not credible")
+    return size
 
 
 def recv(sock: socket.socket) -> dict:
     """Blocking read of one frame from an authenticated peer."""
-    (size,) = HEADER.unpack(recv_exact(sock, HEADER.size))
-    if size > MAX_FRAME:
-        raise ConnectionError(f"frame of {size} bytes is not credible")
-    return pickle.loads(recv_exact(sock, size))
+    (word,) = HEADER.unpack(recv_exact(sock, HEADER.size))
+    size = _frame_size(word)
+    if not word & OOB:
+        return pickle.loads(recv_exact(sock, size))
+    head = recv_exact(sock, COUNT.size)
+    count = COUNT.unpack(head)[0]
+    if count > MAX_BUFFERS:
+        raise ConnectionError("frame layout is not credible")
+    sizes, plen = _layout(size, head + recv_exact(sock, SIZE.size * count))
+    body = recv_exact(sock, plen)
+    buffers = []
+    for n in sizes:
+        buf = new_buffer(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            k = sock.recv_into(view[got:], n - got)
+            if k == 0:
+                raise ConnectionError("connection closed by peer")
+            got += k
+        view.release()
+        buffers.append(buf)
+    return pickle.loads(body, buffers=buffers)
 
 
 class FrameReader:
-    """Incremental decoder for a non-blocking socket: feed bytes, take whole messages."""
+    """Incremental decoder for a non-blocking socket: feed bytes (or let it read the socket), take whole messages.
+
+    An out-of-band buffer is filled in place: ``recv`` reads into it directly once the frame's
+    header and pickle are in, so a 256 MiB result is read once, into the memory it keeps.
+    """
 
     def __init__(self) -> None:
         self._buf = bytearray()
-        self._need: Optional[int] = None
+        self._need: Optional[int] = None  # the current frame's body length (without the flag)
+        self._oob = False
+        self._filling = False  # an OOB frame's header and pickle are in: its buffers are being read
+        self._pickle = b""  # an OOB frame's pickle, while its buffers come
+        self._sizes: List[int] = []  # the sizes of its buffers still to come
+        self._done: List[Union[bytearray, mmap.mmap]] = []  # its buffers filled so far
+        self._fill: Optional[memoryview] = None  # the one being filled, and how much of it is
+        self._got = 0
+        self._relayed: Any = None  # a tls_ways.Fill: the TLS relay is filling the rest of ``_fill``
 
-    def feed(self, data: bytes) -> list:
+    def feed(self, data: Union[bytes, bytearray, memoryview]) -> list:
         self._buf += data
+        return self._parse()
+
+    @property
+    def relayed(self) -> bool:
+        """Whether the TLS relay is filling a buffer of ours (tell us, ``recv``, when its note comes)."""
+        return self._relayed is not None
+
+    def recv(self, sock: socket.socket, scratch: bytearray, handover: Optional[Callable[[memoryview, int], Any]] = None) -> Optional[list]:
+        """Read once from ``sock``: the messages it completed (None at EOF). BlockingIOError when nothing is there.
+
+        ``handover`` (a relayed socket: tls.filler): the rest of a big buffer is given to the relay to decrypt into it,
+        once the socketpair is empty; the relay's note then brings us back here."""
+        if self._relayed is not None:
+            if not self._relayed.done:
+                raise BlockingIOError("the relay is filling the buffer")
+            fill, self._relayed = self._relayed, None
+            if fill.failed:
+                return None
+            self._got = fill.got
+            return self._parse()
+        if self._fill is not None and not self._buf:
+            fill = handover(self._fill, self._got) if handover is not None else None
+            if fill is not None:
+                self._relayed = fill
+                return self.recv(sock, scratch)
+            n = sock.recv_into(self._fill[self._got:])
+            if n == 0:
+                return None
+            self._got += n
+            return self._parse()
+        n = sock.recv_into(scratch)
+        if n == 0:
+            return None
+        return self.feed(memoryview(scratch)[:n])
+
+    def _parse(self) -> list:
         out = []
         while True:
+            if self._filling:
+                if not self._fill_buffers():
+                    break
+                out.append(pickle.loads(self._pickle, buffers=self._done))
+                self._pickle, self._done, self._oob, self._filling = b"", [], False, False
+                continue
             if self._need is None:
                 if len(self._buf) < HEADER.size:
                     break
-                (self._need,) = HEADER.unpack_from(self._buf)
-                if self._need > MAX_FRAME:
-                    raise ConnectionError("frame length is not credible")
+                (word,) = HEADER.unpack_from(self._buf)
+                self._need, self._oob = _frame_size(word), bool(word & OOB)
                 del self._buf[: HEADER.size]
+            if self._oob:
+                if not self._start_buffers():
+                    break
+                continue
             if len(self._buf) < self._need:
                 break
             body = bytes(self._buf[: self._need])
@@ -174,6 +296,45 @@ class FrameReader:
             self._need = None
             out.append(pickle.loads(body))
         return out
+
+    def _start_buffers(self) -> bool:
+        """An OOB frame's COUNT, sizes and pickle, once all are in; False while they are not."""
+        assert self._need is not None
+        if len(self._buf) < COUNT.size:
+            return False
+        (count,) = COUNT.unpack_from(self._buf)
+        if count > MAX_BUFFERS:
+            raise ConnectionError("frame layout is not credible")
+        head = COUNT.size + SIZE.size * count
+        if len(self._buf) < head:
+            return False
+        sizes, plen = _layout(self._need, bytes(self._buf[:head]))
+        if len(self._buf) < head + plen:
+            return False
+        self._pickle = bytes(self._buf[head : head + plen])
+        del self._buf[: head + plen]
+        self._sizes, self._need, self._filling = sizes, None, True
+        return True
+
+    def _fill_buffers(self) -> bool:
+        """Move what was read into the buffers being filled, opening the next as each fills; True once all are."""
+        while True:
+            if self._fill is None:
+                if not self._sizes:
+                    return True
+                buf = new_buffer(self._sizes.pop(0))
+                self._done.append(buf)
+                self._fill, self._got = memoryview(buf), 0
+            k = min(len(self._buf), len(self._fill) - self._got)
+            if k:
+                with memoryview(self._buf) as view:
+                    self._fill[self._got : self._got + k] = view[:k]
+                del self._buf[:k]
+                self._got += k
+            if self._got < len(self._fill):
+                return False
+            self._fill.release()
+            self._fill = None
 
 
 def message(op: str, **fields: Any) -> dict:

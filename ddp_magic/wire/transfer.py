@@ -4,8 +4,10 @@ A tensor's bytes never go through torch's own pickling (which copies them
 through ``torch.save``) nor through torch.multiprocessing's fd-passing
 reductions (which need a multiprocessing connection at both ends). Instead the
 pickle stream carries the dtype and shape, and the bytes travel as pickle
-protocol-5 buffers: inline in the message when small, through one file in
-/dev/shm when large, which the receiver maps without copying.
+protocol-5 buffers: through one file in /dev/shm when large and the kernel is on
+this host, which the receiver maps without copying; else in the message, as the
+tensor's own memory, which the control channel sends out of band (protocol.py)
+and the receiver reads into the memory the tensor then keeps.
 """
 from __future__ import annotations
 
@@ -109,7 +111,7 @@ def pack(value: Any, shm_dir: Optional[str] = SHM_DIR, prefix: str = SHM_PREFIX)
             raise
         os.close(fd)
         return {"pickle": data, "shm": path, "sizes": sizes}
-    return {"pickle": data, "buffers": [bytes(v) for v in views]}
+    return {"pickle": data, "buffers": buffers}  # the tensors' own memory: the frame sends it out of band, uncopied
 
 
 def unpack(packed: dict) -> Any:
@@ -130,7 +132,15 @@ def unpack(packed: dict) -> Any:
             buffers.append(memoryview(mm)[offset : offset + size] if mm is not None else b"")
             offset += size
         return pickle.loads(packed["pickle"], buffers=buffers)
-    return pickle.loads(packed["pickle"], buffers=[bytearray(b) for b in packed["buffers"]])
+    return pickle.loads(packed["pickle"], buffers=[_owned(b) for b in packed["buffers"]])
+
+
+def _owned(buf: Any) -> Any:
+    """A buffer the value may keep and write: what the control channel read (a bytearray, a private map) as it is; a
+    copy of anything else (bytes, or a sender's own memory when nothing crossed a process)."""
+    if isinstance(buf, (bytearray, mmap.mmap)):
+        return buf
+    return bytearray(memoryview(buf))
 
 
 def dumps_names(namespace: dict) -> Tuple[dict, Optional[Tuple[str, str]]]:

@@ -119,3 +119,107 @@ def test_what_a_rank_wrote_just_before_it_exits_still_reaches_the_kernel(key, si
             kernel_side.close()
     finally:
         admission.close()
+
+
+def test_results_cross_the_relays_whole_from_two_ranks_at_once_and_big_frames_go_back(key):
+    """Two ranks each return a result with a buffer past the relay's chunk and round (out of band, as from another
+    host: the rank's Channel hands it to the relay from the tensor's memory) and then a small message, while the
+    kernel sends each a big frame: every byte crosses both relays intact, in order, both ways."""
+    import pickle
+
+    from ddp_magic.procs.worker import Channel
+    from ddp_magic.wire import tls_ways
+
+    def result(r: int) -> None:
+        chan = Channel(ranks[r])
+        chan.send(P.RESULT, rank=r, blob=pickle.PickleBuffer(payload[r]), after=r)
+        chan.send(P.READY, rank=r)
+
+    secret = P.new_secret()
+    admission = Admission("127.0.0.1", secret, 8, lambda: None, key)
+    size = tls_ways.ROUND_BYTES + tls_ways.CHUNK + 12345
+    try:
+        ranks = []
+        for r in range(2):
+            sock = tls.connect(("127.0.0.1", admission.port), key.fingerprint)
+            P.client_handshake(sock, secret)
+            P.send(sock, P.message(P.HELLO, rank=r))
+            ranks.append(sock)
+        joined = []
+        while len(joined) < 2:
+            joined += _take(admission)
+        kernel = {hello["rank"]: s for s, hello in joined}
+        payload = [bytes([r + 1]) * size for r in range(2)]
+        senders = [threading.Thread(target=result, args=(r,)) for r in range(2)]
+        for t in senders:
+            t.start()
+        for r in range(2):
+            P.send(kernel[r], P.message(P.RUN, source="x" * size))
+        for r in range(2):
+            kernel[r].settimeout(60)
+            ranks[r].settimeout(60)
+            got = P.recv(kernel[r])
+            assert got["rank"] == r and got["after"] == r and bytes(got["blob"]) == payload[r]
+            assert P.recv(kernel[r]) == P.message(P.READY, rank=r), "what the rank wrote after the handed-over buffer comes after it"
+            assert P.recv(ranks[r])["source"] == "x" * size
+        for t in senders:
+            t.join()
+        for s in ranks + list(kernel.values()):
+            s.close()
+    finally:
+        admission.close()
+
+
+def test_the_kernels_relay_decrypts_a_big_result_straight_into_the_readers_memory(key):
+    """The hub's reader hands the rest of a big buffer to the relay (tls.filler) once the socketpair is empty; the relay's
+    note wakes it. Two big results and small messages around them arrive whole and in order."""
+    import pickle
+
+    from ddp_magic.procs.worker import Channel
+
+    secret = P.new_secret()
+    admission = Admission("127.0.0.1", secret, 8, lambda: None, key)
+    try:
+        rank = tls.connect(("127.0.0.1", admission.port), key.fingerprint)
+        P.client_handshake(rank, secret)
+        P.send(rank, P.message(P.HELLO, rank=0))
+        [(kernel_side, _)] = _take(admission)
+        real, fills = tls.filler(kernel_side), []
+        assert real is not None and tls.filler(socket.socket()) is None, "only a relayed socket is handed over"
+
+        def handover(view, got):
+            fills.append(real(view, got))
+            return fills[-1]
+
+        payloads = [os.urandom(24 << 20), os.urandom(17 << 20)]
+
+        def results() -> None:
+            chan = Channel(rank)
+            for i, blob in enumerate(payloads):
+                chan.send(P.READY, rank=i)
+                chan.send(P.RESULT, rank=i, blob=pickle.PickleBuffer(blob))
+            chan.send(P.DONE, rank=9)
+
+        threading.Thread(target=results, daemon=True).start()
+        kernel_side.setblocking(False)
+        reader, scratch, got = P.FrameReader(), bytearray(1 << 20), []
+        deadline = time.monotonic() + 60
+        while len(got) < 5 and time.monotonic() < deadline:
+            select.select([kernel_side, tls.note_fd()], [], [], 1.0)
+            try:
+                os.read(tls.note_fd(), 4096)
+            except BlockingIOError:
+                pass
+            try:
+                msgs = reader.recv(kernel_side, scratch, handover)
+            except BlockingIOError:
+                continue
+            assert msgs is not None, "no EOF before the last message"
+            got += msgs
+        assert [m["op"] for m in got] == [P.READY, P.RESULT, P.READY, P.RESULT, P.DONE]
+        assert bytes(got[1]["blob"]) == payloads[0] and bytes(got[3]["blob"]) == payloads[1]
+        assert any(f is not None and f.got > 0 for f in fills), "the relay filled at least one buffer in place"
+        rank.close()
+        kernel_side.close()
+    finally:
+        admission.close()
