@@ -6,9 +6,10 @@ each file says one thing: hub.py the control messages, this file the output stre
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..logs import log
+from ..wire.kept import ShownOffsets
 from .conns import OutConn, ReadBuffer, wait_ready
 from .ranks import Listener, RankInfo
 
@@ -22,6 +23,7 @@ class OutputStreams:
     outs: Dict[Tuple[int, str], OutConn]
     listener: Listener
     _rbuf: ReadBuffer
+    shown: Optional[ShownOffsets]
     _unsynced: Dict[int, dict]
 
     _unwatch: Callable[[Any], None]  # the Hub's: stop polling a socket before it closes
@@ -44,6 +46,8 @@ class OutputStreams:
             return False
         text, tokens = out.scanner.feed(data)
         self._emit_text(out, text)
+        if self.shown is not None:  # a kept pool: the next kernel replays from here (wire/kept.py)
+            self.shown.add(out.rank, out.stream, len(data))
         if tokens:
             out.synced = max(out.synced, *tokens)
             self._release_done(out.rank)

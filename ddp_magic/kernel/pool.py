@@ -82,6 +82,7 @@ class Pool:
         self.listen_addr = spec.control_addr  # where it listens: an address the ranks reach (kernel/placement.py)
         self.tls_key: Optional[ServerKey] = None  # the control channel's TLS key, when ranks are on other hosts
         self._cell = 0
+        self.kept: Optional[Any] = None  # %ddp keep: the pool outlives this kernel (kernel/keep/keeping.py's KeptState)
         self._finalizer = weakref.finalize(self, stop_quietly, self.hub, self.shm_prefix)
         atexit.register(self._finalizer)
 
@@ -326,12 +327,12 @@ class Pool:
         recovered = bool(failures) and self.recovery.ready_again(self)  # whole again: every rank READY
         return CellOutcome(values, failures, notes, time.monotonic() - t0, stacks=cell.stacks, state_lost=lost, recovered=recovered)
 
-    def ask(self, op: str, timeout: float = 5.0, listener: Optional[Listener] = None, ranks: Optional[Sequence[int]] = None) -> Dict[int, dict]:
-        """Ask every live rank (or these of them) for its STACK or ENV; returns the replies that came in time."""
+    def ask(self, op: str, timeout: float = 5.0, listener: Optional[Listener] = None, ranks: Optional[Sequence[int]] = None, **fields: Any) -> Dict[int, dict]:
+        """Ask every live rank (or these of them) for its STACK or ENV (or KEEP, with ``fields``); returns the replies that came in time."""
         hub = self.hub
         replies = hub.replies[op] = {}
         ranks = list(hub.conns) if ranks is None else [r for r in ranks if r in hub.conns]
-        hub.broadcast(P.message(op), ranks)
+        hub.broadcast(P.message(op, **fields), ranks)
         answered = lambda: len(replies) >= len(ranks) or (len(hub.conns) < len(ranks) and all(r in replies or r not in hub.conns for r in ranks))  # noqa: E731
         with self._bound(listener) if listener is not None else contextlib.nullcontext():
             hub.pump(answered, time.monotonic() + timeout)

@@ -48,6 +48,7 @@ REFORM = "reform"        # kernel -> worker: form a new default group (gen, stor
 METRICS = "metrics"      # worker -> kernel: rows of ddp_magic.log(step, **scalars), buffered, in order (procs/rank_metrics.py)
 PROFILE = "profile"      # kernel -> worker: run the next cell under torch.profiler (procs/rank_profile.py); its DONE carries the trace
 PEEK = "peek"            # kernel -> worker: run a short read-only cell on the peek thread (id, source); worker -> kernel: its answer
+KEEP = "keep"            # kernel -> worker: outlive the kernel (on, socket, dir: procs/rank_keep.py) or not; worker -> kernel: done
 
 # The cell %ddp_debug runs on every rank: pdb on ``rank``'s kept traceback, nothing on the others (procs/rank_debug.py).
 POST_MORTEM_SOURCE = '__import__("ddp_magic.procs.rank_debug", fromlist=["post_mortem"]).post_mortem({rank})'
