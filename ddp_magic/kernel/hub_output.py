@@ -5,6 +5,7 @@ each file says one thing: hub.py the control messages, this file the output stre
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -47,11 +48,27 @@ class OutputStreams:
         text, tokens = out.scanner.feed(data)
         self._emit_text(out, text)
         if self.shown is not None:  # a kept pool: the next kernel replays from here (wire/kept.py)
-            self.shown.add(out.rank, out.stream, len(data))
+            self._count_shown(out, data)
         if tokens:
             out.synced = max(out.synced, *tokens)
             self._release_done(out.rank)
         return True
+
+    def _count_shown(self, out: OutConn, data: bytes) -> None:
+        """Count a kept pool's output as shown up to its last whole line, once the notebook has it: what the printer holds
+        (a line not yet ended) and what ipykernel has not yet sent is not shown, and the next kernel replays it."""
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            out.unshown += len(data)
+            return
+        for stream in (sys.stdout, sys.stderr):  # ipykernel sends what it buffered, and returns once it has
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                log.debug("could not flush the kernel's %s", stream, exc_info=True)
+        assert self.shown is not None
+        self.shown.add(out.rank, out.stream, out.unshown + cut + 1)
+        out.unshown = len(data) - cut - 1
 
     def _emit_text(self, out: OutConn, data: bytes, final: bool = False) -> None:
         text = out.decoder.decode(data, final=final)
