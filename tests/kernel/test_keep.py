@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, Iterator, List, Set
+from typing import Dict, Iterator, List
 
 import pytest
 
@@ -185,7 +185,7 @@ def test_idle_lease_ends_the_pool(runtime: str) -> None:
         template = discovery(runtime, facts["id"])["template_pid"]
         kill(k)
         assert pid_alive(template) and all(pid_alive(p) for p in facts["pids"])
-        wait_until(lambda: nothing_left(runtime, facts, template), 15)
+        wait_until(lambda f=facts, t=template: nothing_left(runtime, f, t), 15)
         assert discovery(runtime, facts["id"])["state"] == "ended"
         k2 = kernel(runtime)
         try:
@@ -205,7 +205,7 @@ def test_max_ends_a_running_job_and_attach_says_so(runtime: str) -> None:
         facts = pool_facts(k)
         template = discovery(runtime, facts["id"])["template_pid"]
         kill(k)
-        wait_until(lambda: nothing_left(runtime, facts, template), 30)
+        wait_until(lambda f=facts, t=template: nothing_left(runtime, f, t), 30)
         k2 = kernel(runtime)
         try:
             out = k2.run("%ddp attach").ok().stdout
@@ -250,7 +250,7 @@ def test_a_rank_that_died_meanwhile_is_reported_and_replaced(runtime: str) -> No
         facts = pool_facts(k)
         kill(k)
         os.kill(facts["pids"][1], signal.SIGKILL)
-        wait_until(lambda: not pid_alive(facts["pids"][1]), 10)
+        wait_until(lambda p=facts["pids"][1]: not pid_alive(p), 10)
         k2 = kernel(runtime)
         try:
             out = k2.run("%ddp attach", timeout=120).ok().stdout
