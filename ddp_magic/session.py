@@ -242,6 +242,7 @@ class Session:
             job=self.turns.holder,
             queued=tuple(self.turns.waiting()),
             where=pool.launcher.where() if pool.started else "",
+            kept=pool.kept.text() if pool.kept is not None else "",
         )
 
     def env(self, spec: Optional[PoolSpec] = None) -> EnvData:
