@@ -50,7 +50,11 @@ class Spool:
             except OSError:
                 log.debug("spool %d: the pipe failed", self.fd, exc_info=True)
                 return
-            if not data:
+            if not data:  # keep --off gave the fd back to the socket: everything before has been pumped
+                with self.lock:
+                    os.close(self.file)
+                    os.close(self.read_end)
+                    self.detach_sink()
                 return
             with self.lock:
                 _write_all(self.file, data)
@@ -88,6 +92,17 @@ class Spool:
                     self._send(chunk)
 
 
+    def unspool(self) -> None:
+        """``%ddp keep --off``: the fd is the kernel's socket again, straight (what the pipe still holds is pumped first)."""
+        with self.lock:
+            if self.sink >= 0:
+                os.dup2(self.sink, self.fd)  # the pipe's last writer goes: the pump sends what it holds, then EOF ends it
+            else:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.fd)
+                os.close(devnull)
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -110,6 +125,12 @@ class Keeper:
         """KEEP from the kernel: spool and wait for a kernel from now on (``on``), or no more."""
         if not msg.get("on"):
             self.on = False
+            for spool in self.spools.values():
+                spool.unspool()
+            self.spools.clear()
+            if self.lease is not None:
+                self.lease.close()
+                self.lease = None
             return {"rank": self.rank, "on": False}
         if not self.spools:
             for fd, stream in ((1, "stdout"), (2, "stderr")):

@@ -318,3 +318,19 @@ def test_another_user_cannot_list_or_attach(runtime: str) -> None:
         os.chmod(runtime, 0o700)
         k.shutdown()
         subprocess.run(["userdel", user], capture_output=True)
+
+
+def test_keep_off_is_the_default_again(runtime: str) -> None:
+    """keep, then --off: output goes straight to the kernel again, and the kernel's death ends every rank (no orphans)."""
+    k = kernel(runtime)
+    k.run(START, timeout=180).ok()
+    facts = pool_facts(k)
+    for _ in range(2):
+        assert "kept the pool" in k.run("%ddp keep").ok().stdout
+        assert "no longer kept" in k.run("%ddp keep --off").ok().stdout
+        out = k.run("%%ddp\nprint('after off', dist.get_rank())\nkept", timeout=120).ok()
+        assert "[rank 0] after off 0" in out.stdout and "[rank 1] after off 1" in out.stdout, out.stdout
+        assert not [n for n in os.listdir(runtime) if n.startswith("ddp-kept-")]
+    kill(k)
+    k.shutdown()
+    wait_until(lambda: not any(pid_alive(p) for p in facts["pids"]), 15)
