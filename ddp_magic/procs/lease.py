@@ -194,7 +194,8 @@ class Lease:
             was, peer.busy = peer.busy, bool(msg.get("busy"))
             if was and not peer.busy and self.kernel is None:
                 self.note(f"rank {peer.rank}'s cell ended", rank=peer.rank, kind="cell_ended")
-            self.write()
+            elif self.kernel is None:
+                self.write()
         elif op == "attach":
             return self._attach(peer, msg)
         elif op == "stop":

@@ -119,6 +119,7 @@ class Keeper:
         self.lease: Optional[socket.socket] = None
         self.dials: "queue.Queue[Dict[str, Any]]" = queue.Queue()
         self.busy = False
+        self.attached = True  # a kernel holds our control channel (False between its death and the next one's dial)
         self.on_dial: Optional[Callable[[], None]] = None  # the worker's: drop the attached kernel's socket (a --force attach)
 
     def keep(self, msg: Dict[str, Any]) -> Dict[str, Any]:
@@ -180,12 +181,15 @@ class Keeper:
             log.debug("rank %d: the lease did not hear us", self.rank, exc_info=True)
 
     def set_busy(self, busy: bool) -> None:
+        """A cell starts or ends: the lease hears it only while no kernel is attached (its idle timer), never on a warm
+        cell's path."""
         self.busy = busy
-        if self.on:
+        if self.on and not self.attached:
             self.tell(op="busy", busy=busy)
 
     def detached(self) -> Dict[str, Any]:
         """The kernel is gone: the output only to the spools; wait for the next kernel's dial (the newest one)."""
+        self.attached = False
         for spool in self.spools.values():
             with spool.lock:
                 spool.detach_sink()
@@ -200,3 +204,4 @@ class Keeper:
     def attach_outputs(self, streams: Dict[str, socket.socket], offsets: List[int]) -> None:
         for i, stream in enumerate(kept.STREAMS):
             self.spools[stream].attach_sink(streams[stream], int(offsets[i]) if i < len(offsets) else 0)
+        self.attached = True
