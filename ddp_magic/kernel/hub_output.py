@@ -61,14 +61,10 @@ class OutputStreams:
         if cut < 0:
             out.unshown += len(data)
             return
-        for stream in (sys.stdout, sys.stderr):  # ipykernel sends what it buffered, and returns once it has
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                log.debug("could not flush the kernel's %s", stream, exc_info=True)
-        assert self.shown is not None
-        self.shown.add(out.rank, out.stream, out.unshown + cut + 1)
-        out.unshown = len(data) - cut - 1
+        n, out.unshown = out.unshown + cut + 1, len(data) - cut - 1
+        shown = self.shown
+        assert shown is not None
+        after_send(lambda: shown.add(out.rank, out.stream, n))
 
     def _emit_text(self, out: OutConn, data: bytes, final: bool = False) -> None:
         text = out.decoder.decode(data, final=final)
@@ -100,3 +96,26 @@ class OutputStreams:
                 if not wait_ready(out.sock, min(0.05, deadline - time.monotonic())) or not self._read_out(out):
                     break
 
+
+
+def after_send(count: Callable[[], None]) -> None:
+    """Run ``count`` once what was printed so far has been sent to the notebook. In ipykernel: on its IOPub thread, right
+    after the streams' sends, so a SIGKILL cannot fall between a line sent and its count (nor a count and its line);
+    elsewhere, after a plain flush."""
+    streams = (sys.stdout, sys.stderr)
+    thread = getattr(sys.stdout, "pub_thread", None)
+    if thread is not None and callable(getattr(thread, "schedule", None)) and all(callable(getattr(s, "_flush", None)) for s in streams):
+
+        def flush_then_count() -> None:
+            for stream in streams:
+                stream._flush()  # type: ignore[union-attr]  # ipykernel's OutStream: its sends are queued on this thread now
+            thread.schedule(count)  # after them
+
+        thread.schedule(flush_then_count)
+        return
+    for stream in streams:
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            log.debug("could not flush the kernel's %s", stream, exc_info=True)
+    count()
