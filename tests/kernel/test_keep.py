@@ -334,3 +334,19 @@ def test_keep_off_is_the_default_again(runtime: str) -> None:
     kill(k)
     k.shutdown()
     wait_until(lambda: not any(pid_alive(p) for p in facts["pids"]), 15)
+
+
+def test_other_options_end_the_lease(runtime: str) -> None:
+    """%%ddp -n 3 on a kept pool of 2: the new pool is not kept, no lease file stays, and it dies with its kernel."""
+    k = kernel(runtime)
+    k.run(START, timeout=180).ok()
+    for n in (3, 2):
+        k.run("%ddp keep").ok()
+        out = k.run(f"%%ddp -n {n}\nimport torch.distributed as dist\ndist.get_world_size()", timeout=180).ok()
+        assert out.result is not None and f"[0] {n}" in out.result, out.result
+        assert not [name for name in os.listdir(runtime) if name.startswith("ddp-kept-")]
+        assert "kept:" not in k.run("%ddp status").ok().stdout
+    facts = pool_facts(k)
+    kill(k)
+    k.shutdown()
+    wait_until(lambda: not any(pid_alive(p) for p in facts["pids"]), 15)
