@@ -259,10 +259,7 @@ class Template(KeptTemplate):
         last = time.monotonic()
         while True:
             fds = ([self.kernel_fd] if self.kernel_fd >= 0 else []) + [self.wake_r] + (self.lease.fds() if self.lease else [])
-            try:
-                ready, _, _ = select.select(fds, [], [], SPARE_IDLE_S / 2)
-            except InterruptedError:
-                ready = []
+            ready = readable(fds, SPARE_IDLE_S / 2)
             if self.kernel_fd in ready:
                 last = time.monotonic()
             elif time.monotonic() - last >= SPARE_IDLE_S and len(self.spares) < max(self.want, self.burst):
@@ -314,6 +311,17 @@ def main() -> None:
     template.watch_children()
     _emit({"event": "ready", "pid": os.getpid(), "info": info})
     template.serve()
+
+
+def readable(fds: List[int], seconds: float) -> List[int]:
+    """The readable (or closed) fds of ``fds``: poll(), as a kept pool's lease holds a socket per rank, past select()'s 1,024."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    try:
+        return [fd for fd, _ in poller.poll(seconds * 1000)]
+    except InterruptedError:
+        return []
 
 
 def _reap(children: Dict[int, int], spares: Optional[Dict[int, int]] = None, on_exit: Optional[Callable[[Optional[int], int, int], None]] = None) -> None:

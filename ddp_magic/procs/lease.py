@@ -94,6 +94,7 @@ class Lease:
         self._lock = kept.hold_lock(kept.lock_path(self.id, self.where))
         self.prefix = str(self.info.get("shm_prefix", ""))
         self._shm_lock = self._hold_shm_marker()
+        _raise_fd_limit(2 * int(self.info.get("nproc") or 0) + 64)  # a lease connection per rank: past the usual 1,024
         self.listener = self._listen()
         self.peers: Dict[int, _Peer] = {}  # fd -> peer
         self.kernel: Optional[Dict[str, Any]] = {"kernel": cmd.get("kernel", ""), "pid": cmd.get("pid"), "since": time.time()}
@@ -124,7 +125,7 @@ class Lease:
             sock.bind(path)
         finally:
             os.umask(old)
-        sock.listen(1024)
+        sock.listen(4096)  # a rank per connection, all at once at keep (the system caps it at somaxconn)
         sock.setblocking(False)
         return sock
 
@@ -164,18 +165,20 @@ class Lease:
         return None
 
     def _accept(self) -> None:
-        try:
-            sock, _ = self.listener.accept()
-        except OSError:
-            return
-        try:
-            sock.settimeout(HANDSHAKE_S)
-            P.server_handshake(sock, self.secret)
-        except Exception:  # a wrong secret, garbage, a timeout: not ours
-            log.debug("a peer of the lease socket was rejected", exc_info=True)
-            sock.close()
-            return
-        self.peers[sock.fileno()] = _Peer(sock)
+        """Every peer waiting, each proving the secret (a rank answers within milliseconds)."""
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:  # none left (BlockingIOError)
+                return
+            try:
+                sock.settimeout(HANDSHAKE_S)
+                P.server_handshake(sock, self.secret)
+            except Exception:  # a wrong secret, garbage, a timeout: not ours
+                log.debug("a peer of the lease socket was rejected", exc_info=True)
+                sock.close()
+                continue
+            self.peers[sock.fileno()] = _Peer(sock)
 
     def _drop(self, fd: int, peer: _Peer) -> None:
         self.peers.pop(fd, None)
@@ -301,6 +304,18 @@ class Lease:
                 os.close(fd)
         if self.prefix:
             shm.remove(os.path.join(shm.SHM_DIR, self.prefix + shm.KEPT_MARKER))
+
+
+def _raise_fd_limit(needed: int) -> None:
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = needed + len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else needed + 256
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
+    except (ImportError, ValueError, OSError):
+        log.debug("the open-file limit could not be raised", exc_info=True)
 
 
 def _span(seconds: float) -> str:

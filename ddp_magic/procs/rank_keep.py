@@ -20,11 +20,15 @@ import os
 import queue
 import socket
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ..logs import log
 from ..wire import kept
 from ..wire import protocol as P
+
+
+CONNECT_S = 60.0  # how long a rank tries to reach the lease socket
 
 
 class Spool:
@@ -137,16 +141,30 @@ class Keeper:
             for fd, stream in ((1, "stdout"), (2, "stderr")):
                 self.spools[stream] = Spool(fd, kept.spool_path(msg["dir"], self.rank, stream))
         if self.lease is None:
-            self.lease = self._connect(msg["socket"])
+            try:
+                self.lease = self._connect(msg["socket"])
+            except (OSError, EOFError) as e:  # the rank goes on as it was: the kernel's keep names it and fails
+                log.debug("rank %d: could not join the lease", self.rank, exc_info=True)
+                return {"rank": self.rank, "on": False, "error": f"{type(e).__name__}: {e}"}
             threading.Thread(target=self._read_lease, name="ddp-lease", daemon=True).start()
         self.on = True
         return {"rank": self.rank, "on": True, "written": {s: sp.written for s, sp in self.spools.items()}}
 
     def _connect(self, path: str) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(10)
-        sock.connect(path)
-        P.client_handshake(sock, self.secret)
+        """The lease socket, the secret proved. A thousand ranks knock at once: a full backlog is tried again (EAGAIN)."""
+        deadline = time.monotonic() + CONNECT_S
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(10)
+            try:
+                sock.connect(path)
+                P.client_handshake(sock, self.secret)
+                break
+            except (BlockingIOError, ConnectionError, socket.timeout):  # the lease gave up on a slow handshake: again
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
         sock.settimeout(None)
         sock.sendall((json.dumps({"op": "rank", "rank": self.rank, "busy": self.busy}) + "\n").encode())
         return sock

@@ -350,3 +350,22 @@ def test_other_options_end_the_lease(runtime: str) -> None:
     kill(k)
     k.shutdown()
     wait_until(lambda: not any(pid_alive(p) for p in facts["pids"]), 15)
+
+
+def test_keep_off_after_attach(runtime: str) -> None:
+    """Attached, then --off: the same ranks with their variables, and the pool ends with this kernel again."""
+    for _ in range(2):
+        k = kernel(runtime)
+        k.run(START, timeout=180).ok()
+        k.run("%ddp keep").ok()
+        kill(k)
+        k.shutdown()
+        k2 = kernel(runtime)
+        k2.run("%ddp attach", timeout=120).ok()
+        assert "no longer kept" in k2.run("%ddp keep --off", timeout=60).ok().stdout
+        assert k2.run(NEXT, timeout=120).ok().result.splitlines()[1:] == ["  [0] (100, 2.0)", "  [1] (101, 2.0)"]
+        facts = pool_facts(k2)
+        kill(k2)
+        k2.shutdown()
+        wait_until(lambda f=facts: not any(pid_alive(p) for p in f["pids"]), 15)
+        assert not [n for n in os.listdir(runtime) if n.startswith("ddp-kept-")]

@@ -87,7 +87,7 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
         pool.hub.shown = kept.ShownOffsets(os.path.join(directory, "shown"), pool.nproc)  # each rank's KEEP reply sets its start
         pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(pool_id, where), "dir": directory}
         replies = pool.ask(P.KEEP, KEEP_WAIT_S, **pool.hub.keep_msg)
-        missing = sorted(set(pool.ranks) - set(replies))
+        missing = sorted(set(pool.ranks) - {r for r, m in replies.items() if m.get("on")})
         if missing:
             raise KeepError(f"%ddp keep: ranks {missing} did not answer; the pool is not fully kept (%ddp keep --off, then try again)")
         detach_at_exit(pool)
@@ -105,6 +105,8 @@ def unkeep(pool: "Pool") -> bool:
         launcher.notes.clear()
         launcher._write({"op": "unkeep"})
         _await_note(pool, "unkept")
+        if getattr(launcher, "lock", None):  # an attached kept template: its lock is gone, its connection is its life now
+            launcher.lock = ""  # type: ignore[attr-defined]
     pool.ask(P.KEEP, KEEP_WAIT_S, on=False)
     pool.hub.shown, pool.hub.keep_msg = None, None
     pool.kept = None
@@ -116,7 +118,7 @@ def _await_note(pool: "Pool", event: str) -> Dict[str, Any]:
     launcher = pool.launcher
     assert isinstance(launcher, ForkServerLauncher)
     found = lambda: next((n for n in launcher.notes if n.get("event") == event), None)  # noqa: E731
-    pool.hub.pump(lambda: found() is not None or not launcher.alive(), time.monotonic() + KEEP_WAIT_S)
+    pool.hub.pump(lambda: found() is not None or launcher.proc is not None and not launcher.alive(), time.monotonic() + KEEP_WAIT_S)
     note = found()
     if note is None:
         raise KeepError(f"%ddp keep: the template did not answer ({event}); see %ddp log")

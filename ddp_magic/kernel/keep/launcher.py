@@ -47,7 +47,8 @@ class KeptLauncher(ForkServerLauncher):
         return self.sock.fileno() if self.sock is not None else None
 
     def alive(self) -> bool:
-        return self.sock is not None and kept.is_held(self.lock)
+        """Its connection is open and, while it holds a lease, its lock is held (after keep --off: the connection alone)."""
+        return self.sock is not None and (not self.lock or kept.is_held(self.lock))
 
     def detach(self) -> None:
         sock, self.sock = self.sock, None
@@ -64,7 +65,7 @@ class KeptLauncher(ForkServerLauncher):
         except OSError:
             log.debug("the kept template was gone already", exc_info=True)
         deadline = time.monotonic() + EXIT_WAIT_S
-        while kept.is_held(self.lock) and time.monotonic() < deadline:
+        while self.lock and kept.is_held(self.lock) and time.monotonic() < deadline:
             time.sleep(0.02)
         self.detach()
         self.ready_info = ""
