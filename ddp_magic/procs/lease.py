@@ -212,13 +212,14 @@ class Lease:
         if self.kernel is not None and not msg.get("force"):
             peer.send({"event": "refused", "attached": self.kernel})
             return False
+        left_at = self.left_at if self.kernel is None else None  # a kernel taken over (--force) had not left
         if self.kernel is not None:
             self.fence(msg)
         self.peers.pop(peer.sock.fileno(), None)  # the template reads its commands from now on
         self.kernel_peer = peer
         self.kernel = {"kernel": msg.get("kernel", ""), "pid": msg.get("pid"), "since": time.time()}
         report = {"event": "attached", "meanwhile": self.meanwhile, "ranks": {str(r): pid for pid, r in self.children().items()},
-                  "busy": sorted(p.rank for p in self.peers.values() if p.rank is not None and p.busy), "left_at": self.left_at,
+                  "busy": sorted(p.rank for p in self.peers.values() if p.rank is not None and p.busy), "left_at": left_at,
                   "since": self.since, "idle": self.idle, "max": self.max}
         peer.send(report)
         self.meanwhile, self.left_at, self.idle_since = [], None, None
