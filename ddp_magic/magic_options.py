@@ -46,6 +46,8 @@ examples:
                              (--cell 12: of In [12]; a background job: job.output(517))
   %ddp metrics [--df]        what the last cell's ranks logged with ddp_magic.log: a dict of lists (--df: a DataFrame)
                              (DDP_MAGIC_LOG=debug in the kernel's env also prints them as they happen)
+  %ddp keep [--idle 30m] [--max 24h]   the pool outlives this kernel (--off: it ends with it again; docs/keep.md)
+  %ddp attach [--out job] [--force] [ID]   from a new kernel: take a kept pool on, its running job as `job` (--list: all)
   %ddp_env [-n N]            the env each rank will get (or sees, once the pool runs), with checks
   %ddp_env --slurm --nodes 2 --ntasks-per-node 4    the Slurm plan (salloc and srun lines, each rank's env), nothing allocated
 """
@@ -84,5 +86,24 @@ HELP_ARGUMENT = argument("-h", "--help", action="store_true", help="show this he
 def pool_arguments(func: F) -> F:
     """The pool's options, shared by %%ddp, %ddp restart and %ddp_env (declared once, above)."""
     for arg in reversed(POOL_ARGUMENTS):  # magic_arguments reads decorators bottom-up
+        func = arg(func)
+    return func
+
+
+KEEP_ARGUMENTS = (
+    argument("target", nargs="?", metavar="ID",
+             help="with attach: the kept pool's id (default: this notebook's, else the only one); with autoreload: on (the default) or off"),
+    argument("--idle", metavar="T", help="with keep: end the pool after this long with no kernel and no job (default 30m)"),
+    argument("--max", metavar="T", help="with keep: end the pool this long after keep, whatever it does (default 24h)"),
+    argument("--off", action="store_true", help="with keep: the pool ends with its kernel again"),
+    argument("--force", action="store_true", help="with attach: take the pool from the kernel attached to it now"),
+    argument("--list", action="store_true", help="with attach: list this user's kept pools"),
+    argument("--out", metavar="NAME", help="with attach: the running job's handle goes to this notebook variable"),
+)
+
+
+def keep_arguments(func: F) -> F:
+    """%ddp keep's and %ddp attach's options (docs/keep.md)."""
+    for arg in reversed(KEEP_ARGUMENTS):
         func = arg(func)
     return func

@@ -28,7 +28,7 @@ from .kernel.pool import Pool
 from .kernel.reload import kernel_follows
 from .kernel.turns import Ticket
 from .magic_options import (  # noqa: F401  (SEE_HELP, POOL_KEYS, SLURM_KEYS: the magics' own names, kept importable here)
-    CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, pool_arguments,
+    CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, keep_arguments, pool_arguments,
 )
 from .plan.spec import positive_int as _positive_int
 from .session import NO_POOL, CellOptions, Session
@@ -40,17 +40,19 @@ from .ui.output import RankPrinter, parse_ranks
 from .ui.results import CellNumbers, RankResults, running_cell
 from .ui.metrics_view import metrics_data
 from .ui import debugging, transcripts
+from .ui import keep as keeping
 from .words import plural
 
 
 @magic_arguments("ddp")
 @kwds(epilog=LINE_EXAMPLES)
-@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics", "wait", "output", "autoreload"), default="status", help="what to do")
-@argument("setting", nargs="?", choices=("on", "off"), help="with autoreload: on (the default) or off")
+@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics", "wait", "output", "autoreload", "keep", "attach"),
+          default="status", help="what to do (default: status)")
 @argument("--df", action="store_true", help="with metrics: a pandas DataFrame instead of a dict of lists")
 @argument("--rank", type=int, metavar="R", help="with output: the rank whose whole output to show")
 @argument("--cell", metavar="N", help="with output: the cell (its In [N]) whose output to show (default: the last %%%%ddp cell)")
 @pool_arguments
+@keep_arguments
 @HELP_ARGUMENT
 def _ddp_line() -> None:
     """%ddp as a line magic: look after the pool of worker processes."""
@@ -185,6 +187,7 @@ class DDPMagics(Magics):
     @argument("--pdb", action="store_true", help="on failure, open pdb on the failing rank (post-mortem; %%pdb on does it for every cell)")
     @argument("--profile", nargs="?", const="", metavar="TRACE.json", help="run under torch.profiler on every rank; one merged trace (default ddp_trace.json)")
     @argument("--bg", action="store_true", help="run in the background: the cell returns at once, its output keeps coming here; --out NAME keeps the job")
+    @argument("--keep", action="store_true", help="the pool, and this cell if it runs in the background, outlive the kernel (docs/keep.md)")
     @argument("--no-queue", action="store_true", help="while another cell runs on the pool, fail at once instead of waiting for it")
     @argument("--peek", action="store_true", help="a short read-only cell on the ranks beside the running cell (--ranks: only these ranks)")
     @HELP_ARGUMENT
@@ -223,6 +226,10 @@ class DDPMagics(Magics):
             profile=args.profile, scatter=args.scatter, ticket=ticket, queue=not args.no_queue, number=number, first_line=first_line,
             kernel_autoreload=kernel_follows(self.shell),
         )
+        keeping.lost(self.session)
+        if args.keep:  # the pool (and this cell's job) outlive the kernel: kept before the cell is sent
+            keeping.keep_cell(self.session, spec, listener, ticket.name)
+            options = dataclasses.replace(options, spec=None)
         if not args.bg:
             return self._cell_value(args, cell, printer, listener, options, self.shell)
         self.session.precheck(cell, options)  # what can fail at once fails here, not in the background
@@ -287,6 +294,9 @@ class DDPMagics(Magics):
             print(self.ddp.__doc__)
             return None
         request = _pool_request(args)
+        keeping.lost(self.session)  # another kernel took our kept pool (%ddp attach --force): say so, forget it
+        if args.action in ("keep", "attach"):
+            return keeping.keep(self.session, args) if args.action == "keep" else keeping.attach(self, args)
         if args.action == "metrics":
             return metrics_data(self.session.metrics, args.df)
         if args.action == "output":
@@ -295,8 +305,8 @@ class DDPMagics(Magics):
             raise UsageError("%ddp: --rank and --cell go with output, e.g. %ddp output --rank 3")
         if args.action in ("status", "log", "wait", "autoreload") and request:
             raise UsageError("%ddp: pool options need an action, e.g. %ddp restart -n 2 (or put them on a %%ddp cell)")
-        if args.action == "autoreload" or args.setting:
-            return print(self.session.autoreload.set(args.action, args.setting, IPython.__version__))
+        if args.action == "autoreload" or args.target:
+            return print(self.session.autoreload.set(args.action, args.target, IPython.__version__))
         if args.action == "stop":
             print(self.session.stop() or NO_POOL)
         elif args.action == "restart":

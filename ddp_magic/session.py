@@ -243,6 +243,7 @@ class Session:
             queued=tuple(self.turns.waiting()),
             where=pool.launcher.where() if pool.started else "",
             autoreload=self.autoreload.describe(),
+            kept=pool.kept.text() if pool.kept is not None else "",
         )
 
     def env(self, spec: Optional[PoolSpec] = None) -> EnvData:

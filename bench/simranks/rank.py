@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import os
 import pickle
 import socket
@@ -82,10 +83,12 @@ class SimRank:
         self.broken = False  # the group was aborted: DONE says so until a REFORM
         self._wake: Optional[asyncio.Future] = None  # a sleep or a collective's wait, ended early by INTERRUPT or ABORT
         self._closed = False
+        self.dials: Optional["asyncio.Queue[dict]"] = None  # a kept pool (KEEP): the lease's dials to the next kernel
+        self.cell = 0
 
     # ------------------------------------------------------------ start-up
     async def _dial(self) -> Streams:
-        reader, writer = await asyncio.open_connection(self.config["addr"], int(self.config["port"]))
+        reader, writer = await asyncio.open_connection(self.config["addr"], int(self.config["port"]))  # (the dial's, once kept)
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         answer, nonce = _answer_challenge(self.secret, await reader.readexactly(len(P.MAGIC) + P.NONCE_SIZE))
         writer.write(answer)
@@ -141,13 +144,56 @@ class SimRank:
         self.ctrl_w.write(P.encode(P.message(op, rank=self.rank, **fields)))
 
     async def _read_loop(self) -> int:
-        """The reader thread of a worker: answers at once, queues cells; returns the exit code."""
+        """The reader thread of a worker: answers at once, queues cells; returns the exit code. Kept (KEEP), the kernel's
+        EOF is a wait for the next kernel's dial (procs/rank_keep.py's part, without the spool)."""
         while True:
-            (size,) = P.HEADER.unpack(await self.ctrl.readexactly(P.HEADER.size))
-            msg = pickle.loads(await self.ctrl.readexactly(size))
+            try:
+                (size,) = P.HEADER.unpack(await self.ctrl.readexactly(P.HEADER.size))
+                msg = pickle.loads(await self.ctrl.readexactly(size))
+            except (ConnectionError, OSError, asyncio.IncompleteReadError):
+                if self.dials is None:
+                    raise
+                await self._reattach()
+                continue
             code = self.on_message(msg)
             if code is not None:
                 return code
+
+    async def _keep(self, msg: dict) -> None:
+        """KEEP: join the lease socket (the pool's secret proved), then hear its dials."""
+        self.dials = asyncio.Queue()
+        for _ in range(3000):  # a full backlog (EAGAIN), a handshake the lease gave up on: again, as procs/rank_keep.py does
+            try:
+                reader, writer = await asyncio.open_unix_connection(msg["socket"])
+                hello = await asyncio.wait_for(reader.readexactly(len(P.MAGIC) + P.NONCE_SIZE), 5.0)  # asyncio takes a unix EAGAIN for connected
+                answer, nonce = _answer_challenge(self.secret, hello)
+                writer.write(answer)
+                _check_proof(self.secret, nonce, await reader.readexactly(P.DIGEST_SIZE))
+                break
+            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+                await asyncio.sleep(0.02)
+        writer.write((json.dumps({"op": "rank", "rank": self.rank, "busy": self.script is not None}) + "\n").encode())
+        self.send(P.KEEP, on=True, written={"stdout": 0, "stderr": 0})
+        self._lease = writer
+        while True:
+            line = await reader.readline()
+            if not line:
+                return
+            dial = json.loads(line)
+            if dial.get("op") == "dial":
+                self.dials.put_nowait(dial)
+
+    async def _reattach(self) -> None:
+        assert self.dials is not None
+        dial = await self.dials.get()
+        self.config["addr"], self.config["port"] = dial["addr"], dial["port"]
+        self.ctrl, self.ctrl_w = await self._dial()
+        self.send(P.HELLO, pid=os.getpid(), host=socket.gethostname(), device="cpu", local_rank=self.rank, node=0, attach=True,
+                  cell=self.cell, busy=self.script is not None, names=[])
+        for stream in ("stdout", "stderr"):
+            _, writer = await self._dial()
+            writer.write(P.encode(P.message(P.HELLO_OUT, rank=self.rank, stream=stream)))
+            self.outs[stream] = writer
 
     def on_message(self, msg: dict) -> Optional[int]:
         op = msg["op"]
@@ -164,6 +210,8 @@ class SimRank:
             self.broken = True
             if self.collective is not None:
                 self._end_wait(Released(f"released: {msg.get('why') or 'the kernel aborted the process group'} (this rank was in {self.collective['op']})"))
+        elif op == P.KEEP and msg.get("on"):
+            asyncio.ensure_future(self._keep(msg))
         elif op == P.SHUTDOWN:
             return 0
         elif op == P.KILL:
@@ -190,6 +238,7 @@ class SimRank:
     # ------------------------------------------------------------ a cell
     async def run_cell(self, msg: dict) -> None:
         self.filename, cell = msg["filename"], msg["cell"]
+        self.cell = cell
         status, error, value = "ok", None, None
         try:
             self.script = S.parse(msg["source"])

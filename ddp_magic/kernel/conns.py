@@ -40,6 +40,7 @@ class OutConn:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.synced = -1  # the last cell whose marker has been read
         self.eof = False
+        self.unshown = 0  # a kept pool: bytes read after the last whole line, not counted as shown yet (hub_output.py)
 
 
 class Poller:

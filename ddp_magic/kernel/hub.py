@@ -28,6 +28,7 @@ from ..states import FailureKind, RankState
 from ..wire import liveness
 from ..wire import protocol as P
 from ..wire import tls
+from ..wire.kept import ShownOffsets
 from .admission import Admission
 from .conns import Conn, OutConn, Poller, ReadBuffer, close_socket, peer_open, send_all_nonblocking
 from .hub_output import STREAMS, OutputStreams
@@ -72,6 +73,9 @@ class Hub(OutputStreams):
         self.deaths = 0  # ranks seen dead since the last reset
         self.stdin = InputDesk()  # the ranks' questions and who sits in pdb (kernel/stdin.py)
         self.peeks = PeekDesk()  # %%ddp --peek answers, filed by whichever thread pumps (kernel/peek.py)
+        self.shown: Optional[ShownOffsets] = None  # a kept pool: the bytes of each rank's output shown (wire/kept.py)
+        self.keep_msg: Optional[dict] = None  # a kept pool: the KEEP a rank that joins anew gets
+        self.hellos: Dict[int, dict] = {}  # the HELLOs of the ranks of a kept pool that joined an attaching kernel
         self._send_lock = threading.Lock()  # a peek sends from the main thread while a background cell's thread pumps
 
     # ------------------------------------------------------------ registry
@@ -109,6 +113,12 @@ class Hub(OutputStreams):
         info.pid, info.host, info.device, info.state = hello["pid"], hello["host"], hello["device"], RankState.CONNECTING
         info.node, info.local_rank, info.node_name = hello.get("node", 0), hello.get("local_rank", rank), hello.get("node_name", "")
         self.launcher.adopt(info.pid, rank, info.host)
+        if hello.get("attach"):  # a kept pool's rank joins the kernel that attached it (kernel/keep/attach.py)
+            self.ready.add(rank)
+            info.state = RankState.RUNNING if hello.get("busy") or hello.get("undelivered") else RankState.READY
+            self.hellos[rank] = hello
+        elif self.keep_msg is not None:  # a rank started again in a kept pool is kept too
+            self.broadcast(P.message(P.KEEP, **self.keep_msg), [rank])
         self.version += 1
         self.listener.on_state(info)
 
@@ -329,8 +339,10 @@ class Hub(OutputStreams):
             err, pid = msg["error"], info.pid if info else None
             failure = RankFailure(rank=rank, kind=FailureKind.INIT, type=err["type"], message=err["message"], traceback=err["traceback"], pid=pid)
             self.init_failures.append(failure)
-        elif op in (P.STACK, P.ENV, P.REFORM, P.VERSIONS):
+        elif op in (P.STACK, P.ENV, P.REFORM, P.VERSIONS, P.KEEP):
             self.replies.setdefault(op, {})[rank] = msg
+            if op == P.KEEP and self.shown is not None and "written" in msg:  # its spool starts here: so does what we showed
+                self.shown.set(rank, msg["written"])
         elif op == P.INPUT:
             self.stdin.request(rank, msg)
             self.debug_changed(rank)

@@ -83,6 +83,7 @@ class Pool:
         self.listen_addr = spec.control_addr  # where it listens: an address the ranks reach (kernel/placement.py)
         self.tls_key: Optional[ServerKey] = None  # the control channel's TLS key, when ranks are on other hosts
         self._cell = 0
+        self.kept: Optional[Any] = None  # %ddp keep: the pool outlives this kernel (kernel/keep/keeping.py's KeptState)
         self._finalizer = weakref.finalize(self, stop_quietly, self.hub, self.shm_prefix)
         atexit.register(self._finalizer)
 

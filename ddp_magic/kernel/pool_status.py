@@ -58,6 +58,7 @@ class PoolStatus:
     where: str = ""  # where the ranks run, when not on this host alone: the Slurm job, its state and nodes
     last_cell: Optional[LastCell] = None  # the last %%ddp cell that ran on this pool
     autoreload: str = ""  # on or off, and what the last cell reloaded (kernel/reload.py Autoreload.describe)
+    kept: str = ""  # a kept pool's lease (kernel/keep/terms.py): "kept: ends 30 min after its kernel leaves, at most at 06:14"
 
     @property
     def exists(self) -> bool:
@@ -73,6 +74,7 @@ class PoolStatus:
             return f"{NO_POOL}; start one with %%ddp -n N"
         head = f"pool of {plural(self.nproc, 'rank')}, backend {self.backend}, MASTER_PORT {self.master_port}"
         rows = [head + (f" — needs restart: {self.broken}" if self.broken else "")] + ([self.where] if self.where else [])
+        rows += [self.kept] if self.kept else []
         rows += rank_lines(self.ranks)
         if self.owned:
             rows.append("names on the workers: " + ", ".join(self.owned))

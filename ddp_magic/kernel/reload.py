@@ -85,6 +85,8 @@ class Autoreload:
         """%ddp autoreload [on|off]; what it answers."""
         if action != "autoreload":
             raise UsageError(f"%ddp: {setting} goes with autoreload, e.g. %ddp autoreload {setting}")
+        if setting not in (None, "on", "off"):
+            raise UsageError(f"%ddp autoreload takes on or off, not {setting!r}: %ddp autoreload off")
         problem = R.ipython_problem(ipython_version)
         if setting != "off" and problem:
             raise UsageError(problem.replace("the ranks have", "this kernel has"))

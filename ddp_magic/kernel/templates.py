@@ -67,6 +67,10 @@ def hand_over(old: "Pool", new: "Pool", changes: List[str]) -> bool:
     """Stop ``old``'s ranks; its template goes on in ``new`` where it fits (else it stops too). Returns whether it was kept.
 
     ``start_replaced`` then starts ``new`` and says what ``changes`` did."""
+    if old.kept is not None:  # a kept pool replaced: its lease ends (the new pool is not kept; docs/keep.md)
+        from .keep.keeping import unkeep
+
+        unkeep(old)
     launcher, since = old.launcher, time.monotonic()
     kept = _fits(new, launcher)
     if kept:

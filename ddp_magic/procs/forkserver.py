@@ -28,22 +28,13 @@ import signal
 import threading
 import time
 import traceback
-from typing import Dict, List, Optional, Set
+from typing import Callable, Dict, List, Optional, Set
 
 from ..logs import log
 from ..wire import shm
+from .lease import Lease
+from .template_keep import KeptTemplate, emit as _emit
 from .parent import die_with_parent
-
-
-def _emit(event: dict) -> None:
-    """One event to the kernel; a kernel that is gone reads none (and must not stop our cleanup)."""
-    data = (json.dumps(event) + "\n").encode()
-    try:
-        while data:
-            n = os.write(1, data)
-            data = data[n:]
-    except OSError:  # EPIPE: the kernel died; kernel_gone still kills the ranks and removes the files
-        log.debug("the kernel no longer reads our events", exc_info=True)
 
 
 def _warm_imports_nice(nice: int) -> str:
@@ -166,7 +157,7 @@ def _spare(pipe_r: int, inherited: List[int], wake_r: int, wake_w: int) -> None:
     _child(cmd, bytes.fromhex(cmd["secret"]), wake_r, wake_w)
 
 
-class Template:
+class Template(KeptTemplate):
     """The template's state: its children (ranks), spare ranks, their pools' file prefixes, and the SIGCHLD wake-up pipe."""
 
     def __init__(self, kernel_pid: int = 0) -> None:
@@ -178,12 +169,22 @@ class Template:
         self.spares: Dict[int, int] = {}  # pid -> the write end of its command pipe
         self.want = 0  # spares to keep: the most ranks one pool asked for (MAX_SPARES at most)
         self.burst = 0  # spawns since the template was last idle
+        self.kernel_fd = 0  # where the kernel's commands come from: stdin, or an attached kernel's lease connection
+        self.cmd_buf = b""
+        self.lease: Optional[Lease] = None  # %ddp keep: the pool outlives its kernel (procs/lease.py)
 
     def kernel_gone(self, *_: object, dead: bool = True) -> None:
         """The kernel is going (``dead``: its SIGTERM, or EOF) or asked us to exit: our ranks go, then every file
         their pools left; once the kernel is really gone, its other files too (the notebook data it shipped,
         wire/notebook_data.py). Linux sends the SIGTERM when the kernel's thread that started us exits,
-        before the whole kernel is gone, and a large kernel takes a second or more to go."""
+        before the whole kernel is gone, and a large kernel takes a second or more to go. A kept pool's lease ends
+        first (its files go, its discovery file says why)."""
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            if dead:
+                lease.end("its template was terminated (SIGTERM)")
+            else:
+                lease.off()
         try:
             self.children.update(dict.fromkeys(self.spares, -1))  # the live dict: a nested call (SIGTERM) sees what is reaped
             self.spares.clear()
@@ -251,17 +252,15 @@ class Template:
 
     def reap(self) -> None:
         """Every exited child: a rank's exit is an event for the kernel, a spare's is not."""
-        _reap(self.children, self.spares)
+        _reap(self.children, self.spares, self.lease.on_exit if self.lease is not None else None)
 
     def serve(self) -> None:
-        """Reap exited ranks and run the kernel's commands until stdin closes."""
-        stdin_buf, last = b"", time.monotonic()
+        """Reap exited ranks and run the kernel's commands until the kernel goes (a kept pool: until its lease ends)."""
+        last = time.monotonic()
         while True:
-            try:
-                ready, _, _ = select.select([0, self.wake_r], [], [], SPARE_IDLE_S / 2)
-            except InterruptedError:
-                ready = []
-            if 0 in ready:
+            fds = ([self.kernel_fd] if self.kernel_fd >= 0 else []) + [self.wake_r] + (self.lease.fds() if self.lease else [])
+            ready = readable(fds, SPARE_IDLE_S / 2)
+            if self.kernel_fd in ready:
                 last = time.monotonic()
             elif time.monotonic() - last >= SPARE_IDLE_S and len(self.spares) < max(self.want, self.burst):
                 self.top_up()
@@ -272,19 +271,27 @@ class Template:
                 except BlockingIOError:
                     pass  # drained
             self.reap()
-            if 0 in ready:
-                data = os.read(0, 65536)
-                if not data:  # no "exit": the kernel is going
-                    self.kernel_gone()
-                stdin_buf += data
-                while b"\n" in stdin_buf:
-                    line, stdin_buf = stdin_buf.split(b"\n", 1)
-                    cmd = json.loads(line)
-                    if cmd["op"] == "spawn":
-                        self.spawn(cmd)
-                    elif cmd["op"] == "exit":
-                        self.kernel_gone(dead=False)
+            if self.kernel_fd >= 0 and self.kernel_fd in ready:
+                self.read_commands()
+            if self.lease is not None:
+                self.serve_lease([fd for fd in ready if fd in self.lease.fds()])
 
+    def read_commands(self) -> None:
+        try:
+            data = os.read(self.kernel_fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # no "exit": the kernel is going
+            if self.lease is None:
+                self.kernel_gone()
+            self.kernel_left()
+            return
+        self.cmd_buf += data
+        while b"\n" in self.cmd_buf and self.kernel_fd >= 0:
+            line, self.cmd_buf = self.cmd_buf.split(b"\n", 1)
+            self.command(json.loads(line))
 
 def main() -> None:
     kernel_pid = os.getppid()
@@ -306,9 +313,20 @@ def main() -> None:
     template.serve()
 
 
-def _reap(children: Dict[int, int], spares: Optional[Dict[int, int]] = None) -> None:
-    """Every exited child: a rank's exit (``children``: pid -> rank) is an event for the kernel, a waiting spare's
-    (``spares``: pid -> its command pipe) is not."""
+def readable(fds: List[int], seconds: float) -> List[int]:
+    """The readable (or closed) fds of ``fds``: poll(), as a kept pool's lease holds a socket per rank, past select()'s 1,024."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    try:
+        return [fd for fd, _ in poller.poll(seconds * 1000)]
+    except InterruptedError:
+        return []
+
+
+def _reap(children: Dict[int, int], spares: Optional[Dict[int, int]] = None, on_exit: Optional[Callable[[Optional[int], int, int], None]] = None) -> None:
+    """Every exited child: a rank's exit (``children``: pid -> rank) is an event for the kernel (and for a kept pool's
+    lease, ``on_exit``), a waiting spare's (``spares``: pid -> its command pipe) is not."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -319,7 +337,10 @@ def _reap(children: Dict[int, int], spares: Optional[Dict[int, int]] = None) -> 
         if spares and pid in spares:
             os.close(spares.pop(pid))
             continue
-        _emit({"event": "exited", "pid": pid, "rank": children.pop(pid, None), "code": os.waitstatus_to_exitcode(status)})
+        rank, code = children.pop(pid, None), os.waitstatus_to_exitcode(status)
+        if on_exit is not None:
+            on_exit(rank, pid, code)
+        _emit({"event": "exited", "pid": pid, "rank": rank, "code": code})
 
 
 KERNEL_EXIT_WAIT_S = 15.0  # how long a template whose kernel is going waits for it to be gone, to remove its files

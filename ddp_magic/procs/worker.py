@@ -31,23 +31,10 @@ from ..wire.capture import FdCapture
 from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
 from ..wire.protocol import CellStatus
-from . import mesh, rank_argv, rank_collectives, rank_debug, rank_group, rank_metrics, rank_net, rank_peek, rank_profile, rank_recover, rank_torch
-from .rank_reload import RELOADER
+from . import mesh, rank_keep, rank_argv, rank_collectives, rank_debug, rank_group, rank_metrics, rank_net, rank_peek, rank_profile, rank_recover, rank_torch
 from .parent import die_with_parent
-
-
-class Channel:
-    """The authenticated socket to the kernel; sends from any thread, one frame at a time."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._lock = threading.Lock()
-
-    def send(self, op: str, **fields: Any) -> None:
-        parts = P.encode_parts(P.message(op, **fields))  # a result's tensors as their own memory, not copied into the frame
-        with self._lock:
-            for part in parts:
-                tls.send(self.sock, part)  # over TLS a big one goes from that memory (the relay's), else sendall
+from .rank_channel import Channel
+from .rank_reload import RELOADER
 
 
 class Worker:
@@ -68,6 +55,9 @@ class Worker:
         self.user_ns = main.__dict__
         self.device = "cpu"
         self.shm_ok = True
+        self.keeper = rank_keep.Keeper(self.rank, secret)
+        self.keeper.on_dial = self._fence
+        self.cell = 0  # the last cell sent to us (a new kernel resumes it)
 
     # ------------------------------------------------------------ start-up
     def _dial(self, control: bool = False) -> socket.socket:
@@ -104,20 +94,52 @@ class Worker:
         except OSError:
             log.debug("rank %d: nobody reads our start-up events", self.rank, exc_info=True)
 
-    def connect(self) -> None:
-        """The control channel, then one raw socket per output stream that becomes fd 1 or 2."""
-        self.chan = Channel(self._dial(control=True))
-        self.chan.send(
+    def _hello(self, **extra: Any) -> dict:
+        return P.message(
             P.HELLO, rank=self.rank, pid=os.getpid(), host=socket.gethostname(), device=rank_torch.planned_device(self.local_rank),
             local_rank=self.local_rank, node=int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0"))),
-            node_name=slurm_env.node_name(),
+            node_name=slurm_env.node_name(), **extra,
         )
+
+    def _out_streams(self) -> dict:
         streams = {}
         for name in ("stdout", "stderr"):
             sock = self._dial()
             P.send(sock, P.message(P.HELLO_OUT, rank=self.rank, stream=name))
             streams[name] = sock
-        self.capture = FdCapture(streams)
+        return streams
+
+    def connect(self) -> None:
+        """The control channel, then one raw socket per output stream that becomes fd 1 or 2."""
+        self.chan = Channel(self._dial(control=True))
+        assert self.chan.sock is not None
+        P.send(self.chan.sock, self._hello())
+        self.capture = FdCapture(self._out_streams())
+
+    def reattach(self) -> None:
+        """A kept pool's rank, no kernel attached: wait for the next kernel's dial, join it, replay what it has not seen."""
+        self.chan.detach()
+        while True:
+            dial = self.keeper.detached()
+            self.config["kernel_addr"], self.config["kernel_port"] = dial["addr"], int(dial["port"])
+            try:
+                sock = self._dial(control=True)
+                P.send(sock, self._hello(attach=True, cell=self.cell, busy=self.keeper.busy, undelivered=self.chan.undelivered,
+                                         names=[n for n in self.user_ns if not n.startswith("_")]))
+                self.keeper.attach_outputs(self._out_streams(), dial.get("offsets") or [0, 0])
+                self.chan.attach(sock)
+                return
+            except (OSError, EOFError):  # that kernel went before we joined: wait for the next one
+                log.debug("rank %d: could not join the attaching kernel", self.rank, exc_info=True)
+
+    def _fence(self) -> None:
+        """The lease says another kernel takes the pool (--force): stop hearing this one; the reader then re-dials."""
+        sock = self.chan.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                log.debug("rank %d: the fenced kernel's socket was gone already", self.rank, exc_info=True)
 
     # ------------------------------------------------------------ control
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -125,12 +147,25 @@ class Worker:
             raise KeyboardInterrupt
 
     def reader(self) -> None:
-        """Reads the kernel's messages; EOF means the kernel is gone, so we go too."""
+        """Reads the kernel's messages; EOF means the kernel is gone, so we go too (a kept pool's rank waits for the next)."""
+        while True:
+            self._read_kernel()
+            if not self.keeper.on:
+                self.shutdown(1)
+            self.reattach()
+
+    def _read_kernel(self) -> None:
+        """Until the kernel's socket closes."""
         try:
             while True:
-                msg = P.recv(self.chan.sock)
+                sock = self.chan.sock
+                if sock is None:
+                    return
+                msg = P.recv(sock)
                 op = msg["op"]
                 if op == P.RUN:
+                    self.cell = msg["cell"]
+                    self.keeper.set_busy(True)
                     self.runs.put(msg)
                 elif op == P.DECIDE:
                     self.decisions.put(msg)
@@ -158,9 +193,11 @@ class Worker:
                     self.chan.send(P.VERSIONS, rank=self.rank, modules=RELOADER.versions(msg.get("names", ())))
                 elif op == P.PROFILE:  # the next cell runs under torch.profiler (it comes before that cell's RUN)
                     rank_profile.arm(msg)
+                elif op == P.KEEP:  # %ddp keep: outlive the kernel (procs/rank_keep.py)
+                    self.chan.kept = bool(msg.get("on"))
+                    self.chan.send(P.KEEP, **self.keeper.keep(msg))
         except (ConnectionError, OSError, EOFError):
             log.debug("rank %d: control channel closed", self.rank, exc_info=True)
-        self.shutdown(1)
 
     def shutdown(self, code: int) -> None:
         for stream in (sys.stdout, sys.stderr):
@@ -234,6 +271,7 @@ class Worker:
         fields.update(rank_profile.take())
         fields.update(rank_recover.done_fields())
         fields.update(RELOADER.done_fields())
+        self.keeper.set_busy(False)  # a kept pool's lease: the job ended (its DONE may wait for the next kernel)
         if status != CellStatus.OK or value is None:
             self.chan.send(P.DONE, result=None, **fields)
             return

@@ -379,7 +379,8 @@ class LabBridge:
         from .._version import __version__
 
         return {"type": "snapshot", "session": self.session_id, "seq": seq, "version": __version__, "protocol": PROTOCOL,
-                "pool": self.pools.pool_dict(), "notices": list(self.notices), "final": final, "cells": RECORDER.briefs()}
+                "pool": self.pools.pool_dict(), "kept": self.pools.kept_dicts(), "notices": list(self.notices), "final": final,
+                "cells": RECORDER.briefs()}
 
 
 def _main_loop() -> Optional[asyncio.AbstractEventLoop]:

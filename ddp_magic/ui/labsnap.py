@@ -93,9 +93,24 @@ class PoolSnapshots:
         out.update(start_method=LAUNCHER_NAMES.get(name, name) or status.start_method, start_method_asked=status.start_method)
         out.update(world_size=status.nproc, start_seconds=round(seconds, 3) if isinstance(seconds, (int, float)) else None)
         out.update(ranks=ranks, checks=checks, verdict=verdict, names=list(status.owned), last_cell=last.to_dict() if last is not None else None)
-        out.update(job=job_dict(status.job), queued=list(status.queued))
+        out.update(job=job_dict(status.job), queued=list(status.queued), kept=status.kept or None)
         out.update(planned=not status.started)  # no rank exists yet: MASTER and the env are the plan's, not facts (a queued Slurm job)
         return jsonable(out)
+
+    def kept_dicts(self) -> List[Dict[str, Any]]:
+        """With no pool here: this notebook's kept pools (after a kernel restart), which the panel offers to attach."""
+        if self.session.pool is not None:
+            return []
+        try:
+            from ..kernel.keep.attach import found_pools
+            from ..kernel.keep.keeping import notebook_name
+
+            notebook = notebook_name()
+            return [{"id": f.id, "text": f.line(), "alive": f.alive and f.data.get("state") != "ended"}
+                    for f in found_pools() if notebook and f.data.get("notebook") == notebook]
+        except Exception:  # a snapshot must never fail for this
+            log.debug("labcomm: could not list the kept pools", exc_info=True)
+            return []
 
     def _start_clock(self, pool: Any, status: PoolStatus) -> Optional[float]:
         """While the pool starts, the seconds since its start began (``Pool.start_began``, the clock the cell's view

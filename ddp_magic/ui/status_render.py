@@ -89,6 +89,7 @@ class Snapshot:
     lines: Mapping[int, str] = field(default_factory=dict)  # each rank's live line (progress.LiveLines)
     bars: Mapping[int, Bar] = field(default_factory=dict)  # each rank's tqdm bar, when it shows one
     sections: Sequence[Section] = ()  # extra sections, after the ranks and the env
+    kept: str = ""  # a kept pool's lease (kernel/keep/terms.py), "" for a pool that ends with its kernel
 
     @cached_property
     def ranks(self) -> List[int]:
@@ -263,6 +264,8 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
         parts.append(style.verdict(s.checks))
     if s.started_in is not None and s.starting_for is None:
         parts.append(f"pool started in {style.esc(fmt_seconds(s.started_in))}")
+    if s.kept:
+        parts.append(style.esc(s.kept))
     return parts
 
 

@@ -200,7 +200,7 @@ class StatusView(PlanFacts, Listener):
             stopped=self.stopped, timed_out=self.timed_out,
             lines=dict(self.live_lines.lines),
             bars=dict(self.live_lines.bars) if not self.finished else {},
-            sections=list(self.sections),
+            sections=list(self.sections), kept=getattr(getattr(self._pool, "kept", None), "text", str)(),  # a kept pool's lease
         )
 
     # ------------------------------------------------------------ listener events

@@ -25,6 +25,7 @@ from ..logs import log
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "ddp_magic-"
 ENV = "DDP_MAGIC_SHM_PREFIX"  # in every rank's env: the prefix of the files it creates
+KEPT_MARKER = "kept"  # <prefix>kept: locked for life by a kept pool's template (procs/lease.py); its files are not orphans
 _OWNER = re.compile(re.escape(SHM_PREFIX) + r"(\d+)-(\d+)-[0-9a-f]+-")
 
 
@@ -115,6 +116,26 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _kept(shm_dir: str, name: str) -> bool:
+    """Whether ``name`` belongs to a kept pool whose template lives (it holds the lock on its prefix's marker)."""
+    m = _OWNER.match(name)
+    if m is None:
+        return False
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(shm_dir, m.group(0) + KEPT_MARKER), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def remove_kernel_files(kernel_pid: int, shm_dir: str = SHM_DIR) -> List[str]:
     """Remove every file of one kernel of this pid namespace (call once it is dead): its pools' and its notebook data."""
     ns = pid_namespace()
@@ -137,7 +158,7 @@ def remove_orphans(shm_dir: str = SHM_DIR) -> List[str]:
         return []
     for name in names:
         who = owner(name)
-        if who is None or who[0] != ns or _pid_alive(who[1]):
+        if who is None or who[0] != ns or _pid_alive(who[1]) or _kept(shm_dir, name):
             continue
         path = os.path.join(shm_dir, name)
         try:

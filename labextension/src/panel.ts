@@ -14,6 +14,7 @@ import { initialState } from './state';
 import { commandPolicy, OP_LABEL, replyText } from './commands';
 import { el, withCommands, words } from './dom';
 import { PoolFacts } from './panel_facts';
+import { KeptSection } from './panel_kept';
 import { MetricsSection } from './panel_metrics';
 import { RanksSection } from './panel_ranks';
 import { ConnectionTracker } from './tracker';
@@ -67,6 +68,7 @@ export class PoolPanel extends Widget {
 
     this._message = el('div', 'jp-ddp-Panel-message');
     this.node.appendChild(this._message);
+    this.node.appendChild(this._kept.node); // after a kernel restart: this notebook's kept pools, to attach
 
     this.node.appendChild(this._ranks.node);
     this.node.appendChild(this._metrics.node);
@@ -148,6 +150,7 @@ export class PoolPanel extends Widget {
     this._message.appendChild(words(lines.join('\n')));
     this._message.dataset.kind = state.pending.length ? 'pending' : state.lastReply && !state.lastReply.ok ? 'error' : 'info';
 
+    this._kept.render(state.snapshot, panel);
     this._ranks.render(rankRows(state, now));
     this._metrics.render(state.metrics, () => this.node.clientWidth - 20); // a width read only with a chart: no forced layout
     this._facts.render(state, pool);
@@ -178,6 +181,7 @@ export class PoolPanel extends Widget {
   private _summary: HTMLDivElement;
   private _lastCell: HTMLDivElement;
   private _message: HTMLDivElement;
+  private _kept = new KeptSection();
   private _ranks = new RanksSection();
   private _metrics = new MetricsSection();
   private _facts = new PoolFacts();

@@ -27,6 +27,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "ui": {"ui", "session", "kernel", "plan", "wire", "errors", "states", "logs", "_version", "words"},
     "magic_options": {"plan", "words"},  # the magics' argument declarations and examples
     "magics": {"magic_options", "magics", "session", "export", "ui", "kernel", "plan", "wire", "errors", "states", "logs", "words"},
+    "__main__": {"kernel", "wire", "logs", "words"},  # python -m ddp_magic kept|stop: a kept pool from a terminal (docs/keep.md)
     "__init__": {"magics", "ui", "kernel", "session", "procs", "_version", "logs"},  # procs: ddp_magic.breakpoint, called on a rank
 }
 NO_IPYTHON = {"wire", "procs", "plan", "kernel", "export", "session", "errors", "states", "logs", "words"}

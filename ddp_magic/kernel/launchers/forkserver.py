@@ -40,6 +40,8 @@ class ForkServerLauncher(LocalLauncher):
         self.import_env: Tuple[Tuple[str, str], ...] = ()  # what the template's imports read (import_env)
         self.ready_info = ""  # the template's "ready" line, once read
         self.nice = 0  # the template imports at this nice value (a warm one, kernel/templates.py)
+        self.notes: List[dict] = []  # a kept pool's events (kept, unkept, fenced: kernel/keep/)
+        self.fenced: Optional[dict] = None  # another kernel attached our kept pool with --force (kernel/keep/)
 
     def begin(self, nice: int = 0) -> None:
         """Start the template without waiting for its imports (``nice``: import at lower priority)."""
@@ -118,7 +120,10 @@ class ForkServerLauncher(LocalLauncher):
             line, self._buf = self._buf.split(b"\n", 1)
             events.append(json.loads(line))
         for ev in events:
-            if ev["event"] == "spawned":
+            if ev["event"] in ("kept", "unkept", "fenced", "attached", "refused"):
+                self.notes.append(ev)
+                self.fenced = ev if ev["event"] == "fenced" else self.fenced
+            elif ev["event"] == "spawned":
                 self._pids[ev["pid"]] = ev["rank"]
             elif ev["event"] == "exited":
                 self._pids.pop(ev["pid"], None)
@@ -143,6 +148,16 @@ class ForkServerLauncher(LocalLauncher):
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def detach(self) -> None:
+        """A kept pool's kernel goes (or lost it): our pipes close, the template and its ranks go on (kernel/keep/)."""
+        for stream in (self.proc.stdin, self.proc.stdout) if self.proc is not None else ():
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                log.debug("closing a pipe to the kept template failed", exc_info=True)
+        self.proc, self._pids = None, {}
 
     def close(self) -> None:
         if self.proc is None:

@@ -1,0 +1,286 @@
+"""``%ddp attach``: find a kept pool of this user, prove its secret to its template, and take its ranks on.
+
+The ranks re-dial this kernel exactly as they joined their first one (kernel/admission.py: the secret
+proved both ways), then send what they queued while no kernel was attached and replay the output the
+last kernel had not shown. The pool is then this kernel's as if it had started it: the same plan,
+secret, files and launcher interface (kernel/keep/launcher.py), so recovery, forensics and the views
+work unchanged. A cell that ran meanwhile is resumed (kernel/keep/resume.py).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+
+from ...states import RankState
+from ...wire import kept
+from ...wire import protocol as P
+from ...words import plural, ranks_phrase
+from ..admission import Admission, raise_fd_limit
+from ..ranks import Listener, RankInfo
+from .keeping import KeptState, detach_at_exit, notebook_name
+from .launcher import KeptLauncher
+from .terms import Terms, span
+
+if TYPE_CHECKING:
+    from ..pool import Pool
+
+JOIN_WAIT_S = 60.0  # every live rank joins the attaching kernel within this
+REPLY_WAIT_S = 10.0
+
+
+class AttachError(RuntimeError):
+    """Nothing was attached; the message says why and what to do."""
+
+
+@dataclass
+class Found:
+    """One kept pool's discovery file: its path, what it says, whether its lease holder lives."""
+
+    path: str
+    data: Dict[str, Any]
+    alive: bool
+
+    @property
+    def id(self) -> str:
+        return str(self.data["id"])
+
+    def line(self) -> str:
+        """``3fa9c2e1  train.ipynb  4 ranks  cell [5] running  attached to pid 4242 since 14:02  kept: ...``"""
+        d = self.data
+        if d.get("state") == "ended" or not self.alive:
+            why = d.get("why") or "its template died without ending its lease"
+            return f"{self.id}  {d.get('notebook') or '(no notebook)'}  ended: {why}"
+        busy = d.get("busy") or []
+        job = f"{d.get('job') or 'a cell'} running on {ranks_phrase(busy)}" if busy else "idle"
+        who = d.get("attached")
+        att = f"attached to {who.get('kernel') or 'a kernel'} (pid {who.get('pid')}) since {_clock(who.get('since'))}" if who else "no kernel attached"
+        terms = Terms(float(d["idle"]), float(d["max"]), float(d["since"]))
+        lease = terms.text(attached=bool(who), left_at=d.get("left_at"))
+        return f"{self.id}  {d.get('notebook') or '(no notebook)'}  {plural(int(d.get('nproc') or 0), 'rank')}  {job}  {att}  {lease}"
+
+
+def found_pools(where: Optional[str] = None) -> List[Found]:
+    """Every kept pool file of this user (ended ones included, until an attach or a stop reads them)."""
+    return [Found(path, data, alive) for path, data, alive in kept.listing(where)]
+
+
+def list_text(pools: List[Found]) -> str:
+    if not pools:
+        return "no kept pool of this user (%ddp keep, or %%ddp --bg --keep, keeps one)"
+    return "kept pools of this user:\n" + "\n".join("  " + p.line() for p in pools)
+
+
+def choose(pool_id: Optional[str], notebook: Optional[str] = None) -> Found:
+    """The pool to attach: ``pool_id``; else this notebook's; else this user's only one; else AttachError listing them."""
+    pools = found_pools()
+    if pool_id:
+        match = [p for p in pools if p.id == pool_id or p.id.startswith(pool_id)]
+        if len(match) != 1:
+            raise AttachError(f"%ddp attach {pool_id}: no such kept pool of this user.\n{list_text(pools)}")
+        return match[0]
+    notebook = notebook_name() if notebook is None else notebook
+    mine = [p for p in pools if notebook and p.data.get("notebook") == notebook]
+    if len(mine) == 1:
+        return mine[0]
+    if len(pools) == 1:
+        return pools[0]
+    if not pools:
+        raise AttachError("%ddp attach: " + list_text(pools))
+    raise AttachError(f"%ddp attach: this user has {len(pools)} kept pools; name one: %ddp attach ID\n{list_text(pools)}")
+
+
+class Heard(Listener):
+    """What the ranks sent while they joined (the replay's start, metrics rows): held until the attach has said what it found."""
+
+    def __init__(self) -> None:
+        self.calls: List[Tuple[str, Tuple[Any, ...]]] = []
+
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        self.calls.append(("on_output", (rank, stream, text)))
+
+    def on_metrics(self, rank: int, rows: List[Any]) -> None:
+        self.calls.append(("on_metrics", (rank, rows)))
+
+
+@dataclass
+class Attached:
+    """What an attach found: the pool (None when it had ended), and what happened meanwhile."""
+
+    pool: Optional["Pool"]
+    text: str
+    resumed: bool = False  # a cell ran on while no kernel was attached: a job takes it on
+    job: str = ""
+    owned: Set[str] = field(default_factory=set)
+    heard: Heard = field(default_factory=Heard)
+
+    def replay(self, listener: Listener) -> None:
+        """What was heard while the ranks joined, to the cell's listener now."""
+        calls, self.heard.calls = self.heard.calls, []
+        for name, args in calls:
+            getattr(listener, name)(*args)
+
+
+def forget(found: Found) -> None:
+    """An ended (or dead) kept pool's files, once its end was reported."""
+    for path in (found.path, kept.lock_path(found.id, os.path.dirname(found.path))):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def attach(found: Found, force: bool) -> Attached:
+    """Join the kept pool's ranks from this kernel. Raises AttachError (refused, gone)."""
+    data = found.data
+    if data.get("state") == "ended" or not found.alive:
+        forget(found)
+        why = data.get("why") or "its template died without ending its lease"
+        at = f" at {_clock(data.get('at'))}" if data.get("at") else ""
+        job = f"; {data['job']} ended with it" if data.get("job") else ""
+        return Attached(None, f"the kept pool {found.id} ended{at}: {why}{job}.{_meanwhile(data.get('meanwhile') or [])}")
+    pool = _pool_from(data)
+    admission = Admission(pool.listen_addr, pool.secret, max(64, 3 * pool.nproc), pool._count_rejected)
+    try:
+        sock, report = _knock(found, pool.listen_addr, admission.port, force)
+    except BaseException:
+        admission.close()
+        raise
+    pids = {int(pid): int(rank) for rank, pid in report["ranks"].items()}
+    pool.hub.launcher = KeptLauncher(pool.secret, sock, pids, kept.lock_path(found.id, os.path.dirname(found.path)))
+    pool.hub.reset(pool.ranks, admission)
+    pool.hub.begin_cell()
+    pool.hub.shown = kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, os.path.dirname(found.path)), "shown"), pool.nproc)
+    t0 = time.monotonic()
+    heard = Heard()
+    try:
+        _join(pool, set(pids.values()), heard)
+    finally:
+        pool.hub.admission = None
+        admission.close()
+    _dead_meanwhile(pool, set(pids.values()), report.get("meanwhile") or [])
+    terms = Terms(float(report["idle"]), float(report["max"]), float(report["since"]))
+    where = os.path.dirname(found.path)
+    pool.kept = KeptState(found.id, kept.pool_dir(found.id, where), where, terms, str(data.get("notebook") or ""), str(data.get("job") or ""))
+    pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(found.id, where), "dir": pool.kept.dir}
+    pool.started, pool.broken, pool.start_seconds = True, pool.broken, time.monotonic() - t0
+    detach_at_exit(pool)
+    hellos = pool.hub.hellos
+    resumed = any(h.get("busy") or h.get("undelivered") for h in hellos.values())
+    owned = set(hellos[min(hellos)].get("names") or []) if hellos else set()
+    text = _report(found, pool, report, resumed, time.monotonic() - t0)
+    return Attached(pool, text, resumed, pool.kept.job, owned, heard)
+
+
+def _pool_from(data: Dict[str, Any]) -> "Pool":
+    """A Pool object for the kept ranks: their spec, plan, secret and files, no process of its own."""
+    from ..pool import Pool
+
+    blob = pickle.loads(base64.b64decode(data["pool"]))  # our own 0600 file, written by our own template
+    pool = Pool(blob["spec"])
+    pool.launcher.close()  # never started
+    pool._finalizer.detach()
+    pool.plan, pool.secret, pool.shm_prefix, pool.store_path = blob["plan"], bytes.fromhex(data["secret"]), blob["shm_prefix"], blob["store_path"]
+    pool.listen_addr, pool._cell, pool.generation = blob["listen_addr"], int(blob["cell"]), int(blob["generation"])
+    if blob.get("launch_env") is not None:
+        pool.launch_env = blob["launch_env"]
+    pool.ranks = {r: RankInfo(rank=r) for r in range(pool.nproc)}
+    raise_fd_limit(3 * pool.nproc + 64)
+    return pool
+
+
+def _knock(found: Found, addr: str, port: int, force: bool) -> "tuple[socket.socket, Dict[str, Any]]":
+    """Prove the secret on the lease socket and ask for the pool; the template's answer. Raises AttachError when refused."""
+    data, where = found.data, os.path.dirname(found.path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(REPLY_WAIT_S)
+    try:
+        sock.connect(kept.socket_path(found.id, where))
+        P.client_handshake(sock, bytes.fromhex(data["secret"]))
+        shown = kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, where), "shown"), int(data["nproc"]))
+        offsets = {str(r): list(o) for r, o in shown.all().items()}
+        shown.close()
+        me = notebook_name() or f"kernel pid {os.getpid()}"
+        sock.sendall((json.dumps({"op": "attach", "kernel": me, "pid": os.getpid(), "force": force, "addr": addr,
+                                  "port": port, "offsets": offsets}) + "\n").encode())
+        reply = json.loads(_line(sock))
+    except (OSError, ValueError) as e:
+        sock.close()
+        raise AttachError(f"%ddp attach: the kept pool {found.id} did not answer ({e}); %ddp attach --list shows it") from None
+    if reply.get("event") == "refused":
+        sock.close()
+        who = reply.get("attached") or {}
+        raise AttachError(f"%ddp attach: the kept pool {found.id} is attached to {who.get('kernel') or 'another kernel'} (pid {who.get('pid')}) "
+                          f"since {_clock(who.get('since'))}; --force takes it over (that kernel's next cell then says it lost the pool)")
+    sock.settimeout(None)
+    return sock, reply
+
+
+def _line(sock: socket.socket) -> bytes:
+    """One line, byte by byte: what follows it is the launcher's to read."""
+    out = b""
+    while not out.endswith(b"\n"):
+        byte = sock.recv(1)
+        if not byte:
+            raise OSError("the kept pool's template closed the connection")
+        out += byte
+    return out
+
+
+def _join(pool: "Pool", live: Set[int], listener: Listener) -> None:
+    hub = pool.hub
+    joined = lambda: all(r in hub.conns and (r, "stdout") in hub.outs and (r, "stderr") in hub.outs for r in live)  # noqa: E731
+    with pool._bound(listener):
+        hub.pump(joined, time.monotonic() + JOIN_WAIT_S)
+    missing = sorted(live - set(hub.conns))
+    if missing:
+        pool.broken = f"{ranks_phrase(missing)} of the kept pool did not join this kernel"
+
+
+def _dead_meanwhile(pool: "Pool", live: Set[int], meanwhile: List[Dict[str, Any]]) -> None:
+    """Ranks that died while no kernel was attached: dead here too, so recovery starts them again at the next cell."""
+    codes = {int(m["rank"]): m for m in meanwhile if m.get("kind") == "died" and m.get("rank") is not None}
+    for rank in sorted(set(pool.ranks) - live):
+        info = pool.ranks[rank]
+        note = codes.get(rank, {})
+        info.pid, info.state, info.exit_code = note.get("pid"), RankState.DEAD, note.get("code")
+        info.finished = time.monotonic()
+        pool.hub.deaths += 1
+        pool.hub.on_death(rank, info.exit_code)
+
+
+def _meanwhile(events: List[Dict[str, Any]]) -> str:
+    lines = [f"\n  {_clock(e.get('at'))} {e.get('text')}" for e in events if e.get("kind") == "died"]
+    ended = [e for e in events if e.get("kind") == "cell_ended"]
+    if ended:
+        lines.append(f"\n  {_clock(ended[-1].get('at'))} the running cell ended on {ranks_phrase(sorted({int(e['rank']) for e in ended}))}")
+    return ("\nwhile no kernel was attached:" + "".join(lines)) if lines else ""
+
+
+def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, seconds: float) -> str:
+    """What the attach cell says first."""
+    live = [r for r, i in sorted(pool.ranks.items()) if i.state != RankState.DEAD]
+    pids = [p for p in (pool.ranks[r].pid for r in live) if p is not None]
+    head = (f"attached the kept pool {found.id}" + (f" of {found.data['notebook']}" if found.data.get("notebook") else "")
+            + f" in {seconds:.2f} s: {plural(len(live), 'rank')} alive" + (f" (pids {min(pids)}-{max(pids)})" if pids else ""))
+    left = report.get("left_at")
+    if left:
+        head += f", no kernel for {span(time.time() - float(left))}"
+    job = found.data.get("job") or "the last cell"
+    running = any(h.get("busy") for h in pool.hub.hellos.values())
+    if running:
+        head += f"; {job} is still running: its output follows"
+    elif resumed:
+        head += f"; {job} ended while no kernel was attached: its output and result follow"
+    elif found.data.get("job"):
+        head += f"; {job} had ended"
+    return head + "." + _meanwhile(report.get("meanwhile") or []) + "\n" + pool.kept.text() if pool.kept else head
+
+
+def _clock(at: Any) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(float(at))) if at else "?"

@@ -1,0 +1,165 @@
+"""Keep a running pool past its kernel (``%ddp keep``), or no more (``--off``): the kernel's half of the handshake.
+
+The template takes the lease (procs/lease.py: lock, discovery file, timers), every rank starts spooling
+its output and joins the lease socket (procs/rank_keep.py), and the kernel starts counting what it shows
+(wire/kept.py ``ShownOffsets``). From then on the pool's finalizer, at the kernel's exit, detaches from the
+ranks instead of stopping them. Nothing changes on a cell's path.
+"""
+from __future__ import annotations
+
+import atexit
+import base64
+import os
+import pickle
+import secrets
+import time
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+from ...logs import log
+from ...wire import kept
+from ...wire import protocol as P
+from ..launchers import ForkServerLauncher
+from ..recovery import stop_quietly
+from .terms import Terms
+
+if TYPE_CHECKING:
+    from ..hub import Hub
+    from ..pool import Pool
+
+KEEP_WAIT_S = 30.0  # the template and every rank answer a keep within this
+
+
+class KeepError(RuntimeError):
+    """The pool cannot be kept (or unkept); the message says why and what to do."""
+
+
+@dataclass
+class KeptState:
+    """What the kernel holds of its pool's lease."""
+
+    id: str
+    dir: str
+    where: str
+    terms: Terms
+    notebook: str = ""
+    job: str = ""  # the background cell kept with it (%%ddp --bg --keep), as the user calls it
+
+    def text(self) -> str:
+        return self.terms.text()
+
+
+def notebook_name() -> str:
+    """The notebook this kernel runs (Jupyter server sets JPY_SESSION_NAME), or "" where none says."""
+    return os.environ.get("JPY_SESSION_NAME", "")
+
+
+def pool_blob(pool: "Pool") -> str:
+    """What a next kernel needs to take the pool on as if it had started it: spec, plan, files, env (0600 file)."""
+    blob = {"spec": pool.spec, "plan": pool.plan, "shm_prefix": pool.shm_prefix, "store_path": pool.store_path,
+            "launch_env": getattr(pool, "launch_env", None), "cell": pool._cell, "generation": pool.generation,
+            "listen_addr": pool.listen_addr}
+    return base64.b64encode(pickle.dumps(blob)).decode()
+
+
+def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
+    """Keep ``pool`` past this kernel under ``terms`` (again: the new terms). Raises KeepError."""
+    launcher = pool.launcher
+    if not pool.alive:
+        raise KeepError("%ddp keep: no pool is running; start one first (%%ddp -n N), or put --keep on the cell that starts it")
+    if not isinstance(launcher, ForkServerLauncher) or launcher.remote_ranks:
+        raise KeepError(f"%ddp keep: a pool started with {pool.spec.launcher_method!r} cannot be kept yet; "
+                        "kept pools are fork-server pools on this host (the default --start-method auto)")
+    state: Optional[KeptState] = pool.kept
+    pool_id = state.id if state is not None else secrets.token_hex(4)
+    where = state.where if state is not None else kept.runtime_dir()
+    notebook = state.notebook if state is not None else notebook_name()
+    job = job or (state.job if state is not None else "")
+    info = {"notebook": notebook, "nproc": pool.nproc, "job": job, "kernel_pid": os.getpid(), "pool": pool_blob(pool),
+            "shm_prefix": pool.shm_prefix, "user": os.getuid()}
+    launcher.notes.clear()
+    launcher._write({"op": "keep", "id": pool_id, "where": where, "idle": terms.idle, "max": terms.max, "secret": pool.secret.hex(),
+                     "kernel": os.environ.get("JPY_SESSION_NAME", "") or f"pid {os.getpid()}", "pid": os.getpid(), "info": info})
+    note = _await_note(pool, "kept")
+    directory = str(note.get("dir") or kept.pool_dir(pool_id, where))
+    if state is None:
+        pool.hub.shown = kept.ShownOffsets(os.path.join(directory, "shown"), pool.nproc)  # each rank's KEEP reply sets its start
+        pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(pool_id, where), "dir": directory}
+        replies = pool.ask(P.KEEP, KEEP_WAIT_S, fields=pool.hub.keep_msg)
+        missing = sorted(set(pool.ranks) - {r for r, m in replies.items() if m.get("on")})
+        if missing:
+            raise KeepError(f"%ddp keep: ranks {missing} did not answer; the pool is not fully kept (%ddp keep --off, then try again)")
+        detach_at_exit(pool)
+    pool.kept = KeptState(pool_id, directory, where, terms if state is None else Terms(terms.idle, terms.max, state.terms.since),
+                          notebook, job)
+    return pool.kept
+
+
+def unkeep(pool: "Pool") -> bool:
+    """``%ddp keep --off``: the pool ends with this kernel again. Whether it was kept."""
+    if pool.kept is None:
+        return False
+    launcher = pool.launcher
+    if isinstance(launcher, ForkServerLauncher):
+        launcher.notes.clear()
+        launcher._write({"op": "unkeep"})
+        _await_note(pool, "unkept")
+        if getattr(launcher, "lock", None):  # an attached kept template: its lock is gone, its connection is its life now
+            launcher.lock = ""  # type: ignore[attr-defined]
+    pool.ask(P.KEEP, KEEP_WAIT_S, fields={"on": False})
+    pool.hub.shown, pool.hub.keep_msg = None, None
+    pool.kept = None
+    _set_finalizer(pool, stop_quietly, pool.hub, pool.shm_prefix)
+    return True
+
+
+def _await_note(pool: "Pool", event: str) -> Dict[str, Any]:
+    launcher = pool.launcher
+    assert isinstance(launcher, ForkServerLauncher)
+    found = lambda: next((n for n in launcher.notes if n.get("event") == event), None)  # noqa: E731
+    pool.hub.pump(lambda: found() is not None or launcher.proc is not None and not launcher.alive(), time.monotonic() + KEEP_WAIT_S)
+    note = found()
+    if note is None:
+        raise KeepError(f"%ddp keep: the template did not answer ({event}); see %ddp log")
+    return note
+
+
+def detach_quietly(hub: "Hub") -> None:
+    """At this kernel's exit, a kept pool: close our sockets and pipes; the ranks and their template go on."""
+    try:
+        hub.close_all()
+        detach = getattr(hub.launcher, "detach", None)
+        if detach is not None:
+            detach()
+    except Exception:  # interpreter shutdown: modules may already be half torn down
+        log.debug("detaching from a kept pool at exit failed", exc_info=True)
+
+
+def detach_at_exit(pool: "Pool") -> None:
+    _set_finalizer(pool, detach_quietly, pool.hub)
+
+
+def _set_finalizer(pool: "Pool", fn: Any, *args: Any) -> None:
+    pool._finalizer.detach()
+    pool._finalizer = weakref.finalize(pool, fn, *args)
+    atexit.register(pool._finalizer)
+
+
+def lost_text(pool: "Pool") -> Optional[str]:
+    """Why this kernel no longer has its kept pool (another kernel attached it with --force), or None."""
+    fenced = getattr(pool.launcher, "fenced", None)
+    if fenced is None:
+        return None
+    by = fenced.get("by") or "another kernel"
+    at = time.strftime("%H:%M:%S", time.localtime(float(fenced.get("at") or time.time())))
+    return (f"this kernel lost its kept pool: {by} (pid {fenced.get('pid')}) took it over with %ddp attach --force at {at}. "
+            "The next %%ddp cell here starts a new pool; %ddp attach --force takes the kept one back.")
+
+
+def drop_lost(pool: "Pool") -> None:
+    """Forget a pool another kernel took over: our sockets close, nothing of it is stopped."""
+    pool.kept = None
+    detach_quietly(pool.hub)
+    pool._finalizer.detach()
+    pool.started = False

@@ -1,0 +1,323 @@
+"""The lease of a kept pool, held by its template: the lock, the discovery file, the lease socket, the two timers.
+
+``%ddp keep`` sends the template a ``keep`` command (procs/forkserver.py); from then on the template
+no longer dies with its kernel (its parent-death signal is cleared, it has a session of its own) and
+this ``Lease`` is the pool's anchor (DESIGN.md §4d, docs/keep.md):
+
+- it holds the liveness lock (wire/kept.py) for the template's life, and a lock on a marker in /dev/shm
+  so that a new kernel's sweep of dead kernels' files (wire/shm.py) leaves the pool's files alone;
+- it listens on the lease socket (0600, in a 0700 directory): every rank connects once kept and waits
+  there for a kernel while none is attached; a kernel attaches there (``attach``) after proving the
+  pool's secret, and the template's commands and events then travel on that connection;
+- *idle*: no kernel attached and no rank running a cell, for ``idle`` seconds; *max*: ``max`` seconds
+  since keep. Either ends the lease: every rank is killed, the pool's files go, and the discovery file
+  says why (the next attach tells the user).
+
+The hot path is not here: once a kernel has attached, its cells go straight to the ranks.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from ..logs import log
+from ..wire import kept, shm
+from ..wire import protocol as P
+from ..words import fmt_seconds
+
+HANDSHAKE_S = 5.0  # a peer of the lease socket proves the secret within this
+
+
+def release_from_parent() -> None:
+    """No parent-death signal any more (a kept template outlives its kernel), and out of the kernel's session."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG, 0
+    except (OSError, AttributeError):
+        log.debug("could not clear the template's parent-death signal", exc_info=True)
+
+
+class _Peer:
+    """One authenticated connection to the lease socket: a rank's, or a kernel's."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+        self.rank: Optional[int] = None  # a rank's connection
+        self.busy = False
+
+    def send(self, obj: Dict[str, Any]) -> bool:
+        try:
+            self.sock.setblocking(True)
+            self.sock.settimeout(2.0)
+            self.sock.sendall((json.dumps(obj) + "\n").encode())
+            return True
+        except OSError:
+            log.debug("a lease peer is gone", exc_info=True)
+            return False
+
+    def lines(self) -> Optional[List[Dict[str, Any]]]:
+        """What it sent since the last call; None at EOF."""
+        try:
+            self.sock.setblocking(False)
+            data = self.sock.recv(65536)
+        except BlockingIOError:
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            return None
+        self.buf += data
+        out = []
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            out.append(json.loads(line))
+        return out
+
+
+class Lease:
+    """The kept pool's anchor in its template (see the module's docstring)."""
+
+    def __init__(self, cmd: Dict[str, Any], secret: bytes, children: Callable[[], Dict[int, int]]) -> None:
+        self.id, self.where = str(cmd["id"]), str(cmd["where"])
+        self.secret = secret
+        self.children = children  # pid -> rank, the template's live ranks
+        self.info: Dict[str, Any] = dict(cmd["info"])
+        self.since = time.time()
+        self.idle, self.max = float(cmd["idle"]), float(cmd["max"])
+        self.dir = kept.make_pool_dir(self.id, self.where)
+        self._lock = kept.hold_lock(kept.lock_path(self.id, self.where))
+        self.prefix = str(self.info.get("shm_prefix", ""))
+        self._shm_lock = self._hold_shm_marker()
+        _raise_fd_limit(2 * int(self.info.get("nproc") or 0) + 64)  # a lease connection per rank: past the usual 1,024
+        self.listener = self._listen()
+        self.peers: Dict[int, _Peer] = {}  # fd -> peer
+        self.kernel: Optional[Dict[str, Any]] = {"kernel": cmd.get("kernel", ""), "pid": cmd.get("pid"), "since": time.time()}
+        self.kernel_peer: Optional[_Peer] = None  # after an attach: the kernel's connection (before: the template's stdin)
+        self.left_at: Optional[float] = None  # when the last kernel left
+        self.idle_since: Optional[float] = None
+        self.meanwhile: List[Dict[str, Any]] = []  # what happened while no kernel was attached
+        self.ended: Optional[str] = None  # why the lease must end now (python -m ddp_magic stop); the template ends it
+        self.write()
+
+    # ------------------------------------------------------------ files
+    def _hold_shm_marker(self) -> Optional[int]:
+        if not self.prefix or not os.path.isdir(shm.SHM_DIR):
+            return None
+        try:
+            return kept.hold_lock(os.path.join(shm.SHM_DIR, self.prefix + shm.KEPT_MARKER))
+        except OSError:
+            log.debug("could not mark the kept pool's files in /dev/shm", exc_info=True)
+            return None
+
+    def _listen(self) -> socket.socket:
+        path = kept.socket_path(self.id, self.where)
+        if os.path.exists(path):
+            os.unlink(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        sock.listen(4096)  # a rank per connection, all at once at keep (the system caps it at somaxconn)
+        sock.setblocking(False)
+        return sock
+
+    def record(self) -> Dict[str, Any]:
+        """What the discovery file says."""
+        busy = sorted(p.rank for p in self.peers.values() if p.rank is not None and p.busy)
+        return dict(self.info, id=self.id, state="kept", secret=self.secret.hex(), template_pid=os.getpid(), since=self.since,
+                    idle=self.idle, max=self.max, attached=self.kernel, left_at=self.left_at, busy=busy, meanwhile=self.meanwhile,
+                    ranks={str(r): pid for pid, r in self.children().items()})
+
+    def write(self) -> None:
+        try:
+            kept.write_private(kept.discovery_path(self.id, self.where), self.record())
+        except OSError:
+            log.debug("could not write the kept pool's discovery file", exc_info=True)
+
+    # ------------------------------------------------------------ the loop's part
+    def fds(self) -> List[int]:
+        return [self.listener.fileno(), *self.peers]
+
+    def handle(self, fd: int) -> Optional[_Peer]:
+        """A readable fd of ours; returns a kernel's peer that just attached (the template reads its commands then)."""
+        if fd == self.listener.fileno():
+            self._accept()
+            return None
+        peer = self.peers.get(fd)
+        if peer is None:
+            return None
+        lines = peer.lines()
+        if lines is None:
+            self._drop(fd, peer)
+            return None
+        for msg in lines:
+            attached = self._message(peer, msg)
+            if attached:
+                return peer
+        return None
+
+    def _accept(self) -> None:
+        """Every peer waiting, each proving the secret (a rank answers within milliseconds)."""
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:  # none left (BlockingIOError)
+                return
+            try:
+                sock.settimeout(HANDSHAKE_S)
+                P.server_handshake(sock, self.secret)
+            except Exception:  # a wrong secret, garbage, a timeout: not ours
+                log.debug("a peer of the lease socket was rejected", exc_info=True)
+                sock.close()
+                continue
+            self.peers[sock.fileno()] = _Peer(sock)
+
+    def _drop(self, fd: int, peer: _Peer) -> None:
+        self.peers.pop(fd, None)
+        try:
+            peer.sock.close()
+        except OSError:
+            log.debug("closing a lease peer failed", exc_info=True)
+        if peer is self.kernel_peer:
+            self.kernel_left()
+
+    def _message(self, peer: _Peer, msg: Dict[str, Any]) -> bool:
+        op = msg.get("op")
+        if op == "rank":
+            peer.rank, peer.busy = int(msg["rank"]), bool(msg.get("busy"))
+        elif op == "busy":
+            was, peer.busy = peer.busy, bool(msg.get("busy"))
+            if was and not peer.busy and self.kernel is None:
+                self.note(f"rank {peer.rank}'s cell ended", rank=peer.rank, kind="cell_ended")
+            elif self.kernel is None:
+                self.write()
+        elif op == "attach":
+            return self._attach(peer, msg)
+        elif op == "stop":
+            peer.send({"event": "stopping"})
+            self.ended = "it was stopped from a terminal (python -m ddp_magic stop)"
+        elif op == "info":
+            peer.send(self.record())
+        return False
+
+    def _attach(self, peer: _Peer, msg: Dict[str, Any]) -> bool:
+        if self.kernel is not None and not msg.get("force"):
+            peer.send({"event": "refused", "attached": self.kernel})
+            return False
+        left_at = self.left_at if self.kernel is None else None  # a kernel taken over (--force) had not left
+        if self.kernel is not None:
+            self.fence(msg)
+        self.peers.pop(peer.sock.fileno(), None)  # the template reads its commands from now on
+        self.kernel_peer = peer
+        self.kernel = {"kernel": msg.get("kernel", ""), "pid": msg.get("pid"), "since": time.time()}
+        report = {"event": "attached", "meanwhile": self.meanwhile, "ranks": {str(r): pid for pid, r in self.children().items()},
+                  "busy": sorted(p.rank for p in self.peers.values() if p.rank is not None and p.busy), "left_at": left_at,
+                  "since": self.since, "idle": self.idle, "max": self.max}
+        peer.send(report)
+        self.meanwhile, self.left_at, self.idle_since = [], None, None
+        for rank_peer in [p for p in self.peers.values() if p.rank is not None]:
+            offsets = msg.get("offsets", {}).get(str(rank_peer.rank), [0, 0])
+            rank_peer.send({"op": "dial", "addr": msg["addr"], "port": msg["port"], "offsets": offsets})
+        self.write()
+        return True
+
+    fence_old: Optional[Callable[[Dict[str, Any]], None]] = None  # the template's: tell the attached kernel it lost the pool
+
+    def fence(self, msg: Dict[str, Any]) -> None:
+        if self.fence_old is not None:
+            self.fence_old({"event": "fenced", "by": msg.get("kernel", ""), "pid": msg.get("pid"), "at": time.time()})
+
+    def kernel_left(self) -> None:
+        """The attached kernel is gone (its connection or the template's stdin closed): the idle timer may start."""
+        if self.kernel is None:
+            return
+        self.kernel, self.kernel_peer, self.left_at = None, None, time.time()
+        self.write()
+
+    def note(self, text: str, **fields: Any) -> None:
+        """Something happened while no kernel was attached: the next attach reports it."""
+        self.meanwhile.append(dict(fields, text=text, at=time.time()))
+        self.write()
+
+    def on_exit(self, rank: Optional[int], pid: int, code: int) -> None:
+        if self.kernel is None and rank is not None:
+            how = f"exit code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}" if -code in signal.valid_signals() else str(code)
+            self.note(f"rank {rank} (pid {pid}) died ({how})", rank=rank, pid=pid, code=code, kind="died")
+            for peer in list(self.peers.values()):
+                if peer.rank == rank:
+                    peer.busy = False
+
+    # ------------------------------------------------------------ the timers
+    def due(self, now: Optional[float] = None) -> Optional[str]:
+        """Why the lease ends now, or None."""
+        now = time.time() if now is None else now
+        if now - self.since >= self.max:
+            return f"its lease's --max ({_span(self.max)}) ran out"
+        busy = any(p.busy for p in self.peers.values() if p.rank is not None)
+        if self.kernel is not None or busy:
+            self.idle_since = None
+            return None
+        self.idle_since = self.idle_since or now
+        if now - self.idle_since >= self.idle:
+            return f"no kernel attached and no job running for its lease's --idle ({_span(self.idle)})"
+        return None
+
+    def end(self, why: str) -> None:
+        """The lease is over: every rank goes (the template kills them), the files go, the discovery file says why."""
+        ranks = self.children()
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            kept.write_private(kept.discovery_path(self.id, self.where), dict(
+                id=self.id, state="ended", why=why, at=time.time(), notebook=self.info.get("notebook", ""), nproc=self.info.get("nproc"),
+                job=self.info.get("job"), meanwhile=self.meanwhile))
+        except OSError:
+            log.debug("could not write the ended pool's file", exc_info=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.prefix:
+            shm.remove_pool_files(self.prefix)
+
+    def off(self) -> None:
+        """``%ddp keep --off``: the pool is its kernel's again; the lease's files go (the lock with the process)."""
+        for peer in list(self.peers.values()):
+            peer.sock.close()
+        self.peers.clear()
+        self.listener.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        for path in (kept.discovery_path(self.id, self.where), kept.lock_path(self.id, self.where)):
+            try:
+                os.unlink(path)
+            except OSError:
+                log.debug("could not remove %s", path, exc_info=True)
+        for fd in (self._lock, self._shm_lock):
+            if fd is not None:
+                os.close(fd)
+        if self.prefix:
+            shm.remove(os.path.join(shm.SHM_DIR, self.prefix + shm.KEPT_MARKER))
+
+
+def _raise_fd_limit(needed: int) -> None:
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = needed + len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else needed + 256
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
+    except (ImportError, ValueError, OSError):
+        log.debug("the open-file limit could not be raised", exc_info=True)
+
+
+def _span(seconds: float) -> str:
+    return fmt_seconds(seconds)

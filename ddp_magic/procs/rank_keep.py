@@ -1,0 +1,225 @@
+"""A rank's part in a kept pool: its output spooled to disk, its wait for the next kernel, and the re-dial.
+
+``%ddp keep`` (KEEP on the control channel) turns it on. From then on:
+
+- fds 1 and 2 are pipes; one thread per stream copies every byte to the rank's spool file (0600, in the
+  pool's 0700 directory; a byte's offset there is its sequence number) and, while a kernel is attached,
+  to that kernel's output socket. The kernel counts what it has shown (wire/kept.py ``ShownOffsets``);
+  the next kernel asks for the spool from there on: no gap, no duplicate.
+- the rank holds a connection to its template's lease socket (procs/lease.py). While no kernel is
+  attached it says there whether it runs a cell (the lease's idle timer), and waits there for a
+  ``dial``: the next kernel's address. It then dials it with the pool's secret as at start, sends
+  what it queued meanwhile (its DONE, metrics rows), and replays its spools.
+
+Cells never pass through here: while attached, the control channel is the kernel's socket as before.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from ..logs import log
+from ..wire import kept
+from ..wire import protocol as P
+
+
+CONNECT_S = 60.0  # how long a rank tries to reach the lease socket
+
+
+class Spool:
+    """One stream (fd 1 or 2) through a pipe: every byte to the spool file, and to the kernel's socket when one is there."""
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+        self.file = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+        self.path = path
+        self.written = os.fstat(self.file).st_size
+        self.sink = os.dup(fd)  # the kernel's output socket, as FdCapture left it on fd 1/2
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, fd)
+        os.close(write_end)
+        self.read_end = read_end
+        threading.Thread(target=self._pump, name=f"ddp-spool-{fd}", daemon=True).start()
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                data = os.read(self.read_end, 1 << 16)
+            except OSError:
+                log.debug("spool %d: the pipe failed", self.fd, exc_info=True)
+                return
+            if not data:  # keep --off gave the fd back to the socket: everything before has been pumped
+                with self.lock:
+                    os.close(self.file)
+                    os.close(self.read_end)
+                    self.detach_sink()
+                return
+            with self.lock:
+                _write_all(self.file, data)
+                self.written += len(data)
+                self._send(data)
+
+    def _send(self, data: bytes) -> None:
+        if self.sink < 0:
+            return
+        try:
+            _write_all(self.sink, data)
+        except OSError:  # the kernel is gone: the spool keeps it for the next one
+            self.detach_sink()
+
+    def detach_sink(self) -> None:
+        if self.sink >= 0:
+            try:
+                os.close(self.sink)
+            except OSError:
+                log.debug("closing a spool's socket failed", exc_info=True)
+        self.sink = -1
+
+    def attach_sink(self, sock: socket.socket, offset: int) -> None:
+        """A new kernel's output socket: what it has not shown (the spool from ``offset``), then everything as it comes."""
+        with self.lock:
+            self.detach_sink()
+            self.sink = os.dup(sock.fileno())
+            sock.close()
+            with open(self.path, "rb") as f:
+                f.seek(min(offset, self.written))
+                while True:
+                    chunk = f.read(1 << 20)
+                    if not chunk:
+                        break
+                    self._send(chunk)
+
+
+    def unspool(self) -> None:
+        """``%ddp keep --off``: the fd is the kernel's socket again, straight (what the pipe still holds is pumped first)."""
+        with self.lock:
+            if self.sink >= 0:
+                os.dup2(self.sink, self.fd)  # the pipe's last writer goes: the pump sends what it holds, then EOF ends it
+            else:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.fd)
+                os.close(devnull)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class Keeper:
+    """The rank's side of a kept pool (see the module's docstring)."""
+
+    def __init__(self, rank: int, secret: bytes) -> None:
+        self.rank, self.secret = rank, secret
+        self.on = False
+        self.spools: Dict[str, Spool] = {}
+        self.lease: Optional[socket.socket] = None
+        self.dials: "queue.Queue[Dict[str, Any]]" = queue.Queue()
+        self.busy = False
+        self.attached = True  # a kernel holds our control channel (False between its death and the next one's dial)
+        self.on_dial: Optional[Callable[[], None]] = None  # the worker's: drop the attached kernel's socket (a --force attach)
+
+    def keep(self, msg: Dict[str, Any]) -> Dict[str, Any]:
+        """KEEP from the kernel: spool and wait for a kernel from now on (``on``), or no more."""
+        if not msg.get("on"):
+            self.on = False
+            for spool in self.spools.values():
+                spool.unspool()
+            self.spools.clear()
+            if self.lease is not None:
+                self.lease.close()
+                self.lease = None
+            return {"rank": self.rank, "on": False}
+        if not self.spools:
+            for fd, stream in ((1, "stdout"), (2, "stderr")):
+                self.spools[stream] = Spool(fd, kept.spool_path(msg["dir"], self.rank, stream))
+        if self.lease is None:
+            try:
+                self.lease = self._connect(msg["socket"])
+            except (OSError, EOFError) as e:  # the rank goes on as it was: the kernel's keep names it and fails
+                log.debug("rank %d: could not join the lease", self.rank, exc_info=True)
+                return {"rank": self.rank, "on": False, "error": f"{type(e).__name__}: {e}"}
+            threading.Thread(target=self._read_lease, name="ddp-lease", daemon=True).start()
+        self.on = True
+        return {"rank": self.rank, "on": True, "written": {s: sp.written for s, sp in self.spools.items()}}
+
+    def _connect(self, path: str) -> socket.socket:
+        """The lease socket, the secret proved. A thousand ranks knock at once: a full backlog is tried again (EAGAIN)."""
+        deadline = time.monotonic() + CONNECT_S
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(10)
+            try:
+                sock.connect(path)
+                P.client_handshake(sock, self.secret)
+                break
+            except (BlockingIOError, ConnectionError, socket.timeout):  # the lease gave up on a slow handshake: again
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        sock.settimeout(None)
+        sock.sendall((json.dumps({"op": "rank", "rank": self.rank, "busy": self.busy}) + "\n").encode())
+        return sock
+
+    def _read_lease(self) -> None:
+        assert self.lease is not None
+        buf = b""
+        while True:
+            try:
+                data = self.lease.recv(65536)
+            except OSError:
+                data = b""
+            if not data:  # the template is gone, or let us go (keep --off)
+                log.debug("rank %d: the lease socket closed", self.rank)
+                return
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                msg = json.loads(line)
+                if msg.get("op") == "dial":
+                    self.dials.put(msg)
+                    if self.on_dial is not None:
+                        self.on_dial()
+
+    def tell(self, **fields: Any) -> None:
+        """A line to the lease (busy or not); best effort."""
+        if self.lease is None:
+            return
+        try:
+            self.lease.sendall((json.dumps(fields) + "\n").encode())
+        except OSError:
+            log.debug("rank %d: the lease did not hear us", self.rank, exc_info=True)
+
+    def set_busy(self, busy: bool) -> None:
+        """A cell starts or ends: the lease hears it only while no kernel is attached (its idle timer), never on a warm
+        cell's path."""
+        self.busy = busy
+        if self.on and not self.attached:
+            self.tell(op="busy", busy=busy)
+
+    def detached(self) -> Dict[str, Any]:
+        """The kernel is gone: the output only to the spools; wait for the next kernel's dial (the newest one)."""
+        self.attached = False
+        for spool in self.spools.values():
+            with spool.lock:
+                spool.detach_sink()
+        self.tell(op="busy", busy=self.busy)
+        dial = self.dials.get()
+        while True:
+            try:
+                dial = self.dials.get_nowait()
+            except queue.Empty:
+                return dial
+
+    def attach_outputs(self, streams: Dict[str, socket.socket], offsets: List[int]) -> None:
+        for i, stream in enumerate(kept.STREAMS):
+            self.spools[stream].attach_sink(streams[stream], int(offsets[i]) if i < len(offsets) else 0)
+        self.attached = True

@@ -1,0 +1,116 @@
+"""The template's part in a kept pool: its commands (``keep``, ``unkeep``), an attached kernel's connection, the lease's turn in its loop.
+
+A mixin of procs/forkserver.py's ``Template``, kept apart so that file stays the fork server and this one the
+keeping: the lease itself (lock, discovery file, timers, the lease socket) is procs/lease.py's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from typing import Any, Dict, List, Optional
+
+from ..logs import log
+from .lease import Lease, release_from_parent
+from .parent import die_with_parent
+
+EVENTS = {"fd": 1}  # where events go: stdout, an attached kernel's lease connection (procs/lease.py), or nowhere (-1)
+
+
+def emit(event: dict) -> None:
+    """One event to the kernel; a kernel that is gone reads none (and must not stop our cleanup)."""
+    data = (json.dumps(event) + "\n").encode()
+    if EVENTS["fd"] < 0:
+        return
+    try:
+        while data:
+            n = os.write(EVENTS["fd"], data)
+            data = data[n:]
+    except OSError:  # EPIPE: the kernel died; kernel_gone still kills the ranks and removes the files
+        log.debug("the kernel no longer reads our events", exc_info=True)
+
+
+class KeptTemplate:
+    """What a ``Template`` does for a kept pool."""
+
+    kernel_fd: int
+    cmd_buf: bytes
+    lease: Optional[Lease]
+    spares: Dict[int, int]
+    children: Dict[int, int]
+    want: int
+    kernel_pid: int
+
+    def spawn(self, cmd: dict) -> None:  # the Template's
+        raise NotImplementedError
+
+    def kernel_gone(self, *_: Any, dead: bool = True) -> None:  # the Template's
+        raise NotImplementedError
+
+    def command(self, cmd: dict) -> None:
+        op = cmd["op"]
+        if op == "spawn":
+            self.spawn(cmd)
+        elif op == "exit":
+            self.kernel_gone(dead=False)
+        elif op == "keep":
+            self.keep(cmd)
+        elif op == "unkeep":
+            if self.lease is not None:
+                self.lease.off()
+                self.lease = None
+            if self.kernel_sock is None and self.kernel_pid:  # our own kernel again: we die with it, as before keep
+                die_with_parent(self.kernel_pid, signal.SIGTERM)
+            emit({"event": "unkept"})
+
+    def keep(self, cmd: dict) -> None:
+        """%ddp keep: the pool outlives its kernel from now on (procs/lease.py); again: new timers."""
+        if self.lease is not None:
+            self.lease.idle, self.lease.max = float(cmd["idle"]), float(cmd["max"])
+            self.lease.info.update(cmd.get("info", {}))
+            self.lease.write()
+        else:
+            release_from_parent()
+            signal.signal(signal.SIGTERM, self.kernel_gone)
+            self.lease = Lease(cmd, bytes.fromhex(cmd["secret"]), lambda: dict(self.children))
+            self.lease.fence_old = self.fence
+        emit({"event": "kept", "id": self.lease.id, "dir": self.lease.dir})
+
+    def fence(self, event: dict) -> None:
+        """Another kernel attached with --force: the one attached now is told, and no longer heard."""
+        emit(event)
+        self.kernel_left()
+
+    kernel_sock: Optional[socket.socket] = None  # an attached kernel's lease connection (None: our stdin, or no kernel)
+
+    def kernel_left(self) -> None:
+        """No kernel hears us now (fd 0, our stdin, stays open for no one)."""
+        if self.kernel_sock is not None:
+            try:
+                self.kernel_sock.close()
+            except OSError:
+                log.debug("closing the kernel's connection failed", exc_info=True)
+        self.kernel_sock = None
+        self.kernel_fd, EVENTS["fd"], self.cmd_buf = -1, -1, b""
+        if self.lease is not None:
+            self.lease.kernel_left()
+
+    def serve_lease(self, ready: List[int]) -> None:
+        lease = self.lease
+        assert lease is not None
+        for fd in ready:
+            peer = lease.handle(fd)
+            if peer is not None:  # a kernel attached: its commands, and our events, on its connection from now on
+                self.kernel_sock = peer.sock
+                self.kernel_fd = EVENTS["fd"] = peer.sock.fileno()
+                peer.sock.setblocking(True)
+                self.cmd_buf = peer.buf
+                peer.buf = b""
+        if lease.kernel is None and self.kernel_fd >= 0:
+            self.kernel_left()
+        why = lease.due() if lease.ended is None else lease.ended
+        if why is not None:
+            lease.end(why)
+            self.lease = None
+            self.kernel_gone(dead=False)

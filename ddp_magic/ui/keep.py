@@ -1,0 +1,148 @@
+"""``%ddp keep``, ``%%ddp --keep`` and ``%ddp attach`` in a notebook: what they print, and the job an attach takes on.
+
+The mechanism is kernel/keep/'s; here the magics' side: the lines a user reads, and, when a cell ran on
+while no kernel was attached, a ``Job`` (ui/jobs.py) that shows its output and chart in the attach cell
+and gives its result, as if this kernel had started it with ``%%ddp --bg``.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import Any, Optional
+
+from ..errors import CellError, UsageError
+from ..kernel.keep import attach as attaching
+from ..kernel.keep import keeping
+from ..kernel.keep.resume import resume
+from ..kernel.keep.terms import Terms, TermsError
+from ..kernel.metrics import CellMetrics
+from ..kernel.turns import Ticket
+from ..session import Session
+from .cell_listener import MagicListener
+from .jobs import Job
+from .output import RankPrinter
+from .results import RankResults, running_cell
+
+
+def terms(args: argparse.Namespace) -> Terms:
+    try:
+        return Terms.parse(getattr(args, "idle", None), getattr(args, "max", None))
+    except TermsError as e:
+        raise UsageError(str(e)) from None
+
+
+def keep(session: Session, args: argparse.Namespace) -> None:
+    """``%ddp keep [--idle 30m] [--max 24h]``, ``%ddp keep --off``."""
+    pool = session.pool
+    if args.off:
+        if pool is None or not keeping.unkeep(pool):
+            print("the pool was not kept; it ends with this kernel")
+        else:
+            print("the pool is no longer kept: it ends with this kernel, as a pool does by default")
+        return
+    session.turns.check_idle("%ddp keep waits for the running cell (put --keep on a background cell to keep it while it runs)")
+    if pool is None:
+        raise UsageError("%ddp keep: no pool is running; start one first (%%ddp -n N), or put --keep on the cell that starts it")
+    state = _keep(session, terms(args))
+    print(f"kept the pool {state.id}: {state.text()}. After a kernel restart: %load_ext ddp_magic, then %ddp attach")
+
+
+def _keep(session: Session, lease: Terms, job: str = "") -> keeping.KeptState:
+    assert session.pool is not None
+    try:
+        return keeping.keep(session.pool, lease, job)
+    except keeping.KeepError as e:
+        raise UsageError(str(e)) from None
+
+
+def keep_cell(session: Session, spec: Any, listener: Any, job: str) -> None:
+    """``%%ddp --keep``: the pool started (if it was not) and kept before the cell is sent, so the job outlives the kernel."""
+    session.turns.check_idle("%%ddp --keep waits for the running cell")
+    pool = session.pool
+    if spec is not None or pool is None or not pool.alive:
+        session.start(spec if spec is not None else pool.spec if pool is not None else None, listener)  # type: ignore[arg-type]
+    pool = session.pool
+    assert pool is not None
+    state = _keep(session, pool.kept.terms if pool.kept is not None else Terms.parse(None, None), job)
+    listener.on_notice(f"kept the pool {state.id}: {state.text()}")
+
+
+def attach(magics: Any, args: argparse.Namespace) -> Optional[Job]:
+    """``%ddp attach [--out job] [--force] [ID]``, ``%ddp attach --list``."""
+    session: Session = magics.session
+    if args.list:
+        print(attaching.list_text(attaching.found_pools()))
+        return None
+    if session.pool is not None and session.pool.started:
+        raise UsageError("%ddp attach: this kernel has a pool already; %ddp stop ends it, then %ddp attach (or attach from a new kernel)")
+    number, _ = running_cell(magics.shell)
+    name = f"cell [{number}]" if isinstance(number, int) else "the attach cell"
+    printer = RankPrinter(read_back=f"{args.out}.output({{rank}})" if args.out else "%ddp output --rank {rank}")
+    listener = MagicListener(printer)
+    try:
+        found = attaching.choose(args.target)
+        done = attaching.attach(found, args.force)
+    except attaching.AttachError as e:
+        raise UsageError(str(e)) from None
+    print(done.text)
+    pool = done.pool
+    if pool is None:
+        return None
+    session.template.close()  # this kernel's own warm template: the kept pool has one
+    session.pool, session.owned, session.last = pool, set(done.owned), None
+    if not done.resumed:
+        listener.on_pool(pool)
+        done.replay(listener)
+        printer.flush()
+        return None
+    ticket = Ticket(f"{done.job or 'the kept cell'} (attached in {name})", background=True)
+    label = str(number) if isinstance(number, int) else "attach"
+    job = Job(ticket, functools.partial(_finish, session, pool, listener, printer, ticket, label, done), live=lambda: listener.metrics.data)
+    job.outputs = functools.partial(session.output, cell=label)
+    magics.jobs = [j for j in magics.jobs if not j.done()] + [job]
+    job.start()
+    if args.out:
+        magics.user_ns[args.out] = job
+        return None
+    return job
+
+
+def _finish(session: Session, pool: Any, listener: MagicListener, printer: RankPrinter, ticket: Ticket, label: str,
+            done: attaching.Attached, job: Job) -> RankResults:
+    """The job's work: the resumed cell to its end, shown in the attach cell; its RankResults (or its CellError)."""
+    metrics = CellMetrics(label)
+    ticket.progress = metrics.last_step
+    try:
+        with session.turns.turn(ticket, True, None, job.cancel_event):
+            listener.on_pool(pool)
+            heard = metrics.tee(session.outputs.tap(listener, label), listener)
+            done.replay(heard)
+            outcome = resume(pool, heard, job.cancel_event)
+    except BaseException as e:
+        printer.flush()
+        listener.finish(None, e)
+        raise
+    printer.flush()
+    listener.finish(outcome, metrics=metrics)
+    results = RankResults(outcome.values)
+    results.metrics = metrics.columns() if metrics else {}
+    if outcome.failures:
+        raise CellError(outcome.failures, outcome.notes, partial=results)
+    for note in outcome.notes:
+        listener.on_notice(note)
+    return results
+
+
+def lost(session: Session) -> None:
+    """A kept pool another kernel took over (--force): this kernel forgets it, and its next cell says so."""
+    pool = session.pool
+    if pool is None or pool.kept is None:
+        return
+    pool.refresh()  # reads the template's events: "fenced" among them
+    why = keeping.lost_text(pool)
+    if why is None:
+        return
+    keeping.drop_lost(pool)
+    session.pool, session.last = None, None
+    session.owned.clear()
+    raise UsageError(why)

@@ -1,0 +1,371 @@
+"""Kept pools (docs/keep.md): a pool and its running job outlive their kernel, and the next kernel attaches them.
+
+Real kernels (jupyter_client), real ranks, real lease files in a runtime directory of the test's own.
+Nothing races the clock: a job that must still run while a kernel dies waits at a gate, a file the
+test removes once the next kernel has attached. Each scenario runs twice, as a notebook user re-runs cells.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, Iterator, List
+
+import pytest
+
+from conftest import pid_alive, wait_until
+from kernel_helper import ANSI, Execution, Kernel
+
+pytestmark = pytest.mark.kernel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+START = "%%ddp -n 2\nimport os, time, torch, torch.distributed as dist\nkept = dist.get_rank() + 100\nos.getpid()"
+TICKS = """%%ddp --bg --out job --keep
+for i in range({n}):
+    print('tick', i, flush=True)
+    while i == {at} and os.path.exists({gate!r}):
+        time.sleep(0.02)
+    time.sleep(0.02)
+('done', kept)
+"""
+NEXT = "%%ddp\nt = torch.ones(1)\ndist.all_reduce(t)\n(kept, t.item())"
+TICK = re.compile(r"\[rank (\d+)\] tick (\d+)\n")
+N, AT = 60, 30
+
+
+@pytest.fixture
+def runtime() -> Iterator[str]:
+    """A runtime directory of this test's own (short: the lease socket's path must fit AF_UNIX); every pool left is stopped."""
+    path = tempfile.mkdtemp(prefix="k33-", dir="/tmp")
+    yield path
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=path, PYTHONPATH=ROOT)
+    for name in os.listdir(path):
+        if name.endswith(".json"):
+            subprocess.run([sys.executable, "-m", "ddp_magic", "stop", name[len("ddp-kept-"):-len(".json")]], env=env, capture_output=True, timeout=60)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def kernel(runtime: str, notebook: str = "keep.ipynb") -> Kernel:
+    k = Kernel(extra_env={"JUPYTER_RUNTIME_DIR": runtime, "JPY_SESSION_NAME": notebook})
+    k.run("%load_ext ddp_magic").ok()
+    return k
+
+
+def kill(k: Kernel) -> None:
+    """SIGKILL the kernel, as the OOM killer would; what it sent before is read (a notebook showed it)."""
+    os.kill(k.pid, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(k.pid), 10)
+    k.collect(1.0)
+
+
+def texts(k: Kernel, parent: str, ex: Execution) -> str:
+    """Every stream text of one cell, its later (background) messages included, colour codes stripped."""
+    msgs = ex.messages + [m for m in k.collect(0.3) if m["parent_header"].get("msg_id") == parent]
+    return ANSI.sub("", "".join(m["content"].get("text", "") for m in msgs if m["msg_type"] == "stream"))
+
+
+def ticks(text: str) -> Dict[int, List[int]]:
+    out: Dict[int, List[int]] = {}
+    for rank, i in TICK.findall(text):
+        out.setdefault(int(rank), []).append(int(i))
+    return out
+
+
+def pool_facts(k: Kernel) -> dict:
+    """The kernel's pool as the test needs it: rank pids, its /dev/shm prefix, its kept id."""
+    return k.value("(lambda p: {'pids': [i.pid for _, i in sorted(p.ranks.items())], 'shm': p.shm_prefix, "
+                   "'id': p.kept.id if p.kept else None})(get_ipython().magics_manager.registry['DDPMagics'].session.pool)")
+
+
+def discovery(runtime: str, pool_id: str) -> dict:
+    with open(os.path.join(runtime, f"ddp-kept-{pool_id}.json")) as f:
+        return json.load(f)
+
+
+def nothing_left(runtime: str, facts: dict, template: int) -> bool:
+    shm = [n for n in os.listdir("/dev/shm") if n.startswith(facts["shm"])]
+    return not any(pid_alive(p) for p in facts["pids"] + [template]) and not shm and not os.path.exists(os.path.join(runtime, f"ddp-kept-{facts['id']}"))
+
+
+def start_ticking(k: Kernel, gate: str) -> tuple:
+    """A kept background job that prints ticks and waits at the gate at tick AT; returns once the kernel showed tick 10 of both ranks."""
+    k.run(START, timeout=180).ok()
+    ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
+    assert "kept the pool" in ex.stdout
+    seen = ""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        seen = texts(k, ex.msg_id, ex)
+        if all(10 in ticks(seen).get(r, []) for r in (0, 1)):
+            break
+    return ex, seen
+
+
+def attach_and_finish(k2: Kernel, gate: str) -> str:
+    """Attach, let the job go on past its gate, and check its result, a kept variable and the next cell's all_reduce."""
+    ex = k2.run("%ddp attach --out job", timeout=120).ok()
+    assert "attached the kept pool" in ex.stdout and "2 ranks alive" in ex.stdout, ex.stdout
+    assert "is still running" in ex.stdout, ex.stdout
+    os.unlink(gate)
+    assert k2.value("job.wait(120)") is True
+    result = k2.run("job.result()", timeout=60).ok().result
+    assert result is not None and "('done', 100)" in result and "('done', 101)" in result, result
+    shown = texts(k2, ex.msg_id, ex)
+    assert k2.run(NEXT, timeout=120).ok().result.splitlines()[1:] == ["  [0] (100, 2.0)", "  [1] (101, 2.0)"]
+    return shown
+
+
+def union_is_whole(first: str, second: str) -> None:
+    """Every tick of every rank shown exactly once, by one kernel or the other."""
+    a, b = ticks(first), ticks(second)
+    for rank in (0, 1):
+        both = sorted(a.get(rank, []) + b.get(rank, []))
+        assert both == list(range(N)), f"rank {rank}: first kernel {a.get(rank)}, second {b.get(rank)}"
+        assert a.get(rank) and b.get(rank), "each kernel showed some ticks"
+
+
+def stop_and_check(k: Kernel, runtime: str) -> None:
+    facts = pool_facts(k)
+    template = discovery(runtime, facts["id"])["template_pid"]
+    assert "stopped the pool" in k.run("%ddp stop").ok().stdout
+    wait_until(lambda: nothing_left(runtime, facts, template), 15)
+    assert not [n for n in os.listdir(runtime) if n.startswith("ddp-kept-")]
+
+
+@pytest.mark.parametrize("end", ["sigkill", "restart", "shutdown"])
+def test_a_kept_job_outlives_its_kernel(runtime: str, tmp_path, end: str) -> None:
+    """The job goes on through the kernel's end; the next kernel shows every tick the first did not, once."""
+    for round_ in range(2):
+        gate = str(tmp_path / f"gate{round_}")
+        open(gate, "w").close()
+        k1 = kernel(runtime)
+        k2 = None
+        try:
+            ex1, _ = start_ticking(k1, gate)
+            if end == "sigkill":
+                kill(k1)
+                first = texts(k1, ex1.msg_id, ex1)
+                k2 = kernel(runtime)
+            elif end == "restart":
+                k1.km.restart_kernel(now=False)
+                k1.collect(1.0)
+                first = texts(k1, ex1.msg_id, ex1)
+                k1.run("%load_ext ddp_magic").ok()
+                k2, k1 = k1, None
+            else:
+                k1.km.shutdown_kernel(now=False)
+                k1.collect(1.0)
+                first = texts(k1, ex1.msg_id, ex1)
+                k1.kc.stop_channels()
+                k1 = None
+                k2 = kernel(runtime)
+            second = attach_and_finish(k2, gate)
+            union_is_whole(first, second)
+            stop_and_check(k2, runtime)
+        finally:
+            for k in (k1, k2):
+                if k is not None:
+                    k.shutdown()
+
+
+def test_idle_lease_ends_the_pool(runtime: str) -> None:
+    """%ddp keep --idle 5s, then SIGKILL: within 15 s no rank, no template, no /dev/shm file; attach says why."""
+    for _ in range(2):
+        k = kernel(runtime)
+        k.run(START, timeout=180).ok()
+        out = k.run("%ddp keep --idle 5s").ok().stdout
+        assert "kept: ends 5 s after its kernel leaves, at most at" in out, out
+        facts = pool_facts(k)
+        template = discovery(runtime, facts["id"])["template_pid"]
+        kill(k)
+        assert pid_alive(template) and all(pid_alive(p) for p in facts["pids"])
+        wait_until(lambda f=facts, t=template: nothing_left(runtime, f, t), 15)
+        assert discovery(runtime, facts["id"])["state"] == "ended"
+        k2 = kernel(runtime)
+        try:
+            out = k2.run("%ddp attach").ok().stdout
+            assert f"the kept pool {facts['id']} ended at" in out and "--idle" in out, out
+            assert not os.path.exists(os.path.join(runtime, f"ddp-kept-{facts['id']}.json"))
+        finally:
+            k2.shutdown()
+
+
+def test_max_ends_a_running_job_and_attach_says_so(runtime: str) -> None:
+    for _ in range(2):
+        k = kernel(runtime)
+        k.run(START, timeout=180).ok()
+        k.run("%ddp keep --max 8s").ok()
+        k.run("%%ddp --bg --out job --keep\nwhile True:\n    time.sleep(0.05)").ok()
+        facts = pool_facts(k)
+        template = discovery(runtime, facts["id"])["template_pid"]
+        kill(k)
+        wait_until(lambda f=facts, t=template: nothing_left(runtime, f, t), 30)
+        k2 = kernel(runtime)
+        try:
+            out = k2.run("%ddp attach").ok().stdout
+            assert f"the kept pool {facts['id']} ended at" in out and "--max" in out and "ran out" in out, out
+            assert "ended with it" in out, out  # the job it was running
+        finally:
+            k2.shutdown()
+
+
+def test_one_kernel_at_a_time_and_force_fences(runtime: str) -> None:
+    k1 = kernel(runtime)
+    try:
+        k1.run(START, timeout=180).ok()
+        k1.run("%ddp keep").ok()
+        for _ in range(2):
+            k2 = kernel(runtime)
+            try:
+                ex = k2.run("%ddp attach")
+                assert ex.error is not None and "is attached to" in ex.error[1] and "--force takes it over" in ex.error[1], ex.error
+                out = k2.run("%ddp attach --force", timeout=120).ok().stdout
+                assert "attached the kept pool" in out
+                assert k2.run(NEXT, timeout=120).ok().result.splitlines()[1:] == ["  [0] (100, 2.0)", "  [1] (101, 2.0)"]
+                ex = k1.run(NEXT, timeout=60)
+                assert ex.error is not None and "this kernel lost its kept pool" in ex.error[1], ex.error
+                ex = k1.run("%ddp attach --force", timeout=120).ok()  # and back
+                assert "attached the kept pool" in ex.stdout
+                assert k1.run(NEXT, timeout=120).ok().result.splitlines()[1:] == ["  [0] (100, 2.0)", "  [1] (101, 2.0)"]
+                ex = k2.run(NEXT, timeout=60)
+                assert ex.error is not None and "this kernel lost its kept pool" in ex.error[1], ex.error
+            finally:
+                k2.shutdown()
+        stop_and_check(k1, runtime)
+    finally:
+        k1.shutdown()
+
+
+def test_a_rank_that_died_meanwhile_is_reported_and_replaced(runtime: str) -> None:
+    for _ in range(2):
+        k = kernel(runtime)
+        k.run(START, timeout=180).ok()
+        k.run("%ddp keep").ok()
+        facts = pool_facts(k)
+        kill(k)
+        os.kill(facts["pids"][1], signal.SIGKILL)
+        wait_until(lambda p=facts["pids"][1]: not pid_alive(p), 10)
+        k2 = kernel(runtime)
+        try:
+            out = k2.run("%ddp attach", timeout=120).ok().stdout
+            assert f"rank 1 (pid {facts['pids'][1]}) died (signal SIGKILL)" in out and "1 rank alive" in out, out
+            ex = k2.run("%%ddp\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()", timeout=180).ok()
+            assert "started it again" in ex.stdout, ex.stdout
+            assert ex.result.splitlines()[1:] == ["  [0] 2.0", "  [1] 2.0"]
+            stop_and_check(k2, runtime)
+        finally:
+            k2.shutdown()
+
+
+def test_terminal_lists_and_stops(runtime: str) -> None:
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=runtime, PYTHONPATH=ROOT)
+    k = kernel(runtime)
+    try:
+        k.run(START, timeout=180).ok()
+        for _ in range(2):
+            pool_id = k.run("%ddp keep").ok().stdout.split("kept the pool ")[1].split(":")[0]
+            out = subprocess.run([sys.executable, "-m", "ddp_magic", "kept"], env=env, capture_output=True, text=True, timeout=60)
+            assert pool_id in out.stdout and "keep.ipynb" in out.stdout and "2 ranks" in out.stdout, out
+            k.run("%ddp keep --off").ok()
+            out = subprocess.run([sys.executable, "-m", "ddp_magic", "kept"], env=env, capture_output=True, text=True, timeout=60)
+            assert "no kept pool" in out.stdout, out.stdout
+        pool_id = k.run("%ddp keep").ok().stdout.split("kept the pool ")[1].split(":")[0]
+        facts = pool_facts(k)
+        kill(k)
+        out = subprocess.run([sys.executable, "-m", "ddp_magic", "stop", pool_id], env=env, capture_output=True, text=True, timeout=60)
+        assert f"stopped the kept pool {pool_id}" in out.stdout, out
+        wait_until(lambda: not any(pid_alive(p) for p in facts["pids"]), 15)
+    finally:
+        k.shutdown()
+
+
+def _other_user() -> str:
+    name = f"k33u{os.getpid() % 10000}"
+    if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None:
+        pytest.skip("creating another Unix user needs root and useradd/runuser")
+    proc = subprocess.run(["useradd", "--no-create-home", name], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"useradd failed: {proc.stderr.strip()}")
+    return name
+
+
+def test_another_user_cannot_list_or_attach(runtime: str) -> None:
+    user = _other_user()
+    k = kernel(runtime)
+    try:
+        k.run(START, timeout=180).ok()
+        pool_id = k.run("%ddp keep").ok().stdout.split("kept the pool ")[1].split(":")[0]
+        os.chmod(runtime, 0o755)  # even with the directory open to all, the files are not theirs
+        python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None)
+        if python is None:
+            pytest.skip("no Python another user may run (this one lives in root's home)")
+        env = {"PATH": os.environ["PATH"], "JUPYTER_RUNTIME_DIR": runtime, "PYTHONPATH": ROOT, "HOME": "/tmp"}
+        sock = f"{runtime}/ddp-kept-{pool_id}/lease.sock"
+        probe = ("import socket\nfrom ddp_magic.wire import kept\n"  # what `python -m ddp_magic kept` and attach read
+                 "print('listed:', [d['id'] for _, d, _ in kept.listing()])\n"
+                 f"try:\n    open({runtime!r} + '/ddp-kept-{pool_id}.json').read()\nexcept PermissionError:\n    print('secret: unreadable')\n"
+                 f"try:\n    socket.socket(socket.AF_UNIX).connect({sock!r})\nexcept PermissionError:\n    print('lease socket: refused')\n")
+        for _ in range(2):
+            out = subprocess.run(["runuser", "-u", user, "--", python, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+            assert out.stdout.splitlines() == ["listed: []", "secret: unreadable", "lease socket: refused"], (out.stdout, out.stderr)
+    finally:
+        os.chmod(runtime, 0o700)
+        k.shutdown()
+        subprocess.run(["userdel", user], capture_output=True)
+
+
+def test_keep_off_is_the_default_again(runtime: str) -> None:
+    """keep, then --off: output goes straight to the kernel again, and the kernel's death ends every rank (no orphans)."""
+    k = kernel(runtime)
+    k.run(START, timeout=180).ok()
+    facts = pool_facts(k)
+    for _ in range(2):
+        assert "kept the pool" in k.run("%ddp keep").ok().stdout
+        assert "no longer kept" in k.run("%ddp keep --off").ok().stdout
+        out = k.run("%%ddp\nprint('after off', dist.get_rank())\nkept", timeout=120).ok()
+        assert "[rank 0] after off 0" in out.stdout and "[rank 1] after off 1" in out.stdout, out.stdout
+        assert not [n for n in os.listdir(runtime) if n.startswith("ddp-kept-")]
+    kill(k)
+    k.shutdown()
+    wait_until(lambda: not any(pid_alive(p) for p in facts["pids"]), 15)
+
+
+def test_other_options_end_the_lease(runtime: str) -> None:
+    """%%ddp -n 3 on a kept pool of 2: the new pool is not kept, no lease file stays, and it dies with its kernel."""
+    k = kernel(runtime)
+    k.run(START, timeout=180).ok()
+    for n in (3, 2):
+        k.run("%ddp keep").ok()
+        out = k.run(f"%%ddp -n {n}\nimport torch.distributed as dist\ndist.get_world_size()", timeout=180).ok()
+        assert out.result is not None and f"[0] {n}" in out.result, out.result
+        assert not [name for name in os.listdir(runtime) if name.startswith("ddp-kept-")]
+        assert "kept:" not in k.run("%ddp status").ok().stdout
+    facts = pool_facts(k)
+    kill(k)
+    k.shutdown()
+    wait_until(lambda: not any(pid_alive(p) for p in facts["pids"]), 15)
+
+
+def test_keep_off_after_attach(runtime: str) -> None:
+    """Attached, then --off: the same ranks with their variables, and the pool ends with this kernel again."""
+    for _ in range(2):
+        k = kernel(runtime)
+        k.run(START, timeout=180).ok()
+        k.run("%ddp keep").ok()
+        kill(k)
+        k.shutdown()
+        k2 = kernel(runtime)
+        k2.run("%ddp attach", timeout=120).ok()
+        assert "no longer kept" in k2.run("%ddp keep --off", timeout=60).ok().stdout
+        assert k2.run(NEXT, timeout=120).ok().result.splitlines()[1:] == ["  [0] (100, 2.0)", "  [1] (101, 2.0)"]
+        facts = pool_facts(k2)
+        kill(k2)
+        k2.shutdown()
+        wait_until(lambda f=facts: not any(pid_alive(p) for p in f["pids"]), 15)
+        assert not [n for n in os.listdir(runtime) if n.startswith("ddp-kept-")]

@@ -1,0 +1,73 @@
+"""A kept pool's pure parts: the lease's durations and line, the shown offsets, the lock, the discovery files (docs/keep.md)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddp_magic.kernel.keep.terms import Terms, TermsError, duration, span
+from ddp_magic.wire import kept
+
+
+@pytest.mark.parametrize("text,seconds", [("5s", 5), ("30m", 1800), ("24h", 86400), ("90", 90), ("1.5h", 5400), ("2d", 172800), ("10 min", 600)])
+def test_durations(text: str, seconds: float) -> None:
+    assert duration(text, "--idle") == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "-5m", "0", "5x"])
+def test_bad_durations_say_what_to_write(text: str) -> None:
+    with pytest.raises(TermsError, match="give a duration such as 5s, 30m, 24h or 2d"):
+        duration(text, "--max")
+
+
+def test_the_lease_line() -> None:
+    since = time.mktime((2026, 1, 1, 5, 0, 0, 0, 0, -1))
+    terms = Terms(1800, 3600 + 14 * 60, since)
+    assert terms.text().startswith("kept: ends 30 min after its kernel leaves, at most at ")
+    assert terms.text().endswith("06:14")
+    left = terms.text(attached=False, left_at=since + 60)
+    assert "no kernel attached since" in left and "unless a kernel attaches or a job runs" in left
+    assert [span(s) for s in (5, 90, 1800, 5400, 86400)] == ["5 s", "1 min 30 s", "30 min", "1 h 30 min", "24 h"]
+    assert Terms.parse(None, None).idle == 1800 and Terms.parse("5s", "1h").max == 3600
+
+
+def test_shown_offsets_survive_their_writer(tmp_path) -> None:
+    """A kernel SIGKILLed right after counting: the next one reads the count (the file is an mmap'd array)."""
+    path = str(tmp_path / "shown")
+    code = ("import sys, os; from ddp_magic.wire.kept import ShownOffsets; s = ShownOffsets(sys.argv[1], 3);"
+            "s.add(2, 'stderr', 17); s.add(2, 'stderr', 5); s.set(1, {'stdout': 40}); os._exit(9)")
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", code, path], check=False)
+    shown = kept.ShownOffsets(path, 3)
+    assert shown.all() == {0: (0, 0), 1: (40, 0), 2: (0, 44)}
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+
+
+def test_the_lock_is_the_liveness(tmp_path) -> None:
+    path = str(tmp_path / "x.lock")
+    assert not kept.is_held(path)
+    proc = subprocess.Popen([sys.executable, "-c", f"from ddp_magic.wire import kept; kept.hold_lock({path!r}); import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 30
+        while not kept.is_held(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert kept.is_held(path)
+        with pytest.raises(BlockingIOError):
+            kept.hold_lock(path)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not kept.is_held(path)  # a SIGKILLed holder releases it: no pid to be fooled by
+
+
+def test_discovery_files_are_private_and_ours(tmp_path) -> None:
+    where = str(tmp_path)
+    kept.write_private(kept.discovery_path("abc", where), {"id": "abc", "secret": "00"})
+    assert oct(os.stat(kept.discovery_path("abc", where)).st_mode & 0o777) == "0o600"
+    assert [(d["id"], alive) for _, d, alive in kept.listing(where)] == [("abc", False)]
+    with open(os.path.join(where, "ddp-kept-bad.json"), "w") as f:
+        f.write("[]")
+    assert [d["id"] for _, d, _ in kept.listing(where)] == ["abc"]  # not one: skipped, logged
