@@ -40,6 +40,7 @@ from ..kernel.blame import causes
 from ..logs import log
 from ..plan import Check, Plan
 from ..states import RankState
+from . import quiet_display
 from . import status_render as R
 from . import status_tables as T
 from .progress import LiveLines
@@ -255,7 +256,7 @@ class StatusView(PlanFacts, Listener):
             return
         if self.clock() - self._last_render >= (self.min_interval if self._dirty else self.refresh):
             self.render()
-        elif urgent and not self._ticker_told:
+        elif urgent and not self._ticker_told and not self.display.holds():  # a held display's moment is the ticker's already
             self._ticker_told = True  # once per pending render, not once per rank's change (1,024 a cell at scale)
             TICKER.wake()  # the ticker may be sleeping until a later moment
 
@@ -349,9 +350,7 @@ class StatusView(PlanFacts, Listener):
     def _put(self, bundle: Bundle) -> Any:
         if self._display_fn is not None:
             return self._display_fn(bundle, raw=True, display_id=True)
-        from IPython.display import display
-
-        return display(bundle, raw=True, display_id=True)
+        return quiet_display.display(bundle)  # IPython's display, without an idle stream's flush
 
     def put(self, bundle: Bundle) -> None:
         """Display a bundle of its own (not the one updated in place)."""
@@ -367,9 +366,7 @@ class StatusView(PlanFacts, Listener):
         if self._update_fn is not None:
             self._update_fn(bundle, raw=True, display_id=self._display_id)
             return
-        from IPython.display import update_display
-
-        update_display(bundle, raw=True, display_id=self._display_id)
+        quiet_display.display(bundle, self._display_id, update=True)
 
     def bundle(self, widget: bool = True) -> Bundle:
         """The display bundle: the widget (while the cell runs) and its static HTML form.
