@@ -252,13 +252,14 @@ class StatusView(PlanFacts, Listener):
             self._dirty = True
         else:
             self._dirty_output = True
-        if not self.shown or not self.display.live:
-            return
+        if not self.shown or not self.display.live or (self._ticker_told and self.use_ticker):
+            return  # the ticker renders whatever is dirty by then: nothing to work out per rank's change (2,048 a cell at scale)
         if self.clock() - self._last_render >= (self.min_interval if self._dirty else self.refresh):
             self.render()
-        elif urgent and not self._ticker_told and not self.display.holds():  # a held display's moment is the ticker's already
-            self._ticker_told = True  # once per pending render, not once per rank's change (1,024 a cell at scale)
-            TICKER.wake()  # the ticker may be sleeping until a later moment
+        elif urgent:
+            self._ticker_told = True  # once per pending render, not once per rank's change
+            if not self.display.holds():  # a held display's own moment (display.due) is the one the ticker sleeps until
+                TICKER.wake()  # the ticker may be sleeping until a later moment
 
     def render(self) -> None:
         """Bring the page up to date now (the display may hold it back: the view stays dirty then)."""
