@@ -157,6 +157,10 @@ class FrameReader:
         self._need: Optional[int] = None
 
     def feed(self, data: bytes) -> list:
+        if not self._buf and self._need is None and len(data) > HEADER.size:  # the usual read: exactly one whole frame
+            (size,) = HEADER.unpack_from(data)
+            if size + HEADER.size == len(data) and size <= MAX_FRAME:
+                return [pickle.loads(data[HEADER.size:])]
         self._buf += data
         out = []
         while True:
