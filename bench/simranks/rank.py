@@ -5,7 +5,8 @@ then its stdout and stderr streams), proves the pool's secret on each
 (wire/protocol.py's handshake), sends HELLO, HELLO_OUT twice and READY, then
 serves the kernel's messages: RUN (a cell, read as a script.py script), STACK,
 ENV, INTERRUPT, ABORT, REFORM, SHUTDOWN, KILL. Output goes to its raw stream
-sockets with the same sync markers as wire/capture.py; a value goes back in
+sockets with the same sync markers as wire/capture.py (a marker only on a stream written
+since its last one; DONE's "sync" names the markers it follows); a value goes back in
 DONE packed by wire/transfer.py (large buffers through /dev/shm). Many ranks
 share one process and one loop (host.py); nothing here imports torch.
 """
@@ -75,6 +76,8 @@ class SimRank:
         self.secret = bytes.fromhex(config["secret"])
         self.runs: "asyncio.Queue[Optional[dict]]" = asyncio.Queue()  # RUN and REFORM; None: the control channel ended
         self.outs: Dict[str, asyncio.StreamWriter] = {}
+        self.marked: Dict[str, int] = {}  # stream -> its last marker's cell (wire/capture.py's FdCapture.sync)
+        self.written: set = set()  # streams written since their last marker
         self.script: Optional[S.Script] = None  # the cell running now
         self.filename = ""
         self.line = 0  # the cell line the rank is at
@@ -253,9 +256,12 @@ class SimRank:
             status, error = "interrupted", self._error("RuntimeError", str(e))
         finally:
             self.script, self.collective, self.line = None, None, 0
-        for writer in self.outs.values():
-            writer.write(SYNC_PREFIX + str(cell).encode() + SYNC_END)
-        fields: Dict[str, Any] = {"cell": cell, "status": status, "error": error, "memory": None, "seq": self.seq}
+        for stream, writer in self.outs.items():
+            if stream in self.written or stream not in self.marked or not msg.get("named_marks"):  # an older kernel waits for every marker
+                writer.write(SYNC_PREFIX + str(cell).encode() + SYNC_END)
+                self.marked[stream] = cell
+        self.written.clear()
+        fields: Dict[str, Any] = {"cell": cell, "status": status, "error": error, "memory": None, "seq": self.seq, "sync": dict(self.marked)}
         if self.broken:
             fields["group_broken"] = True
         if status != "ok" or value is None:
@@ -303,6 +309,7 @@ class SimRank:
     async def _print(self, lines: int, own: bool, stream: str) -> None:
         prefix = f"rank {self.rank} " if own else ""
         writer = self.outs[stream]
+        self.written.add(stream)
         writer.write("".join(f"{prefix}line {i}\n" for i in range(lines)).encode())
         await writer.drain()
 

@@ -76,13 +76,15 @@ class OutputStreams:
         self.listener.on_output(out.rank, out.stream, text)
 
     def _release_done(self, rank: int) -> None:
-        """A DONE counts once both streams have shown everything printed before it."""
+        """A DONE counts once both streams have shown everything printed before it: the markers it names
+        ("sync"; a quiet stream's is one already read, so a quiet cell's DONE counts at once), else its cell's."""
         msg = self._unsynced.get(rank)
         if msg is None:
             return
+        marks = msg.get("sync") or {}
         for stream in STREAMS:
             out = self.outs.get((rank, stream))
-            if out is not None and not out.eof and out.synced < msg["cell"]:
+            if out is not None and not out.eof and out.synced < marks.get(stream, msg["cell"]):
                 return
         del self._unsynced[rank]
         self._finish_rank(rank, msg)

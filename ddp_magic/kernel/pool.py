@@ -316,6 +316,7 @@ class Pool:
             info.tail.clear()
             self.hub.listener.on_state(info)
         here, common = socket.gethostname(), dict(cell=self._cell, source=source, filename=filename, names=names, owned=sorted(owned), gather=gather)
+        common["named_marks"] = True  # DONE may name its quiet streams' earlier markers (hub_output.py reads them)
         if reload is not None:
             common["reload"] = reload
         for rank in range(self.nproc):

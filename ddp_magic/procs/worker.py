@@ -265,9 +265,9 @@ class Worker:
                 status, error, value = self._run_user_code(msg)
         rank_metrics.end_cell()  # every row logged before DONE
         status, error = rank_recover.cell_status(status, error)  # a wait released by ABORT ends as interrupted
-        self.capture.sync(msg["cell"])
+        marks = self.capture.sync(msg["cell"], bool(msg.get("named_marks")))  # the markers this DONE follows (a quiet stream's older one)
         fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status.value, "error": error, "memory": rank_torch.gpu_memory(),
-                        "seq": rank_collectives.default_seq()}
+                        "seq": rank_collectives.default_seq(), "sync": marks}
         fields.update(rank_profile.take())
         fields.update(rank_recover.done_fields())
         fields.update(RELOADER.done_fields())

@@ -40,6 +40,7 @@ from ..kernel.blame import causes
 from ..logs import log
 from ..plan import Check, Plan
 from ..states import RankState
+from . import quiet_display
 from . import status_render as R
 from . import status_tables as T
 from .progress import LiveLines
@@ -251,13 +252,14 @@ class StatusView(PlanFacts, Listener):
             self._dirty = True
         else:
             self._dirty_output = True
-        if not self.shown or not self.display.live:
-            return
+        if not self.shown or not self.display.live or (self._ticker_told and self.use_ticker):
+            return  # the ticker renders whatever is dirty by then: nothing to work out per rank's change (2,048 a cell at scale)
         if self.clock() - self._last_render >= (self.min_interval if self._dirty else self.refresh):
             self.render()
-        elif urgent and not self._ticker_told:
-            self._ticker_told = True  # once per pending render, not once per rank's change (1,024 a cell at scale)
-            TICKER.wake()  # the ticker may be sleeping until a later moment
+        elif urgent:
+            self._ticker_told = True  # once per pending render, not once per rank's change
+            if not self.display.holds():  # a held display's own moment (display.due) is the one the ticker sleeps until
+                TICKER.wake()  # the ticker may be sleeping until a later moment
 
     def render(self) -> None:
         """Bring the page up to date now (the display may hold it back: the view stays dirty then)."""
@@ -349,9 +351,7 @@ class StatusView(PlanFacts, Listener):
     def _put(self, bundle: Bundle) -> Any:
         if self._display_fn is not None:
             return self._display_fn(bundle, raw=True, display_id=True)
-        from IPython.display import display
-
-        return display(bundle, raw=True, display_id=True)
+        return quiet_display.display(bundle)  # IPython's display, without an idle stream's flush
 
     def put(self, bundle: Bundle) -> None:
         """Display a bundle of its own (not the one updated in place)."""
@@ -367,9 +367,7 @@ class StatusView(PlanFacts, Listener):
         if self._update_fn is not None:
             self._update_fn(bundle, raw=True, display_id=self._display_id)
             return
-        from IPython.display import update_display
-
-        update_display(bundle, raw=True, display_id=self._display_id)
+        quiet_display.display(bundle, self._display_id, update=True)
 
     def bundle(self, widget: bool = True) -> Bundle:
         """The display bundle: the widget (while the cell runs) and its static HTML form.

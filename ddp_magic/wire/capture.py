@@ -7,28 +7,40 @@ in the kernel's socket buffer, and a rank that dies a microsecond later still
 has its last words delivered.
 
 A cell's output must reach the kernel before the cell's result, but the two
-travel on different sockets; ``sync(token)`` writes a marker into both streams,
-and the kernel holds the cell's DONE until it has read both markers.
+travel on different sockets; ``sync(token)`` writes a marker into a stream,
+and the kernel holds the cell's DONE until it has read the markers the DONE names.
+A stream nothing was written to since its last marker needs no new one: its DONE
+names that older marker, which the kernel has read already (it held an earlier DONE
+for it), so a quiet cell's DONE counts at once, without two more reads per rank.
+"Nothing written" is the socket's own count of bytes written (TCP's bytes acked plus
+its send queue), which sees C code and child processes too; where it cannot be read
+(a TLS relay's socketpair) every cell writes its markers.
 """
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import socket
+import struct
 import sys
-from typing import Dict, List, Tuple
+import termios
+from typing import Dict, List, Optional, Tuple
 
 SYNC_PREFIX = b"\x00\x1bddp-sync:"
 SYNC_END = b"\x00"
+_TCP_INFO_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_info (since 4.1)
 
 
 class FdCapture:
-    """Rank side: fds 1 and 2 become the kernel's output sockets; ``sync`` marks a cell's end in both."""
+    """Rank side: fds 1 and 2 become the kernel's output sockets; ``sync`` marks a cell's end where it is needed."""
 
     def __init__(self, streams: Dict[str, socket.socket]) -> None:
         for fd, name in ((1, "stdout"), (2, "stderr")):
             os.dup2(streams[name].fileno(), fd)
-            streams[name].close()
+        self._socks = streams  # kept open (close-on-exec) to read what went through fds 1 and 2
+        self._marked: Dict[str, int] = {}  # stream -> the token of its last marker
+        self._written_at_mark: Dict[str, Optional[int]] = {}  # stream -> the bytes written when that marker went
         # Line-buffered text streams on the captured fds (tqdm flushes after each \r redraw).
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True)
@@ -37,19 +49,42 @@ class FdCapture:
         sys.__stdout__ = sys.stdout  # type: ignore[misc]
         sys.__stderr__ = sys.stderr  # type: ignore[misc]
 
-    def sync(self, token: int) -> None:
-        """Flush Python's buffers and put a marker after everything written so far."""
+    def sync(self, token: int, named: bool = False) -> Dict[str, int]:
+        """Flush Python's buffers and make sure a marker follows everything written so far; returns, per
+        stream, the token of the marker the kernel must have read before the DONE that carries it counts.
+        ``named``: the kernel reads those tokens (its RUN said so); else every stream gets a marker now."""
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        marker = SYNC_PREFIX + str(token).encode() + SYNC_END
-        for fd in (1, 2):
+        marks: Dict[str, int] = {}
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            written = bytes_written(self._socks[name])
+            if named and written is not None and name in self._marked and written == self._written_at_mark.get(name):
+                marks[name] = self._marked[name]  # nothing since that marker: the kernel has read all of it
+                continue
             try:
-                _write_all(fd, marker)
+                _write_all(fd, SYNC_PREFIX + str(token).encode() + SYNC_END)
             except OSError:
                 pass
+            self._marked[name], self._written_at_mark[name] = token, bytes_written(self._socks[name])
+            marks[name] = token
+        return marks
+
+
+def bytes_written(sock: socket.socket) -> Optional[int]:
+    """How many bytes were ever written to a TCP socket (acked plus still queued); None where that cannot be told.
+
+    Read as acked, queued, acked again: an ACK between the two reads would move bytes from the queue
+    to the acked count, so the sum counts only when both reads of the acked count agree."""
+    try:
+        acked = struct.unpack_from("Q", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_ACKED + 8), _TCP_INFO_ACKED)[0]
+        queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]  # SIOCOUTQ
+        again = struct.unpack_from("Q", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_ACKED + 8), _TCP_INFO_ACKED)[0]
+    except (OSError, struct.error, AttributeError):  # not TCP (a TLS relay's socketpair), an older kernel, not Linux
+        return None
+    return acked + queued if acked == again else None
 
 
 def _write_all(fd: int, data: bytes) -> None:

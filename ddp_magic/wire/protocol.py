@@ -44,8 +44,8 @@ HELLO = "hello"          # worker -> kernel: rank, pid, host, device (first fram
 HELLO_OUT = "hello_out"  # worker -> kernel: first frame of a raw stdout/stderr socket
 READY = "ready"          # worker -> kernel: process group initialised (or skipped)
 INIT_FAILED = "init_failed"
-RUN = "run"              # kernel -> worker: execute a cell
-DONE = "done"            # worker -> kernel: the cell finished on this rank
+RUN = "run"              # kernel -> worker: execute a cell; "named_marks": DONE may name its quiet streams' earlier markers
+DONE = "done"            # worker -> kernel: the cell finished on this rank; "sync": stream -> the marker it follows (wire/capture.py)
 DECIDE = "decide"        # kernel -> worker: how to return a pending result
 RESULT = "result"        # worker -> kernel: a result sent after DECIDE
 INTERRUPT = "interrupt"  # kernel -> worker: stop the running cell
@@ -235,6 +235,10 @@ class FrameReader:
         self._relayed: Any = None  # a tls_ways.Fill: the TLS relay is filling the rest of ``_fill``
 
     def feed(self, data: Union[bytes, bytearray, memoryview]) -> list:
+        if not self._buf and self._need is None and not self._filling and len(data) > HEADER.size:  # the usual read: exactly one whole frame
+            (size,) = HEADER.unpack_from(data)
+            if size + HEADER.size == len(data) and size <= MAX_FRAME:
+                return [pickle.loads(data[HEADER.size:])]
         self._buf += data
         return self._parse()
 

@@ -87,6 +87,26 @@ def _voluntary_switches(tid: int) -> int:
     raise AssertionError("no voluntary_ctxt_switches line")
 
 
+def test_a_quiet_cell_s_done_names_the_last_markers_and_output_still_comes_first():
+    """A stream nothing was written to needs no new marker (its DONE names the last one, read already: one read per
+    rank, not three); a write below Python (a raw fd write, a child process) still gets one, and comes before the DONE."""
+    pool = Pool(2)
+    rec = Recorder()
+    try:
+        for _ in range(2):
+            pool.run("print('marked')")
+            marked = pool.hub.done[0]["sync"]["stdout"]
+            out = pool.run("1")
+            assert out.ok and [pool.hub.done[r]["sync"]["stdout"] for r in (0, 1)] == [marked, marked]  # no new stdout marker
+            rec.out.clear()
+            out = pool.run("import os, subprocess\nos.write(1, b'raw\\n')\nsubprocess.run(['echo', 'child'])\n3", listener=rec)
+            assert out.ok and out.values == [3, 3] and pool.hub.done[1]["sync"]["stdout"] > marked
+            text = {r: "".join(t for rr, ss, t in rec.out if rr == r and ss == "stdout") for r in (0, 1)}
+            assert text == {0: "raw\nchild\n", 1: "raw\nchild\n"}  # all read before the cell ended
+    finally:
+        pool.stop()
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts wake-ups in Linux /proc")
 def test_a_quiet_cell_does_not_wake_the_caller_often():
     """While the ranks compute without a word, the poll loop sleeps until an event or the next

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -15,6 +17,67 @@ from ddp_magic.wire.capture import SYNC_END, SYNC_PREFIX, MarkerScanner
 
 
 # ---------------------------------------------------------------- capture markers
+_CAPTURE_CHILD = r"""
+import json, os, socket, sys
+from ddp_magic.wire.capture import FdCapture
+kind, port = sys.argv[1], int(sys.argv[2])
+if kind == "tcp":
+    streams = {name: socket.create_connection(("127.0.0.1", port)) for name in ("stdout", "stderr")}
+else:  # a TLS relay's socketpair: no byte count to read
+    streams = {name: socket.fromfd(int(fd), socket.AF_UNIX, socket.SOCK_STREAM) for name, fd in zip(("stdout", "stderr"), sys.argv[3:5])}
+report = os.fdopen(os.dup(1), "w")
+cap = FdCapture(streams)
+marks = [cap.sync(1, True), cap.sync(2, True)]
+os.write(1, b"raw\n")  # below Python: only the socket knows
+marks.append(cap.sync(3, True))
+print("err", file=sys.stderr)
+marks.append(cap.sync(4, True))
+marks.append(cap.sync(5, True))
+marks.append(cap.sync(6))  # a kernel that does not read named markers (its RUN did not say so): both, always
+report.write(json.dumps(marks))
+"""
+
+
+def _stream_bytes(socks):
+    out = {}
+    for name, s in socks.items():
+        s.settimeout(10)
+        chunks = []
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            chunks.append(b)
+        out[name] = b"".join(chunks)
+    return out
+
+
+def test_capture_marks_only_streams_written_since_their_last_marker():
+    """A quiet stream's DONE names its last marker (the kernel read it already); any write, even below Python, a new one."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    child = subprocess.Popen([sys.executable, "-c", _CAPTURE_CHILD, "tcp", str(srv.getsockname()[1])], stdout=subprocess.PIPE)
+    socks = {name: srv.accept()[0] for name in ("stdout", "stderr")}
+    data = _stream_bytes(socks)
+    marks = __import__("json").loads(child.communicate(timeout=30)[0])
+    srv.close()
+    assert marks == [{"stdout": 1, "stderr": 1}, {"stdout": 1, "stderr": 1}, {"stdout": 3, "stderr": 1},
+                     {"stdout": 3, "stderr": 4}, {"stdout": 3, "stderr": 4}, {"stdout": 6, "stderr": 6}]
+    m = lambda t: SYNC_PREFIX + str(t).encode() + SYNC_END  # noqa: E731
+    assert data == {"stdout": m(1) + b"raw\n" + m(3) + m(6), "stderr": m(1) + b"err\n" + m(4) + m(6)}
+
+
+def test_capture_without_a_byte_count_marks_every_cell():
+    pairs = {name: socket.socketpair() for name in ("stdout", "stderr")}
+    fds = [str(pairs[name][1].fileno()) for name in ("stdout", "stderr")]
+    child = subprocess.Popen([sys.executable, "-c", _CAPTURE_CHILD, "unix", "0", *fds], stdout=subprocess.PIPE, pass_fds=[int(f) for f in fds])
+    for name in pairs:
+        pairs[name][1].close()
+    data = _stream_bytes({name: p[0] for name, p in pairs.items()})
+    marks = __import__("json").loads(child.communicate(timeout=30)[0])
+    assert marks == [{"stdout": t, "stderr": t} for t in (1, 2, 3, 4, 5, 6)]
+    assert data["stdout"].count(SYNC_PREFIX) == 6 and data["stderr"].count(SYNC_PREFIX) == 6
+
+
 def test_marker_scanner_handles_markers_cut_anywhere():
     stream = b"abc" + SYNC_PREFIX + b"12" + SYNC_END + b"def" + SYNC_PREFIX + b"13" + SYNC_END
     for cut in range(1, len(stream)):
