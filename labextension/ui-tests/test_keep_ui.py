@@ -1,4 +1,4 @@
-"""A kept pool in real JupyterLab (headless Chromium): the DDP panel offers it after a kernel restart (docs/keep.md).
+"""A kept pool in real JupyterLab and Notebook 7 (headless Chromium): the DDP panel offers it after a kernel restart (docs/keep.md).
 
 A notebook sets a variable on its two ranks and keeps the pool (``%ddp keep``); the kernel restarts and loads the
 extension again. The DDP panel then lists this notebook's kept pool with an *Attach* button; a click puts
@@ -31,9 +31,13 @@ expect = playwright_api.expect
 OUTPUT_JS = "(i) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelector('.jp-OutputArea').innerText"
 
 
-@pytest.fixture(scope="module")
-def page(server: Server, browser: Any) -> Iterator[Any]:
-    with front_page(server, browser, NOTEBOOK, ["%load_ext ddp_magic", SET, "%ddp keep"], 900, panel=True) as pg:
+@pytest.fixture(scope="module", params=["lab", "notebook"])
+def page(request: Any, server: Server, browser: Any) -> Iterator[Any]:
+    kind = request.param
+    if kind == "notebook":
+        pytest.importorskip("notebook", reason="Notebook 7 (pip install notebook) is in requirements-dev.txt")
+    name = NOTEBOOK.replace(".ipynb", f"_{kind}.ipynb")  # a kept pool belongs to its notebook
+    with front_page(server, browser, name, ["%load_ext ddp_magic", SET, "%ddp keep"], 900, panel=True, kind=kind) as pg:
         yield pg
 
 
@@ -45,14 +49,14 @@ def cells(page: Any) -> int:
     return int(page.evaluate("() => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length"))
 
 
-def stop_from_terminal(ids: List[str]) -> None:
-    """A pool this test kept and did not stop (it failed half-way): ended, so that nothing outlives the test."""
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    for pool_id in ids:
-        subprocess.run([sys.executable, "-m", "ddp_magic", "stop", pool_id], env=env, capture_output=True, text=True, timeout=60)
+def terminal(server: Server, *argv: str) -> str:
+    """``python -m ddp_magic ...`` as the server's kernels see the runtime dir (its JUPYTER_DATA_DIR's runtime/)."""
+    env = dict(os.environ, PYTHONPATH=ROOT, JUPYTER_DATA_DIR=os.path.join(server.tmp, "data"))
+    env.pop("JUPYTER_RUNTIME_DIR", None)
+    return subprocess.run([sys.executable, "-m", "ddp_magic", *argv], env=env, capture_output=True, text=True, timeout=60).stdout
 
 
-def test_the_panel_attaches_a_kept_pool_after_a_restart(page: Any) -> None:
+def test_the_panel_attaches_a_kept_pool_after_a_restart(page: Any, server: Server) -> None:
     kept: List[str] = []
     try:
         for _ in range(2):
@@ -66,6 +70,7 @@ def test_the_panel_attaches_a_kept_pool_after_a_restart(page: Any) -> None:
             assert m, output(page, 2)
             pool_id = m.group(1)
             kept.append(pool_id)
+            assert pool_id in terminal(server, "kept")  # where the fallback below looks
 
             page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
             wait_kernel_idle(page)
@@ -99,6 +104,8 @@ def test_the_panel_attaches_a_kept_pool_after_a_restart(page: Any) -> None:
         wait_prompt(page, 3)
         assert "stopped the pool" in output(page, 3), output(page, 3)
         kept.clear()
+        assert "no kept pool" in terminal(server, "kept")
         no_errors(page)
     finally:
-        stop_from_terminal(kept)
+        for pool_id in kept:  # a pool this test kept and did not stop (it failed half-way): nothing outlives the test
+            terminal(server, "stop", pool_id)
