@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
-from IPython.core.magic_arguments import argument
+from IPython.core.magic_arguments import arg_split, argument
 
 from .plan.spec import BACKENDS, port as _port, positive_int as _positive_int
 
@@ -107,3 +107,9 @@ def keep_arguments(func: F) -> F:
     for arg in reversed(KEEP_ARGUMENTS):
         func = arg(func)
     return func
+
+
+def parse_line(magic: Any, line: str) -> Any:
+    """A magic's arguments, its positionals anywhere among the options: `%ddp attach --force 3fa9` names the pool
+    after an option (argparse's plain parse takes the positionals in one run, and refused the id as unrecognized)."""
+    return magic.parser.parse_intermixed_args(arg_split(line))

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 import IPython
 from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, kwds, magic_arguments
 
 from . import logs
 from .errors import CellError, JobCancelled, UsageError
@@ -28,7 +28,8 @@ from .kernel.pool import Pool
 from .kernel.reload import kernel_follows
 from .kernel.turns import Ticket
 from .magic_options import (  # noqa: F401  (SEE_HELP, POOL_KEYS, SLURM_KEYS: the magics' own names, kept importable here)
-    CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, keep_arguments, pool_arguments,
+    CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, keep_arguments, parse_line,
+    pool_arguments,
 )
 from .plan.spec import positive_int as _positive_int
 from .session import NO_POOL, CellOptions, Session
@@ -61,7 +62,7 @@ def _ddp_line() -> None:
 def _parse(magic: Any, line: str, name: str) -> argparse.Namespace:
     """The magic's arguments; a bad one is a short UsageError that points to the full help."""
     try:
-        return parse_argstring(magic, line)
+        return parse_line(magic, line)
     except IPythonUsageError as e:
         raise UsageError(f"{name}: {e}\n{SEE_HELP}") from None
     except ValueError as e:  # an unclosed quote

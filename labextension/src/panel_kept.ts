@@ -1,6 +1,6 @@
 /**
  * The DDP panel's kept pools: after a kernel restart, the pools this notebook kept (%ddp keep, docs/keep.md) that
- * outlived the old kernel, each with an Attach action. Attach puts a `%ddp attach --out job ID` cell below the
+ * outlived the old kernel, each with an Attach action. Attach puts a `%ddp attach ID --out job` cell below the
  * active one and runs it, so the running job's output and chart go on in a cell, as the magic shows them.
  * The kernel lists them in each snapshot (ddp_magic/ui/labsnap.py kept_dicts) while it has no pool of its own.
  */
@@ -24,7 +24,7 @@ export function keptPools(snapshot: M.ISnapshotMsg | null): IKeptPool[] {
 
 /** The code the Attach action runs: the magic, so the job's output lands in that cell. */
 export function attachCode(pool: IKeptPool): string {
-  return `%ddp attach --out job ${pool.id}`;
+  return `%ddp attach ${pool.id} --out job`; // the id first: argparse takes no positional after an option here
 }
 
 export class KeptSection {

@@ -8,7 +8,7 @@ import pytest
 
 from ddp_magic import logs
 from ddp_magic.errors import ShipError, UsageError
-from ddp_magic.magics import SEE_HELP, DDPMagics, _ddp_line, _pool_request
+from ddp_magic.magics import SEE_HELP, DDPMagics, _ddp_line, _parse, _pool_request
 
 
 @pytest.fixture
@@ -57,6 +57,15 @@ def test_a_bad_flag_is_one_short_line_and_a_pointer_to_the_help(magics: DDPMagic
     assert first.startswith("%%ddp: ") and needle in first
     assert second == SEE_HELP
     assert magics.session.pool is None
+
+
+@pytest.mark.parametrize("line", ["attach 3fa9 --out job", "attach --out job 3fa9", "attach --force --out job 3fa9", "--out job attach 3fa9"])
+def test_attach_takes_its_pool_id_before_or_after_the_options(line: str) -> None:
+    """The panel's Attach and a user's `%ddp attach --force 3fa9` alike (plain argparse refused an id after an option)."""
+    args = _parse(_ddp_line, line, "%ddp")
+    assert (args.action, args.target, args.out) == ("attach", "3fa9", "job"), args
+    with pytest.raises(UsageError, match="unrecognized arguments: 4b2c"):
+        _parse(_ddp_line, line + " 4b2c", "%ddp")  # one id at most, still refused in one short line
 
 
 def test_an_unclosed_quote_is_a_usage_error(magics: DDPMagics) -> None:

@@ -1,0 +1,111 @@
+"""A kept pool in real JupyterLab and Notebook 7 (headless Chromium): the DDP panel offers it after a kernel restart (docs/keep.md).
+
+A notebook sets a variable on its two ranks and keeps the pool (``%ddp keep``); the kernel restarts and loads the
+extension again. The DDP panel then lists this notebook's kept pool with an *Attach* button; a click puts
+``%ddp attach ID --out job`` in a new cell and runs it: its output says it attached that pool, with its two ranks, and
+the next ``%%ddp`` cell sees the variable set before the restart. Keep, restart and attach run twice (a notebook user
+does it again), then ``%ddp stop`` ends the pool; a pool the test left kept is stopped from the terminal.
+
+Runs with the other browser tests (ui_fixtures.py's server and browser); Python Playwright drives /usr/bin/chromium.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from typing import Any, Iterator, List
+
+import pytest
+from ui_pages import append_and_run, front_page, no_errors, run_cell, wait_kernel_idle, wait_prompt
+from ui_server import ROOT, Server
+
+NOTEBOOK = "ddp_keep_ui.ipynb"
+SET = "%%ddp -n 2\nimport torch\nmarker = 41 + torch.distributed.get_rank()"
+READ = "%%ddp -n 2\nprint('marker is', marker)"
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+playwright_api = pytest.importorskip("playwright.sync_api", reason="Python Playwright is in requirements-dev.txt")
+expect = playwright_api.expect
+
+OUTPUT_JS = "(i) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelector('.jp-OutputArea').innerText"
+
+
+@pytest.fixture(scope="module", params=["lab", "notebook"])
+def page(request: Any, server: Server, browser: Any) -> Iterator[Any]:
+    kind = request.param
+    if kind == "notebook":
+        pytest.importorskip("notebook", reason="Notebook 7 (pip install notebook) is in requirements-dev.txt")
+    name = NOTEBOOK.replace(".ipynb", f"_{kind}.ipynb")  # a kept pool belongs to its notebook
+    with front_page(server, browser, name, ["%load_ext ddp_magic", SET, "%ddp keep"], 900, panel=True, kind=kind) as pg:
+        yield pg
+
+
+def output(page: Any, index: int) -> str:
+    return str(page.evaluate(OUTPUT_JS, index))
+
+
+def cells(page: Any) -> int:
+    return int(page.evaluate("() => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length"))
+
+
+def terminal(server: Server, *argv: str) -> str:
+    """``python -m ddp_magic ...`` as the server's kernels see the runtime dir (its JUPYTER_DATA_DIR's runtime/)."""
+    env = dict(os.environ, PYTHONPATH=ROOT, JUPYTER_DATA_DIR=os.path.join(server.tmp, "data"))
+    env.pop("JUPYTER_RUNTIME_DIR", None)
+    return subprocess.run([sys.executable, "-m", "ddp_magic", *argv], env=env, capture_output=True, text=True, timeout=60).stdout
+
+
+def test_the_panel_attaches_a_kept_pool_after_a_restart(page: Any, server: Server) -> None:
+    kept: List[str] = []
+    try:
+        for _ in range(2):
+            run_cell(page, 0)
+            wait_prompt(page, 0)
+            run_cell(page, 1)
+            wait_prompt(page, 1, timeout=180)
+            run_cell(page, 2)  # %ddp keep
+            wait_prompt(page, 2)
+            m = re.search(r"kept the pool ([0-9a-f]+)", output(page, 2))
+            assert m, output(page, 2)
+            pool_id = m.group(1)
+            kept.append(pool_id)
+            assert pool_id in terminal(server, "kept")  # where the fallback below looks
+
+            page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
+            wait_kernel_idle(page)
+            run_cell(page, 0)  # %load_ext again: the panel hears this kernel
+            wait_prompt(page, 0)
+            row = page.locator(f".jp-ddp-Panel-kept .jp-ddp-Panel-keptRow[data-id='{pool_id}']")
+            expect(row).to_be_visible(timeout=60_000)
+            expect(row).to_contain_text("kept pool")
+            button = row.locator("button.jp-ddp-Panel-button-attach")
+            expect(button).to_have_text("Attach")
+            expect(button).to_be_enabled()
+            before = cells(page)
+            button.click()  # a new cell below the active one (cell 0) runs %ddp attach ID --out job
+            page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length === {before + 1}", timeout=30_000)
+            source = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.widgets[1].model.sharedModel.getSource()")
+            assert source == f"%ddp attach {pool_id} --out job", source
+            wait_prompt(page, 1)
+            said = output(page, 1)
+            assert f"attached the kept pool {pool_id}" in said and "2 ranks alive" in said, said
+            expect(page.locator(".jp-ddp-Panel-kept")).to_be_hidden(timeout=30_000)  # the pool is this kernel's now
+
+            append_and_run(page, READ)
+            last = cells(page) - 1
+            wait_prompt(page, last, timeout=180)
+            seen = output(page, last)
+            assert "marker is 41" in seen and "marker is 42" in seen, seen
+            page.evaluate("(i) => { const m = window.jupyterapp.shell.currentWidget.content.model.sharedModel;"
+                          " m.deleteCellRange(i, i + 1); m.deleteCellRange(1, 2); }", last)  # the attach and READ cells
+            assert cells(page) == 3  # as the round began: load_ext, SET, keep
+        append_and_run(page, "%ddp stop")
+        wait_prompt(page, 3)
+        assert "stopped the pool" in output(page, 3), output(page, 3)
+        kept.clear()
+        assert "no kept pool" in terminal(server, "kept")
+        no_errors(page)
+    finally:
+        for pool_id in kept:  # a pool this test kept and did not stop (it failed half-way): nothing outlives the test
+            terminal(server, "stop", pool_id)
