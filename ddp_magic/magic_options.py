@@ -42,6 +42,7 @@ examples:
   %ddp wait                  wait for the background cells (%%ddp --bg) to end
   %ddp output --rank 517     rank 517's whole output of the last %%ddp cell, what the cell held back included
                              (--cell 12: of In [12]; a background job: job.output(517))
+  %ddp stacks [--ranks 0-3]  every rank's stack now, identical ones once (--all-threads, --native with py-spy; job.stacks())
   %ddp metrics [--df]        what the last cell's ranks logged with ddp_magic.log: a dict of lists (--df: a DataFrame)
                              (DDP_MAGIC_LOG=debug in the kernel's env also prints them as they happen)
   %ddp_env [-n N]            the env each rank will get (or sees, once the pool runs), with checks

@@ -29,6 +29,7 @@ from .admission import Admission
 from .conns import Conn, OutConn, Poller, ReadBuffer, close_socket, peer_open, send_all_nonblocking
 from .hub_output import STREAMS, OutputStreams
 from .launchers import Launcher
+from .memory import Memory
 from .peek import PeekDesk
 from .ranks import Due, Listener, RankInfo, Tick
 from .stdin import InputDesk
@@ -296,8 +297,15 @@ class Hub(OutputStreams):
             err, pid = msg["error"], info.pid if info else None
             failure = RankFailure(rank=rank, kind=FailureKind.INIT, type=err["type"], message=err["message"], traceback=err["traceback"], pid=pid)
             self.init_failures.append(failure)
+        elif op == P.STACK and "id" in msg:  # %ddp stacks: filed by id, as a peek's answer is (kernel/stacks.py)
+            self.peeks.put(rank, msg)
         elif op in (P.STACK, P.ENV, P.REFORM):
             self.replies.setdefault(op, {})[rank] = msg
+        elif op == P.MEMORY:  # sampled while a cell runs, or asked for by %ddp status (kernel/memory.py)
+            self.replies.setdefault(op, {})[rank] = msg
+            if info is not None:
+                info.mem = Memory.of(msg, info.mem)
+                self.listener.on_state(info)
         elif op == P.INPUT:
             self.stdin.request(rank, msg)
             self.debug_changed(rank)
@@ -328,6 +336,7 @@ class Hub(OutputStreams):
             info.state = _DONE_STATES.get(msg["status"], RankState.FAILED)
             info.finished = time.monotonic()
             info.memory = msg.get("memory")
+            info.mem = Memory.of(msg["mem"], info.mem) if msg.get("mem") else info.mem
             self.version += 1
             self.failed += info.state != RankState.DONE
             self.listener.on_state(info)

@@ -14,6 +14,7 @@ from ..errors import RankFailure
 from ..logs import log
 from ..states import RankState, Waiting
 from .combine import combine
+from .memory import Memory
 from ..words import ranks_phrase
 from .blame import causes
 
@@ -36,7 +37,8 @@ class RankInfo:
     exit_code: Optional[int] = None
     started: float = field(default_factory=time.monotonic)
     finished: Optional[float] = None
-    memory: Optional[int] = None
+    memory: Optional[int] = None  # bytes CUDA holds (its DONE's), shown on a GPU
+    mem: Optional[Memory] = None  # RSS, peak, CUDA's figures, its cgroup: the newest it sent (kernel/memory.py)
     last_line: str = ""
     debugging: Waiting = Waiting.NO  # what a RUNNING rank waits on the notebook for (kernel/stdin.py)
     tail: Deque[str] = field(default_factory=lambda: deque(maxlen=20))

@@ -13,6 +13,7 @@ on, runs peeks beside the cell (rank_peek.py).
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import queue
@@ -31,7 +32,8 @@ from ..wire.capture import FdCapture
 from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
 from ..wire.protocol import CellStatus
-from . import mesh, rank_argv, rank_collectives, rank_debug, rank_group, rank_metrics, rank_peek, rank_profile, rank_recover, rank_torch
+from . import mesh, rank_argv, rank_collectives, rank_debug, rank_group, rank_memory, rank_metrics, rank_peek, rank_profile, rank_recover
+from . import rank_stacks, rank_torch
 from .parent import die_with_parent
 
 
@@ -109,6 +111,7 @@ class Worker:
                 op = msg["op"]
                 if op == P.RUN:
                     self.runs.put(msg)
+                    rank_memory.cell_started()  # the cell's peak starts here; the sampler looks again (on its own thread)
                 elif op == P.DECIDE:
                     self.decisions.put(msg)
                 elif op == P.INTERRUPT:
@@ -116,7 +119,12 @@ class Worker:
                         signal.pthread_kill(self.main_ident, signal.SIGINT)
                 elif op == P.STACK:  # the collective first: a rank seen in one that cannot complete is still in it when its stack is taken
                     collective = rank_collectives.describe()
-                    self.chan.send(P.STACK, rank=self.rank, text=self.main_stack(), collective=collective)
+                    if "id" in msg:  # %ddp stacks, job.stacks(), the panel's Stacks: every frame, as data
+                        rank_stacks.answer(msg, self.chan.send, self.rank, self.main_ident, self.running_user_code, collective)
+                    else:
+                        self.chan.send(P.STACK, rank=self.rank, text=self.main_stack(), collective=collective)
+                elif op == P.MEMORY:  # %ddp status between cells: memory now
+                    rank_memory.answer(self.chan.send, self.rank)
                 elif op == P.ABORT:  # release the main thread's collective wait (rank_recover.py)
                     rank_recover.on_abort(msg)
                 elif op == P.REFORM:  # a new process group, formed by the main thread between cells
@@ -163,6 +171,7 @@ class Worker:
     # ------------------------------------------------------------ cells
     def serve(self) -> int:
         self.connect()
+        faulthandler.enable(file=2, all_threads=False)  # fd 2 is the kernel's stderr socket now: a segfault or abort: the stack to the rank's own stream (kernel/deaths.py)
         signal.signal(signal.SIGINT, self._on_sigint)
         threading.Thread(target=self.reader, name="ddp-reader", daemon=True).start()
         try:
@@ -180,6 +189,7 @@ class Worker:
         rank_debug.install(self.chan.send, self.rank, self.main_ident)  # stdin, breakpoint(), post-mortem via the kernel
         rank_metrics.install(self.chan.send, self.rank)  # ddp_magic.log(...) rows to the kernel's chart
         rank_peek.install(self.chan.send, self.rank, self.user_ns)  # %%ddp --peek reads these globals
+        rank_memory.install(self.chan.send, self.rank)  # memory sampled on its own thread, sent when it moves
         self.chan.send(P.READY, rank=self.rank, device=self.device)
         while True:
             msg = self.runs.get()
@@ -202,8 +212,9 @@ class Worker:
         rank_metrics.end_cell()  # every row logged before DONE
         status, error = rank_recover.cell_status(status, error)  # a wait released by ABORT ends as interrupted
         self.capture.sync(msg["cell"])
-        fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status.value, "error": error, "memory": rank_torch.gpu_memory(),
-                        "seq": rank_collectives.default_seq()}
+        mem = rank_memory.at_done()  # RSS, the cell's peak, CUDA's figures: a few µs
+        fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status.value, "error": error, "mem": mem,
+                        "memory": (mem.get("cuda") or {}).get("allocated"), "seq": rank_collectives.default_seq()}
         fields.update(rank_profile.take())
         fields.update(rank_recover.done_fields())
         if status != CellStatus.OK or value is None:

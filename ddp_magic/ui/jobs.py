@@ -17,7 +17,7 @@ import contextvars
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple
 
 from ..errors import CellError, Dequeued, UsageError
 from ..kernel.metrics import CellMetrics
@@ -154,6 +154,14 @@ class Job:
         if self.state == JobState.QUEUED:
             return ""
         return "".join(text for _, text in self.outputs(rank))
+
+    stacker: Optional[Callable[..., Any]] = None  # the magics' Session.stacks
+
+    def stacks(self, ranks: Optional[Sequence[int]] = None, all_threads: bool = False, native: bool = False, timeout: Optional[float] = None) -> Any:
+        """Every rank's stack now, while the job runs, identical ones once (``%ddp stacks``' view; its ``.replies``, ``.groups``)."""
+        if self.stacker is None:
+            raise RuntimeError(f"{self.ticket.name}: its pool is the notebook session's; this job was made without one")
+        return self.stacker(ranks, all_threads, native, timeout)
 
     def __await__(self) -> Generator[Any, None, Any]:
         """``await job`` (IPython's autoawait): the result, without holding the kernel's event loop."""

@@ -36,7 +36,7 @@ DONE = "done"            # worker -> kernel: the cell finished on this rank
 DECIDE = "decide"        # kernel -> worker: how to return a pending result
 RESULT = "result"        # worker -> kernel: a result sent after DECIDE
 INTERRUPT = "interrupt"  # kernel -> worker: stop the running cell
-STACK = "stack"          # kernel -> worker (request) and back (reply): where is the main thread
+STACK = "stack"          # kernel -> worker (request) and back (reply): where is the main thread (with an id: %ddp stacks, procs/rank_stacks.py)
 ENV = "env"              # kernel -> worker (request) and back (reply): the env as the rank sees it
 SHUTDOWN = "shutdown"    # kernel -> worker: exit cleanly
 KILL = "kill"            # kernel -> worker: exit now, whatever the main thread is stuck in
@@ -47,6 +47,7 @@ ABORT = "abort"          # kernel -> worker: release every collective wait by ab
 REFORM = "reform"        # kernel -> worker: form a new default group (gen, store); worker -> kernel: done (ok, seconds, swapped, stale)
 METRICS = "metrics"      # worker -> kernel: rows of ddp_magic.log(step, **scalars), buffered, in order (procs/rank_metrics.py)
 PROFILE = "profile"      # kernel -> worker: run the next cell under torch.profiler (procs/rank_profile.py); its DONE carries the trace
+MEMORY = "memory"        # worker -> kernel: the rank's memory now (procs/rank_memory.py), sampled; kernel -> worker: read it now
 PEEK = "peek"            # kernel -> worker: run a short read-only cell on the peek thread (id, source); worker -> kernel: its answer
 
 # The cell %ddp_debug runs on every rank: pdb on ``rank``'s kept traceback, nothing on the others (procs/rank_debug.py).
