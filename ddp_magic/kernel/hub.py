@@ -29,6 +29,7 @@ from .admission import Admission
 from .conns import Conn, OutConn, Poller, ReadBuffer, close_socket, peer_open, send_all_nonblocking
 from .hub_output import STREAMS, OutputStreams
 from .launchers import Launcher
+from .deaths import crash_traceback
 from .memory import Memory
 from .peek import PeekDesk
 from .ranks import Due, Listener, RankInfo, Tick
@@ -149,7 +150,8 @@ class Hub(OutputStreams):
     def death_failure(self, rank: int) -> RankFailure:
         """How a dead rank died (exit code, last lines), as a failure."""
         info = self.ranks[rank]
-        return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, exit_code=info.exit_code, last_lines=list(info.tail)[-10:])
+        return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, exit_code=info.exit_code, last_lines=list(info.tail)[-10:],
+                           why=info.death, traceback=crash_traceback(info.crash.splitlines()) if info.crash else "")
 
     def any_peer_open(self) -> bool:
         """Whether some rank still holds its control connection open (ranks on other hosts exit late)."""

@@ -18,6 +18,8 @@ from .memory import Memory
 from ..words import ranks_phrase
 from .blame import causes
 
+FAULT_HEAD = "Fatal Python error"  # how faulthandler's report begins
+CRASH_CHARS = 20_000  # of it kept at most
 Tick = Callable[[], None]  # runs after each wake of the poll loop
 Due = Callable[[], Optional[float]]  # when the next tick is needed at the latest (monotonic), or None
 
@@ -42,6 +44,8 @@ class RankInfo:
     last_line: str = ""
     debugging: Waiting = Waiting.NO  # what a RUNNING rank waits on the notebook for (kernel/stdin.py)
     tail: Deque[str] = field(default_factory=lambda: deque(maxlen=20))
+    crash: str = ""  # faulthandler's block as it died (a segfault, an abort): kernel/deaths.py
+    death: str = ""  # how it died, with the evidence ("was killed by the kernel's OOM killer (…)"), set by recovery
 
     @property
     def elapsed(self) -> float:
@@ -49,6 +53,10 @@ class RankInfo:
 
     def note_output(self, text: str) -> None:
         """Keep the last lines a rank printed: a failure report quotes them, the view shows the last."""
+        if self.crash or FAULT_HEAD in text:  # from here on: the stack faulthandler writes as the rank dies
+            at = 0 if self.crash else text.index(FAULT_HEAD)
+            self.crash = (self.crash + text[at:])[:CRASH_CHARS]
+            text = text[:at]
         pieces = text.replace("\r", "\n").split("\n")
         for piece in pieces[:-1]:
             if piece.strip():

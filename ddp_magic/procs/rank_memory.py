@@ -18,11 +18,11 @@ from typing import Any, Callable, Dict, Optional
 
 from ..logs import log
 from ..wire import protocol as P
+from ..wire.memcg import cgroup
 
 EVERY_S = 2.0  # the sampler's period: a low rate, on its own thread
 MOVED = 16 << 20  # bytes an RSS or peak must move by (and 5 %) before the sampler sends it again
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-UNLIMITED = 1 << 60  # a v1 cgroup's "no limit" is a huge number; v2 says "max"
 
 
 class _State:
@@ -68,52 +68,6 @@ def cuda() -> Optional[Dict[str, int]]:
     return None
 
 
-def cgroup(pid: str = "self") -> Optional[Dict[str, Any]]:
-    """The memory cgroup of a process: its directory, limit (None: none) and oom_kill count (v1 or v2); None if none is readable."""
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            lines = [ln.strip().split(":", 2) for ln in f if ln.count(":") >= 2]
-    except OSError:
-        return None
-    for _, c, p in lines:
-        if "memory" in c.split(","):  # v1
-            d = f"/sys/fs/cgroup/memory{p.rstrip('/')}"
-            return _cg(d, "memory.limit_in_bytes", "memory.oom_control")
-    for h, c, p in lines:
-        if h == "0" and c == "":  # v2
-            for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
-                d = f"{root}{p.rstrip('/')}"
-                if os.path.exists(f"{d}/memory.events"):
-                    return _cg(d, "memory.max", "memory.events")
-    return None
-
-
-def _cg(d: str, limit_file: str, events_file: str) -> Optional[Dict[str, Any]]:
-    kills = oom_kill_count(f"{d}/{events_file}")
-    if kills is None:
-        return None
-    try:
-        with open(f"{d}/{limit_file}") as f:
-            text = f.read().strip()
-        limit: Optional[int] = None if text == "max" or int(text) >= UNLIMITED else int(text)
-    except (OSError, ValueError):
-        limit = None
-    return {"dir": d, "limit": limit, "oom_kill": kills}
-
-
-def oom_kill_count(path: str) -> Optional[int]:
-    """The ``oom_kill N`` line of a cgroup's memory.oom_control / memory.events, or of /proc/vmstat."""
-    try:
-        with open(path) as f:
-            for line in f:
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-    except (OSError, ValueError):
-        log.debug("could not read %s", path, exc_info=True)
-    return None
-
-
 def at_done() -> Dict[str, Any]:
     """What a cell's DONE carries: RSS and the cell's peak, CUDA's figures on a GPU (a few µs; nothing on failure)."""
     try:
@@ -132,6 +86,21 @@ def sample() -> Dict[str, Any]:
     out = at_done()
     out["cgroup"] = cgroup()
     return out
+
+
+def on_error(e: BaseException) -> Dict[str, Any]:
+    """A cell raised: on CUDA out of memory (torch.OutOfMemoryError), CUDA's figures as it failed, then torch's cache
+    emptied so the rank goes on with its variables ({"cuda": …} for the error's data; {} for any other error)."""
+    if type(e).__name__ != "OutOfMemoryError":
+        return {}
+    figures = cuda()
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    except Exception:  # the figures still say what happened
+        log.debug("torch.cuda.empty_cache() failed after an out-of-memory error", exc_info=True)
+    return {"cuda": figures}
 
 
 def cell_started() -> None:

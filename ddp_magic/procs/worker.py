@@ -171,7 +171,7 @@ class Worker:
     # ------------------------------------------------------------ cells
     def serve(self) -> int:
         self.connect()
-        faulthandler.enable(file=2, all_threads=False)  # fd 2 is the kernel's stderr socket now: a segfault or abort: the stack to the rank's own stream (kernel/deaths.py)
+        faulthandler.enable(file=2, all_threads=False)  # a segfault or abort: its stack to fd 2, the kernel's socket (kernel/deaths.py)
         signal.signal(signal.SIGINT, self._on_sigint)
         threading.Thread(target=self.reader, name="ddp-reader", daemon=True).start()
         try:
@@ -271,7 +271,7 @@ class Worker:
         except BaseException as e:
             log.debug("rank %d: the cell raised (reported to the kernel)", self.rank, exc_info=True)
             rank_debug.keep(e, filename)  # for %ddp_debug
-            return CellStatus.ERROR, error_data(e, format_user_traceback(e, filename)), None
+            return CellStatus.ERROR, dict(error_data(e, format_user_traceback(e, filename)), **rank_memory.on_error(e)), None
 
     def _packed(self, value: Any) -> dict:
         try:
