@@ -1,4 +1,4 @@
-"""See inside every rank (issue 35): %ddp stacks and job.stacks() while a job runs, each rank's memory in %ddp status,
+"""See inside every rank: %ddp stacks and job.stacks() while a job runs, each rank's memory in %ddp status,
 and why a rank died (the OOM killer only with a counter's evidence, another SIGKILL, a segfault's stack, CUDA out of memory).
 
 One real kernel with 4 real ranks (gloo); each scenario runs twice, as a notebook user re-runs cells. Nothing races the
