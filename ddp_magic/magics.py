@@ -229,7 +229,7 @@ class DDPMagics(Magics):
         job = Job(ticket, lambda j: self._cell_value(args, cell, printer, listener, dataclasses.replace(options, cancel=j.cancel_event), as_shell),
                   live=lambda: listener.metrics.data, mailbox=mailbox)
         job.outputs = functools.partial(self.session.output, cell=str(number) if isinstance(number, int) else None)  # job.output(N)
-        job.stacker = self.session.stacks  # job.stacks()
+        job.session = self.session  # job.stacks(), the ranks' memory in its repr
         self.session.history.begin_late(ticket)  # %ddp_export: its run goes to this cell's record, whenever it ends
         self.jobs = [j for j in self.jobs if not j.done()] + [job]
         job.start()

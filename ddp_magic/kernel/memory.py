@@ -7,8 +7,9 @@ and a job's repr read it from there, and the deaths (kernel/deaths.py) read its 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 from ..words import fmt_bytes
 
@@ -39,6 +40,9 @@ class Memory:
             limit=cg.get("limit") if cg else (old.limit if "cgroup" not in msg else None),
             oom_kills=cg.get("oom_kill") if cg else (old.oom_kills if "cgroup" not in msg else None),
         )
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
 
     @property
     def held(self) -> Optional[int]:

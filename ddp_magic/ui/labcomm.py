@@ -21,16 +21,19 @@ Kernel → front end, on every open comm:
 - ``{"type": "reply", "id", "op", "ok", "message", "error"?, "report"?}`` for a request.
 
 Front end → kernel: ``{"type": "request", "id", "op", "args"}`` with op ``restart``
-(optional ``args.nproc``), ``stop``, ``env`` or ``status``. They call the same
-:class:`~ddp_magic.session.Session` methods as ``%ddp restart``, ``%ddp stop``,
-``%ddp_env --json`` and ``%ddp status``; the reply is built from what they return.
+(optional ``args.nproc``), ``stop``, ``env``, ``status`` or ``stacks`` (optional ``args.ranks``,
+``args.all_threads``). They call the same :class:`~ddp_magic.session.Session` methods as
+``%ddp restart``, ``%ddp stop``, ``%ddp_env --json``, ``%ddp status`` and ``%ddp stacks``
+(ui/labrequests.py); the reply is built from what they return.
 
 Threads. Comm messages arrive on the shell channel: on the main thread between
 cells, or on a kernel subshell's thread while a cell runs (JupyterLab ≥ 4.4 with
 ipykernel ≥ 7). The pool belongs to the main thread: ``restart``, ``stop`` and
 ``env`` from another thread go to the main thread's event loop, which runs them
 when no cell holds it, after a ``{"type": "queued", "id", "op", "reason"}`` while a
-cell runs. ``status`` and snapshots only read: answered on any thread.
+cell runs. ``status``, ``stacks`` and snapshots are answered on any thread: ``stacks`` waits for the
+ranks' answers, which the running cell's pump files (kernel/stacks.py), so the panel's Stacks works
+while a foreground cell runs.
 
 Nothing here may break a cell: every hook swallows its own errors (the last one
 is kept in ``LabBridge.last_error``, and each is logged: ``%ddp log`` shows them).
@@ -45,19 +48,17 @@ import time
 import uuid
 import warnings
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
-from ..errors import UsageError
-from ..kernel import Listener
 from ..logs import log
-from ..session import NO_POOL, STOPPED, Session
+from ..session import Session
+from . import labrequests
 from .labsnap import PoolSnapshots, jsonable
-from .report import env_report
 
 TARGET = "ddp_magic"
 PROTOCOL = 1  # labextension/src/model.ts PROTOCOL
 MIN_INTERVAL = 0.25  # seconds between snapshots while a cell runs (at most 4 a second)
-OPS = ("restart", "stop", "env", "status")
+OPS = labrequests.OPS
 
 _bridge: Optional["LabBridge"] = None
 
@@ -124,17 +125,6 @@ def _quietly(what: str, fn: Callable[[], Any]) -> None:
         fn()
     except Exception:
         log.debug("labcomm: %s failed", what, exc_info=True)
-
-
-class _Heard(Listener):
-    """The notices a request's pool operation gives (the reply carries them), passed on to the panel too."""
-
-    def __init__(self) -> None:
-        self.lines: List[str] = []
-
-    def on_notice(self, text: str) -> None:
-        self.lines.append(f"ddp_magic: {text}")
-        notice(text)
 
 
 class LabBridge:
@@ -255,27 +245,8 @@ class LabBridge:
 
     # ------------------------------------------------------------ requests
     def handle(self, op: str, args: Dict[str, Any]) -> Dict[str, Any]:
-        """Run a front-end request on the session; returns ok, message, and error, output or report."""
-        if op not in OPS:
-            return {"ok": False, "message": "", "error": f"unknown request {op!r}; known: {', '.join(OPS)}"}
-        heard = _Heard()
-        try:
-            if op == "env":
-                report = env_report(self.session.env()).to_dict()
-                return {"ok": True, "message": f"%ddp_env: {report.get('verdict', '')}".strip(), "report": report}
-            if op == "stop":
-                return {"ok": True, "message": STOPPED if self.session.stop() else NO_POOL}
-            if op == "restart":
-                nproc = args.get("nproc")
-                spec = self.session.spec_for(int(nproc)) if nproc is not None else None
-                message = self.session.restart(spec, heard).ready_text()
-                return {"ok": True, "message": message, "output": "\n".join(heard.lines + [message])}
-            text = self.session.status().text()
-            return {"ok": True, "message": text.splitlines()[0], "output": text}
-        except (Exception, KeyboardInterrupt) as e:  # a kernel interrupt while a request runs ends the request, not the kernel's loop
-            log.debug("labcomm: request %s failed", op, exc_info=True)
-            why = str(e) if isinstance(e, UsageError) else f"{type(e).__name__}: {e}"
-            return {"ok": False, "message": "", "error": why.strip(), "output": "\n".join(heard.lines)}
+        """Run a front-end request on the session (ui/labrequests.py); returns ok, message, and error, output or report."""
+        return labrequests.handle(self.session, op, args, notice)
 
     # ------------------------------------------------------------ snapshots
     def publish(self, final: bool = False) -> None:

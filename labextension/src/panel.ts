@@ -14,6 +14,7 @@ import { el, withCommands, words } from './dom';
 import { PoolFacts } from './panel_facts';
 import { MetricsSection } from './panel_metrics';
 import { RanksSection } from './panel_ranks';
+import { StacksSection } from './panel_stacks';
 import { ConnectionTracker } from './tracker';
 
 export const CommandIDs = {
@@ -61,10 +62,12 @@ export class PoolPanel extends Widget {
       actions.appendChild(b);
       this._buttons.set(command, b);
     }
+    actions.appendChild(this._stacks.button);
     this.node.appendChild(actions);
 
     this._message = el('div', 'jp-ddp-Panel-message');
     this.node.appendChild(this._message);
+    this.node.appendChild(this._stacks.node);
 
     this.node.appendChild(this._ranks.node);
     this.node.appendChild(this._metrics.node);
@@ -131,7 +134,7 @@ export class PoolPanel extends Widget {
     // the message line: pending requests first, then the last reply
     const lines: string[] = [];
     for (const p of state.pending) {
-      if (p.op === 'status') {
+      if (p.op === 'status' || p.op === 'stacks') {
         continue;
       }
       lines.push(
@@ -180,6 +183,7 @@ export class PoolPanel extends Widget {
   private _lastCell: HTMLDivElement;
   private _message: HTMLDivElement;
   private _ranks = new RanksSection();
+  private _stacks = new StacksSection(() => this._tracker.current);
   private _metrics = new MetricsSection();
   private _facts = new PoolFacts();
   private _buttons = new Map<string, HTMLButtonElement>();

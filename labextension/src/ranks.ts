@@ -186,7 +186,7 @@ export function statusText(state: IUIState, now: number): string | null {
   if (note) {
     tail += ` · ${note}`;
   }
-  const waiting = state.pending.filter(q => q.op !== 'status');
+  const waiting = state.pending.filter(q => q.op !== 'status' && q.op !== 'stacks'); // answered at once, even while a cell runs
   if (waiting.length) {
     tail += ` · ${waiting[0].op} ${waiting[0].waits ? 'waits for the cell' : 'pending'}`;
   }

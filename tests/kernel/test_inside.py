@@ -19,7 +19,8 @@ from kernel_helper import Kernel
 
 pytestmark = pytest.mark.kernel
 
-STATE = "%%ddp\nimport os, time, ctypes, torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n(dist.get_rank(), 'kept' in globals(), t.item())"
+STATE = "%%ddp\nimport os, time, ctypes, torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n" \
+    "(dist.get_rank(), 'kept' in globals(), t.item())"
 CGROUP = Path("/sys/fs/cgroup/memory")
 
 
@@ -192,5 +193,5 @@ def test_a_rank_over_its_cgroups_limit_is_named_killed_by_the_oom_killer_with_th
             notice = state_after_loss(k4, 2)
             assert "rank 2 was killed by the kernel's OOM killer" in notice and "rank 2's variables are gone" in notice, notice
         finally:
-            wait_until(lambda: not (cg / "cgroup.procs").read_text().strip(), 30)
+            wait_until(lambda d=cg: not (d / "cgroup.procs").read_text().strip(), 30)
             cg.rmdir()
