@@ -195,6 +195,10 @@ class LabBridge:
     # ------------------------------------------------------------ comms
     def _on_open(self, comm: Any, msg: dict) -> None:
         self.comms[comm.comm_id] = comm
+        # ipykernel ≥ 7.4 routes a front end's comm messages to the subshell of the last one this comm sent; snapshots
+        # go out with the running cell's parent (the main shell), so the panel's requests would wait behind the cell:
+        # they stay on the subshell the front end chose (a request like Stacks is answered while the cell runs)
+        comm._reply_subshell_for = lambda data, default: default
         comm.on_msg(lambda m, c=comm: self._on_msg(c, m))
         comm.on_close(lambda m, cid=comm.comm_id: self.comms.pop(cid, None))
         with self._lock:
