@@ -97,7 +97,7 @@ class Recovery:
         launcher = pool.launcher
         if not launcher.replaces_ranks or not (pool.store_path or launcher.remote_ranks):
             return f"rank {rank} {how}"
-        self.lost[rank] = how + f" (pid {info.pid})"
+        self.lost[rank] = f"(pid {info.pid}) {how}"  # "rank 2 (pid 4121) was killed by …"
         return None
 
     # ------------------------------------------------------------ after a cell

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Tuple
 
-from ..kernel.memory import peak_text
 from ..plan import Check
 from ..words import fmt_bytes as fmt_bytes, fmt_seconds, plural, ranks_phrase
 from ..states import FailureKind, RankState, Waiting
@@ -235,8 +234,6 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
     if s.finished:
         note = f"{style.note(s.note)} · " if not s.ok and s.note else ""
         parts = [f"{n} {style.mark(s.ok)} {note}{style.esc(fmt_seconds(s.elapsed))}"]
-        peak = peak_text((r, getattr(i, "mem", None)) for r, i in s.infos.items())  # "peak 3.1 GiB on rank 2"
-        parts += [style.esc(peak)] if peak else []
     elif queue_text(s):  # the scheduler has not started the job: its words, and how long it has waited
         parts = [n, style.esc(queue_text(s)), style.esc(f"waited {fmt_seconds(s.starting_for or 0.0)}")]
     else:

@@ -100,19 +100,21 @@ def ranks_html(s: Snapshot) -> str:
     """The rank table, every style inline (32 rows stay ~13 kB); over 32 ranks the per-node rows, the grid, and the
     odd ranks' own rows (a few kB at 1,024 ranks)."""
     rows = rank_rows(s)
+    mem = memory_line(s)
+    mem_html = f"<div class='ddp-status-memory' style='{SMALL}'>{esc(mem)}</div>" if mem else ""
     if s.compact:
         odd = _table_html(rows) if rows else ""
-        mem = memory_line(s)
-        return C.groups_html(s.labels, hosts(s)) + (f"<div class='ddp-status-memory' style='{SMALL}'>{esc(mem)}</div>" if mem else "") + \
-            C.grid_html(s.labels) + odd
-    return _table_html(rows)
+        return C.groups_html(s.labels, hosts(s)) + mem_html + C.grid_html(s.labels) + odd
+    return _table_html(rows) + mem_html
 
 
 def memory_line(s: Snapshot) -> str:
-    """Over 32 ranks, the memory column in one line: 'memory: RSS 1.1 to 1.3 GiB; peak 2.0 GiB on rank 5' ('' before any figure)."""
+    """Under the ranks: over 32 ranks the memory column in one line ('memory: RSS 1.1 to 1.3 GiB'), and once the cell
+    has settled its peak ('memory: peak 3.1 GiB on rank 2'); '' before any figure."""
     pairs = [(r, getattr(i, "mem", None)) for r, i in s.infos.items()]
-    spread = range_text(m for _, m in pairs)
-    return "memory: " + "; ".join(x for x in (spread, peak_text(pairs)) if x) if spread else ""
+    said = ([range_text(m for _, m in pairs)] if s.compact else []) + ([peak_text(pairs)] if s.finished else [])
+    said = [x for x in said if x]
+    return "memory: " + "; ".join(said) if said else ""
 
 
 def _table_html(rows: Sequence[RankRow]) -> str:
@@ -132,11 +134,11 @@ def ranks_text(s: Snapshot) -> List[str]:
     """A row per rank; over 32 ranks a row per node and state, then the odd ranks' own rows."""
     rows = rank_rows(s)
     own = table_text([row.cells for row in rows], row_columns(rows)) if rows else []
+    mem = [memory_line(s)] if memory_line(s) else []
     if not s.compact:
-        return own
+        return own + mem
     groups = C.group_rows(s.labels, hosts(s))
-    mem = memory_line(s)
-    return table_text(groups, C.group_columns(groups)) + ([mem] if mem else []) + own
+    return table_text(groups, C.group_columns(groups)) + mem + own
 
 
 def notices_html(s: Snapshot) -> str:

@@ -125,8 +125,7 @@ def test_timeout_during_a_barrier_one_rank_never_reaches(k4):
         assert re.search(r"ranks 0-2 were in barrier #\d+", msg), msg
         states, summary = cell_view(ex)
         assert [states[r] for r in (0, 1, 2)] == ["stopped"] * 3 and states[3] != "stopped", states
-        blamed = re.sub(r" · (GPU )?peak [\d.]+ \w+ on rank \d+", "", summary)  # the memory peak names its rank too
-        assert "waiting for rank 3" in blamed and "rank 0" not in blamed and " · peak " in summary, summary
+        assert "waiting for rank 3" in summary and "rank 0" not in summary, summary
         assert_ready_after(k4, [3], "timeout")
         survived(k4)
 
@@ -190,7 +189,7 @@ def test_a_rank_killed_mid_cell_costs_only_that_rank(k4):
     assert "rank 2 will be started again at the next cell" in msg, msg
     cell = "%%ddp\nimport os, torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n(os.getpid(), globals().get('kept'), t.item())"
     ex = k4.run(cell, timeout=120).ok()  # the new rank 2 imports what it needs itself
-    assert re.search(r"rank 2 was killed by SIGKILL.*started it again", ex.stdout), ex.stdout  # a notice: stdout
+    assert re.search(r"rank 2 \(pid \d+\) was killed by SIGKILL.*started it again", ex.stdout), ex.stdout  # a notice: stdout
     assert "rank 2's variables are gone" in ex.stdout and "ranks 0-1, 3 kept theirs" in ex.stdout, ex.stdout
     values = k4.value("[tuple(v) for v in _]")
     pids = [v[0] for v in values]
