@@ -8,8 +8,9 @@ torch.distributed itself (devices, the process group, the gather) is rank_torch.
 
 Threads: the main thread runs cells; a reader thread takes the kernel's messages
 (it queues cells and decisions, and answers interrupts, stack and env requests
-at once, even while a cell runs); a peek thread, from the first ``%%ddp --peek``
-on, runs peeks beside the cell (rank_peek.py).
+at once, even while a cell runs: ``%ddp stacks`` is answered there, rank_stacks.py); a
+peek thread, from the first ``%%ddp --peek`` on, runs peeks beside the cell (rank_peek.py); a
+memory sampler sends the rank's memory when it moves (rank_memory.py).
 """
 from __future__ import annotations
 
