@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-from dataclasses import dataclass
 from typing import Iterable, List, Mapping, Optional, Tuple
 
 from ..words import fmt_bytes, ranks_phrase
@@ -28,51 +27,42 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (.+)$')
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-@dataclass(frozen=True)
-class Baseline:
-    """The OOM counters before a cell (or a start): a SIGKILL is the OOM killer's when one of them moved since."""
-
-    kernel: Optional[int] = None  # this kernel's memory cgroup's oom_kill
-    kernel_dir: Optional[str] = None
-    system: Optional[int] = None  # /proc/vmstat's oom_kill
-
-    @classmethod
-    def now(cls) -> "Baseline":
-        own = memcg.cgroup()
-        return cls(own.get("oom_kill") if own else None, own.get("dir") if own else None, memcg.system_oom_kills())
-
-
 Evidence = Tuple[bool, Optional[int], Optional[int]]  # (the OOM killer's, the limit it hit, the cgroup's peak usage if the rank's own)
 
 
-def _moved(d: Optional[str], before: Optional[int], own: bool) -> Optional[Evidence]:
-    """Whether cgroup ``d``'s oom_kill went past ``before`` (its limit, and its peak when it is the rank's own); None: unreadable."""
+def _moved(d: Optional[str], before: Optional[int]) -> Optional[Evidence]:
+    """Whether cgroup ``d``'s oom_kill went past ``before`` (its limit and peak usage); None: unreadable."""
     if d is None or before is None:
         return None
     now = memcg.read_dir(d)
     if now is None:
         return None
-    return now["oom_kill"] > before, now["limit"], now.get("peak") if own else None
+    return now["oom_kill"] > before, now["limit"], now.get("peak")
 
 
-def oom_evidence(mem: Optional[Memory], base: Baseline) -> Optional[Evidence]:
-    """(killed by the OOM killer, the memory limit it hit): the rank's own cgroup's count if known (an OOM kill, the
-    cgroup's or the machine's, counts in the victim's cgroup), else the machine's, else this kernel's; None: none readable."""
-    if mem is not None and mem.cgroup is not None:
-        found = _moved(mem.cgroup, mem.oom_kills, mem.cgroup != base.kernel_dir)
+def oom_evidence(mem: Optional[Memory]) -> Optional[Evidence]:
+    """(killed by the OOM killer, the memory limit it hit, its cgroup's peak): the rank's own cgroup's count if known (an
+    OOM kill, the cgroup's or the machine's, counts in the victim's cgroup), else the machine's; None: none readable.
+    The counts before are the rank's last sample's (its sampler's thread reads them; the kernel's cell path reads none)."""
+    if mem is None:
+        return None
+    if mem.cgroup is not None:
+        found = _moved(mem.cgroup, mem.oom_kills)
         if found is not None:
-            return found
+            shared = mem.cgroup == (memcg.cgroup() or {}).get("dir")  # the kernel's own: its peak is the notebook's, not the rank's
+            return (found[0], found[1], None) if shared else found
     system = memcg.system_oom_kills()
-    if system is not None and base.system is not None:
-        return system > base.system, (mem.limit if mem is not None else None), None
-    return _moved(base.kernel_dir, base.kernel, False)
+    if system is not None and mem.system_oom_kills is not None:
+        return system > mem.system_oom_kills, mem.limit, None
+    return None
 
 
-def why_killed(code: Optional[int], mem: Optional[Memory], base: Baseline) -> str:
-    """How a rank that died by SIGKILL died, in words ('' for any other end): the OOM killer only with evidence."""
-    if code != -signal.SIGKILL:
+def why_killed(code: Optional[int], mem: Optional[Memory], local: bool = True) -> str:
+    """How a rank that died by SIGKILL died, in words ('' for any other end, or a rank on another host, whose counters
+    this kernel cannot read): the OOM killer only with evidence."""
+    if code != -signal.SIGKILL or not local:
         return ""
-    found = oom_evidence(mem, base)
+    found = oom_evidence(mem)
     if found is None:
         return "was killed by SIGKILL (no OOM counter could be read to say whether the OOM killer sent it)"
     oom, limit, peak = found

@@ -23,6 +23,7 @@ outcome stays the cell's (its view, its error, the session's last cell).
 from __future__ import annotations
 
 import copy
+import socket
 import time
 from collections import deque
 import weakref
@@ -37,7 +38,7 @@ from ..wire import protocol as P
 from ..wire import shm
 from .admission import Admission
 from .cell import CellRun
-from .deaths import Baseline, cuda_oom_notes, why_killed
+from .deaths import cuda_oom_notes, why_killed
 from ..words import fmt_seconds, ranks_phrase
 from .hub import Hub
 from .launchers import Launcher
@@ -78,7 +79,6 @@ class Recovery:
         self.gen = 0
         self.lost: Dict[int, str] = {}  # rank -> how it died, until a new rank takes its place
         self.notes: List[str] = []  # for the failing cell's message
-        self._base = Baseline()  # the OOM counters an OOM kill is seen against (kernel/deaths.py)
         self._store: Optional[str] = None  # the FileStore the ranks' group uses now (None: the pool's first)
 
     def reset(self) -> None:
@@ -86,13 +86,12 @@ class Recovery:
         self.lost.clear()
         self.notes.clear()
         self._store = None
-        self._base = Baseline.now()  # the OOM counters a SIGKILL is read against (again before every cell)
 
     # ------------------------------------------------------------ deaths
     def on_death(self, pool: Pool, rank: int, code: Optional[int], how: str) -> Optional[str]:
         """A rank's process ended. Returns why the pool is broken, or None when the rank can be replaced alone."""
         info = pool.ranks[rank]
-        info.death = why_killed(code, info.mem, self._base)  # the OOM killer only with evidence
+        info.death = why_killed(code, info.mem, info.host in ("", socket.gethostname()))  # the OOM killer only with evidence
         how = info.death or how
         launcher = pool.launcher
         if not launcher.replaces_ranks or not (pool.store_path or launcher.remote_ranks):
@@ -185,7 +184,6 @@ class Recovery:
         """Deaths while idle are noticed; dead ranks are started again and join the survivors' new group.
         Returns a notice for the user, or None; a replacement that fails marks the pool broken."""
         pool.hub.reap()  # exits, and connections lost while idle (ranks on other hosts report no exit code)
-        self._base = Baseline.now()
         if not self.lost or pool.broken:
             return None
         gone, how = sorted(self.lost), dict(self.lost)

@@ -8,7 +8,7 @@ import pytest
 
 from ddp_magic.errors import RankFailure
 from ddp_magic.kernel import deaths
-from ddp_magic.kernel.deaths import Baseline, crash_traceback, cuda_oom_notes, why_killed
+from ddp_magic.kernel.deaths import crash_traceback, cuda_oom_notes, why_killed
 from ddp_magic.kernel.memory import Memory
 from ddp_magic.states import FailureKind
 
@@ -26,24 +26,26 @@ def v1(tmp_path: Path, kills: int, limit: int = 12 << 30, peak: int = 0) -> Path
 def test_the_oom_killer_is_named_when_the_ranks_cgroup_counted_a_kill(tmp_path: Path) -> None:
     d = v1(tmp_path, kills=1, peak=int(11.3 * (1 << 30)))
     mem = Memory(rss=5 << 30, peak=6 << 30, cgroup=str(d), limit=12 << 30, oom_kills=0)
-    assert why_killed(KILL, mem, Baseline()) == "was killed by the kernel's OOM killer (it held 11.3 GiB; its memory limit is 12.0 GiB)"
+    assert why_killed(KILL, mem) == "was killed by the kernel's OOM killer (it held 11.3 GiB; its memory limit is 12.0 GiB)"
+    assert why_killed(KILL, mem, local=False) == ""  # a rank on another host: its counters are not this kernel's to read
 
 
 def test_a_sigkill_the_cgroup_did_not_count_is_not_the_oom_killer(tmp_path: Path) -> None:
-    mem = Memory(rss=5 << 30, cgroup=str(v1(tmp_path, kills=3)), oom_kills=3)
-    assert why_killed(KILL, mem, Baseline(system=10 ** 9)) == "was killed by SIGKILL (not the OOM killer)"  # the machine's count is not read
+    mem = Memory(rss=5 << 30, cgroup=str(v1(tmp_path, kills=3)), oom_kills=3, system_oom_kills=-1)
+    assert why_killed(KILL, mem) == "was killed by SIGKILL (not the OOM killer)"  # the machine's count is not read
 
 
 def test_with_no_cgroup_known_the_machines_counter_decides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(deaths.memcg, "system_oom_kills", lambda: 5)
-    assert why_killed(KILL, Memory(rss=1 << 30), Baseline(system=4)) == "was killed by the kernel's OOM killer (it held 1.0 GiB)"
-    assert why_killed(KILL, Memory(rss=1 << 30), Baseline(system=5)) == "was killed by SIGKILL (not the OOM killer)"
+    assert why_killed(KILL, Memory(rss=1 << 30, system_oom_kills=4)) == "was killed by the kernel's OOM killer (it held 1.0 GiB)"
+    assert why_killed(KILL, Memory(rss=1 << 30, system_oom_kills=5)) == "was killed by SIGKILL (not the OOM killer)"
     monkeypatch.setattr(deaths.memcg, "system_oom_kills", lambda: None)
-    assert "no OOM counter could be read" in why_killed(KILL, None, Baseline())
+    assert "no OOM counter could be read" in why_killed(KILL, Memory(rss=1 << 30, system_oom_kills=5))
+    assert "no OOM counter could be read" in why_killed(KILL, None)
 
 
 def test_other_ends_are_left_to_describe_exit() -> None:
-    assert why_killed(-signal.SIGSEGV, None, Baseline()) == "" and why_killed(1, None, Baseline()) == ""
+    assert why_killed(-signal.SIGSEGV, None) == "" and why_killed(1, None) == ""
     f = RankFailure(rank=2, kind=FailureKind.DIED, pid=7, exit_code=KILL, why="was killed by SIGKILL (not the OOM killer)")
     assert f.headline() == "rank 2 (pid 7) was killed by SIGKILL (not the OOM killer)"
 
