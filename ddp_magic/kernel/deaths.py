@@ -1,10 +1,11 @@
 """Why a rank died, with evidence: the OOM killer only when a counter says so, a crash's Python stack, CUDA out of memory.
 
-- A SIGKILL is the OOM killer's only when an ``oom_kill`` count moved: the rank's own memory
-  cgroup's (its sampler said which, procs/rank_memory.py; the kernel reads the count again
-  after the death), else this kernel's cgroup's (forked ranks share it), else, with no cgroup
-  known, the machine's (/proc/vmstat) since the cell began. Any other SIGKILL is said to be
-  one: "killed by SIGKILL (not the OOM killer)".
+- A SIGKILL is the OOM killer's only when an ``oom_kill`` count moved: the rank's memory
+  cgroup's (its sampler said which and the count, procs/rank_memory.py; the kernel reads the
+  count again after the death), else, with no cgroup readable, the machine's (/proc/vmstat)
+  since the sampler last read it. Any other SIGKILL is said to be one: "killed by SIGKILL (not
+  the OOM killer)". Nothing is read on the kernel's cell path; a rank on another host is left
+  to describe_exit (its counters are not this kernel's to read).
 - A segfault or abort: faulthandler wrote the rank's Python stack to its own stderr as it
   died (procs/worker.py enables it); the hub kept that block (RankInfo.crash) and it becomes
   the failure's traceback, the cell's lines named ``Cell In[n]`` as in any traceback.
