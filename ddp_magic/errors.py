@@ -62,8 +62,7 @@ def describe_exit(code: Optional[int]) -> str:
     name = signal_name(code)
     if name is None:
         return f"exited with code {code}"
-    hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if name == "SIGKILL" else ""
-    hint = " (a crash in native code)" if name in _CRASH_SIGNALS else hint
+    hint = " (a crash in native code)" if name in _CRASH_SIGNALS else ""
     return f"was killed by {name}{hint}"
 
 
@@ -80,12 +79,13 @@ class RankFailure:
     exit_code: Optional[int] = None
     last_lines: List[str] = field(default_factory=list)
     node: str = ""  # set when its node stopped answering (DIED, ``message`` says how): the node is named, not a pid
+    why: str = ""  # how it died, with the evidence (kernel/deaths.py): said instead of describe_exit's guess
 
     def headline(self) -> str:
         if self.kind == FailureKind.DIED and self.node:
             return f"rank {self.rank} on {self.node} is unreachable: {self.message}"
         if self.kind == FailureKind.DIED:
-            return f"rank {self.rank} (pid {self.pid}) {describe_exit(self.exit_code)}"
+            return f"rank {self.rank} (pid {self.pid}) {self.why or describe_exit(self.exit_code)}"
         if self.kind == FailureKind.KILLED:
             stopped_by_us = self.exit_code in (-signal.SIGTERM, -signal.SIGKILL)
             how = signal_name(self.exit_code) if stopped_by_us else describe_exit(self.exit_code)
@@ -102,7 +102,7 @@ GROUPS_SHOWN = 8  # groups of failures a cell's message lists; the others are co
 
 def _how(f: RankFailure) -> Tuple[object, ...]:
     """What ranks that failed the same way share: the kind, the exception and its message, how the process ended."""
-    return (f.kind, f.type, f.message, f.exit_code if f.kind in (FailureKind.DIED, FailureKind.KILLED) else None, f.node)
+    return (f.kind, f.type, f.message, f.exit_code if f.kind in (FailureKind.DIED, FailureKind.KILLED) else None, f.node, f.why)
 
 
 def _who(ranks: Sequence[int]) -> str:
@@ -128,7 +128,7 @@ def group_headline(group: Sequence[RankFailure]) -> str:
     if first.kind == FailureKind.DIED and first.node:
         return f"{who} on {first.node} are unreachable: {first.message}"
     if first.kind == FailureKind.DIED:
-        how = describe_exit(first.exit_code)
+        how = first.why or describe_exit(first.exit_code)
         return f"{who} {how.replace('was killed', 'were killed').replace('lost its connection', 'lost their connections')}"
     if first.kind == FailureKind.KILLED:
         return f"{who} did not respond to the interrupt and were stopped"

@@ -44,6 +44,7 @@ examples:
                              %autoreload 2 turns it on too; docs/autoreload.md)
   %ddp output --rank 517     rank 517's whole output of the last %%ddp cell, what the cell held back included
                              (--cell 12: of In [12]; a background job: job.output(517))
+  %ddp stacks [--ranks 0-3]  every rank's stack now, identical ones once (--all-threads, --native with py-spy; job.stacks())
   %ddp metrics [--df]        what the last cell's ranks logged with ddp_magic.log: a dict of lists (--df: a DataFrame)
                              (DDP_MAGIC_LOG=debug in the kernel's env also prints them as they happen)
   %ddp keep [--idle 30m] [--max 24h]   the pool outlives this kernel (--off: it ends with it again; docs/keep.md)

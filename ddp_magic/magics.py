@@ -47,11 +47,15 @@ from .words import plural
 
 @magic_arguments("ddp")
 @kwds(epilog=LINE_EXAMPLES)
-@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics", "wait", "output", "autoreload", "keep", "attach"),
+@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics", "wait", "output", "stacks", "autoreload", "keep", "attach"),
           default="status", help="what to do (default: status)")
 @argument("--df", action="store_true", help="with metrics: a pandas DataFrame instead of a dict of lists")
 @argument("--rank", type=int, metavar="R", help="with output: the rank whose whole output to show")
 @argument("--cell", metavar="N", help="with output: the cell (its In [N]) whose output to show (default: the last %%%%ddp cell)")
+@argument("--ranks", metavar="RANKS", help="with stacks: these ranks only, e.g. 0-3")
+@argument("--all-threads", action="store_true", help="with stacks: every thread's stack, not only the main thread's")
+@argument("--native", action="store_true", help="with stacks: native frames too (py-spy, where installed on the ranks' hosts)")
+@argument("--timeout", type=float, metavar="SECONDS", help="with stacks: how long to wait for the ranks' answers (default 2)")
 @pool_arguments
 @keep_arguments
 @HELP_ARGUMENT
@@ -141,7 +145,7 @@ class DDPMagics(Magics):
         super().__init__(shell)
         self.session = session or Session()
         self.last_failures: List[Any] = []  # the last failed %%ddp cell's, for %ddp_debug
-        self.cell_numbers = CellNumbers()  # tracebacks say Cell In[N] with the prompt's number
+        self.cell_numbers = CellNumbers(self.session.numbers)  # tracebacks say Cell In[N] with the prompt's number
         self.jobs: List[Job] = []  # the background cells not known to have ended (%ddp wait)
         if shell is not None:  # %ddp_export reads every cell in execution order (nbval keeps no IPython history)
             self.session.history.start_at(shell.execution_count)
@@ -238,6 +242,7 @@ class DDPMagics(Magics):
         job = Job(ticket, lambda j: self._cell_value(args, cell, printer, listener, dataclasses.replace(options, cancel=j.cancel_event), as_shell),
                   live=lambda: listener.metrics.data, mailbox=mailbox)
         job.outputs = functools.partial(self.session.output, cell=str(number) if isinstance(number, int) else None)  # job.output(N)
+        job.session = self.session  # job.stacks(), the ranks' memory in its repr
         self.session.history.begin_late(ticket)  # %ddp_export: its run goes to this cell's record, whenever it ends
         self.jobs = [j for j in self.jobs if not j.done()] + [job]
         transcripts.begin(self.shell, ticket.name, job.done)  # its outputs are kept: a page that reloads gets them back
@@ -302,8 +307,12 @@ class DDPMagics(Magics):
             return metrics_data(self.session.metrics, args.df)
         if args.action == "output":
             return _show_output(self.session, args)
+        if args.action == "stacks":
+            return print(self.session.stacks(sorted(_ranks(args.ranks)) if args.ranks else None, args.all_threads, args.native, args.timeout))
         if args.rank is not None or args.cell is not None:
             raise UsageError("%ddp: --rank and --cell go with output, e.g. %ddp output --rank 3")
+        if args.ranks or args.all_threads or args.native or args.timeout is not None:
+            raise UsageError("%ddp: --ranks, --all-threads, --native and --timeout go with stacks, e.g. %ddp stacks --ranks 0-3")
         if args.action in ("status", "log", "wait", "autoreload") and request:
             raise UsageError("%ddp: pool options need an action, e.g. %ddp restart -n 2 (or put them on a %%ddp cell)")
         if args.action == "autoreload" or args.target:

@@ -25,12 +25,14 @@ from .kernel.profile_merge import ProfileReport, ProfileRun
 from .kernel.reload import Autoreload
 from .kernel.texts import NAMES_GONE, cancelled_text
 from .kernel.turns import Ticket, TicketClock, Turns
-from .kernel.pool_status import NO_POOL, PoolStatus, RankRow  # noqa: F401  (NO_POOL: the front ends read it here)
+from .kernel.pool_status import NO_POOL, PoolStatus, RankRow, status_of  # noqa: F401  (NO_POOL: the front ends read it here)
+from .kernel.stacks import Stacks, stacks as read_stacks
 from .logs import log
 from .plan import Check
 from .plan.plan import Plan, make_plan
 from .plan.spec import PoolSpec
 from .wire import namespace, notebook_data
+from .wire import protocol as P
 from .wire.execution import editor_lines, syntax_error_text
 
 CELL_FILENAME = "<ddp-cell>"  # what names are read from; tracebacks name each cell <ddp-cell-N>
@@ -38,6 +40,7 @@ STOPPED = "stopped the pool; its workers have exited"
 NEED_N_FOR_CELL = "no pool is running yet: give the number of ranks on the first cell, e.g. %%ddp -n 2"
 NEED_N_FOR_RESTART = "no pool to restart: start one with %%ddp -n N, or give -n here"
 NEED_N_FOR_ENV = "no pool is running: give the number of ranks to plan for, e.g. %ddp_env -n 4"
+MEMORY_WAIT_S = 1.0  # %ddp status between cells: how long the ranks get to say their memory
 scatter = notebook_data.Scatter  # ddp_magic.scatter(x, dim=0): each rank gets its shard of x (wire/notebook_data.py)
 
 
@@ -122,6 +125,7 @@ class Session:
     turns: Turns = field(default_factory=Turns)  # one cell at a time on the pool; the others wait in line (kernel/turns.py)
     outputs: OutputLog = field(default_factory=OutputLog)  # every rank's whole output of the recent cells: %ddp output --rank N
     autoreload: Autoreload = field(default_factory=Autoreload)  # %ddp autoreload: edited modules reach the ranks (kernel/reload.py)
+    numbers: Dict[str, Optional[int]] = field(default_factory=dict)  # cell label -> its prompt number (In [n]): Cell In[n]
 
     # ------------------------------------------------------------ specs
     def spec_for(self, nproc: Optional[int] = None, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> Optional[PoolSpec]:
@@ -212,39 +216,20 @@ class Session:
 
     # ------------------------------------------------------------ reading
     def refresh(self) -> None:
-        """The pool takes in what happened while idle (main thread only); then ``status`` is current."""
-        if self.pool is not None:
-            self.pool.refresh()
+        """The pool takes in what happened while idle (main thread only), and each rank's memory now when no cell runs
+        (while one does, its own pump reads what the ranks' samplers send); then ``status`` is current."""
+        pool, me = self.pool, Ticket("%ddp status")
+        if pool is not None:
+            pool.refresh()
+            if pool.alive and self.turns.try_take(me):
+                try:
+                    pool.ask(P.MEMORY, MEMORY_WAIT_S)
+                finally:
+                    self.turns.give_back(me)
 
     def status(self) -> PoolStatus:
         """The pool as data; safe from any thread (it only reads)."""
-        pool = self.pool
-        if pool is None:
-            return PoolStatus()
-        rows = tuple(
-            RankRow(r, i.pid, i.state, i.device, i.host, i.exit_code, i.elapsed, i.memory, i.last_line, i.node_name)
-            for r, i in sorted(dict(pool.ranks).items())
-        )
-        return PoolStatus(
-            started=bool(pool.started),
-            nproc=pool.nproc,
-            backend=pool.backend,
-            master_addr=pool.plan.master_addr,
-            master_port=pool.plan.master_port,
-            start_method=pool.spec.launcher_method,
-            broken=pool.broken,
-            generation=pool.generation,
-            start_seconds=getattr(pool, "start_seconds", None),
-            ranks=rows,
-            owned=tuple(sorted(self.owned)),
-            plan=pool.plan,
-            last_cell=self.last if self.last is not None and self.last.generation == pool.generation else None,
-            job=self.turns.holder,
-            queued=tuple(self.turns.waiting()),
-            where=pool.launcher.where() if pool.started else "",
-            autoreload=self.autoreload.describe(),
-            kept=pool.kept.text() if pool.kept is not None else "",
-        )
+        return status_of(self.pool, self.owned, self.last, self.turns, self.autoreload.describe())
 
     def env(self, spec: Optional[PoolSpec] = None) -> EnvData:
         """The env each rank sees (read from the live workers) or, given a spec or without a live pool, will get."""
@@ -303,6 +288,7 @@ class Session:
         reload = self.autoreload.before_cell(pool, options.kernel_autoreload, listener)  # raises (nothing ran) when the ranks disagree
         self.cells += 1
         label = str(self.cells)
+        self.numbers[label] = options.number  # Cell In[12] in tracebacks and stacks, while it runs too
         metrics = CellMetrics(label if options.number is None else str(options.number))  # outermost listener: ddp_magic.log rows
         ticket.progress = metrics.last_step  # "step 4,120" in %ddp status and the panel
         profile = ProfileRun.arm(pool, listener, options.profile) if options.profile is not None else None
@@ -344,6 +330,13 @@ class Session:
         if self.pool is None or not self.pool.alive:
             raise UsageError("%%ddp --peek: no pool is running; a peek looks into the ranks of a running pool (start one with %%ddp -n N)")
         return peeks.peek(self.pool, self.turns, source, list(ranks) if ranks is not None else None, timeout)
+
+    def stacks(self, ranks: Optional[Iterable[int]] = None, all_threads: bool = False, native: bool = False,
+               timeout: Optional[float] = None) -> Stacks:
+        """``%ddp stacks``: every rank's stack now, read by a thread of its own beside whatever runs (kernel/stacks.py)."""
+        if self.pool is None or not self.pool.alive:
+            raise UsageError("%ddp stacks: no pool is running; start one with %%ddp -n N")
+        return read_stacks(self.pool, self.turns, list(ranks) if ranks is not None else None, all_threads, native, timeout, self.numbers)
 
     def notebook_cell(self, source: str, transform: Callable[[str], str] = str) -> None:
         """An ordinary notebook cell ran (IPython's post_run_cell): what it defined is now the newest definition.

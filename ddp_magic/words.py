@@ -65,3 +65,13 @@ def fmt_seconds(s: Optional[float]) -> str:
         return f"{m} m {sec:02d} s"
     h, m = divmod(m, 60)
     return f"{h} h {m:02d} m"
+
+
+def fmt_bytes(n: Optional[int]) -> str:
+    """'3.1 GiB', '212.0 MiB', '512 B'; '' for None (a figure nobody measured)."""
+    if n is None:
+        return ""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"

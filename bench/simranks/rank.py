@@ -29,6 +29,7 @@ from ddp_magic.wire.capture import SYNC_END, SYNC_PREFIX
 from . import script as S
 
 Streams = Tuple[asyncio.StreamReader, asyncio.StreamWriter]
+SIM_RSS = 64 << 20  # what a simulated rank says it holds (MEMORY): no real rank of its own to measure
 _BUFFERS: Dict[int, Any] = {}  # nbytes -> one filled array per process (each DONE still writes its own shm file)
 
 
@@ -202,9 +203,15 @@ class SimRank:
         op = msg["op"]
         if op in (P.RUN, P.REFORM):
             self.runs.put_nowait(msg)
+        elif op == P.STACK and "id" in msg:  # %ddp stacks: frames as data, as procs/rank_stacks.py sends them
+            frames = S.stack_frames(self.script, self.filename, self.line, self.collective) if self.script else []
+            self.send(P.STACK, id=msg["id"], in_cell=bool(self.script), collective=self._described(),
+                      threads=[{"name": "main", "main": True, "frames": frames}])
         elif op == P.STACK:
             text = S.stack_text(self.script, self.filename, self.line, True) if self.script else "(idle)\n"
             self.send(P.STACK, text=text, collective=self._described())
+        elif op == P.MEMORY:  # %ddp status between cells: one process's RSS, said by each of its ranks
+            self.send(P.MEMORY, asked=True, rss=SIM_RSS, peak=SIM_RSS, cgroup=None)
         elif op == P.ENV:
             self.send(P.ENV, env=self.env_report())
         elif op == P.INTERRUPT and self.collective is None:  # a gloo wait does not see a signal either

@@ -127,6 +127,19 @@ def stack_text(script: Script, filename: str, line: int, running: bool) -> str:
     return f'(running the cell)\n  File "{filename}", line {line}, in <module>\n    {code}\n'
 
 
+C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def stack_frames(script: Script, filename: str, line: int, collective: Optional[dict]) -> List[List[Any]]:
+    """An on-demand STACK's frames as procs/rank_stacks.py sends them: the cell's frame at ``line``, and torch's
+    collective function under it while the rank waits in one."""
+    code = script.lines[line - 1].strip() if 0 < line <= len(script.lines) else ""
+    frames: List[List[Any]] = [[filename, line, "<module>", code]]
+    if collective is not None:
+        frames.append([C10D, 3252, str(collective.get("op", "all_reduce")), "work.wait()"])
+    return frames
+
+
 def traceback_text(script: Script, filename: str, line: int, type_name: str, message: str) -> str:
     """A user's traceback as wire/execution.py formats one: the cell's frame, then the exception."""
     frame = stack_text(script, filename, line, True).split("\n", 1)[1]

@@ -33,6 +33,8 @@ from .admission import Admission
 from .conns import Conn, OutConn, Poller, ReadBuffer, close_socket, peer_open, send_all_nonblocking
 from .hub_output import STREAMS, OutputStreams
 from .launchers import Launcher
+from .deaths import crash_traceback
+from .memory import Memory
 from .peek import PeekDesk
 from .ranks import Due, Listener, RankInfo, Tick
 from .stdin import InputDesk
@@ -164,7 +166,8 @@ class Hub(OutputStreams):
         info = self.ranks[rank]
         if info.silent:
             return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, message=liveness.silence_words(), node=node_key(info))
-        return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, exit_code=info.exit_code, last_lines=list(info.tail)[-10:])
+        return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, exit_code=info.exit_code, last_lines=list(info.tail)[-10:],
+                           why=info.death, traceback=crash_traceback(info.crash.splitlines()) if info.crash else "")
 
     def any_peer_open(self) -> bool:
         """Whether some rank still holds its control connection open (ranks on other hosts exit late)."""
@@ -339,10 +342,17 @@ class Hub(OutputStreams):
             err, pid = msg["error"], info.pid if info else None
             failure = RankFailure(rank=rank, kind=FailureKind.INIT, type=err["type"], message=err["message"], traceback=err["traceback"], pid=pid)
             self.init_failures.append(failure)
+        elif op == P.STACK and "id" in msg:  # %ddp stacks: filed by id, as a peek's answer is (kernel/stacks.py)
+            self.peeks.put(rank, msg)
         elif op in (P.STACK, P.ENV, P.REFORM, P.VERSIONS, P.KEEP):
             self.replies.setdefault(op, {})[rank] = msg
             if op == P.KEEP and self.shown is not None and "written" in msg:  # its spool starts here: so does what we showed
                 self.shown.set(rank, msg["written"])
+        elif op == P.MEMORY:  # sampled while a cell runs, or asked for by %ddp status (kernel/memory.py)
+            self.replies.setdefault(op, {})[rank] = msg
+            if info is not None:
+                info.mem = Memory.of(msg, info.mem)
+                self.listener.on_state(info)
         elif op == P.INPUT:
             self.stdin.request(rank, msg)
             self.debug_changed(rank)
@@ -373,6 +383,7 @@ class Hub(OutputStreams):
             info.state = _DONE_STATES.get(msg["status"], RankState.FAILED)
             info.finished = time.monotonic()
             info.memory = msg.get("memory")
+            info.mem = Memory.of(msg["mem"], info.mem) if msg.get("mem") else info.mem
             self.version += 1
             self.failed += info.state != RankState.DONE
             self.listener.on_state(info)

@@ -83,7 +83,7 @@ def peek(pool: Any, turns: Turns, source: str, ranks: Optional[Sequence[int]] = 
     pid = hub.peeks.open()
     try:
         hub.broadcast(P.message(P.PEEK, id=pid, source=source, filename=f"<ddp-peek-{pid}>"), asked)
-        _await(hub, turns, pid, asked, t0 + timeout)
+        await_answers(hub, turns, pid, asked, t0 + timeout)
     finally:
         answers = hub.peeks.close(pid)
     out = _outcome(pool.nproc, asked, answers, timeout)
@@ -92,7 +92,7 @@ def peek(pool: Any, turns: Turns, source: str, ranks: Optional[Sequence[int]] = 
     return out
 
 
-def _await(hub: Any, turns: Turns, pid: int, ranks: Sequence[int], deadline: float) -> None:
+def await_answers(hub: Any, turns: Turns, pid: int, ranks: Sequence[int], deadline: float) -> None:
     """Until every asked rank answered (or left, or the deadline): pump the hub ourselves when nobody else does."""
     me = Ticket("a peek")
 

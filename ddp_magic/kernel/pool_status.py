@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from collections import Counter
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..plan.plan import Plan
 from ..states import RankState
 from ..errors import signal_name
 from ..words import fmt_seconds, plural, short_rank_list
+from .memory import Memory, range_text
 from .ranks import LastCell
-from .turns import Ticket
+from .turns import Ticket, Turns
 
 NO_POOL = "no pool is running"
 EACH_ABOVE = 32  # more ranks than this: a line per node and state, and the odd ranks alone (the status view's rule)
@@ -35,6 +36,7 @@ class RankRow(NamedTuple):
     memory: Optional[int] = None
     last_line: str = ""
     node: str = ""  # a Slurm pool's node of the rank (n2)
+    mem: Optional[Memory] = None  # RSS, peak, CUDA's figures (kernel/memory.py)
 
 
 @dataclass(frozen=True)
@@ -92,9 +94,28 @@ class PoolStatus:
 
 
 def rank_line(r: RankRow) -> str:
-    """'  rank 1: pid 4242  running     cpu  on n2': one rank, as %ddp status has always said it."""
+    """'  rank 1: pid 4242  running     cpu  on n2  RSS 1.2 GiB (peak 1.4 GiB)': one rank, as %ddp status says it."""
     ended = "" if r.exit_code is None else f"  ({signal_name(r.exit_code) or f'exit {r.exit_code}'})"  # as the view's exit column
-    return f"  rank {r.rank}: pid {r.pid}  {str(r.state):<11} {r.device}" + (f"  on {r.node}" if r.node else "") + ended
+    mem = f"  {r.mem.text()}" if r.mem is not None and r.mem.text() else ""
+    return f"  rank {r.rank}: pid {r.pid}  {str(r.state):<11} {r.device}" + (f"  on {r.node}" if r.node else "") + ended + mem
+
+
+def status_of(pool: Any, owned: Iterable[str], last: Optional[LastCell], turns: Turns, autoreload: str = "") -> PoolStatus:
+    """A session's pool as data (``Session.status``); safe from any thread: it only reads."""
+    if pool is None:
+        return PoolStatus()
+    rows = tuple(
+        RankRow(r, i.pid, i.state, i.device, i.host, i.exit_code, i.elapsed, i.memory, i.last_line, i.node_name, i.mem)
+        for r, i in sorted(dict(pool.ranks).items())
+    )
+    return PoolStatus(
+        started=bool(pool.started), nproc=pool.nproc, backend=pool.backend, master_addr=pool.plan.master_addr,
+        master_port=pool.plan.master_port, start_method=pool.spec.launcher_method, broken=pool.broken, generation=pool.generation,
+        start_seconds=getattr(pool, "start_seconds", None), ranks=rows, owned=tuple(sorted(owned)), plan=pool.plan,
+        last_cell=last if last is not None and last.generation == pool.generation else None,
+        job=turns.holder, queued=tuple(turns.waiting()), where=pool.launcher.where() if pool.started else "",
+        autoreload=autoreload, kept=pool.kept.text() if pool.kept is not None else "",
+    )
 
 
 def _group_line(rows: Sequence[RankRow]) -> str:
@@ -105,7 +126,8 @@ def _group_line(rows: Sequence[RankRow]) -> str:
     pids = [r.pid for r in rows if r.pid is not None]
     where = f"  on {first.node}" if first.node else ""
     who = f"rank {first.rank}" if len(rows) == 1 else f"ranks {short_rank_list((r.rank for r in rows), 8)}"
-    return f"  {who}: {first.state}  {first.device}{where}" + (f"  (pids {short_rank_list(pids)})" if pids else "")
+    mem = range_text([r.mem for r in rows])
+    return f"  {who}: {first.state}  {first.device}{where}" + (f"  (pids {short_rank_list(pids)})" if pids else "") + (f"  {mem}" if mem else "")
 
 
 def rank_lines(rows: Sequence[RankRow]) -> List[str]:

@@ -14,9 +14,12 @@ from ..errors import RankFailure
 from ..logs import log
 from ..states import RankState, Waiting
 from .combine import combine
+from .memory import Memory
 from ..words import ranks_phrase
 from .blame import causes
 
+FAULT_HEAD = "Fatal Python error"  # how faulthandler's report begins
+CRASH_CHARS = 20_000  # of it kept at most
 Tick = Callable[[], None]  # runs after each wake of the poll loop
 Due = Callable[[], Optional[float]]  # when the next tick is needed at the latest (monotonic), or None
 
@@ -36,11 +39,14 @@ class RankInfo:
     exit_code: Optional[int] = None
     started: float = field(default_factory=time.monotonic)
     finished: Optional[float] = None
-    memory: Optional[int] = None
+    memory: Optional[int] = None  # bytes CUDA holds (its DONE's), shown on a GPU
+    mem: Optional[Memory] = None  # RSS, peak, CUDA's figures, its cgroup: the newest it sent (kernel/memory.py)
     last_line: str = ""
     debugging: Waiting = Waiting.NO  # what a RUNNING rank waits on the notebook for (kernel/stdin.py)
     tail: Deque[str] = field(default_factory=lambda: deque(maxlen=20))
     silent: bool = False  # its node stopped answering (wire/liveness.py): DEAD as unreachable, not as exited
+    crash: str = ""  # faulthandler's block as it died (a segfault, an abort): kernel/deaths.py
+    death: str = ""  # how it died, with the evidence ("was killed by the kernel's OOM killer (…)"), set by recovery
 
     @property
     def elapsed(self) -> float:
@@ -48,6 +54,10 @@ class RankInfo:
 
     def note_output(self, text: str) -> None:
         """Keep the last lines a rank printed: a failure report quotes them, the view shows the last."""
+        if self.crash or FAULT_HEAD in text:  # from here on: the stack faulthandler writes as the rank dies
+            at = 0 if self.crash else text.index(FAULT_HEAD)
+            self.crash = (self.crash + text[at:])[:CRASH_CHARS]
+            text = text[:at]
         pieces = text.replace("\r", "\n").split("\n")
         for piece in pieces[:-1]:
             if piece.strip():

@@ -13,7 +13,7 @@ step on the rank's node): at the next cell a new process takes its RANK and join
 the survivors' new group (a fresh FileStore on one host; across hosts a PrefixStore
 over rank 0's TCP store, which the newcomer finds by DDP_MAGIC_REFORM_GEN), and the
 notice says whose variables are gone. torchrun pools restart whole, as before.
-A SIGKILL with the cgroup's OOM-kill counter gone up is named as an OOM kill.
+A SIGKILL is named the OOM killer's only with a counter's evidence (kernel/deaths.py).
 
 If the ranks cannot re-form within ``REFORM_WAIT_S`` the pool is marked broken
 (the next cell restarts it, as before), and the message says so. A pool that is whole
@@ -23,7 +23,7 @@ outcome stays the cell's (its view, its error, the session's last cell).
 from __future__ import annotations
 
 import copy
-import signal
+import socket
 import time
 from collections import deque
 import weakref
@@ -38,6 +38,7 @@ from ..wire import protocol as P
 from ..wire import shm
 from .admission import Admission
 from .cell import CellRun
+from .deaths import cuda_oom_notes, why_killed
 from ..words import fmt_seconds, ranks_phrase
 from .hub import Hub
 from .launchers import Launcher
@@ -46,36 +47,6 @@ from .unreachable import node_key
 
 REFORM_WAIT_S = 10.0  # how long live ranks get to form the new group
 _GONE = (RankState.DEAD, RankState.STOPPED)
-
-
-def oom_kills() -> Optional[int]:
-    """The OOM-kill count of this process's memory cgroup (v2 memory.events, v1 memory.oom_control); None if unreadable.
-
-    The ranks are forked from this kernel (or its template), so they share its cgroup."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = [ln.strip().split(":", 2) for ln in f if ln.count(":") >= 2]
-    except OSError:
-        return None
-    paths = [f"/sys/fs/cgroup{p}/memory.events" for h, c, p in lines if h == "0" and c == ""]
-    paths += [f"/sys/fs/cgroup/memory{p}/memory.oom_control" for h, c, p in lines if "memory" in c.split(",")]
-    for path in paths:
-        try:
-            with open(path) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def oom_note(rank: int, code: Optional[int], before: Optional[int], after: Optional[int]) -> Optional[str]:
-    """The words for a SIGKILL the kernel's OOM killer sent (its cgroup counter went up), else None."""
-    if code != -signal.SIGKILL or before is None or after is None or after <= before:
-        return None
-    return f"rank {rank} was killed by the OOM killer: out of memory (the memory cgroup's oom_kill count went {before} → {after})"
 
 
 class Pool(Protocol):
@@ -108,8 +79,7 @@ class Recovery:
     def __init__(self) -> None:
         self.gen = 0
         self.lost: Dict[int, str] = {}  # rank -> how it died, until a new rank takes its place
-        self.notes: List[str] = []  # for the failing cell's message (an OOM kill)
-        self._oom: Optional[int] = None
+        self.notes: List[str] = []  # for the failing cell's message
         self._store: Optional[str] = None  # the FileStore the ranks' group uses now (None: the pool's first)
 
     def reset(self) -> None:
@@ -117,24 +87,23 @@ class Recovery:
         self.lost.clear()
         self.notes.clear()
         self._store = None
-        self._oom = oom_kills()  # the baseline an OOM kill is seen against (again before every cell)
 
     # ------------------------------------------------------------ deaths
     def on_death(self, pool: Pool, rank: int, code: Optional[int], how: str) -> Optional[str]:
         """A rank's process ended. Returns why the pool is broken, or None when the rank can be replaced alone."""
-        note = oom_note(rank, code, self._oom, oom_kills())
-        if note:
-            self.notes.append(note)
+        info = pool.ranks[rank]
+        info.death = why_killed(code, info.mem, info.host in ("", socket.gethostname()))  # the OOM killer only with evidence
+        how = info.death or how
         launcher = pool.launcher
         if not launcher.replaces_ranks or not (pool.store_path or launcher.remote_ranks):
             return f"rank {rank} {how}"
-        self.lost[rank] = ("killed by the OOM killer" if note else how) + f" (pid {pool.ranks[rank].pid})"
+        self.lost[rank] = f"(pid {info.pid}) {how}"  # "rank 2 (pid 4121) was killed by …"
         return None
 
     # ------------------------------------------------------------ after a cell
     def after_cell(self, pool: Pool, cell: CellRun, notes: List[str]) -> None:
         """Re-form the group if the cell aborted or broke it; a dead rank's survivors re-form at the next cell."""
-        notes += self.notes
+        notes += self.notes + cuda_oom_notes(pool.hub.done)
         self.notes.clear()
         hub = pool.hub
         broken = cell.aborted or any(m.get("group_broken") for m in hub.done.values())
@@ -216,7 +185,6 @@ class Recovery:
         """Deaths while idle are noticed; dead ranks are started again and join the survivors' new group.
         Returns a notice for the user, or None; a replacement that fails marks the pool broken."""
         pool.hub.reap()  # exits, and connections lost while idle (ranks on other hosts report no exit code)
-        self._oom = oom_kills()
         if not self.lost or pool.broken:
             return None
         gone, how = sorted(self.lost), dict(self.lost)

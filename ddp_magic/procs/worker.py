@@ -8,11 +8,13 @@ torch.distributed itself (devices, the process group, the gather) is rank_torch.
 
 Threads: the main thread runs cells; a reader thread takes the kernel's messages
 (it queues cells and decisions, and answers interrupts, stack and env requests
-at once, even while a cell runs); a peek thread, from the first ``%%ddp --peek``
-on, runs peeks beside the cell (rank_peek.py).
+at once, even while a cell runs: ``%ddp stacks`` is answered there, rank_stacks.py); a
+peek thread, from the first ``%%ddp --peek`` on, runs peeks beside the cell (rank_peek.py); a
+memory sampler sends the rank's memory when it moves (rank_memory.py).
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import queue
@@ -31,7 +33,8 @@ from ..wire.capture import FdCapture
 from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
 from ..wire.protocol import CellStatus
-from . import mesh, rank_keep, rank_argv, rank_collectives, rank_debug, rank_group, rank_metrics, rank_net, rank_peek, rank_profile, rank_recover, rank_torch
+from . import mesh, rank_keep, rank_argv, rank_collectives, rank_debug, rank_group, rank_memory, rank_metrics, rank_net, rank_peek
+from . import rank_profile, rank_recover, rank_stacks, rank_torch
 from .parent import die_with_parent
 from .rank_channel import Channel
 from .rank_reload import RELOADER
@@ -167,6 +170,7 @@ class Worker:
                     self.cell = msg["cell"]
                     self.keeper.set_busy(True)
                     self.runs.put(msg)
+                    rank_memory.cell_started()  # the cell's peak starts here; the sampler looks again (on its own thread)
                 elif op == P.DECIDE:
                     self.decisions.put(msg)
                 elif op == P.INTERRUPT:
@@ -174,7 +178,12 @@ class Worker:
                         signal.pthread_kill(self.main_ident, signal.SIGINT)
                 elif op == P.STACK:  # the collective first: a rank seen in one that cannot complete is still in it when its stack is taken
                     collective = rank_collectives.describe()
-                    self.chan.send(P.STACK, rank=self.rank, text=self.main_stack(), collective=collective)
+                    if "id" in msg:  # %ddp stacks, job.stacks(), the panel's Stacks: every frame, as data
+                        rank_stacks.answer(msg, self.chan.send, self.rank, self.main_ident, self.running_user_code, collective)
+                    else:
+                        self.chan.send(P.STACK, rank=self.rank, text=self.main_stack(), collective=collective)
+                elif op == P.MEMORY:  # %ddp status between cells: memory now
+                    rank_memory.answer(self.chan.send, self.rank)
                 elif op == P.ABORT:  # release the main thread's collective wait (rank_recover.py)
                     rank_recover.on_abort(msg)
                 elif op == P.REFORM:  # a new process group, formed by the main thread between cells
@@ -226,6 +235,7 @@ class Worker:
     # ------------------------------------------------------------ cells
     def serve(self) -> int:
         self.connect()
+        faulthandler.enable(file=2, all_threads=False)  # a segfault or abort: its stack to fd 2, the kernel's socket (kernel/deaths.py)
         signal.signal(signal.SIGINT, self._on_sigint)
         threading.Thread(target=self.reader, name="ddp-reader", daemon=True).start()
         try:
@@ -244,6 +254,7 @@ class Worker:
         rank_debug.install(self.chan.send, self.rank, self.main_ident)  # stdin, breakpoint(), post-mortem via the kernel
         rank_metrics.install(self.chan.send, self.rank)  # ddp_magic.log(...) rows to the kernel's chart
         rank_peek.install(self.chan.send, self.rank, self.user_ns)  # %%ddp --peek reads these globals
+        rank_memory.install(self.chan.send, self.rank)  # memory sampled on its own thread, sent when it moves
         self.chan.send(P.READY, rank=self.rank, device=self.device)
         while True:
             msg = self.runs.get()
@@ -266,8 +277,9 @@ class Worker:
         rank_metrics.end_cell()  # every row logged before DONE
         status, error = rank_recover.cell_status(status, error)  # a wait released by ABORT ends as interrupted
         marks = self.capture.sync(msg["cell"], bool(msg.get("named_marks")))  # the markers this DONE follows (a quiet stream's older one)
-        fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status.value, "error": error, "memory": rank_torch.gpu_memory(),
-                        "seq": rank_collectives.default_seq(), "sync": marks}
+        mem = rank_memory.at_done()  # RSS, the cell's peak, CUDA's figures: a few µs
+        fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status.value, "error": error, "mem": mem,
+                        "memory": (mem.get("cuda") or {}).get("allocated"), "seq": rank_collectives.default_seq(), "sync": marks}
         fields.update(rank_profile.take())
         fields.update(rank_recover.done_fields())
         fields.update(RELOADER.done_fields())
@@ -326,7 +338,7 @@ class Worker:
         except BaseException as e:
             log.debug("rank %d: the cell raised (reported to the kernel)", self.rank, exc_info=True)
             rank_debug.keep(e, filename)  # for %ddp_debug
-            return CellStatus.ERROR, error_data(e, format_user_traceback(e, filename)), None
+            return CellStatus.ERROR, dict(error_data(e, format_user_traceback(e, filename)), **rank_memory.on_error(e)), None
 
     def _packed(self, value: Any) -> dict:
         try:

@@ -17,9 +17,10 @@ import contextvars
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple
 
 from ..errors import CellError, Dequeued, JobCancelled, UsageError
+from ..kernel.memory import peak_text, range_text
 from ..kernel.metrics import CellMetrics
 from ..kernel.peek import PeekOutcome
 from ..kernel.stdin import Mailbox
@@ -154,6 +155,22 @@ class Job:
             return ""
         return "".join(text for _, text in self.outputs(rank))
 
+    session: Any = None  # the magics' Session: job.stacks(), and the memory its repr says
+
+    def stacks(self, ranks: Optional[Sequence[int]] = None, all_threads: bool = False, native: bool = False, timeout: Optional[float] = None) -> Any:
+        """Every rank's stack now, while the job runs, identical ones once (``%ddp stacks``' view; its ``.replies``, ``.groups``)."""
+        if self.session is None:
+            raise RuntimeError(f"{self.ticket.name}: its pool is the notebook session's; this job was made without one")
+        return self.session.stacks(ranks, all_threads, native, timeout)
+
+    def _memory(self) -> str:
+        """', RSS 170.2 MiB to 358.3 MiB, peak 358.3 MiB on rank 2': the ranks' memory as the job's repr says it."""
+        if self.session is None:
+            return ""
+        pairs = [(r.rank, r.mem) for r in self.session.status().ranks]
+        said = [t for t in (range_text(m for _, m in pairs), peak_text(pairs)) if t]
+        return "".join(f", {t}" for t in said)
+
     def __await__(self) -> Generator[Any, None, Any]:
         """``await job`` (IPython's autoawait): the result, without holding the kernel's event loop."""
         return self._result_async().__await__()
@@ -168,7 +185,7 @@ class Job:
         if state == JobState.QUEUED:
             return f"<Job {self.ticket.name}: queued>"
         if state == JobState.RUNNING:
-            what = "starting" if self.ticket.ran is None else f"running {clock_text(self.elapsed)}"  # Ticket.text's words
+            what = "starting" if self.ticket.ran is None else f"running {clock_text(self.elapsed)}{self._memory()}"  # Ticket.text's words
             return f"<Job {self.ticket.name}: {what}{self.ticket.tail()}>"
         if isinstance(self._error, JobCancelled):  # its own words, the cell's and the panel's
             return f"<Job {self.ticket.name}: {self._error.text} ({clock_text(self.elapsed)} on the ranks)>"

@@ -17,14 +17,21 @@ Kernel → front end, on every open comm:
 - ``{"type": "reply", "id", "op", "ok", "message", "error"?, "report"?}`` for a request.
 - ``{"type": "cell_output", ...}``: a background cell's output, to a page that follows it (ui/transcripts.py).
 
-Front end → kernel: ``{"type": "request", "id", "op", "args"}`` with op ``restart`` (optional ``args.nproc``),
-``stop``, ``env``, ``status`` (the same Session calls as ``%ddp restart``, ``%ddp stop``, ``%ddp_env --json``,
-``%ddp status``; the reply is built from what they return) or ``follow`` (``args.msg_id``: a background cell's).
+Front end → kernel: ``{"type": "request", "id", "op", "args"}`` with op ``restart``
+(optional ``args.nproc``), ``stop``, ``env``, ``status``, ``stacks`` (optional ``args.ranks``,
+``args.all_threads``) or ``follow`` (``args.msg_id``: a background cell's, ui/transcripts.py). They call the same :class:`~ddp_magic.session.Session` methods as
+``%ddp restart``, ``%ddp stop``, ``%ddp_env --json``, ``%ddp status`` and ``%ddp stacks``
+(ui/labrequests.py); the reply is built from what they return.
 
-Threads. Comm messages arrive on the shell channel: on the main thread between cells, or on a kernel subshell's
-thread while a cell runs (JupyterLab ≥ 4.4 with ipykernel ≥ 7). The pool belongs to the main thread: ``restart``,
-``stop`` and ``env`` from another thread go to the main thread's event loop, which runs them when no cell holds it,
-after a ``{"type": "queued", "id", "op", "reason"}`` while a cell runs. The rest only read: answered on any thread.
+Threads. Comm messages arrive on the shell channel: on the main thread between
+cells, or on a kernel subshell's thread while a cell runs (JupyterLab ≥ 4.4 with
+ipykernel ≥ 7). The pool belongs to the main thread: ``restart``, ``stop`` and
+``env`` from another thread go to the main thread's event loop, which runs them
+when no cell holds it, after a ``{"type": "queued", "id", "op", "reason"}`` while a
+cell runs. ``status``, ``stacks`` and snapshots are answered on any thread: ``stacks`` waits for the
+ranks' answers, which the running cell's pump files (kernel/stacks.py), so the panel's Stacks works
+while a foreground cell runs.
+
 Nothing here may break a cell: every hook swallows its own errors (``LabBridge.last_error``, the log)."""
 from __future__ import annotations
 
@@ -36,20 +43,18 @@ import time
 import uuid
 import warnings
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
-from ..errors import UsageError
-from ..kernel import Listener
 from ..logs import log
-from ..session import NO_POOL, Session
+from ..session import Session
+from . import labrequests
 from .labsnap import PoolSnapshots, jsonable
-from .report import env_report
 from .transcripts import RECORDER
 
 TARGET = "ddp_magic"
 PROTOCOL = 1  # labextension/src/model.ts PROTOCOL
 MIN_INTERVAL = 0.25  # seconds between snapshots while a cell runs (at most 4 a second)
-OPS = ("restart", "stop", "env", "status")
+OPS = labrequests.OPS
 
 _bridge: Optional["LabBridge"] = None
 
@@ -121,17 +126,6 @@ def _quietly(what: str, fn: Callable[[], Any]) -> None:
         log.debug("labcomm: %s failed", what, exc_info=True)
 
 
-class _Heard(Listener):
-    """The notices a request's pool operation gives (the reply carries them), passed on to the panel too."""
-
-    def __init__(self) -> None:
-        self.lines: List[str] = []
-
-    def on_notice(self, text: str) -> None:
-        self.lines.append(f"ddp_magic: {text}")
-        notice(text)
-
-
 class LabBridge:
     """The comms of one kernel's front ends, and what they are told."""
 
@@ -201,6 +195,10 @@ class LabBridge:
     # ------------------------------------------------------------ comms
     def _on_open(self, comm: Any, msg: dict) -> None:
         self.comms[comm.comm_id] = comm
+        # ipykernel ≥ 7.4 routes a front end's comm messages to the subshell of the last one this comm sent; snapshots
+        # go out with the running cell's parent (the main shell), so the panel's requests would wait behind the cell:
+        # they stay on the subshell the front end chose (a request like Stacks is answered while the cell runs)
+        comm._reply_subshell_for = lambda data, default: default
         comm.on_msg(lambda m, c=comm: self._on_msg(c, m))
         comm.on_close(lambda m, cid=comm.comm_id: self._closed(cid))
         with self._lock:
@@ -257,27 +255,8 @@ class LabBridge:
 
     # ------------------------------------------------------------ requests
     def handle(self, op: str, args: Dict[str, Any]) -> Dict[str, Any]:
-        """Run a front-end request on the session; returns ok, message, and error, output or report."""
-        if op not in OPS:
-            return {"ok": False, "message": "", "error": f"unknown request {op!r}; known: {', '.join(OPS)}"}
-        heard = _Heard()
-        try:
-            if op == "env":
-                report = env_report(self.session.env()).to_dict()
-                return {"ok": True, "message": f"%ddp_env: {report.get('verdict', '')}".strip(), "report": report}
-            if op == "stop":
-                return {"ok": True, "message": self.session.stop() or NO_POOL}
-            if op == "restart":
-                nproc = args.get("nproc")
-                spec = self.session.spec_for(int(nproc)) if nproc is not None else None
-                message = self.session.restart(spec, heard).ready_text()
-                return {"ok": True, "message": message, "output": "\n".join(heard.lines + [message])}
-            text = self.session.status().text()
-            return {"ok": True, "message": text.splitlines()[0], "output": text}
-        except (Exception, KeyboardInterrupt) as e:  # a kernel interrupt while a request runs ends the request, not the kernel's loop
-            log.debug("labcomm: request %s failed", op, exc_info=True)
-            why = str(e) if isinstance(e, UsageError) else f"{type(e).__name__}: {e}"
-            return {"ok": False, "refused": isinstance(e, UsageError), "message": "", "error": why.strip(), "output": "\n".join(heard.lines)}
+        """Run a front-end request on the session (ui/labrequests.py); returns ok, message, and error, output or report."""
+        return labrequests.handle(self.session, op, args, notice)
 
     # ------------------------------------------------------------ snapshots
     def publish(self, final: bool = False) -> None:

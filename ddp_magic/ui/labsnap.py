@@ -56,6 +56,15 @@ def job_dict(ticket: Optional[Ticket]) -> Optional[Dict[str, Any]]:
             "text": ticket.text(now)}
 
 
+def _memory(row: Any) -> Dict[str, Any]:
+    """A rank's memory for the panel: ``memory`` the bytes its memory column shows (CUDA's allocated on a GPU, else RSS),
+    ``mem`` every figure (kernel/memory.py), ``death`` how it died, with the evidence (kernel/deaths.py)."""
+    mem = row.mem
+    if mem is None:
+        return {"mem": None}
+    return {"memory": mem.cuda_allocated if mem.cuda_allocated is not None else mem.rss, "mem": dict(mem.to_dict(), text=mem.text())}
+
+
 class PoolSnapshots:
     """Builds the ``pool`` of each snapshot from one session (its status, its last cell)."""
 
@@ -73,7 +82,7 @@ class PoolSnapshots:
         pool = self.session.pool
         if not status.exists or pool is None:
             return None
-        ranks = [dict(row._asdict(), elapsed=round(row.elapsed, 3), last_line=(row.last_line or "")[-300:]) for row in status.ranks]
+        ranks = [dict(row._asdict(), elapsed=round(row.elapsed, 3), last_line=(row.last_line or "")[-300:], **_memory(row)) for row in status.ranks]
         clock = self._start_clock(pool, status)
         queued = any(r["state"] == RankState.QUEUED for r in ranks)  # a Slurm job waits in the queue: the ranks say so themselves
         if clock is not None and not queued and not any(r["pid"] for r in ranks):  # the template warms up: every rank is on its way

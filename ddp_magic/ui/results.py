@@ -97,8 +97,8 @@ class CellNumbers:
     a rank's traceback then says ``Cell In[10], line 5`` as IPython's own do, for this cell and for functions
     defined in earlier ones (the ranks' file names stay unique, ``<ddp-cell-L>``, whatever the front end numbers)."""
 
-    def __init__(self) -> None:
-        self.numbers: Dict[str, Optional[int]] = {}
+    def __init__(self, numbers: Optional[Dict[str, Optional[int]]] = None) -> None:
+        self.numbers: Dict[str, Optional[int]] = numbers if numbers is not None else {}  # the session's (Session.numbers)
 
     def name(self, label: str, number: Optional[int], failures: Sequence[Any], notes: Sequence[str]) -> List[str]:
         """Rename the cells in the failures' tracebacks (in place) and in the notes (returned); ``number``: the

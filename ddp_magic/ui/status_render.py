@@ -29,7 +29,7 @@ from functools import cached_property
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from ..plan import Check
-from ..words import fmt_seconds, plural, ranks_phrase
+from ..words import fmt_bytes as fmt_bytes, fmt_seconds, plural, ranks_phrase
 from ..states import FailureKind, RankState, Waiting
 from . import colours
 from . import status_compact as C
@@ -160,15 +160,6 @@ def fmt_clock(s: Optional[float]) -> str:
     if s < 60:
         return f"{max(0.0, s):.1f} s" if round(s, 1) < 60 else "1 m 00 s"
     return fmt_seconds(s)
-
-
-def fmt_bytes(n: Optional[int]) -> str:
-    if n is None:
-        return ""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def clean_line(text: str, limit: int = 160) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import describe_exit
+from ..kernel.memory import peak_text, range_text
 from ..plan import DIST_VARS, Check
 from . import colours
 from . import status_compact as C
@@ -44,7 +45,7 @@ def rank_row(s: Snapshot, rank: int) -> RankRow:
     if info is None:
         cells.update({c: "" for c in ("time", "device", "pid", "exit", "memory", "host", "last line")})
         return RankRow(rank, label, cells)
-    exit_ = exit_text(info)
+    exit_, mem = exit_text(info), getattr(info, "mem", None)
     live = s.lines.get(rank) or info.last_line or (info.tail[-1] if info.tail else "")
     cells.update(
         {
@@ -52,12 +53,12 @@ def rank_row(s: Snapshot, rank: int) -> RankRow:
             "device": info.device or "",
             "pid": str(info.pid or ""),
             "exit": exit_,
-            "memory": fmt_bytes(info.memory) if (info.device or "").startswith("cuda") else "",
+            "memory": mem.short() if mem is not None else fmt_bytes(info.memory) if (info.device or "").startswith("cuda") else "",
             "host": info.host or "",
             "last line": clean_line(live),
         }
     )
-    return RankRow(rank, label, cells, describe_exit(info.exit_code) if exit_ else "")
+    return RankRow(rank, label, cells, (getattr(info, "death", "") or describe_exit(info.exit_code)) if exit_ else "")
 
 
 def rank_rows(s: Snapshot) -> List[RankRow]:
@@ -76,7 +77,7 @@ def hosts(s: Snapshot) -> Dict[int, str]:
 
 def row_columns(rows: Sequence[RankRow]) -> List[str]:
     """The columns worth showing: rank and state, then only those some rank has a value in (an exit only after
-    one, progress only with a bar, memory only on a GPU), host only with more than one."""
+    one, progress only with a bar, memory once a rank said it), host only with more than one."""
     cols = ["rank", "state"] + [c for c in ("time", "progress", "device", "pid", "exit", "memory") if any(row.cells[c] for row in rows)]
     if len({row.cells["host"] for row in rows if row.cells["host"]}) > 1:
         cols.append("host")
@@ -100,10 +101,21 @@ def ranks_html(s: Snapshot) -> str:
     """The rank table, every style inline (32 rows stay ~13 kB); over 32 ranks the per-node rows, the grid, and the
     odd ranks' own rows (a few kB at 1,024 ranks)."""
     rows = rank_rows(s)
+    mem = memory_line(s)
+    mem_html = f"<div class='ddp-status-memory' style='{SMALL}'>{esc(mem)}</div>" if mem else ""
     if s.compact:
         odd = _table_html(rows) if rows else ""
-        return C.groups_html(s.labels, hosts(s)) + C.grid_html(s.labels) + odd
-    return _table_html(rows)
+        return C.groups_html(s.labels, hosts(s)) + mem_html + C.grid_html(s.labels) + odd
+    return _table_html(rows) + mem_html
+
+
+def memory_line(s: Snapshot) -> str:
+    """Under the ranks: over 32 ranks the memory column in one line ('memory: RSS 1.1 to 1.3 GiB'), and once the cell
+    has settled its peak ('memory: peak 3.1 GiB on rank 2'); '' before any figure."""
+    pairs = [(r, getattr(i, "mem", None)) for r, i in s.infos.items()]
+    said = ([range_text(m for _, m in pairs)] if s.compact else []) + ([peak_text(pairs)] if s.finished else [])
+    said = [x for x in said if x]
+    return "memory: " + "; ".join(said) if said else ""
 
 
 def _table_html(rows: Sequence[RankRow]) -> str:
@@ -123,10 +135,11 @@ def ranks_text(s: Snapshot) -> List[str]:
     """A row per rank; over 32 ranks a row per node and state, then the odd ranks' own rows."""
     rows = rank_rows(s)
     own = table_text([row.cells for row in rows], row_columns(rows)) if rows else []
+    mem = [memory_line(s)] if memory_line(s) else []
     if not s.compact:
-        return own
+        return own + mem
     groups = C.group_rows(s.labels, hosts(s))
-    return table_text(groups, C.group_columns(groups)) + own
+    return table_text(groups, C.group_columns(groups)) + mem + own
 
 
 def notices_html(s: Snapshot) -> str:

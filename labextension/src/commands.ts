@@ -56,7 +56,8 @@ export const OP_LABEL: Record<Op, string> = {
   restart: 'Restart the DDP pool',
   stop: 'Stop the DDP pool',
   env: 'Show %ddp_env',
-  status: 'Refresh the DDP pool status'
+  status: 'Refresh the DDP pool status',
+  stacks: 'Show every rank\'s stack now'
 };
 
 /**

@@ -220,7 +220,7 @@ export interface IQueuedMsg {
   reason: string;
 }
 
-export type Op = 'restart' | 'stop' | 'env' | 'status';
+export type Op = 'restart' | 'stop' | 'env' | 'status' | 'stacks';
 
 /** Kernel statuses as JupyterLab names them (Kernel.Status), plus our own "none". */
 export type KernelStatus =

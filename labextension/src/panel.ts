@@ -17,6 +17,7 @@ import { PoolFacts } from './panel_facts';
 import { KeptSection } from './panel_kept';
 import { MetricsSection } from './panel_metrics';
 import { RanksSection } from './panel_ranks';
+import { StacksSection } from './panel_stacks';
 import { ConnectionTracker } from './tracker';
 
 export const CommandIDs = {
@@ -64,11 +65,13 @@ export class PoolPanel extends Widget {
       actions.appendChild(b);
       this._buttons.set(command, b);
     }
+    actions.appendChild(this._stacks.button);
     this.node.appendChild(actions);
 
     this._message = el('div', 'jp-ddp-Panel-message');
     this.node.appendChild(this._message);
     this.node.appendChild(this._kept.node); // after a kernel restart: this notebook's kept pools, to attach
+    this.node.appendChild(this._stacks.node);
 
     this.node.appendChild(this._ranks.node);
     this.node.appendChild(this._metrics.node);
@@ -132,7 +135,7 @@ export class PoolPanel extends Widget {
     // the message line: pending requests first, then the last reply
     const lines: string[] = [];
     for (const p of state.pending) {
-      if (p.op === 'status') {
+      if (p.op === 'status' || p.op === 'stacks') {
         continue;
       }
       lines.push(
@@ -183,6 +186,7 @@ export class PoolPanel extends Widget {
   private _message: HTMLDivElement;
   private _kept = new KeptSection();
   private _ranks = new RanksSection();
+  private _stacks = new StacksSection(() => this._tracker.current);
   private _metrics = new MetricsSection();
   private _facts = new PoolFacts();
   private _buttons = new Map<string, HTMLButtonElement>();

@@ -90,7 +90,7 @@ export class RanksSection {
       out.dataset.rank = String(r.rank);
       const td = el('td', 'jp-ddp-Rank-last');
       td.colSpan = cells.length;
-      td.title = r.lastLine;
+      td.title = [r.lastNote, r.node, r.device, r.memory, r.lastLine].filter(Boolean).join(' · '); // cut to the sidebar: all of it on hover
       for (const [key, value] of [
         ['lastNote', r.lastNote],
         ['node', r.node],

@@ -192,7 +192,7 @@ export function statusText(state: IUIState, now: number): string | null {
   if (pool.queued && pool.queued.length && (p.phase === 'running' || p.phase === 'starting')) {
     tail += ` · ${pool.queued.join(', ')} queued`; // cells that wait their turn behind the one that runs
   }
-  const waiting = state.pending.filter(q => q.op !== 'status');
+  const waiting = state.pending.filter(q => q.op !== 'status' && q.op !== 'stacks'); // answered at once, even while a cell runs
   if (waiting.length) {
     tail += ` · ${waiting[0].op} ${waiting[0].waits ? 'waits for the cell' : 'pending'}`;
   }

@@ -182,7 +182,7 @@ def test_input_in_a_bg_cell_waits_says_so_and_ddp_debug_answers_it(dbg):
         bg = dbg.run(BG_INPUT, timeout=60).ok()
         assert wait_until(lambda: dbg.value("str(job.waiting)") == WAITS, 60, 0.2)
         shown = dbg.run("print(repr(job))\n%ddp status").ok().stdout
-        assert re.search(r"<Job cell \[\d+\]: running \d+:\d\d:\d\d; " + re.escape(WAITS) + r" \(%ddp_debug answers\)>", shown), shown
+        assert re.search(r"<Job cell \[\d+\]: running \d+:\d\d:\d\d(, RSS [^;]*)?; " + re.escape(WAITS) + r" \(%ddp_debug answers\)>", shown), shown
         assert re.search(r"background: cell \[\d+\] running \d+:\d\d:\d\d; " + re.escape(WAITS), shown), shown
         assert f"ddp_magic: {WAITS}: answer it with %ddp_debug" in late_text(dbg, bg.msg_id)  # said in the background cell
         assert dbg.value("str(job.state)") == "running" and dbg.run("1 + 1").ok().result == "2"  # the notebook is free

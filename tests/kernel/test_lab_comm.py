@@ -328,6 +328,33 @@ def test_over_a_subshell_requests_are_queued_for_the_main_thread(front: Front) -
     front.open()  # back to a comm on the main shell for the tests below
 
 
+def test_over_a_subshell_stacks_and_status_are_answered_while_a_ddp_cell_runs(front: Front) -> None:
+    """The panel's Stacks and status while a %%ddp cell runs: the cell's snapshots go out with the main shell as parent,
+    and ipykernel >= 7.4 would route the next request there, behind the cell; labcomm keeps it on the subshell."""
+    front.subshell = front.create_subshell()
+    try:
+        front.clear()
+        front.open()
+        front.pump(lambda: bool(front.snapshots()), 30)
+        for _ in range(2):
+            front.clear()
+            mid = front.execute("%%ddp\nimport time, torch.distributed as dist\nif dist.get_rank() == 1:\n    time.sleep(4)\ndist.barrier()")
+            front.pump(lambda: any(not s["final"] and any(r["state"] == "running" for r in s["pool"]["ranks"]) for s in front.snapshots()), 30)
+            time.sleep(1.0)  # the ranks are where the cell puts them; snapshots went out meanwhile
+            t_sent = time.monotonic()
+            status = front.reply(front.request("status"), 10)
+            stacks = front.reply(front.request("stacks"), 10)
+            assert front.arrival(stacks["id"]) - t_sent < 3.0, "answered while the cell runs"
+            assert status["ok"] and stacks["ok"], (status, stacks)
+            assert stacks["message"].startswith("2 ranks in 2 stacks"), stacks["output"]
+            assert "--- rank 0 ---" in stacks["output"] and "time.sleep(4)" in stacks["output"] and " in barrier" in stacks["output"]
+            assert stacks["groups"] == [[0], [1]]
+            front.wait_idle(mid)
+    finally:
+        front.subshell = None
+    front.open()
+
+
 def test_stop_request_clears_the_pool_and_a_second_one_says_why(front: Front) -> None:
     reply = front.reply(front.request("stop"))
     assert reply["ok"] and "stopped the pool" in reply["message"]

@@ -73,6 +73,9 @@ def test_two_nodes_all_reduce_and_results(mk):
         for rank, node_rank, local_rank, _ in values:
             assert rank == node_rank * 2 + local_rank  # consistent with torchrun's numbering
         assert "[rank 3] node 1 local 1" in ex.stdout
+        for _ in range(2):  # %ddp stacks on torchrun's ranks too, both nodes': the same control channel answers it
+            stacks = mk.run("%ddp stacks", timeout=60).ok().stdout
+            assert stacks.startswith("4 ranks in 1 stack") and "--- ranks 0-3 (4) ---" in stacks, stacks
         # The secret is a file path in argv, never the secret itself.
         secret = mk.value("get_ipython().magics_manager.registry['DDPMagics'].pool.secret.hex()")
         assert secret not in ex.stderr and secret not in ex.stdout

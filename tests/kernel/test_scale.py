@@ -133,7 +133,7 @@ def test_a_dead_rank_is_started_again_alone(pool) -> None:
         notices = Notices()
         again = pool.run("2", listener=notices)
         assert again.ok and again.values == [2] * N
-        assert any(re.match(rf"rank {rank} exited with code 3 \(pid \d+\): started it again", n) for n in notices.texts), notices.texts
+        assert any(re.match(rf"rank {rank} \(pid \d+\) exited with code 3: started it again", n) for n in notices.texts), notices.texts
 
 
 class Rows(Listener):

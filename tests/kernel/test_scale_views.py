@@ -126,7 +126,7 @@ def test_ddp_status_and_ddp_env_of_256_ranks_in_a_kernel(sim_kernel) -> None:
     for _ in range(2):
         lines = sim_kernel.run("%ddp status").ok().stdout.splitlines()
         assert lines[0].startswith(f"pool of {N} ranks, backend gloo")
-        assert re.fullmatch(r"  ranks 0-255: done  cpu  \(pids \d+(, |-)\d+\)", lines[1]), lines[:4]  # two host processes, one line
+        assert re.fullmatch(r"  ranks 0-255: done  cpu  \(pids \d+(, |-)\d+\)  RSS 64.0 MiB", lines[1]), lines[:4]  # two host processes, one line
         assert len(lines) < 6, lines
     sim_kernel.run(f'%%ddp -n {N}\nsim.error("ValueError", "boom", ranks=[100])\nsim.collective("all_reduce", 3)', timeout=120)
     for _ in range(2):

@@ -15,6 +15,7 @@ import pytest
 import slurm_fixtures
 from slurm_fixtures import our_jobs, wait_no_jobs
 from format_patterns import SECONDS
+from conftest import wait_until
 from slurm_helpers import Kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.slurm]
@@ -147,6 +148,25 @@ def test_a_timeout_names_the_rank_on_n2_that_never_arrived(fk):
         assert re.search(r"ranks 0-2 were in barrier #\d+", msg), msg
         fk.run("%%ddp\nz = torch.ones(1)\ndist.all_reduce(z)\nz.item()", timeout=120).ok()
         assert fk.value("list(_)") == [4.0] * 4, "every rank, n2's too, is back and the group is whole"
+
+
+def test_stacks_of_a_job_on_both_nodes_group_the_rank_on_n2_that_sleeps(fk, tmp_path):
+    """%ddp stacks on Slurm ranks while a --bg job runs: rank 3 (n2) in slow_part, the others in barrier."""
+    gate, shown = tmp_path / "gate", [""]
+    for _attempt in range(2):
+        gate.touch()
+        fk.run(f"%%ddp --bg --out job\nimport time\ndef slow_part():\n    while os.path.exists({str(gate)!r}):\n        time.sleep(0.05)\n"
+               "if dist.get_rank() == 3:\n    slow_part()\ndist.barrier()\n1", timeout=60).ok()
+
+        def two_groups() -> bool:
+            shown[:] = [fk.run("%ddp stacks", timeout=60).ok().stdout]
+            return "--- rank 3 ---" in shown[0] and "--- ranks 0-2 (3) ---" in shown[0]
+
+        assert wait_until(two_groups, 60, 0.3), shown
+        assert "in slow_part" in shown[0].split("--- ranks 0-2 (3) ---")[0] and " in barrier" in shown[0], shown
+        gate.unlink()
+        fk.run("job.wait(120)", timeout=150).ok()
+        assert fk.value("list(job.result())") == [1, 1, 1, 1]
 
 
 def test_ddp_magic_log_rows_come_from_every_node_complete(fk):

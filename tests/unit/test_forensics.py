@@ -1,10 +1,8 @@
 """Hang forensics and recovery texts, without processes: what the ranks answered in, the lines a user reads out."""
 from __future__ import annotations
 
-import signal
-
 from ddp_magic.kernel import forensics as F
-from ddp_magic.kernel.recovery import oom_kills, oom_note, swap_notes
+from ddp_magic.kernel.recovery import swap_notes
 from ddp_magic.words import ranks_phrase
 
 
@@ -56,16 +54,6 @@ def test_released_names_the_collective_and_the_line():
     assert F.released_text([0, 2, 3], got, where) == "ranks 0, 2-3 were in all_reduce #12 (at cell line 7: dist.all_reduce(x)) and were released"
     assert F.released_text([0], {0: None}, {}) == ""
     assert F.report([0, 1], {0: None, 1: None}, {}) == []
-
-
-def test_an_oom_kill_is_named_only_with_the_cgroup_evidence():
-    assert oom_note(2, -signal.SIGKILL, 0, 1) == (
-        "rank 2 was killed by the OOM killer: out of memory (the memory cgroup's oom_kill count went 0 → 1)"
-    )
-    assert oom_note(2, -signal.SIGKILL, 1, 1) is None  # a SIGKILL from someone else
-    assert oom_note(2, -signal.SIGKILL, None, None) is None  # no cgroup to read
-    assert oom_note(2, -signal.SIGSEGV, 0, 1) is None
-    assert oom_kills() is None or oom_kills() >= 0
 
 
 def test_objects_on_the_old_group_are_named_with_their_fix():

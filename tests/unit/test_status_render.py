@@ -468,3 +468,21 @@ def test_a_rank_in_the_debugger_is_named_and_the_others_wait():
     assert R.debugging_text(snap(4, ranks)) == "rank 1 in debugger, rank 2 waiting for input, 1 waiting"
     ranks[1].debugging = ranks[2].debugging = Waiting.NO
     assert R.debugging_text(snap(4, ranks)) == ""
+
+
+def test_memory_shows_in_the_rows_the_summary_over_32_ranks_and_the_settled_peak():
+    from ddp_magic.kernel.memory import Memory
+
+    four = infos(4, RankState.DONE)
+    for i in four:
+        i.mem = Memory(rss=(160 + 200 * (i.rank == 2)) << 20, peak=(170 + 200 * (i.rank == 2)) << 20)
+    running, settled = snap(4, four, now=1002.0, elapsed=2.0), snap(4, four, now=1002.0, elapsed=2.0, finished=True, ok=True)
+    rows = T.ranks_text(running)
+    assert "memory" in rows[0] and "360.0 MiB" in rows[3] and not any(r.startswith("memory:") for r in rows)
+    assert T.ranks_text(settled)[-1] == "memory: peak 370.0 MiB on rank 2"
+    assert "memory: peak 370.0 MiB on rank 2" in text_of(T.ranks_html(settled))
+    many = infos(64, RankState.DONE)
+    for i in many:
+        i.mem = Memory(rss=(100 + i.rank) << 20, cuda_allocated=1 << 30, cuda_peak=(2 << 30) + i.rank)
+    line = T.memory_line(snap(64, many, now=1002.0, elapsed=2.0, finished=True, ok=True))
+    assert line == "memory: RSS 100.0 MiB to 163.0 MiB; GPU peak 2.0 GiB on rank 63", line

@@ -1,0 +1,74 @@
+"""Why a rank died (kernel/deaths.py): the OOM killer only with a counter's evidence, a crash's stack, CUDA out of memory."""
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from ddp_magic.errors import RankFailure
+from ddp_magic.kernel import deaths
+from ddp_magic.kernel.deaths import crash_traceback, cuda_oom_notes, why_killed
+from ddp_magic.kernel.memory import Memory
+from ddp_magic.states import FailureKind
+
+KILL = -signal.SIGKILL
+
+
+def v1(tmp_path: Path, kills: int, limit: int = 12 << 30, peak: int = 0) -> Path:
+    """A cgroup v1 memory directory as the kernel reads one (the real one is tested in tests/kernel/test_inside.py)."""
+    (tmp_path / "memory.oom_control").write_text(f"oom_kill_disable 0\nunder_oom 0\noom_kill {kills}\n")
+    (tmp_path / "memory.limit_in_bytes").write_text(str(limit))
+    (tmp_path / "memory.max_usage_in_bytes").write_text(str(peak))
+    return tmp_path
+
+
+def test_the_oom_killer_is_named_when_the_ranks_cgroup_counted_a_kill(tmp_path: Path) -> None:
+    d = v1(tmp_path, kills=1, peak=int(11.3 * (1 << 30)))
+    mem = Memory(rss=5 << 30, peak=6 << 30, cgroup=str(d), limit=12 << 30, oom_kills=0)
+    assert why_killed(KILL, mem) == "was killed by the kernel's OOM killer (it held 11.3 GiB; its memory limit is 12.0 GiB)"
+    assert why_killed(KILL, mem, local=False) == ""  # a rank on another host: its counters are not this kernel's to read
+
+
+def test_a_sigkill_the_cgroup_did_not_count_is_not_the_oom_killer(tmp_path: Path) -> None:
+    mem = Memory(rss=5 << 30, cgroup=str(v1(tmp_path, kills=3)), oom_kills=3, system_oom_kills=-1)
+    assert why_killed(KILL, mem) == "was killed by SIGKILL (not the OOM killer)"  # the machine's count is not read
+
+
+def test_with_no_cgroup_known_the_machines_counter_decides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deaths.memcg, "system_oom_kills", lambda: 5)
+    assert why_killed(KILL, Memory(rss=1 << 30, system_oom_kills=4)) == "was killed by the kernel's OOM killer (it held 1.0 GiB)"
+    assert why_killed(KILL, Memory(rss=1 << 30, system_oom_kills=5)) == "was killed by SIGKILL (not the OOM killer)"
+    monkeypatch.setattr(deaths.memcg, "system_oom_kills", lambda: None)
+    assert "no OOM counter could be read" in why_killed(KILL, Memory(rss=1 << 30, system_oom_kills=5))
+    assert "no OOM counter could be read" in why_killed(KILL, None)
+
+
+def test_other_ends_are_left_to_describe_exit() -> None:
+    assert why_killed(-signal.SIGSEGV, None) == "" and why_killed(1, None) == ""
+    f = RankFailure(rank=2, kind=FailureKind.DIED, pid=7, exit_code=KILL, why="was killed by SIGKILL (not the OOM killer)")
+    assert f.headline() == "rank 2 (pid 7) was killed by SIGKILL (not the OOM killer)"
+
+
+def test_a_crash_block_becomes_a_traceback_from_the_cell_on_without_our_frames() -> None:
+    block = [
+        "Fatal Python error: Segmentation fault", "", "Current thread 0x00007f (most recent call first):",
+        '  File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at',
+        '  File "<ddp-cell-5>", line 4 in <module>',
+        f'  File "{deaths._PACKAGE_DIR}wire/execution.py", line 45 in run_source',
+        '  File "<frozen runpy>", line 88 in _run_code', "", "Extension modules: torch._C (total: 1)",
+    ]
+    assert crash_traceback(block) == "\n".join([
+        "Fatal Python error: Segmentation fault", "Python stack when it died (most recent call last):",
+        '  File "<ddp-cell-5>", line 4, in <module>', '  File "/usr/lib/python3.11/ctypes/__init__.py", line 519, in string_at',
+    ])
+
+
+def test_cuda_oom_names_each_ranks_figures() -> None:
+    err = {"type": "OutOfMemoryError", "cuda": {"allocated": 10 << 30, "reserved": 11 << 30, "peak": 23 << 29}}
+    done = {1: {"error": err}, 3: {"error": dict(err, cuda=None)}, 0: {"error": None}, 2: {"error": {"type": "ValueError"}}}
+    assert cuda_oom_notes(done) == [
+        "ranks 1, 3 ran out of CUDA memory (rank 1: CUDA 10.0 GiB allocated, 11.0 GiB reserved, peak 11.5 GiB; rank 3: CUDA not in use, "
+        "no figures); torch.cuda.empty_cache() ran on them, and every rank keeps its variables"
+    ]
+    assert cuda_oom_notes({0: {"error": None}}) == []
