@@ -23,7 +23,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 from ddp_magic.kernel.stacks import stacks  # noqa: E402
-from ddp_magic.kernel.turns import Ticket, Turns  # noqa: E402
+from ddp_magic.kernel.jobs.turns import Ticket, Turns  # noqa: E402
 
 REAL_CELL = "import time, torch, torch.distributed as dist\nt = torch.ones(1)\nif dist.get_rank() == 1:\n    time.sleep({s})\ndist.all_reduce(t)"
 SIM_CELL = 'sim.sleep({s}, ranks=[1])\nsim.error("ValueError", "end of the sample", ranks=[1])\nsim.collective("all_reduce", 1, skip=[1])'  # rank 1 ends it

@@ -41,7 +41,7 @@ def _listen(way: str, mib: int) -> None:
     if way.startswith("channel"):  # what the kernel has imported by the time a tensor result comes
         import torch  # noqa: F401
 
-        from ddp_magic.kernel import results  # noqa: F401
+        from ddp_magic.kernel.results import gather as results  # noqa: F401
     print(ls.getsockname()[1], key.fingerprint if key else "-", flush=True)
     sock, _ = ls.accept()
     cpu = time.process_time()
@@ -74,7 +74,7 @@ def _channel_recv(sock: socket.socket, n: int) -> float:
     import os
     import select
 
-    from ddp_magic.kernel.results import unpack_value
+    from ddp_magic.kernel.results.gather import unpack_value
     from ddp_magic.wire import protocol as P
     from ddp_magic.wire import tls
 

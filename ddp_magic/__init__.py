@@ -74,7 +74,7 @@ def __getattr__(name: str) -> Any:
 
         return scatter
     if name == "save":  # ddp_magic.save(state_dict, "model.pt"): sharded results written as full tensors
-        from .kernel.combine import save
+        from .kernel.results.combine import save
 
         return save
     raise AttributeError(name)

@@ -79,7 +79,7 @@ class RankFailure:
     exit_code: Optional[int] = None
     last_lines: List[str] = field(default_factory=list)
     node: str = ""  # set when its node stopped answering (DIED, ``message`` says how): the node is named, not a pid
-    why: str = ""  # how it died, with the evidence (kernel/deaths.py): said instead of describe_exit's guess
+    why: str = ""  # how it died, with the evidence (kernel/failures/deaths.py): said instead of describe_exit's guess
 
     def headline(self) -> str:
         if self.kind == FailureKind.DIED and self.node:

@@ -23,10 +23,10 @@ from IPython.core.magic_arguments import argument, kwds, magic_arguments
 
 from . import logs
 from .errors import CellError, JobCancelled, UsageError
-from .kernel.peek import PEEK_TIMEOUT_S
+from .kernel.jobs.peek import PEEK_TIMEOUT_S
 from .kernel.pool import Pool
 from .kernel.reload import kernel_follows
-from .kernel.turns import Ticket
+from .kernel.jobs.turns import Ticket
 from .magic_options import (  # noqa: F401  (SEE_HELP, POOL_KEYS, SLURM_KEYS: the magics' own names, kept importable here)
     CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, keep_arguments, parse_line,
     pool_arguments,

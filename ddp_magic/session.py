@@ -16,15 +16,16 @@ from .errors import PlanError, ShipError, UsageError
 from .export.record import History
 from .kernel import CellOutcome, Listener
 from .kernel.ranks import LastCell
-from .kernel.metrics import CellMetrics
-from .kernel.output_log import OutputLog
-from .kernel import peek as peeks, templates
+from .kernel.results.metrics import CellMetrics
+from .kernel.output.output_log import OutputLog
+from .kernel import templates
+from .kernel.jobs import peek as peeks
 from .kernel.launchers.slurm import preview as slurm_preview
 from .kernel.pool import Pool
-from .kernel.profile_merge import ProfileReport, ProfileRun
+from .kernel.results.profile_merge import ProfileReport, ProfileRun
 from .kernel.reload import Autoreload
 from .kernel.texts import NAMES_GONE, cancelled_text
-from .kernel.turns import Ticket, TicketClock, Turns
+from .kernel.jobs.turns import Ticket, TicketClock, Turns
 from .kernel.pool_status import NO_POOL, PoolStatus, RankRow, status_of  # noqa: F401  (NO_POOL: the front ends read it here)
 from .kernel.stacks import Stacks, stacks as read_stacks
 from .logs import log
@@ -69,9 +70,9 @@ class CellOptions:
     timeout: Optional[float] = None
     gather: str = "auto"
     argv: Optional[List[str]] = None  # sys.argv on the ranks; None: ["ddp_cell", "--local_rank=N"]
-    stdin: Optional[Callable[[str, bool], str]] = None  # answers the ranks' input() and pdb (kernel/stdin.py); None: EOF
+    stdin: Optional[Callable[[str, bool], str]] = None  # answers the ranks' input() and pdb (kernel/jobs/stdin.py); None: EOF
     scatter: Tuple[str, ...] = ()  # --scatter x,y: these notebook names reach each rank as its shard (wire/notebook_data.py)
-    profile: Optional[str] = None  # --profile: the merged trace's path ("": the default); None: no profiler (kernel/profile_merge.py)
+    profile: Optional[str] = None  # --profile: the merged trace's path ("": the default); None: no profiler (kernel/results/profile_merge.py)
     number: Optional[int] = None  # the prompt number the cell runs under (In [n]): tracebacks, metrics and the panel name it so
     first_line: int = 1  # the editor's line number of the source's first line (2 below a %%ddp line): every line named is the editor's
     ticket: Optional[Ticket] = None  # the cell's place in the pool's line ("cell [12]", background or not); None: a new one
@@ -86,7 +87,7 @@ class CellResult:
 
     outcome: CellOutcome
     label: str
-    metrics: Optional[CellMetrics] = None  # what the ranks logged with ddp_magic.log (kernel/metrics.py)
+    metrics: Optional[CellMetrics] = None  # what the ranks logged with ddp_magic.log (kernel/results/metrics.py)
     profile: Optional[ProfileReport] = None  # --profile: the merged trace and the straggler table
 
     @property
@@ -105,7 +106,7 @@ class CellListener(Listener):
         pass
 
     def on_queued(self, holder: Ticket) -> None:
-        """The cell waits in line behind ``holder`` (kernel/turns.py); called once, before it waits."""
+        """The cell waits in line behind ``holder`` (kernel/jobs/turns.py); called once, before it waits."""
 
 
 @dataclass
@@ -122,7 +123,7 @@ class Session:
     data: notebook_data.Outbox = field(default_factory=notebook_data.Outbox)  # notebook tensors in /dev/shm, sent once; .sent counts bytes
     metrics: Optional[CellMetrics] = None  # the last cell's that logged any: %ddp metrics
     last: Optional[LastCell] = None  # the last %%ddp cell's outcome, while its pool runs (None once it stops or restarts)
-    turns: Turns = field(default_factory=Turns)  # one cell at a time on the pool; the others wait in line (kernel/turns.py)
+    turns: Turns = field(default_factory=Turns)  # one cell at a time on the pool; the others wait in line (kernel/jobs/turns.py)
     outputs: OutputLog = field(default_factory=OutputLog)  # every rank's whole output of the recent cells: %ddp output --rank N
     autoreload: Autoreload = field(default_factory=Autoreload)  # %ddp autoreload: edited modules reach the ranks (kernel/reload.py)
     numbers: Dict[str, Optional[int]] = field(default_factory=dict)  # cell label -> its prompt number (In [n]): Cell In[n]
@@ -251,7 +252,7 @@ class Session:
     def run(self, source: str, user_ns: Mapping[str, Any], options: Optional[CellOptions] = None, listener: Optional[Listener] = None) -> CellResult:
         """Run a cell on every rank: ship the notebook names it uses, run it, keep track of the names it leaves there.
 
-        It waits for its turn first while another cell runs on the pool (kernel/turns.py;
+        It waits for its turn first while another cell runs on the pool (kernel/jobs/turns.py;
         ``options.queue`` False: UsageError at once, Dequeued when taken out of the line).
         Raises UsageError (a syntax error: nothing ran) or ShipError (a name that
         cannot be pickled: nothing was sent); a cell that fails on a rank is an
@@ -325,7 +326,7 @@ class Session:
             raise UsageError(f"%ddp output: {e.args[0]}; name one with --cell N (its In [N])") from None
 
     def peek(self, source: str, ranks: Optional[Iterable[int]] = None, timeout: float = peeks.PEEK_TIMEOUT_S) -> peeks.PeekOutcome:
-        """``%%ddp --peek``: ``source`` on the ranks' peek threads, beside the running cell (kernel/peek.py); nothing is shipped."""
+        """``%%ddp --peek``: ``source`` on the ranks' peek threads, beside the running cell (kernel/jobs/peek.py); nothing is shipped."""
         check_syntax(source, "the peek")
         if self.pool is None or not self.pool.alive:
             raise UsageError("%%ddp --peek: no pool is running; a peek looks into the ranks of a running pool (start one with %%ddp -n N)")

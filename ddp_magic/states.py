@@ -49,7 +49,7 @@ class RankState(str, Enum):
 
 
 class Waiting(str, Enum):
-    """Why a RUNNING rank is not hung though it makes no progress: it waits on the notebook (kernel/stdin.py)."""
+    """Why a RUNNING rank is not hung though it makes no progress: it waits on the notebook (kernel/jobs/stdin.py)."""
 
     NO = ""  # it does not: its waits are the cell's own
     DEBUGGER = "in debugger"  # it sits in pdb (breakpoint(), post-mortem)
@@ -60,7 +60,7 @@ class Waiting(str, Enum):
 
 
 class FailureKind(str, Enum):
-    """Why a rank counts as failed in a cell's outcome; the root-cause order lives in kernel/policy.py."""
+    """Why a rank counts as failed in a cell's outcome; the root-cause order lives in kernel/failures/policy.py."""
 
     ERROR = "error"  # the cell raised on the rank
     INTERRUPTED = "interrupted"  # the rank honoured an interrupt (Ctrl-C, a peer's failure)
@@ -76,7 +76,7 @@ class FailureKind(str, Enum):
 class JobState(str, Enum):
     """Where a background cell (``%%ddp --bg``, ui/jobs.py) is: queued, running, then one of the three ends.
 
-    QUEUED ──its turn (kernel/turns.py)──▶ RUNNING ──▶ DONE | FAILED | CANCELLED;
+    QUEUED ──its turn (kernel/jobs/turns.py)──▶ RUNNING ──▶ DONE | FAILED | CANCELLED;
     QUEUED ──cancel()──▶ CANCELLED (it never ran).
     """
 

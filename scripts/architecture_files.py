@@ -16,11 +16,19 @@ from typing import Dict, List, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "ddp_magic"
 ARCH = ROOT / "docs" / "architecture.md"
-ORDER = ["", "plan", "kernel", "kernel/launchers", "wire", "procs", "ui", "export"]
+ORDER = [
+    "", "plan", "kernel", "kernel/failures", "kernel/output", "kernel/jobs", "kernel/results", "kernel/keep", "kernel/launchers",
+    "wire", "procs", "ui", "export",
+]
 TITLES = {
     "": "top level: the kernel's entry points and what every role shares",
     "plan": "plan/ (kernel): what the user asked for, and the env each rank gets",
     "kernel": "kernel/ (kernel): the pool's life, its ranks and the failure policy",
+    "kernel/failures": "kernel/failures/ (kernel): who failed first, the root cause, why a rank died, hang forensics, recovery in place",
+    "kernel/output": "kernel/output/ (kernel): the ranks' raw streams read, the same line from many ranks folded, the log on disk",
+    "kernel/jobs": "kernel/jobs/ (kernel): who drives the pool and when: one cell at a time, peeks and stdin beside it (keep/: the lease)",
+    "kernel/results": "kernel/results/ (kernel): what the ranks return: values gathered, DTensor pieces, metrics rows, merged profiles",
+    "kernel/keep": "kernel/keep/ (kernel): a pool kept past its kernel, and the next kernel's attach",
     "kernel/launchers": "kernel/launchers/ (kernel): how rank processes come to exist",
     "wire": "wire/ (kernel and ranks): both ends of each cross-process mechanism",
     "procs": "procs/ (ranks, template, store): the separate programs",

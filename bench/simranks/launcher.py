@@ -4,7 +4,7 @@ It starts a few host processes (host.py), each running up to ``per_host`` ranks
 on one loop, and reads their exit events from one shared pipe, whose read end
 is its ``fileno``: the pool's poll loop wakes on a rank's exit as it does with
 the fork server. ``spawn`` starts one rank alone (a dead rank replaced,
-kernel/recovery.py).
+kernel/failures/recovery.py).
 
 A host process carries many ranks, so no rank's pid is ours to signal alone:
 ``owns`` is False, and the policy's SIGTERM/SIGKILL escalation reaches no

@@ -21,9 +21,9 @@ from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 from ..errors import RankFailure
 from ..states import RankState
 from ..wire import protocol as P
-from .policy import PROBE, Abort, Action, CaptureStacks, FailurePolicy, GiveUp, Interrupt, Signal, States, running
+from .failures.policy import PROBE, Abort, Action, CaptureStacks, FailurePolicy, GiveUp, Interrupt, Signal, States, running
 from .ranks import Due, RankInfo, Tick
-from .stdin import Ask
+from .jobs.stdin import Ask
 
 STACK_TIMEOUT_S = 1.0  # how long to wait for the ranks' stacks before interrupting them
 
@@ -92,7 +92,7 @@ class CellRun:
         self.ops = ops
         self.cancel = cancel  # a background job's cancel(): a Ctrl-C for a cell that runs off the main thread
         self.job_cancelled = False  # that cancel() came: the outcome says "cancelled by job.cancel()", not Ctrl-C
-        self.stdin = stdin  # answers the ranks' input() and pdb (kernel/stdin.py)
+        self.stdin = stdin  # answers the ranks' input() and pdb (kernel/jobs/stdin.py)
         self._held_since: Optional[float] = None  # a rank debugs: the policy's clocks stand still
         self.policy = policy
         self.clock = clock  # the policy's time; tests pass a fake one
@@ -141,7 +141,7 @@ class CellRun:
         return {r: (info.state, info.finished) for r, info in self.ops.ranks.items()}
 
     def _seqs(self) -> Dict[int, Optional[int]]:
-        """The default group's seq in the DONE of each rank that left the cell (kernel/probe.py)."""
+        """The default group's seq in the DONE of each rank that left the cell (kernel/failures/probe.py)."""
         return {r: (self.ops.done_message(r) or {}).get("seq") for r, info in self.ops.ranks.items() if info.state != RankState.RUNNING}
 
     def _any_running(self) -> bool:

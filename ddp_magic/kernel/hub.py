@@ -31,14 +31,14 @@ from ..wire import tls
 from ..wire.kept import ShownOffsets
 from .admission import Admission
 from .conns import Conn, OutConn, Poller, ReadBuffer, close_socket, peer_open, send_all_nonblocking
-from .hub_output import STREAMS, OutputStreams
+from .output.hub_output import STREAMS, OutputStreams
 from .launchers import Launcher
-from .deaths import crash_traceback
+from .failures.deaths import crash_traceback
 from .memory import Memory
-from .peek import PeekDesk
+from .jobs.peek import PeekDesk
 from .ranks import Due, Listener, RankInfo, Tick
-from .stdin import InputDesk
-from .unreachable import node_key, silent_siblings
+from .jobs.stdin import InputDesk
+from .failures.unreachable import node_key, silent_siblings
 
 POLL_S = 0.05  # the wait while starting, asking, or with a launcher that has no exit-event fd
 IDLE_POLL_S = 0.5  # the longest sleep while a cell runs: a safety net, every event wakes the loop sooner
@@ -73,8 +73,8 @@ class Hub(OutputStreams):
         self.version = 0  # +1 for every rank state the hub changes (joined, finished, died)
         self.failed = 0  # +1 for every change to FAILED, INTERRUPTED or DEAD
         self.deaths = 0  # ranks seen dead since the last reset
-        self.stdin = InputDesk()  # the ranks' questions and who sits in pdb (kernel/stdin.py)
-        self.peeks = PeekDesk()  # %%ddp --peek answers, filed by whichever thread pumps (kernel/peek.py)
+        self.stdin = InputDesk()  # the ranks' questions and who sits in pdb (kernel/jobs/stdin.py)
+        self.peeks = PeekDesk()  # %%ddp --peek answers, filed by whichever thread pumps (kernel/jobs/peek.py)
         self.shown: Optional[ShownOffsets] = None  # a kept pool: the bytes of each rank's output shown (wire/kept.py)
         self.keep_msg: Optional[dict] = None  # a kept pool: the KEEP a rank that joins anew gets
         self.hellos: Dict[int, dict] = {}  # the HELLOs of the ranks of a kept pool that joined an attaching kernel
@@ -146,7 +146,7 @@ class Hub(OutputStreams):
         self._unsynced.clear()
 
     def forget_rank(self, rank: int) -> None:
-        """A dead rank's sockets and messages go, so a new process can join at its RANK (kernel/recovery.py)."""
+        """A dead rank's sockets and messages go, so a new process can join at its RANK (kernel/failures/recovery.py)."""
         conn = self.conns.get(rank)
         if conn is not None:
             self._drop_conn(conn)
@@ -361,7 +361,7 @@ class Hub(OutputStreams):
             self.debug_changed(rank)
         elif op == P.PEEK:
             self.peeks.put(rank, msg)
-        elif op == P.METRICS:  # ddp_magic.log rows: the cell's store (kernel/metrics.py) and the views hear them
+        elif op == P.METRICS:  # ddp_magic.log rows: the cell's store (kernel/results/metrics.py) and the views hear them
             self.listener.on_metrics(rank, msg.get("rows") or [])
 
     def debug_changed(self, rank: int) -> None:

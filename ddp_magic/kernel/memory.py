@@ -3,7 +3,7 @@
 A rank's DONE carries its RSS and the cell's peak (and CUDA's figures on a GPU); its sampler
 sends MEMORY when they move while a cell runs; ``%ddp status`` asks between cells. The hub
 keeps the newest on the rank's ``RankInfo.mem``; the status view, ``%ddp status``, the panel
-and a job's repr read it from there, and the deaths (kernel/deaths.py) read its cgroup.
+and a job's repr read it from there, and the deaths (kernel/failures/deaths.py) read its cgroup.
 """
 from __future__ import annotations
 

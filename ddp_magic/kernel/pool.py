@@ -27,15 +27,17 @@ from ..states import FailureKind, RankState
 from ..wire import protocol as P
 from ..wire import liveness, shm
 from ..wire.tls import ServerKey
-from . import placement, results, texts, unreachable
+from . import placement, texts
+from .failures import unreachable
+from .results import gather as results
 from .admission import Admission, raise_fd_limit
 from .cell import CellRun
 from .hub import Hub
 from .launchers import LaunchError, Launcher, make_launcher, signal_pid, worker_env
-from .policy import FailurePolicy
+from .failures.policy import FailurePolicy
 from .ranks import CellOutcome, Due, GuardedListener, Listener, RankInfo, Tick
-from .recovery import Recovery, note_death, stop_quietly
-from .stdin import Ask, answer_all
+from .failures.recovery import Recovery, note_death, stop_quietly
+from .jobs.stdin import Ask, answer_all
 
 SHUTDOWN_WAIT_S = 1.0  # local ranks get this long to exit on SHUTDOWN before SIGKILL
 REMOTE_SHUTDOWN_WAIT_S = 3.0  # ranks on other hosts get this long to close their connections
@@ -291,7 +293,7 @@ class Pool:
         others finished, were interrupted, or were stopped (which breaks the pool;
         the next run restarts it). KeyboardInterrupt interrupts every rank, then
         a failed outcome is returned (``cancel`` set does the same off the main thread: a background cell).
-        ``stdin(prompt, password)`` answers the ranks' input() and pdb (kernel/stdin.py); without it they read EOF.
+        ``stdin(prompt, password)`` answers the ranks' input() and pdb (kernel/jobs/stdin.py); without it they read EOF.
         ``reload``: autoreload is on, what the ranks reload first (kernel/reload.py).
         """
         guarded = GuardedListener(listener or Listener())

@@ -2,7 +2,7 @@
 
 The session builds it (session.py ``Session.status``), safe from any thread; the
 magics print it, the JupyterLab comm sends it (ui/labsnap.py), a background job's
-line (kernel/turns.py ``Ticket``) is part of it.
+line (kernel/jobs/turns.py ``Ticket``) is part of it.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..errors import signal_name
 from ..words import fmt_seconds, plural, short_rank_list
 from .memory import Memory, range_text
 from .ranks import LastCell
-from .turns import Ticket, Turns
+from .jobs.turns import Ticket, Turns
 
 NO_POOL = "no pool is running"
 EACH_ABOVE = 32  # more ranks than this: a line per node and state, and the odd ranks alone (the status view's rule)
@@ -55,7 +55,7 @@ class PoolStatus:
     ranks: Tuple[RankRow, ...] = ()
     owned: Tuple[str, ...] = ()  # names assigned by earlier cells, living on the workers
     plan: Optional[Plan] = None  # the pool's plan, for the env checks of a view
-    job: Optional[Ticket] = None  # the cell that holds the pool's turn now (kernel/turns.py): a background one runs on
+    job: Optional[Ticket] = None  # the cell that holds the pool's turn now (kernel/jobs/turns.py): a background one runs on
     queued: Tuple[str, ...] = ()  # the cells waiting for their turn, first first
     where: str = ""  # where the ranks run, when not on this host alone: the Slurm job, its state and nodes
     last_cell: Optional[LastCell] = None  # the last %%ddp cell that ran on this pool

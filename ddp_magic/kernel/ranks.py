@@ -13,10 +13,10 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 from ..errors import RankFailure
 from ..logs import log
 from ..states import RankState, Waiting
-from .combine import combine
+from .results.combine import combine
 from .memory import Memory
 from ..words import ranks_phrase
-from .blame import causes
+from .failures.blame import causes
 
 FAULT_HEAD = "Fatal Python error"  # how faulthandler's report begins
 CRASH_CHARS = 20_000  # of it kept at most
@@ -42,10 +42,10 @@ class RankInfo:
     memory: Optional[int] = None  # bytes CUDA holds (its DONE's), shown on a GPU
     mem: Optional[Memory] = None  # RSS, peak, CUDA's figures, its cgroup: the newest it sent (kernel/memory.py)
     last_line: str = ""
-    debugging: Waiting = Waiting.NO  # what a RUNNING rank waits on the notebook for (kernel/stdin.py)
+    debugging: Waiting = Waiting.NO  # what a RUNNING rank waits on the notebook for (kernel/jobs/stdin.py)
     tail: Deque[str] = field(default_factory=lambda: deque(maxlen=20))
     silent: bool = False  # its node stopped answering (wire/liveness.py): DEAD as unreachable, not as exited
-    crash: str = ""  # faulthandler's block as it died (a segfault, an abort): kernel/deaths.py
+    crash: str = ""  # faulthandler's block as it died (a segfault, an abort): kernel/failures/deaths.py
     death: str = ""  # how it died, with the evidence ("was killed by the kernel's OOM killer (…)"), set by recovery
 
     @property
@@ -84,7 +84,7 @@ class CellOutcome:
     combined: Any = field(init=False, default=None)  # one value for all ranks when they returned pieces of the same DTensors
 
     def __post_init__(self) -> None:
-        """Put the ranks' DTensor shards together here, so every outcome has its one value (kernel/combine.py)."""
+        """Put the ranks' DTensor shards together here, so every outcome has its one value (kernel/results/combine.py)."""
         self.combined = None if self.failures else combine(self.values, self.notes)
 
     @property
@@ -104,7 +104,7 @@ class LastCell:
     ok: bool
     headline: str = ""  # its root cause, as the cell's error names it
     recovered: bool = False  # it failed and the pool is whole again: every rank ready, the workers' variables kept
-    causes: Mapping[int, Tuple[str, str]] = field(default_factory=dict)  # rank -> (kind, root | stopped): kernel.blame.causes
+    causes: Mapping[int, Tuple[str, str]] = field(default_factory=dict)  # rank -> (kind, root | stopped): kernel.failures.blame.causes
     generation: int = 0  # the start of the pool it ran on: a restart leaves it behind
     cancelled: bool = False  # job.cancel() ended it: the headline says so, and whether the state was kept
 

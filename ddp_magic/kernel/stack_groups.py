@@ -15,7 +15,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..words import plural, short_rank_list
-from .forensics import op_text
+from .failures.forensics import op_text
 
 GROUPS_SHOWN = 12  # groups listed in full at most; the others are counted, with their ranks
 RUNS = 8  # a header's ranks: this many runs, then how many more

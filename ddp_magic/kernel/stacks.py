@@ -5,7 +5,7 @@ answers at once, whatever its main thread runs (procs/rank_stacks.py), on every 
 (the control channel is the same for local, torchrun and Slurm ranks). The answers are
 filed by id on the peek desk by whichever thread pumps the hub: a running cell's (the
 foreground's, or a ``--bg`` job's) while one holds the pool's turn, else this request's
-own thread, which takes the turn for that moment (kernel/peek.py ``await_answers``). So it
+own thread, which takes the turn for that moment (kernel/jobs/peek.py ``await_answers``). So it
 works from a cell while a job runs, and from the comm's thread while a foreground cell runs.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..wire import protocol as P
 from . import stack_groups
-from .peek import await_answers
-from .turns import Turns
+from .jobs.peek import await_answers
+from .jobs.turns import Turns
 
 STACKS_TIMEOUT_S = 2.0  # how long to wait for every rank's answer (the reader thread answers in ms)
 NATIVE_TIMEOUT_S = 12.0  # with --native: py-spy's dump takes a second or more per rank

@@ -239,7 +239,7 @@ def describe() -> Optional[Dict[str, Any]]:
 
 def default_seq() -> Optional[int]:
     """How many collectives this rank has issued on the default group (None: no group): its DONE carries it, so the kernel
-    can tell a peer that waits in collective #N from one that left the cell before it (kernel/probe.py)."""
+    can tell a peer that waits in collective #N from one that left the cell before it (kernel/failures/probe.py)."""
     try:
         if "torch.distributed" not in sys.modules:
             return None

@@ -5,7 +5,7 @@ MEMORY only when something moved materially (``MOVED``): a quiet rank sends noth
 main thread never waits for it. Three reads are the kernel's: a cell's DONE carries ``at_done``
 (two ``pread``s of /proc/self, a few µs), ``%ddp status`` asks for ``sample`` between cells
 (MEMORY request), and the cgroup part is what the kernel reads an OOM kill against after the
-rank is gone (kernel/deaths.py): its path, its limit, its ``oom_kill`` count. When a cell starts
+rank is gone (kernel/failures/deaths.py): its path, its limit, its ``oom_kill`` count. When a cell starts
 (the reader thread's RUN) the peak is reset (``/proc/self/clear_refs``, torch's peak stats) and
 the sampler looks at the cgroup again, so a rank moved into one just before a cell is known there.
 """

@@ -12,7 +12,7 @@ wall clock, and every rank's base differs. Right after the profiler starts, the
 rank reads ``time.time_ns()``, opens and closes a ``ddp_magic.clock`` annotation
 and reads the wall clock again. That event's ``ts`` and the first wall reading
 give the rank's offset (wall µs − trace µs); the two readings bound its error
-(``clock_error_us``, a few µs). kernel/profile_merge.py shifts each rank's
+(``clock_error_us``, a few µs). kernel/results/profile_merge.py shifts each rank's
 events by its offset, so every rank is on one wall clock (one host: exact to
 that bound; several hosts: up to their NTP error as well).
 """

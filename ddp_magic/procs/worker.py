@@ -235,7 +235,7 @@ class Worker:
     # ------------------------------------------------------------ cells
     def serve(self) -> int:
         self.connect()
-        faulthandler.enable(file=2, all_threads=False)  # a segfault or abort: its stack to fd 2, the kernel's socket (kernel/deaths.py)
+        faulthandler.enable(file=2, all_threads=False)  # a segfault or abort: its stack to fd 2, the kernel's socket (kernel/failures/deaths.py)
         signal.signal(signal.SIGINT, self._on_sigint)
         threading.Thread(target=self.reader, name="ddp-reader", daemon=True).start()
         try:

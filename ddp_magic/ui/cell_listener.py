@@ -14,7 +14,7 @@ from typing import Any, Optional
 from ..errors import UsageError
 from ..kernel import RankInfo
 from ..kernel.pool import Pool
-from ..kernel.turns import Ticket
+from ..kernel.jobs.turns import Ticket
 from ..session import CellListener
 from . import labcomm
 from .metrics_view import MetricsView

@@ -1,7 +1,7 @@
 """Debugging ranks from the notebook: the kernel's own stdin answers them, and %ddp_debug's post-mortem.
 
 A rank's ``input()``, ``getpass`` and pdb prompts reach the pool as questions
-(kernel/stdin.py); here they become the kernel's own ``input``/``getpass``,
+(kernel/jobs/stdin.py); here they become the kernel's own ``input``/``getpass``,
 which ipykernel turns into an ``input_request`` on the stdin channel: an input
 box in a notebook, a prompt in a console. A front end without stdin makes
 ipykernel raise StdinNotImplementedError, which the rank reads as EOF, with
@@ -19,7 +19,7 @@ from IPython.core.error import StdinNotImplementedError
 from ..errors import RankFailure, UsageError
 from ..kernel import Listener
 from ..kernel.pool import Pool
-from ..kernel.stdin import NO_STDIN, Ask, Mailbox
+from ..kernel.jobs.stdin import NO_STDIN, Ask, Mailbox
 from ..states import FailureKind
 from ..wire import protocol as P
 

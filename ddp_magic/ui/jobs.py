@@ -6,7 +6,7 @@ the caller's stack. Its thread starts in a copy of the starting cell's context
 comms in context variables, so everything the run produces (rank output, the status
 view, the chart, update_display, the final error) carries the header of the cell that
 started it and lands in that cell's output while other cells run. The job holds the
-pool's turn while it runs (kernel/turns.py): a second %%ddp cell waits behind it.
+pool's turn while it runs (kernel/jobs/turns.py): a second %%ddp cell waits behind it.
 Ctrl-C reaches the kernel's main thread only, so it never interrupts a job; ``cancel()``
 does, the way Ctrl-C interrupts a foreground cell (ranks released, group re-formed, state kept).
 """
@@ -21,10 +21,10 @@ from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tup
 
 from ..errors import CellError, Dequeued, JobCancelled, UsageError
 from ..kernel.memory import peak_text, range_text
-from ..kernel.metrics import CellMetrics
-from ..kernel.peek import PeekOutcome
-from ..kernel.stdin import Mailbox
-from ..kernel.turns import Ticket, clock_text
+from ..kernel.results.metrics import CellMetrics
+from ..kernel.jobs.peek import PeekOutcome
+from ..kernel.jobs.stdin import Mailbox
+from ..kernel.jobs.turns import Ticket, clock_text
 from ..logs import log
 from ..states import JobState
 from .output import RankPrinter
@@ -40,7 +40,7 @@ class Job:
     def __init__(self, ticket: Ticket, work: Callable[["Job"], Any], live: Callable[[], Optional[CellMetrics]] = lambda: None,
                  mailbox: Optional[Mailbox] = None) -> None:
         self.ticket = ticket
-        self.mailbox = mailbox if mailbox is not None else Mailbox()  # its ranks' input() and pdb questions (kernel/stdin.py)
+        self.mailbox = mailbox if mailbox is not None else Mailbox()  # its ranks' input() and pdb questions (kernel/jobs/stdin.py)
         ticket.waiting = self.mailbox.text
         self.cancel_event = threading.Event()  # the run takes it as a Ctrl-C (kernel/cell.py); the queue as a way out
         self._work = work

@@ -15,8 +15,8 @@ from ..kernel.keep import attach as attaching
 from ..kernel.keep import keeping
 from ..kernel.keep.resume import resume
 from ..kernel.keep.terms import Terms, TermsError
-from ..kernel.metrics import CellMetrics
-from ..kernel.turns import Ticket
+from ..kernel.results.metrics import CellMetrics
+from ..kernel.jobs.turns import Ticket
 from ..session import Session
 from .cell_listener import MagicListener
 from .jobs import Job

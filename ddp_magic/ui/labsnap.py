@@ -11,7 +11,7 @@ the same as the cell's status view at every moment:
   ``LastCell.to_dict``): its prompt ``number`` (In [n], the numbering of tracebacks,
   metrics and %ddp_export), ``ok``, ``headline`` (its root cause, as its error
   says), ``recovered``, ``root`` (the ranks to blame) and ``causes``
-  (``{rank: {kind, cause}}``, kernel/policy.py ``causes``), ``text`` (what
+  (``{rank: {kind, cause}}``, kernel/failures/policy.py ``causes``), ``text`` (what
   ``%ddp status`` prints); null while a cell runs and before the first;
 - a failed cell's pool that is whole again is ready, and its ranks say so
   (``ready``): the failure is the last cell's, not the ranks'. Only a rank still
@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..logs import log
 from ..plan import checks_verdict, plan_checks
-from ..kernel.turns import Ticket
+from ..kernel.jobs.turns import Ticket
 from ..session import PoolStatus, Session
 from ..states import RankState
 from .status_tables import planned_checks
@@ -45,7 +45,7 @@ def jsonable(value: Any) -> Any:
 
 
 def job_dict(ticket: Optional[Ticket]) -> Optional[Dict[str, Any]]:
-    """The cell that holds the pool's turn (kernel/turns.py), as the panel and the status bar show it: their clock
+    """The cell that holds the pool's turn (kernel/jobs/turns.py), as the panel and the status bar show it: their clock
     goes on from ``elapsed`` (labextension/src/format.ts ``jobText`` says it as ``Ticket.text`` does)."""
     if ticket is None:
         return None
@@ -58,7 +58,7 @@ def job_dict(ticket: Optional[Ticket]) -> Optional[Dict[str, Any]]:
 
 def _memory(row: Any) -> Dict[str, Any]:
     """A rank's memory for the panel: ``memory`` the bytes its memory column shows (CUDA's allocated on a GPU, else RSS),
-    ``mem`` every figure (kernel/memory.py), ``death`` how it died, with the evidence (kernel/deaths.py)."""
+    ``mem`` every figure (kernel/memory.py), ``death`` how it died, with the evidence (kernel/failures/deaths.py)."""
     mem = row.mem
     if mem is None:
         return {"mem": None}

@@ -1,8 +1,8 @@
-"""The metrics chart, from a payload (kernel/metrics.py ``CellMetrics.payload``): pure functions; inline SVG live, an <img> per metric saved.
+"""The metrics chart, from a payload (kernel/results/metrics.py ``CellMetrics.payload``): pure functions; inline SVG live, an <img> per metric saved.
 
 One small chart per metric, one line per rank (step on x), and a table: per metric the
 last value (mean over the ranks' last values, with their range), the lowest value, the
-mean over every rank and step, and the slowest rank (kernel/metrics.py ``Straggler``: the
+mean over every rank and step, and the slowest rank (kernel/results/metrics.py ``Straggler``: the
 profile's when ``--profile`` ran, else the logged steps'; "no straggler" when none stands out).
 
 Two forms (``ChartForm``). While the cell runs the chart is inline SVG coloured with

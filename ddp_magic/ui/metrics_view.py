@@ -9,7 +9,7 @@ untrusted notebook's sanitizer, each metric an <img> of an SVG; the headline and
 table as text/plain) as the cell's own output, after what the ranks printed: the saved
 notebook, nbviewer and nbval all see that one bundle, which is never updated in place.
 With ``--profile`` the cell's metrics carry the profile's straggler by then
-(kernel/profile_merge.py), so the chart and the profile's table name the same rank.
+(kernel/results/profile_merge.py), so the chart and the profile's table name the same rank.
 A cell that logged nothing shows nothing.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import UsageError
 from ..kernel import Listener
-from ..kernel.metrics import CellMetrics
+from ..kernel.results.metrics import CellMetrics
 from ..logs import log
 from . import labcomm
 from .metrics_chart import FONT, MUTED, bundle, chart_html, headline

@@ -17,13 +17,13 @@ Hidden ranks (``--ranks``) are dropped here and nowhere else: the pool and the
 widget still see everything.
 
 Identical lines from several ranks become one line, ``[ranks 0-1023] epoch 3 loss 0.41``
-(kernel/fold.py's ``LineFolder``): stderr lines (the same warning from every rank) at
+(kernel/output/fold.py's ``LineFolder``): stderr lines (the same warning from every rank) at
 any size, waiting until every shown rank has sent one or ``MERGE_WINDOW`` seconds; stdout
 lines once more than ``FOLD_ABOVE`` ranks are shown, waiting at most ``FOLD_WINDOW``. At
 8 ranks or fewer stdout is never folded: each rank's lines show as they come, rank by rank.
 What is written counts against the cell's budget (``OutputBudget``); past it lines are
 held back, the cell says how many and how to read them (the session keeps every rank's
-whole output, kernel/output_log.py).
+whole output, kernel/output/output_log.py).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, TextIO, Tuple
 
-from ..kernel.fold import FOLD_ABOVE, LineFolder, OutputBudget, fold_window, line_cost, without_log_time
+from ..kernel.output.fold import FOLD_ABOVE, LineFolder, OutputBudget, fold_window, line_cost, without_log_time
 from ..words import ranks_phrase
 from .colours import rank_ansi
 
@@ -241,7 +241,7 @@ class RankPrinter:
             self._drain(final=False)
 
     def _write(self, ranks: Set[int], stream: str, pieces: List[str]) -> None:
-        """Lines into the cell, if its budget lets them through; else held back (the session keeps them: kernel/output_log.py)."""
+        """Lines into the cell, if its budget lets them through; else held back (the session keeps them: kernel/output/output_log.py)."""
         holding = self.budget.holding
         if not self.budget.allow(ranks, len(pieces), line_cost(pieces), time.monotonic()):
             if not holding:

@@ -13,7 +13,7 @@ from . import sharded as _sharded  # noqa: F401  (makes it ShardedResult's repr)
 class RankResults(list):
     """A list indexed by rank (``out[0]`` is rank 0's value) that prints rank by rank."""
 
-    metrics: Optional[Dict[str, List[Any]]] = None  # the cell's ddp_magic.log rows as columns (kernel/metrics.py), set by the magic
+    metrics: Optional[Dict[str, List[Any]]] = None  # the cell's ddp_magic.log rows as columns (kernel/results/metrics.py), set by the magic
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         if cycle:

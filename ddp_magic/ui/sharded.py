@@ -4,14 +4,14 @@ Like torch's ``visualize_sharding``: the tensor's (up to two) sharded dims are
 cut where the shards begin, and each cell of the grid names the ranks that hold
 that block (several where a mesh dim replicates it, marked ``+`` where it is
 Partial and summed). Never the numbers: a sharded result is usually megabytes.
-Importing this module makes it the renderer of ``kernel.sharded.ShardedResult``.
+Importing this module makes it the renderer of ``kernel.results.sharded.ShardedResult``.
 """
 from __future__ import annotations
 
 import html
 from typing import Dict, List, Sequence, Tuple
 
-from ..kernel.sharded import ShardedResult
+from ..kernel.results.sharded import ShardedResult
 from ..words import ranks_phrase
 from ..wire.sharded import placement_text
 

@@ -84,8 +84,8 @@ class Snapshot:
     started_in: Optional[float] = None  # seconds the pool took to start, when it started in this cell
     starting_for: Optional[float] = None  # the start clock, while the pool starts in this cell
     root: Optional[int] = None  # the rank whose failure explains the others
-    stopped: FrozenSet[int] = frozenset()  # ranks stopped or released because of it (kernel.blame.causes)
-    timed_out: FrozenSet[int] = frozenset()  # root causes of a --timeout (kernel.blame.causes): shown as "timeout"
+    stopped: FrozenSet[int] = frozenset()  # ranks stopped or released because of it (kernel.failures.blame.causes)
+    timed_out: FrozenSet[int] = frozenset()  # root causes of a --timeout (kernel.failures.blame.causes): shown as "timeout"
     lines: Mapping[int, str] = field(default_factory=dict)  # each rank's live line (progress.LiveLines)
     bars: Mapping[int, Bar] = field(default_factory=dict)  # each rank's tqdm bar, when it shows one
     sections: Sequence[Section] = ()  # extra sections, after the ranks and the env
@@ -113,7 +113,7 @@ class Snapshot:
     def label(self, rank: int) -> Label:
         info = self.infos.get(rank)
         label = state_label(info) if info is not None else RankState.STARTING
-        # ddp_magic stopped it because another rank failed: not its fault. Once the cell ended, kernel.blame.causes
+        # ddp_magic stopped it because another rank failed: not its fault. Once the cell ended, kernel.failures.blame.causes
         # (``stopped``) is the whole answer, so every root cause (a timeout may blame several ranks) keeps its own label.
         if rank in self.stopped or (not self.finished and self.root is not None and rank != self.root and label in STOPPED_BY_US):
             return RankState.STOPPED
@@ -123,7 +123,7 @@ class Snapshot:
 
 
 def by_cause(found: Mapping[int, Tuple[str, str]]) -> Tuple[FrozenSet[int], FrozenSet[int]]:
-    """kernel.blame.causes -> (the ranks stopped or released because of another, the root causes of a --timeout)."""
+    """kernel.failures.blame.causes -> (the ranks stopped or released because of another, the root causes of a --timeout)."""
     stopped = frozenset(r for r, (_, cause) in found.items() if cause == "stopped")
     return stopped, frozenset(r for r, (kind, cause) in found.items() if cause == "root" and kind == str(FailureKind.TIMEOUT))
 
@@ -273,7 +273,7 @@ def queue_text(s: Snapshot) -> str:
 
 
 def debugging_text(s: Snapshot) -> str:
-    """'rank 1 in debugger, 3 waiting' while ranks wait on the notebook (kernel/stdin.py); "" otherwise."""
+    """'rank 1 in debugger, 3 waiting' while ranks wait on the notebook (kernel/jobs/stdin.py); "" otherwise."""
     infos = [i for i in (s.infos.get(r) for r in s.ranks) if i is not None]
     held = [(i.rank, i.debugging) for i in infos if i.debugging != Waiting.NO]
     if not held:

@@ -36,7 +36,7 @@ import time
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, TypeVar, cast
 
 from ..kernel import Listener, RankInfo
-from ..kernel.blame import causes
+from ..kernel.failures.blame import causes
 from ..logs import log
 from ..plan import Check, Plan
 from ..states import RankState

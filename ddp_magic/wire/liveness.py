@@ -16,7 +16,7 @@ need the GIL at every beat, and a stalled beat would be taken for a lost host. A
 cell pays nothing: no message is added to the hot path, and probes go only over a
 connection that has been idle for ``IDLE_S``. What it does not find: a rank whose host is
 up but whose process hangs or is stopped (SIGSTOP) - its host still answers; that is a
-hang, the cell's timeout and hang forensics are for it (kernel/forensics.py).
+hang, the cell's timeout and hang forensics are for it (kernel/failures/forensics.py).
 
 With TLS the TCP socket is the relay's (wire/tls_relay.py) and the code holds a socketpair end:
 the relay records which plain end lost its peer to silence (``mark_silent``), and

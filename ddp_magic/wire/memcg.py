@@ -3,7 +3,7 @@
 A rank's sampler (procs/rank_memory.py) sends its memory cgroup's directory, limit and
 ``oom_kill`` count; when the rank dies by SIGKILL the kernel reads that count again from the
 same directory (the cgroup outlives the process), or the system's in /proc/vmstat, and names
-the OOM killer only when one of them moved (kernel/deaths.py). v1 (``memory.oom_control``,
+the OOM killer only when one of them moved (kernel/failures/deaths.py). v1 (``memory.oom_control``,
 ``memory.limit_in_bytes``) and v2 (``memory.events``, ``memory.max``).
 """
 from __future__ import annotations

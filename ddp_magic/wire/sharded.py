@@ -6,7 +6,7 @@ every rank, in step): the pickler (transfer.py) hands a DTensor to
 any tensor) and plain metadata: global shape, stride and dtype, the mesh's
 shape, dim names and ranks, the placements, this rank's mesh coordinate. The
 kernel unpickles that as a ``ShardPiece`` and, once every rank's piece is in,
-kernel/sharded.py puts the global tensor together.
+kernel/results/sharded.py puts the global tensor together.
 """
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ export function commandPolicy(op: Op, state: IUIState): ICommandPolicy {
   }
   const job = pool && pool.job && pool.job.background && pool.job.phase !== 'queued' ? pool.job : null;
   if (job && op !== 'status') {
-    // the kernel would refuse it (kernel/turns.py check_idle): say so before asking anything, in a toast's 140 characters
+    // the kernel would refuse it (kernel/jobs/turns.py check_idle): say so before asking anything, in a toast's 140 characters
     return { mode: 'refused', reason: `${job.name} holds the pool (background job): job.cancel() or %ddp wait first` };
   }
   if (state.pending.some(p => p.op === op)) {

@@ -1,6 +1,6 @@
 /**
  * How numbers, times, rank lists and lines are written: each mirrors its Python home (ddp_magic/ui/status_render.py,
- * ddp_magic/plan/words.py, kernel/turns.py); tests/labextension/test_model_mirror.py compares them.
+ * ddp_magic/plan/words.py, kernel/jobs/turns.py); tests/labextension/test_model_mirror.py compares them.
  */
 
 import type { IJobSnapshot } from './model';
@@ -33,7 +33,7 @@ export function fmtSeconds(seconds: number | null | undefined): string {
   return `${Math.floor(m / 60)} h ${pad(m % 60)} m`;
 }
 
-/** A run time as a clock, "0:00:07", "1:02:11": ddp_magic/kernel/turns.py clock_text (tests/labextension/test_model_mirror.py checks). */
+/** A run time as a clock, "0:00:07", "1:02:11": ddp_magic/kernel/jobs/turns.py clock_text (tests/labextension/test_model_mirror.py checks). */
 export function clockText(seconds: number): string {
   const s = Math.max(0, Math.floor(seconds));
   const pad = (n: number) => (n < 10 ? `0${n}` : `${n}`);

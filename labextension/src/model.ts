@@ -88,7 +88,7 @@ export interface IPoolSnapshot {
   planned?: boolean;
 }
 
-/** A cell holding the pool's turn, as ddp_magic/kernel/turns.py Ticket says it. */
+/** A cell holding the pool's turn, as ddp_magic/kernel/jobs/turns.py Ticket says it. */
 export interface IJobSnapshot {
   name: string; // "cell [12]"
   background: boolean; // %%ddp --bg: it runs while the notebook runs other cells
@@ -114,7 +114,7 @@ export interface ILastCell {
 /** (step, value); a value the kernel could not put in JSON (NaN, ±inf) is null. */
 export type MetricPoint = [number, number | null];
 
-/** One metric over the ranks (ddp_magic/kernel/metrics.py MetricSummary). */
+/** One metric over the ranks (ddp_magic/kernel/results/metrics.py MetricSummary). */
 export interface IMetricSummary {
   name: string;
   last: number | null; // mean over the ranks of each rank's last value
@@ -124,7 +124,7 @@ export interface IMetricSummary {
   mean: number | null;
   slowest: number | null; // the rank that reached the latest common step last (null: none stands out)
   lag: number | null; // how much later than the first rank, seconds
-  /** What named the slowest rank (kernel/metrics.py StragglerMeasure): the logged steps, or --profile's collectives. */
+  /** What named the slowest rank (kernel/results/metrics.py StragglerMeasure): the logged steps, or --profile's collectives. */
   slowest_by?: 'steps' | 'profile';
   steps: [number, number];
 }

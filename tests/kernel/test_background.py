@@ -162,7 +162,7 @@ def test_cancel_mid_run_keeps_the_ranks_and_their_state(k2):
 
 
 def test_a_rank_raising_in_the_bg_cell_raises_from_result_and_shows_in_the_cell(k2, gates):
-    # the raise waits at a gate until the cell has returned: the failure policy releases rank 0 at once (kernel/probe.py),
+    # the raise waits at a gate until the cell has returned: the failure policy releases rank 0 at once (kernel/failures/probe.py),
     # so without it the job could fail before its own cell is idle
     cell = ("%%ddp --bg --out job\nx = torch.ones(2)\nwhile os.path.exists({a!r}):\n    time.sleep(0.01)\n"
             "if dist.get_rank() == 1:\n    raise ValueError('rank 1 gives up')\ndist.all_reduce(x)\nx")

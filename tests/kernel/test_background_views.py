@@ -17,7 +17,7 @@ import pytest
 from conftest import wait_until
 from format_patterns import SECONDS
 from kernel_helper import ANSI, Execution, Kernel
-from ddp_magic.kernel.turns import clock_text
+from ddp_magic.kernel.jobs.turns import clock_text
 from ddp_magic.words import fmt_seconds
 
 pytestmark = pytest.mark.kernel

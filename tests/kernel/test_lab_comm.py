@@ -497,7 +497,7 @@ def test_register_without_a_kernel_does_nothing() -> None:
 def test_causes_name_the_root_and_the_ranks_stopped_because_of_it() -> None:
     from ddp_magic.errors import RankFailure
     from ddp_magic.states import FailureKind as K
-    from ddp_magic.kernel.blame import causes
+    from ddp_magic.kernel.failures.blame import causes
 
     raised = RankFailure(rank=1, kind=K.ERROR, type="ValueError", message="bad shard")
     peer = RankFailure(rank=0, kind=K.ERROR, type="RuntimeError", message="Connection closed by peer")

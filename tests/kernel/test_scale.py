@@ -95,7 +95,7 @@ def test_one_rank_raises_while_255_wait_in_all_reduce(pool) -> None:
 
 def test_the_grace_ends_once_every_other_rank_is_seen_stuck(pool) -> None:
     """With a grace of an hour the cell still ends: the policy sees the 255 others wait in all_reduce #3, which rank 100 never
-    issued (its DONE's seq), and releases them at once (kernel/probe.py). A watchdog cancels the cell if it does not."""
+    issued (its DONE's seq), and releases them at once (kernel/failures/probe.py). A watchdog cancels the cell if it does not."""
     grace, pool.grace = pool.grace, 3600.0
     try:
         for _ in range(2):

@@ -119,7 +119,7 @@ def _node_model(calls: str) -> object:
 
 
 def test_a_background_job_reads_the_same_in_the_status_bar_and_in_percent_ddp_status() -> None:
-    from ddp_magic.kernel.turns import Ticket, clock_text
+    from ddp_magic.kernel.jobs.turns import Ticket, clock_text
     from ddp_magic.ui.labsnap import job_dict
 
     seconds = [0, 0.4, 7.9, 59.99, 61, 3599.5, 3731, 86399, 360000]

@@ -13,13 +13,13 @@ import pytest
 from ddp_magic.errors import CellError, Dequeued, RankFailure, UsageError
 from ddp_magic.export.record import History
 from ddp_magic.kernel.cell import CellRun
-from ddp_magic.kernel.metrics import CellMetrics
-from ddp_magic.kernel.peek import PeekDesk, _outcome
-from ddp_magic.kernel.policy import FailurePolicy
+from ddp_magic.kernel.results.metrics import CellMetrics
+from ddp_magic.kernel.jobs.peek import PeekDesk, _outcome
+from ddp_magic.kernel.failures.policy import FailurePolicy
 from ddp_magic.kernel.pool_status import PoolStatus
 from ddp_magic.kernel.ranks import RankInfo
-from ddp_magic.kernel.stdin import CANCELLED, InputDesk, Mailbox, Question, answer_all
-from ddp_magic.kernel.turns import Ticket, Turns, clock_text
+from ddp_magic.kernel.jobs.stdin import CANCELLED, InputDesk, Mailbox, Question, answer_all
+from ddp_magic.kernel.jobs.turns import Ticket, Turns, clock_text
 from ddp_magic.procs import rank_collectives, rank_peek
 from ddp_magic.states import FailureKind, JobState, RankState
 from ddp_magic.wire import protocol as P
@@ -51,7 +51,7 @@ def test_the_job_s_run_clock_starts_when_its_cell_reaches_the_ranks():
     """TicketClock (Session._run) starts the ticket's clock at the ranks' RUNNING, the moment the cell view's run clock
     starts (Pool._send_cell's t0): job.elapsed, the status bar and the cell count the same seconds."""
     from ddp_magic.kernel.ranks import Listener
-    from ddp_magic.kernel.turns import TicketClock
+    from ddp_magic.kernel.jobs.turns import TicketClock
 
     heard: List[RankState] = []
 

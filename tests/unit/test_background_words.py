@@ -15,7 +15,7 @@ from ddp_magic.kernel.launchers.slurm import released_text
 from ddp_magic.kernel.launchers.slurm_alloc import Allocation, OwnAllocation
 from ddp_magic.kernel.ranks import CellOutcome, LastCell
 from ddp_magic.kernel.texts import cancelled_text
-from ddp_magic.kernel.turns import Ticket
+from ddp_magic.kernel.jobs.turns import Ticket
 from ddp_magic.plan import Check
 from ddp_magic.plan.slurm import SlurmRequest
 from ddp_magic.session import PoolStatus, RankRow

@@ -10,7 +10,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ddp_magic.errors import RankFailure
 from ddp_magic.kernel.cell import CellRun
-from ddp_magic.kernel.policy import FailurePolicy
+from ddp_magic.kernel.failures.policy import FailurePolicy
 from ddp_magic.kernel.ranks import RankInfo
 from ddp_magic.states import FailureKind, RankState
 

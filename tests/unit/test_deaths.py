@@ -1,4 +1,4 @@
-"""Why a rank died (kernel/deaths.py): the OOM killer only with a counter's evidence, a crash's stack, CUDA out of memory."""
+"""Why a rank died (kernel/failures/deaths.py): the OOM killer only with a counter's evidence, a crash's stack, CUDA out of memory."""
 from __future__ import annotations
 
 import signal
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from ddp_magic.errors import RankFailure
-from ddp_magic.kernel import deaths
-from ddp_magic.kernel.deaths import crash_traceback, cuda_oom_notes, why_killed
+from ddp_magic.kernel.failures import deaths
+from ddp_magic.kernel.failures.deaths import crash_traceback, cuda_oom_notes, why_killed
 from ddp_magic.kernel.memory import Memory
 from ddp_magic.states import FailureKind
 

@@ -18,7 +18,7 @@ def test_signal_names_have_one_home():
 
 def test_describe_exit_says_what_to_suspect():
     assert describe_exit(3) == "exited with code 3"
-    assert describe_exit(-9) == "was killed by SIGKILL"  # no guess: kernel/deaths.py says OOM or not, with evidence
+    assert describe_exit(-9) == "was killed by SIGKILL"  # no guess: kernel/failures/deaths.py says OOM or not, with evidence
     assert describe_exit(-11) == "was killed by SIGSEGV (a crash in native code)"
     assert describe_exit(-15) == "was killed by SIGTERM"
     assert "lost its connection" in describe_exit(None)

@@ -1,4 +1,4 @@
-"""Folding the same line from many ranks, and a cell's output budget (ddp_magic.kernel.fold), on a fake clock.
+"""Folding the same line from many ranks, and a cell's output budget (ddp_magic.kernel.output.fold), on a fake clock.
 
 The folder and the budget are pure: the tests give the time. The printer tests
 (ui/output.py) check what reaches the cell: ``[ranks 0-1023] …`` above FOLD_ABOVE
@@ -11,7 +11,7 @@ from typing import List, Set, Tuple
 
 import pytest
 
-from ddp_magic.kernel.fold import FOLD_ABOVE, FOLD_WINDOW, HOLD_WINDOWS, LineFolder, OutputBudget, line_cost
+from ddp_magic.kernel.output.fold import FOLD_ABOVE, FOLD_WINDOW, HOLD_WINDOWS, LineFolder, OutputBudget, line_cost
 from ddp_magic.ui import output
 from ddp_magic.ui.output import RankPrinter
 from ddp_magic.words import rank_list
@@ -207,7 +207,7 @@ def test_a_flood_is_held_back_and_the_cell_says_how_much_and_how_to_read_it(monk
 
 
 def test_the_window_and_the_budget_read_the_kernel_s_env_and_a_bad_value_keeps_the_default(monkeypatch, caplog):
-    from ddp_magic.kernel.fold import BUDGET_LINES, setting
+    from ddp_magic.kernel.output.fold import BUDGET_LINES, setting
 
     assert setting("DDP_MAGIC_FOLD_WINDOW", FOLD_WINDOW, {"DDP_MAGIC_FOLD_WINDOW": "2.5"}) == 2.5
     assert setting("DDP_MAGIC_FOLD_WINDOW", FOLD_WINDOW, {"DDP_MAGIC_FOLD_WINDOW": "soon"}) == FOLD_WINDOW
@@ -229,7 +229,7 @@ def test_ordered_output_of_many_ranks_folds_at_the_cell_s_end():
 
 
 def test_without_log_time_drops_only_a_cpp_log_lines_time():
-    from ddp_magic.kernel.fold import without_log_time
+    from ddp_magic.kernel.output.fold import without_log_time
 
     assert without_log_time("[W1201 20:17:46.189958604 socket.cpp:207] [c10d] err=-3\n") == "[W socket.cpp:207] [c10d] err=-3\n"
     assert without_log_time("[I0102 01:02:03.4 ProcessGroupGloo.cpp:1] x") == "[I ProcessGroupGloo.cpp:1] x"

@@ -1,4 +1,4 @@
-"""Every rank's whole output kept per cell (ddp_magic.kernel.output_log): what %ddp output --rank N reads back."""
+"""Every rank's whole output kept per cell (ddp_magic.kernel.output.output_log): what %ddp output --rank N reads back."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from ddp_magic.kernel import Listener
-from ddp_magic.kernel.output_log import OutputLog
+from ddp_magic.kernel.output.output_log import OutputLog
 
 
 class Seen(Listener):

@@ -1,8 +1,8 @@
 """Hang forensics and recovery texts, without processes: what the ranks answered in, the lines a user reads out."""
 from __future__ import annotations
 
-from ddp_magic.kernel import forensics as F
-from ddp_magic.kernel.recovery import swap_notes
+from ddp_magic.kernel.failures import forensics as F
+from ddp_magic.kernel.failures.recovery import swap_notes
 from ddp_magic.words import ranks_phrase
 
 

@@ -12,11 +12,11 @@ from typing import Dict, Sequence
 import pytest
 
 from ddp_magic.errors import CellError, RankFailure
-from ddp_magic.kernel import forensics
+from ddp_magic.kernel.failures import forensics
 from ddp_magic.kernel.launchers.base import Launcher
 from ddp_magic.kernel.launchers.slurm_steps import _event
 from ddp_magic.kernel.ranks import RankInfo
-from ddp_magic.kernel.unreachable import cannot_reach_text, never_joined_text, node_key, silent_siblings
+from ddp_magic.kernel.failures.unreachable import cannot_reach_text, never_joined_text, node_key, silent_siblings
 from ddp_magic.states import FailureKind, RankState
 from ddp_magic.wire import liveness
 

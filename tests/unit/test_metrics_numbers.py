@@ -14,7 +14,7 @@ from matplotlib import font_manager
 from matplotlib.ft2font import FT2Font
 
 from format_patterns import half_place, read_back
-from ddp_magic.kernel.metrics import STRAGGLER_MIN_S, CellMetrics, Straggler, StragglerMeasure, by_steps
+from ddp_magic.kernel.results.metrics import STRAGGLER_MIN_S, CellMetrics, Straggler, StragglerMeasure, by_steps
 from ddp_magic.ui import metrics_chart as C
 from ddp_magic.ui.metrics_chart import fmt
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_magic.kernel.metrics import CellMetrics, thin
+from ddp_magic.kernel.results.metrics import CellMetrics, thin
 from ddp_magic.procs import rank_metrics
 from ddp_magic.ui import metrics_chart
 from ddp_magic.ui.metrics_chart import PALETTE, ChartForm, identical_ranks, metric_svg, tick_labels

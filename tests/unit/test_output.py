@@ -176,7 +176,7 @@ def test_a_bar_s_final_line_sits_among_its_rank_s_stdout_lines_in_order():
 
 
 def test_merger_and_labels():
-    from ddp_magic.kernel.fold import LineFolder
+    from ddp_magic.kernel.output.fold import LineFolder
     from ddp_magic.ui.output import ranks_label
 
     assert ranks_label([3]) == "[rank 3] " and ranks_label([0, 1, 2, 3]) == "[ranks 0-3] " and ranks_label([0, 2, 3]) == "[ranks 0, 2-3] "

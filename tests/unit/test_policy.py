@@ -13,10 +13,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 import pytest
 
 from ddp_magic.errors import CellError, RankFailure
-from ddp_magic.kernel.blame import causes, root_cause_rank
+from ddp_magic.kernel.failures.blame import causes, root_cause_rank
 from ddp_magic.kernel.cell import CellRun, RankOps
-from ddp_magic.kernel.forensics import last_cell_line
-from ddp_magic.kernel.policy import (
+from ddp_magic.kernel.failures.forensics import last_cell_line
+from ddp_magic.kernel.failures.policy import (
     FAILURE,
     PROBE,
     Abort,

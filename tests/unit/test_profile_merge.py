@@ -1,4 +1,4 @@
-"""kernel/profile_merge.py on made-up Kineto traces: lanes per rank, one clock, the straggler table and the chart's straggler."""
+"""kernel/results/profile_merge.py on made-up Kineto traces: lanes per rank, one clock, the straggler table and the chart's straggler."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,8 @@ import zlib
 
 import pytest
 
-from ddp_magic.kernel.metrics import CellMetrics, StragglerMeasure
-from ddp_magic.kernel.profile_merge import CLOCK_EVENT, ProfileReport, ProfileRun, RankProfile, merge, rank_profile, waited_for
+from ddp_magic.kernel.results.metrics import CellMetrics, StragglerMeasure
+from ddp_magic.kernel.results.profile_merge import CLOCK_EVENT, ProfileReport, ProfileRun, RankProfile, merge, rank_profile, waited_for
 
 
 def _trace(pid: int, base: float, collective_us: float) -> dict:

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from ddp_magic.errors import RankFailure
-from ddp_magic.kernel import results
+from ddp_magic.kernel.results import gather as results
 from ddp_magic.kernel.ranks import RankInfo
 from ddp_magic.states import FailureKind, RankState
 from ddp_magic.wire import protocol as P

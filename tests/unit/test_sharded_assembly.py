@@ -1,7 +1,7 @@
 """ShardedResult from synthetic shard metadata (no processes): Shard(0), Shard(1), uneven, Replicate, 2-D meshes, Partial.
 
 The pieces are cut here with torch.chunk, the rule DTensor uses, independently of
-kernel/sharded.py's own block arithmetic, and put back together by it.
+kernel/results/sharded.py's own block arithmetic, and put back together by it.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 import pytest
 import torch
 
-from ddp_magic.kernel.combine import PerRank, combine, full_values, save
-from ddp_magic.kernel.sharded import ShardedResult, ShardMismatch, shard_block
+from ddp_magic.kernel.results.combine import PerRank, combine, full_values, save
+from ddp_magic.kernel.results.sharded import ShardedResult, ShardMismatch, shard_block
 from ddp_magic.wire.sharded import ShardPiece
 
 Placement = Tuple[Any, ...]

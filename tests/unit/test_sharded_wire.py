@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ddp_magic.errors import PlanError
-from ddp_magic.kernel.combine import combine
-from ddp_magic.kernel.sharded import ShardedResult
+from ddp_magic.kernel.results.combine import combine
+from ddp_magic.kernel.results.sharded import ShardedResult
 from ddp_magic.plan.spec import MESH_ENV, PoolSpec, parse_mesh
 from ddp_magic.procs import mesh as rank_mesh
 from ddp_magic.ui import sharded as view

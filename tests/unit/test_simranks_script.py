@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_magic.kernel.forensics import last_cell_line
+from ddp_magic.kernel.failures.forensics import last_cell_line
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from simranks import script as S  # noqa: E402

@@ -107,7 +107,7 @@ def test_the_root_cause_alone_is_failed_the_others_stopped():
 
 
 def test_every_root_cause_keeps_its_label_once_the_cell_ended():
-    """A timeout that blames two hung ranks (kernel.policy.causes: both "root") shows both alike, not the second
+    """A timeout that blames two hung ranks (kernel.failures.policy.causes: both "root") shows both alike, not the second
     as "stopped" behind the first; while the cell runs, the first failure is the root and the others wait."""
     ranks = infos(3, finished=1002.0)
     ranks[0].state = ranks[1].state = RankState.INTERRUPTED

@@ -21,7 +21,7 @@ from ...logs import log
 from ...wire import kept
 from ...wire import protocol as P
 from ..launchers import ForkServerLauncher
-from ..recovery import stop_quietly
+from ..failures.recovery import stop_quietly
 from .terms import Terms
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from ..cell import CellRun
-from ..policy import FailurePolicy
+from ..failures.policy import FailurePolicy
 from ..ranks import CellOutcome, GuardedListener, Listener
 
 if TYPE_CHECKING:

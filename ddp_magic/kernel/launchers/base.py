@@ -102,7 +102,7 @@ class Launcher(ABC):
         a warm template survives a restart; when False the pool's teardown
         closes the launcher and the next start launches afresh.
     ``replaces_ranks``
-        ``spawn(rank, config)`` starts one dead rank again alone (kernel/recovery.py).
+        ``spawn(rank, config)`` starts one dead rank again alone (kernel/failures/recovery.py).
 
     A launcher whose ranks wait for a scheduler (Slurm) also implements ``acquire``
     (the pool's ranks are QUEUED meanwhile), ``placed``, ``listen_addr`` and ``tls_server``.

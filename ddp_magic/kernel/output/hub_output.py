@@ -9,10 +9,10 @@ import sys
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from ..logs import log
-from ..wire.kept import ShownOffsets
-from .conns import OutConn, ReadBuffer, wait_ready
-from .ranks import Listener, RankInfo
+from ...logs import log
+from ...wire.kept import ShownOffsets
+from ..conns import OutConn, ReadBuffer, wait_ready
+from ..ranks import Listener, RankInfo
 
 STREAMS = ("stdout", "stderr")
 

@@ -7,19 +7,19 @@ or rank by rank. Either way it is unpacked here, and a value that cannot be
 unpickled in the kernel becomes a ``transfer.Unpicklable`` with a note, never
 an exception that would lose the other ranks' results. A DTensor is never
 gathered: each rank sends its local shard (wire/sharded.py), and the outcome
-(``CellOutcome.combined``) puts the ranks' shards together (kernel/combine.py).
+(``CellOutcome.combined``) puts the ranks' shards together (kernel/results/combine.py).
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Dict, List, Mapping, Sequence
 
-from ..errors import RankFailure
-from ..logs import log
-from ..states import RankState
-from ..wire import protocol as P
-from ..wire import transfer
-from .hub import Hub
+from ...errors import RankFailure
+from ...logs import log
+from ...states import RankState
+from ...wire import protocol as P
+from ...wire import transfer
+from ..hub import Hub
 
 
 def gather_mode(pending: Mapping[int, Any], failures: Sequence[RankFailure], nproc: int) -> str:

@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
-from ..states import RankState, Waiting
-from ..wire import protocol as P
-from .ranks import RankInfo
+from ...states import RankState, Waiting
+from ...wire import protocol as P
+from ..ranks import RankInfo
 
 Ask = Callable[[str, bool], str]  # (prompt, password) -> the line; EOFError: the front end has none to give
 

@@ -4,7 +4,7 @@ The request goes out on each rank's control socket (PEEK); the rank runs it on i
 thread, beside whatever its main thread runs (procs/rank_peek.py), and answers on the same
 socket. Whichever thread pumps the hub files the answers in the ``PeekDesk``: a background
 job's thread while one holds the pool's turn (the peek then only waits on the desk), else
-the peek's own thread, which takes the turn for that moment (kernel/turns.py) so that no
+the peek's own thread, which takes the turn for that moment (kernel/jobs/turns.py) so that no
 cell starts pumping beside it. Nothing here waits for the running cell, and the running
 cell never waits for a peek.
 """
@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import RankFailure
-from ..logs import log
-from ..states import FailureKind
-from ..wire import protocol as P
-from ..wire import transfer
+from ...errors import RankFailure
+from ...logs import log
+from ...states import FailureKind
+from ...wire import protocol as P
+from ...wire import transfer
 from .turns import Ticket, Turns
 
 PEEK_TIMEOUT_S = 10.0  # how long a peek waits for every rank's answer (%%ddp --peek --timeout S)

@@ -4,7 +4,7 @@ A background cell (``%%ddp --bg``) holds the turn on its job's thread for as lon
 runs; a ``%%ddp`` cell that comes meanwhile waits here (its view says whom it waits
 behind) unless it asked not to (``--no-queue``: a clear error at once). Ctrl-C on a
 waiting cell, or ``cancel()`` of a waiting job, takes it out of the line: it never ran.
-Peeks (kernel/peek.py) do not wait in line: they run beside whoever holds the turn, and
+Peeks (kernel/jobs/peek.py) do not wait in line: they run beside whoever holds the turn, and
 take the turn for a moment only when nobody holds it (to pump the hub themselves).
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-from ..errors import Dequeued, UsageError
-from ..states import RankState
-from .ranks import Listener, RankInfo
+from ...errors import Dequeued, UsageError
+from ...states import RankState
+from ..ranks import Listener, RankInfo
 
 ANSWERS = "%ddp_debug answers"  # how a background cell's question is answered (docs/background.md)
 WAIT_SLICE_S = 0.1  # a waiting cell looks at its cancel flag this often (a Ctrl-C lands at once anyway)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..states import RankState
+from ...states import RankState
 
 FIRST_GAP_S = 0.05  # the wait before the second ask; it doubles after each
 SETTLED_S = 0.05  # how long a rank must have waited in its collective to count: one that has only just called it may not

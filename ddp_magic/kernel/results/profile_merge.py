@@ -18,7 +18,7 @@ profiler), its time in collectives (the union of gloo/nccl/c10d and collective-n
 over all its threads and GPU streams), the rest as compute, and its slowest step (from
 ``ddp_magic.log`` steps). The rank everyone waited for is the one that spent the least time in
 collectives: the others sat in theirs until it arrived. It is named only when the others waited
-for it at least a tenth of the cell (kernel/metrics.py ``stands_out``, the chart's rule too), and
+for it at least a tenth of the cell (kernel/results/metrics.py ``stands_out``, the chart's rule too), and
 the cell's metrics take this verdict (``CellMetrics.profiled``), so the chart's "slowest rank"
 and this table never name two different ranks.
 """
@@ -31,12 +31,12 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from ..errors import UsageError
-from ..logs import log
-from ..wire import protocol as P
-from ..wire import shm
+from ...errors import UsageError
+from ...logs import log
+from ...wire import protocol as P
+from ...wire import shm
 from .metrics import CellMetrics, Straggler, StragglerMeasure, stands_out
-from .ranks import Listener
+from ..ranks import Listener
 
 DEFAULT_PATH = "ddp_trace.json"
 CLOCK_EVENT = "ddp_magic.clock"  # procs/rank_profile.py's marker

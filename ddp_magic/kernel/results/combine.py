@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..logs import log
-from ..words import rank_list
-from ..wire.sharded import ShardPiece
+from ...logs import log
+from ...words import rank_list
+from ...wire.sharded import ShardPiece
 from .sharded import ShardedResult, ShardMismatch
 
 MAX_DEPTH = 8  # nesting looked into for pieces (a state dict of an optimizer is 3 deep)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Sequence
 
-from ..errors import StartError
-from ..states import RankState
-from ..words import plural, ranks_phrase
-from .launchers import Launcher
-from .ranks import RankInfo
+from ...errors import StartError
+from ...states import RankState
+from ...words import plural, ranks_phrase
+from ..launchers import Launcher
+from ..ranks import RankInfo
 
 _GONE = (RankState.STOPPED, RankState.DEAD)
 SETTLE_S, SETTLE_MAX_S = 0.5, 3.0  # how long the other ranks' "cannot reach" may follow the first one's

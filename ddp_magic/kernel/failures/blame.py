@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Dict, Sequence, Tuple
 
-from ..errors import RankFailure
-from ..states import FailureKind
+from ...errors import RankFailure
+from ...states import FailureKind
 
 PEER_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "connection closed")  # a collective broke: a peer went away
 STOPPED_BY_US = (FailureKind.KILLED, FailureKind.INTERRUPTED)

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Protocol, Sequence, Tuple
 
-from ..words import rank_list
-from ..wire.sharded import Placement, ShardPiece, placement_text
+from ...words import rank_list
+from ...wire.sharded import Placement, ShardPiece, placement_text
 
 Block = Tuple[Tuple[int, ...], Tuple[int, ...]]  # (offsets, sizes) in the global tensor
 REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")

@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from typing import IO, Any, Dict, List, Optional, Tuple
 
-from .ranks import Listener
+from ..ranks import Listener
 
 KEEP_CELLS = 20  # the cells whose output can be read back
 BUFFER = 1 << 16  # bytes buffered before a write to the cell's file

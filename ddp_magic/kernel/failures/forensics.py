@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..words import plural, short_rank_list
+from ...words import plural, short_rank_list
 
 Collective = Mapping[str, object]  # one rank's STACK reply field "collective"
 

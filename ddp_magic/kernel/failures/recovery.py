@@ -13,7 +13,7 @@ step on the rank's node): at the next cell a new process takes its RANK and join
 the survivors' new group (a fresh FileStore on one host; across hosts a PrefixStore
 over rank 0's TCP store, which the newcomer finds by DDP_MAGIC_REFORM_GEN), and the
 notice says whose variables are gone. torchrun pools restart whole, as before.
-A SIGKILL is named the OOM killer's only with a counter's evidence (kernel/deaths.py).
+A SIGKILL is named the OOM killer's only with a counter's evidence (kernel/failures/deaths.py).
 
 If the ranks cannot re-form within ``REFORM_WAIT_S`` the pool is marked broken
 (the next cell restarts it, as before), and the message says so. A pool that is whole
@@ -29,20 +29,20 @@ from collections import deque
 import weakref
 from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
-from ..errors import describe_exit
-from ..logs import log
-from ..plan.plan import Plan
-from ..plan.spec import PoolSpec
-from ..states import RankState, Waiting
-from ..wire import protocol as P
-from ..wire import shm
-from .admission import Admission
-from .cell import CellRun
+from ...errors import describe_exit
+from ...logs import log
+from ...plan.plan import Plan
+from ...plan.spec import PoolSpec
+from ...states import RankState, Waiting
+from ...wire import protocol as P
+from ...wire import shm
+from ..admission import Admission
+from ..cell import CellRun
 from .deaths import cuda_oom_notes, why_killed
-from ..words import fmt_seconds, ranks_phrase
-from .hub import Hub
-from .launchers import Launcher
-from .ranks import Listener, RankInfo
+from ...words import fmt_seconds, ranks_phrase
+from ..hub import Hub
+from ..launchers import Launcher
+from ..ranks import Listener, RankInfo
 from .unreachable import node_key
 
 REFORM_WAIT_S = 10.0  # how long live ranks get to form the new group

@@ -5,7 +5,7 @@
 latest copy came while copies keep coming (ranks that print it 50 ms apart are one line),
 never more than ``HOLD_WINDOWS`` windows in all; a rank's own lines keep their order.
 ``OutputBudget``: what a notebook's output area can take (a token bucket of lines); past
-it, lines are held back, counted, and kept by the session (kernel/output_log.py).
+it, lines are held back, counted, and kept by the session (kernel/output/output_log.py).
 ui/output.py writes what these two let through.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
-from ..logs import log
+from ...logs import log
 
 FOLD_WINDOW = 0.3  # seconds a stdout line waits for the same line from the other ranks (DDP_MAGIC_FOLD_WINDOW)
 HOLD_WINDOWS = 3  # a line whose copies keep coming waits at most this many windows (0.9 s by default)

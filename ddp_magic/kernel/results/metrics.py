@@ -12,7 +12,7 @@ rank by rank, a missing value None. ``pandas.DataFrame(columns)`` takes it as it
 JupyterLab panel show.
 
 The slowest rank has one rule (``Straggler``): when ``%%ddp --profile`` ran, the profile
-names it (kernel/profile_merge.py: the rank the others waited for in collectives) and every
+names it (kernel/results/profile_merge.py: the rank the others waited for in collectives) and every
 view says so; otherwise the steps do (the rank that logged the steps every rank logged later
 than the others, typically). Either way a rank is named only when it cost the others at least
 ``STRAGGLER_MIN_S`` and a ``STRAGGLER_SHARE`` of the time (a step, or the profiled cell):
@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .ranks import Listener, RankInfo
+from ..ranks import Listener, RankInfo
 
 Row = Tuple[int, float, Dict[str, float]]  # (step, wall time in s, {name: value})
 Point = Tuple[int, float]  # (step, value)
@@ -82,7 +82,7 @@ class CellMetrics:
         self.rows: Dict[int, List[Row]] = {}
         self.names: List[str] = []  # metric names, first seen first
         self.version = 0  # moves with every add: a view redraws when it did
-        self.profiled: Optional[Straggler] = None  # --profile's verdict (kernel/profile_merge.py): it names the straggler
+        self.profiled: Optional[Straggler] = None  # --profile's verdict (kernel/results/profile_merge.py): it names the straggler
 
     def __bool__(self) -> bool:
         return bool(self.rows)

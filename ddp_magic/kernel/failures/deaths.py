@@ -19,9 +19,9 @@ import re
 import signal
 from typing import Iterable, List, Mapping, Optional, Tuple
 
-from ..words import fmt_bytes, ranks_phrase
-from ..wire import memcg
-from .memory import Memory, cuda_text
+from ...words import fmt_bytes, ranks_phrase
+from ...wire import memcg
+from ..memory import Memory, cuda_text
 
 FAULT_HEAD = "Fatal Python error"
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (.+)$')

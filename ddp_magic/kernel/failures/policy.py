@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from ..errors import RankFailure
-from ..states import FailureKind, RankState
-from ..wire.execution import group_places
-from ..wire.protocol import CellStatus
-from ..words import ranks_phrase
+from ...errors import RankFailure
+from ...states import FailureKind, RankState
+from ...wire.execution import group_places
+from ...wire.protocol import CellStatus
+from ...words import ranks_phrase
 from . import forensics
 from .probe import Probe
 from .blame import PEER_ERRORS, root_cause_rank
