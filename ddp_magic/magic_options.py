@@ -5,7 +5,8 @@ help text, the parsers and the examples have one home, apart from what the magic
 """
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+import shlex
+from typing import Any, Callable, List, Optional, TypeVar
 
 from IPython.core.magic_arguments import arg_split, argument
 
@@ -114,3 +115,16 @@ def parse_line(magic: Any, line: str) -> Any:
     """A magic's arguments, its positionals anywhere among the options: `%ddp attach --force 3fa9` names the pool
     after an option (argparse's plain parse takes the positionals in one run, and refused the id as unrecognized)."""
     return magic.parser.parse_intermixed_args(arg_split(line))
+
+
+def cell_argv(text: Optional[str]) -> Optional[List[str]]:
+    """``--argv "--epochs 3 --lr 0.1"``: IPython's line splitting keeps the quotes, so one quoted whole is the arguments."""
+    return None if text is None else ["ddp_cell"] + option_words(text)
+
+
+def option_words(text: str) -> List[str]:
+    """The words of an option's value, one quoted whole (as IPython's line splitting keeps it) split again."""
+    parts = shlex.split(text)
+    if len(parts) == 1 and len(text) > 1 and text[0] in "\"'" and text[-1] == text[0]:
+        parts = shlex.split(parts[0])
+    return parts

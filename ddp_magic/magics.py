@@ -11,7 +11,6 @@ import argparse
 import dataclasses
 import functools
 import os
-import shlex
 import sys
 import types
 from typing import Any, Dict, List, Optional
@@ -28,7 +27,7 @@ from .kernel.pool import Pool
 from .kernel.reload import kernel_follows
 from .kernel.jobs.turns import Ticket
 from .magic_options import (  # noqa: F401  (SEE_HELP, POOL_KEYS, SLURM_KEYS: the magics' own names, kept importable here)
-    CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, keep_arguments, parse_line,
+    CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, cell_argv, keep_arguments, option_words, parse_line,
     pool_arguments,
 )
 from .plan.spec import positive_int as _positive_int
@@ -37,7 +36,7 @@ from .ui.cell_listener import MagicListener
 from .ui import jobs
 from .ui.jobs import Job
 from .ui.report import env_report
-from .ui.output import RankPrinter, parse_ranks
+from .ui.output import RankPrinter, parse_ranks, show_output
 from .ui.results import CellNumbers, RankResults, running_cell
 from .ui.metrics_view import metrics_data
 from .ui import debugging, transcripts
@@ -87,7 +86,7 @@ def _pool_request(args: argparse.Namespace) -> Dict[str, Any]:
     slurm = {k: getattr(args, k) for k in SLURM_KEYS if getattr(args, k) is not None}
     if args.slurm or slurm:  # any Slurm option means --slurm
         if "slurm_args" in slurm:
-            slurm["extra"] = tuple(_unquoted(slurm.pop("slurm_args")))
+            slurm["extra"] = tuple(option_words(slurm.pop("slurm_args")))
         request["slurm"] = slurm
     return request
 
@@ -99,34 +98,11 @@ def _ranks(text: str, world: Optional[int] = None) -> Any:
         raise UsageError(str(e)) from None
 
 
-def _argv(text: Optional[str]) -> Optional[List[str]]:
-    """``--argv "--epochs 3 --lr 0.1"``: IPython's line splitting keeps the quotes, so one quoted whole is the arguments."""
-    return None if text is None else ["ddp_cell"] + _unquoted(text)
-
-
-def _unquoted(text: str) -> List[str]:
-    """The words of an option's value, one quoted whole (as IPython's line splitting keeps it) split again."""
-    parts = shlex.split(text)
-    if len(parts) == 1 and len(text) > 1 and text[0] in "\"'" and text[-1] == text[0]:
-        parts = shlex.split(parts[0])
-    return parts
-
-
 def _read_back(args: argparse.Namespace, number: Any) -> str:
     """How this cell's reader gets a rank's whole output back, named where lines are held back."""
     if args.bg and args.out:
         return f"{args.out}.output({{rank}})"
     return "%ddp output --rank {rank}" + (f" --cell {number}" if isinstance(number, int) else "")
-
-
-def _show_output(session: Session, args: argparse.Namespace) -> None:
-    """%ddp output --rank N [--cell M]: the rank's whole output of that cell, each piece on its own stream, unprefixed."""
-    if args.rank is None:
-        raise UsageError("%ddp output: which rank? e.g. %ddp output --rank 3 (--cell 12: the output of In [12])")
-    for stream, text in session.output(args.rank, args.cell):
-        (sys.stdout if stream == "stdout" else sys.stderr).write(text)
-    sys.stdout.flush()
-    sys.stderr.flush()
 
 
 def log_text(limit: int = 200) -> str:
@@ -227,7 +203,7 @@ class DDPMagics(Magics):
         mailbox = debugging.background_mailbox(printer.flush, listener.on_notice) if args.bg else None  # --bg: questions wait there
         stdin = mailbox if mailbox is not None else debugging.kernel_ask(printer.flush)
         options = CellOptions(
-            spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=_argv(args.argv), stdin=stdin,
+            spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=cell_argv(args.argv), stdin=stdin,
             profile=args.profile, scatter=args.scatter, ticket=ticket, queue=not args.no_queue, number=number, first_line=first_line,
             kernel_autoreload=kernel_follows(self.shell),
         )
@@ -306,7 +282,7 @@ class DDPMagics(Magics):
         if args.action == "metrics":
             return metrics_data(self.session.metrics, args.df)
         if args.action == "output":
-            return _show_output(self.session, args)
+            return show_output(self.session, args.rank, args.cell)
         if args.action == "stacks":
             return print(self.session.stacks(sorted(_ranks(args.ranks)) if args.ranks else None, args.all_threads, args.native, args.timeout))
         if args.rank is not None or args.cell is not None:

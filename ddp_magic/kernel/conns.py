@@ -144,3 +144,15 @@ def send_all_nonblocking(sock: socket.socket, frame: bytes) -> None:
             wait_ready(sock, 1.0, write=True)
             continue
         view = view[n:]
+
+
+def send_shutdown(conns: List["Conn"]) -> None:
+    """SHUTDOWN to each rank's control socket, blocking a moment each (best effort: a rank that cannot take it is stopped)."""
+    frame = P.encode(P.message(P.SHUTDOWN))
+    for conn in conns:
+        try:
+            conn.sock.setblocking(True)
+            conn.sock.settimeout(0.2)
+            conn.sock.sendall(frame)
+        except OSError:
+            log.debug("SHUTDOWN to rank %s not sent", conn.rank, exc_info=True)

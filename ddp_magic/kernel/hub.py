@@ -1,18 +1,15 @@
 """The control hub: every rank's sockets, one poll loop over them, and what their messages mean.
 
-Everything happens on the caller's thread in ``pump``: it waits on the ranks'
-control and output sockets, the admission wake-up and the launcher's exit
-events, forwards output as it arrives, and dispatches messages. A rank's DONE
-counts only once both of its output streams have shown the sync marker of
-that cell, so nothing a rank printed arrives after its cell has ended. While a
-cell runs the loop sleeps until an event or the caller's next deadline: a
-kernel running a long cell wakes about twice a second, not twenty times.
+Everything happens on the caller's thread in ``pump``: it waits on the ranks' control and output sockets, the
+admission wake-up and the launcher's exit events, forwards output as it arrives, and dispatches messages. A rank's
+DONE counts only once its output streams have shown the sync markers it names, so nothing a rank printed arrives after
+its cell has ended. While a cell runs the loop sleeps until an event or the caller's next deadline: a kernel running a
+long cell wakes about twice a second, not twenty times.
 
-Per rank everything is O(1): its sockets stay registered with one epoll between
-waits (a wake costs what is ready, not how many ranks there are), every read goes
-into one buffer, and ``version``/``failed`` count the state changes the hub makes
-(all of them / those to a failed, interrupted or dead state), so a caller can tell
-"nothing the failure policy cares about changed" without a pass over the ranks.
+Per rank everything is O(1): its sockets stay registered with one epoll between waits (a wake costs what is ready,
+not how many ranks there are), every read goes into one buffer, and ``version``/``failed`` count the state changes
+the hub makes (all of them / those to a failed, interrupted or dead state), so a caller can tell "nothing the failure
+policy cares about changed" without a pass over the ranks.
 """
 from __future__ import annotations
 
@@ -30,15 +27,15 @@ from ..wire import protocol as P
 from ..wire import tls
 from ..wire.kept import ShownOffsets
 from .admission import Admission
-from .conns import Conn, OutConn, Poller, ReadBuffer, close_socket, peer_open, send_all_nonblocking
+from .conns import Conn, OutConn, Poller, ReadBuffer, close_socket, peer_open, send_all_nonblocking, send_shutdown
 from .output.hub_output import STREAMS, OutputStreams
 from .launchers import Launcher
-from .failures.deaths import crash_traceback
+from .failures import deaths
 from .memory import Memory
 from .jobs.peek import PeekDesk
 from .ranks import Due, Listener, RankInfo, Tick
 from .jobs.stdin import InputDesk
-from .failures.unreachable import node_key, silent_siblings
+from .failures.unreachable import silent_siblings
 
 POLL_S = 0.05  # the wait while starting, asking, or with a launcher that has no exit-event fd
 IDLE_POLL_S = 0.5  # the longest sleep while a cell runs: a safety net, every event wakes the loop sooner
@@ -162,12 +159,7 @@ class Hub(OutputStreams):
         return [r for r, info in self.ranks.items() if info.state == RankState.DEAD]
 
     def death_failure(self, rank: int) -> RankFailure:
-        """How a dead rank died (exit code, last lines), as a failure."""
-        info = self.ranks[rank]
-        if info.silent:
-            return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, message=liveness.silence_words(), node=node_key(info))
-        return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, exit_code=info.exit_code, last_lines=list(info.tail)[-10:],
-                           why=info.death, traceback=crash_traceback(info.crash.splitlines()) if info.crash else "")
+        return deaths.death_failure(rank, self.ranks[rank])
 
     def any_peer_open(self) -> bool:
         """Whether some rank still holds its control connection open (ranks on other hosts exit late)."""
@@ -190,14 +182,7 @@ class Hub(OutputStreams):
 
     def shutdown_all(self) -> None:
         """Ask every connected rank to exit cleanly (best effort, a short wait per rank)."""
-        frame = P.encode(P.message(P.SHUTDOWN))
-        for conn in list(self.conns.values()):
-            try:
-                conn.sock.setblocking(True)
-                conn.sock.settimeout(0.2)
-                conn.sock.sendall(frame)
-            except OSError:
-                log.debug("SHUTDOWN to rank %s not sent", conn.rank, exc_info=True)
+        send_shutdown(list(self.conns.values()))
 
     # ------------------------------------------------------------ the poll loop
     def pump(self, until: Callable[[], bool], deadline: Optional[float], tick: Optional[Tick] = None, due: Optional[Due] = None) -> bool:

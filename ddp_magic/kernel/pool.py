@@ -1,11 +1,8 @@
 """The kernel side of a pool: start, run cells on, and stop N worker processes.
 
-Plain Python with no IPython and no torch import: the magics, the session, the
-benchmarks and the tests all drive it through ``Pool.run``. The lifecycle only; its rooms:
-
-- ``admission.py``: the control port while ranks join; ``hub.py``: the ranks' sockets and the one poll loop;
-- ``cell.py`` / ``policy.py``: a running cell's failure handling (the pool is its ``RankOps``);
-- ``results.py``: cell values and the gather decision; ``texts.py``: the prose; ``launchers/``: how ranks come to exist.
+Plain Python with no IPython and no torch import: the magics, the session, the benchmarks and the tests all drive it
+through ``Pool.run``. The lifecycle only: the hub (``hub.py``) holds the sockets, ``cell.py`` and ``failures/`` handle a
+running cell's failures (the pool is their ``RankOps``), ``results/`` its values, ``launchers/`` make the ranks.
 """
 from __future__ import annotations
 
@@ -73,23 +70,18 @@ class Pool:
         self.node_command: Optional[str] = None  # what the other nodes run (a pool over nodes)
         self.store_path: Optional[str] = None  # the process group's FileStore (one host)
         self.shm_prefix = shm.pool_prefix(os.urandom(4).hex())  # every file of this pool in /dev/shm (wire/shm.py)
-        self.started = False
         self.broken: Optional[str] = None  # why the next cell must restart the pool
+        self.started, self.generation, self.template_info, self.rejected_peers, self._cell = False, 0, "", 0, 0
         self.recovery = Recovery()  # re-forms the group after a failure, starts a dead rank again (recovery.py)
-        self.generation = 0
-        self.template_info = ""
         self.start_seconds: Optional[float] = None
         self.start_began: Optional[float] = None  # while it starts: when (monotonic); the one start clock of every view
-        self.rejected_peers = 0
         self.control_port: Optional[int] = None  # open only until every rank has joined
         self.listen_addr = spec.control_addr  # where it listens: an address the ranks reach (kernel/placement.py)
         self.tls_key: Optional[ServerKey] = None  # the control channel's TLS key, when ranks are on other hosts
-        self._cell = 0
         self.kept: Optional[Any] = None  # %ddp keep: the pool outlives this kernel (kernel/keep/keeping.py's KeptState)
         self._finalizer = weakref.finalize(self, stop_quietly, self.hub, self.shm_prefix)
         atexit.register(self._finalizer)
 
-    # ------------------------------------------------------------ properties
     @property
     def nproc(self) -> int:
         """Ranks in all (world size)."""

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
+import json
 import os
 import socket
 import struct
 from typing import Dict, MutableMapping, Optional
 
 from ..logs import log
+from ..wire import liveness, slurm_env
 
 IFACE_ENV = "DDP_MAGIC_IFACE"  # --iface NAME: the interface the collectives use (the kernel sets it)
 REPORT_ENV = "DDP_MAGIC_IFACE_HOW"  # what this rank chose and why, for %ddp_env
@@ -110,3 +112,18 @@ def report(env: MutableMapping[str, str]) -> Dict[str, Optional[str]]:
         "how": env.get(REPORT_ENV),
         "name_resolves_to": own_name_address(),
     }
+
+
+def report_unreachable(rank: int, host: str, port: int, e: OSError) -> None:
+    """Tell whoever started us (a template reads our fd 1 before it is captured: srun's output for a Slurm node)
+    that the kernel's port cannot be reached, so the kernel can name this node instead of waiting out its join."""
+    why = "no answer" if liveness.is_silence(e) or isinstance(e, socket.timeout) else (e.strerror or type(e).__name__).lower()
+    event = {"event": "unreachable", "rank": rank, "node": slurm_env.node_name() or socket.gethostname(),
+             "addr": f"{host}:{port}", "why": why}
+    text = (f"rank {rank} on {event['node']} cannot reach the kernel at {event['addr']} ({why}): a firewall between the nodes "
+            "and the kernel's machine? --control-addr ADDR chooses another address")
+    try:
+        os.write(1, (json.dumps(event) + "\n").encode())  # the template's reader (srun's output): the kernel words it
+        os.write(2, (text + "\n").encode())  # torchrun's terminal, or the launcher's log
+    except OSError:
+        log.debug("rank %d: nobody reads our start-up events", rank, exc_info=True)

@@ -35,6 +35,7 @@ from ..wire.namespace import adopt
 from ..wire.protocol import CellStatus
 from . import mesh, rank_keep, rank_argv, rank_collectives, rank_debug, rank_group, rank_memory, rank_metrics, rank_net, rank_peek
 from . import rank_profile, rank_recover, rank_stacks, rank_torch
+from . import rank_cli
 from .parent import die_with_parent
 from .rank_channel import Channel
 from .rank_reload import RELOADER
@@ -64,7 +65,7 @@ class Worker:
 
     # ------------------------------------------------------------ start-up
     def _dial(self, control: bool = False) -> socket.socket:
-        """An authenticated connection to the kernel's control port; one that cannot be made is reported (``_unreachable``)."""
+        """An authenticated connection to the kernel's control port; one that cannot be made is reported (rank_net.report_unreachable)."""
         host, port = self.config["kernel_addr"], int(self.config["kernel_port"])
         timeout = float(self.config["env"].get(liveness.CONNECT_ENV) or 30)
         try:
@@ -77,25 +78,11 @@ class Worker:
                 if control:  # the kernel's host gone silent: the rank goes within seconds (wire/liveness.py)
                     liveness.arm(sock, silence=liveness.RANK_SILENCE_S)
         except OSError as e:
-            self._unreachable(host, port, e)
+            rank_net.report_unreachable(self.rank, host, port, e)
             raise
         P.client_handshake(sock, self.secret)
         sock.settimeout(None)
         return sock
-
-    def _unreachable(self, host: str, port: int, e: OSError) -> None:
-        """Tell whoever started us (a template reads our fd 1 before it is captured: srun's output for a Slurm node)
-        that the kernel's port cannot be reached, so the kernel can name this node instead of waiting out its join."""
-        why = "no answer" if liveness.is_silence(e) or isinstance(e, socket.timeout) else (e.strerror or type(e).__name__).lower()
-        event = {"event": "unreachable", "rank": self.rank, "node": slurm_env.node_name() or socket.gethostname(),
-                 "addr": f"{host}:{port}", "why": why}
-        text = (f"rank {self.rank} on {event['node']} cannot reach the kernel at {event['addr']} ({why}): a firewall between the nodes "
-                "and the kernel's machine? --control-addr ADDR chooses another address")
-        try:
-            os.write(1, (json.dumps(event) + "\n").encode())  # the template's reader (srun's output): the kernel words it
-            os.write(2, (text + "\n").encode())  # torchrun's terminal, or the launcher's log
-        except OSError:
-            log.debug("rank %d: nobody reads our start-up events", self.rank, exc_info=True)
 
     def _hello(self, **extra: Any) -> dict:
         return P.message(
@@ -370,34 +357,13 @@ def serve(config: dict, secret: bytes) -> int:
     return Worker(config, secret).serve()
 
 
-def _connect_config(argv: list) -> "tuple[dict, bytes]":
-    """A rank started by torchrun on any node: env from torchrun, the kernel's address from argv."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m ddp_magic.procs.worker", description="a ddp_magic rank started by torchrun")
-    ap.add_argument("--connect", required=True, metavar="HOST:PORT", help="the kernel's control channel")
-    ap.add_argument("--secret-file", default=os.environ.get("DDP_MAGIC_SECRET_FILE"), help="file holding the pool's secret (hex)")
-    ap.add_argument("--backend", default="gloo")
-    ap.add_argument("--no-init", action="store_true")
-    args = ap.parse_args(argv)
-    if not args.secret_file:
-        ap.error("--secret-file (or DDP_MAGIC_SECRET_FILE) is required: the kernel printed its path")
-    with open(os.path.expanduser(args.secret_file)) as f:
-        secret = bytes.fromhex(f.read().strip())
-    host, _, port = args.connect.rpartition(":")
-    os.environ["DDP_MAGIC_BACKEND"] = args.backend
-    os.environ["DDP_MAGIC_INIT"] = "0" if args.no_init else "1"
-    os.environ.setdefault("NODE_RANK", os.environ.get("GROUP_RANK", "0"))
-    return {"env": dict(os.environ), "kernel_addr": host.strip("[]"), "kernel_port": int(port)}, secret
-
-
 def main() -> None:
     """`python -m ddp_magic.procs.worker`: config (with the secret) as one JSON line on stdin, or --connect under torchrun."""
     if sys.argv[1:] == ["--slurm"]:  # a task of the pool's srun step: everything in its env
         config, secret = slurm_env.config(os.environ)
         die_with_parent(os.getppid())
     elif len(sys.argv) > 1:
-        config, secret = _connect_config(sys.argv[1:])
+        config, secret = rank_cli.torchrun_config(sys.argv[1:])
         die_with_parent(os.getppid())
     else:
         config = json.loads(sys.stdin.readline())

@@ -34,11 +34,15 @@ import re
 import sys
 import threading
 import time
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, TextIO, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Set, TextIO, Tuple
 
+from ..errors import UsageError
 from ..kernel.output.fold import FOLD_ABOVE, LineFolder, OutputBudget, fold_window, line_cost, without_log_time
 from ..words import ranks_phrase
 from .colours import rank_ansi
+
+if TYPE_CHECKING:
+    from ..session import Session
 
 _PIECES = re.compile(r"[^\r\n]*(?:\r\n|\n|\r)|[^\r\n]+$")
 MAX_PARTIAL = 1 << 16  # an endless line is shown in pieces of this size, never held forever
@@ -297,3 +301,13 @@ class RankPrinter:
                 self._streams[stream]().flush()
             except (OSError, ValueError):
                 pass
+
+
+def show_output(session: "Session", rank: Optional[int], cell: Optional[str]) -> None:
+    """%ddp output --rank N [--cell M]: the rank's whole output of that cell, each piece on its own stream, unprefixed."""
+    if rank is None:
+        raise UsageError("%ddp output: which rank? e.g. %ddp output --rank 3 (--cell 12: the output of In [12])")
+    for stream, text in session.output(rank, cell):
+        (sys.stdout if stream == "stdout" else sys.stderr).write(text)
+    sys.stdout.flush()
+    sys.stderr.flush()

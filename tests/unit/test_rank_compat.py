@@ -93,7 +93,8 @@ def test_init_arguments_the_kept_group_ignores():
     ("--argv \"--name 'a b'\"", ["--name", "a b"]),
 ])
 def test_the_magics_argv_option_splits_like_a_shell(line, argv):
-    from ddp_magic.magics import DDPMagics, _argv, _parse
+    from ddp_magic.magic_options import cell_argv
+    from ddp_magic.magics import DDPMagics, _parse
 
     args = _parse(DDPMagics.ddp, line, "%%ddp")
-    assert _argv(args.argv) == ["ddp_cell", *argv]
+    assert cell_argv(args.argv) == ["ddp_cell", *argv]

@@ -17,11 +17,17 @@ from __future__ import annotations
 import os
 import re
 import signal
-from typing import Iterable, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Iterable, List, Mapping, Optional, Tuple
 
+from ...errors import RankFailure
+from ...states import FailureKind
 from ...words import fmt_bytes, ranks_phrase
-from ...wire import memcg
+from ...wire import liveness, memcg
 from ..memory import Memory, cuda_text
+from .unreachable import node_key
+
+if TYPE_CHECKING:
+    from ..ranks import RankInfo
 
 FAULT_HEAD = "Fatal Python error"
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (.+)$')
@@ -97,3 +103,11 @@ def cuda_oom_notes(done: Mapping[int, dict]) -> List[str]:
     each = [f"rank {r}: " + (cuda_text(Memory.of({"cuda": e["cuda"]})) if e.get("cuda") else "CUDA not in use, no figures") for r, e in hit.items()]
     return [f"{ranks_phrase(hit)} ran out of CUDA memory ({'; '.join(each)}); torch.cuda.empty_cache() ran on "
             f"{'it' if len(hit) == 1 else 'them'}, and every rank keeps its variables"]
+
+
+def death_failure(rank: int, info: "RankInfo") -> RankFailure:
+    """How a dead rank died (exit code, last lines, the evidence), as a failure; a rank whose node went silent is unreachable."""
+    if info.silent:
+        return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, message=liveness.silence_words(), node=node_key(info))
+    return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, exit_code=info.exit_code, last_lines=list(info.tail)[-10:],
+                       why=info.death, traceback=crash_traceback(info.crash.splitlines()) if info.crash else "")
