@@ -21,6 +21,7 @@ import re
 from typing import List, Optional, Tuple
 
 from ..logs import log
+from .kept import is_held
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "ddp_magic-"
@@ -121,19 +122,7 @@ def _kept(shm_dir: str, name: str) -> bool:
     m = _OWNER.match(name)
     if m is None:
         return False
-    import fcntl
-
-    try:
-        fd = os.open(os.path.join(shm_dir, m.group(0) + KEPT_MARKER), os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
+    return is_held(os.path.join(shm_dir, m.group(0) + KEPT_MARKER))
 
 
 def remove_kernel_files(kernel_pid: int, shm_dir: str = SHM_DIR) -> List[str]:
