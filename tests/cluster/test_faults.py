@@ -93,7 +93,7 @@ def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], No
             again = k.run("%%ddp\nimport os, torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n"
                           "(kept if dist.get_rank() < 2 else None, os.getpid(), t.item())", timeout=240).ok()
             said = again.stdout
-            assert re.search(rf"rank 2 was unreachable on {node} \(pid \d+\); rank 3 was unreachable on {node} \(pid \d+\): "
+            assert re.search(rf"rank 2 \(pid \d+\) was unreachable on {node}; rank 3 \(pid \d+\) was unreachable on {node}: "
                              "started it again", said), said
             assert "ranks 0-1 kept theirs" in said, said
             values = again.results[-1]

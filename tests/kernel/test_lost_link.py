@@ -118,7 +118,7 @@ def test_a_control_port_gone_silent_ends_the_cell_naming_the_node(nk: NetnsKerne
         print(f"attempt {attempt}: cut to error {took:.1f}s")
         assert took < 30, f"the cut was found after {took:.1f}s (the check's window is {liveness.SILENCE_S}s)"
         notice = nk.run("%%ddp\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()", timeout=180).ok()  # started again
-        said = re.search(rf"rank 0 was unreachable on {host} \(pid \d+\); rank 1 was unreachable on {host} \(pid \d+\): started it again", notice.stdout)
+        said = re.search(rf"rank 0 \(pid \d+\) was unreachable on {host}; rank 1 \(pid \d+\) was unreachable on {host}: started it again", notice.stdout)
         assert said and "ranks  kept" not in notice.stdout, notice.stdout
         assert "2.0" in str(notice.results), notice.results
 
