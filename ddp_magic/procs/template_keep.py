@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import socket
-from typing import Any, Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from ..logs import log
 from .lease import Lease, release_from_parent
@@ -41,12 +41,8 @@ class KeptTemplate:
     children: Dict[int, int]
     want: int
     kernel_pid: int
-
-    def spawn(self, cmd: dict) -> None:  # the Template's
-        raise NotImplementedError
-
-    def kernel_gone(self, *_: Any, dead: bool = True) -> None:  # the Template's
-        raise NotImplementedError
+    spawn: Callable[[dict], None]  # the Template's (procs/forkserver.py)
+    kernel_gone: Callable[..., None]  # the Template's: end the pool when its kernel goes (dead=False: it asked)
 
     def command(self, cmd: dict) -> None:
         op = cmd["op"]
