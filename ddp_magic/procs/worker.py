@@ -263,7 +263,9 @@ class Worker:
                 status, error, value = self._run_user_code(msg)
         rank_metrics.end_cell()  # every row logged before DONE
         status, error = rank_recover.cell_status(status, error)  # a wait released by ABORT ends as interrupted
-        marks = self.capture.sync(msg["cell"], bool(msg.get("named_marks")))  # the markers this DONE follows (a quiet stream's older one)
+        # the markers this DONE follows (a quiet stream's older one); a kept rank's output goes through its spool to whichever
+        # kernel is attached, which may not have read an older marker: every stream gets a new one
+        marks = self.capture.sync(msg["cell"], bool(msg.get("named_marks")) and not self.keeper.on)
         mem = rank_memory.at_done()  # RSS, the cell's peak, CUDA's figures: a few µs
         fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status.value, "error": error, "mem": mem,
                         "memory": (mem.get("cuda") or {}).get("allocated"), "seq": rank_collectives.default_seq(), "sync": marks}
