@@ -119,6 +119,7 @@ class Keeper:
     def __init__(self, rank: int, secret: bytes) -> None:
         self.rank, self.secret = rank, secret
         self.on = False
+        self.spooled = False  # ever kept: fds 1 and 2 have since gone through a spool to whichever kernel is attached
         self.spools: Dict[str, Spool] = {}
         self.lease: Optional[socket.socket] = None
         self.dials: "queue.Queue[Dict[str, Any]]" = queue.Queue()
@@ -137,6 +138,7 @@ class Keeper:
                 self.lease.close()
                 self.lease = None
             return {"rank": self.rank, "on": False}
+        self.spooled = True
         if not self.spools:
             for fd, stream in ((1, "stdout"), (2, "stderr")):
                 self.spools[stream] = Spool(fd, kept.spool_path(msg["dir"], self.rank, stream))

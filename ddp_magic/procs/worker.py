@@ -263,9 +263,9 @@ class Worker:
                 status, error, value = self._run_user_code(msg)
         rank_metrics.end_cell()  # every row logged before DONE
         status, error = rank_recover.cell_status(status, error)  # a wait released by ABORT ends as interrupted
-        # the markers this DONE follows (a quiet stream's older one); a kept rank's output goes through its spool to whichever
-        # kernel is attached, which may not have read an older marker: every stream gets a new one
-        marks = self.capture.sync(msg["cell"], bool(msg.get("named_marks")) and not self.keeper.on)
+        # the markers this DONE follows (a quiet stream's older one); a rank that was ever kept writes to whichever kernel is
+        # attached (through its spool, or that kernel's socket after --off), which may not have read an older marker: new ones
+        marks = self.capture.sync(msg["cell"], bool(msg.get("named_marks")) and not self.keeper.spooled)
         mem = rank_memory.at_done()  # RSS, the cell's peak, CUDA's figures: a few µs
         fields: dict = {"rank": self.rank, "cell": msg["cell"], "status": status.value, "error": error, "mem": mem,
                         "memory": (mem.get("cuda") or {}).get("allocated"), "seq": rank_collectives.default_seq(), "sync": marks}
