@@ -47,7 +47,10 @@ def test_rows_from_two_ranks_arrive_complete_and_in_order(ddp2, run):
     (chart,) = _charts(ex)  # one saved chart, after the cell's output
     html = chart["text/html"]
     images = [base64.b64decode(b).decode() for b in re.findall(r"<img src='data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)'", html)]
-    assert "<svg" not in html and len(images) == 2 and [svg.count("<polyline") for svg in images] == [2, 2]  # loss and lr, a line per rank
+    assert "<svg" not in html and len(images) == 2
+    # loss: a line per rank; lr (0.5 on both ranks) drawn once, and the chart says so
+    assert [svg.count("<polyline") for svg in images] == [2, 1]
+    assert "identical" not in images[0] and ">ranks 0-1 identical<" in images[1]
     assert "<style" not in html
     head, columns, *rows = chart["text/plain"].splitlines()
     assert head == "ddp_magic metrics: loss, lr from 2 ranks, steps 0-299 (%ddp metrics gives the data)"
