@@ -11,17 +11,21 @@ page closed; the job goes on for more than 10 s. Once it ended, the notebook is 
   the saved HTML form of its status view (the view as the cell began) with a line that says so, its saved lines,
   and no "Error displaying widget: model not found".
 
-Neither page logs a console error (``widget model not found`` among them). Each case runs twice.
+Neither page logs a console error (``widget model not found`` among them). Each case runs twice: in the light theme,
+then in ``JupyterLab Dark``. The loss is the same on both ranks (as DDP keeps it): the chart draws one line and says
+``ranks 0-1 identical``. Shots of the reopened cell (its view, its chart; untrusted: its saved view) go to
+``$DDP_MAGIC_UI_OUT/{lab,notebook}-bg-reopened*-{light,dark}.png`` and, with ``DDP_MAGIC_UPDATE_DOCS_IMG=1``, to docs/img/ui/.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from ui_pages import open_notebook, prompt_number, run_cell, shut_down, wait_prompt
+from ui_pages import is_dark, keep_shot, open_notebook, prompt_number, run_cell, set_theme, shut_down, wait_prompt
 from ui_probes import SAMPLE_JS
 from ui_server import ConsoleWatch, Server, code_cell
 
@@ -35,13 +39,15 @@ rank = dist.get_rank()
 for step in range({STEPS}):
     time.sleep(0.25)
     print(f"r{{rank}} step {{step}}", flush=True)
-    ddp_magic.log(step=step, loss=1.0 / (step + 1) + 0.01 * rank)"""
+    ddp_magic.log(step=step, loss=1.0 / (step + 1))"""
 ROUNDS = 2
+DARK = 1  # the round run in JupyterLab Dark
 CELL_JS = """(i) => {
   const cell = document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i];
   return {
     text: [...cell.querySelectorAll('.jp-OutputArea-output')].map(o => o.textContent).join('\\n'),
     charts: [...cell.querySelectorAll('.jp-OutputArea-output > .ddp-metrics')].map(c => c.textContent.slice(0, 200)),
+    pictures: [...cell.querySelectorAll('.jp-OutputArea-output > .ddp-metrics img')].map(i => i.src),
     views: [...cell.querySelectorAll('.jp-OutputArea-output .ddp-status')].map(v => v.dataset.state || ''),
     widgetError: /Error displaying widget/.test(cell.textContent),
     trusted: window.jupyterapp.shell.currentWidget.content.model.cells.get(i).trusted,
@@ -56,10 +62,27 @@ def steps_shown(text: str, rank: int) -> List[int]:
 def settled(page: Any, watch: ConsoleWatch, seen: int) -> Dict[str, Any]:
     """What the reopened notebook's bg cell shows once the widget manager, our comm and the kernel's copy are in."""
     page.wait_for_timeout(6000)
-    return {"cell": page.evaluate(CELL_JS, 1), "sample": page.evaluate(SAMPLE_JS, 1), "errors": watch.errors()[seen:]}
+    return {"cell": page.evaluate(CELL_JS, 1), "sample": page.evaluate(SAMPLE_JS, 1), "errors": watch.errors()[seen:], "dark": is_dark(page)}
+
+
+def shoot(page: Any, kind: str, case: str, dark: bool) -> None:
+    """The reopened bg cell's top (its view, its first lines) and, where it has one, its chart."""
+    theme = "dark" if dark else "light"
+    cell = page.locator(".jp-Notebook .jp-CodeCell").nth(1)
+    keep_shot(page, cell, f"{kind}-bg-reopened{case}-{theme}.png", height=420)
+    chart = cell.locator(".jp-OutputArea-output > .ddp-metrics")
+    if not case and chart.count():
+        keep_shot(page, chart.first, f"{kind}-bg-chart-identical-{theme}.png")
+
+
+def svgs(pictures: List[str]) -> List[str]:
+    """The saved chart's pictures (data: URLs of SVGs), decoded."""
+    prefix = "data:image/svg+xml;base64,"
+    return [base64.b64decode(p[len(prefix):]).decode() for p in pictures if p.startswith(prefix)]
 
 
 def one_round(server: Server, browser: Any, kind: str, n: int) -> Dict[str, Any]:
+    dark = n == DARK
     name = f"saved_bg_{kind}_{n}.ipynb"
     server.write_notebook(name, [code_cell("%load_ext ddp_magic"), code_cell(BG)])
     rec: Dict[str, Any] = {}
@@ -68,6 +91,7 @@ def one_round(server: Server, browser: Any, kind: str, n: int) -> Dict[str, Any]
         page = context.new_page()
         watch = page.ddp_watch = ConsoleWatch(page)
         open_notebook(page, watch, server, kind, name)
+        set_theme(page, dark)  # the server's setting: every page after opens in it, until set back below
         run_cell(page, 0)
         wait_prompt(page, 0)
         run_cell(page, 1)
@@ -85,6 +109,7 @@ def one_round(server: Server, browser: Any, kind: str, n: int) -> Dict[str, Any]
         page.wait_for_timeout(STEPS * 250 + 3000)  # the job ends meanwhile
         open_notebook(page, watch, server, kind, name)  # the same kernel session
         rec["same_kernel"] = settled(page, watch, 0)
+        shoot(page, kind, "", dark)
         shut_down(page)
         page.wait_for_timeout(1500)
         page.close()
@@ -95,9 +120,13 @@ def one_round(server: Server, browser: Any, kind: str, n: int) -> Dict[str, Any]
         watch = page.ddp_watch = ConsoleWatch(page)
         open_notebook(page, watch, server, kind, name)  # a new kernel
         rec["new_kernel"] = settled(page, watch, 0)
+        shoot(page, kind, "-untrusted", dark)
         shut_down(page)
     finally:
-        context.close()
+        try:
+            set_theme(context.pages[-1] if context.pages else context.new_page(), False)  # the next test's pages open light
+        finally:
+            context.close()
     return rec
 
 
@@ -119,8 +148,16 @@ def test_reopened_in_its_kernel_it_shows_the_jobs_end(story: Dict[str, Any], n: 
         assert steps_shown(cell["text"], r) == list(range(STEPS)), f"rank {r}: every line once: {steps_shown(cell['text'], r)}"
     assert cell["views"] == ["finished"] and sample["cellRanks"] == {"0": "done", "1": "done"}, (cell["views"], sample["cellRanks"])
     assert len(cell["charts"]) == 1 and f"steps 0-{STEPS - 1}" in cell["charts"][0], cell["charts"]
+    (svg,) = svgs(cell["pictures"])  # one metric, the loss: one line for both ranks, and the chart says why
+    assert svg.count("<polyline") == 1 and ">ranks 0-1 identical<" in svg, svg[:300]
     errors = rec["same_kernel"]["errors"]
     assert not errors, errors[:5]
+
+
+@pytest.mark.parametrize("n", range(ROUNDS))
+def test_each_round_opened_in_its_theme(story: Dict[str, Any], n: int) -> None:
+    rec = story["rounds"][n]
+    assert rec["same_kernel"]["dark"] is (n == DARK) and rec["new_kernel"]["dark"] is (n == DARK), "light, then JupyterLab Dark"
 
 
 @pytest.mark.parametrize("n", range(ROUNDS))

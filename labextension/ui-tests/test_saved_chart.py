@@ -13,14 +13,13 @@ dark one (its pixels as Chromium paints them: not a white card on a dark page). 
 """
 from __future__ import annotations
 
-import io
 import os
 import re
 import shutil
 from typing import Any, Dict, Iterator
 
 import pytest
-from ui_pages import PATHS, set_theme, shrink, shut_down
+from ui_pages import PATHS, luminance, set_theme, shrink, shut_down
 from ui_probes import CONTRAST_JS
 from ui_server import OUT, ROOT, Server
 
@@ -64,14 +63,6 @@ FIT_JS = """(srcs) => srcs.map(src => {
   host.remove();
   return out;
 })"""
-
-
-def luminance(png: bytes) -> float:
-    """The mean relative luminance (0 black .. 1 white) of a screenshot."""
-    from PIL import Image, ImageStat
-
-    with Image.open(io.BytesIO(png)) as im:
-        return float(ImageStat.Stat(im.convert("L")).mean[0]) / 255.0
 
 
 def read_back(text: str) -> float:

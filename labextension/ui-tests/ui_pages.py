@@ -8,10 +8,15 @@ ui_probes.py what a page is asked.
 from __future__ import annotations
 
 import contextlib
+import io
+import os
 import re
+import shutil
 from typing import Any, Iterator, List
 
-from ui_server import ConsoleWatch, Server, code_cell
+from ui_server import OUT, ROOT, ConsoleWatch, Server, code_cell
+
+DOCS_IMG = os.path.join(ROOT, "docs", "img", "ui")  # where a shot is kept with DDP_MAGIC_UPDATE_DOCS_IMG=1
 
 PATHS = {"lab": "lab/tree/{}", "notebook": "notebooks/{}"}  # JupyterLab's and Notebook 7's page of a notebook
 
@@ -93,6 +98,11 @@ def set_theme(page: Any, dark: bool) -> None:
     page.wait_for_timeout(500)
 
 
+def is_dark(page: Any) -> bool:
+    """Whether the page shows a dark theme now (JupyterLab's and Notebook 7's body attribute)."""
+    return bool(page.evaluate("() => document.body.dataset.jpThemeLight === 'false'"))
+
+
 def shut_down(page: Any) -> None:
     """The notebook's kernel, with its workers (the other tests do not need it)."""
     page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
@@ -139,3 +149,26 @@ def shrink(path: str) -> None:
     with Image.open(path) as im:
         small = im.convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT)
     small.save(path, optimize=True)
+
+
+def luminance(png: bytes) -> float:
+    """The mean relative luminance (0 black .. 1 white) of a screenshot."""
+    from PIL import Image, ImageStat
+
+    with Image.open(io.BytesIO(png)) as im:
+        return float(ImageStat.Stat(im.convert("L")).mean[0]) / 255.0
+
+
+def keep_shot(page: Any, part: Any, name: str, docs: bool = True, height: int = 640) -> str:
+    """A shot of ``part`` (a locator; its top ``height`` px) to ``$DDP_MAGIC_UI_OUT/name`` and, with
+    ``DDP_MAGIC_UPDATE_DOCS_IMG=1`` and ``docs``, to docs/img/ui/ (a small palette PNG). Its path in OUT."""
+    os.makedirs(OUT, exist_ok=True)
+    path = os.path.join(OUT, name)
+    part.scroll_into_view_if_needed()
+    box = part.bounding_box()
+    page.screenshot(path=path, clip={"x": box["x"], "y": max(0, box["y"]), "width": box["width"], "height": min(box["height"], height)})
+    if docs and os.environ.get("DDP_MAGIC_UPDATE_DOCS_IMG") == "1":
+        kept = os.path.join(DOCS_IMG, name)
+        shutil.copyfile(path, kept)
+        shrink(kept)
+    return path
