@@ -8,7 +8,8 @@ does) and the page reloaded; the gate opens once the page is back, and the job g
 its lines back (the ones printed while the page was away, from the kernel's copy of the cell's outputs) and keeps
 getting new ones; the panel (and the status bar in JupyterLab) names the job by the cell's prompt with a step the
 cell has printed; at the end the cell holds every line exactly once, its status view settled (each rank ``done``)
-and the job's chart (``steps 0-79``), the panel and status bar say ``ready``. No console error. The round runs twice.
+and the job's chart (``steps 0-79``), the panel and status bar say ``ready``. No console error. The round runs twice:
+in the light theme, then in ``JupyterLab Dark`` (the same truths, and the settled chart dark, not a white card).
 Shots of the bg cell after the reload (live) and settled go to ``$DDP_MAGIC_UI_OUT/bg-reloaded-*.png`` and, with
 ``DDP_MAGIC_UPDATE_DOCS_IMG=1``, to docs/img/ui/.
 """
@@ -16,13 +17,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from ui_pages import front_page, prompt_number, run_cell, shrink, wait_prompt, wait_ready
+from ui_pages import front_page, is_dark, keep_shot, luminance, prompt_number, run_cell, set_theme, wait_prompt, wait_ready
 from ui_probes import SAMPLE_JS
-from ui_server import OUT, ROOT, Server
+from ui_server import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 pytest.importorskip("playwright.sync_api", reason="Python Playwright is in requirements-dev.txt")
@@ -44,6 +44,7 @@ PANEL_CHART_JS = """() => { const m = document.querySelector('.jp-ddp-Panel .jp-
   return m && head ? {cell: m.dataset.cell, final: m.dataset.final, head: head.textContent} : null; }"""
 JOB_LINE = r"background: cell \[(\d+)\] running \d+:\d\d:\d\d, step ([\d,]+)"
 ROUNDS = 2
+DARK = 1  # the round that runs in JupyterLab Dark (the issue saw the reloaded cell lost in Lab, Notebook 7 and dark alike)
 
 CELL_JS = """(i) => {
   const cell = document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i];
@@ -63,22 +64,14 @@ def steps_shown(text: str, rank: int) -> List[int]:
 
 
 def shot(page: Any, kind: str, what: str) -> None:
-    os.makedirs(OUT, exist_ok=True)
-    path = os.path.join(OUT, f"bg-reloaded-{what}-{kind}.png")
     cell = page.locator(".jp-Notebook .jp-CodeCell").nth(BG_CELL)
     # live: the cell's top (its view, its first lines); settled: the job's chart at the end of its output
-    part = cell if what == "live" else cell.locator(".jp-OutputArea-output > .ddp-metrics")
-    part.scroll_into_view_if_needed()
-    box = part.bounding_box()
-    page.screenshot(path=path, clip={"x": box["x"], "y": max(0, box["y"]), "width": box["width"], "height": min(box["height"], 640)})
-    if os.environ.get("DDP_MAGIC_UPDATE_DOCS_IMG") == "1":
-        kept = os.path.join(ROOT, "docs", "img", "ui", os.path.basename(path))
-        shutil.copyfile(path, kept)
-        shrink(kept)
+    keep_shot(page, cell if what == "live" else cell.locator(".jp-OutputArea-output > .ddp-metrics"), f"bg-reloaded-{what}-{kind}.png")
 
 
-def one_round(page: Any, kind: str, first: bool, gate: str) -> Dict[str, Any]:
+def one_round(page: Any, kind: str, first: bool, gate: str, dark: bool) -> Dict[str, Any]:
     rec: Dict[str, Any] = {}
+    set_theme(page, dark)
     with open(gate, "w"):
         pass
     page.evaluate("([i, code]) => window.jupyterapp.shell.currentWidget.content.model.cells.get(i).sharedModel.setSource(code)",
@@ -101,6 +94,7 @@ def one_round(page: Any, kind: str, first: bool, gate: str) -> Dict[str, Any]:
     page.wait_for_timeout(1000)
     os.unlink(gate)  # the job goes on: 50 steps of 0.25 s after the page is back
     rec["after_reload"] = page.evaluate(CELL_JS, BG_CELL)
+    rec["dark_after_reload"] = is_dark(page)
     reads = []
     for _ in range(2):
         page.wait_for_timeout(2000)
@@ -115,6 +109,10 @@ def one_round(page: Any, kind: str, first: bool, gate: str) -> Dict[str, Any]:
     rec["end_sample"] = page.evaluate(SAMPLE_JS, BG_CELL)
     rec["prompt_end"] = prompt_number(wait_prompt(page, BG_CELL))
     rec["panel_chart_end"] = page.evaluate(PANEL_CHART_JS)
+    rec["dark_end"] = is_dark(page)
+    chart = page.locator(".jp-Notebook .jp-CodeCell").nth(BG_CELL).locator(".jp-OutputArea-output > .ddp-metrics :is(img, svg)").first
+    chart.scroll_into_view_if_needed()
+    rec["chart_luminance"] = luminance(chart.screenshot())
     if first:
         shot(page, kind, "settled")
     return rec
@@ -129,7 +127,10 @@ def story(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, Any]
     with front_page(server, browser, f"reload_{kind}.ipynb", cells, 900, panel=True, kind=kind, width=1300) as page:
         run_cell(page, 0)
         wait_prompt(page, 0)
-        rounds = [one_round(page, kind, n == 0, os.path.join(server.nbdir, f"gate_{kind}_{n}")) for n in range(ROUNDS)]
+        try:
+            rounds = [one_round(page, kind, n == 0, os.path.join(server.nbdir, f"gate_{kind}_{n}"), n == DARK) for n in range(ROUNDS)]
+        finally:
+            set_theme(page, False)  # the theme is the server's setting: the next test's pages open light
         yield {"kind": kind, "rounds": rounds, "errors": page.ddp_watch.errors(), "orphans": page.ddp_watch.collect(),
                "stacks": page.ddp_watch.stacks}
 
@@ -190,6 +191,15 @@ def test_the_panel_charts_the_job_while_it_logs(story: Dict[str, Any], n: int) -
         assert abs(panel_steps(read["panel_chart"]) - shown) <= 8, (read["panel_chart"], shown)
     end = rec["panel_chart_end"]
     assert end["cell"] == str(rec["number"]) and end["final"] == "true" and end["head"] == f"In[{rec['number']}]: loss from 2 ranks, steps 0-{STEPS - 1}"
+
+
+@pytest.mark.parametrize("n", range(ROUNDS))
+def test_the_round_ran_in_its_theme_and_the_settled_chart_is_in_it_too(story: Dict[str, Any], n: int) -> None:
+    rec = story["rounds"][n]
+    dark = n == DARK
+    assert rec["dark_after_reload"] is dark and rec["dark_end"] is dark, "the theme survives the reload and the job's end"
+    lum = rec["chart_luminance"]
+    assert (lum < 0.3) if dark else (lum > 0.7), f"the settled chart's picture in the {'dark' if dark else 'light'} theme: luminance {lum:.2f}"
 
 
 def test_no_console_error_and_nothing_said_outside_a_cell(story: Dict[str, Any]) -> None:
