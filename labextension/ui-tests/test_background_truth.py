@@ -14,6 +14,9 @@ cell run while the job holds the pool (it waits in the queue); ``job.cancel()``;
   stopped at step N; state kept``, N the last step the ranks logged (``job.metrics``);
 - the job's run time: the cell's final ``✓ X`` is ``job.elapsed`` (seconds on the ranks), and the bar's clock was the
   cell's, not the pool's start added to it.
+
+After both rounds the notebook is opened again (a new page on the same kernel): the panel and the status bar say the
+pool is ready, and no "queued behind" notice of the cell that ran long ago comes back with them.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import time
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from ui_pages import front_page, prompt_number, run_cell, shrink, wait_prompt
+from ui_pages import front_page, open_notebook, prompt_number, run_cell, shrink, wait_prompt
 from ui_server import OUT, ROOT, Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.timeout(1800)]
@@ -157,6 +160,18 @@ class Story:
         return rec
 
 
+    def reopen(self, server: Server, name: str) -> Dict[str, Any]:
+        """The notebook opened again on its kernel (the page loaded anew), its panel shown; what it says once settled."""
+        open_notebook(self.page, self.page.ddp_watch, server, self.kind, name)
+        if self.kind == "lab":
+            self.page.evaluate("() => { const s = window.jupyterapp.shell; if (!s.leftCollapsed) { s.collapseLeft(); } }")
+        self.page.evaluate("() => window.jupyterapp.commands.execute('ddp-magic:show-panel')")
+        self.page.add_style_tag(content=".Toastify { display: none !important; }")
+        self.until(3, lambda p: " ready" in p["summary"], 60)
+        self.page.wait_for_timeout(2000)  # whatever else the kernel sends a page that comes back (pool, chart, notices)
+        return self.probe(3)
+
+
 @pytest.fixture(scope="module", params=["lab", "notebook"])
 def story(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, Any]]:
     if request.param == "notebook":
@@ -170,7 +185,8 @@ def story(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, Any]
         finally:
             if os.path.exists(GATE):
                 os.unlink(GATE)
-        yield {"kind": request.param, "rounds": rounds, "errors": page.ddp_watch.errors()}
+        reopened = s.reopen(server, f"bg_truth_{request.param}.ipynb")
+        yield {"kind": request.param, "rounds": rounds, "reopened": reopened, "errors": page.ddp_watch.errors()}
 
 
 @pytest.mark.parametrize("n", range(ROUNDS))
@@ -238,6 +254,16 @@ def test_a_cancel_reads_cancelled_by_job_cancel_in_the_cell_the_panel_and_the_re
     assert p["summary"].endswith(f"ready · In[{rec['cancel_prompt']}]: cancelled"), p["summary"]  # not "interrupted"
     assert "JobCancelled: " + text in p["outputText"], p["outputText"][-400:]
     assert told[0].startswith(f"<Job cell [{rec['cancel_prompt']}]: {text} ("), told
+
+
+def test_the_reopened_notebook_has_no_stale_queue_notice(story: Dict[str, Any]) -> None:
+    p = story["reopened"]
+    assert not [x for x in p["notices"] if "queued behind" in x], f"a stale queue notice after reopening: {p['notices']}"
+    assert "queued" not in p["summary"] and "queued" not in (p["bar"] or ""), p
+    last = story["rounds"][-1]["cancel_prompt"]  # the last %%ddp cell: the job cancelled in the last round
+    assert p["summary"].endswith(f"ready · In[{last}]: cancelled"), f"the pool as the kernel left it: {p['summary']!r}"
+    if story["kind"] == "lab":
+        assert (p["bar"] or "").startswith("DDP 2×gloo · ready"), p["bar"]
 
 
 def test_no_console_error(story: Dict[str, Any]) -> None:
