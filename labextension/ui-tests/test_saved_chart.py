@@ -19,7 +19,7 @@ import shutil
 from typing import Any, Dict, Iterator
 
 import pytest
-from ui_pages import PATHS, luminance, set_theme, shrink, shut_down
+from ui_pages import PATHS, luminance, notebook_url, set_theme, shrink, shut_down
 from ui_probes import CONTRAST_JS
 from ui_server import OUT, ROOT, Server
 
@@ -80,7 +80,7 @@ def shipped(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, An
     context = browser.new_context(viewport={"width": 1200, "height": 900}, device_scale_factor=1)
     page = context.new_page()
     try:
-        page.goto(server.url(PATHS[kind].format(name)), timeout=60_000)
+        page.goto(notebook_url(server, kind, name), timeout=60_000)  # JupyterLab's with ?reset: no notebook an earlier test left open
         page.wait_for_selector(".jp-OutputArea-output .ddp-metrics img", timeout=60_000)
         page.wait_for_function("() => [...document.querySelectorAll('.ddp-metrics img')].every(i => i.complete)", timeout=30_000)
         page.add_style_tag(content=".Toastify { display: none !important; }")
