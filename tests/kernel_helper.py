@@ -66,6 +66,9 @@ def _start_prefixed(prefix: List[str], env: dict) -> Tuple[KernelManager, Any]:
     return km, kc
 
 
+STARTED: List[int] = []  # the pid of every kernel this test process started (their /dev/shm files name it)
+
+
 class Kernel:
     """One real IPython kernel; ``run`` executes a cell and waits for it to go idle. ``prefix``: the command the kernel
     runs under (``cluster_box.Box.enter("login")``: the kernel is on the box's login host)."""
@@ -77,6 +80,7 @@ class Kernel:
             self.km, self.kc = _start_prefixed(prefix, env)
         else:
             self.km, self.kc = start_new_kernel(kernel_name="python3", env=env)
+        STARTED.append(self.pid)
         self.elsewhere: List[dict] = []  # iopub messages of another cell than the one running (a background cell's, late ones)
 
     @property

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import pid_alive, wait_until, worker_pids_of
 from ddp_magic.wire import shm
+import kernel_helper
 from kernel_helper import Kernel
 
 pytestmark = pytest.mark.kernel
@@ -49,12 +50,19 @@ def assert_private(names: Set[str]) -> None:
         assert mode == 0o600, f"{name} is {oct(mode)}"
 
 
+def started_files() -> Set[str]:
+    """The files of every kernel this test process started, dead ones too (other test processes' pools run meanwhile)."""
+    marks = tuple(f"{shm.SHM_PREFIX}{shm.pid_namespace()}-{pid}-" for pid in kernel_helper.STARTED)
+    return {n for n in ours() if n.startswith(marks)}
+
+
 @pytest.fixture()
 def no_leftovers() -> Iterator[None]:
-    """/dev/shm before and after the scenario: nothing made during it remains."""
-    before = ours()
+    """/dev/shm before and after the scenario: nothing its kernels made remains."""
+    before = started_files()
     yield
-    assert wait_until(lambda: not (ours() - before), 15), f"left in /dev/shm: {sorted(ours() - before)}"
+    left = lambda: started_files() - before  # noqa: E731
+    assert wait_until(lambda: not left(), 15), f"left in /dev/shm: {sorted(left())}"
 
 
 @pytest.fixture(scope="module")
