@@ -178,6 +178,7 @@ class CellRun:
         due = self.policy.next_due()
         if seen is not None and self._decided is not None and self._same(seen, self._decided) and (due is None or now < due):
             return  # nothing failed and nothing is due: decide would return nothing
+        self.policy.unreachable = {r for r, info in self.ops.ranks.items() if info.silent}  # their node went silent (liveness)
         self._carry_out(self.policy.decide(self._states(), now))
 
     def _same(self, before: Tuple[int, int], now: Tuple[int, int]) -> bool:

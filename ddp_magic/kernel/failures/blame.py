@@ -27,11 +27,17 @@ def causes(failures: Sequence[RankFailure]) -> Dict[int, Tuple[str, str]]:
 
 
 def root_cause_rank(f: RankFailure) -> int:
-    """Which failure explains the others: a rank that died or that a timeout waited for (the policy
-    gives TIMEOUT only to the hung ranks, and only when no failure came first), then a real error,
-    then the collectives that broke because a peer went away, then ranks we interrupted or stopped."""
-    if f.kind in (FailureKind.DIED, FailureKind.TIMEOUT):
+    """Which failure explains the others: a node that went silent (wire/liveness.py), then a rank that died or that a
+    timeout waited for (the policy gives TIMEOUT only to the hung ranks, and only when no failure came first), then a
+    real error, then the collectives that broke because a peer went away, then ranks we interrupted or stopped.
+
+    A silent node comes first even when a rank elsewhere went before it: the check needs its window (8 s) to call a
+    node silent, and a rank on a healthy node whose collective with that node broke (gloo: a connection error, raised
+    or fatal) can fail within it. What happened to the ranks elsewhere in that cell follows from the node."""
+    if f.kind == FailureKind.DIED and f.node:
         return 0
+    if f.kind in (FailureKind.DIED, FailureKind.TIMEOUT):
+        return 1
     if f.kind == FailureKind.ERROR:
-        return 2 if any(e in f.message for e in PEER_ERRORS) else 1
-    return 3
+        return 3 if any(e in f.message for e in PEER_ERRORS) else 2
+    return 4

@@ -29,6 +29,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 from ...errors import RankFailure
 from ...states import FailureKind, RankState
 from ...wire.execution import group_places
+from ...wire.liveness import INTERVAL_S, SILENCE_S
 from ...wire.protocol import CellStatus
 from ...words import ranks_phrase
 from . import forensics
@@ -39,6 +40,9 @@ States = Mapping[int, Tuple[RankState, Optional[float]]]  # rank -> (state, when
 
 TERM_WAIT_S = 1.0  # after SIGTERM, how long before SIGKILL
 KILL_WAIT_S = 3.0  # after SIGKILL, how long before the ranks are given up as dead
+# ranks on other hosts are sent a KILL message, which reaches no one on a node gone silent: the liveness check names
+# that node within its window, so they are given up only after it (a silent node is then named, not "stopped")
+REMOTE_KILL_WAIT_S = float(SILENCE_S + INTERVAL_S)
 
 
 class StackReason(str, Enum):
@@ -104,8 +108,9 @@ def running(states: States) -> List[int]:
 class FailurePolicy:
     """Decides, from the ranks' states and the time, what to do about a failing or overdue cell."""
 
-    def __init__(self, timeout: Optional[float], grace: float, t0: float) -> None:
+    def __init__(self, timeout: Optional[float], grace: float, t0: float, remote: bool = False) -> None:
         self.timeout, self.grace, self.t0 = timeout, grace, t0
+        self.kill_wait = REMOTE_KILL_WAIT_S if remote else KILL_WAIT_S  # ``remote``: ranks on other hosts (killed by message)
         self.order: List[int] = []  # ranks in the order they failed
         self._place: Dict[int, int] = {}  # rank -> its index in order (O(1) "failed yet?" at a thousand ranks)
         self.first_failure: Optional[float] = None
@@ -174,7 +179,7 @@ class FailurePolicy:
 
     def _next_step(self) -> float:
         """When the stopping escalation takes its next step (due times and checks use the same sum)."""
-        return self._sig_at + (TERM_WAIT_S if self._sig == signal.SIGTERM else KILL_WAIT_S)
+        return self._sig_at + (TERM_WAIT_S if self._sig == signal.SIGTERM else self.kill_wait)
 
     def decide(self, states: States, now: float) -> List[Action]:
         """What to do now, given every rank's state."""
@@ -282,7 +287,12 @@ class FailurePolicy:
         assert self._stopping is not None
         alive = [r for r in self._stopping if states[r][0] == RankState.RUNNING]
         if not alive:
-            return self._give_up([r for r in self._stopping if states[r][0] == RankState.DEAD])
+            stopped = [r for r in self._stopping if r not in self.unreachable]  # the rest: their node went silent meanwhile
+            if not stopped:  # the check named their node: nobody was stopped, the pool starts them again as any lost rank
+                self._stopping = None
+                return []
+            self._stopping = stopped
+            return self._give_up([r for r in stopped if states[r][0] == RankState.DEAD])
         if now < self._next_step():
             return []
         if self._sig == signal.SIGTERM:
@@ -331,7 +341,7 @@ class FailurePolicy:
             msg = done.get(r)
             if states[r][0] == RankState.DEAD:
                 f = deaths[r]
-                out.append(dataclasses.replace(f, kind=FailureKind.KILLED) if r in self.killed else f)
+                out.append(dataclasses.replace(f, kind=FailureKind.KILLED) if r in self.killed and r not in self.unreachable else f)
             elif msg is not None and msg["status"] != CellStatus.OK:
                 err = dict(msg["error"] or {})
                 kind = FailureKind.INTERRUPTED if msg["status"] == CellStatus.INTERRUPTED else FailureKind.ERROR
