@@ -381,6 +381,24 @@ def test_a_silent_node_is_the_root_cause_even_when_a_rank_on_a_healthy_node_died
     assert str(CellError(failures, run.notes)).startswith("ranks 2-3 on n2 are unreachable: no answer\n")
 
 
+def test_a_healthy_ranks_collective_that_broke_on_a_silent_node_is_released_not_blamed():
+    """gloo's connection to n2 resets on rank 0 at 0.1 (a firewall's reset, a peer host's RST): it raises a peer error
+    long before the check names n2 (7.5). That error is n2's doing: rank 0 reads as released, as after an abort."""
+    pool = FakePool(4, collective={1: AR}, abortable=[1], silent=[2, 3])
+    pool.at(0.1, pool.finish(0, "error", PEER))
+    pool.at(7.5, pool.unreachable(2, 3))
+    run = _run(pool, remote=True)
+    failures = run.failures()
+    assert [(f.rank, str(f.kind)) for f in failures] == [(2, "died"), (3, "died"), (0, "interrupted"), (1, "interrupted")]
+    assert failures[2].message == "released: a peer's node went silent" and not run.state_lost
+    text = str(CellError(failures, run.notes))
+    assert text.startswith("ranks 2-3 on n2 are unreachable: no answer\n") and "rank 0 raised" not in text, text
+    alone = FakePool(2, interruptible=[1])  # no node went silent: the same error is rank 0's own failure, as before
+    alone.at(0.1, alone.finish(0, "error", PEER))
+    assert [(f.rank, str(f.kind)) for f in _run(alone, remote=True).failures()] == [(0, "error"), (1, "interrupted")]
+    assert alone.did("interrupt")[0][2] == pytest.approx(9.1, abs=0.1), "the check's window first, then the grace's end"
+
+
 def test_ranks_on_other_hosts_that_ignore_the_kill_are_given_up_after_the_checks_window():
     pool = FakePool(2, silent=[1])  # rank 1's node never answers, and the check never names it (a process that hangs)
     pool.at(0.1, pool.finish(0, "error", ERROR))

@@ -5,7 +5,7 @@ Pure: failures in, order and labels out.
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from ...errors import RankFailure
 from ...states import FailureKind
@@ -41,3 +41,20 @@ def root_cause_rank(f: RankFailure) -> int:
     if f.kind == FailureKind.ERROR:
         return 3 if any(e in f.message for e in PEER_ERRORS) else 2
     return 4
+
+
+def peer_error(done: Optional[dict]) -> bool:
+    """Whether a rank's DONE reports a collective that broke on a peer's connection (gloo's reset, closed, broken pipe)."""
+    error = (done or {}).get("error") or {}
+    return any(e in str(error.get("message", "")) for e in PEER_ERRORS)
+
+
+def released_why(message: str, after_abort: bool, node_silent: bool) -> Optional[str]:
+    """Why a collective that broke (a peer's connection error) was released, not a failure of its own: our abort came
+    first (``after_abort``), or a node of the cell went silent (gloo's connections to it broke before the check named
+    it: the node is the root cause). None: a failure of its own."""
+    if not any(e in message for e in PEER_ERRORS):
+        return None
+    if after_abort:
+        return "the process group was aborted"
+    return "a peer's node went silent" if node_silent else None
