@@ -6,6 +6,8 @@ lost link costs").
   and its ranks, never a rank on the healthy node; the healthy node's ranks keep their state; the link back, the
   node's ranks rejoin at the next cell. A cell run while the link is still down ends within seconds too (the node's
   template does not answer a ping), naming the node as still unreachable; nothing runs, the other ranks keep their state.
+- gloo fails first on the healthy node (its connections to the silent node reset): the silent node is still named,
+  never the healthy node's ranks, whose collective it broke.
 - The link stays down until Slurm revokes the job: the next cell says so in one line and allocates again.
 - A node cannot reach the kernel's control port: the first cell ends within the join timeout naming the node's ranks,
   the address and the fix, and the allocation we made is released.
@@ -129,6 +131,24 @@ def test_link_down_mid_all_reduce_names_the_node_and_it_rejoins(box: cluster_box
 
 def test_traffic_dropped_both_ways_names_the_node(box: cluster_box.Box, box_kernel: Kernel) -> None:
     _lost_node(box, box_kernel, "DROP both ways", lambda n: _firewall(box, n, True), lambda n: _firewall(box, n, False))
+
+
+def test_gloo_failing_first_on_the_healthy_node_still_names_the_silent_node(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    """The order that made 1 box run in 12 blame the healthy node: its ranks' collective breaks before the check names
+    the silent one. Made certain here: n2 goes silent (DROP both ways) and at the same moment the healthy node resets
+    gloo's connections to n2 (REJECT with a TCP reset), so ranks 0-1 raise gloo's 'Connection reset by peer' within
+    milliseconds, 7 s before the check speaks. Still n2 and its ranks are named, ranks 0-1 are released and keep their
+    state, and ranks 2-3 rejoin at the next cell."""
+    box_kernel.run(f"{POOL}\nimport torch", timeout=240).ok()
+    healthy = box_kernel.value(f"{SESSION}.pool.ranks[0].node_name")
+
+    def reset(node: str, on: bool) -> None:
+        _firewall(box, node, on)
+        rule = ["OUTPUT", "-o", "mgmt0", "-d", box.host(node).mgmt, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"]
+        done = box.run(healthy, ["iptables", "-A" if on else "-D", *rule])
+        assert done.returncode == 0 or not on, done.stderr
+
+    _lost_node(box, box_kernel, "gloo first", lambda n: reset(n, True), lambda n: reset(n, False))
 
 
 def test_a_background_job_on_a_lost_node_ends_naming_it(box: cluster_box.Box, box_kernel: Kernel) -> None:
