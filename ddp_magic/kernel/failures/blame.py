@@ -1,6 +1,7 @@
 """Which of a failed cell's failures explains the others: the root cause, and the ranks stopped because of it.
 
-The one rule the failure policy orders failures by and the cell's view, the panel and the status bar colour ranks by.
+The one rule the failure policy orders failures by and the cell's view, the panel and the status bar colour ranks by,
+and which broken collectives were released (by our abort, or by a node gone silent) rather than failed on their own.
 Pure: failures in, order and labels out.
 """
 from __future__ import annotations

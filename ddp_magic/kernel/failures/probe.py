@@ -15,6 +15,11 @@ still running is stuck, the policy goes on as if the grace had run out, with the
 stacks. A rank in a subgroup's collective, or a cell whose ranks left without a
 ``seq`` (a rank that died), gets the grace as before.
 
+The other way round, on ranks across hosts: while every failure is a collective that broke on a
+peer's connection, the peer's node may have gone silent, which the liveness check names only
+within its window; the grace lasts that window then (``grace_after_failure``), so the node is
+named the root cause before anyone is interrupted.
+
 Pure, like the policy that holds it: replies and states in, a decision out.
 """
 from __future__ import annotations
