@@ -38,6 +38,10 @@ class Dequeued(DDPError):
     """A %%ddp cell left the queue before it ran (Ctrl-C, or its job's cancel): nothing ran on the ranks."""
 
 
+class NodeUnreachable(DDPError):
+    """A cell did not run: a node whose ranks were unreachable still does not answer; the other ranks keep their state."""
+
+
 class PlanError(ValueError):
     """A request that cannot become a valid pool; the message says what to do."""
 

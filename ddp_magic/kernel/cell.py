@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 from ..errors import RankFailure
 from ..states import RankState
 from ..wire import protocol as P
+from .failures.blame import peer_error
 from .failures.policy import PROBE, Abort, Action, CaptureStacks, FailurePolicy, GiveUp, Interrupt, Signal, States, running
 from .ranks import Due, RankInfo, Tick
 from .jobs.stdin import Ask
@@ -116,6 +117,7 @@ class CellRun:
         done = {r: m for r, m in ((r, self.ops.done_message(r)) for r in ranks) if m is not None}
         deaths = {r: self.ops.death_failure(r) for r, info in ranks.items() if info.state == RankState.DEAD}
         pids = {r: info.pid for r, info in ranks.items()}
+        self._seen()
         return self.policy.failures(self._states(), done, deaths, pids, self.clock())
 
     # ------------------------------------------------------------ the run
@@ -136,6 +138,13 @@ class CellRun:
     def _due(self) -> Optional[float]:
         """The policy's next step; none while a rank debugs (its clocks stand still, ``_tick``)."""
         return None if self._held_since is not None else self.policy.next_due()
+
+    def _seen(self) -> None:
+        """What the policy reads besides the states (O(n): only when it decides): whose node went silent (liveness),
+        and whose cell raised a peer's connection error (a collective that broke, perhaps on that node)."""
+        ranks, done = self.ops.ranks, self.ops.done_message
+        self.policy.unreachable = {r for r, info in ranks.items() if info.silent}
+        self.policy.peer_failed = {r for r, info in ranks.items() if info.state == RankState.FAILED and peer_error(done(r))}
 
     def _states(self) -> States:
         return {r: (info.state, info.finished) for r, info in self.ops.ranks.items()}
@@ -178,6 +187,7 @@ class CellRun:
         due = self.policy.next_due()
         if seen is not None and self._decided is not None and self._same(seen, self._decided) and (due is None or now < due):
             return  # nothing failed and nothing is due: decide would return nothing
+        self._seen()
         self._carry_out(self.policy.decide(self._states(), now))
 
     def _same(self, before: Tuple[int, int], now: Tuple[int, int]) -> bool:
@@ -192,7 +202,7 @@ class CellRun:
                 replies = self.ops.ask(P.STACK, STACK_TIMEOUT_S, ranks=action.ranks)
                 texts = {r: str(m.get("text", "")) for r, m in replies.items()}
                 collectives = {r: m.get("collective") for r, m in replies.items()}
-                self.policy.unreachable = {r for r, info in self.ops.ranks.items() if info.silent}  # their node went silent
+                self._seen()
                 self._carry_out(self.policy.stacks_taken(texts, self.clock(), collectives, self._states(), self._seqs() if action.reason == PROBE else None))
             elif isinstance(action, Interrupt):
                 self.ops.interrupt(action.ranks)

@@ -5,7 +5,7 @@ Started by the kernel's launcher (kernel/launchers/slurm.py) as ``srun --ntasks-
 rank, and a rank lost on a node is forked again there in milliseconds, with no new step. It
 is procs/forkserver.py's Template (fork, spares, reaping, killing every child when the
 kernel goes) with two differences: its commands reach every node at once (srun broadcasts
-its stdin, ``--input=all``), so each template acts only on the spawns for its own node;
+its stdin, ``--input=all``), so each template acts only on the spawns (and pings) for its own node;
 and a rank's env is this task's env (Slurm's node-local variables, the GPUs Slurm gave
 it) with the kernel's per-rank changes applied (``env_set`` / ``env_unset``), torchrun's
 set and the rank's own Slurm task variables among them.
@@ -48,6 +48,15 @@ class NodeTemplate(Template):
         if cmd.get("sealed"):
             cmd["secret"] = slurm_env.unseal(self.secret, cmd.pop("sealed"), bytes.fromhex(cmd.pop("nonce"))).hex()
         super().spawn(cmd)
+
+    def command(self, cmd: dict) -> None:
+        """A ping is the kernel asking whether this node hears it again (its ranks were unreachable): answered at once,
+        over the same way a spawn would come and its ranks' events would go (srun's stdin and output)."""
+        if cmd.get("op") == "ping":
+            if cmd.get("node") == self.node:
+                _emit({"event": "pong", "node": self.node, "id": cmd.get("id")})
+            return
+        super().command(cmd)
 
 
 def main() -> None:

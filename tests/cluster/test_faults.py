@@ -4,7 +4,10 @@ lost link costs").
 - A node's link goes down while the ranks all_reduce, or a firewall on it drops everything both ways: the cell (or a
   ``--bg`` job) ends within seconds, found by the control channel's liveness check (wire/liveness.py), naming the node
   and its ranks, never a rank on the healthy node; the healthy node's ranks keep their state; the link back, the
-  node's ranks rejoin at the next cell.
+  node's ranks rejoin at the next cell. A cell run while the link is still down ends within seconds too (the node's
+  template does not answer a ping), naming the node as still unreachable; nothing runs, the other ranks keep their state.
+- gloo fails first on the healthy node (its connections to the silent node reset): the silent node is still named,
+  never the healthy node's ranks, whose collective it broke.
 - The link stays down until Slurm revokes the job: the next cell says so in one line and allocates again.
 - A node cannot reach the kernel's control port: the first cell ends within the join timeout naming the node's ranks,
   the address and the fix, and the allocation we made is released.
@@ -69,19 +72,40 @@ def _during(k: Kernel, code: str, fault: Callable[[], None], after: float = 4.0)
     return "\n".join(ex.error[2]), end - at[0]
 
 
-def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], None], heal: Callable[[str], None]) -> None:
-    """Ranks 2-3's node goes silent mid all_reduce (twice): it and they are named, ranks 0-1 keep their state, and
-    with the link back ranks 2-3 rejoin at the next cell."""
+AGAIN = ("%%ddp\nimport os, torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n"
+         "(kept if dist.get_rank() < 2 else None, os.getpid(), t.item())")
+
+
+def _still_down(k: Kernel, node: str) -> None:
+    """The next cell while the node's link is still down: it fails within seconds naming the node, and nothing runs."""
+    t0 = time.monotonic()
+    ex = k.run(AGAIN, timeout=240)
+    took = time.monotonic() - t0
+    assert ex.error is not None, ex.stdout
+    text = "\n".join(ex.error[2])
+    TIMES.setdefault("next cell, link still down", []).append(round(took, 1))
+    print(f"next cell, link still down: {took:.1f}s\n{text}\n")
+    assert re.fullmatch(rf"NodeUnreachable: ranks 2-3 on {node} are still unreachable \(no answer since \d\d:\d\d:\d\d, nor to a ping just now\): "
+                        rf"nothing ran, ranks 0-1 keep their variables\. Run the cell again once {node} is back, or %ddp stop and start a "
+                        rf'pool without it \(--slurm-args "--exclude={node}"\)\.', text), text
+    assert took < 60, f"the cell waited {took:.1f}s for a node that does not answer (the join timeout is 180 s)"
+
+
+def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], None], heal: Callable[[str], None], still: bool = False) -> None:
+    """Ranks 2-3's node goes silent mid all_reduce (twice): it and they are named, ranks 0-1 keep their state (``still``:
+    and the next cell, the node still silent, says so at once), and with the link back ranks 2-3 rejoin at the next cell."""
     k.run(f"{POOL}\nimport os, socket, torch, torch.distributed as dist\nkept = (dist.get_rank(), os.getpid())", timeout=240).ok()
     node, healthy = (k.value(f"{SESSION}.pool.ranks[{r}].node_name") for r in (2, 0))
     try:
         for attempt in range(2):
             try:
                 text, took = _during(k, LOOP, lambda: cut(node))
+                print(f"{name} #{attempt}: fault to error {took:.1f}s\n{text}\n")
+                if still:
+                    _still_down(k, node)
             finally:
                 heal(node)
             TIMES.setdefault(name, []).append(round(took, 1))
-            print(f"{name} #{attempt}: fault to error {took:.1f}s\n{text}\n")
             first = text.splitlines()[0]
             assert first == f"CellError: ranks 2-3 on {node} are unreachable: {liveness.silence_words()}", text
             blamed = re.search(r"ranks? [01]\b[^\n]*(pid|raised|mismatched|unreachable|lost)", text)
@@ -90,8 +114,7 @@ def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], No
             # the goal is 15 s (7.4-7.6 s measured: the OS's timers); room for a loaded machine, still far from Slurm's 30 s
             assert took < 20, f"{name}: the error came {took:.1f}s after the fault"
             # the link is back: the node's ranks rejoin at the next cell; ranks 0-1 kept their state (same pids, same variables)
-            again = k.run("%%ddp\nimport os, torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n"
-                          "(kept if dist.get_rank() < 2 else None, os.getpid(), t.item())", timeout=240).ok()
+            again = k.run(AGAIN, timeout=240).ok()
             said = again.stdout
             assert re.search(rf"rank 2 \(pid \d+\) was unreachable on {node}; rank 3 \(pid \d+\) was unreachable on {node}: "
                              "started it again", said), said
@@ -103,11 +126,29 @@ def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], No
 
 
 def test_link_down_mid_all_reduce_names_the_node_and_it_rejoins(box: cluster_box.Box, box_kernel: Kernel) -> None:
-    _lost_node(box, box_kernel, "link down", lambda n: _link(box, n, False), lambda n: _link(box, n, True))
+    _lost_node(box, box_kernel, "link down", lambda n: _link(box, n, False), lambda n: _link(box, n, True), still=True)
 
 
 def test_traffic_dropped_both_ways_names_the_node(box: cluster_box.Box, box_kernel: Kernel) -> None:
     _lost_node(box, box_kernel, "DROP both ways", lambda n: _firewall(box, n, True), lambda n: _firewall(box, n, False))
+
+
+def test_gloo_failing_first_on_the_healthy_node_still_names_the_silent_node(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    """The order that made 1 box run in 12 blame the healthy node: its ranks' collective breaks before the check names
+    the silent one. Made certain here: n2 goes silent (DROP both ways) and at the same moment the healthy node resets
+    gloo's connections to n2 (REJECT with a TCP reset), so ranks 0-1 raise gloo's 'Connection reset by peer' within
+    milliseconds, 7 s before the check speaks. Still n2 and its ranks are named, ranks 0-1 are released and keep their
+    state, and ranks 2-3 rejoin at the next cell."""
+    box_kernel.run(f"{POOL}\nimport torch", timeout=240).ok()
+    healthy = box_kernel.value(f"{SESSION}.pool.ranks[0].node_name")
+
+    def reset(node: str, on: bool) -> None:
+        _firewall(box, node, on)
+        rule = ["OUTPUT", "-o", "mgmt0", "-d", box.host(node).mgmt, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"]
+        done = box.run(healthy, ["iptables", "-A" if on else "-D", *rule])
+        assert done.returncode == 0 or not on, done.stderr
+
+    _lost_node(box, box_kernel, "gloo first", lambda n: reset(n, True), lambda n: reset(n, False))
 
 
 def test_a_background_job_on_a_lost_node_ends_naming_it(box: cluster_box.Box, box_kernel: Kernel) -> None:

@@ -3,7 +3,8 @@ TemplateStep (the command line without srun), a real rank forked from it diallin
 
 What it checks: spawns for another node are ignored (srun gives every template every command); a rank's env is the
 template's with the kernel's changes (set and removed) and its Slurm task variables; a later pool's secret arrives
-sealed and the rank proves it; the template reports the fork, and the rank's exit."""
+sealed and the rank proves it; the template reports the fork, and the rank's exit; it answers a ping for its own node
+(the kernel asks a node whose ranks were unreachable before it starts them again), never one for another node."""
 from __future__ import annotations
 
 import select
@@ -69,6 +70,11 @@ def test_a_node_template_forks_its_own_nodes_ranks_with_their_env_and_the_sealed
             assert [(e["event"], e["rank"]) for e in events] == [("spawned", 2), ("exited", 2)], events
             for s, _ in joined:
                 s.close()
+            asked = {"nA": step.ping("nA"), "nB": step.ping("nB")}  # nB has no template in this step: nobody answers for it
+            t0 = time.monotonic()
+            assert step.wait_pongs(asked, t0 + 0.5) == ["nB"]
+            assert time.monotonic() - t0 >= 0.45, "it waited for nB until the deadline"
+            assert step.wait_pongs({"nA": asked["nA"]}, time.monotonic() + 30) == [], "nA's answer is kept"
         assert step.serves("nA") and not step.lost_nodes()
     finally:
         step.end()

@@ -1,22 +1,24 @@
 """The liveness check's pure parts: which errors and socket records mean "the peer went silent", which ranks share a
 silent node, and what the user reads (a node gone silent; a node that cannot reach the control port; ranks that never
-joined a Slurm pool). The OS's side of it (keepalive, the user timeout) runs for real in tests/kernel/test_lost_link.py
-and tests/cluster/test_faults.py."""
+joined a Slurm pool; a node still silent when its ranks are due to start again). The OS's side of it (keepalive, the
+user timeout) runs for real in tests/kernel/test_lost_link.py and tests/cluster/test_faults.py."""
 from __future__ import annotations
 
 import errno
 import socket
 import struct
+import time
 from typing import Dict, Sequence
 
 import pytest
 
-from ddp_magic.errors import CellError, RankFailure
+from ddp_magic.errors import CellError, NodeUnreachable, RankFailure
 from ddp_magic.kernel.failures import forensics
 from ddp_magic.kernel.launchers.base import Launcher
 from ddp_magic.kernel.launchers.slurm_steps import _event
 from ddp_magic.kernel.ranks import RankInfo
-from ddp_magic.kernel.failures.unreachable import cannot_reach_text, never_joined_text, node_key, silent_siblings
+from ddp_magic.kernel.failures.unreachable import (ANSWER_S, cannot_reach_text, never_joined_text, node_key, raise_if_still_silent,
+                                                   silent_siblings, still_silent_text)
 from ddp_magic.states import FailureKind, RankState
 from ddp_magic.wire import liveness
 
@@ -148,3 +150,45 @@ def test_ranks_that_never_joined_a_slurm_pool_are_counted_and_placed() -> None:
     text = never_joined_text(_Placed(b"s"), [2, 3], 4, 30, "198.51.100.10:40513")
     assert text.startswith("2 ranks of 4 never reached the kernel at 198.51.100.10:40513 within 30s (ranks 2-3 on n2). Slurm started them")
     assert "Run the command printed above" not in text
+
+
+class _Pinged(Launcher):
+    """A launcher whose nodes in ``quiet`` do not answer a ping; it records what it was asked."""
+
+    def __init__(self, quiet: Sequence[str]) -> None:
+        super().__init__(b"s")
+        self.quiet, self.asked = list(quiet), []  # type: ignore[var-annotated]
+
+    def unanswered(self, nodes: list, within: float) -> list:
+        self.asked.append((list(nodes), within))
+        return [n for n in nodes if n in self.quiet]
+
+    launch = adopt = live_pids = poll = alive = close = lambda *a, **k: None  # type: ignore[assignment]
+
+
+def test_a_node_still_silent_fails_the_cell_before_anything_runs_naming_it() -> None:
+    ranks = _ranks({0: "n1", 1: "n1", 2: "n2", 3: "n2"}, dead=[2, 3])
+    for r in (2, 3):
+        ranks[r].silent = True
+    since = {"n2": 1_700_000_000.0}
+    launcher = _Pinged(["n2"])
+    with pytest.raises(NodeUnreachable) as got:
+        raise_if_still_silent(launcher, ranks, [2, 3], since)
+    clock = time.strftime("%H:%M:%S", time.localtime(since["n2"]))
+    assert str(got.value) == (
+        f"ranks 2-3 on n2 are still unreachable (no answer since {clock}, nor to a ping just now): nothing ran, ranks 0-1 keep "
+        'their variables. Run the cell again once n2 is back, or %ddp stop and start a pool without it (--slurm-args "--exclude=n2").'
+    )
+    assert launcher.asked == [(["n2"], ANSWER_S)]
+    raise_if_still_silent(_Pinged([]), ranks, [2, 3], since)  # n2 answers: its ranks are started again as before
+    ranks[3].silent = ranks[2].silent = False
+    quiet = _Pinged(["n2"])
+    raise_if_still_silent(quiet, ranks, [2, 3], since)  # ranks that died on their own: no node to ask
+    assert quiet.asked == []
+
+
+def test_two_silent_nodes_and_a_lone_survivor_read_right() -> None:
+    text = still_silent_text({"n2": [2], "n3": [3, 4]}, {}, [0])
+    assert text.startswith("rank 2 on n2 and ranks 3-4 on n3 are still unreachable (no answer to a ping just now): nothing ran, "
+                           "rank 0 keeps its variables. Run the cell again once n2,n3 are back, or %ddp stop and start a pool "
+                           'without them (--slurm-args "--exclude=n2,n3").'), text

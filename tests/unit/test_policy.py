@@ -53,6 +53,7 @@ class FakePool:
         grace: float = 1.0,
         collective: Optional[Dict[int, dict]] = None,
         abortable: Sequence[int] = (),
+        silent: Sequence[int] = (),
     ) -> None:
         self.now = 0.0
         self.grace = grace
@@ -68,6 +69,7 @@ class FakePool:
         self.debugging: Set[int] = set()  # ranks in the debugger (holding)
         self.collective: Dict[int, dict] = collective or {}  # what a rank's STACK reply says it waits in
         self.abortable: Set[int] = set(abortable)  # ranks an aborted process group releases
+        self.silent: Set[int] = set(silent)  # ranks on a node gone silent: nothing reaches them, they answer nothing
 
     # ------------------------------------------------------------ scripting
     def at(self, t: float, what: Callable[[], None]) -> None:
@@ -90,6 +92,16 @@ class FakePool:
             info = self.ranks[rank]
             if info.state == RankState.RUNNING:
                 info.state, info.exit_code, info.finished = RankState.DEAD, code, self.now
+
+        return go
+
+    def unreachable(self, *ranks: int) -> Callable[[], None]:
+        """The liveness check's verdict on a silent node: its ranks are DEAD, as unreachable (kernel/hub.py ``_lost``)."""
+        def go() -> None:
+            for r in ranks:
+                info = self.ranks[r]
+                if info.state == RankState.RUNNING:
+                    info.state, info.silent, info.finished = RankState.DEAD, True, self.now
 
         return go
 
@@ -120,7 +132,8 @@ class FakePool:
         self.log.append(("ask", op, self.now))
         self.now += 0.01
         asked = self.ranks if ranks is None else ranks
-        return {r: {"op": op, "text": STUCK, "collective": self.collective.get(r)} for r in asked if self.ranks[r].state == RankState.RUNNING}
+        return {r: {"op": op, "text": STUCK, "collective": self.collective.get(r)} for r in asked
+                if self.ranks[r].state == RankState.RUNNING and r not in self.silent}
 
     def abort(self, ranks: Sequence[int], why: str) -> None:
         self.log.append(("abort", tuple(ranks), self.now))
@@ -137,7 +150,7 @@ class FakePool:
     def signal_ranks(self, ranks: Sequence[int], sig: int) -> None:
         self.log.append(("signal", tuple(ranks), sig, self.now))
         for r in ranks:
-            if r in (self.term_ok if sig == signal.SIGTERM else self.kill_ok):
+            if r in (self.term_ok if sig == signal.SIGTERM else self.kill_ok) and r not in self.silent:
                 self.at(self.now + REACT_S, self.die(r, -sig))
 
     def done_message(self, rank: int) -> Optional[dict]:
@@ -145,6 +158,8 @@ class FakePool:
 
     def death_failure(self, rank: int) -> RankFailure:
         info = self.ranks[rank]
+        if info.silent:
+            return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, message="no answer", node="n2")
         return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, exit_code=info.exit_code)
 
     def answer_input(self, ask, cancelled) -> None:
@@ -166,9 +181,9 @@ class FakePool:
         return [e for e in self.log if e[0] == what]
 
 
-def _run(pool: FakePool, timeout: Optional[float] = None) -> CellRun:
+def _run(pool: FakePool, timeout: Optional[float] = None, remote: bool = False) -> CellRun:
     ops: RankOps = pool  # the fake satisfies the pool's narrow interface
-    run = CellRun(ops, FailurePolicy(timeout, pool.grace, 0.0), clock=lambda: pool.now)
+    run = CellRun(ops, FailurePolicy(timeout, pool.grace, 0.0, remote=remote), clock=lambda: pool.now)
     run.drive()
     return run
 
@@ -346,7 +361,52 @@ def test_a_real_error_ranks_before_a_peer_connection_error_that_came_first():
     pool.at(0.2, pool.finish(1, "error", ERROR))
     failures = _run(pool).failures()
     assert [f.rank for f in failures] == [1, 0]
-    assert [root_cause_rank(f) for f in failures] == [1, 2]
+    assert [root_cause_rank(f) for f in failures] == [2, 3]
+
+
+# ------------------------------------------------------------------ a node goes silent
+def test_a_silent_node_is_the_root_cause_even_when_a_rank_on_a_healthy_node_died_first():
+    """n2 (ranks 2-3) goes silent at 0; gloo ends rank 0 on the healthy node at 0.5 (its connection closes, no exit code:
+    a rank on another host), long before the liveness check names n2 (8.5). Rank 0's death must not be the root cause,
+    and ranks 2-3, which no interrupt, abort or KILL reaches, must not be given up as 'stopped' before the check speaks
+    (that would lose every rank's state): the KILL to ranks on other hosts waits the check's window."""
+    pool = FakePool(4, collective={1: AR}, abortable=[1], silent=[2, 3])
+    pool.at(0.5, pool.die(0, None))  # type: ignore[arg-type]
+    pool.at(8.5, pool.unreachable(2, 3))
+    run = _run(pool, remote=True)
+    assert not pool.did("dead") and pool.broken is None and not run.state_lost, pool.log
+    failures = run.failures()
+    assert [(f.rank, str(f.kind), f.node) for f in failures] == [(2, "died", "n2"), (3, "died", "n2"), (0, "died", ""), (1, "interrupted", "")]
+    assert causes(failures) == {2: ("died", "root"), 3: ("died", "root"), 0: ("died", "stopped"), 1: ("interrupted", "stopped")}
+    assert str(CellError(failures, run.notes)).startswith("ranks 2-3 on n2 are unreachable: no answer\n")
+
+
+def test_a_healthy_ranks_collective_that_broke_on_a_silent_node_is_released_not_blamed():
+    """gloo's connection to n2 resets on rank 0 at 0.1 (a firewall's reset, a peer host's RST): it raises a peer error
+    long before the check names n2 (7.5). That error is n2's doing: rank 0 reads as released, as after an abort."""
+    pool = FakePool(4, collective={1: AR}, abortable=[1], silent=[2, 3])
+    pool.at(0.1, pool.finish(0, "error", PEER))
+    pool.at(7.5, pool.unreachable(2, 3))
+    run = _run(pool, remote=True)
+    failures = run.failures()
+    assert [(f.rank, str(f.kind)) for f in failures] == [(2, "died"), (3, "died"), (0, "interrupted"), (1, "interrupted")]
+    assert failures[2].message == "released: a peer's node went silent" and not run.state_lost
+    text = str(CellError(failures, run.notes))
+    assert text.startswith("ranks 2-3 on n2 are unreachable: no answer\n") and "rank 0 raised" not in text, text
+    alone = FakePool(2, interruptible=[1])  # no node went silent: the same error is rank 0's own failure, as before
+    alone.at(0.1, alone.finish(0, "error", PEER))
+    assert [(f.rank, str(f.kind)) for f in _run(alone, remote=True).failures()] == [(0, "error"), (1, "interrupted")]
+    assert alone.did("interrupt")[0][2] == pytest.approx(9.1, abs=0.1), "the check's window first, then the grace's end"
+
+
+def test_ranks_on_other_hosts_that_ignore_the_kill_are_given_up_after_the_checks_window():
+    pool = FakePool(2, silent=[1])  # rank 1's node never answers, and the check never names it (a process that hangs)
+    pool.at(0.1, pool.finish(0, "error", ERROR))
+    run = _run(pool, remote=True)
+    (kill,) = [e for e in pool.did("signal") if e[2] == signal.SIGKILL]
+    (dead,) = pool.did("dead")
+    assert dead[2] - kill[3] == pytest.approx(9.0), pool.log  # liveness' 8 s window and a probe, not KILL_WAIT_S's 3 s
+    assert run.state_lost and [(f.rank, str(f.kind)) for f in run.failures()] == [(0, "error"), (1, "killed")]
 
 
 # ------------------------------------------------------------------ a rank ignores the interrupt

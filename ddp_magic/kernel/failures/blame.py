@@ -1,11 +1,12 @@
 """Which of a failed cell's failures explains the others: the root cause, and the ranks stopped because of it.
 
-The one rule the failure policy orders failures by and the cell's view, the panel and the status bar colour ranks by.
+The one rule the failure policy orders failures by and the cell's view, the panel and the status bar colour ranks by,
+and which broken collectives were released (by our abort, or by a node gone silent) rather than failed on their own.
 Pure: failures in, order and labels out.
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from ...errors import RankFailure
 from ...states import FailureKind
@@ -27,11 +28,34 @@ def causes(failures: Sequence[RankFailure]) -> Dict[int, Tuple[str, str]]:
 
 
 def root_cause_rank(f: RankFailure) -> int:
-    """Which failure explains the others: a rank that died or that a timeout waited for (the policy
-    gives TIMEOUT only to the hung ranks, and only when no failure came first), then a real error,
-    then the collectives that broke because a peer went away, then ranks we interrupted or stopped."""
-    if f.kind in (FailureKind.DIED, FailureKind.TIMEOUT):
+    """Which failure explains the others: a node that went silent (wire/liveness.py), then a rank that died or that a
+    timeout waited for (the policy gives TIMEOUT only to the hung ranks, and only when no failure came first), then a
+    real error, then the collectives that broke because a peer went away, then ranks we interrupted or stopped.
+
+    A silent node comes first even when a rank elsewhere went before it: the check needs its window (8 s) to call a
+    node silent, and a rank on a healthy node whose collective with that node broke (gloo: a connection error, raised
+    or fatal) can fail within it. What happened to the ranks elsewhere in that cell follows from the node."""
+    if f.kind == FailureKind.DIED and f.node:
         return 0
+    if f.kind in (FailureKind.DIED, FailureKind.TIMEOUT):
+        return 1
     if f.kind == FailureKind.ERROR:
-        return 2 if any(e in f.message for e in PEER_ERRORS) else 1
-    return 3
+        return 3 if any(e in f.message for e in PEER_ERRORS) else 2
+    return 4
+
+
+def peer_error(done: Optional[dict]) -> bool:
+    """Whether a rank's DONE reports a collective that broke on a peer's connection (gloo's reset, closed, broken pipe)."""
+    error = (done or {}).get("error") or {}
+    return any(e in str(error.get("message", "")) for e in PEER_ERRORS)
+
+
+def released_why(message: str, after_abort: bool, node_silent: bool) -> Optional[str]:
+    """Why a collective that broke (a peer's connection error) was released, not a failure of its own: our abort came
+    first (``after_abort``), or a node of the cell went silent (gloo's connections to it broke before the check named
+    it: the node is the root cause). None: a failure of its own."""
+    if not any(e in message for e in PEER_ERRORS):
+        return None
+    if after_abort:
+        return "the process group was aborted"
+    return "a peer's node went silent" if node_silent else None

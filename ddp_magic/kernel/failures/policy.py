@@ -29,16 +29,18 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 from ...errors import RankFailure
 from ...states import FailureKind, RankState
 from ...wire.execution import group_places
+from ...wire.liveness import INTERVAL_S, SILENCE_S
 from ...wire.protocol import CellStatus
 from ...words import ranks_phrase
 from . import forensics
-from .probe import Probe
-from .blame import PEER_ERRORS, root_cause_rank
+from .probe import Probe, grace_after_failure
+from .blame import released_why, root_cause_rank
 
 States = Mapping[int, Tuple[RankState, Optional[float]]]  # rank -> (state, when it finished)
 
 TERM_WAIT_S = 1.0  # after SIGTERM, how long before SIGKILL
 KILL_WAIT_S = 3.0  # after SIGKILL, how long before the ranks are given up as dead
+REMOTE_KILL_WAIT_S = float(SILENCE_S + INTERVAL_S)  # a KILL message reaches no one on a silent node: the check names it first
 
 
 class StackReason(str, Enum):
@@ -104,8 +106,11 @@ def running(states: States) -> List[int]:
 class FailurePolicy:
     """Decides, from the ranks' states and the time, what to do about a failing or overdue cell."""
 
-    def __init__(self, timeout: Optional[float], grace: float, t0: float) -> None:
+    def __init__(self, timeout: Optional[float], grace: float, t0: float, remote: bool = False) -> None:
         self.timeout, self.grace, self.t0 = timeout, grace, t0
+        self.kill_wait = REMOTE_KILL_WAIT_S if remote else KILL_WAIT_S  # ``remote``: ranks on other hosts (killed by message)
+        self.window = REMOTE_KILL_WAIT_S if remote else 0.0  # the liveness check's, for a grace_after_failure
+        self.peer_failed: Set[int] = set()  # ranks whose cell raised a peer's connection error (kernel/cell.py keeps it)
         self.order: List[int] = []  # ranks in the order they failed
         self._place: Dict[int, int] = {}  # rank -> its index in order (O(1) "failed yet?" at a thousand ranks)
         self.first_failure: Optional[float] = None
@@ -169,12 +174,12 @@ class FailurePolicy:
         elif self.interrupt_sent is not None:
             times.append(self.interrupt_sent + self.grace)
         elif self.first_failure is not None:
-            times += [self.first_failure + self.grace] + ([self._probe.at] if self._probe.at is not None else [])
+            times += [self.first_failure + self._grace()] + ([self._probe.at] if self._probe.at is not None else [])
         return min(times) if times else None
 
     def _next_step(self) -> float:
         """When the stopping escalation takes its next step (due times and checks use the same sum)."""
-        return self._sig_at + (TERM_WAIT_S if self._sig == signal.SIGTERM else KILL_WAIT_S)
+        return self._sig_at + (TERM_WAIT_S if self._sig == signal.SIGTERM else self.kill_wait)
 
     def decide(self, states: States, now: float) -> List[Action]:
         """What to do now, given every rank's state."""
@@ -188,7 +193,7 @@ class FailurePolicy:
             self.timed_out = self.cancelled = True
             self._timed_out_on = tuple(live)
             return self._ask_stacks(live, TIMEOUT)
-        if self.first_failure is not None and self.interrupt_sent is None and now >= self.first_failure + self.grace:
+        if self.first_failure is not None and self.interrupt_sent is None and now >= self.first_failure + self._grace():
             self.cancelled = True
             return self._ask_stacks(live, FAILURE)
         ask = self._probe.due(now, live) if self.first_failure is not None and self.interrupt_sent is None else None
@@ -205,6 +210,9 @@ class FailurePolicy:
             return self._stop(live, now)
         return []
 
+    def _grace(self) -> float:
+        return grace_after_failure(self.grace, self.window, self.order, self.peer_failed)
+
     def _abort(self, why: str) -> Abort:
         self.aborted = True
         self._abort_at = len(self.order) if self._abort_at is None else self._abort_at
@@ -218,7 +226,12 @@ class FailurePolicy:
         for r, (state, _) in self._states.items():
             if r not in out and state in words:
                 out[r] = "unreachable" if state == RankState.DEAD and r in self.unreachable else words[state]
+        out.update({r: "released" for r in self._broke_on_silence()})
         return out
+
+    def _broke_on_silence(self) -> Set[int]:
+        """Ranks whose collective broke on a peer's connection while a node of the cell went silent: released by it."""
+        return {r for r in self.peer_failed if r not in self.unreachable} if self.unreachable else set()
 
     def _ask_stacks(self, ranks: Sequence[int], reason: StackReason) -> List[Action]:
         self._awaiting = CaptureStacks(tuple(ranks), reason)
@@ -235,7 +248,7 @@ class FailurePolicy:
         if asked is None:
             return []
         if asked.reason == PROBE:
-            live = self._probe.taken(replies, collectives or {}, self._states, now, (self.first_failure or now) + self.grace, seqs or {})
+            live = self._probe.taken(replies, collectives or {}, self._states, now, (self.first_failure or now) + self._grace(), seqs or {})
             if live is None:
                 return []  # some rank may still finish: the grace runs on
             self.cancelled, asked = True, CaptureStacks(tuple(live), FAILURE)
@@ -244,8 +257,8 @@ class FailurePolicy:
         self.collectives.update({r: (collectives or {}).get(r) for r in asked.ranks})
         ranks, where = asked.ranks, self._where(asked.ranks)
         waiting = [r for r in ranks if self.collectives.get(r)]
-        everyone = sorted(self._states) or sorted(ranks)
-        self.notes += forensics.verdicts(everyone, self.collectives, where) if waiting else []
+        everyone, released = sorted(self._states) or sorted(ranks), self._broke_on_silence()
+        self.notes += forensics.verdicts([r for r in everyone if r not in released], self.collectives, where) if waiting else []
         if asked.reason == TIMEOUT:
             self.notes += ["where each rank was when the timeout expired:"] + ["  " + ln for ln in forensics.table(everyone, self.collectives, where)]
             self.notes += forensics.stacks_text(self.stacks)  # each distinct stack once, with the ranks that share it
@@ -282,6 +295,10 @@ class FailurePolicy:
         assert self._stopping is not None
         alive = [r for r in self._stopping if states[r][0] == RankState.RUNNING]
         if not alive:
+            self._stopping = [r for r in self._stopping if r not in self.unreachable]  # the others: the check named their node
+            if not self._stopping:  # nobody was stopped: the pool starts them again as any lost rank
+                self._stopping = None
+                return []
             return self._give_up([r for r in self._stopping if states[r][0] == RankState.DEAD])
         if now < self._next_step():
             return []
@@ -326,17 +343,20 @@ class FailurePolicy:
         the failures of the dead ranks (``deaths``)."""
         self._note_failures(states, now)
         out: List[RankFailure] = []
+        broke = self._broke_on_silence()
         late = [r for r, (state, _) in states.items() if state == RankState.INTERRUPTED and r not in self._place]
         for r in self.order + late:
             msg = done.get(r)
             if states[r][0] == RankState.DEAD:
                 f = deaths[r]
-                out.append(dataclasses.replace(f, kind=FailureKind.KILLED) if r in self.killed else f)
+                out.append(dataclasses.replace(f, kind=FailureKind.KILLED) if r in self.killed and r not in self.unreachable else f)
             elif msg is not None and msg["status"] != CellStatus.OK:
                 err = dict(msg["error"] or {})
                 kind = FailureKind.INTERRUPTED if msg["status"] == CellStatus.INTERRUPTED else FailureKind.ERROR
-                if kind == FailureKind.ERROR and self._released(r, err.get("message", "")):  # a peer's abort reached it before its own
-                    kind, err["message"] = FailureKind.INTERRUPTED, "released: the process group was aborted"
+                after = self._abort_at is not None and self._place.get(r, -1) >= self._abort_at
+                why = released_why(err.get("message", ""), after, r in broke) if kind == FailureKind.ERROR else None
+                if why:  # a peer's abort reached it before its own, or its collective lost a peer on a silent node
+                    kind, err["message"] = FailureKind.INTERRUPTED, f"released: {why}"
                 out.append(RankFailure(
                     rank=r, kind=kind, type=err.get("type", ""), message=err.get("message", ""), traceback=err.get("traceback", ""), pid=pids.get(r)
                 ))
@@ -369,12 +389,6 @@ class FailurePolicy:
             return blamed, True
         outside = [r for r in self._timed_out_on if not self.collectives.get(r)]
         return outside or list(self._timed_out_on) or everyone[:1] or [0], False
-
-
-    def _released(self, rank: int, message: str) -> bool:
-        """A collective that broke after we aborted the group, because of the abort."""
-        after = self._abort_at is not None and self._place.get(rank, -1) >= self._abort_at
-        return after and any(e in message for e in PEER_ERRORS)
 
 
 def _who(ranks: Sequence[int]) -> str:

@@ -15,11 +15,16 @@ still running is stuck, the policy goes on as if the grace had run out, with the
 stacks. A rank in a subgroup's collective, or a cell whose ranks left without a
 ``seq`` (a rank that died), gets the grace as before.
 
+The other way round, on ranks across hosts: while every failure is a collective that broke on a
+peer's connection, the peer's node may have gone silent, which the liveness check names only
+within its window; the grace lasts that window then (``grace_after_failure``), so the node is
+named the root cause before anyone is interrupted.
+
 Pure, like the policy that holds it: replies and states in, a decision out.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ...states import RankState
 
@@ -83,3 +88,13 @@ class Probe:
     def pause(self, seconds: float) -> None:
         """A rank sat in the debugger: the next ask moves with the policy's clocks."""
         self.at = None if self.at is None else self.at + seconds
+
+
+def grace_after_failure(grace: float, window: float, order: Sequence[int], peer_failed: Collection[int]) -> float:
+    """The grace after a cell's first failure. On ranks across hosts (``window``: the liveness check's, 0 on one host),
+    a collective that broke with a peer's connection error may have lost that peer to a node gone silent, which the
+    check names only within its window: while every failure is such an error, nothing is decided (no forensics, no
+    interrupt) until the window has passed, or until another failure (a death, an unreachable node) explains them."""
+    if window and order and all(r in peer_failed for r in order):
+        return max(grace, window)
+    return grace

@@ -34,8 +34,8 @@ from ...logs import log
 from ...plan.plan import Plan
 from ...plan.spec import PoolSpec
 from ...states import RankState, Waiting
+from ...wire import liveness, shm
 from ...wire import protocol as P
-from ...wire import shm
 from ..admission import Admission
 from ..cell import CellRun
 from .deaths import cuda_oom_notes, why_killed
@@ -43,7 +43,7 @@ from ...words import fmt_seconds, ranks_phrase
 from ..hub import Hub
 from ..launchers import Launcher
 from ..ranks import Listener, RankInfo
-from .unreachable import node_key
+from .unreachable import node_key, raise_if_still_silent
 
 REFORM_WAIT_S = 10.0  # how long live ranks get to form the new group
 _GONE = (RankState.DEAD, RankState.STOPPED)
@@ -79,12 +79,14 @@ class Recovery:
     def __init__(self) -> None:
         self.gen = 0
         self.lost: Dict[int, str] = {}  # rank -> how it died, until a new rank takes its place
+        self.quiet_since: Dict[str, float] = {}  # node -> when it stopped answering (wall clock), while its ranks are lost
         self.notes: List[str] = []  # for the failing cell's message
         self._store: Optional[str] = None  # the FileStore the ranks' group uses now (None: the pool's first)
 
     def reset(self) -> None:
         """A fresh start of the whole pool."""
         self.lost.clear()
+        self.quiet_since.clear()
         self.notes.clear()
         self._store = None
 
@@ -98,6 +100,8 @@ class Recovery:
         if not launcher.replaces_ranks or not (pool.store_path or launcher.remote_ranks):
             return f"rank {rank} {how}"
         self.lost[rank] = f"(pid {info.pid}) {how}"  # "rank 2 (pid 4121) was killed by …"
+        if info.silent:  # the check found it after its window of silence
+            self.quiet_since.setdefault(node_key(info), time.time() - liveness.SILENCE_S)
         return None
 
     # ------------------------------------------------------------ after a cell
@@ -183,17 +187,20 @@ class Recovery:
     # ------------------------------------------------------------ before a cell
     def before_cell(self, pool: Pool, listener: Listener, owned: Iterable[str]) -> Optional[str]:
         """Deaths while idle are noticed; dead ranks are started again and join the survivors' new group.
-        Returns a notice for the user, or None; a replacement that fails marks the pool broken."""
+        Returns a notice for the user, or None; a replacement that fails marks the pool broken. Raises NodeUnreachable
+        (nothing ran, nothing changed) while a node whose ranks were unreachable still does not answer."""
         pool.hub.reap()  # exits, and connections lost while idle (ranks on other hosts report no exit code)
         if not self.lost or pool.broken:
             return None
         gone, how = sorted(self.lost), dict(self.lost)
+        raise_if_still_silent(pool.launcher, pool.ranks, gone, self.quiet_since)  # a node still silent: say so now, run nothing
         t0 = time.monotonic()
         error, replies = self._replace(pool, listener, gone)
         if error:
             pool.mark_broken(f"{ranks_phrase(gone)} could not be started again ({error})")
             return None
         self.lost.clear()
+        self.quiet_since.clear()
         names = ", ".join(sorted(owned))
         died = "; ".join(f"rank {r} {how[r]}" for r in gone)
         new = ", ".join(f"rank {r} is pid {pool.ranks[r].pid}" for r in gone)

@@ -5,13 +5,16 @@ over what it found: one rank's connection gone silent means its whole node is (t
 link), so the node and all its ranks are named at once, never a rank on a healthy node. And a
 rank that could not reach the control port at start-up says so through its launcher (a Slurm
 template's events on srun's output), so the pool names the node instead of waiting out its join.
+Before ranks lost with their node are started again, the node is asked first (a ping through its
+launcher): one still silent fails the cell at once, naming it, where new ranks asked of it would
+wait out the whole join timeout; nothing runs, and the other ranks keep their state.
 """
 from __future__ import annotations
 
 import time
 from typing import Dict, List, Sequence
 
-from ...errors import StartError
+from ...errors import NodeUnreachable, StartError
 from ...states import RankState
 from ...words import plural, ranks_phrase
 from ..launchers import Launcher
@@ -19,6 +22,9 @@ from ..ranks import RankInfo
 
 _GONE = (RankState.STOPPED, RankState.DEAD)
 SETTLE_S, SETTLE_MAX_S = 0.5, 3.0  # how long the other ranks' "cannot reach" may follow the first one's
+# how long a node whose ranks were unreachable gets to answer a ping before they are started again: a round trip
+# through srun takes milliseconds; this leaves room for a loaded login host, and the answer inside the liveness bound
+ANSWER_S = 5.0
 
 
 def node_key(info: RankInfo) -> str:
@@ -82,4 +88,34 @@ def never_joined_text(launcher: Launcher, missing: Sequence[int], nproc: int, ti
         f"{plural(len(missing), 'rank')} of {nproc} never reached the kernel at {control} within {timeout:.0f}s ({who}). "
         f"Slurm started them; a firewall between the nodes and this machine? --control-addr ADDR chooses another address, "
         f"--join-timeout SECONDS waits longer."
+    )
+
+
+def raise_if_still_silent(launcher: Launcher, ranks: Dict[int, RankInfo], gone: Sequence[int], since: Dict[str, float]) -> None:
+    """Before the ranks ``gone`` are started again: those lost with their node (``silent``) wait for that node to answer
+    a ping, ``ANSWER_S`` at most. A node that does not fails the cell now, naming it (``since``: node -> when it went
+    quiet, wall clock), before anything is sent: the other ranks keep their state, and the next cell asks again."""
+    by_node: Dict[str, List[int]] = {}
+    for r in gone:
+        if ranks[r].silent:
+            by_node.setdefault(node_key(ranks[r]), []).append(r)
+    quiet = launcher.unanswered(sorted(by_node), ANSWER_S) if by_node else []
+    if quiet:
+        kept = [r for r, info in sorted(ranks.items()) if r not in gone and info.state not in _GONE]
+        raise NodeUnreachable(still_silent_text({n: by_node[n] for n in quiet}, since, kept))
+
+
+def still_silent_text(by_node: Dict[str, List[int]], since: Dict[str, float], kept: Sequence[int]) -> str:
+    """'ranks 2-3 on n2 are still unreachable (no answer since 00:41:07, nor to a ping just now): nothing ran, ranks 0-1
+    keep their variables. Run the cell again once n2 is back, or ...'"""
+    who = " and ".join(f"{ranks_phrase(rs)} on {node}" for node, rs in sorted(by_node.items()))
+    count, nodes = sum(len(rs) for rs in by_node.values()), ",".join(sorted(by_node))
+    first = min((since[n] for n in by_node if n in since), default=None)
+    quiet = f"no answer since {time.strftime('%H:%M:%S', time.localtime(first))}, nor to a ping just now" if first else "no answer to a ping just now"
+    held = f"{ranks_phrase(kept)} {'keeps its' if len(kept) == 1 else 'keep their'} variables" if kept else "no rank is left"
+    one = len(by_node) == 1
+    return (
+        f"{who} {'is' if count == 1 else 'are'} still unreachable ({quiet}): nothing ran, {held}. "
+        f"Run the cell again once {nodes} {'is' if one else 'are'} back, or %ddp stop and start a pool without "
+        f"{'it' if one else 'them'} (--slurm-args \"--exclude={nodes}\")."
     )

@@ -23,6 +23,6 @@ def resume(pool: "Pool", listener: Listener, cancel: Optional[threading.Event] =
     guarded = GuardedListener(listener)
     with pool._bound(guarded):
         t0 = time.monotonic()
-        cell = CellRun(pool, FailurePolicy(timeout=None, grace=pool.grace, t0=t0), cancel=cancel)
+        cell = CellRun(pool, FailurePolicy(timeout=None, grace=pool.grace, t0=t0, remote=pool.launcher.remote_ranks), cancel=cancel)
         cell.drive()
         return pool._outcome(cell, guarded, t0)

@@ -185,6 +185,12 @@ class Launcher(ABC):
         """What ranks said when they could not reach the control port at start-up (events: rank, node, addr, why)."""
         return []
 
+    def unanswered(self, nodes: List[str], within: float) -> List[str]:
+        """Of ``nodes`` (whose ranks were unreachable), those that do not answer now within ``within`` seconds: a new rank
+        asked of one would wait out the whole join timeout. None, for a launcher that cannot ask a node (its ranks
+        share this host, or nothing of ours runs there between ranks)."""
+        return []
+
     def give_up(self) -> str:
         """The pool could not start and retrying in place would not help: let go of what we hold; says what became of it."""
         return "nothing is held"

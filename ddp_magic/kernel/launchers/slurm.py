@@ -249,6 +249,18 @@ class SlurmLauncher(Launcher):
             return f"{alloc.gone_why(down_nodes(alloc.nodes))}; a new allocation replaces it"
         return ""
 
+    def unanswered(self, nodes: List[str], within: float) -> List[str]:
+        """Each node's template is pinged over srun (its stdin, its output: the way a new rank's spawn and events take);
+        the nodes whose answer did not come within ``within`` seconds. A node with no template left is not asked: a new
+        step there says for itself whether the node is back."""
+        deadline = time.monotonic() + within
+        asked: Dict[TemplateStep, Dict[str, int]] = {}
+        for node in nodes:
+            step = self._step_for(node)
+            if step is not None:
+                asked.setdefault(step, {})[node] = step.ping(node)
+        return [n for step, pings in asked.items() for n in step.wait_pongs(pings, deadline)]
+
     def cannot_reach(self) -> List[dict]:
         return [ev for step in self.steps for ev in step.unreachable]
 

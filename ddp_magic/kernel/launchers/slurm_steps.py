@@ -2,7 +2,7 @@
 
 The step runs one task a node, that node's template (procs/slurm_template.py). The kernel
 writes spawn commands to srun's stdin, which srun gives every task; a thread reads srun's
-output: the templates' events (one JSON line each: ready, spawned, exited), srun's own
+output: the templates' events (one JSON line each: ready, spawned, exited, pong), srun's own
 "srun: error: n2: task 1: Killed" when a template ends, and anything else (the launcher's
 log). A node whose template ended is no longer served: its next rank needs a new step there.
 """
@@ -38,9 +38,12 @@ class TemplateStep:
         self.ready: Dict[str, str] = {}  # node -> the template's import line
         self.events: List[dict] = []  # spawned / exited, for the launcher's poll
         self.unreachable: List[dict] = []  # ranks that could not reach the kernel's control port (procs/worker.py)
+        self.pongs: Dict[str, int] = {}  # node -> the last ping its template answered (``ping``)
         self._lock = threading.Lock()
+        self._heard = threading.Condition(self._lock)
         self._log = log_file
         self._nonce = 0
+        self._pings = 0  # the last ping's id
         self.proc = popen(pdeathsig_prefix() + argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True, close_fds=True)
         self._reader = threading.Thread(target=self._read, name="ddp-slurm-step", daemon=True)
@@ -71,6 +74,10 @@ class TemplateStep:
                 self.ready[str(event.get("node"))] = str(event.get("info", ""))
             elif event.get("event") == "unreachable":
                 self.unreachable.append(event)
+            elif event.get("event") == "pong" and isinstance(event.get("id"), int):
+                node = str(event.get("node"))
+                self.pongs[node] = max(event["id"], self.pongs.get(node, 0))
+                self._heard.notify_all()
             elif event.get("event") == "error":
                 self.lost.setdefault(str(event.get("node")), f"the template could not start: {event.get('message')}")
                 self._to_log((str(event.get("traceback", "")) + "\n").encode())
@@ -108,6 +115,22 @@ class TemplateStep:
             nonce = os.urandom(8) + self._nonce.to_bytes(8, "big")
             cmd.update(sealed=slurm_env.seal(self.secret, secret, nonce), nonce=nonce.hex())
         self._write(cmd)
+
+    def ping(self, node: str) -> int:
+        """Ask ``node``'s template to answer (a round trip through srun and the node's link); the id to wait for."""
+        self._pings += 1
+        self._write({"op": "ping", "node": node, "id": self._pings})
+        return self._pings
+
+    def wait_pongs(self, asked: Dict[str, int], deadline: float) -> List[str]:
+        """Wait until every node of ``asked`` (node -> ping id) answered its ping, or ``deadline``; the nodes that did not."""
+        with self._heard:
+            while True:
+                silent = [n for n, i in asked.items() if self.pongs.get(n, 0) < i]
+                left = deadline - time.monotonic()
+                if not silent or left <= 0:
+                    return silent
+                self._heard.wait(left)
 
     def _write(self, cmd: dict) -> None:
         assert self.proc.stdin is not None
