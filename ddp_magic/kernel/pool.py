@@ -74,7 +74,7 @@ class Pool:
         self.started, self.generation, self.template_info, self.rejected_peers, self._cell = False, 0, "", 0, 0
         self.recovery = Recovery()  # re-forms the group after a failure, starts a dead rank again (recovery.py)
         self.start_seconds: Optional[float] = None
-        self.start_began: Optional[float] = None  # while it starts: when (monotonic); the one start clock of every view
+        self.start_began: Optional[float] = time.monotonic()  # the one start clock of every view: runs from the pool's birth
         self.control_port: Optional[int] = None  # open only until every rank has joined
         self.listen_addr = spec.control_addr  # where it listens: an address the ranks reach (kernel/placement.py)
         self.tls_key: Optional[ServerKey] = None  # the control channel's TLS key, when ranks are on other hosts
@@ -109,7 +109,7 @@ class Pool:
         listener = listener or Listener()
         if self.started:
             return
-        self.start_began = t0 = time.monotonic()  # the template's warm-up and a Slurm job's queue wait count too
+        self.start_began = t0 = self.start_began if not self.generation and self.start_began else time.monotonic()  # warm-up, queue: all count
         shm.remove_orphans()  # files of this host's dead kernels that had no template to remove them
         self._warm_up()
         raise_fd_limit(3 * self.nproc + 64)  # three sockets per rank: control, stdout, stderr
