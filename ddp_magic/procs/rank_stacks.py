@@ -74,7 +74,7 @@ def faulthandler_text(all_threads: bool) -> str:
 
 def native_text(pid: int) -> Dict[str, str]:
     """py-spy's dump of this process with native frames, or why there is none."""
-    exe = shutil.which("py-spy")
+    exe = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))  # a venv's, unactivated
     if exe is None:
         return {"native_error": NO_PY_SPY}
     try:

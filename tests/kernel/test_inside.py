@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 import pytest
 
@@ -90,14 +91,21 @@ t.item()""", timeout=60).ok()
         assert "--- ranks 0-3 (4) ---" in idle and "(idle: between cells)" in idle
 
 
+def py_spy() -> Optional[str]:
+    """py-spy where a rank finds it: on PATH, or beside the interpreter (a venv that is not activated)."""
+    return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+
+
 def test_stacks_usage_errors_say_what_to_do(k4: Kernel) -> None:
     for _ in range(2):
         ex = k4.run("%ddp status --all-threads")
         assert ex.error is not None and "go with stacks" in ex.error[1]
         out = k4.run("%ddp stacks --native", timeout=60).ok().stdout
         assert "--- ranks 0-3 (4) ---" in out
-        if shutil.which("py-spy") is None:  # an option, not a dependency: without it the Python frames still come
+        if py_spy() is None:  # an option, not a dependency: without it the Python frames still come
             assert "py-spy is not installed on this rank's host (pip install py-spy)" in out
+        else:  # requirements-dev.txt installs it: each rank's native frames, read from outside the rank
+            assert "native frames (rank 0, py-spy):" in out and "(libc.so" in out, out
 
 
 def rss(k: Kernel) -> Dict[int, float]:
