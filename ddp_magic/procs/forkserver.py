@@ -284,7 +284,7 @@ class Template(KeptTemplate):
         except OSError:
             data = b""
         if not data:  # no "exit": the kernel is going
-            if self.lease is None:
+            if self.lease is None and not self.follows_lease:
                 self.kernel_gone()
             self.kernel_left()
             return
