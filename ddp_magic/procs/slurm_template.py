@@ -38,6 +38,7 @@ class NodeTemplate(Template):
     def __init__(self, node: str, secret: bytes, env: Dict[str, str]) -> None:
         super().__init__(kernel_pid=0)  # the kernel may be on another host: nothing of it to wait for here
         self.node, self.secret, self.env = node, secret, env
+        self.terminated_why = f"its Slurm job {env.get('SLURM_JOB_ID', '')} ended (its time limit came, or it was cancelled)"
 
     def spawn(self, cmd: dict) -> None:
         if cmd.get("node") != self.node:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 import pytest
 
@@ -121,13 +121,29 @@ def attach_and_finish(k2: Kernel, gate: str) -> str:
     return shown
 
 
-def union_is_whole(first: str, second: str) -> None:
-    """Every tick of every rank shown exactly once, by one kernel or the other."""
+def last_sent(k: Kernel, parent: str) -> Dict[int, List[int]]:
+    """Per rank, the ticks of the last stream message the (SIGKILLed) kernel sent for it: the one ZeroMQ may have
+    delivered after the kernel's last count (docs/keep.md, "Shown exactly once: the window a SIGKILL leaves")."""
+    out: Dict[int, List[int]] = {}
+    for m in k.elsewhere:
+        if m["parent_header"].get("msg_id") == parent and m["msg_type"] == "stream":
+            for rank, found in ticks(ANSI.sub("", m["content"]["text"])).items():
+                out[rank] = found
+    return out
+
+
+def union_is_whole(first: str, second: str, window: Optional[Dict[int, List[int]]] = None) -> None:
+    """Every tick of every rank shown, by one kernel or the other, exactly once; after a SIGKILL, the ticks of the
+    one message the kernel was sending as it died (``window``) may show twice, and nothing else."""
     a, b = ticks(first), ticks(second)
     for rank in (0, 1):
         both = sorted(a.get(rank, []) + b.get(rank, []))
-        assert both == list(range(N)), f"rank {rank}: first kernel {a.get(rank)}, second {b.get(rank)}"
-        assert a.get(rank) and b.get(rank), "each kernel showed some ticks"
+        twice = sorted(set(a.get(rank, [])) & set(b.get(rank, [])))
+        assert not twice or set(twice) <= set((window or {}).get(rank, [])), f"rank {rank}: {twice} shown twice, not only the last message's"
+        if twice:
+            print(f"rank {rank}: ticks {twice} shown by both kernels (the message being sent at the SIGKILL)")
+        assert sorted(set(both)) == list(range(N)), f"rank {rank}: first kernel {a.get(rank)}, second {b.get(rank)}"
+        assert len(both) == N + len(twice) and a.get(rank) and b.get(rank), "each kernel showed some ticks, none twice but those"
 
 
 def stop_and_check(k: Kernel, runtime: str) -> None:
@@ -165,8 +181,9 @@ def test_a_kept_job_outlives_its_kernel(runtime: str, tmp_path, end: str) -> Non
                 k1.kc.stop_channels()
                 k1 = None
                 k2 = kernel(runtime)
+            window = last_sent(k1, ex1.msg_id) if end == "sigkill" else {}
             second = attach_and_finish(k2, gate)
-            union_is_whole(first, second)
+            union_is_whole(first, second, window)
             stop_and_check(k2, runtime)
         finally:
             for k in (k1, k2):
