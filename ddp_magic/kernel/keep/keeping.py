@@ -15,7 +15,7 @@ import secrets
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, Union
 
 from ...logs import log
 from ...wire import kept
@@ -65,17 +65,9 @@ def pool_blob(pool: "Pool") -> str:
 
 def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     """Keep ``pool`` past this kernel under ``terms`` (again: the new terms). Raises KeepError."""
-    launcher = pool.launcher
     if not pool.alive:
         raise KeepError("%ddp keep: no pool is running; start one first (%%ddp -n N), or put --keep on the cell that starts it")
-    slurm = isinstance(launcher, SlurmLauncher)
-    if slurm:
-        why = launcher.keepable()
-        if why:
-            raise KeepError(f"%ddp keep: this Slurm pool cannot be kept: {why}")
-    elif not isinstance(launcher, ForkServerLauncher) or launcher.remote_ranks:
-        raise KeepError(f"%ddp keep: a pool started with {pool.spec.launcher_method!r} cannot be kept yet; "
-                        "kept pools are fork-server pools on this host (the default --start-method auto) and Slurm pools")
+    launcher = _keepable(pool)
     state: Optional[KeptState] = pool.kept
     pool_id = state.id if state is not None else secrets.token_hex(4)
     where = state.where if state is not None else kept.runtime_dir()
@@ -84,12 +76,12 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     info = {"notebook": notebook, "nproc": pool.nproc, "job": job, "kernel_pid": os.getpid(), "pool": pool_blob(pool),
             "shm_prefix": pool.shm_prefix, "user": os.getuid()}
     launcher.notes.clear()
-    launcher._write({"op": "keep", "id": pool_id, "node": launcher.lease_node if slurm else "",  # type: ignore[union-attr]
+    launcher._write({"op": "keep", "id": pool_id, "node": launcher.lease_node if isinstance(launcher, SlurmLauncher) else "",
                      "where": where, "idle": terms.idle, "max": terms.max, "secret": pool.secret.hex(),
                      "kernel": os.environ.get("JPY_SESSION_NAME", "") or f"pid {os.getpid()}", "pid": os.getpid(), "info": info})
     note = _await_note(pool, "kept")
     directory = str(note.get("dir") or kept.pool_dir(pool_id, where))
-    if state is None and slurm:  # the allocation follows the lease from now on, salloc and srun outlive us
+    if state is None and isinstance(launcher, SlurmLauncher):  # the allocation follows the lease from now on, salloc and srun outlive us
         launcher.outlive_kernel(kept.lock_path(pool_id, where))
     if state is None:
         pool.hub.shown = kept.ShownOffsets(os.path.join(directory, "shown"), pool.nproc)  # each rank's KEEP reply sets its start
@@ -102,6 +94,20 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     pool.kept = KeptState(pool_id, directory, where, terms if state is None else Terms(terms.idle, terms.max, state.terms.since),
                           notebook, job)
     return pool.kept
+
+
+def _keepable(pool: "Pool") -> "Union[ForkServerLauncher, SlurmLauncher]":
+    """The pool's launcher, if its pool can be kept; else KeepError says why."""
+    launcher = pool.launcher
+    if isinstance(launcher, SlurmLauncher):
+        why = launcher.keepable()
+        if why:
+            raise KeepError(f"%ddp keep: this Slurm pool cannot be kept: {why}")
+        return launcher
+    if not isinstance(launcher, ForkServerLauncher) or launcher.remote_ranks:
+        raise KeepError(f"%ddp keep: a pool started with {pool.spec.launcher_method!r} cannot be kept yet; "
+                        "kept pools are fork-server pools on this host (the default --start-method auto) and Slurm pools")
+    return launcher
 
 
 def unkeep(pool: "Pool") -> bool:
@@ -119,7 +125,7 @@ def unkeep(pool: "Pool") -> bool:
         launcher._write({"op": "unkeep"})
         _await_note(pool, "unkept")
         if getattr(launcher, "lock", None):  # an attached kept template: its lock is gone, its connection is its life now
-            launcher.lock = ""  # type: ignore[attr-defined]
+            setattr(launcher, "lock", "")  # noqa: B010 (KeptLauncher's, kernel/keep/launcher.py)
     pool.ask(P.KEEP, KEEP_WAIT_S, fields={"on": False})
     pool.hub.shown, pool.hub.keep_msg = None, None
     pool.kept = None
