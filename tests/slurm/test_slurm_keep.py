@@ -90,3 +90,24 @@ def test_a_kept_slurm_pool_outlives_its_kernel_until_its_lease_ends(slurm_cluste
                 k2.km.shutdown_kernel(now=True)
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_ddp_stop_ends_a_kept_slurm_pool_and_releases_its_allocation(slurm_cluster, no_jobs_left):
+    runtime = tempfile.mkdtemp(prefix="k33s-", dir="/tmp")
+    k = Kernel(extra_env={"JUPYTER_RUNTIME_DIR": runtime, "JPY_SESSION_NAME": "slurm.ipynb"})
+    try:
+        k.run("%load_ext ddp_magic").ok()
+        for _attempt in range(2):
+            k.run(START, timeout=180).ok()
+            assert "kept the pool" in k.run("%ddp keep").ok().stdout
+            job = k.value("get_ipython().magics_manager.registry['DDPMagics'].session.pool.launcher.job_id()")
+            stop = k.run("%ddp stop", timeout=60).ok().stdout.strip()
+            assert stop == f"stopped the pool; its workers have exited; Slurm job {job} released: its nodes are free", stop
+            deadline = time.monotonic() + 15
+            while (_ours(runtime) or _job_listed(job)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            left = [n for n in os.listdir(runtime) if n.startswith("ddp-kept-")]
+            assert not _ours(runtime) and not _job_listed(job) and not left, (_ours(runtime), left)
+    finally:
+        k.shutdown()
+        shutil.rmtree(runtime, ignore_errors=True)

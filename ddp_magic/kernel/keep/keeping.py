@@ -110,14 +110,19 @@ def _keepable(pool: "Pool") -> "Union[ForkServerLauncher, SlurmLauncher]":
     return launcher
 
 
-def unkeep(pool: "Pool") -> bool:
-    """``%ddp keep --off``: the pool ends with this kernel again. Whether it was kept."""
+def unkeep(pool: "Pool", ending: bool = False) -> bool:
+    """``%ddp keep --off``: the pool ends with this kernel again (``ending``: it is being replaced, and stops next).
+    Whether it was kept."""
     if pool.kept is None:
         return False
     launcher = pool.launcher
     if pool.plan is not None and pool.plan.slurm is not None and not isinstance(launcher, SlurmLauncher):
-        raise KeepError("%ddp keep --off: this kernel attached a kept Slurm pool; its allocation follows the lease and cannot be "
-                        "tied to this kernel again. %ddp stop ends the pool and releases the allocation")
+        if not ending:
+            raise KeepError("%ddp keep --off: this kernel attached a kept Slurm pool; its allocation follows the lease and cannot be "
+                            "tied to this kernel again. %ddp stop ends the pool and releases the allocation")
+        pool.hub.shown, pool.hub.keep_msg, pool.kept = None, None, None  # its stop ends the lease, and the allocation with it
+        _set_finalizer(pool, stop_quietly, pool.hub, pool.shm_prefix)
+        return True
     if isinstance(launcher, SlurmLauncher):
         launcher.outlive_kernel("")  # the holder follows us again before the lease's lock goes
     if isinstance(launcher, (ForkServerLauncher, SlurmLauncher)):

@@ -31,6 +31,7 @@ from ...plan.checks_slurm import TEMPLATE
 from ...logs import log
 from ...plan.net import address_family, is_local_ip, route_source
 from ...wire import slurm_env, tls
+from ...wire.kept import is_held
 # not ``from . import slurm_cli``: that imports this package, whose __init__ imports this module
 from .slurm_cli import down_nodes, hostnames, installed, job as slurm_job, node_addr, test_request
 from .base import Exit, LaunchError, Launcher
@@ -309,6 +310,7 @@ class SlurmLauncher(Launcher):
         alloc.follow(f"lease {lock}" if lock else f"kernel {os.getpid()}", keep=bool(lock))
         for step in self.steps:
             step.outlive_kernel(bool(lock))
+        self.lease_lock = lock
 
     def detach(self) -> None:
         """The kept pool is no more this kernel's (its exit, or another kernel took it): forget it, end nothing."""
@@ -318,11 +320,20 @@ class SlurmLauncher(Launcher):
                     proc.stdin.close()
                 except OSError:
                     log.debug("a kept pool's pipe was closed already", exc_info=True)
-        self.steps, self.alloc, self._pids = [], None, {}
+        self.steps, self.alloc, self._pids, self.lease_lock = [], None, {}, ""
         self._pending.clear()
 
+    lease_lock = ""  # a kept pool's: the lock its lease holds (outlive_kernel)
+
     def _end_steps(self) -> None:
-        """End every step of templates (srun cancels it: every rank ends), then make sure."""
+        """End every step of templates (srun cancels it: every rank ends), then make sure. A kept pool's lease ends
+        first as ``%ddp stop`` ends it (its files go), not as a job Slurm ended."""
+        if self.lease_lock:
+            self._write({"op": "exit"})
+            deadline = time.monotonic() + END_WAIT_S
+            while is_held(self.lease_lock) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.lease_lock = ""
         steps, self.steps = self.steps, []
         for step in steps:
             step.end()
