@@ -5,6 +5,7 @@ writes spawn commands to srun's stdin, which srun gives every task; a thread rea
 output: the templates' events (one JSON line each: ready, spawned, exited), srun's own
 "srun: error: n2: task 1: Killed" when a template ends, and anything else (the launcher's
 log). A node whose template ended is no longer served: its next rank needs a new step there.
+srun runs under procs/anchor.py: it goes with the kernel, unless the pool is kept (``outlive_kernel``).
 """
 from __future__ import annotations
 
