@@ -70,7 +70,7 @@ def hand_over(old: "Pool", new: "Pool", changes: List[str]) -> bool:
     if old.kept is not None:  # a kept pool replaced: its lease ends (the new pool is not kept; docs/keep.md)
         from .keep.keeping import unkeep
 
-        unkeep(old)
+        unkeep(old, ending=True)
     launcher, since = old.launcher, time.monotonic()
     kept = _fits(new, launcher)
     if kept:

@@ -173,6 +173,8 @@ class Template(KeptTemplate):
         self.cmd_buf = b""
         self.lease: Optional[Lease] = None  # %ddp keep: the pool outlives its kernel (procs/lease.py)
 
+    terminated_why = "its template was terminated (SIGTERM)"  # a kept pool's end, as the next attach says it
+
     def kernel_gone(self, *_: object, dead: bool = True) -> None:
         """The kernel is going (``dead``: its SIGTERM, or EOF) or asked us to exit: our ranks go, then every file
         their pools left; once the kernel is really gone, its other files too (the notebook data it shipped,
@@ -182,7 +184,7 @@ class Template(KeptTemplate):
         lease, self.lease = self.lease, None
         if lease is not None:
             if dead:
-                lease.end("its template was terminated (SIGTERM)")
+                lease.end(self.terminated_why)
             else:
                 lease.off()
         try:
@@ -284,7 +286,7 @@ class Template(KeptTemplate):
         except OSError:
             data = b""
         if not data:  # no "exit": the kernel is going
-            if self.lease is None:
+            if self.lease is None and not self.follows_lease:
                 self.kernel_gone()
             self.kernel_left()
             return

@@ -49,6 +49,7 @@ class _Peer:
         self.sock = sock
         self.buf = b""
         self.rank: Optional[int] = None  # a rank's connection
+        self.pid = 0  # its pid
         self.busy = False
 
     def send(self, obj: Dict[str, Any]) -> bool:
@@ -134,7 +135,14 @@ class Lease:
         busy = sorted(p.rank for p in self.peers.values() if p.rank is not None and p.busy)
         return dict(self.info, id=self.id, state="kept", secret=self.secret.hex(), template_pid=os.getpid(), since=self.since,
                     idle=self.idle, max=self.max, attached=self.kernel, left_at=self.left_at, busy=busy, meanwhile=self.meanwhile,
-                    ranks={str(r): pid for pid, r in self.children().items()})
+                    ranks=self.ranks())
+
+    def ranks(self) -> Dict[str, int]:
+        """rank -> pid of every live rank: our children, and on Slurm the ranks other nodes' templates forked (known by
+        their lease connection, which they hold while they live)."""
+        out = {str(p.rank): p.pid for p in self.peers.values() if p.rank is not None and p.pid}
+        out.update({str(r): pid for pid, r in self.children().items()})
+        return out
 
     def write(self) -> None:
         try:
@@ -188,11 +196,14 @@ class Lease:
             log.debug("closing a lease peer failed", exc_info=True)
         if peer is self.kernel_peer:
             self.kernel_left()
+        elif peer.rank is not None and peer.pid not in self.children() and self.kernel is None:
+            # another node's rank (Slurm): not ours to reap; its lease connection closing is its exit
+            self.note(f"rank {peer.rank} (pid {peer.pid}) died (its lease connection closed)", rank=peer.rank, pid=peer.pid, code=None, kind="died")
 
     def _message(self, peer: _Peer, msg: Dict[str, Any]) -> bool:
         op = msg.get("op")
         if op == "rank":
-            peer.rank, peer.busy = int(msg["rank"]), bool(msg.get("busy"))
+            peer.rank, peer.busy, peer.pid = int(msg["rank"]), bool(msg.get("busy")), int(msg.get("pid") or 0)
         elif op == "busy":
             was, peer.busy = peer.busy, bool(msg.get("busy"))
             if was and not peer.busy and self.kernel is None:
@@ -218,7 +229,7 @@ class Lease:
         self.peers.pop(peer.sock.fileno(), None)  # the template reads its commands from now on
         self.kernel_peer = peer
         self.kernel = {"kernel": msg.get("kernel", ""), "pid": msg.get("pid"), "since": time.time()}
-        report = {"event": "attached", "meanwhile": self.meanwhile, "ranks": {str(r): pid for pid, r in self.children().items()},
+        report = {"event": "attached", "meanwhile": self.meanwhile, "ranks": self.ranks(),
                   "busy": sorted(p.rank for p in self.peers.values() if p.rank is not None and p.busy), "left_at": left_at,
                   "since": self.since, "idle": self.idle, "max": self.max}
         peer.send(report)

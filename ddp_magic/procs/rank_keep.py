@@ -168,7 +168,7 @@ class Keeper:
                     raise
                 time.sleep(0.02)
         sock.settimeout(None)
-        sock.sendall((json.dumps({"op": "rank", "rank": self.rank, "busy": self.busy}) + "\n").encode())
+        sock.sendall((json.dumps({"op": "rank", "rank": self.rank, "busy": self.busy, "pid": os.getpid()}) + "\n").encode())
         return sock
 
     def _read_lease(self) -> None:

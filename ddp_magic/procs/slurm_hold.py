@@ -5,7 +5,8 @@ when the command exits. This command prints the job id and node list the kernel
 waits for, then waits for the kernel to go: EOF on its stdin (a pipe the kernel
 holds), or the kernel's pid gone (``DDP_MAGIC_KERNEL_PID``, watched through a pidfd).
 Whichever comes first, even a SIGKILLed kernel's, the allocation is released
-within moments. It imports nothing of torch: it starts in milliseconds.
+within moments. A kept pool's allocation (``%ddp keep``, docs/keep.md) follows the pool's lease
+instead (``Follow``): released once the lease's lock is free. It imports nothing of torch.
 
 salloc releases by asking the controller; with slurmctld unreachable it retries (one
 such salloc, reparented to pid 1, ran for 48 minutes at 80% CPU). So before it exits
@@ -24,6 +25,7 @@ import sys
 import time
 
 from ..logs import log
+from ..wire import kept
 from .parent import die_with_parent
 
 KERNEL_PID_ENV = "DDP_MAGIC_KERNEL_PID"
@@ -32,6 +34,7 @@ RELEASE_GRACE_S = 10.0  # salloc releases in well under a second when the contro
 SCANCEL_TIMEOUT_S = 10.0
 SCANCEL_EVERY_S = 15.0
 WATCH_MAX_S = 600.0  # a controller gone longer than this: the job ends at its time limit
+LEASE_POLL_S = 0.5  # a kept pool's allocation: how often the lease's lock is looked at
 
 
 def _kernel_fd() -> "int | None":
@@ -78,19 +81,67 @@ def _cancelled(job: str) -> bool:
     return done.returncode == 0 or "Invalid job id" in done.stderr
 
 
+class Follow:
+    """What ends the allocation: the kernel (EOF on stdin, its pid gone), or, once kept, the pool's lease.
+
+    The kernel writes one command a line on our stdin: ``lease PATH`` (``%ddp keep``: from now on the
+    allocation ends when nothing holds the lease's lock, wire/kept.py: the lease ended, or its template
+    died; the kernel's exit no longer counts) and ``kernel PID`` (``%ddp keep --off``: that kernel's again)."""
+
+    def __init__(self, kernel: "int | None") -> None:
+        self.kernel = kernel  # the kernel's pidfd (None: none to watch)
+        self.lease = ""  # the lock of the lease we follow ("": we follow the kernel)
+        self.stdin: "int | None" = sys.stdin.fileno()
+        self.buf = b""
+
+    def fds(self) -> "list[int]":
+        return [fd for fd in (self.stdin, None if self.lease else self.kernel) if fd is not None]
+
+    def read(self) -> bool:
+        """Our stdin is readable: its commands; whether the allocation must end now (EOF while we follow the kernel)."""
+        assert self.stdin is not None
+        data = os.read(self.stdin, 4096)
+        if not data:
+            self.stdin = None  # a kept pool's kernel went: the lease decides
+            return not self.lease
+        self.buf += data
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            word, _, arg = line.decode(errors="replace").strip().partition(" ")
+            if word == "lease":
+                self.lease = arg
+            elif word == "kernel" and arg.isdigit():
+                self.lease = ""
+                try:
+                    self.kernel = os.pidfd_open(int(arg))
+                except (OSError, AttributeError):  # gone already: so is the allocation
+                    return True
+        return False
+
+    def lease_over(self) -> bool:
+        """The lease we follow is over (its lock is free), once whatever the kernel wrote before has been read."""
+        if not self.lease or kept.is_held(self.lease):
+            return False
+        while self.stdin is not None and select.select([self.stdin], [], [], 0)[0]:  # a ``kernel`` line written before keep --off freed the lock
+            if self.read():
+                return True
+        return bool(self.lease)
+
+
 def main() -> int:
     salloc = os.getppid()
     die_with_parent(salloc)  # salloc itself gone: so are we
-    watch = [sys.stdin.fileno()]
-    kernel = _kernel_fd()
-    if kernel is not None:
-        watch.append(kernel)
+    follow = Follow(_kernel_fd())
     job = os.environ.get("SLURM_JOB_ID", "")
     nodes = os.environ.get("SLURM_JOB_NODELIST", "")
     print(READY, job, nodes, flush=True)
     while True:
-        ready, _, _ = select.select(watch, [], [])
-        if kernel in ready or (sys.stdin.fileno() in ready and not os.read(sys.stdin.fileno(), 4096)):
+        fds = follow.fds()
+        ready, _, _ = select.select(fds, [], [], LEASE_POLL_S if follow.lease else None)
+        end = follow.kernel in ready and not follow.lease
+        if follow.stdin is not None and follow.stdin in ready:
+            end = follow.read() or end
+        if end or follow.lease_over():
             _watch_salloc(salloc, job)
             return 0
 

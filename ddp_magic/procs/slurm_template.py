@@ -13,7 +13,9 @@ set and the rank's own Slurm task variables among them.
 The pool's secret comes in the step's env and leaves ``os.environ`` at once; a later
 pool's secret comes sealed with it (wire/slurm_env.py ``seal``), never in the clear.
 stdin closing (srun gone: the kernel is) or SIGTERM (the step cancelled) ends every rank
-and the template; a rank dies with its template (its parent-death signal).
+and the template; a rank dies with its template (its parent-death signal). A kept pool
+(docs/keep.md): the first node's template holds the lease, as a fork-server template does, and
+the others follow it; stdin closing then only means that no kernel is attached.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class NodeTemplate(Template):
     def __init__(self, node: str, secret: bytes, env: Dict[str, str]) -> None:
         super().__init__(kernel_pid=0)  # the kernel may be on another host: nothing of it to wait for here
         self.node, self.secret, self.env = node, secret, env
+        self.terminated_why = f"its Slurm job {env.get('SLURM_JOB_ID', '')} ended (its time limit came, or it was cancelled)"
 
     def spawn(self, cmd: dict) -> None:
         if cmd.get("node") != self.node:
@@ -45,17 +48,32 @@ class NodeTemplate(Template):
         for name in config.pop("env_unset", []):
             env.pop(name, None)
         config["env"] = env
+        super().spawn(self._unsealed(cmd))
+
+    def _unsealed(self, cmd: dict) -> dict:
+        """The pool's secret in ``cmd``: sealed with the step's when it is another (wire/slurm_env.py), else the step's."""
         if cmd.get("sealed"):
             cmd["secret"] = slurm_env.unseal(self.secret, cmd.pop("sealed"), bytes.fromhex(cmd.pop("nonce"))).hex()
-        super().spawn(cmd)
+        return cmd
 
     def command(self, cmd: dict) -> None:
-        """A ping is the kernel asking whether this node hears it again (its ranks were unreachable): answered at once,
-        over the same way a spawn would come and its ranks' events would go (srun's stdin and output)."""
-        if cmd.get("op") == "ping":
-            if cmd.get("node") == self.node:
+        """A kept pool's lease is held by the template of the node the keep names; the others follow it: they outlive
+        the kernel too, and end with the allocation when the lease does (procs/slurm_hold.py releases it). A ping is
+        the kernel asking whether this node hears it again (its ranks were unreachable): answered at once, over the
+        same way a spawn would come and its ranks' events would go (srun's stdin and output)."""
+        op, node = cmd.get("op"), cmd.get("node")
+        if op == "ping":
+            if node == self.node:
                 _emit({"event": "pong", "node": self.node, "id": cmd.get("id")})
             return
+        if op in ("keep", "unkeep") and node and node != self.node:
+            self.follows_lease = op == "keep"
+            return
+        if op == "unkeep":
+            self.follows_lease = False
+        if op == "keep":
+            cmd = self._unsealed(cmd)
+            cmd.setdefault("secret", self.secret.hex())
         super().command(cmd)
 
 

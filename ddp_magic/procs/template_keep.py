@@ -79,6 +79,7 @@ class KeptTemplate:
         self.kernel_left()
 
     kernel_sock: Optional[socket.socket] = None  # an attached kernel's lease connection (None: our stdin, or no kernel)
+    follows_lease = False  # a Slurm node's template whose pool another node's template keeps (procs/slurm_template.py)
 
     def kernel_left(self) -> None:
         """No kernel hears us now (fd 0, our stdin, stays open for no one)."""

@@ -18,6 +18,7 @@ import fcntl
 import json
 import mmap
 import os
+import signal
 import struct
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -28,6 +29,8 @@ PREFIX = "ddp-kept-"
 STREAMS = ("stdout", "stderr")
 SUFFIX = {"stdout": "out", "stderr": "err"}
 _OFFSET = struct.Struct("<Q")
+ANCHOR_KEEP = signal.SIGUSR1  # to procs/anchor.py (salloc's or srun's parent on Slurm): outlive the kernel
+ANCHOR_UNKEEP = signal.SIGUSR2  # to it: go with the kernel again
 
 
 def runtime_dir() -> str:

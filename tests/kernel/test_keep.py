@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 import pytest
 
@@ -121,13 +121,48 @@ def attach_and_finish(k2: Kernel, gate: str) -> str:
     return shown
 
 
-def union_is_whole(first: str, second: str) -> None:
-    """Every tick of every rank shown exactly once, by one kernel or the other."""
+def last_sent(k: Kernel, parent: str) -> Dict[int, List[int]]:
+    """Per rank, the ticks of the last stream message the (SIGKILLed) kernel sent for it: the one ZeroMQ may have
+    delivered after the kernel's last count (docs/keep.md, "Shown exactly once: the window a SIGKILL leaves")."""
+    out: Dict[int, List[int]] = {}
+    for m in k.elsewhere:
+        if m["parent_header"].get("msg_id") == parent and m["msg_type"] == "stream":
+            for rank, found in ticks(ANSI.sub("", m["content"]["text"])).items():
+                out[rank] = found
+    return out
+
+
+def union_is_whole(first: str, second: str, window: Optional[Dict[int, List[int]]] = None, spools: Optional[Dict[int, str]] = None) -> None:
+    """Every tick of every rank shown, by one kernel or the other, exactly once. After a SIGKILL (``window``: the ticks
+    of the message the kernel was sending as it died), the one hand-over to ZeroMQ may go either way, and nothing else
+    (docs/keep.md, "Shown exactly once: the window a SIGKILL leaves"): those ticks may show twice, or the ticks between
+    the first kernel's last and the second's first may be missing from the notebook, and then they are in the spool."""
     a, b = ticks(first), ticks(second)
     for rank in (0, 1):
-        both = sorted(a.get(rank, []) + b.get(rank, []))
-        assert both == list(range(N)), f"rank {rank}: first kernel {a.get(rank)}, second {b.get(rank)}"
-        assert a.get(rank) and b.get(rank), "each kernel showed some ticks"
+        mine, theirs = a.get(rank, []), b.get(rank, [])
+        assert mine and theirs, f"rank {rank}: each kernel showed some ticks: first {mine}, second {theirs}"
+        assert mine == sorted(set(mine)) and theirs == sorted(set(theirs)), f"rank {rank}: in order, once each: first {mine}, second {theirs}"
+        twice = sorted(set(mine) & set(theirs))
+        missing = sorted(set(range(N)) - set(mine) - set(theirs))
+        if window is None:
+            assert not twice and not missing, f"rank {rank}: first kernel {mine}, second {theirs}"
+        assert not twice or set(twice) <= set((window or {}).get(rank, [])), f"rank {rank}: {twice} shown twice, not only the last message's"
+        assert not missing or missing == list(range(mine[-1] + 1, theirs[0])), f"rank {rank}: {missing} missing, not only at the hand-over"
+        for i in missing:
+            assert f"tick {i}\n" in (spools or {}).get(rank, ""), f"rank {rank}: tick {i} is not even in the spool"
+        if twice or missing:
+            print(f"rank {rank}: at the SIGKILL, ticks {twice} shown by both kernels, {missing} only in the spool")
+        assert sorted(set(mine) | set(theirs)) == sorted(set(range(N)) - set(missing)) and mine[0] == 0 and theirs[-1] == N - 1
+
+
+def spool_texts(k: Kernel, runtime: str) -> Dict[int, str]:
+    """Each rank's stdout spool of the kept pool ``k`` has (on disk, every byte the rank printed)."""
+    pool_dir = os.path.join(runtime, f"ddp-kept-{pool_facts(k)['id']}")
+    out = {}
+    for rank in (0, 1):
+        with open(os.path.join(pool_dir, f"r{rank}.out"), errors="replace") as f:
+            out[rank] = f.read()
+    return out
 
 
 def stop_and_check(k: Kernel, runtime: str) -> None:
@@ -165,8 +200,9 @@ def test_a_kept_job_outlives_its_kernel(runtime: str, tmp_path, end: str) -> Non
                 k1.kc.stop_channels()
                 k1 = None
                 k2 = kernel(runtime)
+            window = last_sent(k1, ex1.msg_id) if end == "sigkill" else None
             second = attach_and_finish(k2, gate)
-            union_is_whole(first, second)
+            union_is_whole(first, second, window, spool_texts(k2, runtime))
             stop_and_check(k2, runtime)
         finally:
             for k in (k1, k2):

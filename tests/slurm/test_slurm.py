@@ -90,6 +90,8 @@ def test_two_nodes_train_ddp_over_tls(sk, no_jobs_left):
             assert new_secret not in cmdline(pid) and new_secret.encode() not in b" ".join((env_of(pid) or {}).values())
         assert "in the same Slurm allocation: no new queue wait" in ex.stdout
         assert our_jobs() == [f"{job.group(1)} RUNNING"]
+        refused = sk.run("%ddp keep").error  # docs/keep.md, "Slurm": an attaching kernel cannot take the TLS key on yet
+        assert refused and "this Slurm pool cannot be kept: its control channel is TLS (DDP_MAGIC_FORCE_TLS)" in refused[1], refused
     stop = sk.run("%ddp stop").ok()
     assert stop.stdout.strip() == f"stopped the pool; its workers have exited; Slurm job {job.group(1)} released: its nodes are free", stop.stdout
     assert wait_no_jobs(10) == [], "%ddp stop releases the allocation we made, and says so"
@@ -230,6 +232,8 @@ def test_kernel_inside_salloc_uses_that_allocation_and_leaves_it(slurm_cluster, 
             assert values == [(job, 4, "n1"), (job, 4, "n1"), (job, 4, "n2"), (job, 4, "n2")]
             if attempt == 0:
                 assert f"Slurm job {job} on n1,n2: the kernel runs inside it" in ex.stdout and "never cancels it" in ex.stdout
+            refused = k.run("%ddp keep").error
+            assert refused and f"this Slurm pool cannot be kept: it runs in the kernel's own Slurm job {job}, which ends with its kernel" in refused[1]
             stop = k.run("%ddp stop").ok()
             assert stop.stdout.strip().endswith(f"; Slurm job {job} kept: the kernel runs inside it"), stop.stdout
             time.sleep(1)

@@ -30,6 +30,8 @@ from .terms import Terms, span
 if TYPE_CHECKING:
     from ..pool import Pool
 
+SLURM_RESPAWN = ("a rank of a kept Slurm pool cannot be started again from a kernel that attached it (not yet: docs/keep.md, "
+                 "Slurm); %ddp stop ends the pool and releases its allocation, and the next %%ddp --slurm cell starts a new one")
 JOIN_WAIT_S = 60.0  # every live rank joins the attaching kernel within this
 REPLY_WAIT_S = 10.0
 
@@ -153,6 +155,8 @@ def attach(found: Found, force: bool) -> Attached:
         raise
     pids = {int(pid): int(rank) for rank, pid in report["ranks"].items()}
     pool.hub.launcher = KeptLauncher(pool.secret, sock, pids, kept.lock_path(found.id, os.path.dirname(found.path)))
+    if pool.plan is not None and pool.plan.slurm is not None:
+        pool.hub.launcher.refuses = SLURM_RESPAWN
     pool.hub.reset(pool.ranks, admission)
     pool.hub.begin_cell()
     pool.hub.shown = kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, os.path.dirname(found.path)), "shown"), pool.nproc)

@@ -15,12 +15,12 @@ import secrets
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, Union
 
 from ...logs import log
 from ...wire import kept
 from ...wire import protocol as P
-from ..launchers import ForkServerLauncher
+from ..launchers import ForkServerLauncher, SlurmLauncher
 from ..failures.recovery import stop_quietly
 from .terms import Terms
 
@@ -65,12 +65,9 @@ def pool_blob(pool: "Pool") -> str:
 
 def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     """Keep ``pool`` past this kernel under ``terms`` (again: the new terms). Raises KeepError."""
-    launcher = pool.launcher
     if not pool.alive:
         raise KeepError("%ddp keep: no pool is running; start one first (%%ddp -n N), or put --keep on the cell that starts it")
-    if not isinstance(launcher, ForkServerLauncher) or launcher.remote_ranks:
-        raise KeepError(f"%ddp keep: a pool started with {pool.spec.launcher_method!r} cannot be kept yet; "
-                        "kept pools are fork-server pools on this host (the default --start-method auto)")
+    launcher = _keepable(pool)
     state: Optional[KeptState] = pool.kept
     pool_id = state.id if state is not None else secrets.token_hex(4)
     where = state.where if state is not None else kept.runtime_dir()
@@ -79,10 +76,13 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     info = {"notebook": notebook, "nproc": pool.nproc, "job": job, "kernel_pid": os.getpid(), "pool": pool_blob(pool),
             "shm_prefix": pool.shm_prefix, "user": os.getuid()}
     launcher.notes.clear()
-    launcher._write({"op": "keep", "id": pool_id, "where": where, "idle": terms.idle, "max": terms.max, "secret": pool.secret.hex(),
+    launcher._write({"op": "keep", "id": pool_id, "node": launcher.lease_node if isinstance(launcher, SlurmLauncher) else "",
+                     "where": where, "idle": terms.idle, "max": terms.max, "secret": pool.secret.hex(),
                      "kernel": os.environ.get("JPY_SESSION_NAME", "") or f"pid {os.getpid()}", "pid": os.getpid(), "info": info})
     note = _await_note(pool, "kept")
     directory = str(note.get("dir") or kept.pool_dir(pool_id, where))
+    if state is None and isinstance(launcher, SlurmLauncher):  # the allocation follows the lease from now on, salloc and srun outlive us
+        launcher.outlive_kernel(kept.lock_path(pool_id, where))
     if state is None:
         pool.hub.shown = kept.ShownOffsets(os.path.join(directory, "shown"), pool.nproc)  # each rank's KEEP reply sets its start
         pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(pool_id, where), "dir": directory}
@@ -96,17 +96,41 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     return pool.kept
 
 
-def unkeep(pool: "Pool") -> bool:
-    """``%ddp keep --off``: the pool ends with this kernel again. Whether it was kept."""
+def _keepable(pool: "Pool") -> "Union[ForkServerLauncher, SlurmLauncher]":
+    """The pool's launcher, if its pool can be kept; else KeepError says why."""
+    launcher = pool.launcher
+    if isinstance(launcher, SlurmLauncher):
+        why = launcher.keepable()
+        if why:
+            raise KeepError(f"%ddp keep: this Slurm pool cannot be kept: {why}")
+        return launcher
+    if not isinstance(launcher, ForkServerLauncher) or launcher.remote_ranks:
+        raise KeepError(f"%ddp keep: a pool started with {pool.spec.launcher_method!r} cannot be kept yet; "
+                        "kept pools are fork-server pools on this host (the default --start-method auto) and Slurm pools")
+    return launcher
+
+
+def unkeep(pool: "Pool", ending: bool = False) -> bool:
+    """``%ddp keep --off``: the pool ends with this kernel again (``ending``: it is being replaced, and stops next).
+    Whether it was kept."""
     if pool.kept is None:
         return False
     launcher = pool.launcher
-    if isinstance(launcher, ForkServerLauncher):
+    if pool.plan is not None and pool.plan.slurm is not None and not isinstance(launcher, SlurmLauncher):
+        if not ending:
+            raise KeepError("%ddp keep --off: this kernel attached a kept Slurm pool; its allocation follows the lease and cannot be "
+                            "tied to this kernel again. %ddp stop ends the pool and releases the allocation")
+        pool.hub.shown, pool.hub.keep_msg, pool.kept = None, None, None  # its stop ends the lease, and the allocation with it
+        _set_finalizer(pool, stop_quietly, pool.hub, pool.shm_prefix)
+        return True
+    if isinstance(launcher, SlurmLauncher):
+        launcher.outlive_kernel("")  # the holder follows us again before the lease's lock goes
+    if isinstance(launcher, (ForkServerLauncher, SlurmLauncher)):
         launcher.notes.clear()
         launcher._write({"op": "unkeep"})
         _await_note(pool, "unkept")
         if getattr(launcher, "lock", None):  # an attached kept template: its lock is gone, its connection is its life now
-            launcher.lock = ""  # type: ignore[attr-defined]
+            setattr(launcher, "lock", "")  # noqa: B010 (KeptLauncher's, kernel/keep/launcher.py)
     pool.ask(P.KEEP, KEEP_WAIT_S, fields={"on": False})
     pool.hub.shown, pool.hub.keep_msg = None, None
     pool.kept = None
@@ -116,9 +140,10 @@ def unkeep(pool: "Pool") -> bool:
 
 def _await_note(pool: "Pool", event: str) -> Dict[str, Any]:
     launcher = pool.launcher
-    assert isinstance(launcher, ForkServerLauncher)
+    assert isinstance(launcher, (ForkServerLauncher, SlurmLauncher))
     found = lambda: next((n for n in launcher.notes if n.get("event") == event), None)  # noqa: E731
-    pool.hub.pump(lambda: found() is not None or launcher.proc is not None and not launcher.alive(), time.monotonic() + KEEP_WAIT_S)
+    gone = (lambda: not launcher.alive()) if isinstance(launcher, SlurmLauncher) else (lambda: launcher.proc is not None and not launcher.alive())
+    pool.hub.pump(lambda: found() is not None or gone(), time.monotonic() + KEEP_WAIT_S)
     note = found()
     if note is None:
         raise KeepError(f"%ddp keep: the template did not answer ({event}); see %ddp log")

@@ -14,7 +14,7 @@ from typing import Dict, Optional
 
 from ...logs import log
 from ...wire import kept
-from ..launchers import ForkServerLauncher
+from ..launchers import ForkServerLauncher, LaunchError
 
 EXIT_WAIT_S = 3.0  # %ddp stop: how long the template gets to end its ranks and release its lock
 
@@ -28,6 +28,13 @@ class KeptLauncher(ForkServerLauncher):
         self._pids = dict(pids)
         self.lock = lock
         self.ready_info = "the kept pool's template (attached)"
+
+    refuses = ""  # why no rank may be forked here (an attached Slurm pool: its node templates read srun's stdin, not us)
+
+    def spawn(self, rank: int, config: dict) -> None:
+        if self.refuses:
+            raise LaunchError(self.refuses)
+        super().spawn(rank, config)
 
     def begin(self, nice: int = 0) -> None:
         """Nothing to start: the template runs."""

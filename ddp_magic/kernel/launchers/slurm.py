@@ -28,13 +28,15 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ...plan.check import Check
 from ...plan.checks_slurm import TEMPLATE
+from ...logs import log
 from ...plan.net import address_family, is_local_ip, route_source
 from ...wire import slurm_env, tls
+from ...wire.kept import is_held
 # not ``from . import slurm_cli``: that imports this package, whose __init__ imports this module
 from .slurm_cli import down_nodes, hostnames, installed, job as slurm_job, node_addr, test_request
 from .base import Exit, LaunchError, Launcher
 from .forkserver import import_env
-from .slurm_alloc import Allocation, OwnAllocation, Progress, allocation_for
+from .slurm_alloc import Allocation, OwnAllocation, Progress, allocation_for, released_text
 from .slurm_steps import END_WAIT_S, TemplateStep, env_changes
 
 if TYPE_CHECKING:
@@ -282,8 +284,68 @@ class SlurmLauncher(Launcher):
         info = slurm_job(self.alloc.job_id)
         return self.alloc.describe().replace(f"job {self.alloc.job_id} ", f"job {self.alloc.job_id} ({info.state}) ", 1)
 
+    # ------------------------------------------------------------ a kept pool (kernel/keep/keeping.py, docs/keep.md)
+    def keepable(self) -> str:
+        """Why this pool cannot outlive its kernel ("" when it can): its lease is held on this host, by the first node's
+        template, so every node must be this host; the allocation must be ours (the kernel's own job ends with it)."""
+        alloc = self.alloc
+        if not isinstance(alloc, OwnAllocation) or alloc.proc is None:
+            return f"it runs in the kernel's own Slurm job {self.job_id()}, which ends with its kernel"
+        if not all(is_local_ip(address_family(a), a) for a in alloc.addrs):
+            return f"its nodes ({','.join(alloc.nodes)}) are not all this host; kept Slurm pools run on the kernel's host"
+        if self.tls_key is not None:
+            return "its control channel is TLS (DDP_MAGIC_FORCE_TLS), which an attaching kernel cannot take on yet"
+        if len(self.steps) != 1:
+            return "a node's template was started again in a step of its own"
+        return ""
+
+    @property
+    def lease_node(self) -> str:
+        """The node whose template holds a kept pool's lease (its other templates follow it)."""
+        return self.alloc.nodes[0] if self.alloc is not None and self.alloc.nodes else ""
+
+    @property
+    def notes(self) -> List[dict]:
+        """What the templates answered to keep and unkeep."""
+        return self.steps[0].notes if self.steps else []
+
+    def _write(self, cmd: dict) -> None:
+        """A command to every template (keep, unkeep)."""
+        for step in self.steps:
+            step.command(cmd)
+
+    def outlive_kernel(self, lock: str) -> None:
+        """``%ddp keep``: the allocation follows the lease's ``lock``, and salloc and srun outlive this kernel; ``lock=""``
+        (``keep --off``): they go with this kernel again."""
+        alloc = self.alloc
+        assert isinstance(alloc, OwnAllocation)
+        alloc.follow(f"lease {lock}" if lock else f"kernel {os.getpid()}", keep=bool(lock))
+        for step in self.steps:
+            step.outlive_kernel(bool(lock))
+        self.lease_lock = lock
+
+    def detach(self) -> None:
+        """The kept pool is no more this kernel's (its exit, or another kernel took it): forget it, end nothing."""
+        for proc in [s.proc for s in self.steps] + [getattr(self.alloc, "proc", None)]:
+            if proc is not None and proc.stdin is not None:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    log.debug("a kept pool's pipe was closed already", exc_info=True)
+        self.steps, self.alloc, self._pids, self.lease_lock = [], None, {}, ""
+        self._pending.clear()
+
+    lease_lock = ""  # a kept pool's: the lock its lease holds (outlive_kernel)
+
     def _end_steps(self) -> None:
-        """End every step of templates (srun cancels it: every rank ends), then make sure."""
+        """End every step of templates (srun cancels it: every rank ends), then make sure. A kept pool's lease ends
+        first as ``%ddp stop`` ends it (its files go), not as a job Slurm ended."""
+        if self.lease_lock:
+            self._write({"op": "exit"})
+            deadline = time.monotonic() + END_WAIT_S
+            while is_held(self.lease_lock) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.lease_lock = ""
         steps, self.steps = self.steps, []
         for step in steps:
             step.end()
@@ -304,16 +366,6 @@ class SlurmLauncher(Launcher):
     def close(self) -> None:
         """End our steps, and release the allocation if it is ours (one the kernel found stays)."""
         self._release()
-
-
-def released_text(alloc: Allocation) -> str:
-    """What ``%ddp stop`` (and the panel's Stop) adds about the Slurm job: ours is released (cancelled while it was still
-    queued), the kernel's own stays."""
-    if not alloc.job_id:
-        return ""
-    if not alloc.ours:
-        return f"; Slurm job {alloc.job_id} kept: the kernel runs inside it"
-    return f"; Slurm job {alloc.job_id} {'released: its nodes are free' if alloc.nodes else 'cancelled while it was queued'}"
 
 
 def port_free(addr: str, port: int) -> bool:

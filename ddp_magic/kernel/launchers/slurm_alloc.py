@@ -1,7 +1,7 @@
 """The allocation a Slurm pool's ranks run in: one the kernel found (its own job, never cancelled) or one we made and always release.
 
 Ours is ``salloc <options> python -m ddp_magic.procs.slurm_hold``, a child of the kernel
-started under ``setpriv --pdeathsig TERM``: salloc holds the allocation exactly as long
+started under procs/anchor.py (a parent-death signal a kept pool can lift): salloc holds the allocation exactly as long
 as the holder runs, and the holder ends when the kernel does (EOF on the pipe the
 kernel holds, or the kernel's pid gone). So ``%ddp stop``, a shutdown, a restart and
 a SIGKILLed kernel all release it, the last without any cleanup code of ours running;
@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import time
 from typing import Callable, List, Optional, Sequence
 
 from ...logs import log
+from ...wire.kept import ANCHOR_KEEP, ANCHOR_UNKEEP
 from ...plan.slurm import SlurmRequest
 from ...states import SchedulerState
 # not ``from . import slurm_cli``: that imports this package, whose __init__ imports this module
@@ -38,9 +38,10 @@ QUEUE_POLL_S = 1.0  # how often squeue is asked for a pending job's reason
 QUEUE_AFTER_S = 0.5  # a job granted sooner was never queued, as far as the views say
 
 
-def pdeathsig_prefix() -> List[str]:
-    """setpriv's parent-death signal for a child of the kernel: it gets SIGTERM when the kernel goes, SIGKILL included."""
-    return ["setpriv", "--pdeathsig", "TERM"] if shutil.which("setpriv") else []
+def anchored(python: str = sys.executable) -> List[str]:
+    """The prefix that makes salloc or srun go with the kernel (SIGTERM when it goes, SIGKILL included) unless a kept
+    pool lets it stay: procs/anchor.py, its parent."""
+    return [python, "-m", "ddp_magic.procs.anchor"]
 
 
 def queued_text(job_id: Optional[str], reason: str) -> str:
@@ -105,7 +106,7 @@ class OwnAllocation(Allocation):
 
     def wait(self, progress: Progress) -> None:
         env = dict(worker_env(), DDP_MAGIC_KERNEL_PID=str(os.getpid()))
-        argv = pdeathsig_prefix() + self.request.salloc_argv([self.python, *HOLD])
+        argv = anchored(self.python) + self.request.salloc_argv([self.python, *HOLD])
         self.proc = popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                      start_new_session=True, close_fds=True)  # Ctrl-C on the cell is ours to handle, not salloc's
         try:
@@ -182,6 +183,15 @@ class OwnAllocation(Allocation):
     def describe(self) -> str:
         return f"Slurm job {self.job_id} on {','.join(self.nodes)}: allocated for this kernel, released when the pool stops or the kernel ends"
 
+    def follow(self, line: str, keep: bool) -> None:
+        """A kept pool (``keep``): salloc outlives this kernel and the holder follows ``line`` (``lease PATH``: the lease's
+        lock); or ``keep --off``: ``kernel PID`` again (procs/slurm_hold.py ``Follow``, procs/anchor.py)."""
+        if self.proc is None or self.proc.stdin is None:
+            raise OSError("no holder runs for this allocation")
+        self.proc.stdin.write((line + "\n").encode())
+        self.proc.stdin.flush()
+        os.kill(self.proc.pid, ANCHOR_KEEP if keep else ANCHOR_UNKEEP)  # our child, not reaped: its pid is its own
+
     def release(self) -> None:
         """End the holder (salloc then releases the allocation); a job still queued is cancelled. Waits a few seconds at most."""
         proc, self.proc = self.proc, None
@@ -213,3 +223,13 @@ _NODE_FAILURE = re.compile(r"Node failure on (\S+)")  # salloc's words when Slur
 def allocation_for(request: SlurmRequest, python: str = sys.executable) -> Allocation:
     """The allocation a request runs in: the kernel's own (SLURM_JOB_ID) or a new one of ours."""
     return Allocation(request) if request.found else OwnAllocation(request, python)
+
+
+def released_text(alloc: Allocation) -> str:
+    """What ``%ddp stop`` (and the panel's Stop) adds about the Slurm job: ours is released (cancelled while it was still
+    queued), the kernel's own stays."""
+    if not alloc.job_id:
+        return ""
+    if not alloc.ours:
+        return f"; Slurm job {alloc.job_id} kept: the kernel runs inside it"
+    return f"; Slurm job {alloc.job_id} {'released: its nodes are free' if alloc.nodes else 'cancelled while it was queued'}"

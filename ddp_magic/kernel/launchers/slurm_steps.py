@@ -5,6 +5,7 @@ writes spawn commands to srun's stdin, which srun gives every task; a thread rea
 output: the templates' events (one JSON line each: ready, spawned, exited, pong), srun's own
 "srun: error: n2: task 1: Killed" when a template ends, and anything else (the launcher's
 log). A node whose template ended is no longer served: its next rank needs a new step there.
+srun runs under procs/anchor.py: it goes with the kernel, unless the pool is kept (``outlive_kernel``).
 """
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from typing import IO, Dict, List, Optional, Tuple
 
 from ...logs import log
 from ...wire import slurm_env
+from ...wire.kept import ANCHOR_KEEP, ANCHOR_UNKEEP
 from .base import popen
-from .slurm_alloc import pdeathsig_prefix
+from .slurm_alloc import anchored
 
 END_WAIT_S = 5.0  # an srun asked to end (SIGTERM) cancels its step within moments
 _TASK_ENDED = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): ")  # a task (a template) ended abnormally
 Event = Tuple[str, dict]  # (node, event)
+KEEP_EVENTS = ("kept", "unkept", "fenced")  # a template's answers to %ddp keep (procs/template_keep.py)
 
 
 class TemplateStep:
@@ -39,12 +42,13 @@ class TemplateStep:
         self.events: List[dict] = []  # spawned / exited, for the launcher's poll
         self.unreachable: List[dict] = []  # ranks that could not reach the kernel's control port (procs/worker.py)
         self.pongs: Dict[str, int] = {}  # node -> the last ping its template answered (``ping``)
+        self.notes: List[dict] = []  # a kept pool's template answers (kept, unkept, fenced): kernel/keep/keeping.py
         self._lock = threading.Lock()
         self._heard = threading.Condition(self._lock)
         self._log = log_file
         self._nonce = 0
         self._pings = 0  # the last ping's id
-        self.proc = popen(pdeathsig_prefix() + argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        self.proc = popen(anchored() + argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True, close_fds=True)
         self._reader = threading.Thread(target=self._read, name="ddp-slurm-step", daemon=True)
         self._reader.start()
@@ -78,6 +82,8 @@ class TemplateStep:
                 node = str(event.get("node"))
                 self.pongs[node] = max(event["id"], self.pongs.get(node, 0))
                 self._heard.notify_all()
+            elif event.get("event") in KEEP_EVENTS:
+                self.notes.append(event)
             elif event.get("event") == "error":
                 self.lost.setdefault(str(event.get("node")), f"the template could not start: {event.get('message')}")
                 self._to_log((str(event.get("traceback", "")) + "\n").encode())
@@ -109,12 +115,15 @@ class TemplateStep:
     # ------------------------------------------------------------ commands
     def spawn(self, rank: int, node: str, config: dict, secret: bytes) -> None:
         """One rank on ``node``: its env as changes to the template's, the pool's secret sealed when it is not the step's."""
-        cmd = {"op": "spawn", "rank": rank, "node": node, "config": config}
+        self._write(self._sealed({"op": "spawn", "rank": rank, "node": node, "config": config}, secret))
+
+    def _sealed(self, cmd: dict, secret: bytes) -> dict:
+        """``cmd`` with the pool's ``secret`` sealed when it is not the step's own (srun's wire is clear)."""
         if secret != self.secret:
             self._nonce += 1
             nonce = os.urandom(8) + self._nonce.to_bytes(8, "big")
             cmd.update(sealed=slurm_env.seal(self.secret, secret, nonce), nonce=nonce.hex())
-        self._write(cmd)
+        return cmd
 
     def ping(self, node: str) -> int:
         """Ask ``node``'s template to answer (a round trip through srun and the node's link); the id to wait for."""
@@ -139,6 +148,15 @@ class TemplateStep:
             self.proc.stdin.flush()
         except (OSError, ValueError):  # srun is gone: the rank never joins, and poll says so
             log.debug("srun %s no longer reads commands", self.proc.pid, exc_info=True)
+
+    def command(self, cmd: dict) -> None:
+        """One command to every template of the step (keep, unkeep: procs/template_keep.py); a pool's secret in it sealed."""
+        secret = cmd.pop("secret", None)
+        self._write(self._sealed(cmd, bytes.fromhex(secret)) if secret else cmd)
+
+    def outlive_kernel(self, keep: bool) -> None:
+        """A kept pool: srun outlives this kernel (its anchor's parent-death signal lifted); ``keep=False``: no more."""
+        os.kill(self.proc.pid, ANCHOR_KEEP if keep else ANCHOR_UNKEEP)  # our child, not reaped: its pid is its own
 
     def end(self) -> None:
         """Ask srun to end (stdin closed, then SIGTERM: it cancels the step, every template and rank ends)."""
