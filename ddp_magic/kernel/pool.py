@@ -308,7 +308,7 @@ class Pool:
         for info in self.ranks.values():
             info.state, info.started, info.finished, info.last_line = RankState.RUNNING, t0, None, ""
             info.tail.clear()
-            self.hub.listener.on_state(info)
+        self.hub.listener.on_states(list(self.ranks.values()))  # one call down the views' chain, not one per rank
         send_run(self.hub, self.ranks, self.nproc, run_fields(self._cell, source, filename, names, owned, gather, argv, reload))
         return t0
 

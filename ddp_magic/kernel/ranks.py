@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import RankFailure
 from ..logs import log
@@ -154,6 +154,11 @@ class Listener:
     def on_state(self, info: RankInfo) -> None:
         pass
 
+    def on_states(self, infos: Sequence[RankInfo]) -> None:
+        """Every rank changed at once (a cell sent to all): one call down a chain of listeners instead of one per rank."""
+        for info in infos:
+            self.on_state(info)
+
     def on_notice(self, text: str) -> None:
         pass
 
@@ -184,6 +189,9 @@ class GuardedListener(Listener):
 
     def on_state(self, info: RankInfo) -> None:
         self._call("on_state", info)
+
+    def on_states(self, infos: Sequence[RankInfo]) -> None:
+        self._call("on_states", infos)
 
     def on_notice(self, text: str) -> None:
         self._call("on_notice", text)
