@@ -350,7 +350,12 @@ class Pool:
 
     # ------------------------------------------------------------ RankOps (what a CellRun acts through)
     def pump(self, until: Callable[[], bool], deadline: Optional[float], tick: Optional[Tick] = None, due: Optional[Due] = None) -> bool:
-        return self.hub.pump(until, deadline, tick=tick, due=due)
+        """The hub's poll loop; a cell's listener hears each wake's states at once (GuardedListener.holding)."""
+        listener = self.hub.listener
+        if not isinstance(listener, GuardedListener):
+            return self.hub.pump(until, deadline, tick=tick, due=due)
+        with listener.holding():
+            return self.hub.pump(until, deadline, tick=listener.each_wake(tick), due=due)
 
     def answer_input(self, ask: Optional[Ask], cancelled: bool) -> None:
         answer_all(self.hub, self.ranks, ask, cancelled)
