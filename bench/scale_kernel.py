@@ -18,10 +18,10 @@ from harness import HERE, Store, log, short_error
 from kernels import KernelSession, stop_kernel
 from scale_api import reform_seconds
 
+SIM = "import simranks\nsimranks.install()\n"
 SETUP = (
     "import sys, time as _t, json as _json\n"
     f"sys.path.insert(0, {HERE!r})\n"
-    "import simranks\nsimranks.install()\n"
     "import numpy, torch  # what the kernel imports anyway (results unpickle with them; the session imports torch in a thread): not in a measured cell\n"
     "_cpu, _c0 = [], _t.process_time()\n"
     "def _pre(info):\n    global _c0\n    _c0 = _t.process_time()\n"
@@ -35,9 +35,9 @@ ENV = {"DDP_MAGIC_WARM_TEMPLATE": "0"}  # no torch template: simulated ranks nee
 class Cells:
     """A kernel whose cells are timed at the client and measured (CPU) inside the kernel."""
 
-    def __init__(self, k: KernelSession) -> None:
+    def __init__(self, k: KernelSession, sim: bool = True) -> None:
         self.k = k
-        k.ok(SETUP)
+        k.ok(SETUP + (SIM if sim else ""))
         k.ok("%load_ext ddp_magic")
 
     def run(self, code: str, timeout: float = 300.0) -> Tuple[dict, float]:
