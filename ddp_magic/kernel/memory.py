@@ -53,7 +53,9 @@ class Memory:
     @property
     def held(self) -> Optional[int]:
         """The most it is known to have held (a dead rank's figure): the peak, else the RSS."""
-        return max((x for x in (self.peak, self.rss) if x is not None), default=None)
+        if self.peak is None or self.rss is None:  # not max() over a generator: the views ask it of every rank at each render
+            return self.rss if self.peak is None else self.peak
+        return max(self.peak, self.rss)
 
     def text(self) -> str:
         """'RSS 1.2 GiB (peak 3.1 GiB); CUDA 2.0 GiB allocated, 2.5 GiB reserved, peak 2.9 GiB'."""
