@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_scale.py                      # the full curve, 5 repeats; ~10 min on 2 busy cores
     .venv/bin/python bench/bench_scale.py --quick              # n = 8, 64, 256, 2 repeats
     .venv/bin/python bench/bench_scale.py --publish            # also writes docs/bench/scale.md
+    .venv/bin/python bench/bench_scale.py --ns 1024 --real-ns '' --skip api,kernel,memory,real,view --cprofile   # where it goes, by function
 
 Steps (each in every repeat, the n's interleaved): pool start (admission of every socket,
 authenticated), a warm trivial cell (n small results) against a plain cell, one rank raising
@@ -41,6 +42,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.path.join(RESULTS_DIR, "scale"), help="output path without extension (default bench/results/scale)")
     p.add_argument("--publish", action="store_true", help="copy the report to docs/bench/scale.md")
+    p.add_argument("--cprofile", action="store_true", help="after the profile phase, cProfile the default-view cell at the largest n "
+                   "(4 x repeats cells); its top functions go to OUT_cprofile.txt")
     p.add_argument("--git-rev", help="measure ddp_magic as committed at this revision (git archive into a temp dir; the checkout is untouched), "
                    "e.g. to see a step's curve before a change")
     a = p.parse_args(argv)
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace, store: Store, watch: P.Watch) -> None:
         scale_kernel.phase(args.ns, args.repeats, store, watch)
     if "profile" not in args.skip:
         log("where the kernel's CPU goes, at the largest n")
-        scale_kernel.profile(max(args.ns), args.repeats, store, watch)
+        scale_kernel.profile(max(args.ns), args.repeats, store, watch, args.out + "_cprofile.txt" if args.cprofile else "")
     if "memory" not in args.skip:
         log("kernel memory")
         scale_kernel.memory(args.ns, store, watch)

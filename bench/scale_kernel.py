@@ -18,10 +18,10 @@ from harness import HERE, Store, log, short_error
 from kernels import KernelSession, stop_kernel
 from scale_api import reform_seconds
 
+SIM = "import simranks\nsimranks.install()\n"
 SETUP = (
     "import sys, time as _t, json as _json\n"
     f"sys.path.insert(0, {HERE!r})\n"
-    "import simranks\nsimranks.install()\n"
     "import numpy, torch  # what the kernel imports anyway (results unpickle with them; the session imports torch in a thread): not in a measured cell\n"
     "_cpu, _c0 = [], _t.process_time()\n"
     "def _pre(info):\n    global _c0\n    _c0 = _t.process_time()\n"
@@ -35,9 +35,9 @@ ENV = {"DDP_MAGIC_WARM_TEMPLATE": "0"}  # no torch template: simulated ranks nee
 class Cells:
     """A kernel whose cells are timed at the client and measured (CPU) inside the kernel."""
 
-    def __init__(self, k: KernelSession) -> None:
+    def __init__(self, k: KernelSession, sim: bool = True) -> None:
         self.k = k
-        k.ok(SETUP)
+        k.ok(SETUP + (SIM if sim else ""))
         k.ok("%load_ext ddp_magic")
 
     def run(self, code: str, timeout: float = 300.0) -> Tuple[dict, float]:
@@ -110,10 +110,30 @@ def phase(ns: List[int], repeats: int, store: Store, watch: P.Watch) -> None:
 
 
 PROFILED = (("view", "%%ddp\n1"), ("noview", "%%ddp --no-widget\n1"), ("raise", RAISE))
+CPROFILE = (  # cProfile on the kernel's main thread for each cell (IPython's events), then its top functions to a file
+    "import cProfile as _cp, pstats as _ps, io as _io, time as _tt\n_prof = _cp.Profile(_tt.thread_time)  # the main thread's CPU: not its waits for the GIL\n"
+    "def _pon(info): _prof.enable()\n\ndef _poff(result): _prof.disable()\n\n"
+    "get_ipython().events.register('pre_run_cell', _pon)\nget_ipython().events.register('post_run_cell', _poff)\n"
+    "def _pdump(path, cells):\n    get_ipython().events.unregister('pre_run_cell', _pon)\n"
+    "    get_ipython().events.unregister('post_run_cell', _poff)\n    out = _io.StringIO()\n"
+    "    print(f'cProfile of {cells} cells, main-thread CPU (totals; cProfile adds ~1 µs a call, so call-heavy code reads high)', file=out)\n"
+    "    for key in ('tottime', 'cumulative'):\n        _ps.Stats(_prof, stream=out).sort_stats(key).print_stats(40)\n"
+    "    open(path, 'w').write(out.getvalue())\n"
+)
 
 
-def profile(n: int, repeats: int, store: Store, watch: P.Watch) -> None:
-    """Where the kernel's CPU goes at n ranks, phase by phase (scale_phases.py), for the cells the goals are about."""
+def cprofile(k: KernelSession, cells: "Cells", count: int, path: str) -> None:
+    """``count`` default-view cells under cProfile (after the timed ones: it slows what it watches); the stats to ``path``."""
+    k.ok(CPROFILE)
+    for _ in range(count):
+        cells.run("%%ddp\n1")
+    k.ok(f"_pdump({path!r}, {count})")
+    log(f"cProfile of {count} default-view cells: {path}")
+
+
+def profile(n: int, repeats: int, store: Store, watch: P.Watch, cprofile_to: str = "") -> None:
+    """Where the kernel's CPU goes at n ranks, phase by phase (scale_phases.py), for the cells the goals are about;
+    ``cprofile_to``: then cProfile's view of the default-view cell there (its top functions)."""
     k: Optional[KernelSession] = None
     try:
         k = KernelSession(env=ENV)
@@ -130,6 +150,8 @@ def profile(n: int, repeats: int, store: Store, watch: P.Watch) -> None:
 
                 store.measure(f"phase.{name}.n{n}", sample, rep, quiet=True)
         log(f"profile at n={n}: {repeats} repeats")
+        if cprofile_to:
+            cprofile(k, cells, 4 * repeats, cprofile_to)
     except Exception as e:
         store.error(f"phase.n{n}", short_error(e))
     finally:

@@ -69,7 +69,7 @@ class CellOptions:
     restart: bool = False  # restart the pool first (state on the workers is lost)
     timeout: Optional[float] = None
     gather: str = "auto"
-    argv: Optional[List[str]] = None  # sys.argv on the ranks; None: ["ddp_cell", "--local_rank=N"]
+    argv: Optional[List[str]] = None  # sys.argv on the ranks; None: ["ddp_cell"], --local_rank=N where a parser declares it
     stdin: Optional[Callable[[str, bool], str]] = None  # answers the ranks' input() and pdb (kernel/jobs/stdin.py); None: EOF
     scatter: Tuple[str, ...] = ()  # --scatter x,y: these notebook names reach each rank as its shard (wire/notebook_data.py)
     profile: Optional[str] = None  # --profile: the merged trace's path ("": the default); None: no profiler (kernel/results/profile_merge.py)

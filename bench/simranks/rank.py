@@ -268,7 +268,8 @@ class SimRank:
                 writer.write(SYNC_PREFIX + str(cell).encode() + SYNC_END)
                 self.marked[stream] = cell
         self.written.clear()
-        fields: Dict[str, Any] = {"cell": cell, "status": status, "error": error, "memory": None, "seq": self.seq, "sync": dict(self.marked)}
+        fields: Dict[str, Any] = {"cell": cell, "status": status, "error": error, "memory": None, "seq": self.seq, "sync": dict(self.marked),
+                                  "mem": {"rss": SIM_RSS, "peak": SIM_RSS}}  # as a real rank's DONE carries (procs/rank_memory.at_done)
         if self.broken:
             fields["group_broken"] = True
         if status != "ok" or value is None:

@@ -10,7 +10,6 @@ import atexit
 import contextlib
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from .failures import unreachable
 from .results import gather as results
 from .admission import Admission, raise_fd_limit
 from .cell import CellRun
+from .cell_send import run_fields, send_run
 from .hub import Hub
 from .launchers import LaunchError, Launcher, make_launcher, signal_pid, worker_env
 from .failures.policy import FailurePolicy
@@ -308,16 +308,8 @@ class Pool:
         for info in self.ranks.values():
             info.state, info.started, info.finished, info.last_line = RankState.RUNNING, t0, None, ""
             info.tail.clear()
-            self.hub.listener.on_state(info)
-        here, common = socket.gethostname(), dict(cell=self._cell, source=source, filename=filename, names=names, owned=sorted(owned), gather=gather)
-        common["named_marks"] = True  # DONE may name its quiet streams' earlier markers (hub_output.py reads them)
-        if reload is not None:
-            common["reload"] = reload
-        for rank in range(self.nproc):
-            info = self.ranks[rank]
-            local_rank = info.local_rank if info.local_rank is not None else rank
-            rank_argv = list(argv) if argv is not None else ["ddp_cell", f"--local_rank={local_rank}"]
-            self.hub.broadcast(P.message(P.RUN, argv=rank_argv, shm=info.host in ("", here), **common), [rank])
+        self.hub.listener.on_states(list(self.ranks.values()))  # one call down the views' chain, not one per rank
+        send_run(self.hub, self.ranks, self.nproc, run_fields(self._cell, source, filename, names, owned, gather, argv, reload))
         return t0
 
     def _outcome(self, cell: CellRun, guarded: GuardedListener, t0: float) -> CellOutcome:
@@ -358,7 +350,12 @@ class Pool:
 
     # ------------------------------------------------------------ RankOps (what a CellRun acts through)
     def pump(self, until: Callable[[], bool], deadline: Optional[float], tick: Optional[Tick] = None, due: Optional[Due] = None) -> bool:
-        return self.hub.pump(until, deadline, tick=tick, due=due)
+        """The hub's poll loop; a cell's listener hears each wake's states at once (GuardedListener.holding)."""
+        listener = self.hub.listener
+        if not isinstance(listener, GuardedListener):
+            return self.hub.pump(until, deadline, tick=tick, due=due)
+        with listener.holding():
+            return self.hub.pump(until, deadline, tick=listener.each_wake(tick), due=due)
 
     def answer_input(self, ask: Optional[Ask], cancelled: bool) -> None:
         answer_all(self.hub, self.ranks, ask, cancelled)

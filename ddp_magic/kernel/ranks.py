@@ -5,10 +5,12 @@ policy and every view (status view, JupyterLab comm, benchmarks).
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import RankFailure
 from ..logs import log
@@ -154,6 +156,11 @@ class Listener:
     def on_state(self, info: RankInfo) -> None:
         pass
 
+    def on_states(self, infos: Sequence[RankInfo]) -> None:
+        """Every rank changed at once (a cell sent to all): one call down a chain of listeners instead of one per rank."""
+        for info in infos:
+            self.on_state(info)
+
     def on_notice(self, text: str) -> None:
         pass
 
@@ -164,12 +171,16 @@ class Listener:
 class GuardedListener(Listener):
     """Wraps a front end's listener: a bug in a view must not leave a cell half-run.
 
-    The first failure becomes a note in the cell's outcome (``errors``); every one is logged.
+    The first failure becomes a note in the cell's outcome (``errors``); every one is logged. While ``holding``
+    (the poll loop of a cell, Pool.pump), the ranks' states wait for the end of the wake, or for the next event of
+    another kind so that the order stays: a wake that reads 1,024 DONEs tells the views once, not 1,024 times.
     """
 
     def __init__(self, inner: Listener) -> None:
         self.inner = inner
         self.errors: List[str] = []
+        self._held: Optional[List[RankInfo]] = None  # None: not holding
+        self._lock = threading.Lock()  # a peek's thread may tell a state while the cell's thread flushes
 
     def _call(self, name: str, *args: Any) -> None:
         try:
@@ -179,14 +190,51 @@ class GuardedListener(Listener):
             if not self.errors:
                 self.errors.append(f"the listener's {name} failed ({type(e).__name__}: {e}); its view may be incomplete")
 
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold the states told meanwhile until ``flush`` (each wake) or the end."""
+        outer = self._held is not None
+        self._held = self._held if outer else []
+        try:
+            yield
+        finally:
+            self.flush()
+            self._held = self._held if outer else None
+
+    def each_wake(self, tick: Optional[Tick]) -> Tick:
+        """The poll loop's ``tick``, after the held states are told (what the policy does next is told after them)."""
+        def wake() -> None:
+            self.flush()
+            if tick is not None:
+                tick()
+
+        return wake
+
+    def flush(self) -> None:
+        with self._lock:
+            held, self._held = self._held, ([] if self._held is not None else None)
+        if held:
+            self._call("on_states", held)
+
     def on_output(self, rank: int, stream: str, text: str) -> None:
+        self.flush()
         self._call("on_output", rank, stream, text)
 
     def on_state(self, info: RankInfo) -> None:
+        with self._lock:
+            if self._held is not None:
+                self._held.append(info)
+                return
         self._call("on_state", info)
 
+    def on_states(self, infos: Sequence[RankInfo]) -> None:
+        self.flush()
+        self._call("on_states", infos)
+
     def on_notice(self, text: str) -> None:
+        self.flush()
         self._call("on_notice", text)
 
     def on_metrics(self, rank: int, rows: List[Tuple[int, float, Dict[str, float]]]) -> None:
+        self.flush()
         self._call("on_metrics", rank, rows)

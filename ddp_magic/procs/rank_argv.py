@@ -31,19 +31,14 @@ class _Hook:
 HOOK = _Hook()
 
 
-def is_default(argv: Optional[Sequence[str]], local_rank: int) -> bool:
-    """Whether the kernel sent its default argv (no ``--argv`` on the cell): ``[PROGRAM, "--local_rank=N"]``.
-
-    The default is per rank (N is the rank's local rank), so one ``--argv`` string given
-    for every rank never matches it on all of them.
-    """
-    return argv is None or list(argv) == [PROGRAM, f"--local_rank={local_rank}"]
-
-
 def cell_argv(argv: Optional[Sequence[str]], local_rank: int) -> List[str]:
-    """sys.argv for a cell, and the hook switched on (default argv) or off (the user's --argv)."""
+    """sys.argv for a cell, and the hook switched on (``argv`` None: the kernel's default) or off (the user's --argv).
+
+    The default is the same for every rank (kernel/cell_send.py pickles one RUN for all of them): the local
+    rank is this rank's own, and whatever ``--argv`` the user gives is passed as given.
+    """
     HOOK.argparse_exit = False
-    if is_default(argv, local_rank):
+    if argv is None:
         HOOK.local_rank = local_rank
         return [PROGRAM]
     HOOK.local_rank = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ..errors import UsageError
 from ..kernel import RankInfo
@@ -85,10 +85,14 @@ class MagicListener(CellListener):
         labcomm.notice(text)
 
     def on_state(self, info: RankInfo) -> None:
+        self.on_states((info,))
+
+    def on_states(self, infos: Sequence[RankInfo]) -> None:
         if self.view is not None:
-            self.view.on_state(info)
-        if info.node_name and self.slurm:
-            self.printer.nodes[info.rank] = info.node_name  # [rank 5 n2]: the node it runs on
+            self.view.on_states(infos)
+        for info in infos if self.slurm else ():
+            if info.node_name:
+                self.printer.nodes[info.rank] = info.node_name  # [rank 5 n2]: the node it runs on
         labcomm.changed()
 
     def on_metrics(self, rank: int, rows: Any) -> None:

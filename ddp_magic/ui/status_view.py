@@ -205,19 +205,23 @@ class StatusView(PlanFacts, Listener):
         )
 
     # ------------------------------------------------------------ listener events
-    @_guarded
     def on_state(self, info: RankInfo) -> None:
-        self.infos[info.rank] = info
-        label = R.state_label(info)
-        if self._labels.get(info.rank) != label:
-            self._labels[info.rank] = label
-            self.history.append((info.rank, label))
-        if label in R.ROOT_CAUSES and self.root is None:
-            self.root = info.rank
-        if label == RankState.RUNNING and self._run_t0 is None:
-            self._run_t0 = info.started if info.started else self.clock()
-        if label == RankState.READY:
-            self.started_in = max(self.started_in or 0.0, info.elapsed)
+        self.on_states((info,))
+
+    @_guarded
+    def on_states(self, infos: Sequence[RankInfo]) -> None:
+        for info in infos:
+            self.infos[info.rank] = info
+            label = R.state_label(info)
+            if self._labels.get(info.rank) != label:
+                self._labels[info.rank] = label
+                self.history.append((info.rank, label))
+            if label in R.ROOT_CAUSES and self.root is None:
+                self.root = info.rank
+            if label == RankState.RUNNING and self._run_t0 is None:
+                self._run_t0 = info.started if info.started else self.clock()
+            if label == RankState.READY:
+                self.started_in = max(self.started_in or 0.0, info.elapsed)
         self._changed()
 
     @_guarded
@@ -390,9 +394,6 @@ class StatusView(PlanFacts, Listener):
     static_html = _says(T.static_html)
     static_text = _says(T.static_text)
 
-    def _repr_html_(self) -> str:
-        return self.static_html()
-
-    def __repr__(self) -> str:
-        return self.static_text()
+    _repr_html_ = _says(T.static_html)
+    __repr__ = _says(T.static_text)
 

@@ -49,7 +49,8 @@ def test_a_ticket_says_what_the_status_and_the_panel_show():
 
 def test_the_job_s_run_clock_starts_when_its_cell_reaches_the_ranks():
     """TicketClock (Session._run) starts the ticket's clock at the ranks' RUNNING, the moment the cell view's run clock
-    starts (Pool._send_cell's t0): job.elapsed, the status bar and the cell count the same seconds."""
+    starts (Pool._send_cell's t0): job.elapsed, the status bar and the cell count the same seconds. The pool tells every
+    rank's RUNNING in one on_states; a listener that knows only on_state hears each rank."""
     from ddp_magic.kernel.ranks import Listener
     from ddp_magic.kernel.jobs.turns import TicketClock
 
@@ -63,8 +64,7 @@ def test_the_job_s_run_clock_starts_when_its_cell_reaches_the_ranks():
     clock = TicketClock(ticket, Inner())
     clock.on_state(RankInfo(0, RankState.STARTING, started=11.0))
     assert ticket.ran is None and ticket.on_ranks(now=30.0) == 0.0
-    clock.on_state(RankInfo(0, RankState.RUNNING, started=32.0))
-    clock.on_state(RankInfo(1, RankState.RUNNING, started=32.0))
+    clock.on_states([RankInfo(0, RankState.RUNNING, started=32.0), RankInfo(1, RankState.RUNNING, started=32.0)])  # as the pool sends a cell
     assert ticket.ran == 32.0 and ticket.on_ranks(now=49.03) == pytest.approx(17.03) and heard == ["starting", "running", "running"]
     job = Job(ticket, lambda j: None)
     assert repr(job).startswith("<Job cell [3]: running ")

@@ -132,3 +132,35 @@ def test_a_socket_past_select_s_limit_is_waited_on_and_drained() -> None:
         a.close()
         b.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_cells_listener_hears_each_wakes_states_at_once_and_in_order():
+    """GuardedListener.holding (Pool.pump): states wait for the end of the wake, or for the next event of another kind."""
+    from ddp_magic.kernel.ranks import GuardedListener
+
+    heard: List[tuple] = []
+
+    class Inner(Listener):
+        def on_output(self, rank: int, stream: str, text: str) -> None:
+            heard.append(("output", rank))
+
+        def on_state(self, info: RankInfo) -> None:
+            heard.append(("state", info.rank))
+
+        def on_states(self, infos) -> None:
+            heard.append(("states", [i.rank for i in infos]))
+
+    guarded, infos = GuardedListener(Inner()), [RankInfo(rank=r) for r in range(4)]
+    guarded.on_state(infos[0])  # not holding: at once
+    with guarded.holding():
+        wake = guarded.each_wake(lambda: heard.append(("tick",)))
+        guarded.on_state(infos[1])
+        guarded.on_state(infos[2])
+        guarded.on_output(2, "stdout", "x")
+        guarded.on_state(infos[3])
+        wake()
+        wake()  # nothing held: nothing told
+        guarded.on_state(infos[0])
+    assert heard == [("state", 0), ("states", [1, 2]), ("output", 2), ("states", [3]), ("tick",), ("tick",), ("states", [0])]
+    guarded.on_state(infos[1])
+    assert heard[-1] == ("state", 1) and not guarded.errors

@@ -13,7 +13,7 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ...errors import Dequeued, UsageError
 from ...states import RankState
@@ -81,9 +81,19 @@ class TicketClock(Listener):
         self.inner.on_output(rank, stream, text)
 
     def on_state(self, info: RankInfo) -> None:
+        self._ran(info)
+        self.inner.on_state(info)
+
+    def on_states(self, infos: Sequence[RankInfo]) -> None:
+        for info in infos if self.ticket.ran is None else ():
+            self._ran(info)
+            if self.ticket.ran is not None:
+                break
+        self.inner.on_states(infos)
+
+    def _ran(self, info: RankInfo) -> None:
         if info.state == RankState.RUNNING and self.ticket.ran is None:
             self.ticket.ran = info.started  # the pool's t0 of the cell (Pool._send_cell), the cell view's too
-        self.inner.on_state(info)
 
     def on_notice(self, text: str) -> None:
         self.inner.on_notice(text)

@@ -124,6 +124,9 @@ class _Tap(Listener):
     def on_state(self, info: Any) -> None:
         self.inner.on_state(info)
 
+    def on_states(self, infos: Any) -> None:
+        self.inner.on_states(infos)
+
     def on_notice(self, text: str) -> None:
         self.inner.on_notice(text)
 
