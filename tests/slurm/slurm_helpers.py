@@ -104,9 +104,18 @@ def parent_of(pid: int) -> int:
         return 0
 
 
+def on_this_host(pid: int) -> bool:
+    """Whether ``pid`` runs on this host's network, not on a host of a cluster in a box (tests/cluster: a network
+    namespace each, whose Slurm runs templates and sallocs of its own that /proc shows here too)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net")
+    except OSError:
+        return False
+
+
 def slurm_ranks() -> List[int]:
-    """Every process on this machine running a Slurm node template of ddp_magic's, or a rank forked from one."""
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and "ddp_magic.procs.slurm_template" in cmdline(int(p))]
+    """Every process on this host running a Slurm node template of ddp_magic's, or a rank forked from one."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and "ddp_magic.procs.slurm_template" in cmdline(int(p)) and on_this_host(int(p))]
 
 
 def env_of(pid: int) -> Optional[dict]:

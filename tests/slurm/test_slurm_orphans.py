@@ -14,7 +14,7 @@ import pytest
 
 import slurm_fixtures
 from slurm_fixtures import our_jobs, wait_no_jobs
-from slurm_helpers import Kernel, alive, slurm_ranks
+from slurm_helpers import Kernel, alive, on_this_host, slurm_ranks
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.slurm]
 slurm_cluster = slurm_fixtures.slurm_cluster  # the fixtures, by name in this module
@@ -77,7 +77,7 @@ def test_sigkilled_kernel_mid_cell_leaves_nothing(slurm_cluster, no_jobs_left):
 
 
 def _ours(name: bytes) -> list:
-    """Pids of processes whose command line holds ``name`` and ddp_magic's holder (salloc and the holder itself)."""
+    """Pids of this host's processes whose command line holds ``name`` and ddp_magic's holder (salloc, the holder)."""
     pids = []
     for entry in os.listdir("/proc"):
         try:
@@ -85,7 +85,7 @@ def _ours(name: bytes) -> list:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(name) and b"ddp_magic.procs.slurm_hold" in argv:
+        if argv and argv[0].endswith(name) and b"ddp_magic.procs.slurm_hold" in argv and on_this_host(int(entry)):
             pids.append(int(entry))
     return pids
 
