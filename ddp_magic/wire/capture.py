@@ -27,6 +27,8 @@ import sys
 import termios
 from typing import Dict, List, Optional, Tuple
 
+from . import tls
+
 SYNC_PREFIX = b"\x00\x1bddp-sync:"
 SYNC_END = b"\x00"
 _TCP_INFO_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_info (since 4.1)
@@ -65,12 +67,24 @@ class FdCapture:
                 marks[name] = self._marked[name]  # nothing since that marker: the kernel has read all of it
                 continue
             try:
-                _write_all(fd, SYNC_PREFIX + str(token).encode() + SYNC_END)
+                self._mark(fd, self._socks[name], SYNC_PREFIX + str(token).encode() + SYNC_END)
             except OSError:
                 pass
             self._marked[name], self._written_at_mark[name] = token, bytes_written(self._socks[name])
             marks[name] = token
         return marks
+
+
+    @staticmethod
+    def _mark(fd: int, sock: socket.socket, marker: bytes) -> None:
+        """Write a marker after everything written to ``fd``: over TLS from this thread when ``fd`` is still that
+        socket (tls.send_direct; a kept rank's fd is a pipe to its spool, whose bytes must go first), else to ``fd``."""
+        try:
+            same = os.path.samestat(os.fstat(fd), os.fstat(sock.fileno()))
+        except (OSError, ValueError):
+            same = False
+        if not (same and tls.send_direct(sock, marker)):
+            _write_all(fd, marker)
 
 
 def bytes_written(sock: socket.socket) -> Optional[int]:

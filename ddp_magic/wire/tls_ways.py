@@ -91,6 +91,7 @@ class Pair:
         self.fill: Optional[Fill] = None  # handed over by ``Relay.fill``: the next bytes from the peer go there
         self.lock = threading.Lock()  # held by whoever uses ``tls`` (the relay's thread; the hub's, to hand a Fill over)
         self.plain_shut = False
+        self.pulled = False  # the code's thread decrypts what comes (``Relay.pull``); the relay reads only to fill a buffer
         self.events: Dict[int, int] = {}  # fd -> the events it is registered for (0: not registered)
 
 
@@ -146,6 +147,23 @@ def send_handed(pair: Pair) -> None:
         if job.sent >= job.view.nbytes:
             pair.direct.popleft()
             job.finish()
+
+
+def write_direct(pair: Pair, view: memoryview) -> bool:
+    """A small message encrypted by the sender's own thread, under ``pair.lock``: no hand-off to the relay's thread. Only
+    when nothing the code wrote before waits (the up buffer, a handed buffer, unread bytes on the socketpair), so order
+    holds. False: it must go the usual way (through the socketpair). A TLS write that must wait leaves the message in
+    the up buffer, as if the relay had read it: the relay retries it with the same bytes (the caller then kicks it)."""
+    up = pair.up
+    if up.waiting or up.eof or pair.direct or view.nbytes > CHUNK or unread(pair.plain):
+        return False
+    try:
+        pair.tls.send(view)  # whole: Python's ssl does not enable partial writes
+    except SSL_WAIT:
+        space = up.space()
+        space[: view.nbytes] = view
+        up.end = view.nbytes
+    return True
 
 
 def fill_in(pair: Pair) -> bool:
