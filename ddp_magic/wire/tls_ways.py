@@ -96,8 +96,14 @@ class Pair:
 
 
 def held(pair: Pair) -> bool:
-    """Decrypted bytes OpenSSL holds for a pair that can take them: no select wakes us for those."""
-    return bool(pair.tls.pending()) and not pair.down.waiting and not pair.down.eof
+    """Decrypted bytes OpenSSL holds for a pair that can take them: no select wakes us for those. A pair another thread
+    uses now (a direct write, a pull) is not asked: OpenSSL's state is that thread's until it lets go."""
+    if not pair.lock.acquire(blocking=False):
+        return False
+    try:
+        return bool(pair.tls.pending()) and not pair.down.waiting and not pair.down.eof
+    finally:
+        pair.lock.release()
 
 
 def move(way: Way, read: Callable[[memoryview], int], write: Callable[[memoryview], int], gather: bool) -> None:
