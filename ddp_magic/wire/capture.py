@@ -13,8 +13,8 @@ A stream nothing was written to since its last marker needs no new one: its DONE
 names that older marker, which the kernel has read already (it held an earlier DONE
 for it), so a quiet cell's DONE counts at once, without two more reads per rank.
 "Nothing written" is the socket's own count of bytes written (TCP's bytes acked plus
-its send queue), which sees C code and child processes too; where it cannot be read
-(a TLS relay's socketpair) every cell writes its markers.
+its send queue), which sees C code and child processes too; through a TLS relay's
+socketpair, what the relay took from it plus what it still holds (tls.bytes_written).
 """
 from __future__ import annotations
 
@@ -96,8 +96,8 @@ def bytes_written(sock: socket.socket) -> Optional[int]:
         acked = struct.unpack_from("Q", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_ACKED + 8), _TCP_INFO_ACKED)[0]
         queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]  # SIOCOUTQ
         again = struct.unpack_from("Q", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_ACKED + 8), _TCP_INFO_ACKED)[0]
-    except (OSError, struct.error, AttributeError):  # not TCP (a TLS relay's socketpair), an older kernel, not Linux
-        return None
+    except (OSError, struct.error, AttributeError):  # not TCP (a TLS relay's socketpair: its relay counts), older, not Linux
+        return tls.bytes_written(sock)
     return acked + queued if acked == again else None
 
 

@@ -135,6 +135,12 @@ def send_direct(sock: socket.socket, data: Union[bytes, bytearray, memoryview]) 
     return relay is not None and relay.direct(sock, data)
 
 
+def bytes_written(sock: socket.socket) -> Optional[int]:
+    """How many bytes were ever written to a relayed ``sock`` (tls_relay.Relay.written); None: not relayed."""
+    relay = Relay.current()
+    return relay.written(sock) if relay is not None else None
+
+
 def pull_fd(sock: socket.socket) -> Optional[int]:
     """Over TLS: from now on the caller's thread reads ``sock``'s peer itself (``pull`` when the descriptor returned is
     readable, then read ``sock`` as usual); the relay's thread no longer wakes for what comes. None: not relayed."""

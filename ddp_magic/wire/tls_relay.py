@@ -235,7 +235,7 @@ class Relay:
                 self._note()
             if pair.fill is None:
                 move(pair.down, pair.tls.recv_into, pair.plain.send, gather=True)
-            move(pair.up, pair.plain.recv_into, pair.tls.send, gather=False)
+            move(pair.up, pair.take, pair.tls.send, gather=False)
             send_handed(pair)
         except (OSError, ValueError) as e:
             self._broken(pair, e)
@@ -266,6 +266,16 @@ class Relay:
                 pair.plain.shutdown(socket.SHUT_WR)
             except OSError:
                 log.debug("tls relay: shutdown failed", exc_info=True)
+
+    def written(self, plain: socket.socket) -> Optional[int]:
+        """How many bytes the code ever wrote to ``plain`` (what left it plus what it still holds); None: not relayed.
+        A rank's output capture needs no new marker for a stream that has not grown (wire/capture.py)."""
+        with self.mutex:
+            pair = self._pair_of.get(plain)
+        if pair is None:
+            return None
+        with pair.lock:
+            return pair.taken + unread(pair.plain)
 
     def pulled(self, plain: socket.socket) -> Optional[int]:
         """From now on the code's own thread decrypts what comes for ``plain`` (``pull``), and this relay stops watching

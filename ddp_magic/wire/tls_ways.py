@@ -92,7 +92,14 @@ class Pair:
         self.lock = threading.Lock()  # held by whoever uses ``tls`` (the relay's thread; the hub's, to hand a Fill over)
         self.plain_shut = False
         self.pulled = False  # the code's thread decrypts what comes (``Relay.pull``); the relay reads only to fill a buffer
+        self.taken = 0  # bytes the code wrote that left ``plain`` (taken by the relay, sent directly or handed over)
         self.events: Dict[int, int] = {}  # fd -> the events it is registered for (0: not registered)
+
+    def take(self, view: memoryview) -> int:
+        """Read what the code wrote to ``plain`` (the up way's source), counted (``Relay.written``)."""
+        n = self.plain.recv_into(view)
+        self.taken += n
+        return n
 
 
 def held(pair: Pair) -> bool:
@@ -150,6 +157,7 @@ def send_handed(pair: Pair) -> None:
         except SSL_WAIT:
             return
         job.sent += n
+        pair.taken += n
         if job.sent >= job.view.nbytes:
             pair.direct.popleft()
             job.finish()
@@ -169,6 +177,7 @@ def write_direct(pair: Pair, view: memoryview) -> bool:
         space = up.space()
         space[: view.nbytes] = view
         up.end = view.nbytes
+    pair.taken += view.nbytes
     return True
 
 

@@ -311,12 +311,15 @@ def test_a_direct_write_waits_its_turn_behind_what_was_written_before(key):
         assert tls.send_direct(rank, small), "nothing waits now: it goes directly"
         assert P.recv(kernel_side) == P.message(P.READY, rank=0)
 
+        start, total = tls.bytes_written(rank), 0
         for i in range(0, 200, 2):  # written to the socketpair (fd 1's way), then at once a direct one: it must not overtake
-            os.write(rank.fileno(), P.encode(P.message(P.READY, n=i)))
+            total += os.write(rank.fileno(), P.encode(P.message(P.READY, n=i)))
             frame = P.encode(P.message(P.READY, n=i + 1))
             if not tls.send_direct(rank, frame):
                 rank.sendall(frame)
+            total += len(frame)
         assert [P.recv(kernel_side)["n"] for _ in range(200)] == list(range(200))
+        assert start is not None and tls.bytes_written(rank) == start + total, "the capture's count sees every way out"
 
         directs, order = [], iter(range(600))
 
