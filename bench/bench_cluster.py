@@ -18,8 +18,9 @@ In one run, every figure a median (min–max) over the repeats, the ways interle
 - **link down → named error**: n2's management link cut while 4 ranks loop over all_reduces: the time from the
   cut to the cell's end, the text the cell says, and what the next cell says once the link is back.
 
-With ``--before REV`` the result rows (and the channel alone) run ddp_magic as committed at REV too, in the same
-repeats: before and after side by side. Writes bench/results/cluster.md and .json (docs/bench/cluster.md holds a run).
+With ``--before REV`` the result rows, the channel alone and the warm cell run ddp_magic as committed at REV too,
+in the same repeats: before and after side by side. ``--only-warm``: the warm cell rows alone (a latency change).
+Writes bench/results/cluster.md and .json (docs/bench/cluster.md holds a run).
 """
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def measure(box, g: Dict[str, List[float]], failed: Dict[str, str], key: str, fn
 
 def one_repeat(box, a: argparse.Namespace, g: Dict[str, List[float]], failed: Dict[str, str], texts: Dict[str, str]) -> None:  # type: ignore[no-untyped-def]
     login = box.host("login").mgmt
-    for tag, src in a.sources:
+    for tag, src in [] if a.only_warm else a.sources:
         n2 = json.dumps(box.enter("n2", cwd=src))  # the other node's agent: its ranks import this tree's ddp_magic too
         for way, key in WIRE_WAYS:
             if tag and way.startswith(("tcp", "ssl")):
@@ -141,14 +142,16 @@ def one_repeat(box, a: argparse.Namespace, g: Dict[str, List[float]], failed: Di
             if r is not None:
                 g[tag + key].append(statistics.median(r["seconds"]))
                 texts[tag + key] = f"hosts {r['hosts']}, TLS {r['tls']}"
-    r = measure(box, g, failed, "warm.box", lambda: pool_child(box, ["warm", "2", "2", str(a.warm), "--exclude=n3"], REPO))
-    if r is not None:
-        g["warm.box"].append(r["ms"])
-        texts["warm.box"] = f"hosts {r['hosts']}, TLS {r['tls']}"
-    for key, force in (("warm.local", "0"), ("warm.local_tls", "1")):
-        r = measure(None, g, failed, key, lambda force=force: pool_child(None, ["warm", "2", "2", str(a.warm)], REPO, DDP_MAGIC_FORCE_TLS=force))
+    for tag, src in a.sources:  # the trees alternate within a repeat, so a slow moment of the machine hits both
+        r = measure(box, g, failed, tag + "warm.box", lambda src=src: pool_child(box, ["warm", "2", "2", str(a.warm), "--exclude=n3"], src))
         if r is not None:
-            g[key].append(r["ms"])
+            g[tag + "warm.box"].append(r["ms"])
+            texts[tag + "warm.box"] = f"hosts {r['hosts']}, TLS {r['tls']}"
+        for key, force in (("warm.local", "0"), ("warm.local_tls", "1")):
+            r = measure(None, g, failed, tag + key,
+                        lambda force=force, src=src: pool_child(None, ["warm", "2", "2", str(a.warm)], src, DDP_MAGIC_FORCE_TLS=force))
+            if r is not None:
+                g[tag + key].append(r["ms"])
 
 
 def link_row(box, g: Dict[str, List[float]], failed: Dict[str, str], texts: Dict[str, str]) -> None:  # type: ignore[no-untyped-def]
@@ -168,15 +171,18 @@ def ratio(g: Dict[str, List[float]], key: str, floor: str) -> str:
 
 
 def table(g: Dict[str, List[float]], a: argparse.Namespace, failed: Dict[str, str], texts: Dict[str, str], notes: List[str]) -> str:
-    rows = [
-        f"The box's hosts on one machine; {MIB} MiB from n2 to login over the management bridge; median (min–max) of {a.repeats}.",
-        "",
-        "| way | s | MiB/s | ÷ its floor (throughput) | CPU s, both ends |",
-        "|---|---|---|---|---|",
-        f"| floor: plain TCP (`sendall` → `recv_into` fresh memory) | {med(g['floor.tcp'])} | {rate(g['floor.tcp'])} | 1.00× | {med(g['floor.tcp.cpu'])} |",
-        f"| floor: Python's `ssl`, one thread a side (TLS 1.3) | {med(g['floor.ssl'])} | {rate(g['floor.ssl'])} | 1.00× | {med(g['floor.ssl.cpu'])} |",
-    ]
-    for tag, _src in a.sources:
+    rows = [f"The box's hosts on one machine; {MIB} MiB from n2 to login over the management bridge; median (min–max) of {a.repeats}."]
+    if not a.only_warm:
+        rows += [
+            "",
+            "| way | s | MiB/s | ÷ its floor (throughput) | CPU s, both ends |",
+            "|---|---|---|---|---|",
+            f"| floor: plain TCP (`sendall` → `recv_into` fresh memory) | {med(g['floor.tcp'])} | {rate(g['floor.tcp'])} | 1.00× "
+            f"| {med(g['floor.tcp.cpu'])} |",
+            f"| floor: Python's `ssl`, one thread a side (TLS 1.3) | {med(g['floor.ssl'])} | {rate(g['floor.ssl'])} | 1.00× "
+            f"| {med(g['floor.ssl.cpu'])} |",
+        ]
+    for tag, _src in [] if a.only_warm else a.sources:
         name = f" ({tag.rstrip('.')})" if tag else ""
         rows += [
             f"| control channel alone{name}, plain TCP | {med(g[tag + 'chan.tcp'])} | {rate(g[tag + 'chan.tcp'])} | {ratio(g, tag + 'chan.tcp', 'floor.tcp')} "
@@ -188,14 +194,18 @@ def table(g: Dict[str, List[float]], a: argparse.Namespace, failed: Dict[str, st
             f"| a cell's result{name}, `--slurm` (TLS) | {med(g[tag + 'result.tls'])} | {rate(g[tag + 'result.tls'])} "
             f"| {ratio(g, tag + 'result.tls', 'floor.ssl')} | – |",
         ]
-    local = statistics.median(g["warm.local"]) if g["warm.local"] else float("nan")
     rows += [
         "",
         f"| warm cell (an all_reduce, 2 nodes × 2 tasks), ms, median of {a.warm} a repeat | box: n1, n2 (TLS) | one-host Slurm (plain) "
-        "| one-host Slurm (TLS forced) | box − one-host |",
+        "| one-host Slurm (TLS forced) | box − one-host (plain) |",
         "|---|---|---|---|---|",
-        f"| | {med(g['warm.box'], '{:.1f}')} | {med(g['warm.local'], '{:.1f}')} | {med(g['warm.local_tls'], '{:.1f}')} "
-        f"| {(statistics.median(g['warm.box']) - local) if g['warm.box'] else float('nan'):+.1f} |",
+    ]
+    for tag, _src in a.sources:
+        box, local = g[tag + "warm.box"], g[tag + "warm.local"]
+        gap = statistics.median(box) - statistics.median(local) if box and local else float("nan")
+        rows.append(f"| {tag.rstrip('.') or 'this tree'} | {med(box, '{:.1f}')} | {med(local, '{:.1f}')} "
+                    f"| {med(g[tag + 'warm.local_tls'], '{:.1f}')} | {gap:+.1f} |")
+    rows += [
         "",
         f"Link down → named error (n2's management link cut while 4 ranks loop over all_reduces): {med(g['link'])} s from the cut "
         "to the cell's end.",
@@ -213,7 +223,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--results", type=int, default=3, help="result cells per pool, their median one sample (default 3)")
     p.add_argument("--warm", type=int, default=50, help="warm cells per measurement (default 50)")
-    p.add_argument("--before", metavar="REV", help="also measure ddp_magic as committed at REV (the result rows and the channel)")
+    p.add_argument("--before", metavar="REV", help="also measure ddp_magic as committed at REV (the result rows, the channel, the warm cell)")
+    p.add_argument("--only-warm", action="store_true", help="only the warm cell rows (and the link row unless --skip-link)")
     p.add_argument("--skip-link", action="store_true", help="no link-down row")
     a = p.parse_args(argv)
     import cluster_box
@@ -236,9 +247,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def run(box, a: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     subprocess.run([PY, "-c", "import torch"], check=True)  # the page cache holds torch for every way alike
-    keys = [t + k for t, _ in a.sources for k in ("chan.tcp", "chan.tcp.cpu", "chan.tls", "chan.tls.cpu", "result.tcp", "result.tls")]
-    g: Dict[str, List[float]] = {k: [] for k in keys + ["floor.tcp", "floor.tcp.cpu", "floor.ssl", "floor.ssl.cpu", "warm.box",
-                                                         "warm.local", "warm.local_tls", "link"]}
+    keys = [t + k for t, _ in a.sources for k in ("chan.tcp", "chan.tcp.cpu", "chan.tls", "chan.tls.cpu", "result.tcp", "result.tls",
+                                                   "warm.box", "warm.local", "warm.local_tls")]
+    g: Dict[str, List[float]] = {k: [] for k in keys + ["floor.tcp", "floor.tcp.cpu", "floor.ssl", "floor.ssl.cpu", "link"]}
     failed: Dict[str, str] = {}
     texts: Dict[str, str] = {}
     load = os.getloadavg()[0]

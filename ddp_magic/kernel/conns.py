@@ -11,7 +11,7 @@ from __future__ import annotations
 import codecs
 import select
 import socket
-from typing import List, Optional, Set
+from typing import Dict, List, Optional, Set, Union
 
 from ..logs import log
 from ..wire import protocol as P
@@ -27,6 +27,8 @@ class Conn:
         self.sock = sock
         self.reader = P.FrameReader()
         self.handover = tls.filler(sock)  # over TLS: the relay decrypts a big result straight into its memory
+        self.pull_fd: Optional[int] = None  # over TLS: its TLS socket, which the hub's thread reads itself (``watch``)
+        self.pulling = False  # that socket is watched (not while the relay fills a buffer of ours)
 
 
 class OutConn:
@@ -41,6 +43,8 @@ class OutConn:
         self.synced = -1  # the last cell whose marker has been read
         self.eof = False
         self.unshown = 0  # a kept pool: bytes read after the last whole line, not counted as shown yet (hub_output.py)
+        self.pull_fd: Optional[int] = None
+        self.pulling = False
 
 
 class Poller:
@@ -97,13 +101,49 @@ class ReadBuffer:
 
     def recv(self, sock: socket.socket) -> bytes:
         """What ``sock`` has (b"" at EOF); BlockingIOError when nothing is there."""
+        tls.pull(sock)  # over TLS: what came, decrypted into ``sock`` by this thread (``watch``)
         n = sock.recv_into(self._buf)
         return bytes(self._view[:n])
 
     def frames(self, conn: Conn) -> Optional[list]:
         """The messages one read of ``conn``'s socket completes (None at EOF; BlockingIOError when nothing is there): a
         result's out-of-band buffers are read straight into their own memory, the rest through this buffer."""
+        tls.pull(conn.sock)
         return conn.reader.recv(conn.sock, self._buf, conn.handover)
+
+
+def watch(poller: Poller, by_fd: Dict[int, Union[Conn, OutConn]], sock: socket.socket, conn: Union[Conn, OutConn]) -> None:
+    """Watch a rank's socket; over TLS its TLS socket too, which the hub's thread then decrypts itself when it turns
+    readable (``tls.pull``, then ``sock`` is read as usual): no wake of the relay's thread for each message."""
+    by_fd[sock.fileno()] = conn
+    poller.add(sock.fileno())
+    conn.pull_fd = tls.pull_fd(sock)
+    watch_pulled(poller, by_fd, conn, True)
+
+
+def unwatch(poller: Poller, by_fd: Dict[int, Union[Conn, OutConn]], sock: socket.socket) -> None:
+    """Before the socket closes (a closed fd's number may be the next socket's)."""
+    fd = sock.fileno()
+    conn = by_fd.pop(fd, None) if fd >= 0 else None
+    if conn is not None:
+        poller.remove(fd)
+        watch_pulled(poller, by_fd, conn, False)
+
+
+def watch_pulled(poller: Poller, by_fd: Dict[int, Union[Conn, OutConn]], conn: Union[Conn, OutConn], on: bool) -> None:
+    """Watch ``conn``'s TLS socket (``on``) or not. Not while the relay fills a buffer of the connection's: the relay
+    reads it then, and a watch would wake the hub in vain. The relay closes a TLS socket that failed: a number taken
+    by a newer socket is left alone."""
+    fd = conn.pull_fd
+    if fd is None or conn.pulling == on:
+        return
+    conn.pulling = on
+    if on:
+        by_fd[fd] = conn
+        poller.add(fd)
+    elif by_fd.get(fd) is conn:
+        del by_fd[fd]
+        poller.remove(fd)
 
 
 def close_socket(sock: socket.socket) -> None:
@@ -116,6 +156,7 @@ def close_socket(sock: socket.socket) -> None:
 
 def peer_open(sock: socket.socket) -> bool:
     """Whether the other end still holds the connection (a remote rank that has not exited yet)."""
+    tls.pull(sock)  # over TLS: the peer's EOF reaches ``sock`` once someone reads its TLS socket
     try:
         return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
     except BlockingIOError:
@@ -124,13 +165,16 @@ def peer_open(sock: socket.socket) -> bool:
         return False
 
 
-def wait_ready(sock: socket.socket, seconds: float, write: bool = False) -> bool:
-    """Whether ``sock`` is readable (or writable) within ``seconds``: poll(), since select() refuses fds past 1,023.
+def wait_ready(sock: socket.socket, seconds: float, write: bool = False, also: Optional[int] = None) -> bool:
+    """Whether ``sock`` (or the descriptor ``also``) is readable (or writable) within ``seconds``: poll(), since select()
+    refuses fds past 1,023. ``also``: a connection's TLS socket, which the hub reads itself (``watch``).
 
     A pool of 1,024 ranks holds 3,072 sockets, so a rank's descriptor is often above select()'s limit.
     """
     poller = select.poll()
-    poller.register(sock, select.POLLOUT if write else select.POLLIN)
+    for fd in (sock.fileno(), also):
+        if fd is not None:
+            poller.register(fd, select.POLLOUT if write else select.POLLIN)
     return bool(poller.poll(max(0.0, seconds) * 1000))
 
 

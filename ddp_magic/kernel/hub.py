@@ -27,7 +27,7 @@ from ..wire import protocol as P
 from ..wire import tls
 from ..wire.kept import ShownOffsets
 from .admission import Admission
-from .conns import Conn, OutConn, Poller, ReadBuffer, close_socket, peer_open, send_all_nonblocking, send_shutdown
+from .conns import Conn, OutConn, Poller, ReadBuffer, close_socket, peer_open, send_all_nonblocking, send_shutdown, unwatch, watch, watch_pulled
 from .output.hub_output import STREAMS, OutputStreams
 from .launchers import Launcher
 from .failures import deaths
@@ -122,14 +122,10 @@ class Hub(OutputStreams):
         self.listener.on_state(info)
 
     def _watch(self, sock: socket.socket, conn: Union[Conn, OutConn]) -> None:
-        self._by_fd[sock.fileno()] = conn
-        self._poller.add(sock.fileno())
+        watch(self._poller, self._by_fd, sock, conn)
 
     def _unwatch(self, sock: socket.socket) -> None:
-        """Before the socket closes (a closed fd's number may be the next socket's)."""
-        fd = sock.fileno()
-        if fd >= 0 and self._by_fd.pop(fd, None) is not None:
-            self._poller.remove(fd)
+        unwatch(self._poller, self._by_fd, sock)
 
     def close_all(self) -> None:
         """Close every socket and forget what was pending."""
@@ -175,7 +171,8 @@ class Hub(OutputStreams):
                 continue
             try:
                 with self._send_lock:  # one frame at a time per socket, whichever thread sends
-                    send_all_nonblocking(conn.sock, frame)
+                    if not tls.send_direct(conn.sock, frame):  # over TLS: encrypted here when it can be, not by the relay
+                        send_all_nonblocking(conn.sock, frame)
             except OSError:
                 log.debug("rank %s's control socket failed on send", rank, exc_info=True)
                 self._drop_conn(conn)
@@ -264,10 +261,12 @@ class Hub(OutputStreams):
         try:
             msgs = self._rbuf.frames(conn)
         except BlockingIOError:
-            return
+            msgs = []
         except OSError as e:
             log.debug("rank %s's control socket failed on read", conn.rank, exc_info=True)
             msgs, error = None, e
+        finally:  # the TLS socket is the relay's while it fills a buffer of ours
+            watch_pulled(self._poller, self._by_fd, conn, not conn.reader.relayed and self.conns.get(conn.rank) is conn)
         if msgs is None:
             self._lost(conn, error)
             return

@@ -146,12 +146,15 @@ class Worker:
 
     def _read_kernel(self) -> None:
         """Until the kernel's socket closes."""
+        source: Any = None
         try:
             while True:
                 sock = self.chan.sock
                 if sock is None:
                     return
-                msg = P.recv(sock)
+                if source is None or getattr(source, "sock", source) is not sock:
+                    source = tls.reading(sock)  # over TLS this thread decrypts what comes (no hand-off to the relay's)
+                msg = P.recv(source)
                 op = msg["op"]
                 if op == P.RUN:
                     self.cell = msg["cell"]

@@ -13,8 +13,8 @@ A stream nothing was written to since its last marker needs no new one: its DONE
 names that older marker, which the kernel has read already (it held an earlier DONE
 for it), so a quiet cell's DONE counts at once, without two more reads per rank.
 "Nothing written" is the socket's own count of bytes written (TCP's bytes acked plus
-its send queue), which sees C code and child processes too; where it cannot be read
-(a TLS relay's socketpair) every cell writes its markers.
+its send queue), which sees C code and child processes too; through a TLS relay's
+socketpair, what the relay took from it plus what it still holds (tls.bytes_written).
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ import struct
 import sys
 import termios
 from typing import Dict, List, Optional, Tuple
+
+from . import tls
 
 SYNC_PREFIX = b"\x00\x1bddp-sync:"
 SYNC_END = b"\x00"
@@ -65,12 +67,24 @@ class FdCapture:
                 marks[name] = self._marked[name]  # nothing since that marker: the kernel has read all of it
                 continue
             try:
-                _write_all(fd, SYNC_PREFIX + str(token).encode() + SYNC_END)
+                self._mark(fd, self._socks[name], SYNC_PREFIX + str(token).encode() + SYNC_END)
             except OSError:
                 pass
             self._marked[name], self._written_at_mark[name] = token, bytes_written(self._socks[name])
             marks[name] = token
         return marks
+
+
+    @staticmethod
+    def _mark(fd: int, sock: socket.socket, marker: bytes) -> None:
+        """Write a marker after everything written to ``fd``: over TLS from this thread when ``fd`` is still that
+        socket (tls.send_direct; a kept rank's fd is a pipe to its spool, whose bytes must go first), else to ``fd``."""
+        try:
+            same = os.path.samestat(os.fstat(fd), os.fstat(sock.fileno()))
+        except (OSError, ValueError):
+            same = False
+        if not (same and tls.send_direct(sock, marker)):
+            _write_all(fd, marker)
 
 
 def bytes_written(sock: socket.socket) -> Optional[int]:
@@ -82,8 +96,8 @@ def bytes_written(sock: socket.socket) -> Optional[int]:
         acked = struct.unpack_from("Q", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_ACKED + 8), _TCP_INFO_ACKED)[0]
         queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]  # SIOCOUTQ
         again = struct.unpack_from("Q", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_ACKED + 8), _TCP_INFO_ACKED)[0]
-    except (OSError, struct.error, AttributeError):  # not TCP (a TLS relay's socketpair), an older kernel, not Linux
-        return None
+    except (OSError, struct.error, AttributeError):  # not TCP (a TLS relay's socketpair: its relay counts), older, not Linux
+        return tls.bytes_written(sock)
     return acked + queued if acked == again else None
 
 

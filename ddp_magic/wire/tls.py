@@ -14,12 +14,16 @@ one thread while another sends; so neither side hands a TLS socket to its code. 
 of a socketpair (``wrap``): the rank's fds 1 and 2, the hub's poll loop, everything
 else stays as it is over plain TCP. Costs: one more pass of each byte through the relay
 (tls_relay.py, which also drains a rank's last bytes before it exits), and the AES.
+A small message skips the relay's thread when it can: the sender encrypts it itself
+(``send_direct``, ``send``), and a reader that waits on the TLS socket decrypts what came
+itself (``pull_fd``, ``pull``); each hop to another thread costs a wake and the GIL.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import os
+import select
 import shutil
 import socket
 import ssl
@@ -122,6 +126,62 @@ def send(sock: socket.socket, data: Union[bytes, bytearray, memoryview]) -> None
         sock.sendall(data)
     else:
         relay.send(sock, data)
+
+
+def send_direct(sock: socket.socket, data: Union[bytes, bytearray, memoryview]) -> bool:
+    """A small message written to ``sock``'s TLS peer from the caller's thread when it can be (tls_relay.Relay.direct);
+    False: write it to ``sock`` as usual (not relayed, or something written before it still waits). Never blocks."""
+    relay = Relay.current()
+    return relay is not None and relay.direct(sock, data)
+
+
+def bytes_written(sock: socket.socket) -> Optional[int]:
+    """How many bytes were ever written to a relayed ``sock`` (tls_relay.Relay.written); None: not relayed."""
+    relay = Relay.current()
+    return relay.written(sock) if relay is not None else None
+
+
+def pull_fd(sock: socket.socket) -> Optional[int]:
+    """Over TLS: from now on the caller's thread reads ``sock``'s peer itself (``pull`` when the descriptor returned is
+    readable, then read ``sock`` as usual); the relay's thread no longer wakes for what comes. None: not relayed."""
+    relay = Relay.current()
+    return relay.pulled(sock) if relay is not None else None
+
+
+def pull(sock: socket.socket) -> None:
+    """Decrypt what ``sock``'s TLS peer sent into ``sock``, from the caller's thread (after ``pull_fd``). Never blocks."""
+    relay = Relay.current()
+    if relay is not None:
+        relay.pull(sock)
+
+
+class PullReader:
+    """A blocking reader of a relayed socket that decrypts what comes in its own thread (``pull_fd``, ``pull``): no wake
+    of the relay's thread for each message. Reads as ``sock.recv_into`` does (protocol.recv needs no more)."""
+
+    def __init__(self, sock: socket.socket, fd: int) -> None:
+        self.sock, self.fd = sock, fd
+        self.poller = select.poll()
+        for watched in (sock.fileno(), fd):  # the relay may still pass bytes on through ``sock`` (an EOF, a backlog)
+            self.poller.register(watched, select.POLLIN)
+
+    def recv_into(self, buf: Union[bytearray, memoryview], nbytes: int = 0) -> int:
+        while True:
+            try:
+                return self.sock.recv_into(buf, nbytes, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                pass
+            pull(self.sock)
+            try:
+                return self.sock.recv_into(buf, nbytes, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                self.poller.poll()
+
+
+def reading(sock: socket.socket) -> Union[socket.socket, PullReader]:
+    """What a thread that blocks reading ``sock`` reads it through: over TLS a ``PullReader``; else ``sock`` itself."""
+    fd = pull_fd(sock)
+    return sock if fd is None else PullReader(sock, fd)
 
 
 def connect(addr: Tuple[str, int], fingerprint: str, timeout: float = 30, control: bool = False) -> socket.socket:

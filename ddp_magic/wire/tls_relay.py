@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Optional, Union
 
 from ..logs import log
 from . import liveness
-from .tls_ways import HANDED_MIN, Fill, Handed, Pair, fail, fill_in, held, move, send_handed, take_over, unread
+from .tls_ways import HANDED_MIN, Fill, Handed, Pair, fail, fill_in, held, move, send_handed, take_over, unread, write_direct
 
 PAIR_BUFFER = 4 << 20  # SO_SNDBUF/SO_RCVBUF of the socketpair: a big result crosses it in few rounds
 DRAIN_S = 3.0  # how long an exiting process waits for its relay to send what its code wrote
@@ -121,8 +121,12 @@ class Relay:
         no copy), after everything written to ``plain`` before. The caller holds ``plain``'s write lock; returns once
         it is all sent, raises OSError when the connection fails first."""
         view = memoryview(data).cast("B")
+        if view.nbytes < HANDED_MIN:
+            if not self.direct(plain, view):
+                plain.sendall(view)
+            return
         with self.mutex:
-            pair = self._pair_of.get(plain) if view.nbytes >= HANDED_MIN else None
+            pair = self._pair_of.get(plain)
             job = Handed(view)
             if pair is not None:
                 pair.direct.append(job)
@@ -134,6 +138,29 @@ class Relay:
         job.done.wait()
         if job.error is not None:
             raise job.error
+
+    def direct(self, plain: socket.socket, data: Union[bytes, bytearray, memoryview]) -> bool:
+        """Encrypt a small message to ``plain``'s peer from the caller's thread, when the pair is free and nothing
+        written before it waits (tls_ways.write_direct): no hand-off to this relay's thread, which on a loaded machine
+        waits for a core each time. False: not done, write it to ``plain`` as usual. Never blocks: a pair the relay is
+        busy with is left to it."""
+        with self.mutex:
+            pair = self._pair_of.get(plain)
+        if pair is None or not pair.lock.acquire(blocking=False):
+            return False
+        try:
+            done = write_direct(pair, memoryview(data).cast("B"))
+            queued = done and pair.up.waiting
+        except (OSError, ValueError):  # the connection failed: the usual way lets the relay find it and say so
+            log.debug("tls relay: a direct write failed", exc_info=True)
+            return False
+        finally:
+            pair.lock.release()
+        if queued:  # the TLS socket was full: the relay sends the rest when it can take it
+            with self.mutex:
+                self.kicked.append(pair)
+            self.wake_w.send(b"x")
+        return done
 
     def _loop(self) -> None:
         while True:
@@ -208,36 +235,89 @@ class Relay:
                 self._note()
             if pair.fill is None:
                 move(pair.down, pair.tls.recv_into, pair.plain.send, gather=True)
-            move(pair.up, pair.plain.recv_into, pair.tls.send, gather=False)
+            move(pair.up, pair.take, pair.tls.send, gather=False)
             send_handed(pair)
         except (OSError, ValueError) as e:
-            log.debug("tls relay: a connection failed", exc_info=True)
-            if liveness.is_silence(e) or liveness.went_silent(pair.tls):
-                liveness.mark_silent(pair.twin())
-            pair.up.eof = pair.down.eof = True
-            pair.up.clear()
-            pair.down.clear()
-            self._fail(pair, e if isinstance(e, OSError) else ConnectionError(str(e)))
-        else:
-            if pair.down.eof and not ended and liveness.went_silent(pair.tls):  # a timeout reads as an EOF through OpenSSL
-                liveness.mark_silent(pair.twin())
+            self._broken(pair, e)
+        self._settle(pair, ended)
+        if pair.up.eof and not pair.up.waiting:  # the code closed its end: it reads no more either
+            self._drop(pair)
+            return
+        self._watch(pair)
+
+    def _broken(self, pair: Pair, e: Exception) -> None:
+        """The TLS connection failed: both ways end, what was handed over fails, a silent peer is recorded as such."""
+        log.debug("tls relay: a connection failed", exc_info=True)
+        if liveness.is_silence(e) or liveness.went_silent(pair.tls):
+            liveness.mark_silent(pair.twin())
+        pair.up.eof = pair.down.eof = True
+        pair.up.clear()
+        pair.down.clear()
+        self._fail(pair, e if isinstance(e, OSError) else ConnectionError(str(e)))
+
+    def _settle(self, pair: Pair, ended: bool) -> None:
+        """After a move: a peer that went silent is recorded (a timeout reads as an EOF through OpenSSL), and once the
+        peer's EOF is passed on, the code reads EOF too."""
+        if pair.down.eof and not ended and liveness.went_silent(pair.tls):
+            liveness.mark_silent(pair.twin())
         if pair.down.eof and not pair.down.waiting and not pair.plain_shut:  # the kernel (or rank) closed: the code reads EOF
             pair.plain_shut = True
             try:
                 pair.plain.shutdown(socket.SHUT_WR)
             except OSError:
                 log.debug("tls relay: shutdown failed", exc_info=True)
-        if pair.up.eof and not pair.up.waiting:  # the code closed its end: it reads no more either
-            self._drop(pair)
+
+    def written(self, plain: socket.socket) -> Optional[int]:
+        """How many bytes the code ever wrote to ``plain`` (what left it plus what it still holds); None: not relayed.
+        A rank's output capture needs no new marker for a stream that has not grown (wire/capture.py)."""
+        with self.mutex:
+            pair = self._pair_of.get(plain)
+        if pair is None:
+            return None
+        with pair.lock:
+            return pair.taken + unread(pair.plain)
+
+    def pulled(self, plain: socket.socket) -> Optional[int]:
+        """From now on the code's own thread decrypts what comes for ``plain`` (``pull``), and this relay stops watching
+        its TLS socket (except while it fills a buffer handed over): the descriptor to wait on; None: not relayed."""
+        with self.mutex:
+            pair = self._pair_of.get(plain)
+            if pair is None:
+                return None
+            pair.pulled = True
+            self.kicked.append(pair)  # its selector interest changes at its next pump
+        self.wake_w.send(b"x")
+        return pair.tls.fileno()
+
+    def pull(self, plain: socket.socket) -> None:
+        """The code's thread, its TLS socket readable: decrypt what came into the socketpair, to be read from ``plain`` at
+        once (no hand-off to this relay's thread). While a buffer is being filled the relay reads; then nothing is done.
+        What needs the relay after (a full socketpair, the connection's end) is handed to it."""
+        with self.mutex:
+            pair = self._pair_of.get(plain)
+        if pair is None:
             return
-        self._watch(pair)
+        with pair.lock:
+            if pair.fill is not None or pair.down.eof:
+                return
+            try:
+                move(pair.down, pair.tls.recv_into, pair.plain.send, gather=True)
+            except (OSError, ValueError) as e:
+                self._broken(pair, e)
+            self._settle(pair, False)
+            if not (pair.down.waiting or pair.down.eof or pair.tls.pending()):  # else no select would wake the relay
+                return
+        with self.mutex:
+            self.kicked.append(pair)
+        self.wake_w.send(b"x")
 
     def _watch(self, pair: Pair) -> None:
         """Register each socket for what it needs now: reading while its direction's buffer is free, writing while the
         other direction's waits. The selector is told only when that changes."""
         for sock, source, sink in ((pair.tls, pair.down, pair.up), (pair.plain, pair.up, pair.down)):
             writing = sink.waiting or (sock is pair.tls and bool(pair.direct))
-            events = (selectors.EVENT_READ if not source.eof and not source.waiting else 0) | (selectors.EVENT_WRITE if writing else 0)
+            reading = not source.eof and not source.waiting and not (sock is pair.tls and pair.pulled and pair.fill is None)
+            events = (selectors.EVENT_READ if reading else 0) | (selectors.EVENT_WRITE if writing else 0)
             fd = sock.fileno()
             if pair.events.get(fd, 0) == events:
                 continue

@@ -91,12 +91,26 @@ class Pair:
         self.fill: Optional[Fill] = None  # handed over by ``Relay.fill``: the next bytes from the peer go there
         self.lock = threading.Lock()  # held by whoever uses ``tls`` (the relay's thread; the hub's, to hand a Fill over)
         self.plain_shut = False
+        self.pulled = False  # the code's thread decrypts what comes (``Relay.pull``); the relay reads only to fill a buffer
+        self.taken = 0  # bytes the code wrote that left ``plain`` (taken by the relay, sent directly or handed over)
         self.events: Dict[int, int] = {}  # fd -> the events it is registered for (0: not registered)
+
+    def take(self, view: memoryview) -> int:
+        """Read what the code wrote to ``plain`` (the up way's source), counted (``Relay.written``)."""
+        n = self.plain.recv_into(view)
+        self.taken += n
+        return n
 
 
 def held(pair: Pair) -> bool:
-    """Decrypted bytes OpenSSL holds for a pair that can take them: no select wakes us for those."""
-    return bool(pair.tls.pending()) and not pair.down.waiting and not pair.down.eof
+    """Decrypted bytes OpenSSL holds for a pair that can take them: no select wakes us for those. A pair another thread
+    uses now (a direct write, a pull) is not asked: OpenSSL's state is that thread's until it lets go."""
+    if not pair.lock.acquire(blocking=False):
+        return False
+    try:
+        return bool(pair.tls.pending()) and not pair.down.waiting and not pair.down.eof
+    finally:
+        pair.lock.release()
 
 
 def move(way: Way, read: Callable[[memoryview], int], write: Callable[[memoryview], int], gather: bool) -> None:
@@ -143,9 +157,28 @@ def send_handed(pair: Pair) -> None:
         except SSL_WAIT:
             return
         job.sent += n
+        pair.taken += n
         if job.sent >= job.view.nbytes:
             pair.direct.popleft()
             job.finish()
+
+
+def write_direct(pair: Pair, view: memoryview) -> bool:
+    """A small message encrypted by the sender's own thread, under ``pair.lock``: no hand-off to the relay's thread. Only
+    when nothing the code wrote before waits (the up buffer, a handed buffer, unread bytes on the socketpair), so order
+    holds. False: it must go the usual way (through the socketpair). A TLS write that must wait leaves the message in
+    the up buffer, as if the relay had read it: the relay retries it with the same bytes (the caller then kicks it)."""
+    up = pair.up
+    if up.waiting or up.eof or pair.direct or view.nbytes > CHUNK or unread(pair.plain):
+        return False
+    try:
+        pair.tls.send(view)  # whole: Python's ssl does not enable partial writes
+    except SSL_WAIT:
+        space = up.space()
+        space[: view.nbytes] = view
+        up.end = view.nbytes
+    pair.taken += view.nbytes
+    return True
 
 
 def fill_in(pair: Pair) -> bool:

@@ -223,3 +223,130 @@ def test_the_kernels_relay_decrypts_a_big_result_straight_into_the_readers_memor
         kernel_side.close()
     finally:
         admission.close()
+
+
+def _joined(key, secret, admission, rank: int = 0):
+    sock = tls.connect(("127.0.0.1", admission.port), key.fingerprint)
+    P.client_handshake(sock, secret)
+    P.send(sock, P.message(P.HELLO, rank=rank))
+    [(kernel_side, _)] = _take(admission)
+    return sock, kernel_side
+
+
+def test_small_messages_skip_the_relays_thread_both_ways(key, monkeypatch):
+    """The sender encrypts a small message itself (tls.send_direct), and a reader that waits on the TLS socket decrypts
+    it itself (tls.pull_fd / pull, tls.reading): round trips of small messages wake no relay thread."""
+    from ddp_magic.kernel.conns import ReadBuffer, wait_ready
+    from ddp_magic.procs.rank_channel import Channel
+    from ddp_magic.wire.tls_relay import Relay
+
+    secret = P.new_secret()
+    admission = Admission("127.0.0.1", secret, 8, lambda: None, key)
+    try:
+        rank, kernel_side = _joined(key, secret, admission)
+        kernel_side.setblocking(False)
+        fd = tls.pull_fd(kernel_side)
+        source = tls.reading(rank)
+        assert fd is not None and isinstance(source, tls.PullReader)
+        relay = Relay.get()
+        deadline = time.monotonic() + 10
+        while (relay.kicked or relay.added) and time.monotonic() < deadline:  # the relay took the pairs' new interest
+            time.sleep(0.01)
+        time.sleep(0.05)
+        pumps = []
+        real = Relay._pump
+        monkeypatch.setattr(Relay, "_pump", lambda self, pair: (pumps.append(pair), real(self, pair)))
+        chan, reader, rbuf = Channel(rank), P.FrameReader(), ReadBuffer()
+        for i in range(50):
+            assert tls.send_direct(kernel_side, P.encode(P.message(P.RUN, cell=i)))
+            assert P.recv(source) == P.message(P.RUN, cell=i)
+            chan.send(P.DONE, cell=i)
+            got: list = []
+            while not got:
+                assert wait_ready(kernel_side, 10, also=fd)
+                try:
+                    got = reader.feed(rbuf.recv(kernel_side))
+                except BlockingIOError:
+                    pass
+            assert got == [P.message(P.DONE, cell=i)]
+        assert len(pumps) < 10, f"the relay's thread moved {len(pumps)} of 100 small messages"
+        rank.close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the rank's close reaches the kernel's reader as EOF, through pull too
+            wait_ready(kernel_side, 1, also=fd)
+            try:
+                if rbuf.recv(kernel_side) == b"":
+                    break
+            except BlockingIOError:
+                continue
+        else:
+            raise AssertionError("no EOF")
+        kernel_side.close()
+    finally:
+        admission.close()
+
+
+def test_a_direct_write_waits_its_turn_behind_what_was_written_before(key):
+    """A small message never overtakes bytes written before it that still wait (in the socketpair, the relay's buffer,
+    a buffer handed over): then it goes the usual way; and concurrent writers, some through fd writes, some direct,
+    each arrive whole and in their own order."""
+    from ddp_magic.procs.rank_channel import Channel
+
+    secret = P.new_secret()
+    admission = Admission("127.0.0.1", secret, 8, lambda: None, key)
+    try:
+        rank, kernel_side = _joined(key, secret, admission)
+        kernel_side.settimeout(60)
+        big = os.urandom(24 << 20)  # more than the socketpair, the relay's buffer and TCP's together: it waits
+        small = P.encode(P.message(P.READY, rank=0))
+        ways = {"handed to the relay": lambda: Channel(rank).send(P.DONE, blob=big),
+                "through the socketpair": lambda: rank.sendall(P.encode(P.message(P.DONE, blob=big)))}
+        for way, send_big in ways.items():
+            sender = threading.Thread(target=send_big, daemon=True)
+            sender.start()
+            time.sleep(0.3)  # the kernel reads nothing yet: the big frame is stuck part way
+            assert not tls.send_direct(rank, small), f"a small message must not overtake a big one {way}"
+            assert P.recv(kernel_side)["blob"] == big
+            sender.join(30)
+        assert tls.send_direct(rank, small), "nothing waits now: it goes directly"
+        assert P.recv(kernel_side) == P.message(P.READY, rank=0)
+
+        start, total = tls.bytes_written(rank), 0
+        for i in range(0, 200, 2):  # written to the socketpair (fd 1's way), then at once a direct one: it must not overtake
+            total += os.write(rank.fileno(), P.encode(P.message(P.READY, n=i)))
+            frame = P.encode(P.message(P.READY, n=i + 1))
+            if not tls.send_direct(rank, frame):
+                rank.sendall(frame)
+            total += len(frame)
+        assert [P.recv(kernel_side)["n"] for _ in range(200)] == list(range(200))
+        assert start is not None and tls.bytes_written(rank) == start + total, "the capture's count sees every way out"
+
+        directs, order = [], iter(range(600))
+
+        def fd_writer() -> None:  # as a rank's prints: straight to the socketpair
+            for i in range(300):
+                with lock:  # one frame at a time, numbered in the order written
+                    os.write(rank.fileno(), P.encode(P.message(P.READY, n=next(order))))
+                if i % 3 == 0:
+                    time.sleep(0.001)  # the relay catches up now and then: the other writer's next may go directly
+
+        def direct_writer() -> None:  # as a rank's markers and messages: directly when nothing written before waits
+            for _ in range(300):
+                with lock:
+                    frame = P.encode(P.message(P.READY, n=next(order)))
+                    directs.append(tls.send_direct(rank, frame))
+                    if not directs[-1]:
+                        rank.sendall(frame)
+
+        lock = threading.Lock()
+        writers = [threading.Thread(target=fd_writer), threading.Thread(target=direct_writer)]
+        for t in writers:
+            t.start()
+        for t in writers:
+            t.join(30)
+        assert [P.recv(kernel_side)["n"] for _ in range(600)] == list(range(600)), "every frame whole, none overtook"
+        assert any(directs), "some went directly"
+        rank.close()
+        kernel_side.close()
+    finally:
+        admission.close()

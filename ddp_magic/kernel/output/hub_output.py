@@ -95,7 +95,7 @@ class OutputStreams:
         for stream in STREAMS:
             out = self.outs.get((rank, stream))
             while out is not None and not out.eof and time.monotonic() < deadline:
-                if not wait_ready(out.sock, min(0.05, deadline - time.monotonic())) or not self._read_out(out):
+                if not wait_ready(out.sock, min(0.05, deadline - time.monotonic()), also=out.pull_fd) or not self._read_out(out):
                     break
 
 
