@@ -224,64 +224,41 @@ LAB_CELL = (
 
 
 @pytest.mark.slow
-def test_input_box_in_jupyterlab(tmp_path):
-    """A %%ddp -n 2 cell calling input() on rank 1 shows JupyterLab's input box; typing an answer completes the cell."""
-    import importlib.util
+def test_input_box_in_jupyterlab(tmp_path, server, browser):
+    """A %%ddp -n 2 cell calling input() on rank 1 shows JupyterLab's input box; typing an answer completes the cell.
+    JupyterLab and Chromium are the browser tests' own (labextension/ui-tests/ui_fixtures.py: one Playwright a process)."""
     import json
     import os
     import shutil
-    import subprocess
-    import sys
+
+    from ui_pages import notebook_url, shut_down
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = importlib.util.spec_from_file_location("screenshot_widget", os.path.join(root, "scripts", "screenshot_widget.py"))
-    shot = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(shot)  # type: ignore[union-attr]
-    if importlib.util.find_spec("playwright") is None or shot.find_chromium() is None:
-        pytest.skip("needs Python Playwright and a system Chromium (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
-    nbdir = tmp_path / "nb"
-    nbdir.mkdir()
     cells = [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": s} for s in ("%load_ext ddp_magic", LAB_CELL)]
-    (nbdir / "ddp.ipynb").write_text(json.dumps({"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}},
-                                                 "nbformat": 4, "nbformat_minor": 5}))
-    port, token = shot._free_port(), "ddpdebug"
-    env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    env.pop("PYTEST_CURRENT_TEST", None)
-    with open(tmp_path / "lab.log", "wb") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
-             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={nbdir}", "--LabApp.expose_app_in_browser=True"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=nbdir,
+    with open(os.path.join(server.nbdir, "debug_input.ipynb"), "w") as f:
+        json.dump({"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}}, "nbformat": 4, "nbformat_minor": 5}, f)
+    page = browser.new_page(viewport={"width": 1100, "height": 700})
+    try:
+        page.goto(notebook_url(server, "lab", "debug_input.ipynb"), timeout=60_000)
+        page.wait_for_function(
+            "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+            " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
+            " return k && k.status === 'idle'; }", timeout=90_000,
         )
-        try:
-            shot._wait_http(f"http://127.0.0.1:{port}/api?token={token}", 60)
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=shot.find_chromium(), args=shot.CHROMIUM_ARGS, headless=True)
-                page = browser.new_page(viewport={"width": 1100, "height": 700})
-                page.goto(f"http://127.0.0.1:{port}/lab/tree/ddp.ipynb?token={token}&reset", timeout=60_000)
-                page.wait_for_function(
-                    "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-                    " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
-                    " return k && k.status === 'idle'; }", timeout=90_000,
-                )
-                page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
-                page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-                box = page.locator(".jp-Stdin-input").first
-                box.wait_for(timeout=240_000)
-                assert "[rank 1] name? " in page.locator(".jp-Stdin-prompt").first.inner_text()
-                box.fill("Grace")
-                cell = page.locator(".jp-CodeCell").nth(1)
-                cell.screenshot(path=str(tmp_path / "debug-input.png"))
-                box.press("Enter")
-                page.wait_for_function("() => document.body.innerText.includes(\"'Grace'\")", timeout=120_000)
-                assert "[rank 1] got Grace" in cell.inner_text()
-                cell.screenshot(path=str(tmp_path / "debug-input-done.png"))
-                browser.close()
-        finally:
-            server.terminate()
-            server.wait(20)
+        page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        box = page.locator(".jp-Stdin-input").first
+        box.wait_for(timeout=240_000)
+        assert "[rank 1] name? " in page.locator(".jp-Stdin-prompt").first.inner_text()
+        box.fill("Grace")
+        cell = page.locator(".jp-CodeCell").nth(1)
+        cell.screenshot(path=str(tmp_path / "debug-input.png"))
+        box.press("Enter")
+        page.wait_for_function("() => document.body.innerText.includes(\"'Grace'\")", timeout=120_000)
+        assert "[rank 1] got Grace" in cell.inner_text()
+        cell.screenshot(path=str(tmp_path / "debug-input-done.png"))
+        shut_down(page)
+    finally:
+        page.close()
     if os.environ.get("DDP_MAGIC_UPDATE_DOCS_IMG") == "1":  # a test run leaves the tree clean
         shutil.copy(tmp_path / "debug-input.png", os.path.join(root, "docs", "img", "debug-input.png"))
