@@ -16,7 +16,7 @@ SLOW_RANK_1 = (
     "x = torch.ones(1000)\n"
     "for i in range(8):\n"
     "    if dist.get_rank() == 1:\n"
-    "        time.sleep(0.05)  # rank 1 is late to every all_reduce: rank 0 waits in it\n"
+    "        time.sleep(0.2)  # rank 1 is late to every all_reduce: rank 0 waits 1.6 s, more than a late start under load\n"
     "    dist.all_reduce(x)\n"
     "    ddp_magic.log(step=i, x=float(x[0]))\n"
 )

@@ -3,6 +3,7 @@ stands for, the export history of a late cell, the peek desk, the rank's split s
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import io
 import threading
 import time
@@ -190,12 +191,19 @@ def test_a_failed_job_raises_the_same_error_each_time_and_await_gives_it_too():
             job.result()
         assert e.value is error
     with pytest.raises(CellError):
-        asyncio.run(_awaiting(job))
+        _await(job)
     assert job.state == JobState.FAILED and "rank 1 raised ValueError: no" in repr(job)
 
 
 async def _awaiting(job: Job):
     return await job
+
+
+def _await(job: Job):
+    """``await job`` in an event loop of a thread's own: this process may be running another loop (a browser test's
+    Playwright, when the suite runs on workers), and asyncio.run refuses to start inside it."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _awaiting(job)).result(30)
 
 
 def test_a_cancelled_job_is_cancelled_not_failed():
@@ -206,7 +214,7 @@ def test_a_cancelled_job_is_cancelled_not_failed():
     job = _job(work).start()
     assert job.cancel() is True
     assert job.wait(5) and job.state == JobState.CANCELLED
-    assert asyncio.run(_awaiting(_job(lambda j: 7).start())) == 7
+    assert _await(_job(lambda j: 7).start()) == 7
 
 
 def test_a_queued_job_says_so():
