@@ -82,6 +82,8 @@ def shipped(request: Any, server: Server, browser: Any) -> Iterator[Dict[str, An
     try:
         page.goto(notebook_url(server, kind, name), timeout=60_000)  # JupyterLab's with ?reset: no notebook an earlier test left open
         page.wait_for_selector(".jp-OutputArea-output .ddp-metrics img", timeout=60_000)
+        # both saved charts (the notebook has two): on a busy machine Notebook 7 had drawn only the first when read
+        page.wait_for_function("() => document.querySelectorAll('.jp-OutputArea-output .ddp-metrics').length >= 2", timeout=60_000)
         page.wait_for_function("() => [...document.querySelectorAll('.ddp-metrics img')].every(i => i.complete)", timeout=30_000)
         page.add_style_tag(content=".Toastify { display: none !important; }")
         yield {"kind": kind, "page": page}
