@@ -149,7 +149,8 @@ class Story:
         rec["cancel_prompt"] = prompt_number(wait_prompt(self.page, 2))
         self.run(4)
         wait_prompt(self.page, 4)
-        rec["cancelled"] = self.until(2, lambda p: "cancelled by job.cancel()" in p["outputText"] and "cancelled" in p["lastCell"], 60)[-1]
+        rec["cancelled"] = self.until(  # the widget's line comes first; the traceback (JobCancelled: ...) a moment later
+            2, lambda p: "JobCancelled: cancelled by job.cancel()" in p["outputText"] and "cancelled" in p["lastCell"], 60)[-1]
         self.run(5)
         wait_prompt(self.page, 5)
         rec["told_cancel"] = self.probe(5)["outputText"]
