@@ -91,14 +91,23 @@ def bytes_written(sock: socket.socket) -> Optional[int]:
     """How many bytes were ever written to a TCP socket (acked plus still queued); None where that cannot be told.
 
     Read as acked, queued, acked again: an ACK between the two reads would move bytes from the queue
-    to the acked count, so the sum counts only when both reads of the acked count agree."""
-    try:
-        acked = struct.unpack_from("Q", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_ACKED + 8), _TCP_INFO_ACKED)[0]
-        queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]  # SIOCOUTQ
-        again = struct.unpack_from("Q", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_ACKED + 8), _TCP_INFO_ACKED)[0]
-    except (OSError, struct.error, AttributeError):  # not TCP (a TLS relay's socketpair: its relay counts), older, not Linux
-        return tls.bytes_written(sock)
-    return acked + queued if acked == again else None
+    to the acked count, so the sum counts only when both reads of the acked count agree. Right after a marker
+    went, its ACK often lands inside the reads (a loaded machine): read again a few times before giving up, since
+    None costs the next quiet cell a marker and a read on every stream."""
+    for _ in range(4):
+        try:
+            acked = _acked(sock)
+            queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]  # SIOCOUTQ
+            again = _acked(sock)
+        except (OSError, struct.error, AttributeError):  # not TCP (a TLS relay's socketpair: its relay counts), older, not Linux
+            return tls.bytes_written(sock)
+        if acked == again:
+            return acked + queued
+    return None
+
+
+def _acked(sock: socket.socket) -> int:
+    return int(struct.unpack_from("Q", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_ACKED + 8), _TCP_INFO_ACKED)[0])
 
 
 def _write_all(fd: int, data: bytes) -> None:
