@@ -69,6 +69,8 @@ class Poller:
 
     def remove(self, fd: int) -> None:
         """Stop watching ``fd`` (before it is closed; a closed one left epoll already)."""
+        if fd not in self.fds:
+            return  # removed already (a lost rank's connection is dropped by its reader and by the pool)
         self.fds.discard(fd)
         try:
             if self._epoll is not None:
