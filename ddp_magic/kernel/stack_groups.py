@@ -20,6 +20,7 @@ from .failures.forensics import op_text
 GROUPS_SHOWN = 12  # groups listed in full at most; the others are counted, with their ranks
 RUNS = 8  # a header's ranks: this many runs, then how many more
 _CELL = re.compile(r"^<ddp-cell-([^>]+)>$")
+_NATIVE_CELL = re.compile(r"\(<ddp-cell-([^>]+)>:(\d+)\)")  # py-spy's "f (<ddp-cell-2>:5)"
 _LIB = re.compile(r"^.*?/(?:site|dist)-packages/|^.*?/lib/python\d+\.\d+/")
 Key = Tuple[Any, ...]
 
@@ -63,6 +64,14 @@ def frame_text(frame: Sequence[Any], linenos: Sequence[int], numbers: Mapping[st
     return f"{_LIB.sub('', filename)}:{lo}" + (f"-{hi}" if hi != lo else "") + f" in {func}"
 
 
+def native_text(text: str, numbers: Mapping[str, Optional[int]]) -> str:
+    """py-spy's dump with a cell's frames named as ours are: ``f (Cell In[3], line 5)`` for ``f (<ddp-cell-2>:5)``."""
+    def name(m: "re.Match[str]") -> str:
+        number = numbers.get(m.group(1))
+        return m.group(0) if number is None else f"(Cell In[{number}], line {m.group(2)})"
+    return _NATIVE_CELL.sub(name, text)
+
+
 def _thread_lines(members: Sequence[Mapping[str, Any]], index: int, numbers: Mapping[str, Optional[int]], named: bool) -> List[str]:
     """One thread of a group's stack: the first member's frames, each line number a range over the members."""
     first = members[0]["threads"][index]
@@ -100,7 +109,7 @@ def group_lines(ranks: Sequence[int], replies: Mapping[int, Mapping[str, Any]], 
         for i in range(len(first["threads"])):
             lines += _thread_lines(members, i, numbers, named)
     if first.get("native"):
-        lines += [f"  native frames (rank {ranks[0]}, py-spy):"] + ["    " + ln for ln in str(first["native"]).rstrip().splitlines()]
+        lines += [f"  native frames (rank {ranks[0]}, py-spy):"] + ["    " + ln for ln in native_text(str(first["native"]), numbers).rstrip().splitlines()]
     return lines
 
 

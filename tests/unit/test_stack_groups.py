@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from ddp_magic.kernel.stack_groups import GROUPS_SHOWN, frame_text, group, render, summary
+from ddp_magic.kernel.stack_groups import GROUPS_SHOWN, frame_text, group, native_text, render, summary
 
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 
@@ -71,3 +71,11 @@ def test_all_threads_are_headed_by_name() -> None:
 def test_frame_names() -> None:
     assert frame_text(["<ddp-cell-4>", 2, "<module>", ""], [2], {"4": 9}) == "Cell In[9], line 2"
     assert frame_text(["/usr/lib/python3.11/threading.py", 320, "wait", ""], [320, 324], {}) == "threading.py:320-324 in wait"
+
+
+def test_native_frames_name_cells_as_our_frames_do() -> None:
+    dump = ("Thread 4242 (active): \"MainThread\"\n    __libc_recv (libc.so.6)\n    slow_part (<ddp-cell-2>:5)\n"
+            "    <module> (<ddp-cell-2>:9)\n    run (<ddp-cell-7>:1)\n")
+    text = native_text(dump, {"2": 3})
+    assert "slow_part (Cell In[3], line 5)" in text and "<module> (Cell In[3], line 9)" in text
+    assert "run (<ddp-cell-7>:1)" in text and "__libc_recv (libc.so.6)" in text  # a cell the notebook did not number keeps its name
