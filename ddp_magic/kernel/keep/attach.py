@@ -22,7 +22,9 @@ from ...wire import kept
 from ...wire import protocol as P
 from ...words import plural, ranks_phrase
 from ..admission import Admission, raise_fd_limit
+from ..output.kept_output import KeptOutput
 from ..ranks import Listener, RankInfo
+from . import front
 from .keeping import KeptState, detach_at_exit, notebook_name
 from .launcher import KeptLauncher
 from .terms import Terms, span
@@ -122,10 +124,18 @@ class Attached:
     heard: Heard = field(default_factory=Heard)
 
     def replay(self, listener: Listener) -> None:
-        """What was heard while the ranks joined, to the cell's listener now."""
+        """What was heard while the ranks joined, to the cell's listener now (its lines with how far they go: their marks
+        went with the read, kernel/output/kept_output.py)."""
         calls, self.heard.calls = self.heard.calls, []
-        for name, args in calls:
-            getattr(listener, name)(*args)
+        out = self.pool.hub.shown if self.pool is not None else None
+        if out is None:
+            for name, args in calls:
+                getattr(listener, name)(*args)
+            return
+        with out.capture() as staged:
+            for name, args in calls:
+                getattr(listener, name)(*args)
+        out.commit(staged)
 
 
 def forget(found: Found) -> None:
@@ -159,7 +169,7 @@ def attach(found: Found, force: bool) -> Attached:
         pool.hub.launcher.refuses = SLURM_RESPAWN
     pool.hub.reset(pool.ranks, admission)
     pool.hub.begin_cell()
-    pool.hub.shown = kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, os.path.dirname(found.path)), "shown"), pool.nproc)
+    pool.hub.shown = KeptOutput(found.id, kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, os.path.dirname(found.path)), "shown"), pool.nproc))
     t0 = time.monotonic()
     heard = Heard()
     try:
@@ -206,9 +216,7 @@ def _knock(found: Found, addr: str, port: int, force: bool) -> "tuple[socket.soc
     try:
         sock.connect(kept.socket_path(found.id, where))
         P.client_handshake(sock, bytes.fromhex(data["secret"]))
-        shown = kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, where), "shown"), int(data["nproc"]))
-        offsets = {str(r): list(o) for r, o in shown.all().items()}
-        shown.close()
+        offsets = replay_from(found.id, kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, where), "shown"), int(data["nproc"])))
         me = notebook_name() or f"kernel pid {os.getpid()}"
         sock.sendall((json.dumps({"op": "attach", "kernel": me, "pid": os.getpid(), "force": force, "addr": addr,
                                   "port": port, "offsets": offsets}) + "\n").encode())
@@ -223,6 +231,19 @@ def _knock(found: Found, addr: str, port: int, force: bool) -> "tuple[socket.soc
                           f"since {_clock(who.get('since'))}; --force takes it over (that kernel's next cell then says it lost the pool)")
     sock.settimeout(None)
     return sock, reply
+
+
+def replay_from(pool_id: str, shown: kept.ShownOffsets) -> Dict[str, List[int]]:
+    """Per rank, where its replay starts: what the front end said it holds (kernel/keep/front.py), else what the last
+    kernel counted. The file then says so too: it is what this kernel has shown so far."""
+    told = front.held(pool_id) or {}
+    try:
+        for rank, pair in told.items():
+            if 0 <= rank < shown.nproc:
+                shown.set(rank, dict(zip(kept.STREAMS, pair)))
+        return {str(r): list(o) for r, o in shown.all().items()}
+    finally:
+        shown.close()
 
 
 def _line(sock: socket.socket) -> bytes:

@@ -22,6 +22,7 @@ from ...wire import kept
 from ...wire import protocol as P
 from ..launchers import ForkServerLauncher, SlurmLauncher
 from ..failures.recovery import stop_quietly
+from ..output.kept_output import KeptOutput
 from .terms import Terms
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     if state is None and isinstance(launcher, SlurmLauncher):  # the allocation follows the lease from now on, salloc and srun outlive us
         launcher.outlive_kernel(kept.lock_path(pool_id, where))
     if state is None:
-        pool.hub.shown = kept.ShownOffsets(os.path.join(directory, "shown"), pool.nproc)  # each rank's KEEP reply sets its start
+        pool.hub.shown = KeptOutput(pool_id, kept.ShownOffsets(os.path.join(directory, "shown"), pool.nproc))  # KEEP replies start it
         pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(pool_id, where), "dir": directory}
         replies = pool.ask(P.KEEP, KEEP_WAIT_S, fields=pool.hub.keep_msg)
         missing = sorted(set(pool.ranks) - {r for r, m in replies.items() if m.get("on")})
