@@ -10,7 +10,7 @@ import sys
 
 from ddp_magic.kernel.keep import front
 from ddp_magic.kernel.keep.attach import replay_from
-from ddp_magic.kernel.output.kept_output import KeptOutput, stream
+from ddp_magic.kernel.output.kept_output import KeptOutput, _messages, stream
 from ddp_magic.wire import kept
 
 
@@ -47,3 +47,18 @@ def test_the_front_ends_word_and_where_attach_replays_from(tmp_path) -> None:
     assert kept.ShownOffsets(path, 3).get(1, "stdout") == 40  # the file says it too: this kernel shows from there
     front.forget("p2")
     assert front.held("p2") is None
+
+
+def test_a_mark_goes_with_the_message_that_holds_its_lines() -> None:
+    """A message never claims a line that it, and the ones before it, do not hold (a SIGKILL may fall between two)."""
+    cell = {"msg_id": "c"}
+    parts = [("stdout", cell, "[rank 0] a\n"), ("", None, (0, [10, 0])), ("stderr", cell, "[rank 1] oops\n"), ("", None, (1, [0, 14])),
+             ("stderr", cell, "[rank 1] more\n"), ("", None, (1, [0, 28])), ("stdout", cell, "ddp_magic: a fold's timer\n")]
+    msgs, left = _messages(parts, {"0": [4, 0], "1": [0, 0]})
+    assert _messages(parts[:1], {"2": [4, 0]})[0][0][3] == {"2": [4, 0]}
+    assert [(m[0], m[2], m[3]) for m in msgs] == [
+        ("stdout", "[rank 0] a\n", {"0": [10, 0]}),
+        ("stderr", "[rank 1] oops\n[rank 1] more\n", {"1": [0, 28]}),
+        ("stdout", "ddp_magic: a fold's timer\n", {}),  # the waiting marks: with the last, unless a later one said more
+    ] and left == {}
+    assert _messages([("", None, (0, [12, 0]))], {"1": [3, 3]}) == ([], {"1": [3, 3], "0": [12, 0]})  # no line to go with: they wait

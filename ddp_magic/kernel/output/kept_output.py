@@ -28,6 +28,8 @@ from ...logs import log
 from ...wire.kept import STREAMS, ShownOffsets
 
 META = "ddp_magic"  # the key of a stream message's metadata: {"pool", "upto"}
+Part = Tuple[str, Any, Any]  # (stream, parent header, text), or ("", None, (rank, [stdout, stderr])): a mark
+Message = Tuple[str, Any, str, Dict[str, List[int]]]  # (stream, parent header, text, upto)
 _SINK: "contextvars.ContextVar[Optional[_Staged]]" = contextvars.ContextVar("ddp_magic_kept_sink", default=None)
 
 
@@ -57,7 +59,7 @@ class _Staged:
     def __init__(self, out: "KeptOutput") -> None:
         self.out = out
         self.writers = {name: _Writer(self, name) for name in STREAMS}
-        self.parts: List[Tuple[str, Any, str]] = []  # (stream, parent header, text)
+        self.parts: List[Part] = []
         self.committed = False
         self.lock = threading.Lock()
 
@@ -81,8 +83,8 @@ class KeptOutput:
         self.pool_id, self.shown = pool_id, shown
         self.upto: Dict[Tuple[int, str], int] = {}  # the hub's: each rank's spool read up to its last whole line
         self.lock = threading.Lock()
-        self._parts: List[Tuple[str, Any, str]] = []
-        self._marks: Dict[str, List[int]] = {}  # rank -> [stdout, stderr], not yet sent with a line
+        self._parts: List[Part] = []
+        self._marks: Dict[str, List[int]] = {}  # rank -> [stdout, stderr], marks no text went with yet
         self._counts: Dict[int, List[int]] = {}  # rank -> [stdout, stderr], not yet in the shown file
         self._due = False
 
@@ -113,13 +115,13 @@ class KeptOutput:
             parts, staged.parts, staged.committed = staged.parts, [], True
         self.add(parts, mark)
 
-    def add(self, parts: List[Tuple[str, Any, str]], mark: Optional[Tuple[int, List[int]]]) -> None:
+    def add(self, parts: List[Part], mark: Optional[Tuple[int, List[int]]]) -> None:
         if not parts and mark is None:
             return
         with self.lock:
             self._parts.extend(parts)
             if mark is not None:
-                self._marks[str(mark[0])] = mark[1]
+                self._parts.append(("", None, mark))  # it goes with the message that holds the text before it
                 self._counts[mark[0]] = mark[1]
         self.due()
 
@@ -146,16 +148,11 @@ class KeptOutput:
                 log.debug("could not flush the kernel's %s", s, exc_info=True)
         with self.lock:
             self._due = False
-            parts, self._parts = _joined(self._parts), []
-            marks = self._marks if parts else {}
-            if parts:
-                self._marks = {}
+            msgs, marks = _messages(self._parts, self._marks)
+            self._parts, self._marks = [], marks  # marks with no text to go with: they wait for the next message
             counts, self._counts = self._counts, {}
-        for i, (name, parent, text) in enumerate(parts):
-            meta: Dict[str, Any] = {"pool": self.pool_id}
-            if i == len(parts) - 1 and marks:
-                meta["upto"] = marks
-            self._send(kernel_out, name, parent, text, meta)
+        for name, parent, text, upto in msgs:
+            self._send(kernel_out, name, parent, text, dict({"pool": self.pool_id}, **({"upto": upto} if upto else {})))
         for rank, pair in counts.items():
             self.shown.set(rank, dict(zip(STREAMS, pair)))
 
@@ -169,12 +166,22 @@ class KeptOutput:
         session.send(kernel_out.pub_thread, msg, ident=getattr(target, "topic", None) or f"stream.{name}".encode())
 
 
-def _joined(parts: List[Tuple[str, Any, str]]) -> List[Tuple[str, Any, str]]:
-    """Consecutive pieces of one stream and parent as one message, as ipykernel's buffer would send them."""
-    out: List[Tuple[str, Any, str]] = []
-    for name, parent, text in parts:
-        if out and out[-1][0] == name and out[-1][1] == parent:
-            out[-1] = (name, parent, out[-1][2] + text)
+def _messages(parts: List[Part], waiting: Dict[str, List[int]]) -> Tuple[List[Message], Dict[str, List[int]]]:
+    """The stream messages of ``parts`` (text pieces and marks, in order), consecutive pieces of one stream and parent
+    joined, as ipykernel's buffer would send them. A mark goes with the message that holds the text before it; marks
+    before any text (``waiting`` from earlier: lines held back, a hidden rank's) with the last. Returns the messages,
+    and the marks left waiting when there is no text."""
+    msgs: List[Message] = []
+    early = dict(waiting)
+    for name, parent, piece in parts:
+        if not name:  # a mark: (rank, [stdout, stderr])
+            (msgs[-1][3] if msgs else early)[str(piece[0])] = piece[1]
+        elif msgs and msgs[-1][0] == name and msgs[-1][1] == parent:
+            msgs[-1] = (name, parent, msgs[-1][2] + piece, msgs[-1][3])
         else:
-            out.append((name, parent, text))
-    return out
+            msgs.append((name, parent, piece, {}))
+    if not msgs:
+        return [], early
+    marked = {r for m in msgs for r in m[3]}  # a later mark of a rank says more than its waiting one
+    msgs[-1][3].update({r: p for r, p in early.items() if r not in marked})
+    return msgs, {}
