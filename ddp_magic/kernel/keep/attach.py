@@ -298,10 +298,11 @@ def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, s
         head += f", no kernel for {span(time.time() - float(left))}"
     job = found.data.get("job") or "the last cell"
     running = any(h.get("busy") for h in pool.hub.hellos.values())
+    after = " after the last line this page received" if front.held(found.id) is not None else ""  # kernel/keep/front.py
     if running:
-        head += f"; {job} is still running: its output follows"
+        head += f"; {job} is still running: its output follows{after}"
     elif resumed:
-        head += f"; {job} ended while no kernel was attached: its output and result follow"
+        head += f"; {job} ended while no kernel was attached: its output and result follow{after}"
     elif found.data.get("job"):
         head += f"; {job} had ended"
     return head + "." + _meanwhile(report.get("meanwhile") or []) + "\n" + pool.kept.text() if pool.kept else head
