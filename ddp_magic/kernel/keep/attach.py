@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 from ...states import RankState
 from ...wire import kept
 from ...wire import protocol as P
-from ...words import plural, ranks_phrase
+from ...words import fmt_bytes, plural, ranks_phrase
 from ..admission import Admission, raise_fd_limit
 from ..output.kept_output import KeptOutput
 from ..ranks import Listener, RankInfo
 from . import front
-from .keeping import KeptState, detach_at_exit, notebook_name
+from .keeping import KeptState, detach_at_exit, notebook_name, spool_cap
 from .launcher import KeptLauncher
 from .terms import Terms, span
 
@@ -178,10 +178,13 @@ def attach(found: Found, force: bool) -> Attached:
         pool.hub.admission = None
         admission.close()
     _dead_meanwhile(pool, set(pids.values()), report.get("meanwhile") or [])
+    for rank, hello in pool.hub.hellos.items():  # a rank whose output log dropped what no kernel showed: it replays from its oldest byte
+        if hello.get("dropped"):
+            pool.hub.shown.skip(rank, hello["dropped"])
     terms = Terms(float(report["idle"]), float(report["max"]), float(report["since"]))
     where = os.path.dirname(found.path)
     pool.kept = KeptState(found.id, kept.pool_dir(found.id, where), where, terms, str(data.get("notebook") or ""), str(data.get("job") or ""))
-    pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(found.id, where), "dir": pool.kept.dir}
+    pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(found.id, where), "dir": pool.kept.dir, "cap": spool_cap()}
     pool.started, pool.broken, pool.start_seconds = True, pool.broken, time.monotonic() - t0
     detach_at_exit(pool)
     hellos = pool.hub.hellos
@@ -305,7 +308,15 @@ def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, s
         head += f"; {job} ended while no kernel was attached: its output and result follow{after}"
     elif found.data.get("job"):
         head += f"; {job} had ended"
-    return head + "." + _meanwhile(report.get("meanwhile") or []) + "\n" + pool.kept.text() if pool.kept else head
+    return head + "." + _meanwhile(report.get("meanwhile") or []) + _dropped(pool.hub.hellos) + "\n" + pool.kept.text() if pool.kept else head
+
+
+def _dropped(hellos: Dict[int, Dict[str, Any]]) -> str:
+    """What the output logs' cap dropped before any kernel showed it: said, never replayed as if whole."""
+    lines = [f"\n  rank {rank}: {fmt_bytes(int(n))} of its {stream} that no kernel showed were dropped from its output log "
+             f"(it keeps at most its newest {fmt_bytes(spool_cap())} a stream; DDP_MAGIC_SPOOL_MIB sets it)"
+             for rank, hello in sorted(hellos.items()) for stream, n in sorted((hello.get("dropped") or {}).items())]
+    return ("\nlost while no kernel was attached:" + "".join(lines)) if lines else ""
 
 
 def _clock(at: Any) -> str:

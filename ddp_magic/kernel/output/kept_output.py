@@ -94,6 +94,13 @@ class KeptOutput:
             self.upto[(rank, name)] = int(n)
         self.shown.set(rank, written)
 
+    def skip(self, rank: int, dropped: Dict[str, int]) -> None:
+        """The rank's spools replay from further on (their cap dropped ``dropped`` bytes no kernel showed): count from there."""
+        for name, n in dropped.items():
+            key = (rank, name)
+            self.upto[key] = self.upto.get(key, self.shown.get(rank, name)) + int(n)
+        self.add([], (rank, [self.upto.get((rank, s), self.shown.get(rank, s)) for s in STREAMS]))
+
     @contextmanager
     def capture(self) -> Iterator[_Staged]:
         """The printer's writes on this thread (and on timers it starts meanwhile) are staged until ``commit``."""
