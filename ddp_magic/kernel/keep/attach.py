@@ -216,17 +216,23 @@ def _knock(found: Found, addr: str, port: int, force: bool) -> "tuple[socket.soc
     data, where = found.data, os.path.dirname(found.path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(REPLY_WAIT_S)
+    shown = kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, where), "shown"), int(data["nproc"]))
     try:
         sock.connect(kept.socket_path(found.id, where))
         P.client_handshake(sock, bytes.fromhex(data["secret"]))
-        offsets = replay_from(found.id, kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, where), "shown"), int(data["nproc"])))
+        offsets = replay_from(found.id, shown)
         me = notebook_name() or f"kernel pid {os.getpid()}"
         sock.sendall((json.dumps({"op": "attach", "kernel": me, "pid": os.getpid(), "force": force, "addr": addr,
                                   "port": port, "offsets": offsets}) + "\n").encode())
         reply = json.loads(_line(sock))
+        if reply.get("event") != "refused":  # ours now: the file counts what this kernel shows from there
+            for rank, pair in offsets.items():
+                shown.set(int(rank), dict(zip(kept.STREAMS, pair)))
     except (OSError, ValueError) as e:
         sock.close()
         raise AttachError(f"%ddp attach: the kept pool {found.id} did not answer ({e}); %ddp attach --list shows it") from None
+    finally:
+        shown.close()
     if reply.get("event") == "refused":
         sock.close()
         who = reply.get("attached") or {}
@@ -238,15 +244,9 @@ def _knock(found: Found, addr: str, port: int, force: bool) -> "tuple[socket.soc
 
 def replay_from(pool_id: str, shown: kept.ShownOffsets) -> Dict[str, List[int]]:
     """Per rank, where its replay starts: what the front end said it holds (kernel/keep/front.py), else what the last
-    kernel counted. The file then says so too: it is what this kernel has shown so far."""
+    kernel counted (``shown``)."""
     told = front.held(pool_id) or {}
-    try:
-        for rank, pair in told.items():
-            if 0 <= rank < shown.nproc:
-                shown.set(rank, dict(zip(kept.STREAMS, pair)))
-        return {str(r): list(o) for r, o in shown.all().items()}
-    finally:
-        shown.close()
+    return {str(r): list(told[r]) if r in told else list(o) for r, o in shown.all().items()}
 
 
 def _line(sock: socket.socket) -> bytes:
