@@ -40,7 +40,7 @@ def test_the_front_ends_word_and_where_attach_replays_from(tmp_path) -> None:
     shown.close()
     for bad in ({"pool": "p2"}, {"pool": "p2", "upto": {"0": [1]}}, {"pool": "p2", "upto": {"x": [1, 2]}}, {"pool": "p2", "upto": {"0": [-1, 0]}}, "no"):
         assert not front.heard(bad)
-    assert front.held("p2") is None
+    assert front.heard({"type": "shown", "pool": "p2", "upto": {}}) and front.held("p2") is None  # nothing held: the file's
     file = kept.ShownOffsets(path, 3)
     assert replay_from("p2", file) == {"0": [50, 5], "1": [51, 5], "2": [52, 5]}  # nothing said: the file's
     assert front.heard({"type": "shown", "pool": "p2", "upto": {"1": [40, 5], "7": [1, 1]}})

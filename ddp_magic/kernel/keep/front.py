@@ -38,7 +38,7 @@ def held(pool_id: str) -> Optional[Dict[int, List[int]]]:
     """Per rank, the [stdout, stderr] offsets the front end last said it holds of ``pool_id``; None if it said nothing."""
     with _lock:
         offsets = _held.get(pool_id)
-        return {r: list(p) for r, p in offsets.items()} if offsets is not None else None
+        return {r: list(p) for r, p in offsets.items()} if offsets else None
 
 
 def forget(pool_id: str) -> None:
