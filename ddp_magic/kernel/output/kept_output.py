@@ -118,9 +118,9 @@ class KeptOutput:
             key = (rank, name)
             self.upto[key] = self.upto.get(key, self.shown.get(rank, name)) + n
             mark = (rank, [self.upto.get((rank, s), self.shown.get(rank, s)) for s in STREAMS])
-        with staged.lock:
+        with staged.lock:  # a fold's timer that writes now goes after these
             parts, staged.parts, staged.committed = staged.parts, [], True
-        self.add(parts, mark)
+            self.add(parts, mark)
 
     def add(self, parts: List[Part], mark: Optional[Tuple[int, List[int]]]) -> None:
         if not parts and mark is None:
