@@ -29,8 +29,6 @@ import { applyMessage, disconnected, initialState, withKernelStatus, withRequest
 
 /** How long a comm_info question over a subshell may go unanswered before the next one may be asked. */
 const PROBE_TIMEOUT_MS = 10000;
-/** How often, at most, the kernel hears what this page holds of its kept pools' output (held.ts). */
-const TELL_MS = 1000;
 
 /**
  * What `question` answers, or false when it has not answered within `ms`. The timer goes with the answer, and a
@@ -384,9 +382,7 @@ export class PoolConnection implements IDisposable {
   }
 
   private _onIopub(_: ISessionContext, msg: KernelMessage.IMessage): void {
-    if (this._held.take(msg) !== null && !this._tellTimer) {
-      this._tellTimer = window.setTimeout(() => this._tell(), TELL_MS);
-    }
+    this._held.take(msg); // what this page holds of kept pools' output: the next kernel hears it in the comm's hello
     const parentHeader = msg.parent_header as Partial<KernelMessage.IHeader> & { subshell_id?: string | null };
     if (msg.header.msg_type === 'status' && parentHeader && parentHeader.msg_type === 'execute_request' && !parentHeader.subshell_id) {
       const busy = (msg.content as KernelMessage.IStatusMsg['content']).execution_state === 'busy';
@@ -419,19 +415,6 @@ export class PoolConnection implements IDisposable {
     }
   }
 
-  /** Tell the kernel what this page holds of its kept pools' output (the latest per pool), if the comm is open. */
-  private _tell(): void {
-    this._tellTimer = 0;
-    const comm = this._comm;
-    for (const shown of comm && !comm.isDisposed ? this._held.all() : []) {
-      try {
-        comm!.send(shown as any);
-      } catch (e) {
-        return; // the kernel went away: the next one hears it when its comm opens
-      }
-    }
-  }
-
   private _session: ISessionContext;
   private _version: string;
   private _state: IUIState = initialState();
@@ -447,7 +430,6 @@ export class PoolConnection implements IDisposable {
   private _ddpCells = new Set<string>();
   private _commIds: string[] = [];
   private _held = new HeldOutput(); // kept across this page's kernels: the next one replays from it
-  private _tellTimer = 0;
   private _disposed = false;
   private _waiters = new Map<string, { resolve: (r: IReplyMsg) => void; reject: (e: Error) => void }>();
 }

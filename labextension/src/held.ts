@@ -3,8 +3,9 @@
  * stream message with a kept pool's rank lines carries `metadata.ddp_magic = {pool, upto: {rank: [stdout, stderr]}}`,
  * each rank's spool offsets up to which its lines have been sent, in that message or before it. The page keeps the
  * highest it received per pool and rank, across its kernel's restarts and deaths, and tells each kernel its comm
- * opens to (and, while open, the latest after each such message): `%ddp attach` replays each rank from there, so
- * a line the dead kernel's last message carried shows once, whether or not that message got out. Pure: no JupyterLab.
+ * opens to, in the comm's hello: `%ddp attach` replays each rank from there, so a line the dead kernel's last message
+ * carried shows once, whether or not that message got out. Only then: a message sent later on a comm whose kernel has
+ * just died reaches the next kernel, which knows no such comm. Pure: no JupyterLab.
  */
 
 /** Per rank (its number as a string), the [stdout, stderr] offsets received. */

@@ -157,6 +157,7 @@ def attach(found: Found, force: bool) -> Attached:
         job = f"; {data['job']} ended with it" if data.get("job") else ""
         return Attached(None, f"the kept pool {found.id} ended{at}: {why}{job}.{_meanwhile(data.get('meanwhile') or [])}")
     pool = _pool_from(data)
+    told = front.held(found.id) is not None
     admission = Admission(pool.listen_addr, pool.secret, max(64, 3 * pool.nproc), pool._count_rejected)
     try:
         sock, report = _knock(found, pool.listen_addr, admission.port, force)
@@ -190,7 +191,7 @@ def attach(found: Found, force: bool) -> Attached:
     hellos = pool.hub.hellos
     resumed = any(h.get("busy") or h.get("undelivered") for h in hellos.values())
     owned = set(hellos[min(hellos)].get("names") or []) if hellos else set()
-    text = _report(found, pool, report, resumed, time.monotonic() - t0)
+    text = _report(found, pool, report, resumed, time.monotonic() - t0, told)
     return Attached(pool, text, resumed, pool.kept.job, owned, heard)
 
 
@@ -228,6 +229,7 @@ def _knock(found: Found, addr: str, port: int, force: bool) -> "tuple[socket.soc
         if reply.get("event") != "refused":  # ours now: the file counts what this kernel shows from there
             for rank, pair in offsets.items():
                 shown.set(int(rank), dict(zip(kept.STREAMS, pair)))
+            front.forget(found.id)  # said of the kernel before: this kernel's own messages say more from now on
     except (OSError, ValueError) as e:
         sock.close()
         raise AttachError(f"%ddp attach: the kept pool {found.id} did not answer ({e}); %ddp attach --list shows it") from None
@@ -290,8 +292,8 @@ def _meanwhile(events: List[Dict[str, Any]]) -> str:
     return ("\nwhile no kernel was attached:" + "".join(lines)) if lines else ""
 
 
-def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, seconds: float) -> str:
-    """What the attach cell says first."""
+def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, seconds: float, told: bool) -> str:
+    """What the attach cell says first (``told``: the replay starts where the front end said its output stops)."""
     live = [r for r, i in sorted(pool.ranks.items()) if i.state != RankState.DEAD]
     pids = [p for p in (pool.ranks[r].pid for r in live) if p is not None]
     head = (f"attached the kept pool {found.id}" + (f" of {found.data['notebook']}" if found.data.get("notebook") else "")
@@ -301,7 +303,7 @@ def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, s
         head += f", no kernel for {span(time.time() - float(left))}"
     job = found.data.get("job") or "the last cell"
     running = any(h.get("busy") for h in pool.hub.hellos.values())
-    after = " after the last line this page received" if front.held(found.id) is not None else ""  # kernel/keep/front.py
+    after = " after the last line this page received" if told else ""  # kernel/keep/front.py
     if running:
         head += f"; {job} is still running: its output follows{after}"
     elif resumed:
