@@ -52,8 +52,8 @@ def runtime() -> Iterator[str]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def kernel(runtime: str, notebook: str = "keep.ipynb") -> Kernel:
-    k = Kernel(extra_env={"JUPYTER_RUNTIME_DIR": runtime, "JPY_SESSION_NAME": notebook})
+def kernel(runtime: str, notebook: str = "keep.ipynb", **env: str) -> Kernel:
+    k = Kernel(extra_env={"JUPYTER_RUNTIME_DIR": runtime, "JPY_SESSION_NAME": notebook, **env})
     k.run("%load_ext ddp_magic").ok()
     return k
 
@@ -332,6 +332,52 @@ def test_one_kernel_at_a_time_and_force_fences(runtime: str) -> None:
         stop_and_check(k1, runtime)
     finally:
         k1.shutdown()
+
+
+LINES = """%%ddp --bg --out job --keep
+while os.path.exists({gate!r}):
+    time.sleep(0.02)
+for i in range(2000):
+    print(f'line {{i:04d}}', flush=True)
+'done'
+"""
+LINE = re.compile(r"\[rank (\d+)\] line (\d{4})\n")
+
+
+def test_a_capped_spool_says_what_it_dropped(runtime: str, tmp_path) -> None:
+    """DDP_MAGIC_SPOOL_MIB: a spool past its cap drops its oldest half; the attach says how much no kernel showed and
+    replays the rest, from a line's start to the last line, once."""
+    for round_ in range(2):
+        gate = str(tmp_path / f"gate{round_}")
+        open(gate, "w").close()
+        k1 = kernel(runtime, DDP_MAGIC_SPOOL_MIB="0.01")  # 10 KiB a stream; the job prints 20 KiB a rank while detached
+        k2 = None
+        try:
+            k1.run(START, timeout=180).ok()
+            facts = pool_facts(k1)
+            k1.run(LINES.format(gate=gate), timeout=120).ok()
+            kill(k1)
+            os.unlink(gate)
+            spools = [os.path.join(runtime, f"ddp-kept-{discovery_id(runtime)}", f"r{r}.out") for r in (0, 1)]
+            wait_until(lambda spools=spools: all(os.path.exists(p) and "line 1999" in open(p).read() for p in spools), 60)
+            assert all(os.path.getsize(p) <= 10485 for p in spools)  # 0.01 MiB
+            k2 = kernel(runtime, DDP_MAGIC_SPOOL_MIB="0.01")
+            ex = k2.run("%ddp attach --out job", timeout=120).ok()
+            assert "ended while no kernel was attached: its output and result follow." in ex.stdout, ex.stdout
+            dropped = re.findall(r"rank (\d): ([\d.]+) KiB of its stdout that no kernel showed were dropped from its output log "
+                                 r"\(it keeps at most its newest 10.2 KiB a stream; DDP_MAGIC_SPOOL_MIB sets it\)", ex.stdout)
+            assert sorted(r for r, _ in dropped) == ["0", "1"], ex.stdout
+            assert k2.value("job.wait(60)") is True
+            shown = texts(k2, ex.msg_id, ex)
+            for rank in (0, 1):
+                mine = [int(i) for r, i in LINE.findall(shown) if int(r) == rank]
+                assert mine and mine == list(range(mine[0], 2000)) and mine[0] > 0, f"rank {rank}: {mine[:3]}…{mine[-3:]}"
+            assert pool_facts(k2)["pids"] == facts["pids"]
+            stop_and_check(k2, runtime)
+        finally:
+            for k in (k1, k2):
+                if k is not None:
+                    k.shutdown()
 
 
 def test_a_rank_that_died_meanwhile_is_reported_and_replaced(runtime: str) -> None:
