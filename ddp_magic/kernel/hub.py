@@ -25,10 +25,10 @@ from ..states import FailureKind, RankState
 from ..wire import liveness
 from ..wire import protocol as P
 from ..wire import tls
-from ..wire.kept import ShownOffsets
 from .admission import Admission
 from .conns import Conn, OutConn, Poller, ReadBuffer, close_socket, peer_open, send_all_nonblocking, send_shutdown, unwatch, watch, watch_pulled
 from .output.hub_output import STREAMS, OutputStreams
+from .output.kept_output import KeptOutput
 from .launchers import Launcher
 from .failures import deaths
 from .memory import Memory
@@ -72,7 +72,7 @@ class Hub(OutputStreams):
         self.deaths = 0  # ranks seen dead since the last reset
         self.stdin = InputDesk()  # the ranks' questions and who sits in pdb (kernel/jobs/stdin.py)
         self.peeks = PeekDesk()  # %%ddp --peek answers, filed by whichever thread pumps (kernel/jobs/peek.py)
-        self.shown: Optional[ShownOffsets] = None  # a kept pool: the bytes of each rank's output shown (wire/kept.py)
+        self.shown: Optional[KeptOutput] = None  # a kept pool: its output to the notebook, and how far each rank's went
         self.keep_msg: Optional[dict] = None  # a kept pool: the KEEP a rank that joins anew gets
         self.hellos: Dict[int, dict] = {}  # the HELLOs of the ranks of a kept pool that joined an attaching kernel
         self._send_lock = threading.Lock()  # a peek sends from the main thread while a background cell's thread pumps
@@ -331,7 +331,7 @@ class Hub(OutputStreams):
         elif op in (P.STACK, P.ENV, P.REFORM, P.VERSIONS, P.KEEP):
             self.replies.setdefault(op, {})[rank] = msg
             if op == P.KEEP and self.shown is not None and "written" in msg:  # its spool starts here: so does what we showed
-                self.shown.set(rank, msg["written"])
+                self.shown.start(rank, msg["written"])
         elif op == P.MEMORY:  # sampled while a cell runs, or asked for by %ddp status (kernel/memory.py)
             self.replies.setdefault(op, {})[rank] = msg
             if info is not None:

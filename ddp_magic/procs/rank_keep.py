@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import socket
 import threading
 import time
@@ -32,14 +33,19 @@ CONNECT_S = 60.0  # how long a rank tries to reach the lease socket
 
 
 class Spool:
-    """One stream (fd 1 or 2) through a pipe: every byte to the spool file, and to the kernel's socket when one is there."""
+    """One stream (fd 1 or 2) through a pipe: every byte to the spool file, and to the kernel's socket when one is there.
 
-    def __init__(self, fd: int, path: str) -> None:
+    ``cap`` (bytes, 0: none) bounds the file: past it, the oldest half is dropped at a line's start. ``base`` is the
+    offset of the file's first byte (kept beside it in ``<spool>.base``, for a rank started again on the same file);
+    an attach from before it says how much it lost (``dropped``)."""
+
+    def __init__(self, fd: int, path: str, cap: int = 0) -> None:
         self.fd = fd
         self.lock = threading.Lock()
         self.file = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
-        self.path = path
-        self.written = os.fstat(self.file).st_size
+        self.path, self.cap = path, cap
+        self.base = _read_base(path)
+        self.written = self.base + os.fstat(self.file).st_size
         self.sink = os.dup(fd)  # the kernel's output socket, as FdCapture left it on fd 1/2
         read_end, write_end = os.pipe()
         os.dup2(write_end, fd)
@@ -64,6 +70,29 @@ class Spool:
                 _write_all(self.file, data)
                 self.written += len(data)
                 self._send(data)
+                if self.cap and self.written - self.base > self.cap:
+                    self._trim()
+
+    def _trim(self) -> None:
+        """Drop the oldest half of the file, from a line's start: the newest ``cap`` / 2 bytes stay."""
+        tmp = self.path + ".tmp"
+        with open(self.path, "rb") as src, open(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "wb") as dst:
+            src.seek(self.written - self.base - self.cap // 2)
+            head = src.read(1 << 16)
+            cut = head.find(b"\n") + 1  # 0 when no line ends there: cut mid-line rather than keep it all
+            skipped = self.written - self.base - self.cap // 2 + cut
+            dst.write(head[cut:])
+            shutil.copyfileobj(src, dst, 1 << 20)
+        with open(self.path + ".base", "w") as f:
+            f.write(str(self.base + skipped))
+        os.replace(tmp, self.path)
+        os.close(self.file)
+        self.file = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self.base += skipped
+
+    def dropped(self, offset: int) -> int:
+        """How many bytes from ``offset`` on the cap has dropped (a kernel that attaches from there never sees them)."""
+        return max(0, self.base - min(offset, self.written))
 
     def _send(self, data: bytes) -> None:
         if self.sink < 0:
@@ -82,13 +111,14 @@ class Spool:
         self.sink = -1
 
     def attach_sink(self, sock: socket.socket, offset: int) -> None:
-        """A new kernel's output socket: what it has not shown (the spool from ``offset``), then everything as it comes."""
+        """A new kernel's output socket: what it has not shown (the spool from ``offset``, or from the oldest byte kept),
+        then everything as it comes."""
         with self.lock:
             self.detach_sink()
             self.sink = os.dup(sock.fileno())
             sock.close()
             with open(self.path, "rb") as f:
-                f.seek(min(offset, self.written))
+                f.seek(max(min(offset, self.written), self.base) - self.base)
                 while True:
                     chunk = f.read(1 << 20)
                     if not chunk:
@@ -105,6 +135,17 @@ class Spool:
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, self.fd)
                 os.close(devnull)
+
+
+def _read_base(path: str) -> int:
+    try:
+        with open(path + ".base") as f:
+            return int(f.read().strip() or 0)
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError):
+        log.warning("spool %s: its .base file is unreadable; offsets count from its first byte", path, exc_info=True)
+        return 0
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -141,7 +182,9 @@ class Keeper:
         self.spooled = True
         if not self.spools:
             for fd, stream in ((1, "stdout"), (2, "stderr")):
-                self.spools[stream] = Spool(fd, kept.spool_path(msg["dir"], self.rank, stream))
+                self.spools[stream] = Spool(fd, kept.spool_path(msg["dir"], self.rank, stream), int(msg.get("cap") or 0))
+        for spool in self.spools.values():
+            spool.cap = int(msg.get("cap") or 0)
         if self.lease is None:
             try:
                 self.lease = self._connect(msg["socket"])
@@ -220,6 +263,11 @@ class Keeper:
                 dial = self.dials.get_nowait()
             except queue.Empty:
                 return dial
+
+    def dropped(self, offsets: List[int]) -> Dict[str, int]:
+        """Per stream, the bytes the spool's cap dropped that a kernel attaching from ``offsets`` had not shown."""
+        lost = {s: self.spools[s].dropped(int(offsets[i]) if i < len(offsets) else 0) for i, s in enumerate(kept.STREAMS) if s in self.spools}
+        return {s: n for s, n in lost.items() if n}
 
     def attach_outputs(self, streams: Dict[str, socket.socket], offsets: List[int]) -> None:
         for i, stream in enumerate(kept.STREAMS):

@@ -17,7 +17,9 @@ Kernel → front end, on every open comm:
 - ``{"type": "reply", "id", "op", "ok", "message", "error"?, "report"?}`` for a request.
 - ``{"type": "cell_output", ...}``: a background cell's output, to a page that follows it (ui/transcripts.py).
 
-Front end → kernel: ``{"type": "request", "id", "op", "args"}`` with op ``restart``
+Front end → kernel: ``{"type": "shown", "pool", "upto"}`` (and a list of those as the ``hello``'s ``shown``): how far
+the page holds a kept pool's output, where ``%ddp attach`` replays it from (kernel/keep/front.py).
+``{"type": "request", "id", "op", "args"}`` with op ``restart``
 (optional ``args.nproc``), ``stop``, ``env``, ``status``, ``stacks`` (optional ``args.ranks``,
 ``args.all_threads``) or ``follow`` (``args.msg_id``: a background cell's, ui/transcripts.py). They call the same :class:`~ddp_magic.session.Session` methods as
 ``%ddp restart``, ``%ddp stop``, ``%ddp_env --json``, ``%ddp status`` and ``%ddp stacks``
@@ -45,6 +47,7 @@ import warnings
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
+from ..kernel.keep import front
 from ..logs import log
 from ..session import Session
 from . import labrequests
@@ -195,6 +198,8 @@ class LabBridge:
     # ------------------------------------------------------------ comms
     def _on_open(self, comm: Any, msg: dict) -> None:
         self.comms[comm.comm_id] = comm
+        for said in (msg.get("content", {}).get("data") or {}).get("shown") or []:  # what the page holds of kept pools
+            front.heard(said)
         # ipykernel ≥ 7.4 routes a front end's comm messages to the subshell of the last one this comm sent; snapshots
         # go out with the running cell's parent (the main shell), so the panel's requests would wait behind the cell:
         # they stay on the subshell the front end chose (a request like Stacks is answered while the cell runs)
@@ -220,6 +225,8 @@ class LabBridge:
     def _on_msg(self, comm: Any, msg: dict) -> None:
         try:
             data = msg.get("content", {}).get("data") or {}
+            if data.get("type") == "shown":
+                front.heard(data)
             if data.get("type") != "request":
                 return
             op, rid, args = str(data.get("op")), data.get("id"), data.get("args") or {}

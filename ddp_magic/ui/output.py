@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optio
 
 from ..errors import UsageError
 from ..kernel.output.fold import FOLD_ABOVE, LineFolder, OutputBudget, fold_window, line_cost, without_log_time
+from ..kernel.output.kept_output import stream as kept_stream
 from ..words import ranks_phrase
 from .colours import rank_ansi
 
@@ -95,7 +96,8 @@ class RankPrinter:
         colour: Optional[bool] = None, budget: Optional[OutputBudget] = None, read_back: str = READ_BACK,
     ) -> None:
         self.ranks = set(ranks) if ranks is not None else None
-        self._streams = streams or {"stdout": lambda: sys.stdout, "stderr": lambda: sys.stderr}
+        # a kept pool's lines go through its staging while its hub reads them (kernel/output/kept_output.py), else to sys.stdout/err
+        self._streams = streams or {"stdout": lambda: kept_stream("stdout"), "stderr": lambda: kept_stream("stderr")}
         self._partial: Dict[Tuple[int, str], str] = {}
         self._redrawn: Set[Tuple[int, str]] = set()  # (rank, stream) whose line in progress was redrawn in place (a bar)
         self._after_bar: Dict[int, Tuple[float, List[str]]] = {}  # rank -> (since, stdout lines that wait for its bar's end)

@@ -23,6 +23,7 @@ import { UUID } from '@lumino/coreutils';
 import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { HeldOutput } from './held';
 import { COMM_TARGET, type ICellOutputMsg, type IFollowReply, type IReplyMsg, type IUIState, type KernelStatus, type Op, PROTOCOL } from './model';
 import { applyMessage, disconnected, initialState, withKernelStatus, withRequest } from './state';
 
@@ -309,7 +310,7 @@ export class PoolConnection implements IDisposable {
       return;
     }
     try {
-      comm.open({ type: 'hello', protocol: PROTOCOL, version: this._version } as any);
+      comm.open({ type: 'hello', protocol: PROTOCOL, version: this._version, shown: this._held.all() } as any);
     } catch (e) {
       this._comm = null;
     }
@@ -381,6 +382,7 @@ export class PoolConnection implements IDisposable {
   }
 
   private _onIopub(_: ISessionContext, msg: KernelMessage.IMessage): void {
+    this._held.take(msg); // what this page holds of kept pools' output: the next kernel hears it in the comm's hello
     const parentHeader = msg.parent_header as Partial<KernelMessage.IHeader> & { subshell_id?: string | null };
     if (msg.header.msg_type === 'status' && parentHeader && parentHeader.msg_type === 'execute_request' && !parentHeader.subshell_id) {
       const busy = (msg.content as KernelMessage.IStatusMsg['content']).execution_state === 'busy';
@@ -427,6 +429,7 @@ export class PoolConnection implements IDisposable {
   private _subshell: { kernel: Kernel.IKernelConnection; id: string } | null = null;
   private _ddpCells = new Set<string>();
   private _commIds: string[] = [];
+  private _held = new HeldOutput(); // kept across this page's kernels: the next one replays from it
   private _disposed = false;
   private _waiters = new Map<string, { resolve: (r: IReplyMsg) => void; reject: (e: Error) => void }>();
 }

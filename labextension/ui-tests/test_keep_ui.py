@@ -6,12 +6,17 @@ extension again. The DDP panel then lists this notebook's kept pool with an *Att
 the next ``%%ddp`` cell sees the variable set before the restart. Keep, restart and attach run twice (a notebook user
 does it again), then ``%ddp stop`` ends the pool; a pool the test left kept is stopped from the terminal.
 
+After a SIGKILL the page says what it received: a ``--bg --keep`` job prints ticks, the test SIGKILLs its kernel
+(the server starts a new one), and the panel's *Attach* replays each rank after the last line the page holds: the
+ticks of the job's cell and of the attach cell are 0…N−1, each exactly once (docs/keep.md, "Shown exactly once").
+
 Runs with the other browser tests (ui_fixtures.py's server and browser); Python Playwright drives /usr/bin/chromium.
 """
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from typing import Any, Iterator, List
@@ -28,6 +33,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 playwright_api = pytest.importorskip("playwright.sync_api", reason="Python Playwright is in requirements-dev.txt")
 expect = playwright_api.expect
 
+TICKS = ("%%ddp --bg --out job --keep\nimport os, time\nfor i in range({n}):\n    print('tick', i, flush=True)\n"
+         "    while i == {at} and os.path.exists({gate!r}):\n        time.sleep(0.02)\n    time.sleep(0.02)\n")
+N, AT = 40, 25
+TICK = re.compile(r"\[rank (\d+)\] tick (\d+)\n")
+STDOUT_JS = ("(i) => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelectorAll("
+             "'.jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stdout\"]')].map(e => e.innerText).join('\\n')")
 OUTPUT_JS = "(i) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelector('.jp-OutputArea').innerText"
 
 
@@ -108,4 +119,80 @@ def test_the_panel_attaches_a_kept_pool_after_a_restart(page: Any, server: Serve
         no_errors(page)
     finally:
         for pool_id in kept:  # a pool this test kept and did not stop (it failed half-way): nothing outlives the test
+            terminal(server, "stop", pool_id)
+
+
+def ticks(page: Any, index: int) -> dict:
+    """Each rank's ticks in the stream output of cell ``index``, in the order shown (the status view's words aside)."""
+    out: dict = {0: [], 1: []}
+    for rank, i in TICK.findall(str(page.evaluate(STDOUT_JS, index)) + "\n"):
+        out[int(rank)].append(int(i))
+    return out
+
+
+def wait_ticks(page: Any, index: int, upto: int, timeout: float = 120.0) -> None:
+    page.wait_for_function(f"(i) => {{ const t = ({STDOUT_JS})(i); return t.includes('[rank 0] tick {upto}') && t.includes('[rank 1] tick {upto}'); }}",
+                           arg=index, timeout=timeout * 1000)
+
+
+def test_ticks_show_once_over_a_sigkill(page: Any, server: Server, tmp_path: Any) -> None:
+    kept: List[str] = []
+    refused: List[str] = []  # what the server answered 403 to
+    on_response = lambda r: refused.append(r.url) if r.status == 403 else None  # noqa: E731
+    page.on("response", on_response)
+    try:
+        for round_ in range(2):
+            gate = str(tmp_path / f"gate{round_}")
+            open(gate, "w").close()
+            base = cells(page)
+            run_cell(page, 0)
+            wait_prompt(page, 0)
+            run_cell(page, 1)  # SET: the pool of two ranks
+            wait_prompt(page, 1, timeout=180)
+            append_and_run(page, TICKS.format(n=N, at=AT, gate=gate))
+            wait_ticks(page, base, 10)
+            m = re.search(r"kept the pool ([0-9a-f]+)", output(page, base))
+            assert m, output(page, base)
+            pool_id = m.group(1)
+            kept.append(pool_id)
+            pid = re.search(pool_id + r".*attached to .*\(pid (\d+)\)", terminal(server, "kept"))
+            assert pid, terminal(server, "kept")
+            page.evaluate("() => { window.__ddpRestarted = false; window.jupyterapp.shell.currentWidget.sessionContext.statusChanged.connect("
+                          "(_, s) => { if (s !== 'idle' && s !== 'busy') { window.__ddpRestarted = true; } }); }")
+            os.kill(int(pid.group(1)), signal.SIGKILL)  # as the OOM killer would, while the ticks come
+            page.wait_for_function("() => window.__ddpRestarted && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
+                                   timeout=120_000)
+            dialog = page.locator(".jp-Dialog")  # "the kernel appears to have died; it will restart automatically"
+            if dialog.count():
+                dialog.locator(".jp-mod-accept").first.click()
+                expect(dialog).to_have_count(0, timeout=10_000)
+            run_cell(page, 0)  # %load_ext: the page's comm opens to the new kernel, and says what it holds
+            wait_prompt(page, 0)
+            row = page.locator(f".jp-ddp-Panel-kept .jp-ddp-Panel-keptRow[data-id='{pool_id}']")
+            expect(row).to_be_visible(timeout=60_000)
+            row.locator("button.jp-ddp-Panel-button-attach").click()  # a new cell below cell 0: %ddp attach ID --out job
+            page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length === {base + 2}", timeout=30_000)
+            wait_prompt(page, 1)
+            said = output(page, 1)
+            assert f"attached the kept pool {pool_id}" in said and "its output follows after the last line this page received" in said, said
+            os.unlink(gate)
+            wait_ticks(page, 1, N - 1)
+            first, second = ticks(page, base + 1), ticks(page, 1)
+            for rank in (0, 1):
+                assert first[rank] and second[rank], (rank, first, second)
+                assert first[rank] + second[rank] == list(range(N)), f"rank {rank}: the dead kernel's cell {first[rank]}, the attach cell {second[rank]}"
+            append_and_run(page, "%ddp stop")
+            wait_prompt(page, base + 2)
+            assert "stopped the pool" in output(page, base + 2), output(page, base + 2)
+            kept.clear()
+            page.evaluate("(b) => { const m = window.jupyterapp.shell.currentWidget.content.model.sharedModel;"
+                          " m.deleteCellRange(b + 1, b + 3); m.deleteCellRange(1, 2); }", base)  # ticks, stop, then the attach cell
+            assert cells(page) == base
+        if refused and all("/static/" in url and url.endswith(".woff2") for url in refused):
+            # Notebook 7 asks for a font of its own when its "the kernel died" dialog shows, and gets a 403: not ours
+            page.ddp_watch.lines[:] = [line for line in page.ddp_watch.lines if "status of 403" not in line]
+        no_errors(page)
+    finally:
+        page.remove_listener("response", on_response)
+        for pool_id in kept:
             terminal(server, "stop", pool_id)

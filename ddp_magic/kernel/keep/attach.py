@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 from ...states import RankState
 from ...wire import kept
 from ...wire import protocol as P
-from ...words import plural, ranks_phrase
+from ...words import fmt_bytes, plural, ranks_phrase
 from ..admission import Admission, raise_fd_limit
+from ..output.kept_output import KeptOutput
 from ..ranks import Listener, RankInfo
-from .keeping import KeptState, detach_at_exit, notebook_name
+from . import front
+from .keeping import KeptState, detach_at_exit, notebook_name, spool_cap
 from .launcher import KeptLauncher
 from .terms import Terms, span
 
@@ -122,10 +124,18 @@ class Attached:
     heard: Heard = field(default_factory=Heard)
 
     def replay(self, listener: Listener) -> None:
-        """What was heard while the ranks joined, to the cell's listener now."""
+        """What was heard while the ranks joined, to the cell's listener now (its lines with how far they go: their marks
+        went with the read, kernel/output/kept_output.py)."""
         calls, self.heard.calls = self.heard.calls, []
-        for name, args in calls:
-            getattr(listener, name)(*args)
+        out = self.pool.hub.shown if self.pool is not None else None
+        if out is None:
+            for name, args in calls:
+                getattr(listener, name)(*args)
+            return
+        with out.capture() as staged:
+            for name, args in calls:
+                getattr(listener, name)(*args)
+        out.commit(staged)
 
 
 def forget(found: Found) -> None:
@@ -147,6 +157,7 @@ def attach(found: Found, force: bool) -> Attached:
         job = f"; {data['job']} ended with it" if data.get("job") else ""
         return Attached(None, f"the kept pool {found.id} ended{at}: {why}{job}.{_meanwhile(data.get('meanwhile') or [])}")
     pool = _pool_from(data)
+    told = front.held(found.id) is not None
     admission = Admission(pool.listen_addr, pool.secret, max(64, 3 * pool.nproc), pool._count_rejected)
     try:
         sock, report = _knock(found, pool.listen_addr, admission.port, force)
@@ -159,7 +170,7 @@ def attach(found: Found, force: bool) -> Attached:
         pool.hub.launcher.refuses = SLURM_RESPAWN
     pool.hub.reset(pool.ranks, admission)
     pool.hub.begin_cell()
-    pool.hub.shown = kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, os.path.dirname(found.path)), "shown"), pool.nproc)
+    pool.hub.shown = KeptOutput(found.id, kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, os.path.dirname(found.path)), "shown"), pool.nproc))
     t0 = time.monotonic()
     heard = Heard()
     try:
@@ -168,16 +179,19 @@ def attach(found: Found, force: bool) -> Attached:
         pool.hub.admission = None
         admission.close()
     _dead_meanwhile(pool, set(pids.values()), report.get("meanwhile") or [])
+    for rank, hello in pool.hub.hellos.items():  # a rank whose output log dropped what no kernel showed: it replays from its oldest byte
+        if hello.get("dropped"):
+            pool.hub.shown.skip(rank, hello["dropped"])
     terms = Terms(float(report["idle"]), float(report["max"]), float(report["since"]))
     where = os.path.dirname(found.path)
     pool.kept = KeptState(found.id, kept.pool_dir(found.id, where), where, terms, str(data.get("notebook") or ""), str(data.get("job") or ""))
-    pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(found.id, where), "dir": pool.kept.dir}
+    pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(found.id, where), "dir": pool.kept.dir, "cap": spool_cap()}
     pool.started, pool.broken, pool.start_seconds = True, pool.broken, time.monotonic() - t0
     detach_at_exit(pool)
     hellos = pool.hub.hellos
     resumed = any(h.get("busy") or h.get("undelivered") for h in hellos.values())
     owned = set(hellos[min(hellos)].get("names") or []) if hellos else set()
-    text = _report(found, pool, report, resumed, time.monotonic() - t0)
+    text = _report(found, pool, report, resumed, time.monotonic() - t0, told)
     return Attached(pool, text, resumed, pool.kept.job, owned, heard)
 
 
@@ -203,19 +217,24 @@ def _knock(found: Found, addr: str, port: int, force: bool) -> "tuple[socket.soc
     data, where = found.data, os.path.dirname(found.path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(REPLY_WAIT_S)
+    shown = kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, where), "shown"), int(data["nproc"]))
     try:
         sock.connect(kept.socket_path(found.id, where))
         P.client_handshake(sock, bytes.fromhex(data["secret"]))
-        shown = kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, where), "shown"), int(data["nproc"]))
-        offsets = {str(r): list(o) for r, o in shown.all().items()}
-        shown.close()
+        offsets = replay_from(found.id, shown)
         me = notebook_name() or f"kernel pid {os.getpid()}"
         sock.sendall((json.dumps({"op": "attach", "kernel": me, "pid": os.getpid(), "force": force, "addr": addr,
                                   "port": port, "offsets": offsets}) + "\n").encode())
         reply = json.loads(_line(sock))
+        if reply.get("event") != "refused":  # ours now: the file counts what this kernel shows from there
+            for rank, pair in offsets.items():
+                shown.set(int(rank), dict(zip(kept.STREAMS, pair)))
+            front.forget(found.id)  # said of the kernel before: this kernel's own messages say more from now on
     except (OSError, ValueError) as e:
         sock.close()
         raise AttachError(f"%ddp attach: the kept pool {found.id} did not answer ({e}); %ddp attach --list shows it") from None
+    finally:
+        shown.close()
     if reply.get("event") == "refused":
         sock.close()
         who = reply.get("attached") or {}
@@ -223,6 +242,13 @@ def _knock(found: Found, addr: str, port: int, force: bool) -> "tuple[socket.soc
                           f"since {_clock(who.get('since'))}; --force takes it over (that kernel's next cell then says it lost the pool)")
     sock.settimeout(None)
     return sock, reply
+
+
+def replay_from(pool_id: str, shown: kept.ShownOffsets) -> Dict[str, List[int]]:
+    """Per rank, where its replay starts: what the front end said it holds (kernel/keep/front.py), else what the last
+    kernel counted (``shown``)."""
+    told = front.held(pool_id) or {}
+    return {str(r): list(told[r]) if r in told else list(o) for r, o in shown.all().items()}
 
 
 def _line(sock: socket.socket) -> bytes:
@@ -266,8 +292,8 @@ def _meanwhile(events: List[Dict[str, Any]]) -> str:
     return ("\nwhile no kernel was attached:" + "".join(lines)) if lines else ""
 
 
-def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, seconds: float) -> str:
-    """What the attach cell says first."""
+def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, seconds: float, told: bool) -> str:
+    """What the attach cell says first (``told``: the replay starts where the front end said its output stops)."""
     live = [r for r, i in sorted(pool.ranks.items()) if i.state != RankState.DEAD]
     pids = [p for p in (pool.ranks[r].pid for r in live) if p is not None]
     head = (f"attached the kept pool {found.id}" + (f" of {found.data['notebook']}" if found.data.get("notebook") else "")
@@ -277,13 +303,22 @@ def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, s
         head += f", no kernel for {span(time.time() - float(left))}"
     job = found.data.get("job") or "the last cell"
     running = any(h.get("busy") for h in pool.hub.hellos.values())
+    after = " after the last line this page received" if told else ""  # kernel/keep/front.py
     if running:
-        head += f"; {job} is still running: its output follows"
+        head += f"; {job} is still running: its output follows{after}"
     elif resumed:
-        head += f"; {job} ended while no kernel was attached: its output and result follow"
+        head += f"; {job} ended while no kernel was attached: its output and result follow{after}"
     elif found.data.get("job"):
         head += f"; {job} had ended"
-    return head + "." + _meanwhile(report.get("meanwhile") or []) + "\n" + pool.kept.text() if pool.kept else head
+    return head + "." + _meanwhile(report.get("meanwhile") or []) + _dropped(pool.hub.hellos) + "\n" + pool.kept.text() if pool.kept else head
+
+
+def _dropped(hellos: Dict[int, Dict[str, Any]]) -> str:
+    """What the output logs' cap dropped before any kernel showed it: said, never replayed as if whole."""
+    lines = [f"\n  rank {rank}: {fmt_bytes(int(n))} of its {stream} that no kernel showed were dropped from its output log "
+             f"(it keeps at most its newest {fmt_bytes(spool_cap())} a stream; DDP_MAGIC_SPOOL_MIB sets it)"
+             for rank, hello in sorted(hellos.items()) for stream, n in sorted((hello.get("dropped") or {}).items())]
+    return ("\nlost while no kernel was attached:" + "".join(lines)) if lines else ""
 
 
 def _clock(at: Any) -> str:

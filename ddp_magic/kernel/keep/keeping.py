@@ -22,7 +22,11 @@ from ...wire import kept
 from ...wire import protocol as P
 from ..launchers import ForkServerLauncher, SlurmLauncher
 from ..failures.recovery import stop_quietly
+from ..output.fold import setting
+from ..output.kept_output import KeptOutput
 from .terms import Terms
+
+SPOOL_MIB = 64.0  # the default of spool_cap()
 
 if TYPE_CHECKING:
     from ..hub import Hub
@@ -84,8 +88,8 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     if state is None and isinstance(launcher, SlurmLauncher):  # the allocation follows the lease from now on, salloc and srun outlive us
         launcher.outlive_kernel(kept.lock_path(pool_id, where))
     if state is None:
-        pool.hub.shown = kept.ShownOffsets(os.path.join(directory, "shown"), pool.nproc)  # each rank's KEEP reply sets its start
-        pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(pool_id, where), "dir": directory}
+        pool.hub.shown = KeptOutput(pool_id, kept.ShownOffsets(os.path.join(directory, "shown"), pool.nproc))  # KEEP replies start it
+        pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(pool_id, where), "dir": directory, "cap": spool_cap()}
         replies = pool.ask(P.KEEP, KEEP_WAIT_S, fields=pool.hub.keep_msg)
         missing = sorted(set(pool.ranks) - {r for r, m in replies.items() if m.get("on")})
         if missing:
@@ -94,6 +98,11 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     pool.kept = KeptState(pool_id, directory, where, terms if state is None else Terms(terms.idle, terms.max, state.terms.since),
                           notebook, job)
     return pool.kept
+
+
+def spool_cap() -> int:
+    """A kept rank's output log, per stream, in bytes: past it its oldest half is dropped (``DDP_MAGIC_SPOOL_MIB``)."""
+    return int(setting("DDP_MAGIC_SPOOL_MIB", SPOOL_MIB) * (1 << 20))
 
 
 def _keepable(pool: "Pool") -> "Union[ForkServerLauncher, SlurmLauncher]":

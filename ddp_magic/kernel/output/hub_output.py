@@ -5,14 +5,13 @@ each file says one thing: hub.py the control messages, this file the output stre
 """
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ...logs import log
-from ...wire.kept import ShownOffsets
 from ..conns import OutConn, ReadBuffer, wait_ready
 from ..ranks import Listener, RankInfo
+from .kept_output import KeptOutput
 
 STREAMS = ("stdout", "stderr")
 
@@ -24,7 +23,7 @@ class OutputStreams:
     outs: Dict[Tuple[int, str], OutConn]
     listener: Listener
     _rbuf: ReadBuffer
-    shown: Optional[ShownOffsets]
+    shown: Optional[KeptOutput]
     _unsynced: Dict[int, dict]
 
     _unwatch: Callable[[Any], None]  # the Hub's: stop polling a socket before it closes
@@ -46,25 +45,26 @@ class OutputStreams:
             self._release_done(out.rank)
             return False
         text, tokens = out.scanner.feed(data)
-        self._emit_text(out, text)
-        if self.shown is not None:  # a kept pool: the next kernel replays from here (wire/kept.py)
-            self._count_shown(out, data)
+        if self.shown is None:
+            self._emit_text(out, text)
+        else:  # a kept pool: its lines and how far they go reach the notebook together (kernel/output/kept_output.py)
+            with self.shown.capture() as staged:
+                self._emit_text(out, text)
+            self.shown.commit(staged, out.rank, out.stream, self._whole_lines(out, data))
         if tokens:
             out.synced = max(out.synced, *tokens)
             self._release_done(out.rank)
         return True
 
-    def _count_shown(self, out: OutConn, data: bytes) -> None:
-        """Count a kept pool's output as shown up to its last whole line, once the notebook has it: what the printer holds
-        (a line not yet ended) and what ipykernel has not yet sent is not shown, and the next kernel replays it."""
+    def _whole_lines(self, out: OutConn, data: bytes) -> int:
+        """How far a kept pool's output is read, to its last whole line: a line not yet ended is not shown yet (the
+        printer holds it), and the next kernel replays it."""
         cut = data.rfind(b"\n")
         if cut < 0:
             out.unshown += len(data)
-            return
+            return 0
         n, out.unshown = out.unshown + cut + 1, len(data) - cut - 1
-        shown = self.shown
-        assert shown is not None
-        after_send(lambda: shown.add(out.rank, out.stream, n))
+        return n
 
     def _emit_text(self, out: OutConn, data: bytes, final: bool = False) -> None:
         text = out.decoder.decode(data, final=final)
@@ -97,27 +97,3 @@ class OutputStreams:
             while out is not None and not out.eof and time.monotonic() < deadline:
                 if not wait_ready(out.sock, min(0.05, deadline - time.monotonic()), also=out.pull_fd) or not self._read_out(out):
                     break
-
-
-
-def after_send(count: Callable[[], None]) -> None:
-    """Run ``count`` once what was printed so far has been sent to the notebook. In ipykernel: on its IOPub thread, right
-    after the streams' sends, so a SIGKILL cannot fall between a line sent and its count (nor a count and its line);
-    elsewhere, after a plain flush."""
-    streams = (sys.stdout, sys.stderr)
-    thread = getattr(sys.stdout, "pub_thread", None)
-    if thread is not None and callable(getattr(thread, "schedule", None)) and all(callable(getattr(s, "_flush", None)) for s in streams):
-
-        def flush_then_count() -> None:
-            for stream in streams:
-                stream._flush()  # type: ignore[union-attr]  # ipykernel's OutStream: its sends are queued on this thread now
-            thread.schedule(count)  # after them
-
-        thread.schedule(flush_then_count)
-        return
-    for stream in streams:
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            log.debug("could not flush the kernel's %s", stream, exc_info=True)
-    count()

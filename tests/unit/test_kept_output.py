@@ -1,0 +1,65 @@
+"""A kept pool's output marks (kernel/output/kept_output.py) and what a front end says it holds (kernel/keep/front.py).
+
+The real path (ipykernel's IOPub thread, the metadata a front end reads) is tests/kernel/test_keep.py's; here the
+parts that need no kernel: the staging, the shown file's count, the front end's word and where attach replays from.
+"""
+from __future__ import annotations
+
+import io
+import sys
+
+from ddp_magic.kernel.keep import front
+from ddp_magic.kernel.keep.attach import replay_from
+from ddp_magic.kernel.output.kept_output import KeptOutput, _messages, stream
+from ddp_magic.wire import kept
+
+
+def test_staged_lines_and_their_count(tmp_path, monkeypatch) -> None:
+    """Without ipykernel the lines go to sys.stdout as they come, and the file counts how far they go."""
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    ko = KeptOutput("p1", kept.ShownOffsets(str(tmp_path / "shown"), 2))
+    ko.start(1, {"stdout": 100, "stderr": 7})
+    assert stream("stdout") is out
+    with ko.capture() as staged:
+        stream("stdout").write("[rank 1] tick 0\n")
+        assert out.getvalue() == ""  # staged until the hub says how far it read
+    ko.commit(staged, 1, "stdout", 7)
+    assert out.getvalue() == "[rank 1] tick 0\n"
+    assert ko.shown.all() == {0: (0, 0), 1: (107, 7)}
+    stream("stdout").write("late\n")  # outside a read: straight on
+    staged.writers["stdout"].write("a fold's timer\n")  # a timer started during the read: after its commit, straight on
+    assert out.getvalue().endswith("late\na fold's timer\n")
+
+
+def test_the_front_ends_word_and_where_attach_replays_from(tmp_path) -> None:
+    path = str(tmp_path / "shown")
+    shown = kept.ShownOffsets(path, 3)
+    for rank in range(3):
+        shown.set(rank, {"stdout": 50 + rank, "stderr": 5})
+    shown.close()
+    for bad in ({"pool": "p2"}, {"pool": "p2", "upto": {"0": [1]}}, {"pool": "p2", "upto": {"x": [1, 2]}}, {"pool": "p2", "upto": {"0": [-1, 0]}}, "no"):
+        assert not front.heard(bad)
+    assert front.heard({"type": "shown", "pool": "p2", "upto": {}}) and front.held("p2") is None  # nothing held: the file's
+    file = kept.ShownOffsets(path, 3)
+    assert replay_from("p2", file) == {"0": [50, 5], "1": [51, 5], "2": [52, 5]}  # nothing said: the file's
+    assert front.heard({"type": "shown", "pool": "p2", "upto": {"1": [40, 5], "7": [1, 1]}})
+    assert replay_from("p2", file) == {"0": [50, 5], "1": [40, 5], "2": [52, 5]}
+    assert file.get(1, "stdout") == 51  # the file is the attached kernel's until the attach is accepted
+    front.forget("p2")
+    assert front.held("p2") is None
+
+
+def test_a_mark_goes_with_the_message_that_holds_its_lines() -> None:
+    """A message never claims a line that it, and the ones before it, do not hold (a SIGKILL may fall between two)."""
+    cell = {"msg_id": "c"}
+    parts = [("stdout", cell, "[rank 0] a\n"), ("", None, (0, [10, 0])), ("stderr", cell, "[rank 1] oops\n"), ("", None, (1, [0, 14])),
+             ("stderr", cell, "[rank 1] more\n"), ("", None, (1, [0, 28])), ("stdout", cell, "ddp_magic: a fold's timer\n")]
+    msgs, left = _messages(parts, {"0": [4, 0], "1": [0, 0]})
+    assert _messages(parts[:1], {"2": [4, 0]})[0][0][3] == {"2": [4, 0]}
+    assert [(m[0], m[2], m[3]) for m in msgs] == [
+        ("stdout", "[rank 0] a\n", {"0": [10, 0]}),
+        ("stderr", "[rank 1] oops\n[rank 1] more\n", {"1": [0, 28]}),
+        ("stdout", "ddp_magic: a fold's timer\n", {}),  # the waiting marks: with the last, unless a later one said more
+    ] and left == {}
+    assert _messages([("", None, (0, [12, 0]))], {"1": [3, 3]}) == ([], {"1": [3, 3], "0": [12, 0]})  # no line to go with: they wait
