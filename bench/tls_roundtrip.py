@@ -6,7 +6,8 @@
 
 The kernel's side is the hub's: its epoll (kernel/conns.py's ``Poller``, ``watch``), ``ReadBuffer.frames`` and a RUN
 sent as ``Hub.broadcast`` sends it; the rank's is procs/worker.py's reader (``tls.reading``, ``protocol.recv``) and
-``Channel.send`` for the DONE, in a child process. The figure is the median round trip in µs per alternation. It
+``Channel.send`` for the DONE, in a child process. The figures are the median round trip per alternation, and the CPU both processes spent per round trip
+(every thread: steadier than the wall time on a shared machine), in µs. It
 isolates what TLS adds per message from the warm cell's other costs (bench_cluster.py measures the cell).
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from typing import Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -32,9 +34,13 @@ sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1) if fingerprint == "-"
 P.client_handshake(sock, secret)
 P.send(sock, P.message(P.HELLO, rank=0))
 source, chan = tls.reading(sock), Channel(sock)
+import time
 while True:
     msg = P.recv(source)
+    if msg.get("cell") == 50:
+        cpu = time.process_time()
     if msg["op"] == P.SHUTDOWN:
+        print("rank_cpu", time.process_time() - cpu, flush=True)
         break
     chan.send(P.DONE, rank=0, cell=msg["cell"], status="ok")
 """
@@ -72,20 +78,27 @@ for i in range(n + 50):
                 pass
     if i >= 50:
         times.append(time.perf_counter() - t0)
+    elif i == 49:
+        cpu = time.process_time()
+cpu = time.process_time() - cpu
 sock.setblocking(True)
 tls.send(sock, P.encode(P.message(P.SHUTDOWN)))
 rank.wait(10)
 admission.close()
+print("kernel_cpu", cpu, flush=True)
 print(statistics.median(times) * 1e6)
 """
 
 
-def once(src: str, way: str, n: int) -> float:
+def once(src: str, way: str, n: int) -> Tuple[float, float]:
+    """The median round trip, and the CPU both processes spent per round trip (every thread), in µs."""
     env = dict(os.environ, PYTHONPATH=src)
     out = subprocess.run([sys.executable, "-c", KERNEL, str(n), way, RANK], env=env, capture_output=True, text=True, timeout=600)
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
-    return float(out.stdout.split()[-1])
+    words = out.stdout.split()
+    cpu = sum(float(words[i + 1]) for i, w in enumerate(words) if w in ("rank_cpu", "kernel_cpu"))
+    return float(words[-1]), cpu / n * 1e6
 
 
 def main() -> None:
@@ -107,12 +120,15 @@ def main() -> None:
                 for way in ("tcp", "tls"):
                     got.setdefault((name, way), []).append(once(src, way, a.n))
         print(f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; {a.alternations} x {a.n} round trips")
-        print("| tree | plain TCP, µs | TLS, µs | TLS − TCP, µs |\n|---|---|---|---|")
+        print("| tree | plain TCP, µs | TLS, µs | TLS − TCP, µs | CPU, plain TCP, µs | CPU, TLS, µs | CPU, TLS − TCP, µs |\n"
+              "|---|---|---|---|---|---|---|")
         for name, _ in trees:
-            tcp, tls_ = got[(name, "tcp")], got[(name, "tls")]
-            diff = [b - c for b, c in zip(tls_, tcp)]
-            cells = [f"{statistics.median(v):.0f} ({min(v):.0f}–{max(v):.0f})" for v in (tcp, tls_, diff)]
-            print(f"| {name} | " + " | ".join(cells) + " |")
+            cols = []
+            for k in (0, 1):  # wall, then CPU (both processes)
+                tcp, tls_ = [v[k] for v in got[(name, "tcp")]], [v[k] for v in got[(name, "tls")]]
+                diff = [b - c for b, c in zip(tls_, tcp)]
+                cols += [f"{statistics.median(v):.0f} ({min(v):.0f}–{max(v):.0f})" for v in (tcp, tls_, diff)]
+            print(f"| {name} | " + " | ".join(cols) + " |")
 
 
 if __name__ == "__main__":
