@@ -93,7 +93,8 @@ print(statistics.median(times) * 1e6)
 def once(src: str, way: str, n: int) -> Tuple[float, float]:
     """The median round trip, and the CPU both processes spent per round trip (every thread), in µs."""
     env = dict(os.environ, PYTHONPATH=src)
-    out = subprocess.run([sys.executable, "-c", KERNEL, str(n), way, RANK], env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", KERNEL, str(n), way, RANK], env=env, capture_output=True, text=True, timeout=600,
+                         cwd=src)  # ``-c`` puts the current directory first on the path: run in the tree measured
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
     words = out.stdout.split()
