@@ -197,14 +197,15 @@ def table(g: Dict[str, List[float]], a: argparse.Namespace, failed: Dict[str, st
     rows += [
         "",
         f"| warm cell (an all_reduce, 2 nodes × 2 tasks), ms, median of {a.warm} a repeat | box: n1, n2 (TLS) | one-host Slurm (plain) "
-        "| one-host Slurm (TLS forced) | box − one-host (plain) |",
-        "|---|---|---|---|---|",
+        "| one-host Slurm (TLS forced) | box − one-host (plain) | the same, repeat by repeat |",
+        "|---|---|---|---|---|---|",
     ]
     for tag, _src in a.sources:
         box, local = g[tag + "warm.box"], g[tag + "warm.local"]
         gap = statistics.median(box) - statistics.median(local) if box and local else float("nan")
+        paired = med([b - c for b, c in zip(box, local)], "{:+.1f}") if box and len(box) == len(local) else "–"  # a slow moment hits both
         rows.append(f"| {tag.rstrip('.') or 'this tree'} | {med(box, '{:.1f}')} | {med(local, '{:.1f}')} "
-                    f"| {med(g[tag + 'warm.local_tls'], '{:.1f}')} | {gap:+.1f} |")
+                    f"| {med(g[tag + 'warm.local_tls'], '{:.1f}')} | {gap:+.1f} | {paired} |")
     rows += [
         "",
         f"Link down → named error (n2's management link cut while 4 ranks loop over all_reduces): {med(g['link'])} s from the cut "

@@ -82,12 +82,15 @@ def _channel_recv(sock: socket.socket, n: int) -> float:
     reader, scratch, msgs = P.FrameReader(), bytearray(1 << 20), []
     handover = getattr(tls, "filler", lambda s: None)(sock)
     note = getattr(tls, "note_fd", lambda: None)()
+    source = getattr(tls, "source", lambda s: s)(sock)  # over TLS the hub decrypts what comes itself (older trees: the relay)
+    direct = getattr(source, "fd", None)
     while not msgs:
-        ready, _, _ = select.select([sock] + ([note] if note is not None else []), [], [])
+        waits = [sock] + ([note] if note is not None else []) + ([direct] if direct is not None and not reader.relayed else [])
+        ready, _, _ = select.select(waits, [], [])
         if note in ready:
             os.read(note, 4096)
         try:
-            got = reader.recv(sock, scratch, handover) if hasattr(reader, "recv") else reader.feed(sock.recv(1 << 20) or b"\0")
+            got = reader.recv(source, scratch, handover) if hasattr(reader, "recv") else reader.feed(sock.recv(1 << 20) or b"\0")
         except BlockingIOError:
             continue
         if got is None:

@@ -27,6 +27,7 @@ class Conn:
         self.sock = sock
         self.reader = P.FrameReader()
         self.handover = tls.filler(sock)  # over TLS: the relay decrypts a big result straight into its memory
+        self.source: Union[socket.socket, tls.TlsSource] = sock  # what is read (``watch``): over TLS, decrypted by the hub
         self.pull_fd: Optional[int] = None  # over TLS: its TLS socket, which the hub's thread reads itself (``watch``)
         self.pulling = False  # that socket is watched (not while the relay fills a buffer of ours)
 
@@ -43,6 +44,7 @@ class OutConn:
         self.synced = -1  # the last cell whose marker has been read
         self.eof = False
         self.unshown = 0  # a kept pool: bytes read after the last whole line, not counted as shown yet (hub_output.py)
+        self.source: Union[socket.socket, tls.TlsSource] = sock
         self.pull_fd: Optional[int] = None
         self.pulling = False
 
@@ -101,25 +103,25 @@ class ReadBuffer:
         self._buf = bytearray(size)
         self._view = memoryview(self._buf)
 
-    def recv(self, sock: socket.socket) -> bytes:
-        """What ``sock`` has (b"" at EOF); BlockingIOError when nothing is there."""
-        tls.pull(sock)  # over TLS: what came, decrypted into ``sock`` by this thread (``watch``)
-        n = sock.recv_into(self._buf)
+    def recv(self, source: Union[socket.socket, tls.TlsSource]) -> bytes:
+        """What ``source`` has (b"" at EOF); BlockingIOError when nothing is there. Over TLS (``watch``), decrypted by this
+        thread straight into this buffer."""
+        n = source.recv_into(self._buf)
         return bytes(self._view[:n])
 
     def frames(self, conn: Conn) -> Optional[list]:
         """The messages one read of ``conn``'s socket completes (None at EOF; BlockingIOError when nothing is there): a
         result's out-of-band buffers are read straight into their own memory, the rest through this buffer."""
-        tls.pull(conn.sock)
-        return conn.reader.recv(conn.sock, self._buf, conn.handover)
+        return conn.reader.recv(conn.source, self._buf, conn.handover)
 
 
 def watch(poller: Poller, by_fd: Dict[int, Union[Conn, OutConn]], sock: socket.socket, conn: Union[Conn, OutConn]) -> None:
-    """Watch a rank's socket; over TLS its TLS socket too, which the hub's thread then decrypts itself when it turns
-    readable (``tls.pull``, then ``sock`` is read as usual): no wake of the relay's thread for each message."""
+    """Watch a rank's socket; over TLS its TLS socket too, which the hub's thread then reads itself when it turns
+    readable (``conn.source``: decrypted straight into the hub's buffer): no relay thread, no socketpair hop."""
     by_fd[sock.fileno()] = conn
     poller.add(sock.fileno())
-    conn.pull_fd = tls.pull_fd(sock)
+    conn.source = tls.source(sock)
+    conn.pull_fd = conn.source.fd if isinstance(conn.source, tls.TlsSource) else None
     watch_pulled(poller, by_fd, conn, True)
 
 

@@ -26,7 +26,7 @@ import socket
 import mmap
 import struct
 from enum import Enum
-from typing import Any, Callable, List, Optional, Tuple, Union
+from typing import Any, Callable, List, Optional, Protocol, Tuple, Union
 
 MAGIC = b"DDPM1"
 NONCE_SIZE = 32
@@ -216,6 +216,12 @@ def recv(sock: socket.socket) -> dict:
     return pickle.loads(body, buffers=buffers)
 
 
+class Readable(Protocol):
+    """What FrameReader reads: a non-blocking socket, or a TLS connection read by the caller's thread (tls.TlsSource)."""
+
+    def recv_into(self, buffer: Any, nbytes: int = ..., /) -> int: ...
+
+
 class FrameReader:
     """Incremental decoder for a non-blocking socket: feed bytes (or let it read the socket), take whole messages.
 
@@ -248,7 +254,7 @@ class FrameReader:
         """Whether the TLS relay is filling a buffer of ours (tell us, ``recv``, when its note comes)."""
         return self._relayed is not None
 
-    def recv(self, sock: socket.socket, scratch: bytearray, handover: Optional[Callable[[memoryview, int], Any]] = None) -> Optional[list]:
+    def recv(self, sock: Readable, scratch: bytearray, handover: Optional[Callable[[memoryview, int], Any]] = None) -> Optional[list]:
         """Read once from ``sock``: the messages it completed (None at EOF). BlockingIOError when nothing is there.
 
         ``handover`` (a relayed socket: tls.filler): the rest of a big buffer is given to the relay to decrypt into it,

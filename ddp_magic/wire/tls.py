@@ -16,7 +16,8 @@ else stays as it is over plain TCP. Costs: one more pass of each byte through th
 (tls_relay.py, which also drains a rank's last bytes before it exits), and the AES.
 A small message skips the relay's thread when it can: the sender encrypts it itself
 (``send_direct``, ``send``), and a reader that waits on the TLS socket decrypts what came
-itself (``pull_fd``, ``pull``); each hop to another thread costs a wake and the GIL.
+itself, straight into its own buffer (``source``, ``reading``); each hop to another thread
+costs a wake and the GIL, and a hop through the socketpair two syscalls.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 from . import liveness
 from .tls_relay import Relay, drain_before_exit
-from .tls_ways import Fill
+from .tls_ways import Fill, Pair
 
 FORCE_ENV = "DDP_MAGIC_FORCE_TLS"  # "1": TLS even when every rank is on this host (tests, measurements)
 
@@ -141,47 +142,63 @@ def bytes_written(sock: socket.socket) -> Optional[int]:
     return relay.written(sock) if relay is not None else None
 
 
-def pull_fd(sock: socket.socket) -> Optional[int]:
-    """Over TLS: from now on the caller's thread reads ``sock``'s peer itself (``pull`` when the descriptor returned is
-    readable, then read ``sock`` as usual); the relay's thread no longer wakes for what comes. None: not relayed."""
-    relay = Relay.current()
-    return relay.pulled(sock) if relay is not None else None
-
-
 def pull(sock: socket.socket) -> None:
-    """Decrypt what ``sock``'s TLS peer sent into ``sock``, from the caller's thread (after ``pull_fd``). Never blocks."""
+    """Decrypt what ``sock``'s TLS peer sent into ``sock``, from the caller's thread (after ``source``; a peek at ``sock``
+    then sees it). Never blocks."""
     relay = Relay.current()
     if relay is not None:
         relay.pull(sock)
 
 
-class PullReader:
-    """A blocking reader of a relayed socket that decrypts what comes in its own thread (``pull_fd``, ``pull``): no wake
-    of the relay's thread for each message. Reads as ``sock.recv_into`` does (protocol.recv needs no more)."""
+class TlsSource:
+    """A relayed socket read as a non-blocking ``sock.recv_into`` reads it, by the reading thread itself: what ``sock``
+    holds first, else decrypted from the TLS socket straight into the caller's buffer (tls_relay.Relay.read): no relay
+    thread, no write and read through the socketpair. Wait on ``fd`` (the TLS socket) and ``sock`` before reading."""
 
-    def __init__(self, sock: socket.socket, fd: int) -> None:
-        self.sock, self.fd = sock, fd
+    keeps = False  # an epoll waiter does not see a record's rest that OpenSSL keeps: that goes to ``sock``
+
+    def __init__(self, sock: socket.socket, relay: Relay, pair: Pair) -> None:
+        self.sock, self.relay, self.pair = sock, relay, pair
+        self.fd = pair.tls.fileno()
+
+    def recv_into(self, buf: Union[bytearray, memoryview], nbytes: int = 0) -> int:
+        view = memoryview(buf).cast("B")
+        return self.relay.read(self.pair, self.sock, view[:nbytes] if nbytes else view, self.keeps)
+
+
+class PullReader(TlsSource):
+    """A blocking reader of a relayed socket that decrypts what comes in its own thread: no wake of the relay's thread
+    for each message, no socketpair hop. Reads as ``sock.recv_into`` does (protocol.recv needs no more)."""
+
+    keeps = True  # it reads again before it waits
+
+    def __init__(self, sock: socket.socket, relay: Relay, pair: Pair) -> None:
+        super().__init__(sock, relay, pair)
         self.poller = select.poll()
-        for watched in (sock.fileno(), fd):  # the relay may still pass bytes on through ``sock`` (an EOF, a backlog)
+        for watched in (sock.fileno(), self.fd):  # the relay may still pass bytes on through ``sock`` (an EOF, a backlog)
             self.poller.register(watched, select.POLLIN)
 
     def recv_into(self, buf: Union[bytearray, memoryview], nbytes: int = 0) -> int:
         while True:
             try:
-                return self.sock.recv_into(buf, nbytes, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                pass
-            pull(self.sock)
-            try:
-                return self.sock.recv_into(buf, nbytes, socket.MSG_DONTWAIT)
+                return super().recv_into(buf, nbytes)
             except BlockingIOError:
                 self.poller.poll()
 
 
+def source(sock: socket.socket) -> Union[socket.socket, TlsSource]:
+    """What a non-blocking reader of ``sock`` reads it through: over TLS a ``TlsSource`` (from now on the relay's thread
+    no longer reads for it); else ``sock`` itself."""
+    relay = Relay.current()
+    pair = relay.pulled(sock) if relay is not None else None
+    return sock if pair is None or relay is None else TlsSource(sock, relay, pair)
+
+
 def reading(sock: socket.socket) -> Union[socket.socket, PullReader]:
     """What a thread that blocks reading ``sock`` reads it through: over TLS a ``PullReader``; else ``sock`` itself."""
-    fd = pull_fd(sock)
-    return sock if fd is None else PullReader(sock, fd)
+    relay = Relay.current()
+    pair = relay.pulled(sock) if relay is not None else None
+    return sock if pair is None or relay is None else PullReader(sock, relay, pair)
 
 
 def connect(addr: Tuple[str, int], fingerprint: str, timeout: float = 30, control: bool = False) -> socket.socket:

@@ -7,11 +7,10 @@ TLS socket. The relay owns them all, and the code gets the plain end of a socket
 
 What it costs is what a result from another host pays (docs/bench/cluster.md). How the
 bytes go (each direction's buffer, a big result handed over in place at both ends) is
-tls_ways.py. The socketpair's buffers are large, so the hub's reads take few rounds, and
-a socket's interest in the selector changes only when what it waits for does. Whoever
-uses a pair's TLS socket holds its lock: the relay's thread, or the hub's for the moment
-it hands a buffer over (``fill``); a finished fill is told on a pipe the hub watches
-(``note_fd``).
+tls_ways.py. A socket's interest in the selector changes only when what it waits for
+does. Whoever uses a pair's TLS socket holds its lock: the relay's thread, or a thread of
+the code's that sends or reads a small message itself (``direct``, ``read``), or hands a
+buffer over (``fill``: a finished fill is told on a pipe the hub watches, ``note_fd``).
 
 The relay is a thread of the process, so what the code wrote last still sits in the
 socketpair or the relay's buffer when the process ends: over plain TCP the OS sends a
@@ -35,7 +34,7 @@ from typing import Callable, Dict, List, Optional, Union
 
 from ..logs import log
 from . import liveness
-from .tls_ways import HANDED_MIN, Fill, Handed, Pair, fail, fill_in, held, move, send_handed, take_over, unread, write_direct
+from .tls_ways import HANDED_MIN, Fill, Handed, Pair, decrypt_into, fail, fill_in, held, move, send_handed, take_over, unread, write_direct
 
 PAIR_BUFFER = 4 << 20  # SO_SNDBUF/SO_RCVBUF of the socketpair: a big result crosses it in few rounds
 DRAIN_S = 3.0  # how long an exiting process waits for its relay to send what its code wrote
@@ -90,26 +89,26 @@ class Relay:
         self.wake_w.send(b"x")
         return theirs
 
+    def _pair(self, plain: socket.socket) -> Optional[Pair]:
+        with self.mutex:
+            return self._pair_of.get(plain)
+
     def tls_of(self, plain: socket.socket) -> Optional[ssl.SSLSocket]:
         """The TLS socket behind the code's end ``plain`` (to set its socket options), or None."""
-        with self.mutex:
-            pair = self._pair_of.get(plain)
+        pair = self._pair(plain)
         return pair.tls if pair is not None else None
 
     def fill(self, plain: socket.socket, view: memoryview, got: int) -> Optional[Fill]:
         """The hub's thread: let the relay decrypt the rest of a frame's buffer (``view`` from ``got``) straight into it.
         It first reads what ``plain`` holds into ``view`` itself. None when it cannot (not a relayed socket, a small
         rest, the peer gone): read ``plain`` as usual. A Fill not ``done`` yet is told on ``note_fd`` when it is."""
-        with self.mutex:
-            pair = self._pair_of.get(plain)
+        pair = self._pair(plain)
         if pair is None or view.nbytes - got < HANDED_MIN:
             return None
         with pair.lock:
             fill = take_over(pair, plain, view, got)
         if fill is not None and not fill.done:
-            with self.mutex:
-                self.kicked.append(pair)  # OpenSSL may hold bytes already: no select would wake us for them
-            self.wake_w.send(b"x")
+            self._kick(pair)  # OpenSSL may hold bytes already: no select would wake us for them
         return fill
 
     def note_fd(self) -> int:
@@ -144,8 +143,7 @@ class Relay:
         written before it waits (tls_ways.write_direct): no hand-off to this relay's thread, which on a loaded machine
         waits for a core each time. False: not done, write it to ``plain`` as usual. Never blocks: a pair the relay is
         busy with is left to it."""
-        with self.mutex:
-            pair = self._pair_of.get(plain)
+        pair = self._pair(plain)
         if pair is None or not pair.lock.acquire(blocking=False):
             return False
         try:
@@ -157,9 +155,7 @@ class Relay:
         finally:
             pair.lock.release()
         if queued:  # the TLS socket was full: the relay sends the rest when it can take it
-            with self.mutex:
-                self.kicked.append(pair)
-            self.wake_w.send(b"x")
+            self._kick(pair)
         return done
 
     def _loop(self) -> None:
@@ -270,43 +266,68 @@ class Relay:
     def written(self, plain: socket.socket) -> Optional[int]:
         """How many bytes the code ever wrote to ``plain`` (what left it plus what it still holds); None: not relayed.
         A rank's output capture needs no new marker for a stream that has not grown (wire/capture.py)."""
-        with self.mutex:
-            pair = self._pair_of.get(plain)
+        pair = self._pair(plain)
         if pair is None:
             return None
         with pair.lock:
             return pair.taken + unread(pair.plain)
 
-    def pulled(self, plain: socket.socket) -> Optional[int]:
-        """From now on the code's own thread decrypts what comes for ``plain`` (``pull``), and this relay stops watching
-        its TLS socket (except while it fills a buffer handed over): the descriptor to wait on; None: not relayed."""
+    def pulled(self, plain: socket.socket) -> Optional[Pair]:
+        """From now on the code's own thread reads what comes for ``plain`` (``read``, ``pull``), and this relay watches its
+        TLS socket (the descriptor to wait on) only while it fills a buffer handed over. None: not relayed."""
         with self.mutex:
             pair = self._pair_of.get(plain)
             if pair is None:
                 return None
             pair.pulled = True
-            self.kicked.append(pair)  # its selector interest changes at its next pump
-        self.wake_w.send(b"x")
-        return pair.tls.fileno()
+        self._kick(pair)  # its selector interest changes at its next pump
+        return pair
 
     def pull(self, plain: socket.socket) -> None:
         """The code's thread, its TLS socket readable: decrypt what came into the socketpair, to be read from ``plain`` at
-        once (no hand-off to this relay's thread). While a buffer is being filled the relay reads; then nothing is done.
-        What needs the relay after (a full socketpair, the connection's end) is handed to it."""
-        with self.mutex:
-            pair = self._pair_of.get(plain)
+        once (no hand-off to this relay's thread). While a buffer is being filled the relay reads; then nothing is done."""
+        pair = self._pair(plain)
         if pair is None:
             return
         with pair.lock:
             if pair.fill is not None or pair.down.eof:
                 return
-            try:
-                move(pair.down, pair.tls.recv_into, pair.plain.send, gather=True)
-            except (OSError, ValueError) as e:
-                self._broken(pair, e)
-            self._settle(pair, False)
-            if not (pair.down.waiting or pair.down.eof or pair.tls.pending()):  # else no select would wake the relay
-                return
+            kick = self._pull_locked(pair)
+        if kick:
+            self._kick(pair)
+
+    def read(self, pair: Pair, twin: socket.socket, view: memoryview, keeps: bool) -> int:
+        """The code's thread reads ``twin`` (after ``pulled``) as a non-blocking ``recv_into``: what the socketpair holds
+        first (it came first), else decrypted straight into ``view`` (tls_ways.decrypt_into), with no socketpair hop.
+        BlockingIOError: nothing came. ``keeps``: the caller reads again before it waits, so OpenSSL may keep a record's
+        rest; else (an epoll would not see it) that goes to the socketpair. An EOF or failure is settled as in ``pull``."""
+        n, kick = 0, False
+        with pair.lock:
+            if pair.fill is None and not pair.down.waiting and not pair.down.eof and not unread(twin):
+                try:
+                    n = decrypt_into(pair, view)
+                except (OSError, ValueError) as e:
+                    self._broken(pair, e)
+                if pair.down.eof or (n and not keeps and pair.tls.pending()):
+                    kick = self._pull_locked(pair)
+                elif not n:
+                    raise BlockingIOError("nothing came")
+        if kick:
+            self._kick(pair)
+        return n or twin.recv_into(view, 0, socket.MSG_DONTWAIT)
+
+    def _pull_locked(self, pair: Pair) -> bool:
+        """Decrypt what came into the socketpair (under ``pair.lock``); whether the relay must follow up: a full
+        socketpair, bytes OpenSSL still holds, or the connection's end (no select would wake it for those)."""
+        try:
+            move(pair.down, pair.tls.recv_into, pair.plain.send, gather=True)
+        except (OSError, ValueError) as e:
+            self._broken(pair, e)
+        self._settle(pair, False)
+        return bool(pair.down.waiting or pair.down.eof or pair.tls.pending())
+
+    def _kick(self, pair: Pair) -> None:
+        """Have the relay's thread pump ``pair`` at its next wake, and wake it."""
         with self.mutex:
             self.kicked.append(pair)
         self.wake_w.send(b"x")

@@ -181,6 +181,27 @@ def write_direct(pair: Pair, view: memoryview) -> bool:
     return True
 
 
+def decrypt_into(pair: Pair, view: memoryview) -> int:
+    """Decrypt what the peer sent straight into the code's own buffer (``Relay.read``, under ``pair.lock``): records
+    gathered until ``view`` is full or neither OpenSSL nor the socket holds more (asked first: a read that finds
+    nothing costs an exception). 0: nothing came, or the peer's EOF (``pair.down.eof`` then)."""
+    got = 0
+    while got < view.nbytes:
+        try:
+            n = pair.tls.recv_into(view[got:])
+        except SSL_WAIT:
+            break
+        except SSL_END:
+            n = 0
+        if not n:
+            pair.down.eof = True
+            break
+        got += n
+        if not pair.tls.pending() and not unread(pair.tls):
+            break
+    return got
+
+
 def fill_in(pair: Pair) -> bool:
     """Decrypt into the buffer the hub handed over, as far as the peer has sent; True once it is finished (full, or the
     connection ended first), and the pair is back to the socketpair for what follows."""

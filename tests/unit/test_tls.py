@@ -170,9 +170,11 @@ def test_results_cross_the_relays_whole_from_two_ranks_at_once_and_big_frames_go
         admission.close()
 
 
-def test_the_kernels_relay_decrypts_a_big_result_straight_into_the_readers_memory(key):
+@pytest.mark.parametrize("via", ["the socketpair", "the TLS socket (tls.source)"])
+def test_the_kernels_relay_decrypts_a_big_result_straight_into_the_readers_memory(key, via):
     """The hub's reader hands the rest of a big buffer to the relay (tls.filler) once the socketpair is empty; the relay's
-    note wakes it. Two big results and small messages around them arrive whole and in order."""
+    note wakes it. Two big results and small messages around them arrive whole and in order, whether the reader reads
+    the socketpair or (as the hub does) decrypts what comes itself between the fills."""
     import pickle
 
     from ddp_magic.procs.worker import Channel
@@ -202,16 +204,18 @@ def test_the_kernels_relay_decrypts_a_big_result_straight_into_the_readers_memor
 
         threading.Thread(target=results, daemon=True).start()
         kernel_side.setblocking(False)
+        source = kernel_side if via == "the socketpair" else tls.source(kernel_side)
+        waits = [kernel_side, tls.note_fd()] + ([source.fd] if isinstance(source, tls.TlsSource) else [])
         reader, scratch, got = P.FrameReader(), bytearray(1 << 20), []
         deadline = time.monotonic() + 60
         while len(got) < 5 and time.monotonic() < deadline:
-            select.select([kernel_side, tls.note_fd()], [], [], 1.0)
+            select.select(waits if not reader.relayed else waits[:2], [], [], 1.0)  # the hub: not the TLS socket while the relay fills
             try:
                 os.read(tls.note_fd(), 4096)
             except BlockingIOError:
                 pass
             try:
-                msgs = reader.recv(kernel_side, scratch, handover)
+                msgs = reader.recv(source, scratch, handover)
             except BlockingIOError:
                 continue
             assert msgs is not None, "no EOF before the last message"
@@ -235,7 +239,7 @@ def _joined(key, secret, admission, rank: int = 0):
 
 def test_small_messages_skip_the_relays_thread_both_ways(key, monkeypatch):
     """The sender encrypts a small message itself (tls.send_direct), and a reader that waits on the TLS socket decrypts
-    it itself (tls.pull_fd / pull, tls.reading): round trips of small messages wake no relay thread."""
+    it itself (tls.source, tls.reading): round trips of small messages wake no relay thread."""
     from ddp_magic.kernel.conns import ReadBuffer, wait_ready
     from ddp_magic.procs.rank_channel import Channel
     from ddp_magic.wire.tls_relay import Relay
@@ -245,9 +249,10 @@ def test_small_messages_skip_the_relays_thread_both_ways(key, monkeypatch):
     try:
         rank, kernel_side = _joined(key, secret, admission)
         kernel_side.setblocking(False)
-        fd = tls.pull_fd(kernel_side)
+        hub_source = tls.source(kernel_side)
         source = tls.reading(rank)
-        assert fd is not None and isinstance(source, tls.PullReader)
+        assert isinstance(hub_source, tls.TlsSource) and isinstance(source, tls.PullReader)
+        fd = hub_source.fd
         relay = Relay.get()
         deadline = time.monotonic() + 10
         while (relay.kicked or relay.added) and time.monotonic() < deadline:  # the relay took the pairs' new interest
@@ -265,7 +270,7 @@ def test_small_messages_skip_the_relays_thread_both_ways(key, monkeypatch):
             while not got:
                 assert wait_ready(kernel_side, 10, also=fd)
                 try:
-                    got = reader.feed(rbuf.recv(kernel_side))
+                    got = reader.feed(rbuf.recv(hub_source))
                 except BlockingIOError:
                     pass
             assert got == [P.message(P.DONE, cell=i)]
@@ -275,7 +280,7 @@ def test_small_messages_skip_the_relays_thread_both_ways(key, monkeypatch):
         while time.monotonic() < deadline:  # the rank's close reaches the kernel's reader as EOF, through pull too
             wait_ready(kernel_side, 1, also=fd)
             try:
-                if rbuf.recv(kernel_side) == b"":
+                if rbuf.recv(hub_source) == b"":
                     break
             except BlockingIOError:
                 continue

@@ -32,7 +32,7 @@ class OutputStreams:
     def _read_out(self, out: OutConn) -> bool:
         """Forward what a rank wrote to fd 1/2; returns False at EOF or when nothing was there."""
         try:
-            data = self._rbuf.recv(out.sock)
+            data = self._rbuf.recv(out.source)
         except BlockingIOError:
             return False
         except OSError:
