@@ -193,7 +193,7 @@ class Pool:
 
     def stop(self, keep_template: bool = False) -> str:
         """Stop every rank and the template (``keep_template``: the next pool takes it, kernel/templates.py); what could not be reached."""
-        unreached = unreachable.stop_note(self.launcher, self.plan)  # ranks on a silent node ("" none), before the allocation goes
+        unreached = unreachable.stop_note(self)  # ranks on a silent node ("" none), before the allocation goes
         self._teardown(close_launcher=not keep_template)
         return unreached
 
@@ -203,7 +203,7 @@ class Pool:
         A new ``spec`` replaces the old one; one with another start method gets a new launcher.
         """
         if who is not None:  # a node whose ranks went silent is asked first: still silent, nothing is stopped (``who`` words it)
-            unreachable.raise_if_restart_silent(self.launcher, self.plan, self.ranks, who)
+            unreachable.raise_if_restart_silent(self, who)
         self._teardown(close_launcher=False)
         if spec is not None:
             if spec.launcher_method != self.spec.launcher_method:

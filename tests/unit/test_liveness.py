@@ -195,6 +195,16 @@ def test_a_node_still_silent_fails_the_cell_before_anything_runs_naming_it() -> 
     assert quiet.asked == []
 
 
+class _Pool:
+    """The part of a pool a restart's and a stop's checks read; ``refresh`` counts the reaps."""
+
+    def __init__(self, launcher: Launcher, ranks: Dict[int, RankInfo]) -> None:
+        self.launcher, self.ranks, self.plan, self.started, self.refreshed = launcher, ranks, None, True, 0
+
+    def refresh(self) -> None:
+        self.refreshed += 1
+
+
 def test_a_restart_while_a_node_is_silent_is_refused_before_anything_stops() -> None:
     """%ddp restart (and a cell restarting a broken pool) asks the node first: still silent, nothing is stopped, and the
     error names the node, its ranks and what to do; a node that answers is forgotten and the restart goes on."""
@@ -206,27 +216,29 @@ def test_a_restart_while_a_node_is_silent_is_refused_before_anything_stops() -> 
     tail = 'once n2 is back, or %ddp stop and start a pool without it (--slurm-args "--exclude=n2").'
     launcher = _Pinged(["n2"], since)
     with pytest.raises(NodeUnreachable) as got:
-        raise_if_restart_silent(launcher, None, ranks, "%ddp restart")  # type: ignore[arg-type]
+        raise_if_restart_silent(_Pool(launcher, ranks), "%ddp restart")  # type: ignore[arg-type]
     assert str(got.value) == (f"%ddp restart: ranks 2-3 on n2 are unreachable (no answer since {clock}, nor to a ping just now): the "
                               f"pool was not restarted, ranks 0-1 keep their variables. Run it again {tail}")
     assert launcher.asked == [(["n2"], ANSWER_S)]
     with pytest.raises(NodeUnreachable) as got:
-        raise_if_restart_silent(launcher, None, ranks, "")  # type: ignore[arg-type]
+        raise_if_restart_silent(_Pool(launcher, ranks), "")  # type: ignore[arg-type]
     assert str(got.value) == (f"ranks 2-3 on n2 are unreachable (no answer since {clock}, nor to a ping just now): nothing ran, the "
                               f"pool was not restarted (ranks 0-1 keep their variables). Run the cell again {tail}")
     with pytest.raises(NodeUnreachable) as got:
         raise_if_start_silent(launcher, None)  # type: ignore[arg-type]
     assert str(got.value) == (f"ranks 2-3 on n2 are unreachable (no answer since {clock}, nor to a ping just now): the pool did not "
                               f"start; its allocation stays held for the next try (%ddp stop releases it). Run the cell again {tail}")
-    assert stop_note(launcher, None) == (f", except ranks 2-3 on n2, which could not be reached (no answer since {clock}): cut off "  # type: ignore[arg-type]
-                                         f"from the kernel, they end on their own within {liveness.RANK_SILENCE_S}s")
+    pool = _Pool(launcher, ranks)
+    assert stop_note(pool) == (f", except ranks 2-3 on n2, which could not be reached (no answer since {clock}): cut off "  # type: ignore[arg-type]
+                               f"from the kernel, they end on their own within {liveness.RANK_SILENCE_S}s")
+    assert pool.refreshed == 1  # what went silent while the pool was idle is found first
     back = _Pinged([], since)
-    raise_if_restart_silent(back, None, ranks, "%ddp restart")  # type: ignore[arg-type]
-    assert back.silent_since == {} and stop_note(back, None) == ""  # type: ignore[arg-type]
+    raise_if_restart_silent(_Pool(back, ranks), "%ddp restart")  # type: ignore[arg-type]
+    assert back.silent_since == {} and stop_note(_Pool(back, ranks)) == ""  # type: ignore[arg-type]
     raise_if_start_silent(back, None)  # type: ignore[arg-type]
     assert back.asked == [(["n2"], ANSWER_S)]  # forgotten once it answered: asked once, not at every start
     healthy = _Pinged(["n2"])
-    raise_if_restart_silent(healthy, None, ranks, "%ddp restart")  # type: ignore[arg-type]
+    raise_if_restart_silent(_Pool(healthy, ranks), "%ddp restart")  # type: ignore[arg-type]
     assert healthy.asked == []  # no node went silent: nothing to ask, a restart costs no round trip
 
 

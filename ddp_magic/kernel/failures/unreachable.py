@@ -12,7 +12,7 @@ wait out the whole join timeout; nothing runs, and the other ranks keep their st
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Protocol, Sequence
 
 from ...errors import NodeUnreachable, StartError
 from ...plan.plan import Plan
@@ -129,11 +129,27 @@ def on_silent_nodes(launcher: Launcher, plan: Plan) -> Dict[str, List[int]]:
     return by_node
 
 
-def raise_if_restart_silent(launcher: Launcher, plan: Plan, ranks: Dict[int, RankInfo], who: str = "") -> None:
+class PoolLike(Protocol):
+    """What of a pool (kernel/pool.py) a restart's and a stop's checks read."""
+
+    started: bool
+    plan: Plan
+    ranks: Dict[int, RankInfo]
+
+    @property
+    def launcher(self) -> Launcher: ...
+
+    def refresh(self) -> None: ...
+
+
+def raise_if_restart_silent(pool: PoolLike, who: str = "") -> None:
     """Before a restart stops the ranks (``who``: "%ddp restart", "%%ddp --restart", or "" for a cell that restarts a
-    broken pool): a node its ranks went silent on is pinged first. Still silent: NodeUnreachable, and nothing changed
-    (the ranks that live keep their state); new ranks asked of it would have waited out the whole join timeout."""
-    by_node = on_silent_nodes(launcher, plan)
+    broken pool): a node its ranks went silent on (found now, if it went while the pool was idle) is pinged first.
+    Still silent: NodeUnreachable, and nothing changed (the ranks that live keep their state); new ranks asked of it
+    would have waited out the whole join timeout."""
+    pool.refresh()
+    launcher, ranks = pool.launcher, pool.ranks
+    by_node = on_silent_nodes(launcher, pool.plan)
     quiet = asked_again(launcher, list(by_node))
     if quiet:
         live = [r for r, info in sorted(ranks.items()) if info.state not in _GONE and not info.silent]
@@ -152,14 +168,20 @@ def raise_if_start_silent(launcher: Launcher, plan: Plan) -> None:
         raise NodeUnreachable(silent_text({n: by_node[n] for n in quiet}, launcher.silent_since, done, "the cell"))
 
 
-def stop_note(launcher: Launcher, plan: Plan) -> str:
-    """What ``%ddp stop`` adds about ranks it could not reach (their node silent), "" when there were none: they end on
-    their own, cut off from the kernel (wire/liveness.py ``RANK_SILENCE_S``), and Slurm ends what is left with the job."""
-    by_node = on_silent_nodes(launcher, plan)
+def stop_note(pool: PoolLike) -> str:
+    """What ``%ddp stop`` adds about the ranks it cannot reach (lost with their node, found now if that went while the
+    pool was idle, and the node not heard from since), "" when there are none: they end on their own, cut off from the
+    kernel (wire/liveness.py ``RANK_SILENCE_S``)."""
+    pool.refresh()
+    since = pool.launcher.silent_since
+    by_node: Dict[str, List[int]] = {}
+    for r, info in sorted(pool.ranks.items()):
+        if info.silent and node_key(info) in since:
+            by_node.setdefault(node_key(info), []).append(r)
     if not by_node:
         return ""
     who = " and ".join(f"{ranks_phrase(rs)} on {node}" for node, rs in sorted(by_node.items()))
-    return (f", except {who}, which could not be reached ({_quiet_words(by_node, launcher.silent_since, pinged=False)}): cut off "
+    return (f", except {who}, which could not be reached ({_quiet_words(by_node, since, pinged=False)}): cut off "
             f"from the kernel, they end on their own within {liveness.RANK_SILENCE_S}s")
 
 
