@@ -91,10 +91,30 @@ def _still_down(k: Kernel, node: str) -> None:
     assert took < 60, f"the cell waited {took:.1f}s for a node that does not answer (the join timeout is 180 s)"
 
 
+def _restart_still_down(k: Kernel, node: str) -> None:
+    """%ddp restart while the node's link is still down: refused within seconds naming the node, nothing stopped (the
+    next cell, link back, finds ranks 0-1 with their variables)."""
+    t0 = time.monotonic()
+    ex = k.run("%ddp restart", timeout=240)
+    took = time.monotonic() - t0
+    assert ex.error is not None, ex.stdout
+    text = "\n".join(ex.error[2])
+    TIMES.setdefault("%ddp restart, link still down", []).append(round(took, 1))
+    print(f"%ddp restart, link still down: {took:.1f}s\n{text}\n")
+    assert re.fullmatch(rf"NodeUnreachable: %ddp restart: ranks 2-3 on {node} are unreachable \(no answer since \d\d:\d\d:\d\d, nor to a ping "
+                        rf"just now\): the pool was not restarted, ranks 0-1 keep their variables\. Run it again once {node} is back, or "
+                        rf'%ddp stop and start a pool without it \(--slurm-args "--exclude={node}"\)\.', text), text
+    assert took < 60, f"%ddp restart waited {took:.1f}s for a node that does not answer (the join timeout is 180 s)"
+
+
+KEPT = f"{POOL}\nimport os, socket, torch, torch.distributed as dist\nkept = (dist.get_rank(), os.getpid())"
+
+
 def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], None], heal: Callable[[str], None], still: bool = False) -> None:
     """Ranks 2-3's node goes silent mid all_reduce (twice): it and they are named, ranks 0-1 keep their state (``still``:
-    and the next cell, the node still silent, says so at once), and with the link back ranks 2-3 rejoin at the next cell."""
-    k.run(f"{POOL}\nimport os, socket, torch, torch.distributed as dist\nkept = (dist.get_rank(), os.getpid())", timeout=240).ok()
+    and the next cell and %ddp restart, the node still silent, say so at once, nothing stopped; with the link back a
+    restart works), and with the link back ranks 2-3 rejoin at the next cell."""
+    k.run(KEPT, timeout=240).ok()
     node, healthy = (k.value(f"{SESSION}.pool.ranks[{r}].node_name") for r in (2, 0))
     try:
         for attempt in range(2):
@@ -103,6 +123,7 @@ def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], No
                 print(f"{name} #{attempt}: fault to error {took:.1f}s\n{text}\n")
                 if still:
                     _still_down(k, node)
+                    _restart_still_down(k, node)
             finally:
                 heal(node)
             TIMES.setdefault(name, []).append(round(took, 1))
@@ -121,6 +142,9 @@ def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], No
             assert "ranks 0-1 kept theirs" in said, said
             values = again.results[-1]
             assert values.count("4.0") == 4 and "(0, " in values and "(1, " in values, values
+            if still:  # the link back, a restart works (and the next attempt's ranks 0-1 hold ``kept`` again)
+                assert "ready in" in k.run("%ddp restart", timeout=240).ok().stdout
+                k.run(KEPT, timeout=240).ok()
     finally:
         k.run("%ddp stop")
 
@@ -226,3 +250,44 @@ def test_a_node_lost_past_slurms_timeout_costs_the_allocation_in_one_line(box: c
         else:
             assert said == [], ex.stdout
     k.run("%ddp stop")
+
+
+def _squeue(b: cluster_box.Box) -> Dict[str, str]:
+    """job -> state, as the box's Slurm says now."""
+    out = b.run("login", ["squeue", "-h", "-o", "%i %T"]).stdout.split()
+    return dict(zip(out[::2], out[1::2]))
+
+
+def test_a_silent_node_at_a_fresh_start_at_stop_and_after(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    """n2 silent (its link down, a cell found it), twice: a pool started fresh in the allocation held (other options,
+    the same allocation) is refused within seconds naming the node, the allocation kept and said so; %ddp stop returns
+    within seconds, releases the allocation and says what it could not reach; the next %%ddp allocates again."""
+    k = box_kernel
+    try:
+        for attempt in range(2):
+            k.run(f"{POOL}\nimport torch", timeout=240).ok()
+            node = k.value(f"{SESSION}.pool.ranks[2].node_name")
+            job = k.value(f"{SESSION}.pool.launcher.job_id()")
+            try:
+                _during(k, LOOP, lambda: _link(box, node, False))
+                t0 = time.monotonic()
+                ex = k.run("%%ddp --slurm --nodes 2 --ntasks-per-node 1\nimport torch", timeout=240)
+                took = time.monotonic() - t0
+                assert ex.error is not None, ex.stdout
+                text = "\n".join(ex.error[2])
+                print(f"fresh start, link still down #{attempt}: {took:.1f}s\n{text}\n{_squeue(box)}\n")
+                TIMES.setdefault("fresh start in the allocation held, link still down", []).append(round(took, 1))
+                t0 = time.monotonic()
+                said = k.run("%ddp stop", timeout=240)
+                took = time.monotonic() - t0
+                print(f"%ddp stop, link still down #{attempt}: {took:.1f}s\n{said.stdout}{said.error}\n{_squeue(box)}\n")
+                TIMES.setdefault("%ddp stop, link still down", []).append(round(took, 1))
+                t0 = time.monotonic()
+                ex = k.run(f"{POOL}\nimport torch, torch.distributed as dist\n(dist.get_world_size(), __import__('socket').gethostname())", timeout=300)
+                took = time.monotonic() - t0
+                print(f"next %%ddp after stop, link still down #{attempt}: {took:.1f}s\n{ex.stdout}{ex.error}\n{ex.results}\n{_squeue(box)}\n")
+                TIMES.setdefault("next %%ddp after %ddp stop, link still down", []).append(round(took, 1))
+            finally:
+                _link(box, node, True)
+    finally:
+        k.run("%ddp stop")

@@ -222,8 +222,8 @@ def test_a_restart_while_a_node_is_silent_is_refused_before_anything_stops() -> 
     assert launcher.asked == [(["n2"], ANSWER_S)]
     with pytest.raises(NodeUnreachable) as got:
         raise_if_restart_silent(_Pool(launcher, ranks), "")  # type: ignore[arg-type]
-    assert str(got.value) == (f"ranks 2-3 on n2 are unreachable (no answer since {clock}, nor to a ping just now): nothing ran, the "
-                              f"pool was not restarted (ranks 0-1 keep their variables). Run the cell again {tail}")
+    assert str(got.value) == (f"ranks 2-3 on n2 are unreachable (no answer since {clock}, nor to a ping just now): nothing ran, and "
+                              f"the pool was not restarted. Run the cell again {tail}")
     with pytest.raises(NodeUnreachable) as got:
         raise_if_start_silent(launcher, None)  # type: ignore[arg-type]
     assert str(got.value) == (f"ranks 2-3 on n2 are unreachable (no answer since {clock}, nor to a ping just now): the pool did not "
@@ -232,6 +232,9 @@ def test_a_restart_while_a_node_is_silent_is_refused_before_anything_stops() -> 
     assert stop_note(pool) == (f", except ranks 2-3 on n2, which could not be reached (no answer since {clock}): cut off "  # type: ignore[arg-type]
                                f"from the kernel, they end on their own within {liveness.RANK_SILENCE_S}s")
     assert pool.refreshed == 1  # what went silent while the pool was idle is found first
+    fresh = _ranks({0: "n1", 1: "n1", 2: "n2", 3: "n2"}, dead=[])  # a pool that did not start there: no rank to name
+    assert stop_note(_Pool(launcher, fresh)) == (f"; n2 could not be reached (no answer since {clock}): what ran there for the "  # type: ignore[arg-type]
+                                                 "pool ends once n2 answers Slurm")
     back = _Pinged([], since)
     raise_if_restart_silent(_Pool(back, ranks), "%ddp restart")  # type: ignore[arg-type]
     assert back.silent_since == {} and stop_note(_Pool(back, ranks)) == ""  # type: ignore[arg-type]

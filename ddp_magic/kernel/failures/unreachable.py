@@ -153,7 +153,7 @@ def raise_if_restart_silent(pool: PoolLike, who: str = "") -> None:
     quiet = asked_again(launcher, list(by_node))
     if quiet:
         live = [r for r, info in sorted(ranks.items()) if info.state not in _GONE and not info.silent]
-        done = f"the pool was not restarted, {held_text(live)}" if who else f"nothing ran, the pool was not restarted ({held_text(live)})"
+        done = f"the pool was not restarted, {held_text(live)}" if who else "nothing ran, and the pool was not restarted"
         raise NodeUnreachable(silent_text({n: by_node[n] for n in quiet}, launcher.silent_since, done, "it" if who else "the cell",
                                           lead=f"{who}: " if who else ""))
 
@@ -169,20 +169,25 @@ def raise_if_start_silent(launcher: Launcher, plan: Plan) -> None:
 
 
 def stop_note(pool: PoolLike) -> str:
-    """What ``%ddp stop`` adds about the ranks it cannot reach (lost with their node, found now if that went while the
-    pool was idle, and the node not heard from since), "" when there are none: they end on their own, cut off from the
-    kernel (wire/liveness.py ``RANK_SILENCE_S``)."""
+    """What ``%ddp stop`` adds about a node of the pool it cannot reach (its ranks went silent, found now if that happened
+    while the pool was idle, and not heard from since), "" when there is none. Ranks lost there end on their own, cut off
+    from the kernel (wire/liveness.py ``RANK_SILENCE_S``); whatever else of ours runs there (a template) ends with the
+    job's step, which Slurm ends there once the node answers it."""
     pool.refresh()
     since = pool.launcher.silent_since
-    by_node: Dict[str, List[int]] = {}
-    for r, info in sorted(pool.ranks.items()):
-        if info.silent and node_key(info) in since:
-            by_node.setdefault(node_key(info), []).append(r)
-    if not by_node:
+    nodes = sorted(on_silent_nodes(pool.launcher, pool.plan))
+    if not nodes:
         return ""
-    who = " and ".join(f"{ranks_phrase(rs)} on {node}" for node, rs in sorted(by_node.items()))
-    return (f", except {who}, which could not be reached ({_quiet_words(by_node, since, pinged=False)}): cut off "
-            f"from the kernel, they end on their own within {liveness.RANK_SILENCE_S}s")
+    lost: Dict[str, List[int]] = {}
+    for r, info in sorted(pool.ranks.items()):
+        if info.silent and node_key(info) in nodes:
+            lost.setdefault(node_key(info), []).append(r)
+    quiet = _quiet_words(dict.fromkeys(nodes, []), since, pinged=False)
+    if lost:
+        who = " and ".join(f"{ranks_phrase(rs)} on {node}" for node, rs in sorted(lost.items()))
+        return f", except {who}, which could not be reached ({quiet}): cut off from the kernel, they end on their own within {liveness.RANK_SILENCE_S}s"
+    where = ",".join(nodes)
+    return f"; {where} could not be reached ({quiet}): what ran there for the pool ends once {where} answers Slurm"
 
 
 def held_text(kept: Sequence[int]) -> str:
