@@ -157,6 +157,8 @@ class _Pinged(Launcher):
     """A launcher whose nodes in ``deaf`` do not answer a ping, ranks placed two a node (n1, n2, ...); it records what it
     was asked."""
 
+    remote_ranks = True
+
     def __init__(self, deaf: Sequence[str], since: Optional[Dict[str, float]] = None) -> None:
         super().__init__(b"s")
         self.deaf, self.asked = list(deaf), []  # type: ignore[var-annotated]

@@ -147,7 +147,8 @@ def raise_if_restart_silent(pool: PoolLike, who: str = "") -> None:
     broken pool): a node its ranks went silent on (found now, if it went while the pool was idle) is pinged first.
     Still silent: NodeUnreachable, and nothing changed (the ranks that live keep their state); new ranks asked of it
     would have waited out the whole join timeout."""
-    pool.refresh()
+    if pool.launcher.remote_ranks:  # ranks on other hosts: a node gone silent while the pool was idle is found now
+        pool.refresh()
     launcher, ranks = pool.launcher, pool.ranks
     by_node = on_silent_nodes(launcher, pool.plan)
     quiet = asked_again(launcher, list(by_node))
@@ -173,7 +174,8 @@ def stop_note(pool: PoolLike) -> str:
     while the pool was idle, and not heard from since), "" when there is none. Ranks lost there end on their own, cut off
     from the kernel (wire/liveness.py ``RANK_SILENCE_S``); whatever else of ours runs there (a template) ends with the
     job's step, which Slurm ends there once the node answers it."""
-    pool.refresh()
+    if pool.launcher.remote_ranks:  # ranks on other hosts: a node gone silent while the pool was idle is found now
+        pool.refresh()
     since = pool.launcher.silent_since
     nodes = sorted(on_silent_nodes(pool.launcher, pool.plan))
     if not nodes:
