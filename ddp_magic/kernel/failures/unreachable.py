@@ -184,12 +184,13 @@ def stop_note(pool: PoolLike) -> str:
     for r, info in sorted(pool.ranks.items()):
         if info.silent and node_key(info) in nodes:
             lost.setdefault(node_key(info), []).append(r)
-    quiet = _quiet_words(dict.fromkeys(nodes, []), since, pinged=False)
+    quiet, where, one = _quiet_words(dict.fromkeys(nodes, []), since, pinged=False), ",".join(nodes), len(nodes) == 1
+    held = f"Slurm holds {where} until {'it answers' if one else 'they answer'}"
     if lost:
         who = " and ".join(f"{ranks_phrase(rs)} on {node}" for node, rs in sorted(lost.items()))
-        return f", except {who}, which could not be reached ({quiet}): cut off from the kernel, they end on their own within {liveness.RANK_SILENCE_S}s"
-    where = ",".join(nodes)
-    return f"; {where} could not be reached ({quiet}): what ran there for the pool ends once {where} answers Slurm"
+        return (f", except {who}, which could not be reached ({quiet}): cut off from the kernel, they end on their own within "
+                f"{liveness.RANK_SILENCE_S}s; {held}")
+    return f"; {where} could not be reached ({quiet}): {held}, then ends what ran there"
 
 
 def held_text(kept: Sequence[int]) -> str:
