@@ -6,6 +6,9 @@ lost link costs").
   and its ranks, never a rank on the healthy node; the healthy node's ranks keep their state; the link back, the
   node's ranks rejoin at the next cell. A cell run while the link is still down ends within seconds too (the node's
   template does not answer a ping), naming the node as still unreachable; nothing runs, the other ranks keep their state.
+  So does %ddp restart (nothing stopped; with the link back, it works).
+- A silent node when a pool starts fresh in the allocation held: refused within seconds, the allocation kept and said;
+  %ddp stop then returns within seconds, releases it and says what it could not reach; the next %%ddp allocates again.
 - gloo fails first on the healthy node (its connections to the silent node reset): the silent node is still named,
   never the healthy node's ranks, whose collective it broke.
 - The link stays down until Slurm revokes the job: the next cell says so in one line and allocates again.

@@ -7,7 +7,10 @@ rank that could not reach the control port at start-up says so through its launc
 template's events on srun's output), so the pool names the node instead of waiting out its join.
 Before ranks lost with their node are started again, the node is asked first (a ping through its
 launcher): one still silent fails the cell at once, naming it, where new ranks asked of it would
-wait out the whole join timeout; nothing runs, and the other ranks keep their state.
+wait out the whole join timeout; nothing runs, and the other ranks keep their state. The launcher
+remembers such a node (``silent_since``) across restarts until it answers, so every other way to
+start ranks there asks it first too: a restart (refused before anything stops) and a pool started in
+the allocation held; and ``%ddp stop`` names what it could not reach.
 """
 from __future__ import annotations
 
