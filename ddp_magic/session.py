@@ -174,7 +174,7 @@ class Session:
         if templates.start_replaced(pool, listener):
             pass  # a new pool of the options asked for: just started
         elif pool.started:
-            pool.restart(listener)
+            pool.restart(listener, who="%ddp restart")  # a node still silent: refused, nothing stopped
         else:
             pool.start(listener)
         self.owned.clear()
@@ -193,8 +193,8 @@ class Session:
         self.data.clear()
         if pool is None:
             return ""
-        pool.stop()
-        return STOPPED + getattr(pool.launcher, "released", "")  # a Slurm pool: its job released (or the kernel's own kept)
+        unreached = pool.stop()  # ranks on a silent node: ", except ranks 2-3 on n2, which could not be reached (…)"
+        return STOPPED + unreached + getattr(pool.launcher, "released", "")  # a Slurm pool: its job released (or the kernel's own kept)
 
     def _pool_for(self, spec: Optional[PoolSpec], listener: Listener, missing: str) -> Pool:
         """The pool ``spec`` asks for: the running one, a new one, or a replacement (validated before the old one goes)."""
@@ -282,7 +282,7 @@ class Session:
             listener.on_pool(pool)
         templates.start_replaced(pool, listener)
         if options.restart and pool.started:
-            pool.restart(listener)
+            pool.restart(listener, who="%%ddp --restart")
             self.owned.clear()
             listener.on_notice("restarted the pool; " + NAMES_GONE)
         generation = pool.generation

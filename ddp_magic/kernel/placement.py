@@ -8,6 +8,8 @@ the job (the launcher's ``acquire`` does it); any failure leaves the ranks STOPP
 Then the control channel gets an address the nodes reach (never every interface) and,
 for ranks on other hosts, TLS; once it listens, the plan learns MASTER_ADDR (the first
 node's address) and a MASTER_PORT that is not the control port (``Launcher.placed``).
+A node of the allocation whose ranks went silent (kernel/failures/unreachable.py) is pinged
+first: one still silent fails the start within seconds, naming it, not after the join timeout.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from ..plan.plan import Plan
 from ..plan.spec import PoolSpec
 from ..states import RankState
 from ..wire.tls import ServerKey, TlsError
+from .failures.unreachable import raise_if_start_silent
 from .launchers import LaunchError, Launcher
 from .ranks import Listener, RankInfo
 
@@ -40,12 +43,13 @@ def place(launcher: Launcher, spec: PoolSpec, plan: Plan, ranks: Dict[int, RankI
 
     try:
         where = launcher.acquire(plan, queued)
+        raise_if_start_silent(launcher, plan)  # a node of the allocation held whose ranks went silent: asked first
         addr = launcher.listen_addr(spec.listen_addr, spec.control_addr)
         key = launcher.tls_server()
     except (LaunchError, TlsError) as e:
         _stopped(ranks, listener)
         raise StartError(str(e)) from None
-    except BaseException:  # Ctrl-C while queued: the launcher cancelled the job
+    except BaseException:  # Ctrl-C while queued (the launcher cancelled the job), a node still silent
         _stopped(ranks, listener)
         raise
     now = time.monotonic()

@@ -191,18 +191,20 @@ class Pool:
     def _count_rejected(self) -> None:
         self.rejected_peers += 1
 
-    def stop(self, keep_template: bool = False) -> None:
-        """Stop every rank and the template (``keep_template``: the next pool takes it, kernel/templates.py). Only our own pids are signalled."""
+    def stop(self, keep_template: bool = False) -> str:
+        """Stop every rank and the template (``keep_template``: the next pool takes it, kernel/templates.py); what could not be reached."""
+        unreached = unreachable.stop_note(self)  # ranks on a silent node ("" none), before the allocation goes
         self._teardown(close_launcher=not keep_template)
-        self.started = False
+        return unreached
 
-    def restart(self, listener: Optional[Listener] = None, spec: Optional[PoolSpec] = None) -> None:
+    def restart(self, listener: Optional[Listener] = None, spec: Optional[PoolSpec] = None, who: Optional[str] = "") -> None:
         """Stop the ranks (the template stays warm) and start again with a fresh free port.
 
         A new ``spec`` replaces the old one; one with another start method gets a new launcher.
         """
+        if who is not None:  # a node whose ranks went silent is asked first: still silent, nothing is stopped (``who`` words it)
+            unreachable.raise_if_restart_silent(self, who)
         self._teardown(close_launcher=False)
-        self.started = False
         if spec is not None:
             if spec.launcher_method != self.spec.launcher_method:
                 self.launcher.close()
@@ -213,7 +215,7 @@ class Pool:
 
     def _teardown(self, close_launcher: bool) -> None:
         """SHUTDOWN to every rank, SIGKILL to our own that stay, close every socket."""
-        launcher = self.launcher
+        launcher, self.started = self.launcher, False
         self.start_began = None  # a start that failed is no longer under way
         self.hub.shutdown_all()
         self._wait_for_exits(SHUTDOWN_WAIT_S)
@@ -255,9 +257,9 @@ class Pool:
             notice = self.recovery.before_cell(self, listener, owned)
             if not self.broken:
                 return notice
-        why = self.launcher.lost() or self.broken
+        why = (lost := self.launcher.lost()) or self.broken  # lost (revoked): a new allocation, no node to ask
         if self.started:
-            self.restart(listener)
+            self.restart(listener, who=None if lost else "")
             return texts.restarted_notice(why)
         self.start(listener)
         return None

@@ -6,6 +6,9 @@ lost link costs").
   and its ranks, never a rank on the healthy node; the healthy node's ranks keep their state; the link back, the
   node's ranks rejoin at the next cell. A cell run while the link is still down ends within seconds too (the node's
   template does not answer a ping), naming the node as still unreachable; nothing runs, the other ranks keep their state.
+  So does %ddp restart (nothing stopped; with the link back, it works).
+- A silent node when a pool starts fresh in the allocation held: refused within seconds, the allocation kept and said;
+  %ddp stop then returns within seconds, releases it and says what it could not reach; the next %%ddp allocates again.
 - gloo fails first on the healthy node (its connections to the silent node reset): the silent node is still named,
   never the healthy node's ranks, whose collective it broke.
 - The link stays down until Slurm revokes the job: the next cell says so in one line and allocates again.
@@ -17,11 +20,12 @@ with -s; the docs quote them). A healthy rank that holds the GIL past the check'
 """
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import threading
 import time
-from typing import Callable, Dict, List
+from typing import Any, Callable, Dict, List
 
 import box_fixtures
 import cluster_box
@@ -91,10 +95,30 @@ def _still_down(k: Kernel, node: str) -> None:
     assert took < 60, f"the cell waited {took:.1f}s for a node that does not answer (the join timeout is 180 s)"
 
 
+def _restart_still_down(k: Kernel, node: str) -> None:
+    """%ddp restart while the node's link is still down: refused within seconds naming the node, nothing stopped (the
+    next cell, link back, finds ranks 0-1 with their variables)."""
+    t0 = time.monotonic()
+    ex = k.run("%ddp restart", timeout=240)
+    took = time.monotonic() - t0
+    assert ex.error is not None, ex.stdout
+    text = "\n".join(ex.error[2])
+    TIMES.setdefault("%ddp restart, link still down", []).append(round(took, 1))
+    print(f"%ddp restart, link still down: {took:.1f}s\n{text}\n")
+    assert re.fullmatch(rf"NodeUnreachable: %ddp restart: ranks 2-3 on {node} are unreachable \(no answer since \d\d:\d\d:\d\d, nor to a ping "
+                        rf"just now\): the pool was not restarted, ranks 0-1 keep their variables\. Run it again once {node} is back, or "
+                        rf'%ddp stop and start a pool without it \(--slurm-args "--exclude={node}"\)\.', text), text
+    assert took < 60, f"%ddp restart waited {took:.1f}s for a node that does not answer (the join timeout is 180 s)"
+
+
+KEPT = f"{POOL}\nimport os, socket, torch, torch.distributed as dist\nkept = (dist.get_rank(), os.getpid())"
+
+
 def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], None], heal: Callable[[str], None], still: bool = False) -> None:
     """Ranks 2-3's node goes silent mid all_reduce (twice): it and they are named, ranks 0-1 keep their state (``still``:
-    and the next cell, the node still silent, says so at once), and with the link back ranks 2-3 rejoin at the next cell."""
-    k.run(f"{POOL}\nimport os, socket, torch, torch.distributed as dist\nkept = (dist.get_rank(), os.getpid())", timeout=240).ok()
+    and the next cell and %ddp restart, the node still silent, say so at once, nothing stopped; with the link back a
+    restart works), and with the link back ranks 2-3 rejoin at the next cell."""
+    k.run(KEPT, timeout=240).ok()
     node, healthy = (k.value(f"{SESSION}.pool.ranks[{r}].node_name") for r in (2, 0))
     try:
         for attempt in range(2):
@@ -103,6 +127,7 @@ def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], No
                 print(f"{name} #{attempt}: fault to error {took:.1f}s\n{text}\n")
                 if still:
                     _still_down(k, node)
+                    _restart_still_down(k, node)
             finally:
                 heal(node)
             TIMES.setdefault(name, []).append(round(took, 1))
@@ -121,6 +146,9 @@ def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], No
             assert "ranks 0-1 kept theirs" in said, said
             values = again.results[-1]
             assert values.count("4.0") == 4 and "(0, " in values and "(1, " in values, values
+            if still:  # the link back, a restart works (and the next attempt's ranks 0-1 hold ``kept`` again)
+                assert "ready in" in k.run("%ddp restart", timeout=240).ok().stdout
+                k.run(KEPT, timeout=240).ok()
     finally:
         k.run("%ddp stop")
 
@@ -226,3 +254,75 @@ def test_a_node_lost_past_slurms_timeout_costs_the_allocation_in_one_line(box: c
         else:
             assert said == [], ex.stdout
     k.run("%ddp stop")
+
+
+def _squeue(b: cluster_box.Box) -> Dict[str, str]:
+    """job -> state, as the box's Slurm says now."""
+    out = b.run("login", ["squeue", "-h", "-o", "%i %T"]).stdout.split()
+    return dict(zip(out[::2], out[1::2]))
+
+
+def _timed(k: Kernel, code: str, label: str, timeout: float = 240) -> "tuple[Any, float]":
+    """Run ``code``; its execution and the seconds it took (kept in TIMES under ``label``)."""
+    t0 = time.monotonic()
+    ex = k.run(code, timeout=timeout)
+    took = time.monotonic() - t0
+    TIMES.setdefault(label, []).append(round(took, 1))
+    return ex, took
+
+
+SINCE = r"no answer since \d\d:\d\d:\d\d"
+QUIET = rf"\({SINCE}, nor to a ping just now\)"
+FRESH = "%%ddp --slurm --nodes 2 --ntasks-per-node 1\nimport torch"
+
+
+def test_a_silent_node_at_a_fresh_start_at_stop_and_after(box: cluster_box.Box, box_kernel: Kernel) -> None:
+    """Ranks 2-3's node silent (its link down, a cell found it), twice. The first time, a pool started fresh in the
+    allocation held (fewer ranks a node: the same allocation) is refused within seconds naming the node, twice, the
+    allocation kept and said so. Each time %ddp stop returns within seconds, releases the allocation and says what it
+    could not reach (the node, and the ranks lost there the second time); the next %%ddp allocates again and runs (the
+    second time with the node still silent: on nodes that answer, Slurm holding the silent one)."""
+    k = box_kernel
+    try:
+        for attempt in range(2):
+            k.run(f"{POOL}\nimport torch", timeout=240).ok()  # the second time: the pool the last cell started
+            node = k.value(f"{SESSION}.pool.ranks[2].node_name")
+            job = k.value(f"{SESSION}.pool.launcher.job_id()")
+            down = functools.partial(_link, box, node, False)
+            try:
+                _during(k, LOOP, down)
+                if attempt == 0:
+                    for _ in range(2):  # the second time the pool that did not start starts (not a replacement): asked again
+                        ex, took = _timed(k, FRESH, "fresh start in the allocation held, link still down")
+                        assert ex.error is not None, ex.stdout
+                        text = "\n".join(ex.error[2])
+                        print(f"fresh start in the allocation held, link still down: {took:.1f}s\n{text}\n")
+                        assert re.fullmatch(rf"NodeUnreachable: rank 1 on {node} is unreachable {QUIET}: the pool did not start; its "
+                                            r"allocation stays held for the next try \(%ddp stop releases it\)\. Run the cell again once "
+                                            rf'{node} is back, or %ddp stop and start a pool without it \(--slurm-args "--exclude={node}"\)\.',
+                                            text), text
+                        assert took < 60, f"the start waited {took:.1f}s for a node that does not answer (the join timeout is 180 s)"
+                        assert _squeue(box).get(job) == "RUNNING", _squeue(box)  # held, as it says
+                    unreached = rf"; {node} could not be reached \({SINCE}\): Slurm holds {node} until it answers, then ends what ran there"
+                else:
+                    unreached = (rf", except ranks 2-3 on {node}, which could not be reached \({SINCE}\): cut off from the kernel, they "
+                                 rf"end on their own within {liveness.RANK_SILENCE_S}s; Slurm holds {node} until it answers")
+                said, took = _timed(k, "%ddp stop", "%ddp stop, link still down")
+                text = said.ok().stdout.strip()
+                print(f"%ddp stop, link still down: {took:.1f}s\n{text}\n")
+                assert re.fullmatch(rf"stopped the pool; its workers have exited{unreached}; Slurm job {job} released: its nodes are free",
+                                    text), text
+                assert took < 30, f"%ddp stop took {took:.1f}s"
+                assert _squeue(box).get(job) in (None, "COMPLETING"), _squeue(box)  # released; Slurm completes it there once it answers
+                if attempt == 0:  # the link back within Slurm's node timeout (30 s): the next attempt finds every node up
+                    _link(box, node, True)
+                label = "next %%ddp after %ddp stop" + (", link still down" if attempt else ", link back")
+                ex, took = _timed(k, f"{POOL}\nimport socket\nsocket.gethostname()", label, 300)
+                said = ex.ok().stdout
+                print(f"{label}: {took:.1f}s\n{said}{ex.results}\n")
+                assert "srun:" not in said and ex.results[-1].count("'n") == 4, (said, ex.results)
+                assert attempt == 0 or node not in ex.results[-1], ex.results  # Slurm holds the silent node: others were given
+            finally:
+                _link(box, node, True)
+    finally:
+        k.run("%ddp stop")

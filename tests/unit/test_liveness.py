@@ -8,7 +8,7 @@ import errno
 import socket
 import struct
 import time
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import pytest
 
@@ -17,8 +17,9 @@ from ddp_magic.kernel.failures import forensics
 from ddp_magic.kernel.launchers.base import Launcher
 from ddp_magic.kernel.launchers.slurm_steps import _event
 from ddp_magic.kernel.ranks import RankInfo
-from ddp_magic.kernel.failures.unreachable import (ANSWER_S, cannot_reach_text, never_joined_text, node_key, raise_if_still_silent,
-                                                   silent_siblings, still_silent_text)
+from ddp_magic.kernel.failures.unreachable import (ANSWER_S, cannot_reach_text, never_joined_text, node_key, raise_if_restart_silent,
+                                                   raise_if_start_silent, raise_if_still_silent, silent_siblings, still_silent_text,
+                                                   stop_note)
 from ddp_magic.states import FailureKind, RankState
 from ddp_magic.wire import liveness
 
@@ -153,15 +154,22 @@ def test_ranks_that_never_joined_a_slurm_pool_are_counted_and_placed() -> None:
 
 
 class _Pinged(Launcher):
-    """A launcher whose nodes in ``quiet`` do not answer a ping; it records what it was asked."""
+    """A launcher whose nodes in ``deaf`` do not answer a ping, ranks placed two a node (n1, n2, ...); it records what it
+    was asked."""
 
-    def __init__(self, quiet: Sequence[str]) -> None:
+    remote_ranks = True
+
+    def __init__(self, deaf: Sequence[str], since: Optional[Dict[str, float]] = None) -> None:
         super().__init__(b"s")
-        self.quiet, self.asked = list(quiet), []  # type: ignore[var-annotated]
+        self.deaf, self.asked = list(deaf), []  # type: ignore[var-annotated]
+        self.silent_since.update(since or {})
 
     def unanswered(self, nodes: list, within: float) -> list:
         self.asked.append((list(nodes), within))
-        return [n for n in nodes if n in self.quiet]
+        return [n for n in nodes if n in self.deaf]
+
+    def placement(self, plan: object) -> Dict[int, str]:
+        return {r: f"n{r // 2 + 1}" for r in range(4)}
 
     launch = adopt = live_pids = poll = alive = close = lambda *a, **k: None  # type: ignore[assignment]
 
@@ -171,20 +179,72 @@ def test_a_node_still_silent_fails_the_cell_before_anything_runs_naming_it() -> 
     for r in (2, 3):
         ranks[r].silent = True
     since = {"n2": 1_700_000_000.0}
-    launcher = _Pinged(["n2"])
+    launcher = _Pinged(["n2"], since)
     with pytest.raises(NodeUnreachable) as got:
-        raise_if_still_silent(launcher, ranks, [2, 3], since)
+        raise_if_still_silent(launcher, ranks, [2, 3])
     clock = time.strftime("%H:%M:%S", time.localtime(since["n2"]))
     assert str(got.value) == (
         f"ranks 2-3 on n2 are still unreachable (no answer since {clock}, nor to a ping just now): nothing ran, ranks 0-1 keep "
         'their variables. Run the cell again once n2 is back, or %ddp stop and start a pool without it (--slurm-args "--exclude=n2").'
     )
-    assert launcher.asked == [(["n2"], ANSWER_S)]
-    raise_if_still_silent(_Pinged([]), ranks, [2, 3], since)  # n2 answers: its ranks are started again as before
+    assert launcher.asked == [(["n2"], ANSWER_S)] and launcher.silent_since == since  # still silent: still remembered
+    back = _Pinged([], since)
+    raise_if_still_silent(back, ranks, [2, 3])  # n2 answers: its ranks are started again as before, and n2 is forgotten
+    assert back.silent_since == {}
     ranks[3].silent = ranks[2].silent = False
-    quiet = _Pinged(["n2"])
-    raise_if_still_silent(quiet, ranks, [2, 3], since)  # ranks that died on their own: no node to ask
+    quiet = _Pinged(["n2"], since)
+    raise_if_still_silent(quiet, ranks, [2, 3])  # ranks that died on their own: no node to ask
     assert quiet.asked == []
+
+
+class _Pool:
+    """The part of a pool a restart's and a stop's checks read; ``refresh`` counts the reaps."""
+
+    def __init__(self, launcher: Launcher, ranks: Dict[int, RankInfo]) -> None:
+        self.launcher, self.ranks, self.plan, self.started, self.refreshed = launcher, ranks, None, True, 0
+
+    def refresh(self) -> None:
+        self.refreshed += 1
+
+
+def test_a_restart_while_a_node_is_silent_is_refused_before_anything_stops() -> None:
+    """%ddp restart (and a cell restarting a broken pool) asks the node first: still silent, nothing is stopped, and the
+    error names the node, its ranks and what to do; a node that answers is forgotten and the restart goes on."""
+    ranks = _ranks({0: "n1", 1: "n1", 2: "n2", 3: "n2"}, dead=[2, 3])
+    for r in (2, 3):
+        ranks[r].silent = True
+    since = {"n2": 1_700_000_000.0}
+    clock = time.strftime("%H:%M:%S", time.localtime(since["n2"]))
+    tail = 'once n2 is back, or %ddp stop and start a pool without it (--slurm-args "--exclude=n2").'
+    launcher = _Pinged(["n2"], since)
+    with pytest.raises(NodeUnreachable) as got:
+        raise_if_restart_silent(_Pool(launcher, ranks), "%ddp restart")  # type: ignore[arg-type]
+    assert str(got.value) == (f"%ddp restart: ranks 2-3 on n2 are unreachable (no answer since {clock}, nor to a ping just now): the "
+                              f"pool was not restarted, ranks 0-1 keep their variables. Run it again {tail}")
+    assert launcher.asked == [(["n2"], ANSWER_S)]
+    with pytest.raises(NodeUnreachable) as got:
+        raise_if_restart_silent(_Pool(launcher, ranks), "")  # type: ignore[arg-type]
+    assert str(got.value) == (f"ranks 2-3 on n2 are unreachable (no answer since {clock}, nor to a ping just now): nothing ran, and "
+                              f"the pool was not restarted. Run the cell again {tail}")
+    with pytest.raises(NodeUnreachable) as got:
+        raise_if_start_silent(launcher, None)  # type: ignore[arg-type]
+    assert str(got.value) == (f"ranks 2-3 on n2 are unreachable (no answer since {clock}, nor to a ping just now): the pool did not "
+                              f"start; its allocation stays held for the next try (%ddp stop releases it). Run the cell again {tail}")
+    pool = _Pool(launcher, ranks)
+    assert stop_note(pool) == (f", except ranks 2-3 on n2, which could not be reached (no answer since {clock}): cut off "  # type: ignore[arg-type]
+                               f"from the kernel, they end on their own within {liveness.RANK_SILENCE_S}s; Slurm holds n2 until it answers")
+    assert pool.refreshed == 1  # what went silent while the pool was idle is found first
+    fresh = _ranks({0: "n1", 1: "n1", 2: "n2", 3: "n2"}, dead=[])  # a pool that did not start there: no rank to name
+    assert stop_note(_Pool(launcher, fresh)) == (f"; n2 could not be reached (no answer since {clock}): Slurm holds n2 until it "  # type: ignore[arg-type]
+                                                 "answers, then ends what ran there")
+    back = _Pinged([], since)
+    raise_if_restart_silent(_Pool(back, ranks), "%ddp restart")  # type: ignore[arg-type]
+    assert back.silent_since == {} and stop_note(_Pool(back, ranks)) == ""  # type: ignore[arg-type]
+    raise_if_start_silent(back, None)  # type: ignore[arg-type]
+    assert back.asked == [(["n2"], ANSWER_S)]  # forgotten once it answered: asked once, not at every start
+    healthy = _Pinged(["n2"])
+    raise_if_restart_silent(_Pool(healthy, ranks), "%ddp restart")  # type: ignore[arg-type]
+    assert healthy.asked == []  # no node went silent: nothing to ask, a restart costs no round trip
 
 
 def test_two_silent_nodes_and_a_lone_survivor_read_right() -> None:

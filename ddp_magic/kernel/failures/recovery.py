@@ -79,14 +79,12 @@ class Recovery:
     def __init__(self) -> None:
         self.gen = 0
         self.lost: Dict[int, str] = {}  # rank -> how it died, until a new rank takes its place
-        self.quiet_since: Dict[str, float] = {}  # node -> when it stopped answering (wall clock), while its ranks are lost
         self.notes: List[str] = []  # for the failing cell's message
         self._store: Optional[str] = None  # the FileStore the ranks' group uses now (None: the pool's first)
 
     def reset(self) -> None:
         """A fresh start of the whole pool."""
         self.lost.clear()
-        self.quiet_since.clear()
         self.notes.clear()
         self._store = None
 
@@ -97,11 +95,11 @@ class Recovery:
         info.death = why_killed(code, info.mem, info.host in ("", socket.gethostname()))  # the OOM killer only with evidence
         how = info.death or how
         launcher = pool.launcher
+        if info.silent:  # the check found it after its window of silence: every start on that node asks it first
+            launcher.silent_since.setdefault(node_key(info), time.time() - liveness.SILENCE_S)
         if not launcher.replaces_ranks or not (pool.store_path or launcher.remote_ranks):
             return f"rank {rank} {how}"
         self.lost[rank] = f"(pid {info.pid}) {how}"  # "rank 2 (pid 4121) was killed by …"
-        if info.silent:  # the check found it after its window of silence
-            self.quiet_since.setdefault(node_key(info), time.time() - liveness.SILENCE_S)
         return None
 
     # ------------------------------------------------------------ after a cell
@@ -193,14 +191,13 @@ class Recovery:
         if not self.lost or pool.broken:
             return None
         gone, how = sorted(self.lost), dict(self.lost)
-        raise_if_still_silent(pool.launcher, pool.ranks, gone, self.quiet_since)  # a node still silent: say so now, run nothing
+        raise_if_still_silent(pool.launcher, pool.ranks, gone)  # a node still silent: say so now, run nothing
         t0 = time.monotonic()
         error, replies = self._replace(pool, listener, gone)
         if error:
             pool.mark_broken(f"{ranks_phrase(gone)} could not be started again ({error})")
             return None
         self.lost.clear()
-        self.quiet_since.clear()
         names = ", ".join(sorted(owned))
         died = "; ".join(f"rank {r} {how[r]}" for r in gone)
         new = ", ".join(f"rank {r} is pid {pool.ranks[r].pid}" for r in gone)

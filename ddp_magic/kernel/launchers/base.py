@@ -119,6 +119,9 @@ class Launcher(ABC):
         self.python = python
         self.log = tempfile.TemporaryFile()  # what the launched processes print outside a cell
         self.secret_file: Optional[str] = None  # a file other hosts read the secret from, if any
+        # node -> since when its ranks have been unreachable (wall clock), until it answers a ping: held with the launcher
+        # (its allocation, its templates) across restarts, so every start on it asks first (kernel/failures/unreachable.py)
+        self.silent_since: Dict[str, float] = {}
 
     def start(self, timeout: float = 0) -> str:
         """Warm up (e.g. import torch once in a template); returns a line describing it."""
@@ -190,6 +193,10 @@ class Launcher(ABC):
         asked of one would wait out the whole join timeout. None, for a launcher that cannot ask a node (its ranks
         share this host, or nothing of ours runs there between ranks)."""
         return []
+
+    def placement(self, plan: Plan) -> Dict[int, str]:
+        """rank -> the node each rank of ``plan`` starts on, for a launcher that places ranks on named nodes ({} otherwise)."""
+        return {}
 
     def give_up(self) -> str:
         """The pool could not start and retrying in place would not help: let go of what we hold; says what became of it."""

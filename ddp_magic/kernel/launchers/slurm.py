@@ -198,6 +198,11 @@ class SlurmLauncher(Launcher):
             return ""
         return self.alloc.nodes[rank // self.plan.slurm.ntasks_per_node]
 
+    def placement(self, plan: Plan) -> Dict[int, str]:
+        """The block distribution the step asks for, over the allocation held."""
+        per_node, nodes = (plan.slurm.ntasks_per_node, self.alloc.nodes) if self.alloc is not None and plan.slurm is not None else (1, [])
+        return {r: nodes[r // per_node] for r in range(plan.world_size) if r // per_node < len(nodes)}
+
     def adopt(self, pid: int, rank: int, host: str) -> None:
         self._pids[pid] = rank
         self._pending.pop(rank, None)
@@ -252,9 +257,8 @@ class SlurmLauncher(Launcher):
         return ""
 
     def unanswered(self, nodes: List[str], within: float) -> List[str]:
-        """Each node's template is pinged over srun (its stdin, its output: the way a new rank's spawn and events take);
-        the nodes whose answer did not come within ``within`` seconds. A node with no template left is not asked: a new
-        step there says for itself whether the node is back."""
+        """Each node's template is pinged over srun (the way a new rank's spawn and events take); the nodes that did not
+        answer within ``within`` seconds. A node with no template left is not asked: a new step there says for itself."""
         deadline = time.monotonic() + within
         asked: Dict[TemplateStep, Dict[str, int]] = {}
         for node in nodes:
