@@ -42,6 +42,7 @@ PREFIX_ENV = "DDP_MAGIC_BOX_PREFIX"
 LOCK = "/tmp/ddp_box.lock"
 MGMT, FAST = "198.51.100", "203.0.113"  # RFC 5737 TEST-NET-2 and TEST-NET-3
 NODES = ("n1", "n2", "n3")
+SRUN_PORTS = "60001-60100"  # srun's own listening ports (SrunPortRange), reserved from every host's ephemeral ports
 PACKAGES = ("iproute2", "util-linux", "iptables", "tcpdump")
 TOOLS = ("/usr/sbin/ip", "/usr/bin/nsenter", "/usr/bin/unshare", "/usr/sbin/iptables", "/usr/bin/tcpdump")
 STYLES = ("resolve", "debian")
@@ -214,6 +215,8 @@ class Box:
         ns = self.netns(h.name)
         _sh("ip", "netns", "add", ns)
         _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        # srun's own ports (SrunPortRange) are never an ephemeral port here: the tests tell ours from srun's by them
+        _sh("nsenter", f"--net=/run/netns/{ns}", "sh", "-c", f"echo {SRUN_PORTS} > /proc/sys/net/ipv4/ip_local_reserved_ports")
         for net, addr, ifname in (("mgmt", h.mgmt, "mgmt0"), ("fast", h.fast, "fast0")):
             if addr is None:
                 continue
@@ -241,7 +244,7 @@ class Box:
         login = self.host("login")
         nodes = "\n".join(f"NodeName={n} NodeHostname={n} NodeAddr={self.host(n).mgmt} CPUs=4 RealMemory=4000 State=UNKNOWN"
                           for n in NODES)
-        extra = f"SlurmUser=root\nAuthInfo=socket={self.munge_socket}\nSrunPortRange=60001-60100\n"
+        extra = f"SlurmUser=root\nAuthInfo=socket={self.munge_socket}\nSrunPortRange={SRUN_PORTS}\n"
         return local_slurm.render_conf(f"{self.prefix}box", f"login({login.mgmt})", self.dir, self.dir, f"{self.dir}/log", nodes, extra)
 
     def _slurm(self) -> None:

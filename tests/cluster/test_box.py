@@ -21,6 +21,8 @@ def test_each_host_has_its_name_addresses_and_hosts_file(box: cluster_box.Box) -
         addrs = box.run(h.name, ["hostname", "-I"]).stdout.split()
         assert addrs == [a for a in (h.mgmt, h.fast) if a], f"{h.name}: {addrs}"
         assert box.run(h.name, ["getent", "hosts", h.name]).stdout.split()[0] == h.mgmt
+        # an ephemeral port (the kernel's control port, a MASTER_PORT) is never one of srun's: the fault and intruder tests tell them apart by it
+        assert box.run(h.name, ["cat", "/proc/sys/net/ipv4/ip_local_reserved_ports"]).stdout.strip() == cluster_box.SRUN_PORTS
     assert box.run("n1", ["getent", "hosts", "n2"]).stdout.split()[0] == box.host("n2").mgmt
     marker = f"/dev/shm/box-{os.getpid()}"
     box.run("n1", ["touch", marker], check=True)

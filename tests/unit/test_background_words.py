@@ -96,6 +96,8 @@ def test_ddp_stop_says_what_became_of_the_slurm_job():
     ours = OwnAllocation(request)
     ours.job_id, ours.nodes = "1234", ["n1", "n2"]
     assert released_text(ours) == "; Slurm job 1234 released: its nodes are free"
+    assert released_text(ours, {"n2": 0.0}) == "; Slurm job 1234 released: n1 free, n2 once it answers"  # a silent node
+    assert released_text(ours, {"n1": 0.0, "n2": 0.0}) == "; Slurm job 1234 released: n1,n2 once they answer"
     ours.nodes = []
     assert released_text(ours) == "; Slurm job 1234 cancelled while it was queued"
     found = Allocation(SlurmRequest(nodes=2, job_id="77"))

@@ -187,13 +187,12 @@ def stop_note(pool: PoolLike) -> str:
     for r, info in sorted(pool.ranks.items()):
         if info.silent and node_key(info) in nodes:
             lost.setdefault(node_key(info), []).append(r)
-    quiet, where, one = _quiet_words(dict.fromkeys(nodes, []), since, pinged=False), ",".join(nodes), len(nodes) == 1
-    held = f"Slurm holds {where} until {'it answers' if one else 'they answer'}"
-    if lost:
+    quiet, where = _quiet_words(dict.fromkeys(nodes, []), since, pinged=False), ",".join(nodes)
+    if lost:  # what Slurm holds meanwhile: slurm_alloc.released_text ("n1 free, n2 once it answers")
         who = " and ".join(f"{ranks_phrase(rs)} on {node}" for node, rs in sorted(lost.items()))
         return (f", except {who}, which could not be reached ({quiet}): cut off from the kernel, they end on their own within "
-                f"{liveness.RANK_SILENCE_S}s; {held}")
-    return f"; {where} could not be reached ({quiet}): {held}, then ends what ran there"
+                f"{liveness.RANK_SILENCE_S}s")
+    return f"; {where} could not be reached ({quiet}): Slurm ends what ran there once {'it answers' if len(nodes) == 1 else 'they answer'}"
 
 
 def held_text(kept: Sequence[int]) -> str:

@@ -364,7 +364,7 @@ class SlurmLauncher(Launcher):
         alloc, self.alloc = self.alloc, None
         if alloc is not None:
             alloc.release()
-            self.released = released_text(alloc)
+            self.released = released_text(alloc, self.silent_since)
         self.tls_key = None
 
     def close(self) -> None:

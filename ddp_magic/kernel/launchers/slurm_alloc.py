@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Collection, List, Optional, Sequence
 
 from ...logs import log
 from ...wire.kept import ANCHOR_KEEP, ANCHOR_UNKEEP
@@ -225,11 +225,18 @@ def allocation_for(request: SlurmRequest, python: str = sys.executable) -> Alloc
     return Allocation(request) if request.found else OwnAllocation(request, python)
 
 
-def released_text(alloc: Allocation) -> str:
+def released_text(alloc: Allocation, silent: Collection[str] = ()) -> str:
     """What ``%ddp stop`` (and the panel's Stop) adds about the Slurm job: ours is released (cancelled while it was still
-    queued), the kernel's own stays."""
+    queued), the kernel's own stays. ``silent``: nodes not heard from, which Slurm frees only once they answer."""
     if not alloc.job_id:
         return ""
     if not alloc.ours:
         return f"; Slurm job {alloc.job_id} kept: the kernel runs inside it"
-    return f"; Slurm job {alloc.job_id} {'released: its nodes are free' if alloc.nodes else 'cancelled while it was queued'}"
+    if not alloc.nodes:
+        return f"; Slurm job {alloc.job_id} cancelled while it was queued"
+    held = [n for n in alloc.nodes if n in silent]
+    if not held:
+        return f"; Slurm job {alloc.job_id} released: its nodes are free"
+    free = [n for n in alloc.nodes if n not in silent]
+    return (f"; Slurm job {alloc.job_id} released: " + (f"{','.join(free)} free, " if free else "") +
+            f"{','.join(held)} once {'it answers' if len(held) == 1 else 'they answer'}")
