@@ -2,9 +2,12 @@
 pins the kernel's certificate, and bytes cross intact both ways through the relay threads."""
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import socket
+import struct
+import termios
 import threading
 import time
 
@@ -291,6 +294,14 @@ def test_small_messages_skip_the_relays_thread_both_ways(key, monkeypatch):
         admission.close()
 
 
+def _drained(sock: socket.socket, seconds: float = 5.0) -> None:
+    """Until the relay has taken all ``sock`` wrote into its socketpair (SIOCOUTQ: bytes the peer has not read), and a moment more."""
+    deadline = time.monotonic() + seconds
+    while struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0] and time.monotonic() < deadline:
+        time.sleep(0.002)
+    time.sleep(0.02)
+
+
 def test_a_direct_write_waits_its_turn_behind_what_was_written_before(key):
     """A small message never overtakes bytes written before it that still wait (in the socketpair, the relay's buffer,
     a buffer handed over): then it goes the usual way; and concurrent writers, some through fd writes, some direct,
@@ -336,8 +347,10 @@ def test_a_direct_write_waits_its_turn_behind_what_was_written_before(key):
                     time.sleep(0.001)  # the relay catches up now and then: the other writer's next may go directly
 
         def direct_writer() -> None:  # as a rank's markers and messages: directly when nothing written before waits
-            for _ in range(300):
+            for i in range(300):
                 with lock:
+                    if i % 30 == 0:  # now and then the relay catches up first (on a loaded machine it may never, unasked)
+                        _drained(rank)
                     frame = P.encode(P.message(P.READY, n=next(order)))
                     directs.append(tls.send_direct(rank, frame))
                     if not directs[-1]:
