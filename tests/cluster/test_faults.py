@@ -80,35 +80,44 @@ AGAIN = ("%%ddp\nimport os, torch, torch.distributed as dist\nt = torch.ones(1)\
          "(kept if dist.get_rank() < 2 else None, os.getpid(), t.item())")
 
 
-def _still_down(k: Kernel, node: str) -> None:
-    """The next cell while the node's link is still down: it fails within seconds naming the node, and nothing runs."""
+def _timed(k: Kernel, code: str, label: str, timeout: float = 240) -> "tuple[Any, float]":
+    """Run ``code``; its execution and the seconds it took (kept in TIMES under ``label``)."""
     t0 = time.monotonic()
-    ex = k.run(AGAIN, timeout=240)
+    ex = k.run(code, timeout=timeout)
     took = time.monotonic() - t0
+    TIMES.setdefault(label, []).append(round(took, 1))
+    return ex, took
+
+
+SINCE = r"no answer since \d\d:\d\d:\d\d"
+QUIET = rf"\({SINCE}, nor to a ping just now\)"
+
+
+def _refused(k: Kernel, code: str, label: str) -> str:
+    """Run ``code`` while a node's link is down: it fails within seconds (not the join timeout); the error's text."""
+    ex, took = _timed(k, code, label)
     assert ex.error is not None, ex.stdout
     text = "\n".join(ex.error[2])
-    TIMES.setdefault("next cell, link still down", []).append(round(took, 1))
-    print(f"next cell, link still down: {took:.1f}s\n{text}\n")
-    assert re.fullmatch(rf"NodeUnreachable: ranks 2-3 on {node} are still unreachable \(no answer since \d\d:\d\d:\d\d, nor to a ping just now\): "
+    print(f"{label}: {took:.1f}s\n{text}\n")
+    assert took < 60, f"{label}: waited {took:.1f}s for a node that does not answer (the join timeout is 180 s)"
+    return text
+
+
+def _still_down(k: Kernel, node: str) -> None:
+    """The next cell while the node's link is still down: it fails within seconds naming the node, and nothing runs."""
+    text = _refused(k, AGAIN, "next cell, link still down")
+    assert re.fullmatch(rf"NodeUnreachable: ranks 2-3 on {node} are still unreachable {QUIET}: "
                         rf"nothing ran, ranks 0-1 keep their variables\. Run the cell again once {node} is back, or %ddp stop and start a "
                         rf'pool without it \(--slurm-args "--exclude={node}"\)\.', text), text
-    assert took < 60, f"the cell waited {took:.1f}s for a node that does not answer (the join timeout is 180 s)"
 
 
 def _restart_still_down(k: Kernel, node: str) -> None:
     """%ddp restart while the node's link is still down: refused within seconds naming the node, nothing stopped (the
     next cell, link back, finds ranks 0-1 with their variables)."""
-    t0 = time.monotonic()
-    ex = k.run("%ddp restart", timeout=240)
-    took = time.monotonic() - t0
-    assert ex.error is not None, ex.stdout
-    text = "\n".join(ex.error[2])
-    TIMES.setdefault("%ddp restart, link still down", []).append(round(took, 1))
-    print(f"%ddp restart, link still down: {took:.1f}s\n{text}\n")
-    assert re.fullmatch(rf"NodeUnreachable: %ddp restart: ranks 2-3 on {node} are unreachable \(no answer since \d\d:\d\d:\d\d, nor to a ping "
-                        rf"just now\): the pool was not restarted, ranks 0-1 keep their variables\. Run it again once {node} is back, or "
+    text = _refused(k, "%ddp restart", "%ddp restart, link still down")
+    assert re.fullmatch(rf"NodeUnreachable: %ddp restart: ranks 2-3 on {node} are unreachable {QUIET}: the pool was not restarted, "
+                        rf"ranks 0-1 keep their variables\. Run it again once {node} is back, or "
                         rf'%ddp stop and start a pool without it \(--slurm-args "--exclude={node}"\)\.', text), text
-    assert took < 60, f"%ddp restart waited {took:.1f}s for a node that does not answer (the join timeout is 180 s)"
 
 
 KEPT = f"{POOL}\nimport os, socket, torch, torch.distributed as dist\nkept = (dist.get_rank(), os.getpid())"
@@ -262,17 +271,6 @@ def _squeue(b: cluster_box.Box) -> Dict[str, str]:
     return dict(zip(out[::2], out[1::2]))
 
 
-def _timed(k: Kernel, code: str, label: str, timeout: float = 240) -> "tuple[Any, float]":
-    """Run ``code``; its execution and the seconds it took (kept in TIMES under ``label``)."""
-    t0 = time.monotonic()
-    ex = k.run(code, timeout=timeout)
-    took = time.monotonic() - t0
-    TIMES.setdefault(label, []).append(round(took, 1))
-    return ex, took
-
-
-SINCE = r"no answer since \d\d:\d\d:\d\d"
-QUIET = rf"\({SINCE}, nor to a ping just now\)"
 FRESH = "%%ddp --slurm --nodes 2 --ntasks-per-node 1\nimport torch"
 
 
