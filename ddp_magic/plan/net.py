@@ -97,16 +97,29 @@ def port_holder(port: int) -> Optional[str]:
     if not inodes:
         return None
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+        if pid.isdigit() and _holds_socket(pid, inodes):
+            try:
+                return f"pid {pid} ({_command_line(pid)})"
+            except OSError:
+                return f"pid {pid}"
+    return "another user's process"
+
+
+def _holds_socket(pid: str, inodes: Set[str]) -> bool:
+    """Whether pid has one of the socket inodes open. Each descriptor is read on its own: one that closes during the
+    scan (a busy process opens and closes them all the time) must not hide the others."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
         try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link.startswith("socket:[") and link[8:-1] in inodes:
-                    return f"pid {pid} ({_command_line(pid)})"
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
-    return "another user's process"
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            return True
+    return False
 
 
 def validate_master_addr(addr: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import types
 
 import pytest
@@ -202,3 +203,30 @@ def test_backend_availability_from_torch_build_files(tmp_path):
     empty.mkdir(parents=True)
     assert backend_availability({}, str(empty)).available == {"nccl": None, "gloo": None, "mpi": None}
     assert gpus.torch_built_with_cuda(_fake_torch(tmp_path / "e", "", cuda="'12.4'"))
+
+
+def test_port_holder_names_the_process_while_it_opens_and_closes_descriptors():
+    """A descriptor that closes during the scan must not hide the process (a CI run read "another user's process"
+    for the test's own socket while its other threads opened and closed files)."""
+    below = [open(os.devnull) for _ in range(100)]
+    s = listening_socket()  # above the churned descriptors, so the scan meets them first
+    for f in below:
+        f.close()
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            for f in [open(os.devnull) for _ in range(50)]:
+                f.close()
+
+    threads = [threading.Thread(target=churn, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        seen = {net.port_holder(s.getsockname()[1]) for _ in range(200)}
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        s.close()
+    assert all(f"pid {os.getpid()}" in (who or "") for who in seen), seen
