@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/lint.sh
 set +e
-.venv/bin/python -m pytest -n 2 --no-loadscope-reorder "$@"
+.venv/bin/python -m pytest -n 2 --no-loadscope-reorder --durations=20 --durations-min=15 "$@"
 code=$?
 set -e
 if [ "$code" -eq 5 ]; then
