@@ -23,8 +23,10 @@ ANCHOR = [sys.executable, "-m", "ddp_magic.procs.anchor"]
 KERNEL = (
     "import subprocess, sys, time\n"
     f"p = subprocess.Popen({ANCHOR!r} + ['sleep', '60'], stdout=subprocess.DEVNULL)\n"
-    "time.sleep(0.5)\n"
-    "child = open(f'/proc/{p.pid}/task/{p.pid}/children').read().split()\n"
+    "child, deadline = [], time.monotonic() + 30\n"
+    "while not child and time.monotonic() < deadline:  # a loaded machine: the anchor forks when it gets its turn\n"
+    "    time.sleep(0.02)\n"
+    "    child = open(f'/proc/{p.pid}/task/{p.pid}/children').read().split()\n"
     "print(p.pid, child[0], flush=True)\n"
     "sys.stdin.read()\n"
 )
@@ -36,6 +38,35 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def _signals(pid: int, field: str) -> int:
+    """A signal mask of /proc/PID/status (SigCgt: caught, SigPnd/ShdPnd: pending)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def _bit(sig: int) -> int:
+    return 1 << (int(sig) - 1)
+
+
+def _until(check, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return bool(check())
+
+
+def _keep(anchor: int) -> None:
+    """Send the keep signal once the anchor catches it, and wait until it has taken it (no sleep that a loaded machine outruns)."""
+    keep = _bit(kept.ANCHOR_KEEP)
+    assert _until(lambda: bool(_signals(anchor, "SigCgt") & keep)), "the anchor catches the keep signal"
+    os.kill(anchor, kept.ANCHOR_KEEP)
+    assert _until(lambda: not ((_signals(anchor, "SigPnd") | _signals(anchor, "ShdPnd")) & keep))
+    time.sleep(0.2)  # its Python handler runs as soon as the signal is taken (waitpid returns EINTR)
 
 
 def _gone(pids, seconds: float = 10.0) -> bool:
@@ -61,8 +92,7 @@ def test_the_anchor_goes_with_its_kernel_unless_kept(kept_: bool) -> None:
         anchor, child = (int(x) for x in kernel.stdout.readline().split())
         try:
             if kept_:
-                os.kill(anchor, kept.ANCHOR_KEEP)
-                time.sleep(0.2)
+                _keep(anchor)
             kernel.kill()  # SIGKILL: no code of the kernel's runs
             kernel.wait()
             if kept_:
