@@ -89,7 +89,7 @@ class CellRun:
     """Drives one cell to its end: pumps the pool's loop and carries out the failure policy."""
 
     def __init__(self, ops: RankOps, policy: FailurePolicy, clock: Callable[[], float] = time.monotonic, stdin: Optional[Ask] = None,
-                 cancel: Optional[threading.Event] = None) -> None:
+                 cancel: Optional[threading.Event] = None, sent: bool = False) -> None:
         self.ops = ops
         self.cancel = cancel  # a background job's cancel(): a Ctrl-C for a cell that runs off the main thread
         self.job_cancelled = False  # that cancel() came: the outcome says "cancelled by job.cancel()", not Ctrl-C
@@ -101,8 +101,8 @@ class CellRun:
         self.stacks: Dict[int, str] = policy.stacks  # where ranks were when asked (timeout, failure)
         self._order = sorted(ops.ranks)
         self._cursor = 0  # ranks before it have finished the cell (_any_running)
-        version = getattr(ops, "state_version", None)
-        self._start = version() if version is not None else None  # the state version as the cell was sent (``_clean``)
+        version = getattr(ops, "state_version", None)  # ``sent``: the cell was sent just now, every rank RUNNING (not a resumed one)
+        self._start = version() if version is not None and sent else None  # the state version as the cell was sent (``_clean``)
         self._decided: Optional[Tuple[int, int]] = self._start  # the state version the policy last decided on (at the start: nothing to decide)
 
     # ------------------------------------------------------------ what the pool reads afterwards

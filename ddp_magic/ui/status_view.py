@@ -210,13 +210,14 @@ class StatusView(PlanFacts, Listener):
 
     @_guarded
     def on_states(self, infos: Sequence[RankInfo]) -> None:
+        known, labels, label_of = self.infos, self._labels, R.state_label  # 2,048 ranks' changes a cell at scale
         for info in infos:
-            self.infos[info.rank] = info
-            label = R.state_label(info)
-            if self._labels.get(info.rank) != label:
-                self._labels[info.rank] = label
+            known[info.rank] = info
+            label = label_of(info)
+            if labels.get(info.rank) != label:
+                labels[info.rank] = label
                 self.history.append((info.rank, label))
-            if label in R.ROOT_CAUSES and self.root is None:
+            if self.root is None and label in R.ROOT_CAUSES:
                 self.root = info.rank
             if label == RankState.RUNNING and self._run_t0 is None:
                 self._run_t0 = info.started if info.started else self.clock()
