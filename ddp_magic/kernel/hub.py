@@ -164,14 +164,14 @@ class Hub(OutputStreams):
     # ------------------------------------------------------------ sending
     def broadcast(self, msg: dict, ranks: Optional[Sequence[int]] = None) -> None:
         """Send to the given ranks (default: all connected); a rank that cannot take it is dropped."""
-        frame = P.encode(msg)
+        frame, direct = P.encode(msg), tls.send_direct if tls.relaying() else None  # no TLS here: nothing to ask per rank
         for rank in list(ranks if ranks is not None else self.conns):
             conn = self.conns.get(rank)
             if conn is None:
                 continue
             try:
                 with self._send_lock:  # one frame at a time per socket, whichever thread sends
-                    if not tls.send_direct(conn.sock, frame):  # over TLS: encrypted here when it can be, not by the relay
+                    if direct is None or not direct(conn.sock, frame):  # over TLS: encrypted here when it can be, not by the relay
                         send_all_nonblocking(conn.sock, frame)
             except OSError:
                 log.debug("rank %s's control socket failed on send", rank, exc_info=True)

@@ -143,9 +143,7 @@ class StatusView(PlanFacts, Listener):
         self._error: Optional[str] = None
         self._attach()
         if pool is not None and getattr(pool, "started", False):
-            for r, info in dict(getattr(pool, "ranks", {}) or {}).items():  # a running pool: its ranks as they are now
-                self.infos[r] = info
-                self._labels[r] = R.state_label(info)
+            self.infos.update(getattr(pool, "ranks", {}) or {})  # a running pool: its ranks as they are now (labelled as they change)
 
     # ------------------------------------------------------------ facts
     def _attach(self) -> None:
