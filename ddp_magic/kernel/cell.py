@@ -89,7 +89,7 @@ class CellRun:
     """Drives one cell to its end: pumps the pool's loop and carries out the failure policy."""
 
     def __init__(self, ops: RankOps, policy: FailurePolicy, clock: Callable[[], float] = time.monotonic, stdin: Optional[Ask] = None,
-                 cancel: Optional[threading.Event] = None) -> None:
+                 cancel: Optional[threading.Event] = None, sent: bool = False) -> None:
         self.ops = ops
         self.cancel = cancel  # a background job's cancel(): a Ctrl-C for a cell that runs off the main thread
         self.job_cancelled = False  # that cancel() came: the outcome says "cancelled by job.cancel()", not Ctrl-C
@@ -101,7 +101,9 @@ class CellRun:
         self.stacks: Dict[int, str] = policy.stacks  # where ranks were when asked (timeout, failure)
         self._order = sorted(ops.ranks)
         self._cursor = 0  # ranks before it have finished the cell (_any_running)
-        self._decided: Optional[Tuple[int, int]] = None  # the state version the policy last decided on
+        version = getattr(ops, "state_version", None)  # ``sent``: the cell was sent just now, every rank RUNNING (not a resumed one)
+        self._start = version() if version is not None and sent else None  # the state version as the cell was sent (``_clean``)
+        self._decided: Optional[Tuple[int, int]] = self._start  # the state version the policy last decided on (at the start: nothing to decide)
 
     # ------------------------------------------------------------ what the pool reads afterwards
     # (the policy's findings; notes and stacks are the policy's own list and dict, filled as it goes)
@@ -113,12 +115,23 @@ class CellRun:
 
     def failures(self) -> List[RankFailure]:
         """The cell's failures, root cause first."""
+        if self._clean():
+            return []
         ranks = self.ops.ranks
         done = {r: m for r, m in ((r, self.ops.done_message(r)) for r in ranks) if m is not None}
         deaths = {r: self.ops.death_failure(r) for r, info in ranks.items() if info.state == RankState.DEAD}
         pids = {r: info.pid for r, info in ranks.items()}
         self._seen()
         return self.policy.failures(self._states(), done, deaths, pids, self.clock())
+
+    def _clean(self) -> bool:
+        """No rank failed, was interrupted or died in this cell, and the policy noted no failure, Ctrl-C nor timeout: the
+        cell has no failures, and 1,024 ranks need no pass to say so."""
+        version = getattr(self.ops, "state_version", None)
+        policy = self.policy
+        if self._start is None or version is None or policy.order or policy.user_interrupted or policy.timed_out:
+            return False
+        return bool(version()[0] == self._start[0])
 
     # ------------------------------------------------------------ the run
     def drive(self) -> None:

@@ -184,7 +184,13 @@ def wait_ready(sock: socket.socket, seconds: float, write: bool = False, also: O
 
 def send_all_nonblocking(sock: socket.socket, frame: bytes) -> None:
     """Send a whole frame on a non-blocking socket, waiting for room when its buffer is full."""
-    view = memoryview(frame)
+    try:
+        sent = sock.send(frame)  # the usual case, 1,024 times a cell: one call takes it all
+    except BlockingIOError:
+        sent = 0
+    if sent == len(frame):
+        return
+    view = memoryview(frame)[sent:]
     while view:
         try:
             n = sock.send(view)

@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 
 from ..errors import RankFailure
 from ..logs import log
-from ..states import FailureKind, RankState
+from ..states import FailureKind, RankState, Waiting
 from ..wire import liveness
 from ..wire import protocol as P
 from ..wire import tls
@@ -164,14 +164,14 @@ class Hub(OutputStreams):
     # ------------------------------------------------------------ sending
     def broadcast(self, msg: dict, ranks: Optional[Sequence[int]] = None) -> None:
         """Send to the given ranks (default: all connected); a rank that cannot take it is dropped."""
-        frame = P.encode(msg)
+        frame, direct = P.encode(msg), tls.send_direct if tls.relaying() else None  # no TLS here: nothing to ask per rank
         for rank in list(ranks if ranks is not None else self.conns):
             conn = self.conns.get(rank)
             if conn is None:
                 continue
             try:
                 with self._send_lock:  # one frame at a time per socket, whichever thread sends
-                    if not tls.send_direct(conn.sock, frame):  # over TLS: encrypted here when it can be, not by the relay
+                    if direct is None or not direct(conn.sock, frame):  # over TLS: encrypted here when it can be, not by the relay
                         send_all_nonblocking(conn.sock, frame)
             except OSError:
                 log.debug("rank %s's control socket failed on send", rank, exc_info=True)
@@ -232,12 +232,13 @@ class Hub(OutputStreams):
         self._extras = extras
 
     def _handle(self, ready_fds: Iterable[int]) -> None:
+        admission, note = self.admission.fileno() if self.admission is not None else None, tls.note_fd()  # once a wake, not once a rank
         for fd in ready_fds:
-            if self.admission is not None and fd == self.admission.fileno():
+            if fd == admission and self.admission is not None:
                 for sock, hello in self.admission.take():
                     self.register(sock, hello)
                 continue
-            if fd == tls.note_fd():
+            if fd == note:
                 self._relay_noted(fd)
                 continue
             conn = self._by_fd.get(fd)
@@ -360,9 +361,10 @@ class Hub(OutputStreams):
 
     def _finish_rank(self, rank: int, msg: dict) -> None:
         self.done[rank] = msg
-        self.stdin.forget(rank)
-        self.debug_changed(rank)
         info = self.ranks.get(rank)
+        if not self.stdin.idle or (info is not None and info.debugging != Waiting.NO):  # the usual DONE: nothing to settle
+            self.stdin.forget(rank)
+            self.debug_changed(rank)
         if info is not None:
             info.state = _DONE_STATES.get(msg["status"], RankState.FAILED)
             info.finished = time.monotonic()

@@ -35,6 +35,11 @@ class Memory:
     @classmethod
     def of(cls, msg: Mapping[str, Any], before: Optional["Memory"] = None) -> "Memory":
         """From a DONE's ``mem`` or a MEMORY message; what it lacks (a DONE has no cgroup) is kept from ``before``."""
+        if len(msg) == 2 and "rss" in msg and "peak" in msg:  # a CPU rank's DONE, every rank every cell: the same figures, the same value
+            old = before or UNKNOWN
+            if old.rss == msg["rss"] and old.peak == msg["peak"] and old.cuda_allocated is None and old.cuda_reserved is None and old.cuda_peak is None:
+                return old
+            return cls(msg["rss"], msg["peak"], None, None, None, old.cgroup, old.limit, old.oom_kills, old.system_oom_kills)
         cuda = msg.get("cuda") or {}
         cg = msg.get("cgroup")
         old = before or UNKNOWN

@@ -296,7 +296,7 @@ class Pool:
             if notice:
                 guarded.on_notice(notice)
             t0 = self._send_cell(source, names or {}, gather, argv, label, owned, reload)
-            cell = CellRun(self, FailurePolicy(timeout, self.grace, t0, remote=self.launcher.remote_ranks), stdin=stdin, cancel=cancel)
+            cell = CellRun(self, FailurePolicy(timeout, self.grace, t0, remote=self.launcher.remote_ranks), stdin=stdin, cancel=cancel, sent=True)
             cell.drive()
             return self._outcome(cell, guarded, t0)
 

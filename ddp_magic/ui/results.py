@@ -38,7 +38,10 @@ class RankResults(list):
             text = shown.get(key) if key is not None else None
             if text is None:
                 text = show(value) if key is None else shown.setdefault(key, repr(value))  # a plain scalar's pretty() is its repr()
-            first, *rest = text.split("\n") or [""]
+            if "\n" not in text:  # one line, as every scalar's: no split, no indented rest
+                rows.append(head + text)
+                continue
+            first, *rest = text.split("\n")
             rows.append(head + first)
             rows += [" " * len(head) + line if line else line for line in rest]
         return "\n".join(rows)

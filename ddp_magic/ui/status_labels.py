@@ -7,7 +7,7 @@ over 32 ranks) both read it; nothing here knows a snapshot.
 """
 from __future__ import annotations
 
-from typing import Dict, Union
+from typing import Any, Dict, Iterator, List, Tuple, Union
 
 from ..states import FailureKind, RankState
 
@@ -36,3 +36,21 @@ FAILURES = (RankState.FAILED, FailureKind.DIED, FailureKind.KILLED, FailureKind.
 
 def tone_of(label: Label) -> str:
     return STATE_TONES.get(label, "neutral")
+
+
+class LabelChanges:
+    """(rank, label) each time a rank's shown label changed, in order. Kept flat: at 1,024 ranks a cell makes 2,048
+    changes, and a (rank, label) tuple each would stay tracked by the garbage collector (it holds an enum member)."""
+
+    def __init__(self) -> None:
+        self._flat: List[Any] = []
+
+    def append(self, rank: int, label: Label) -> None:
+        self._flat.append(rank)
+        self._flat.append(label)
+
+    def __iter__(self) -> Iterator[Tuple[int, Label]]:
+        return zip(self._flat[::2], self._flat[1::2])
+
+    def __len__(self) -> int:
+        return len(self._flat) // 2

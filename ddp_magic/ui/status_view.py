@@ -33,7 +33,7 @@ import functools
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, TypeVar, cast
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, TypeVar, cast
 
 from ..kernel import Listener, RankInfo
 from ..kernel.failures.blame import causes
@@ -46,6 +46,7 @@ from . import status_tables as T
 from .progress import LiveLines
 from .status_display import Bundle, make_display
 from .status_facts import PlanFacts
+from .status_labels import LabelChanges
 from .ticker import TICKER
 
 # Extra sections of every view (e.g. a metrics chart): each factory gets the new view and returns a
@@ -119,7 +120,7 @@ class StatusView(PlanFacts, Listener):
         self._update_fn = update_display
         self._fixed_checks = list(checks) if checks is not None else None  # the plan's facts: status_facts.PlanFacts
         self.infos: Dict[int, RankInfo] = {}
-        self.history: List[Tuple[int, R.Label]] = []  # (rank, label) each time a rank's shown state changed
+        self.history = LabelChanges()  # (rank, label) each time a rank's shown state changed
         self.notices: List[str] = []
         self.renders = 0  # how many times the live view was re-rendered (each sends at most a few widget messages)
         self.clock_renders = 0  # how many times the live clock alone moved (the header line alone is sent)
@@ -143,9 +144,7 @@ class StatusView(PlanFacts, Listener):
         self._error: Optional[str] = None
         self._attach()
         if pool is not None and getattr(pool, "started", False):
-            for r, info in dict(getattr(pool, "ranks", {}) or {}).items():  # a running pool: its ranks as they are now
-                self.infos[r] = info
-                self._labels[r] = R.state_label(info)
+            self.infos.update(getattr(pool, "ranks", {}) or {})  # a running pool: its ranks as they are now (labelled as they change)
 
     # ------------------------------------------------------------ facts
     def _attach(self) -> None:
@@ -210,13 +209,14 @@ class StatusView(PlanFacts, Listener):
 
     @_guarded
     def on_states(self, infos: Sequence[RankInfo]) -> None:
+        known, labels, label_of = self.infos, self._labels, R.state_label  # 2,048 ranks' changes a cell at scale
         for info in infos:
-            self.infos[info.rank] = info
-            label = R.state_label(info)
-            if self._labels.get(info.rank) != label:
-                self._labels[info.rank] = label
-                self.history.append((info.rank, label))
-            if label in R.ROOT_CAUSES and self.root is None:
+            known[info.rank] = info
+            label = label_of(info)
+            if labels.get(info.rank) != label:
+                labels[info.rank] = label
+                self.history.append(info.rank, label)
+            if self.root is None and label in R.ROOT_CAUSES:
                 self.root = info.rank
             if label == RankState.RUNNING and self._run_t0 is None:
                 self._run_t0 = info.started if info.started else self.clock()

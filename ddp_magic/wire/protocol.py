@@ -280,6 +280,10 @@ class FrameReader:
         n = sock.recv_into(scratch)
         if n == 0:
             return None
+        if not self._buf and self._need is None and not self._filling and n > HEADER.size:  # the usual read: one whole frame (feed's)
+            (size,) = HEADER.unpack_from(scratch)
+            if size + HEADER.size == n and size <= MAX_FRAME:
+                return [pickle.loads(memoryview(scratch)[HEADER.size : n])]
         return self.feed(memoryview(scratch)[:n])
 
     def _parse(self) -> list:

@@ -129,6 +129,11 @@ def send(sock: socket.socket, data: Union[bytes, bytearray, memoryview]) -> None
         relay.send(sock, data)
 
 
+def relaying() -> bool:
+    """Whether this process has a TLS relay (no TLS connection yet: no ``send_direct`` can write anything)."""
+    return Relay.current() is not None
+
+
 def send_direct(sock: socket.socket, data: Union[bytes, bytearray, memoryview]) -> bool:
     """A small message written to ``sock``'s TLS peer from the caller's thread when it can be (tls_relay.Relay.direct);
     False: write it to ``sock`` as usual (not relayed, or something written before it still waits). Never blocks."""

@@ -94,7 +94,7 @@ class Ops:
         return False
 
 
-def _play(versioned: bool, fails: bool = True) -> Tuple[CellRun, Ops, int]:
+def _play(versioned: bool, fails: bool = True, sent: bool = False) -> Tuple[CellRun, Ops, int]:
     ops = Ops(versioned, fails)
     policy = FailurePolicy(timeout=None, grace=ops.grace, t0=0.0)
     calls = [0]
@@ -105,7 +105,7 @@ def _play(versioned: bool, fails: bool = True) -> Tuple[CellRun, Ops, int]:
         return decide(states, now)
 
     policy.decide = counted  # type: ignore[method-assign]
-    run = CellRun(ops, policy, clock=lambda: ops.now)  # type: ignore[arg-type]
+    run = CellRun(ops, policy, clock=lambda: ops.now, sent=sent)  # type: ignore[arg-type]
     run.drive()
     return run, ops, calls[0]
 
@@ -131,3 +131,18 @@ def test_ranks_that_just_finish_give_the_policy_nothing_to_decide() -> None:
         assert fast_ops.log == plain_ops.log == [] and fast.notes == plain.notes == [] and fast.failures() == plain.failures() == []
         assert all(info.state == RankState.DONE for info in fast_ops.ranks.values())
         assert every_wake >= N - 1 and on_change <= 2  # one pass at the first wake; none for the 64 ranks that finished after it
+
+
+def test_a_cell_just_sent_that_nobody_fails_needs_no_pass_for_its_outcome_and_one_that_fails_is_told_the_same() -> None:
+    """Pool.run's cell (``sent``: every rank RUNNING at the start): with nothing failed since, the first wake does not
+    ask the policy and its failures are none without a DONE read; a failure is decided and reported as before."""
+    for _ in range(2):
+        clean, clean_ops, asked = _play(versioned=True, fails=False, sent=True)
+        reads: List[int] = []
+        clean_ops.done_message = reads.append  # type: ignore[assignment]  # a read would be seen
+        assert asked == 0 and clean.failures() == [] and reads == [] and clean_ops.log == []
+        plain, plain_ops, _ = _play(versioned=True)
+        fast, fast_ops, _ = _play(versioned=True, sent=True)
+        assert fast_ops.log == plain_ops.log and fast.notes == plain.notes
+        assert [(f.rank, f.kind, f.message) for f in fast.failures()] == [(f.rank, f.kind, f.message) for f in plain.failures()]
+        assert fast.failures()[0].rank == 5

@@ -72,3 +72,15 @@ def test_cuda_oom_names_each_ranks_figures() -> None:
         "no figures); torch.cuda.empty_cache() ran on them, and every rank keeps its variables"
     ]
     assert cuda_oom_notes({0: {"error": None}}) == []
+
+
+def test_a_dones_figures_keep_what_the_sampler_read_and_the_same_figures_are_the_same_value() -> None:
+    """A DONE's ``mem`` has RSS and peak only: the cgroup and OOM counters come from the last MEMORY (deaths read them)."""
+    sampled = Memory.of({"rss": 1 << 30, "peak": 2 << 30, "cgroup": {"dir": "/sys/fs/cgroup/x", "limit": 12 << 30, "oom_kill": 0},
+                         "system_oom_kills": 4})
+    moved = Memory.of({"rss": 3 << 30, "peak": 3 << 30}, sampled)
+    assert moved == Memory(rss=3 << 30, peak=3 << 30, cgroup="/sys/fs/cgroup/x", limit=12 << 30, oom_kills=0, system_oom_kills=4)
+    assert Memory.of({"rss": 3 << 30, "peak": 3 << 30}, moved) is moved  # a rank whose figures did not move: nothing new made
+    gpu = Memory.of({"rss": 3 << 30, "peak": 3 << 30, "cuda": {"allocated": 1, "reserved": 2, "peak": 3}}, moved)
+    assert Memory.of({"rss": 3 << 30, "peak": 3 << 30}, gpu).cuda_allocated is None  # a DONE without CUDA's figures has none
+    assert Memory.of({"rss": 5}) == Memory(rss=5) and Memory.of({"rss": 5, "peak": None}) == Memory(rss=5)

@@ -38,6 +38,24 @@ def test_an_unpicklable_result_becomes_unpicklable_inline_and_fetched():
         assert len(notes) == 1 and "rank 0 could not be unpickled in the kernel" in notes[0]
 
 
+def test_the_same_plain_value_from_many_ranks_is_unpickled_once_and_a_mutable_one_for_each(monkeypatch):
+    """1,024 ranks returning ``1`` cost one unpickle; a list each rank may change stays each rank's own object."""
+    calls: List[dict] = []
+    real = transfer.unpack
+    monkeypatch.setattr(transfer, "unpack", lambda p: calls.append(p) or real(p))
+    big = 10**30  # not one of Python's cached small ints: the sharing is ours
+    done = {r: {"status": "ok", "result": packed(big if r < 3 else "s")} for r in range(5)}
+    values = results.cell_values(5, done, {}, [])
+    assert values == [big] * 3 + ["s"] * 2 and len(calls) == 2 and values[0] is values[2]
+    calls.clear()
+    lists = results.cell_values(3, {r: {"status": "ok", "result": packed([1])} for r in range(3)}, {}, [])
+    assert lists == [[1]] * 3 and len(calls) == 3 and len({id(v) for v in lists}) == 3
+    calls.clear()
+    notes: List[str] = []
+    bad = results.cell_values(2, {r: {"result": GARBAGE} for r in range(2)}, {}, notes)
+    assert [v.rank for v in bad] == [0, 1] and len(notes) == 2 and len(calls) == 2  # each failure named, as before
+
+
 def test_a_result_the_rank_could_not_pickle_is_named_inline_and_fetched():
     err = {"type": "mod.Thing", "reason": "TypeError: no"}
     for done, fetched in (({1: {"result": None, "result_error": err}}, {}), ({1: {"pending": {"x": 1}}}, {1: {"result": None, "result_error": err}})):

@@ -486,3 +486,15 @@ def test_memory_shows_in_the_rows_the_summary_over_32_ranks_and_the_settled_peak
         i.mem = Memory(rss=(100 + i.rank) << 20, cuda_allocated=1 << 30, cuda_peak=(2 << 30) + i.rank)
     line = T.memory_line(snap(64, many, now=1002.0, elapsed=2.0, finished=True, ok=True))
     assert line == "memory: RSS 100.0 MiB to 163.0 MiB; GPU peak 2.0 GiB on rank 63", line
+
+
+def test_a_views_changes_are_kept_in_order_without_a_tuple_each_for_the_collector():
+    """The status view's history (ui/status_labels.LabelChanges): each rank's label changes, in order, as (rank, label)."""
+    from ddp_magic.ui.status_labels import LabelChanges
+
+    changes = LabelChanges()
+    for rank, label in ((0, RankState.RUNNING), (1, RankState.RUNNING), (0, RankState.DONE), (1, FailureKind.DIED)):
+        changes.append(rank, label)
+    assert list(changes) == [(0, "running"), (1, "running"), (0, "done"), (1, "died")] and len(changes) == 4
+    assert [s for r, s in changes if r == 1] == ["running", "died"] and list(changes) == list(changes)  # read again: the same
+    assert not any(isinstance(x, tuple) for x in changes._flat)  # ranks and labels side by side: no tuple a change

@@ -97,7 +97,7 @@ def crash_traceback(lines: Iterable[str]) -> str:
 
 def cuda_oom_notes(done: Mapping[int, dict]) -> List[str]:
     """'ranks 1, 3 ran out of CUDA memory (rank 1: CUDA 10.2 GiB allocated, …); torch.cuda.empty_cache() ran there'."""
-    hit = {r: m["error"] for r, m in sorted(done.items()) if (m.get("error") or {}).get("type") == "OutOfMemoryError"}
+    hit = dict(sorted((r, m["error"]) for r, m in done.items() if m.get("error") and m["error"].get("type") == "OutOfMemoryError"))  # sorted: the few
     if not hit:
         return []
     each = [f"rank {r}: " + (cuda_text(Memory.of({"cuda": e["cuda"]})) if e.get("cuda") else "CUDA not in use, no figures") for r, e in hit.items()]

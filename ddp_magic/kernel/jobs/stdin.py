@@ -54,6 +54,11 @@ class InputDesk:
     def debugger(self, rank: int, on: bool) -> None:
         (self.in_pdb.add if on else self.in_pdb.discard)(rank)
 
+    @property
+    def idle(self) -> bool:
+        """No rank asks or debugs, and none was told to hold: a DONE has nothing to settle here (asked of every DONE)."""
+        return not self.pending and not self.in_pdb and not self.held
+
     def forget(self, rank: int) -> None:
         """The rank finished its cell (or died): it asks nothing any more."""
         self.pending.pop(rank, None)
