@@ -23,32 +23,11 @@ import { UUID } from '@lumino/coreutils';
 import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { answeredWithin, BusyProbe, mayLoad, PROBE_TIMEOUT_MS } from './busy_probe';
 import { HeldOutput } from './held';
+import { HeldStore, storeKey, tabStorage } from './held_store';
 import { COMM_TARGET, type ICellOutputMsg, type IFollowReply, type IReplyMsg, type IUIState, type KernelStatus, type Op, PROTOCOL } from './model';
 import { applyMessage, disconnected, initialState, withKernelStatus, withRequest } from './state';
-
-/** How long a comm_info question over a subshell may go unanswered before the next one may be asked. */
-const PROBE_TIMEOUT_MS = 10000;
-
-/**
- * What `question` answers, or false when it has not answered within `ms`. The timer goes with the answer, and a
- * late rejection is caught: neither may surface as an uncaught error in the page's console.
- */
-export function answeredWithin(question: Promise<boolean>, ms: number): Promise<boolean> {
-  return new Promise<boolean>((resolve, reject) => {
-    const timer = setTimeout(() => resolve(false), ms);
-    question.then(
-      found => {
-        clearTimeout(timer);
-        resolve(found);
-      },
-      (e: unknown) => {
-        clearTimeout(timer);
-        reject(e);
-      }
-    );
-  });
-}
 
 export class PoolConnection implements IDisposable {
   constructor(sessionContext: ISessionContext, version: string) {
@@ -57,6 +36,9 @@ export class PoolConnection implements IDisposable {
     sessionContext.statusChanged.connect(this._onStatus, this);
     sessionContext.kernelChanged.connect(this._onKernelChanged, this);
     sessionContext.iopubMessage.connect(this._onIopub, this);
+    this._store = new HeldStore(tabStorage(), storeKey(sessionContext.path));
+    this._held = new HeldOutput(this._store); // what this tab's page held before a reload (docs/keep.md)
+    window.addEventListener('pagehide', this._flush);
     sessionContext.ready.then(
       () => {
         this._onStatus(sessionContext, sessionContext.session?.kernel?.status ?? 'unknown');
@@ -102,6 +84,9 @@ export class PoolConnection implements IDisposable {
       return;
     }
     this._disposed = true;
+    this._busy.stop();
+    this._store.flush();
+    window.removeEventListener('pagehide', this._flush);
     void this._dropSubshell();
     this._closeComm();
     this._rejectAll('the notebook was closed');
@@ -185,7 +170,9 @@ export class PoolConnection implements IDisposable {
     }
     const id = UUID.uuid4();
     return new Promise<IFollowReply>((resolve, reject) => {
-      this._waiters.set(id, { resolve: r => resolve(r as unknown as IFollowReply), reject });
+      // the page shows the cell's outputs once the reply is applied: its kept lines count as received (held.ts)
+      const took = (r: IReplyMsg) => (this._held.takeShown((r as unknown as IFollowReply).shown), resolve(r as unknown as IFollowReply));
+      this._waiters.set(id, { resolve: took, reject });
       comm.send({ type: 'request', id, op: 'follow', args: { msg_id: msgId } } as any);
     });
   }
@@ -270,11 +257,16 @@ export class PoolConnection implements IDisposable {
       const data = msg.content.data as unknown;
       const kind = data && typeof data === 'object' ? (data as { type?: string; op?: string }) : {};
       if (kind.type === 'cell_output') {
+        const out = data as ICellOutputMsg & { metadata?: unknown };
+        this._held.take({ header: { msg_type: out.msg_type }, metadata: out.metadata }); // its kept lines' marks
         this._cellOutput.emit(data as ICellOutputMsg);
         return;
       }
       if (kind.type !== 'reply' || kind.op !== 'follow') {
         this._set(applyMessage(this._state, data, Date.now()));
+      }
+      if (kind.type === 'snapshot') {
+        this._keptHere = this._held.heardSnapshot(data, this._keptHere); // a kept pool that ended is forgotten
       }
       if (data && (data as IReplyMsg).type === 'reply') {
         const reply = data as IReplyMsg;
@@ -337,6 +329,8 @@ export class PoolConnection implements IDisposable {
 
   private _onKernelChanged(): void {
     this._comm = null; // the old kernel's comm is gone with it
+    this._keptHere = null;
+    this._busy.stop();
     this._subshell = null;
     this._probeRound++;
     this._asking = { main: false, sub: false };
@@ -373,6 +367,8 @@ export class PoolConnection implements IDisposable {
       this._probeRound++; // a question in flight is never answered by the new kernel
       this._asking = { main: false, sub: false };
       this._reprobe = null;
+      this._keptHere = null;
+      this._busy.stop();
       this._rejectAll(`the kernel is ${next === 'dead' ? 'dead' : 'restarting'}`);
     }
     this._set(withKernelStatus(this._state, next));
@@ -393,6 +389,7 @@ export class PoolConnection implements IDisposable {
     }
     if (this._comm) {
       this._ddpCells.clear();
+      this._busy.stop();
       return;
     }
     const parent = msg.parent_header as Partial<KernelMessage.IHeader>;
@@ -400,6 +397,9 @@ export class PoolConnection implements IDisposable {
       const code = (msg.content as KernelMessage.IExecuteInputMsg['content']).code || '';
       if (/ddp/.test(code) && parent && parent.msg_id) {
         this._ddpCells.add(parent.msg_id); // e.g. %load_ext ddp_magic, %%ddp, %reload_ext ddp_magic
+        if (mayLoad(code) && this._kernel()?.supportsSubshells) {
+          this._busy.start(parent.msg_id); // found while it runs: its own %ddp attach hears the hello (busy_probe.ts)
+        }
       }
       return;
     }
@@ -408,6 +408,7 @@ export class PoolConnection implements IDisposable {
     }
     if ((msg.content as KernelMessage.IStatusMsg['content']).execution_state === 'idle') {
       this._ddpCells.delete(parent.msg_id);
+      this._busy.stop(parent.msg_id);
       // That cell may have loaded ddp_magic. Ask over a subshell: answered at once, whether or not the next cell
       // has started (Run All sends them all; under load it may start later than any guess), where the main shell
       // would answer only after every cell queued before the question.
@@ -429,7 +430,11 @@ export class PoolConnection implements IDisposable {
   private _subshell: { kernel: Kernel.IKernelConnection; id: string } | null = null;
   private _ddpCells = new Set<string>();
   private _commIds: string[] = [];
-  private _held = new HeldOutput(); // kept across this page's kernels: the next one replays from it
+  private _store: HeldStore;
+  private _held: HeldOutput; // kept across this page's kernels and reloads: the next kernel replays from it
+  private _keptHere: string | null = null; // the kept pool this kernel runs (its snapshots say)
+  private _busy = new BusyProbe(() => this.probe(true), () => this._comm !== null || this._disposed);
+  private _flush = () => this._store.flush(); // the page goes away (a reload): what it held is written now
   private _disposed = false;
   private _waiters = new Map<string, { resolve: (r: IReplyMsg) => void; reject: (e: Error) => void }>();
 }
