@@ -13,7 +13,11 @@ The JupyterLab extension (``labextension/src/rebind.ts``) reads ``cells`` in eac
 the cell's id, which page ran it, whether it ended) and, for a cell its page did not run, sends ``{"op": "follow"}``
 over the comm (ui/labcomm.py): the reply holds the cell's outputs and their ``seq``; from then on each new message
 of that cell comes over the comm as ``{"type": "cell_output", "msg_id", "seq", "msg_type", "content"}``. The reply
-and the messages after it are sent under one lock, in order: none is lost, none comes twice.
+and the messages after it are sent under one lock, in order: none is lost, none comes twice. A kept pool's lines
+carry how far they go in their message's metadata (kernel/output/kept_output.py): a transcript keeps the highest per
+pool and rank, the reply says them as ``shown`` (``[{"type": "shown", "pool", "upto"}]``) and a later message carries
+its own ``metadata``, so a reloaded page that shows the cell again tells the next kernel it holds those lines
+(held.ts; docs/keep.md, "Shown exactly once").
 """
 from __future__ import annotations
 

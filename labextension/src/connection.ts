@@ -15,7 +15,9 @@
  * the comm_info request goes over a subshell of our own, answered at once, and
  * the comm itself is opened over JupyterLab's per-target comm subshell (its
  * default since 4.4), so even the first %%ddp cell is followed live. The probe
- * subshell is deleted once the comm is open.
+ * subshell is deleted once the comm is open. While a cell that names ddp_magic runs, the question is asked again and
+ * again (busy_probe.ts): that cell's own `%ddp attach` then hears the hello, with what the page holds of kept pools
+ * (held.ts; kept past a reload of the page in the tab's storage, held_store.ts).
  */
 import { ISessionContext } from '@jupyterlab/apputils';
 import { Kernel, KernelMessage } from '@jupyterlab/services';
