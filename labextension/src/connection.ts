@@ -26,6 +26,7 @@ import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { answeredWithin, BusyProbe, mayLoad, PROBE_TIMEOUT_MS } from './busy_probe';
+import { TargetQuestion } from './target_question';
 import { HeldOutput } from './held';
 import { HeldStore, storeKey, tabStorage } from './held_store';
 import { COMM_TARGET, type ICellOutputMsg, type IFollowReply, type IReplyMsg, type IUIState, type KernelStatus, type Op, PROTOCOL } from './model';
@@ -89,7 +90,7 @@ export class PoolConnection implements IDisposable {
     this._busy.stop();
     this._store.flush();
     window.removeEventListener('pagehide', this._flush);
-    void this._dropSubshell();
+    void this._question.drop(this._kernel());
     this._closeComm();
     this._rejectAll('the notebook was closed');
     Signal.clearData(this);
@@ -115,12 +116,12 @@ export class PoolConnection implements IDisposable {
     this._asking[way] = true;
     const round = this._probeRound;
     try {
-      const asked = this._hasTarget(kernel, way === 'sub');
+      const asked = this._question.hasTarget(kernel, way === 'sub');
       // a subshell answers at once; one that does not (the kernel restarted meanwhile) must not block the next question
       const found = way === 'sub' ? await answeredWithin(asked, PROBE_TIMEOUT_MS) : await asked;
       if (found && round === this._probeRound && kernel === this._kernel() && !this._comm && !this._disposed) {
         this._openComm(kernel);
-        void this._dropSubshell();
+        void this._question.drop(this._kernel());
       }
     } catch (e) {
       // a kernel that went away while we asked: the next status change probes again
@@ -190,55 +191,6 @@ export class PoolConnection implements IDisposable {
   // ---------------------------------------------------------------- internals
   private _kernel(): Kernel.IKernelConnection | null {
     return this._session.session?.kernel ?? null;
-  }
-
-  private async _hasTarget(kernel: Kernel.IKernelConnection, overSubshell: boolean): Promise<boolean> {
-    const found = (content: KernelMessage.ICommInfoReplyMsg['content']) =>
-      content.status === 'ok' && Object.keys(content.comms || {}).length > 0;
-    if (overSubshell && kernel.supportsSubshells) {
-      try {
-        const subshellId = await this._subshellFor(kernel);
-        const msg = KernelMessage.createMessage<KernelMessage.ICommInfoRequestMsg>({
-          msgType: 'comm_info_request',
-          channel: 'shell',
-          session: kernel.clientId,
-          username: kernel.username,
-          subshellId,
-          content: { target_name: COMM_TARGET }
-        });
-        const reply = (await kernel.sendShellMessage(msg, true, true).done) as KernelMessage.ICommInfoReplyMsg;
-        return found(reply.content);
-      } catch (e) {
-        // no subshell after all: ask on the main shell (answered between cells)
-      }
-    }
-    const reply = await kernel.requestCommInfo({ target_name: COMM_TARGET });
-    return found(reply.content as KernelMessage.ICommInfoReplyMsg['content']);
-  }
-
-  private async _subshellFor(kernel: Kernel.IKernelConnection): Promise<string> {
-    if (this._subshell && this._subshell.kernel === kernel) {
-      return this._subshell.id;
-    }
-    const reply = await kernel.requestCreateSubshell({}).done;
-    const content = reply.content as { status: string; subshell_id?: string };
-    if (content.status !== 'ok' || !content.subshell_id) {
-      throw new Error('no subshell');
-    }
-    this._subshell = { kernel, id: content.subshell_id };
-    return content.subshell_id;
-  }
-
-  private async _dropSubshell(): Promise<void> {
-    const sub = this._subshell;
-    this._subshell = null;
-    if (sub && !sub.kernel.isDisposed && sub.kernel === this._kernel()) {
-      try {
-        await sub.kernel.requestDeleteSubshell({ subshell_id: sub.id }).done;
-      } catch (e) {
-        // the kernel went away: so did the subshell
-      }
-    }
   }
 
   private _set(state: IUIState): void {
@@ -333,7 +285,7 @@ export class PoolConnection implements IDisposable {
     this._comm = null; // the old kernel's comm is gone with it
     this._keptHere = null;
     this._busy.stop();
-    this._subshell = null;
+    this._question.forget();
     this._probeRound++;
     this._asking = { main: false, sub: false };
     this._mainBusy = false;
@@ -365,7 +317,7 @@ export class PoolConnection implements IDisposable {
     const next = this._effective();
     if (next === 'restarting' || next === 'autorestarting' || next === 'dead') {
       this._comm = null;
-      this._subshell = null; // a restarted kernel has no subshells
+      this._question.forget(); // a restarted kernel has no subshells
       this._probeRound++; // a question in flight is never answered by the new kernel
       this._asking = { main: false, sub: false };
       this._reprobe = null;
@@ -429,7 +381,7 @@ export class PoolConnection implements IDisposable {
   private _reprobe: boolean | null = null; // a probe asked for while one was in flight (over a subshell?)
   private _sessionStatus: Kernel.Status = 'unknown';
   private _mainBusy = false; // the main shell runs an execute_request (from iopub status messages)
-  private _subshell: { kernel: Kernel.IKernelConnection; id: string } | null = null;
+  private _question = new TargetQuestion(); // the comm_info question, and the subshell it is asked over
   private _ddpCells = new Set<string>();
   private _commIds: string[] = [];
   private _store: HeldStore;
