@@ -332,7 +332,11 @@ export class PoolConnection implements IDisposable {
   }
 
   private _onIopub(_: ISessionContext, msg: KernelMessage.IMessage): void {
-    this._held.take(msg); // what this page holds of kept pools' output: the next kernel hears it in the comm's hello
+    if ((msg.parent_header as Partial<KernelMessage.IHeader>)?.session === this.clientId) {
+      // what this page holds of kept pools' output (the next kernel hears it in the comm's hello): only what it shows,
+      // its own cells' lines; another page's cell shows here only when followed (its cell_output messages, above)
+      this._held.take(msg);
+    }
     const parentHeader = msg.parent_header as Partial<KernelMessage.IHeader> & { subshell_id?: string | null };
     if (msg.header.msg_type === 'status' && parentHeader && parentHeader.msg_type === 'execute_request' && !parentHeader.subshell_id) {
       const busy = (msg.content as KernelMessage.IStatusMsg['content']).execution_state === 'busy';

@@ -42,6 +42,7 @@ expect = playwright_api.expect
 TICKS = ("%%ddp --bg --out job --keep\nimport os, time\nfor i in range({n}):\n    print('tick', i, flush=True)\n"
          "    while i == {at} and os.path.exists({gate!r}):\n        time.sleep(0.02)\n    time.sleep(0.02)\n")
 N, AT, EARLY = 40, 25, 12
+HELLO = "__import__('ddp_magic.ui.lab_hello', fromlist=['_'])"
 TICK = re.compile(r"\[rank (\d+)\] tick (\d+)\n")
 STDOUT_JS = ("(i) => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelectorAll("
              "'.jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stdout\"]')].map(e => e.innerText).join('\\n')")
@@ -349,7 +350,10 @@ def test_ticks_show_once_when_one_cell_loads_and_attaches(page: Any, server: Ser
             assert f"attached the kept pool {pool_id}" in said and "its output follows after the last line this page received" in said, said
             once(page, server, gate, base, base + 1)
             kept.clear()
-            page.evaluate("(b) => window.jupyterapp.shell.currentWidget.content.model.sharedModel.deleteCellRange(b, b + 3)", base)
+            append_and_run(page, f"print('waited', {HELLO}.last_wait, {HELLO}.heard())")
+            wait_prompt(page, base + 3)
+            print(f"[{round_}] the attach waited for the page's hello:", output(page, base + 3).strip())  # docs/keep.md's figure
+            page.evaluate("(b) => window.jupyterapp.shell.currentWidget.content.model.sharedModel.deleteCellRange(b, b + 4)", base)
             assert cells(page) == base
         quiet_403(page, refused)
         no_errors(page)
