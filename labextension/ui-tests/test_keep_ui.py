@@ -191,21 +191,27 @@ def attach_with_the_panel(page: Any, pool_id: str, base: int) -> str:
     return output(page, 1)
 
 
-def miscount(server: Server, pool_id: str, way: int, timeout: float = 60.0) -> None:
-    """The kernel's own count of what it showed, made wrong (behind: the replay would show ticks twice; ahead: it would
-    skip some), as tests/kernel/test_keep.py does: only the page's word can make the ticks come out once. First, until
-    the kernel has counted all its ranks printed (the job waits at a gate): a later count would set it right again."""
+def miscount(server: Server, pool_id: str, whole: bool, timeout: float = 60.0) -> None:
+    """The kernel's own count of what it showed, set back (``whole``: to the spool's start, else to tick EARLY's line):
+    a replay from it would show those ticks twice, so only the page's word can make them come out once. (A count
+    ahead, as tests/kernel/test_keep.py also sets, tells nothing here: a rank replays from its spool's end at most,
+    and the job waits at its gate.) First, until the kernel has counted all its ranks printed: a later count would
+    set it right again."""
     from ddp_magic.wire.kept import ShownOffsets
 
     (where,) = glob.glob(os.path.join(server.tmp, "**", f"ddp-kept-{pool_id}"), recursive=True)
+    spools = [os.path.join(where, f"r{rank}.out") for rank in (0, 1)]
     shown = ShownOffsets(os.path.join(where, "shown"), 2)
     try:
         deadline = time.monotonic() + timeout
-        while any(shown.get(rank, "stdout") != os.path.getsize(os.path.join(where, f"r{rank}.out")) for rank in (0, 1)):
+        while any(shown.get(rank, "stdout") != os.path.getsize(spools[rank]) for rank in (0, 1)):
             assert time.monotonic() < deadline, "the kernel did not count what its ranks printed"
             time.sleep(0.1)
         for rank in (0, 1):
-            shown.set(rank, {"stdout": 0 if way < 0 else shown.get(rank, "stdout") + 100})
+            with open(spools[rank], "rb") as f:
+                text = f.read()
+            back = 0 if whole else text.index(f"\ntick {EARLY}\n".encode()) + 1  # that line's first byte
+            shown.set(rank, {"stdout": back})
     finally:
         shown.close()
 
@@ -290,7 +296,8 @@ def test_ticks_show_once_over_a_reload_and_a_sigkill(page: Any, server: Server, 
     away while the job prints (its kernel alive) and comes back: the job's cell is given back from the kernel's copy
     (rebind.ts), and the follow reply says how far its lines go (what the tab's storage held stops earlier). Round 1:
     the kernel is SIGKILLed, the notebook saved, the page reloaded: only the tab's storage knows. Then the panel's
-    *Attach*. The kernel's own count is made wrong (behind, then ahead): the page's word must be the one taken."""
+    *Attach*. The kernel's own count is set back (to its start, then to tick EARLY): the page's word must be the
+    one taken."""
     kept: List[str] = []
     refused: List[str] = []
     on_response = lambda r: refused.append(r.url) if r.status == 403 else None  # noqa: E731
@@ -307,10 +314,10 @@ def test_ticks_show_once_over_a_reload_and_a_sigkill(page: Any, server: Server, 
                 page.goto("about:blank")  # the page goes away; it wrote what it held to the tab's storage
                 os.unlink(early)  # the job prints on to its gate, with no page to show it
                 wait_spooled(server, pool_id, AT)
-                miscount(server, pool_id, -1)
+                miscount(server, pool_id, whole=True)
                 page.goto(url, timeout=60_000)
             else:
-                miscount(server, pool_id, +1)
+                miscount(server, pool_id, whole=False)
                 sigkill(page, pid)
                 save(page)  # as autosave would: the cell's lines are in the file
                 page.reload(timeout=60_000)
@@ -339,7 +346,7 @@ def test_ticks_show_once_over_a_reload_and_a_sigkill(page: Any, server: Server, 
 def test_ticks_show_once_when_one_cell_loads_and_attaches(page: Any, server: Server, tmp_path: Any) -> None:
     """After the SIGKILL, one cell ``%load_ext ddp_magic`` + ``%ddp attach --out job`` (what a user pastes): the page
     finds ddp_magic while that cell runs (busy_probe.ts) and its hello reaches the attach, which waits for it
-    (ui/lab_hello.py). The kernel's own count is wrong both ways, as above."""
+    (ui/lab_hello.py). The kernel's own count is set back, as above."""
     kept: List[str] = []
     refused: List[str] = []
     on_response = lambda r: refused.append(r.url) if r.status == 403 else None  # noqa: E731
@@ -349,7 +356,7 @@ def test_ticks_show_once_when_one_cell_loads_and_attaches(page: Any, server: Ser
             gate = str(tmp_path / f"cell{round_}")
             base, pool_id, pid = start_ticking(page, server, gate, AT)
             kept.append(pool_id)
-            miscount(server, pool_id, +1 if round_ == 0 else -1)
+            miscount(server, pool_id, whole=round_ == 1)
             sigkill(page, pid)
             append_and_run(page, "%load_ext ddp_magic\n%ddp attach --out job")
             page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length === {base + 2}", timeout=30_000)
