@@ -18,6 +18,7 @@ from ..kernel.keep.terms import Terms, TermsError
 from ..kernel.results.metrics import CellMetrics
 from ..kernel.jobs.turns import Ticket
 from ..session import Session
+from . import lab_hello
 from .cell_listener import MagicListener
 from .jobs import Job
 from .output import RankPrinter
@@ -79,6 +80,7 @@ def attach(magics: Any, args: argparse.Namespace) -> Optional[Job]:
     name = f"cell [{number}]" if isinstance(number, int) else "the attach cell"
     printer = RankPrinter(read_back=f"{args.out}.output({{rank}})" if args.out else "%ddp output --rank {rank}")
     listener = MagicListener(printer)
+    lab_hello.wait_for_hello(magics.shell)  # loaded in this very cell: the page's word comes with its hello
     try:
         found = attaching.choose(args.target)
         done = attaching.attach(found, args.force)

@@ -50,7 +50,7 @@ from typing import Any, Callable, Deque, Dict, Optional, Tuple
 from ..kernel.keep import front
 from ..logs import log
 from ..session import Session
-from . import labrequests
+from . import lab_hello, labrequests
 from .labsnap import PoolSnapshots, jsonable
 from .transcripts import RECORDER
 
@@ -109,6 +109,7 @@ def register(shell: Any, session: Any) -> Optional["LabBridge"]:
     if _bridge is not None:
         _bridge.close()
     _bridge = LabBridge(shell, session, manager)
+    lab_hello.loaded(kernel)  # a %ddp attach later in this very cell waits a moment for a page's hello
     RECORDER.install(kernel)  # a background cell's outputs are kept: a page that reloads gets them back
     return _bridge
 
@@ -200,6 +201,7 @@ class LabBridge:
         self.comms[comm.comm_id] = comm
         for said in (msg.get("content", {}).get("data") or {}).get("shown") or []:  # what the page holds of kept pools
             front.heard(said)
+        lab_hello.opened()
         # ipykernel ≥ 7.4 routes a front end's comm messages to the subshell of the last one this comm sent; snapshots
         # go out with the running cell's parent (the main shell), so the panel's requests would wait behind the cell:
         # they stay on the subshell the front end chose (a request like Stacks is answered while the cell runs)

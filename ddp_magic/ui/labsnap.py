@@ -103,6 +103,8 @@ class PoolSnapshots:
         out.update(world_size=status.nproc, start_seconds=round(seconds, 3) if isinstance(seconds, (int, float)) else None)
         out.update(ranks=ranks, checks=checks, verdict=verdict, names=list(status.owned), last_cell=last.to_dict() if last is not None else None)
         out.update(job=job_dict(status.job), queued=list(status.queued), kept=status.kept or None)
+        kept_state = getattr(pool, "kept", None)  # the page forgets what it held of a kept pool once it runs here no more
+        out.update(kept_id=kept_state.id if kept_state is not None else None)
         out.update(planned=not status.started)  # no rank exists yet: MASTER and the env are the plan's, not facts (a queued Slurm job)
         return jsonable(out)
 

@@ -13,7 +13,11 @@ The JupyterLab extension (``labextension/src/rebind.ts``) reads ``cells`` in eac
 the cell's id, which page ran it, whether it ended) and, for a cell its page did not run, sends ``{"op": "follow"}``
 over the comm (ui/labcomm.py): the reply holds the cell's outputs and their ``seq``; from then on each new message
 of that cell comes over the comm as ``{"type": "cell_output", "msg_id", "seq", "msg_type", "content"}``. The reply
-and the messages after it are sent under one lock, in order: none is lost, none comes twice.
+and the messages after it are sent under one lock, in order: none is lost, none comes twice. A kept pool's lines
+carry how far they go in their message's metadata (kernel/output/kept_output.py): a transcript keeps the highest per
+pool and rank, the reply says them as ``shown`` (``[{"type": "shown", "pool", "upto"}]``) and a later message carries
+its own ``metadata``, so a reloaded page that shows the cell again tells the next kernel it holds those lines
+(held.ts; docs/keep.md, "Shown exactly once").
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
+from ..kernel.output.kept_output import META
 from ..logs import log
 
 OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result", "error", "clear_output"})
@@ -46,20 +51,39 @@ class Transcript:
         self.outputs: List[Dict[str, Any]] = []  # {"msg_type", "content"}, in order
         self._clear_next = False  # a clear_output(wait=True): the outputs go with the next message
         self.followers: Dict[str, Follower] = {}
+        self.marks: Dict[str, Dict[str, List[int]]] = {}  # per kept pool and rank, how far the kept lines held go
         self.lock = threading.RLock()
 
-    def add(self, msg_type: str, content: Dict[str, Any]) -> None:
+    def add(self, msg_type: str, content: Dict[str, Any], metadata: Optional[Dict[str, Any]] = None) -> None:
         """One message the cell's output area receives: kept as the area keeps it, passed on to every follower."""
         with self.lock:
             self.seq += 1
             self._apply(msg_type, content)
-            delta = {"msg_id": self.msg_id, "seq": self.seq, "msg_type": msg_type, "content": content}
+            mark = self._mark(msg_type, metadata)
+            delta = {"msg_id": self.msg_id, "seq": self.seq, "msg_type": msg_type, "content": content,
+                     **({"metadata": {META: mark}} if mark else {})}
             for key, follower in list(self.followers.items()):
                 try:
                     follower(delta)
                 except Exception:  # a comm that went away: it follows no more
                     log.debug("transcripts: a follower of %s failed; dropped", self.name, exc_info=True)
                     self.followers.pop(key, None)
+
+    def _mark(self, msg_type: str, metadata: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+        """A stream of a kept pool's lines carries how far they go (kernel/output/kept_output.py): kept, highest per
+        rank, so a page that shows this cell again (a reload) tells the next kernel it holds them (docs/keep.md)."""
+        mark = (metadata or {}).get(META) if msg_type == "stream" else None
+        if not isinstance(mark, dict) or not isinstance(mark.get("upto"), dict):
+            return None
+        held = self.marks.setdefault(str(mark.get("pool")), {})
+        for rank, pair in mark["upto"].items():
+            had = held.get(str(rank), [0, 0])
+            held[str(rank)] = [max(int(pair[0]), had[0]), max(int(pair[1]), had[1])]
+        return mark
+
+    def shown(self) -> List[Dict[str, Any]]:
+        """What the page that shows these outputs holds of each kept pool, as the extension says it (kernel/keep/front.py)."""
+        return [{"type": "shown", "pool": pool, "upto": {r: list(p) for r, p in upto.items()}} for pool, upto in self.marks.items()]
 
     def _apply(self, msg_type: str, content: Dict[str, Any]) -> None:
         if msg_type == "clear_output":
@@ -88,7 +112,7 @@ class Transcript:
         with self.lock:
             self.followers[key] = follower
             return {"msg_id": self.msg_id, "cell_id": self.cell_id, "seq": self.seq, "ended": self.done(),
-                    "outputs": [dict(o) for o in self.outputs]}
+                    "outputs": [dict(o) for o in self.outputs], "shown": self.shown()}
 
     def brief(self) -> Dict[str, Any]:
         """What a snapshot says of it (``cells``): enough for a page to find the cell and know whether it ran it."""
@@ -137,7 +161,7 @@ class Recorder:
                 return
             cell = self.cells.get((msg.get("parent_header") or {}).get("msg_id", ""))
             if cell is not None:
-                cell.add(kind, dict(msg.get("content") or {}))
+                cell.add(kind, dict(msg.get("content") or {}), msg.get("metadata"))
         except Exception:  # never break a send
             log.debug("transcripts: could not record a message", exc_info=True)
 

@@ -15,7 +15,9 @@
  * the comm_info request goes over a subshell of our own, answered at once, and
  * the comm itself is opened over JupyterLab's per-target comm subshell (its
  * default since 4.4), so even the first %%ddp cell is followed live. The probe
- * subshell is deleted once the comm is open.
+ * subshell is deleted once the comm is open. While a cell that names ddp_magic runs, the question is asked again and
+ * again (busy_probe.ts): that cell's own `%ddp attach` then hears the hello, with what the page holds of kept pools
+ * (held.ts; kept past a reload of the page in the tab's storage, held_store.ts).
  */
 import { ISessionContext } from '@jupyterlab/apputils';
 import { Kernel, KernelMessage } from '@jupyterlab/services';
@@ -23,32 +25,12 @@ import { UUID } from '@lumino/coreutils';
 import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { answeredWithin, BusyProbe, mayLoad, PROBE_TIMEOUT_MS } from './busy_probe';
+import { TargetQuestion } from './target_question';
 import { HeldOutput } from './held';
+import { HeldStore, storeKey, tabStorage } from './held_store';
 import { COMM_TARGET, type ICellOutputMsg, type IFollowReply, type IReplyMsg, type IUIState, type KernelStatus, type Op, PROTOCOL } from './model';
 import { applyMessage, disconnected, initialState, withKernelStatus, withRequest } from './state';
-
-/** How long a comm_info question over a subshell may go unanswered before the next one may be asked. */
-const PROBE_TIMEOUT_MS = 10000;
-
-/**
- * What `question` answers, or false when it has not answered within `ms`. The timer goes with the answer, and a
- * late rejection is caught: neither may surface as an uncaught error in the page's console.
- */
-export function answeredWithin(question: Promise<boolean>, ms: number): Promise<boolean> {
-  return new Promise<boolean>((resolve, reject) => {
-    const timer = setTimeout(() => resolve(false), ms);
-    question.then(
-      found => {
-        clearTimeout(timer);
-        resolve(found);
-      },
-      (e: unknown) => {
-        clearTimeout(timer);
-        reject(e);
-      }
-    );
-  });
-}
 
 export class PoolConnection implements IDisposable {
   constructor(sessionContext: ISessionContext, version: string) {
@@ -57,6 +39,9 @@ export class PoolConnection implements IDisposable {
     sessionContext.statusChanged.connect(this._onStatus, this);
     sessionContext.kernelChanged.connect(this._onKernelChanged, this);
     sessionContext.iopubMessage.connect(this._onIopub, this);
+    this._store = new HeldStore(tabStorage(), storeKey(sessionContext.path));
+    this._held = new HeldOutput(this._store); // what this tab's page held before a reload (docs/keep.md)
+    window.addEventListener('pagehide', this._flush);
     sessionContext.ready.then(
       () => {
         this._onStatus(sessionContext, sessionContext.session?.kernel?.status ?? 'unknown');
@@ -102,7 +87,10 @@ export class PoolConnection implements IDisposable {
       return;
     }
     this._disposed = true;
-    void this._dropSubshell();
+    this._busy.stop();
+    this._store.flush();
+    window.removeEventListener('pagehide', this._flush);
+    void this._question.drop(this._kernel());
     this._closeComm();
     this._rejectAll('the notebook was closed');
     Signal.clearData(this);
@@ -128,12 +116,12 @@ export class PoolConnection implements IDisposable {
     this._asking[way] = true;
     const round = this._probeRound;
     try {
-      const asked = this._hasTarget(kernel, way === 'sub');
+      const asked = this._question.hasTarget(kernel, way === 'sub');
       // a subshell answers at once; one that does not (the kernel restarted meanwhile) must not block the next question
       const found = way === 'sub' ? await answeredWithin(asked, PROBE_TIMEOUT_MS) : await asked;
       if (found && round === this._probeRound && kernel === this._kernel() && !this._comm && !this._disposed) {
         this._openComm(kernel);
-        void this._dropSubshell();
+        void this._question.drop(this._kernel());
       }
     } catch (e) {
       // a kernel that went away while we asked: the next status change probes again
@@ -185,7 +173,9 @@ export class PoolConnection implements IDisposable {
     }
     const id = UUID.uuid4();
     return new Promise<IFollowReply>((resolve, reject) => {
-      this._waiters.set(id, { resolve: r => resolve(r as unknown as IFollowReply), reject });
+      // the page shows the cell's outputs once the reply is applied: its kept lines count as received (held.ts)
+      const took = (r: IReplyMsg) => (this._held.takeShown((r as unknown as IFollowReply).shown), resolve(r as unknown as IFollowReply));
+      this._waiters.set(id, { resolve: took, reject });
       comm.send({ type: 'request', id, op: 'follow', args: { msg_id: msgId } } as any);
     });
   }
@@ -201,55 +191,6 @@ export class PoolConnection implements IDisposable {
   // ---------------------------------------------------------------- internals
   private _kernel(): Kernel.IKernelConnection | null {
     return this._session.session?.kernel ?? null;
-  }
-
-  private async _hasTarget(kernel: Kernel.IKernelConnection, overSubshell: boolean): Promise<boolean> {
-    const found = (content: KernelMessage.ICommInfoReplyMsg['content']) =>
-      content.status === 'ok' && Object.keys(content.comms || {}).length > 0;
-    if (overSubshell && kernel.supportsSubshells) {
-      try {
-        const subshellId = await this._subshellFor(kernel);
-        const msg = KernelMessage.createMessage<KernelMessage.ICommInfoRequestMsg>({
-          msgType: 'comm_info_request',
-          channel: 'shell',
-          session: kernel.clientId,
-          username: kernel.username,
-          subshellId,
-          content: { target_name: COMM_TARGET }
-        });
-        const reply = (await kernel.sendShellMessage(msg, true, true).done) as KernelMessage.ICommInfoReplyMsg;
-        return found(reply.content);
-      } catch (e) {
-        // no subshell after all: ask on the main shell (answered between cells)
-      }
-    }
-    const reply = await kernel.requestCommInfo({ target_name: COMM_TARGET });
-    return found(reply.content as KernelMessage.ICommInfoReplyMsg['content']);
-  }
-
-  private async _subshellFor(kernel: Kernel.IKernelConnection): Promise<string> {
-    if (this._subshell && this._subshell.kernel === kernel) {
-      return this._subshell.id;
-    }
-    const reply = await kernel.requestCreateSubshell({}).done;
-    const content = reply.content as { status: string; subshell_id?: string };
-    if (content.status !== 'ok' || !content.subshell_id) {
-      throw new Error('no subshell');
-    }
-    this._subshell = { kernel, id: content.subshell_id };
-    return content.subshell_id;
-  }
-
-  private async _dropSubshell(): Promise<void> {
-    const sub = this._subshell;
-    this._subshell = null;
-    if (sub && !sub.kernel.isDisposed && sub.kernel === this._kernel()) {
-      try {
-        await sub.kernel.requestDeleteSubshell({ subshell_id: sub.id }).done;
-      } catch (e) {
-        // the kernel went away: so did the subshell
-      }
-    }
   }
 
   private _set(state: IUIState): void {
@@ -270,11 +211,16 @@ export class PoolConnection implements IDisposable {
       const data = msg.content.data as unknown;
       const kind = data && typeof data === 'object' ? (data as { type?: string; op?: string }) : {};
       if (kind.type === 'cell_output') {
+        const out = data as ICellOutputMsg & { metadata?: unknown };
+        this._held.take({ header: { msg_type: out.msg_type }, metadata: out.metadata }); // its kept lines' marks
         this._cellOutput.emit(data as ICellOutputMsg);
         return;
       }
       if (kind.type !== 'reply' || kind.op !== 'follow') {
         this._set(applyMessage(this._state, data, Date.now()));
+      }
+      if (kind.type === 'snapshot') {
+        this._keptHere = this._held.heardSnapshot(data, this._keptHere); // a kept pool that ended is forgotten
       }
       if (data && (data as IReplyMsg).type === 'reply') {
         const reply = data as IReplyMsg;
@@ -337,7 +283,9 @@ export class PoolConnection implements IDisposable {
 
   private _onKernelChanged(): void {
     this._comm = null; // the old kernel's comm is gone with it
-    this._subshell = null;
+    this._keptHere = null;
+    this._busy.stop();
+    this._question.forget();
     this._probeRound++;
     this._asking = { main: false, sub: false };
     this._mainBusy = false;
@@ -369,10 +317,12 @@ export class PoolConnection implements IDisposable {
     const next = this._effective();
     if (next === 'restarting' || next === 'autorestarting' || next === 'dead') {
       this._comm = null;
-      this._subshell = null; // a restarted kernel has no subshells
+      this._question.forget(); // a restarted kernel has no subshells
       this._probeRound++; // a question in flight is never answered by the new kernel
       this._asking = { main: false, sub: false };
       this._reprobe = null;
+      this._keptHere = null;
+      this._busy.stop();
       this._rejectAll(`the kernel is ${next === 'dead' ? 'dead' : 'restarting'}`);
     }
     this._set(withKernelStatus(this._state, next));
@@ -382,7 +332,11 @@ export class PoolConnection implements IDisposable {
   }
 
   private _onIopub(_: ISessionContext, msg: KernelMessage.IMessage): void {
-    this._held.take(msg); // what this page holds of kept pools' output: the next kernel hears it in the comm's hello
+    if ((msg.parent_header as Partial<KernelMessage.IHeader>)?.session === this.clientId) {
+      // what this page holds of kept pools' output (the next kernel hears it in the comm's hello): only what it shows,
+      // its own cells' lines; another page's cell shows here only when followed (its cell_output messages, above)
+      this._held.take(msg);
+    }
     const parentHeader = msg.parent_header as Partial<KernelMessage.IHeader> & { subshell_id?: string | null };
     if (msg.header.msg_type === 'status' && parentHeader && parentHeader.msg_type === 'execute_request' && !parentHeader.subshell_id) {
       const busy = (msg.content as KernelMessage.IStatusMsg['content']).execution_state === 'busy';
@@ -393,6 +347,7 @@ export class PoolConnection implements IDisposable {
     }
     if (this._comm) {
       this._ddpCells.clear();
+      this._busy.stop();
       return;
     }
     const parent = msg.parent_header as Partial<KernelMessage.IHeader>;
@@ -400,6 +355,9 @@ export class PoolConnection implements IDisposable {
       const code = (msg.content as KernelMessage.IExecuteInputMsg['content']).code || '';
       if (/ddp/.test(code) && parent && parent.msg_id) {
         this._ddpCells.add(parent.msg_id); // e.g. %load_ext ddp_magic, %%ddp, %reload_ext ddp_magic
+        if (mayLoad(code) && this._kernel()?.supportsSubshells) {
+          this._busy.start(parent.msg_id); // found while it runs: its own %ddp attach hears the hello (busy_probe.ts)
+        }
       }
       return;
     }
@@ -408,6 +366,7 @@ export class PoolConnection implements IDisposable {
     }
     if ((msg.content as KernelMessage.IStatusMsg['content']).execution_state === 'idle') {
       this._ddpCells.delete(parent.msg_id);
+      this._busy.stop(parent.msg_id);
       // That cell may have loaded ddp_magic. Ask over a subshell: answered at once, whether or not the next cell
       // has started (Run All sends them all; under load it may start later than any guess), where the main shell
       // would answer only after every cell queued before the question.
@@ -426,10 +385,14 @@ export class PoolConnection implements IDisposable {
   private _reprobe: boolean | null = null; // a probe asked for while one was in flight (over a subshell?)
   private _sessionStatus: Kernel.Status = 'unknown';
   private _mainBusy = false; // the main shell runs an execute_request (from iopub status messages)
-  private _subshell: { kernel: Kernel.IKernelConnection; id: string } | null = null;
+  private _question = new TargetQuestion(); // the comm_info question, and the subshell it is asked over
   private _ddpCells = new Set<string>();
   private _commIds: string[] = [];
-  private _held = new HeldOutput(); // kept across this page's kernels: the next one replays from it
+  private _store: HeldStore;
+  private _held: HeldOutput; // kept across this page's kernels and reloads: the next kernel replays from it
+  private _keptHere: string | null = null; // the kept pool this kernel runs (its snapshots say)
+  private _busy = new BusyProbe(() => this.probe(true), () => this._comm !== null || this._disposed);
+  private _flush = () => this._store.flush(); // the page goes away (a reload): what it held is written now
   private _disposed = false;
   private _waiters = new Map<string, { resolve: (r: IReplyMsg) => void; reject: (e: Error) => void }>();
 }

@@ -5,11 +5,13 @@
  * highest it received per pool and rank, across its kernel's restarts and deaths, and tells each kernel its comm
  * opens to, in the comm's hello: `%ddp attach` replays each rank from there, so a line the dead kernel's last message
  * carried shows once, whether or not that message got out. Only then: a message sent later on a comm whose kernel has
- * just died reaches the next kernel, which knows no such comm. Pure: no JupyterLab.
+ * just died reaches the next kernel, which knows no such comm. Kept past a reload of the page (held_store.ts), and
+ * told what a reloaded page shows again of a background cell (the `follow` reply's `shown`, ui/transcripts.py).
+ * Pure: no JupyterLab.
  */
+import type { HeldStore, Upto } from './held_store';
 
-/** Per rank (its number as a string), the [stdout, stderr] offsets received. */
-export type Upto = Record<string, [number, number]>;
+export type { Upto };
 
 /** The comm message that says it (ddp_magic/kernel/keep/front.py). */
 export interface IShownMsg {
@@ -38,23 +40,66 @@ export function marksOf(msg: { header: { msg_type: string }; metadata?: unknown 
 
 /** Each pool's highest offsets per rank and stream. */
 export class HeldOutput {
+  /** `store`: where they outlive a reload of the page; what an earlier page of the tab held is read from it now. */
+  constructor(store: HeldStore | null = null) {
+    this._store = store;
+    for (const [pool, upto] of store ? store.load() : []) {
+      this._pools.set(pool, upto);
+    }
+  }
+
   /** Take a message's marks in; the pool whose offsets grew, or null. */
   take(msg: { header: { msg_type: string }; metadata?: unknown }): string | null {
     const marks = marksOf(msg);
-    if (!marks) {
-      return null;
-    }
-    const held = this._pools.get(marks.pool) ?? {};
-    let grew = false;
-    for (const [rank, [out, err]] of Object.entries(marks.upto)) {
-      const had = held[rank] ?? [0, 0];
-      if (out > had[0] || err > had[1]) {
-        held[rank] = [Math.max(out, had[0]), Math.max(err, had[1])];
-        grew = true;
+    return marks ? this._grow(marks.pool, marks.upto) : null;
+  }
+
+  /**
+   * What a `follow` reply says the background cell a reloaded page shows again holds (a list of `shown` messages,
+   * ui/transcripts.py): the page now shows those lines. The pools whose offsets grew.
+   */
+  takeShown(shown: unknown): string[] {
+    const grown: string[] = [];
+    for (const said of Array.isArray(shown) ? shown : []) {
+      const marks = marksOf({ header: { msg_type: 'stream' }, metadata: { ddp_magic: said } });
+      const pool = marks ? this._grow(marks.pool, marks.upto) : null;
+      if (pool) {
+        grown.push(pool);
       }
     }
-    this._pools.set(marks.pool, held);
-    return grew ? marks.pool : null;
+    return grown;
+  }
+
+  /** A pool that ended (or is no longer kept): nothing to tell a next kernel of it. */
+  forget(pool: string): void {
+    this._pools.delete(pool);
+    this._store?.forget(pool);
+  }
+
+  /**
+   * A snapshot came (ddp_magic/ui/labsnap.py): a kept pool that ended is forgotten, and so is the one this kernel ran
+   * (`before`) once it runs it no more (stopped, no longer kept). The kept pool the kernel runs now, or null.
+   */
+  heardSnapshot(snapshot: unknown, before: string | null): string | null {
+    const snap = (snapshot && typeof snapshot === 'object' ? snapshot : {}) as {
+      pool?: { kept_id?: unknown } | null;
+      kept?: unknown;
+    };
+    const now = snap.pool && typeof snap.pool.kept_id === 'string' ? snap.pool.kept_id : null;
+    if (before !== null && before !== now) {
+      this.forget(before);
+    }
+    for (const pool of Array.isArray(snap.kept) ? snap.kept : []) {
+      if (pool && typeof pool.id === 'string' && pool.alive === false) {
+        this.forget(pool.id); // its lease ended: no kernel will replay it
+      }
+    }
+    return now;
+  }
+
+  /** The pools held (what a test reads). */
+  get pools(): string[] {
+    return [...this._pools.keys()];
   }
 
   /** What to tell a kernel of one pool. */
@@ -67,5 +112,23 @@ export class HeldOutput {
     return [...this._pools.keys()].map(pool => this.message(pool));
   }
 
+  private _grow(pool: string, upto: Upto): string | null {
+    const held = this._pools.get(pool) ?? {};
+    let grew = false;
+    for (const [rank, [out, err]] of Object.entries(upto)) {
+      const had = held[rank] ?? [0, 0];
+      if (out > had[0] || err > had[1]) {
+        held[rank] = [Math.max(out, had[0]), Math.max(err, had[1])];
+        grew = true;
+      }
+    }
+    this._pools.set(pool, held);
+    if (grew) {
+      this._store?.put(pool, held);
+    }
+    return grew ? pool : null;
+  }
+
+  private _store: HeldStore | null;
   private _pools = new Map<string, Upto>();
 }

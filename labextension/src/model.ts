@@ -63,6 +63,7 @@ export interface IRankSnapshot {
 export type Cause = 'root' | 'stopped';
 
 export interface IPoolSnapshot {
+  kept_id?: string | null; // the kept pool's id (%ddp keep), null when not kept
   nproc: number;
   world_size: number;
   backend: string;
@@ -175,6 +176,7 @@ export interface ICellOutputMsg extends IOutputMsg {
   type: 'cell_output';
   msg_id: string;
   seq: number;
+  metadata?: unknown; // a stream of kept lines: its message's {ddp_magic: {pool, upto}} (held.ts)
 }
 
 /** The reply to {op: "follow"}: what the cell shows now, and the seq its next message will follow. */
@@ -189,6 +191,7 @@ export interface IFollowReply {
   seq: number;
   ended: boolean;
   outputs: IOutputMsg[];
+  shown?: unknown; // the kept pools' marks of the lines these outputs hold: [{type: "shown", pool, upto}] (held.ts)
 }
 
 export interface IEnvReport {

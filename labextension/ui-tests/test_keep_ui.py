@@ -9,20 +9,26 @@ does it again), then ``%ddp stop`` ends the pool; a pool the test left kept is s
 After a SIGKILL the page says what it received: a ``--bg --keep`` job prints ticks, the test SIGKILLs its kernel
 (the server starts a new one), and the panel's *Attach* replays each rank after the last line the page holds: the
 ticks of the job's cell and of the attach cell are 0…N−1, each exactly once (docs/keep.md, "Shown exactly once").
+The same where the page's word used not to reach the attach, with the kernel's own count made wrong so that only
+that word can get it right: a page that went away while the job printed and came back (it shows the job's cell
+again from the kernel's copy), a page reloaded after the SIGKILL (the tab's storage), and one cell with both
+``%load_ext ddp_magic`` and ``%ddp attach --out job`` (the page finds ddp_magic while that cell runs).
 
 Runs with the other browser tests (ui_fixtures.py's server and browser); Python Playwright drives /usr/bin/chromium.
 """
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from typing import Any, Iterator, List
 
 import pytest
-from ui_pages import append_and_run, front_page, no_errors, run_cell, wait_kernel_idle, wait_prompt
+from ui_pages import append_and_run, front_page, no_errors, run_cell, wait_kernel_idle, wait_prompt, wait_ready
 from ui_server import ROOT, Server
 
 NOTEBOOK = "ddp_keep_ui.ipynb"
@@ -35,10 +41,11 @@ expect = playwright_api.expect
 
 TICKS = ("%%ddp --bg --out job --keep\nimport os, time\nfor i in range({n}):\n    print('tick', i, flush=True)\n"
          "    while i == {at} and os.path.exists({gate!r}):\n        time.sleep(0.02)\n    time.sleep(0.02)\n")
-N, AT = 40, 25
+N, AT, EARLY = 40, 25, 12
+HELLO = "__import__('ddp_magic.ui.lab_hello', fromlist=['_'])"
 TICK = re.compile(r"\[rank (\d+)\] tick (\d+)\n")
 STDOUT_JS = ("(i) => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelectorAll("
-             "'.jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stdout\"]')].map(e => e.innerText).join('\\n')")
+             "'.jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stdout\"]')].map(e => e.textContent).join('\\n')")
 OUTPUT_JS = "(i) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelector('.jp-OutputArea').innerText"
 
 
@@ -135,6 +142,129 @@ def wait_ticks(page: Any, index: int, upto: int, timeout: float = 120.0) -> None
                            arg=index, timeout=timeout * 1000)
 
 
+def start_ticking(page: Any, server: Server, gate: str, upto: int, early: str = "") -> "tuple[int, str, int]":
+    """Cells 0 and 1 (the pool), then a ``--bg --keep`` job that ticks (waiting at ``early`` after tick EARLY, if
+    given, and at ``gate`` after tick AT): until ``upto`` is in the page. The job's cell index, its kept pool's id and
+    the kernel's pid."""
+    open(gate, "w").close()
+    base = cells(page)
+    run_cell(page, 0)
+    wait_prompt(page, 0)
+    run_cell(page, 1)  # SET: the pool of two ranks
+    wait_prompt(page, 1, timeout=180)
+    code = TICKS.format(n=N, at=AT, gate=gate)
+    if early:
+        wait = f"    while i == {EARLY} and os.path.exists({early!r}):\n        time.sleep(0.02)\n"
+        code = code.replace("flush=True)\n", "flush=True)\n" + wait, 1)
+    append_and_run(page, code)
+    wait_ticks(page, base, upto)
+    m = re.search(r"kept the pool ([0-9a-f]+)", output(page, base))
+    assert m, output(page, base)
+    pid = re.search(m.group(1) + r".*attached to .*\(pid (\d+)\)", terminal(server, "kept"))
+    assert pid, terminal(server, "kept")
+    return base, m.group(1), int(pid.group(1))
+
+
+def sigkill(page: Any, pid: int) -> None:
+    """SIGKILL the kernel, as the OOM killer would; until the server's new kernel is idle (its dialog closed)."""
+    page.evaluate("() => { window.__ddpRestarted = false; window.jupyterapp.shell.currentWidget.sessionContext.statusChanged.connect("
+                  "(_, s) => { if (s !== 'idle' && s !== 'busy') { window.__ddpRestarted = true; } }); }")
+    os.kill(pid, signal.SIGKILL)
+    page.wait_for_function("() => window.__ddpRestarted && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
+                           timeout=120_000)
+    dialog = page.locator(".jp-Dialog")  # "the kernel appears to have died; it will restart automatically"
+    if dialog.count():
+        dialog.locator(".jp-mod-accept").first.click()
+        expect(dialog).to_have_count(0, timeout=10_000)
+
+
+def attach_with_the_panel(page: Any, pool_id: str, base: int) -> str:
+    """``%load_ext`` (the page's comm opens to the new kernel and says what it holds), then the panel's *Attach*: a
+    new cell below cell 0 runs ``%ddp attach ID --out job``. What it printed."""
+    run_cell(page, 0)
+    wait_prompt(page, 0)
+    row = page.locator(f".jp-ddp-Panel-kept .jp-ddp-Panel-keptRow[data-id='{pool_id}']")
+    expect(row).to_be_visible(timeout=60_000)
+    row.locator("button.jp-ddp-Panel-button-attach").click()
+    page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length === {base + 2}", timeout=30_000)
+    wait_prompt(page, 1)
+    return output(page, 1)
+
+
+def miscount(server: Server, pool_id: str, whole: bool, timeout: float = 60.0) -> None:
+    """The kernel's own count of what it showed, set back (``whole``: to the spool's start, else to tick EARLY's line):
+    a replay from it would show those ticks twice, so only the page's word can make them come out once. (A count
+    ahead, as tests/kernel/test_keep.py also sets, tells nothing here: a rank replays from its spool's end at most,
+    and the job waits at its gate.) First, until the kernel has counted all its ranks printed: a later count would
+    set it right again."""
+    from ddp_magic.wire.kept import ShownOffsets
+
+    (where,) = glob.glob(os.path.join(server.tmp, "**", f"ddp-kept-{pool_id}"), recursive=True)
+    spools = [os.path.join(where, f"r{rank}.out") for rank in (0, 1)]
+    shown = ShownOffsets(os.path.join(where, "shown"), 2)
+    try:
+        deadline = time.monotonic() + timeout
+        while any(shown.get(rank, "stdout") != os.path.getsize(spools[rank]) for rank in (0, 1)):
+            assert time.monotonic() < deadline, "the kernel did not count what its ranks printed"
+            time.sleep(0.1)
+        for rank in (0, 1):
+            with open(spools[rank], "rb") as f:
+                text = f.read()
+            back = 0 if whole else text.index(f"\ntick {EARLY}\n".encode()) + 1  # that line's first byte
+            shown.set(rank, {"stdout": back})
+    finally:
+        shown.close()
+
+
+def save(page: Any) -> None:
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+
+
+def wait_spooled(server: Server, pool_id: str, tick: int, timeout: float = 120.0) -> None:
+    """Until each rank's spool (its output on disk) holds ``tick``: the job printed it, whether or not a page showed it."""
+    (where,) = glob.glob(os.path.join(server.tmp, "**", f"ddp-kept-{pool_id}"), recursive=True)
+    deadline = time.monotonic() + timeout
+
+    def spooled(rank: int) -> str:
+        try:
+            with open(os.path.join(where, f"r{rank}.out"), errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    while not all(f"tick {tick}\n" in spooled(rank) for rank in (0, 1)):
+        assert time.monotonic() < deadline, f"tick {tick} is not in both spools of {where}"
+        time.sleep(0.1)
+
+
+def once(page: Any, server: Server, gate: str, job: int, attach: int) -> None:
+    """The job goes on: the ticks of its cell and of the attach cell are 0…N−1, each once; then ``%ddp stop``."""
+    os.unlink(gate)
+    wait_ticks(page, attach, N - 1)
+    first, second = ticks(page, job), ticks(page, attach)
+    for rank in (0, 1):
+        assert first[rank] and second[rank], (rank, first, second)
+        assert first[rank] + second[rank] == list(range(N)), f"rank {rank}: the dead kernel's cell {first[rank]}, the attach cell {second[rank]}"
+    append_and_run(page, "%ddp stop")
+    last = cells(page) - 1
+    wait_prompt(page, last)
+    assert "stopped the pool" in output(page, last), output(page, last)
+
+
+def quiet_403(page: Any, refused: List[str]) -> None:
+    if refused and all("/static/" in url and url.endswith(".woff2") for url in refused):
+        # Notebook 7 asks for a font of its own when its "the kernel died" dialog shows, and gets a 403: not ours
+        page.ddp_watch.lines[:] = [line for line in page.ddp_watch.lines if "status of 403" not in line]
+
+
+def quiet_reload(page: Any) -> None:
+    """JupyterLab's debugger asks each new kernel for its state; a page that reloads (or leaves) before the answer
+    logs that it gave up: JupyterLab's own, on a reload only (the tests that reload nothing never see it)."""
+    page.ddp_watch.lines[:] = [line for line in page.ddp_watch.lines if not line.startswith(
+        "error: Could not restore the debugger state: Canceled future for debug_request message before replies were done")]
+
+
 def test_ticks_show_once_over_a_sigkill(page: Any, server: Server, tmp_path: Any) -> None:
     kept: List[str] = []
     refused: List[str] = []  # what the server answered 403 to
@@ -143,54 +273,104 @@ def test_ticks_show_once_over_a_sigkill(page: Any, server: Server, tmp_path: Any
     try:
         for round_ in range(2):
             gate = str(tmp_path / f"gate{round_}")
-            open(gate, "w").close()
-            base = cells(page)
-            run_cell(page, 0)
-            wait_prompt(page, 0)
-            run_cell(page, 1)  # SET: the pool of two ranks
-            wait_prompt(page, 1, timeout=180)
-            append_and_run(page, TICKS.format(n=N, at=AT, gate=gate))
-            wait_ticks(page, base, 10)
-            m = re.search(r"kept the pool ([0-9a-f]+)", output(page, base))
-            assert m, output(page, base)
-            pool_id = m.group(1)
+            base, pool_id, pid = start_ticking(page, server, gate, 10)
             kept.append(pool_id)
-            pid = re.search(pool_id + r".*attached to .*\(pid (\d+)\)", terminal(server, "kept"))
-            assert pid, terminal(server, "kept")
-            page.evaluate("() => { window.__ddpRestarted = false; window.jupyterapp.shell.currentWidget.sessionContext.statusChanged.connect("
-                          "(_, s) => { if (s !== 'idle' && s !== 'busy') { window.__ddpRestarted = true; } }); }")
-            os.kill(int(pid.group(1)), signal.SIGKILL)  # as the OOM killer would, while the ticks come
-            page.wait_for_function("() => window.__ddpRestarted && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
-                                   timeout=120_000)
-            dialog = page.locator(".jp-Dialog")  # "the kernel appears to have died; it will restart automatically"
-            if dialog.count():
-                dialog.locator(".jp-mod-accept").first.click()
-                expect(dialog).to_have_count(0, timeout=10_000)
-            run_cell(page, 0)  # %load_ext: the page's comm opens to the new kernel, and says what it holds
-            wait_prompt(page, 0)
-            row = page.locator(f".jp-ddp-Panel-kept .jp-ddp-Panel-keptRow[data-id='{pool_id}']")
-            expect(row).to_be_visible(timeout=60_000)
-            row.locator("button.jp-ddp-Panel-button-attach").click()  # a new cell below cell 0: %ddp attach ID --out job
-            page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length === {base + 2}", timeout=30_000)
-            wait_prompt(page, 1)
-            said = output(page, 1)
+            sigkill(page, pid)
+            said = attach_with_the_panel(page, pool_id, base)
             assert f"attached the kept pool {pool_id}" in said and "its output follows after the last line this page received" in said, said
-            os.unlink(gate)
-            wait_ticks(page, 1, N - 1)
-            first, second = ticks(page, base + 1), ticks(page, 1)
-            for rank in (0, 1):
-                assert first[rank] and second[rank], (rank, first, second)
-                assert first[rank] + second[rank] == list(range(N)), f"rank {rank}: the dead kernel's cell {first[rank]}, the attach cell {second[rank]}"
-            append_and_run(page, "%ddp stop")
-            wait_prompt(page, base + 2)
-            assert "stopped the pool" in output(page, base + 2), output(page, base + 2)
+            once(page, server, gate, base + 1, 1)
             kept.clear()
             page.evaluate("(b) => { const m = window.jupyterapp.shell.currentWidget.content.model.sharedModel;"
                           " m.deleteCellRange(b + 1, b + 3); m.deleteCellRange(1, 2); }", base)  # ticks, stop, then the attach cell
             assert cells(page) == base
-        if refused and all("/static/" in url and url.endswith(".woff2") for url in refused):
-            # Notebook 7 asks for a font of its own when its "the kernel died" dialog shows, and gets a 403: not ours
-            page.ddp_watch.lines[:] = [line for line in page.ddp_watch.lines if "status of 403" not in line]
+        quiet_403(page, refused)
+        no_errors(page)
+    finally:
+        page.remove_listener("response", on_response)
+        for pool_id in kept:
+            terminal(server, "stop", pool_id)
+
+
+def test_ticks_show_once_over_a_reload_and_a_sigkill(page: Any, server: Server, tmp_path: Any) -> None:
+    """A page reloaded since the last kept line it got still says what it shows (docs/keep.md). Round 0: the page goes
+    away while the job prints (its kernel alive) and comes back: the job's cell is given back from the kernel's copy
+    (rebind.ts), and the follow reply says how far its lines go (what the tab's storage held stops earlier). Round 1:
+    the kernel is SIGKILLed, the notebook saved, the page reloaded: only the tab's storage knows. Then the panel's
+    *Attach*. The kernel's own count is set back (to its start, then to tick EARLY): the page's word must be the
+    one taken."""
+    kept: List[str] = []
+    refused: List[str] = []
+    on_response = lambda r: refused.append(r.url) if r.status == 403 else None  # noqa: E731
+    page.on("response", on_response)
+    try:
+        for round_ in range(2):
+            gate, early = str(tmp_path / f"reload{round_}"), str(tmp_path / f"early{round_}")
+            open(early, "w").close()
+            base, pool_id, pid = start_ticking(page, server, gate, EARLY if round_ == 0 else AT, early=early if round_ == 0 else "")
+            kept.append(pool_id)
+            save(page)  # the job's cell is in the file
+            if round_ == 0:
+                url = page.url
+                page.goto("about:blank")  # the page goes away; it wrote what it held to the tab's storage
+                os.unlink(early)  # the job prints on to its gate, with no page to show it
+                wait_spooled(server, pool_id, AT)
+                miscount(server, pool_id, whole=True)
+                page.goto(url, timeout=60_000)
+            else:
+                miscount(server, pool_id, whole=False)
+                sigkill(page, pid)
+                save(page)  # as autosave would: the cell's lines are in the file
+                page.reload(timeout=60_000)
+            wait_ready(page, page.ddp_watch)
+            page.add_style_tag(content=".Toastify { display: none !important; }")
+            page.evaluate("() => window.jupyterapp.commands.execute('ddp-magic:show-panel')")
+            wait_ticks(page, base, AT)  # round 0: the reloaded page follows the job's cell; round 1: the file's lines
+            if round_ == 0:
+                sigkill(page, pid)
+            said = attach_with_the_panel(page, pool_id, base)
+            assert f"attached the kept pool {pool_id}" in said and "its output follows after the last line this page received" in said, said
+            once(page, server, gate, base + 1, 1)
+            kept.clear()
+            page.evaluate("(b) => { const m = window.jupyterapp.shell.currentWidget.content.model.sharedModel;"
+                          " m.deleteCellRange(b + 1, b + 3); m.deleteCellRange(1, 2); }", base)
+            assert cells(page) == base
+        quiet_403(page, refused)
+        quiet_reload(page)
+        no_errors(page)
+    finally:
+        page.remove_listener("response", on_response)
+        for pool_id in kept:
+            terminal(server, "stop", pool_id)
+
+
+def test_ticks_show_once_when_one_cell_loads_and_attaches(page: Any, server: Server, tmp_path: Any) -> None:
+    """After the SIGKILL, one cell ``%load_ext ddp_magic`` + ``%ddp attach --out job`` (what a user pastes): the page
+    finds ddp_magic while that cell runs (busy_probe.ts) and its hello reaches the attach, which waits for it
+    (ui/lab_hello.py). The kernel's own count is set back, as above."""
+    kept: List[str] = []
+    refused: List[str] = []
+    on_response = lambda r: refused.append(r.url) if r.status == 403 else None  # noqa: E731
+    page.on("response", on_response)
+    try:
+        for round_ in range(2):
+            gate = str(tmp_path / f"cell{round_}")
+            base, pool_id, pid = start_ticking(page, server, gate, AT)
+            kept.append(pool_id)
+            miscount(server, pool_id, whole=round_ == 1)
+            sigkill(page, pid)
+            append_and_run(page, "%load_ext ddp_magic\n%ddp attach --out job")
+            page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length === {base + 2}", timeout=30_000)
+            wait_prompt(page, base + 1)
+            said = output(page, base + 1)
+            assert f"attached the kept pool {pool_id}" in said and "its output follows after the last line this page received" in said, said
+            once(page, server, gate, base, base + 1)
+            kept.clear()
+            append_and_run(page, f"print('waited', {HELLO}.last_wait, {HELLO}.heard())")
+            wait_prompt(page, base + 3)
+            print(f"[{round_}] the attach waited for the page's hello:", output(page, base + 3).strip())  # docs/keep.md's figure
+            page.evaluate("(b) => window.jupyterapp.shell.currentWidget.content.model.sharedModel.deleteCellRange(b, b + 4)", base)
+            assert cells(page) == base
+        quiet_403(page, refused)
         no_errors(page)
     finally:
         page.remove_listener("response", on_response)

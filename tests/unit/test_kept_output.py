@@ -63,3 +63,24 @@ def test_a_mark_goes_with_the_message_that_holds_its_lines() -> None:
         ("stdout", "ddp_magic: a fold's timer\n", {}),  # the waiting marks: with the last, unless a later one said more
     ] and left == {}
     assert _messages([("", None, (0, [12, 0]))], {"1": [3, 3]}) == ([], {"1": [3, 3], "0": [12, 0]})  # no line to go with: they wait
+
+
+def test_a_transcript_says_how_far_the_kept_lines_it_holds_go() -> None:
+    """A page that shows a background cell again (a reload) holds what the kernel's copy holds (ui/transcripts.py):
+    the follow reply says it as the extension's ``shown``, each later message carries its own marks."""
+    from ddp_magic.ui.transcripts import Transcript
+
+    cell = Transcript("m1", "c1", "page", "cell [3]", lambda: False)
+    meta = lambda upto: {"ddp_magic": {"pool": "3fa9", "upto": upto}}  # noqa: E731
+    cell.add("stream", {"name": "stdout", "text": "[rank 0] tick 0\n"}, meta({"0": [8, 0]}))
+    cell.add("stream", {"name": "stdout", "text": "[rank 1] tick 0\n"}, meta({"1": [8, 0]}))
+    cell.add("display_data", {"data": {"text/plain": "view"}}, {"ddp_magic": {"pool": "x", "upto": {"0": [99, 0]}}})  # not a stream
+    cell.add("stream", {"name": "stdout", "text": "plain\n"}, {})
+    sent = []
+    reply = cell.follow("comm", sent.append)
+    assert reply["shown"] == [{"type": "shown", "pool": "3fa9", "upto": {"0": [8, 0], "1": [8, 0]}}]
+    assert [o["msg_type"] for o in reply["outputs"]] == ["stream", "display_data", "stream"]
+    cell.add("stream", {"name": "stdout", "text": "[rank 0] tick 1\n"}, meta({"0": [16, 0]}))
+    cell.add("stream", {"name": "stdout", "text": "more\n"}, None)
+    assert sent[0]["metadata"] == meta({"0": [16, 0]}) and "metadata" not in sent[1]
+    assert cell.follow("again", lambda d: None)["shown"][0]["upto"] == {"0": [16, 0], "1": [8, 0]}
