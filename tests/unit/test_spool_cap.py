@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from typing import Callable, List
 
 import pytest
 
@@ -55,6 +56,19 @@ class Crash(Exception):
     """The rank dies here (SIGKILL, the OOM killer): nothing after this step ran."""
 
 
+def _dying_at(step: int, real: Callable[[str, str], None]) -> Callable[[str, str], None]:
+    """os.replace, but the rank dies before the rename number ``step`` (0: the first)."""
+    done: List[str] = []
+
+    def replace(src: str, dst: str) -> None:
+        if len(done) == step:
+            raise Crash(f"the rank died before renaming {os.path.basename(src)}")
+        done.append(dst)
+        real(src, dst)
+
+    return replace
+
+
 @pytest.mark.parametrize("step", [0, 1, 2])
 def test_a_trim_cut_short_at_any_step_leaves_a_file_and_base_that_agree(tmp_path, monkeypatch, step: int) -> None:
     """``_trim`` writes the new file, then ``.base`` (its rename), then renames the file: the rank dying after ``step``
@@ -72,18 +86,10 @@ def test_a_trim_cut_short_at_any_step_leaves_a_file_and_base_that_agree(tmp_path
         while spool.written < len(sent) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert spool.written == len(sent)
-        renames = []
         real = os.replace
-
-        def replace(src: str, dst: str) -> None:
-            if len(renames) == step:
-                raise Crash(f"the rank died before renaming {os.path.basename(src)}")
-            renames.append(dst)
-            real(src, dst)
-
         with spool.lock:
             spool.cap = 2048
-            monkeypatch.setattr(rank_keep.os, "replace", replace)
+            monkeypatch.setattr(rank_keep.os, "replace", _dying_at(step, real))
             try:
                 if step < 2:
                     with pytest.raises(Crash):
