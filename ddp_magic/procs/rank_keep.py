@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..logs import log
 from ..wire import kept
 from ..wire import protocol as P
+from ..wire.capture import spool_marker
 
 
 CONNECT_S = 60.0  # how long a rank tries to reach the lease socket
@@ -51,6 +52,7 @@ class Spool:
         os.dup2(write_end, fd)
         os.close(write_end)
         self.read_end = read_end
+        self._send(spool_marker(self.written))  # before the pump's first byte, after the last one written to the socket itself
         threading.Thread(target=self._pump, name=f"ddp-spool-{fd}", daemon=True).start()
 
     def _pump(self) -> None:

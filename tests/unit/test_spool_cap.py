@@ -11,6 +11,7 @@ import pytest
 
 from ddp_magic.procs import rank_keep
 from ddp_magic.procs.rank_keep import Spool, _read_base
+from ddp_magic.wire.capture import spool_marker
 
 LINES = "".join(f"line {i:04d}\n" for i in range(500))  # 5,000 bytes, 10 a line
 
@@ -35,7 +36,8 @@ def test_the_cap_drops_the_oldest_lines_and_says_how_much(tmp_path) -> None:
     while spool.written < len(LINES) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert spool.written == len(LINES)
-    assert _read_all(notebook, len(LINES)).decode() == LINES  # the attached kernel got every byte as it came
+    marker = spool_marker(0)  # where on the socket the spool's bytes begin (the kernel counts from there)
+    assert _read_all(notebook, len(marker) + len(LINES)) == marker + LINES.encode()  # every byte as it came
     kept = open(path).read()
     assert 0 < len(kept) <= 1024 and spool.base % 10 == 0 and kept == LINES[spool.base:]  # from a line's start
     assert _read_base(path) == spool.base

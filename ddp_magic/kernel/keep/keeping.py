@@ -93,6 +93,7 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     if state is None:
         pool.hub.shown = KeptOutput(pool_id, kept.ShownOffsets(os.path.join(directory, "shown"), pool.nproc))  # KEEP replies start it
         pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(pool_id, where), "dir": directory, "cap": spool_cap()}
+        pool.hub.expect_spools(pool.ranks)  # what they wrote before their spools began counts for none (kernel/output/hub_output.py)
         replies = pool.ask(P.KEEP, KEEP_WAIT_S, fields=pool.hub.keep_msg)
         missing = sorted(set(pool.ranks) - {r for r, m in replies.items() if m.get("on")})
         if missing:
