@@ -151,6 +151,7 @@ class KeptTemplate:
                 self.kernel_gone(dead=False)
             return
         self.up_buf += data
+        EVENTS["fd"] = self.upstream.fileno()  # the attached kernel's events go back this way (its first kernel may live on, fenced)
         while b"\n" in self.up_buf and self.upstream is not None:
             line, self.up_buf = self.up_buf.split(b"\n", 1)
             self.command(json.loads(line))
