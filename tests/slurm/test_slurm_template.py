@@ -181,6 +181,7 @@ def test_a_kernel_that_attached_a_kept_pool_forks_a_rank_on_every_node_the_lease
             joined = _joined(admission, 3)
             (rank0,) = [m for _, m in joined if m["op"] == P.HELLO]
             assert rank0["rank"] == 0 and _parent_env(rank0["pid"])[b"SLURMD_NODENAME"] == b"nA", "the holder's own node"
+            launcher.adopt(rank0["pid"], 0, "127.0.0.1")
             for s, m in joined:
                 if m["op"] == P.HELLO:
                     P.send(s, P.message(P.SHUTDOWN))
