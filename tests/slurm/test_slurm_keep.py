@@ -30,6 +30,7 @@ no_jobs_left = slurm_fixtures.no_jobs_left
 
 START = "%%ddp --slurm --nodes 2 --ntasks-per-node {per}\nimport os, time, torch, torch.distributed as dist\nkept = 100 + dist.get_rank()\nos.getpid()"
 TICKS = """%%ddp --bg --out job --keep
+import os, time
 for i in range({n}):
     print('tick', i, flush=True)
     while i == {at} and os.path.exists({gate!r}):
@@ -38,7 +39,7 @@ for i in range({n}):
 ('done', kept)
 """
 N, AT = 40, 20
-TICK = re.compile(r"\[rank (\d+)\] tick (\d+)\n")
+TICK = re.compile(r"\[rank (\d+)(?: \S+)?\] tick (\d+)\n")  # "[rank 0 n1]": its node too
 AGAIN = ("%%ddp\nimport os, torch, torch.distributed as dist\nx = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(x)\n"
          "had = globals().get('kept')\nkept = 100 + dist.get_rank()\n(had, x.item(), os.getpid())")
 POOL = "get_ipython().magics_manager.registry['DDPMagics'].session.pool"
@@ -151,11 +152,14 @@ def test_a_kept_slurm_pool_outlives_its_kernel_until_its_lease_ends(slurm_cluste
                     k.run("%load_ext ddp_magic").ok()
                     ex2 = k.run("%ddp attach --out job", timeout=120).ok()
                     assert "attached the kept pool" in ex2.stdout and f"{len(ranks)} ranks alive" in ex2.stdout, ex2.stdout
+                    assert "is still running: its output follows" in ex2.stdout, (how, ex2.stdout, ex2.stderr, first[-2000:])
                     os.unlink(gate)
                     assert k.value("job.wait(120)") is True
                     result = k.run("job.result()", timeout=60).ok().result or ""
                     assert all(f"('done', {100 + r})" in result for r in range(len(ranks))), result
-                    shown, second = _ticks(first), _ticks(_texts(k, ex2))
+                    replayed = _texts(k, ex2)
+                    assert "[rank 3 n2] tick" in replayed, "the attached kernel names each rank's node, as the first did"
+                    shown, second = _ticks(first), _ticks(replayed)
                     for r in range(len(ranks)):
                         both = shown.get(r, []) + second.get(r, [])
                         whole = sorted(both) == list(range(N)) if how != "sigkill" else set(both) == set(range(N))
