@@ -154,7 +154,12 @@ class KeptTemplate:
         EVENTS["fd"] = self.upstream.fileno()  # the attached kernel's events go back this way (its first kernel may live on, fenced)
         while b"\n" in self.up_buf and self.upstream is not None:
             line, self.up_buf = self.up_buf.split(b"\n", 1)
-            self.command(json.loads(line))
+            try:
+                cmd = json.loads(line)
+            except ValueError:  # a line cut short (the holder gave up on a send): the spawn it held fails in the kernel's wait
+                log.warning("the lease holder sent an unreadable line: %r", line[:200])
+                continue
+            self.command(cmd)
 
     def kept_fds(self) -> List[int]:
         return (self.lease.fds() if self.lease is not None else []) + ([self.upstream.fileno()] if self.upstream is not None else [])

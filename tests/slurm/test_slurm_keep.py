@@ -58,6 +58,16 @@ def _job_listed(job: str) -> bool:
     return bool(squeue("-j", job, "-o", "%T").strip())
 
 
+def _lease(runtime: str) -> List[str]:
+    """The discovery files' words (what a failed check needs: why a lease ended)."""
+    out = []
+    for name in sorted(os.listdir(runtime)):
+        if name.endswith(".json"):
+            with open(os.path.join(runtime, name)) as f:
+                out.append(f.read()[-600:])
+    return out
+
+
 def _texts(k: Kernel, ex: Execution) -> str:
     """Every stream text of one cell, its later (background) messages included, colour codes stripped."""
     msgs = ex.messages + [m for m in k.collect(1.0) if m["parent_header"].get("msg_id") == ex.msg_id]
@@ -148,7 +158,8 @@ def test_a_kept_slurm_pool_outlives_its_kernel_until_its_lease_ends(slurm_cluste
                     open(gate, "w").close()
                     ex1 = _ticking(k, gate, len(ranks))
                     k, first = _end(k, how, env, ex1)
-                    assert all(alive(p) for p in ranks) and _job_listed(job), f"kept through a {how}: the ranks and the allocation"
+                    assert all(alive(p) for p in ranks) and _job_listed(job), (f"kept through a {how}: the ranks and the allocation",
+                                                                               [alive(p) for p in ranks], _ours(runtime), squeue("-j", job), _lease(runtime))
                     k.run("%load_ext ddp_magic").ok()
                     ex2 = k.run("%ddp attach --out job", timeout=120).ok()
                     assert "attached the kept pool" in ex2.stdout and f"{len(ranks)} ranks alive" in ex2.stdout, ex2.stdout
