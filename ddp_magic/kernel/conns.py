@@ -44,6 +44,7 @@ class OutConn:
         self.synced = -1  # the last cell whose marker has been read
         self.eof = False
         self.unshown = 0  # a kept pool: bytes read after the last whole line, not counted as shown yet (hub_output.py)
+        self.awaiting_spool = False  # a kept pool: KEEP went to the rank, whose spool marker has not been read yet
         self.source: Union[socket.socket, tls.TlsSource] = sock
         self.pull_fd: Optional[int] = None
         self.pulling = False

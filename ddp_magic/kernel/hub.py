@@ -99,6 +99,7 @@ class Hub(OutputStreams):
                 sock.close()
                 return
             out = self.outs[(rank, stream)] = OutConn(rank, stream, sock)
+            out.awaiting_spool = self.keep_msg is not None  # a rank joining a kept pool anew: KEEP goes to it (below)
             sock.setblocking(False)
             self._watch(sock, out)
             return
@@ -331,8 +332,6 @@ class Hub(OutputStreams):
             self.peeks.put(rank, msg)
         elif op in (P.STACK, P.ENV, P.REFORM, P.VERSIONS, P.KEEP):
             self.replies.setdefault(op, {})[rank] = msg
-            if op == P.KEEP and self.shown is not None and "written" in msg:  # its spool starts here: so does what we showed
-                self.shown.start(rank, msg["written"])
         elif op == P.MEMORY:  # sampled while a cell runs, or asked for by %ddp status (kernel/memory.py)
             self.replies.setdefault(op, {})[rank] = msg
             if info is not None:

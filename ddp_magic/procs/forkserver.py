@@ -260,7 +260,7 @@ class Template(KeptTemplate):
         """Reap exited ranks and run the kernel's commands until the kernel goes (a kept pool: until its lease ends)."""
         last = time.monotonic()
         while True:
-            fds = ([self.kernel_fd] if self.kernel_fd >= 0 else []) + [self.wake_r] + (self.lease.fds() if self.lease else [])
+            fds = ([self.kernel_fd] if self.kernel_fd >= 0 else []) + [self.wake_r] + self.kept_fds()
             ready = readable(fds, SPARE_IDLE_S / 2)
             if self.kernel_fd in ready:
                 last = time.monotonic()
@@ -275,8 +275,7 @@ class Template(KeptTemplate):
             self.reap()
             if self.kernel_fd >= 0 and self.kernel_fd in ready:
                 self.read_commands()
-            if self.lease is not None:
-                self.serve_lease([fd for fd in ready if fd in self.lease.fds()])
+            self.serve_kept(ready)
 
     def read_commands(self) -> None:
         try:

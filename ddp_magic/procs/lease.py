@@ -49,6 +49,7 @@ class _Peer:
         self.sock = sock
         self.buf = b""
         self.rank: Optional[int] = None  # a rank's connection
+        self.node: Optional[str] = None  # another Slurm node's template, following the lease (procs/template_keep.py)
         self.pid = 0  # its pid
         self.busy = False
 
@@ -98,6 +99,7 @@ class Lease:
         _raise_fd_limit(2 * int(self.info.get("nproc") or 0) + 64)  # a lease connection per rank: past the usual 1,024
         self.listener = self._listen()
         self.peers: Dict[int, _Peer] = {}  # fd -> peer
+        self.templates: Dict[str, _Peer] = {}  # node -> its template's connection (a Slurm pool's other nodes)
         self.kernel: Optional[Dict[str, Any]] = {"kernel": cmd.get("kernel", ""), "pid": cmd.get("pid"), "since": time.time()}
         self.kernel_peer: Optional[_Peer] = None  # after an attach: the kernel's connection (before: the template's stdin)
         self.left_at: Optional[float] = None  # when the last kernel left
@@ -135,7 +137,7 @@ class Lease:
         busy = sorted(p.rank for p in self.peers.values() if p.rank is not None and p.busy)
         return dict(self.info, id=self.id, state="kept", secret=self.secret.hex(), template_pid=os.getpid(), since=self.since,
                     idle=self.idle, max=self.max, attached=self.kernel, left_at=self.left_at, busy=busy, meanwhile=self.meanwhile,
-                    ranks=self.ranks())
+                    ranks=self.ranks(), templates=sorted(self.templates))
 
     def ranks(self) -> Dict[str, int]:
         """rank -> pid of every live rank: our children, and on Slurm the ranks other nodes' templates forked (known by
@@ -194,6 +196,8 @@ class Lease:
             peer.sock.close()
         except OSError:
             log.debug("closing a lease peer failed", exc_info=True)
+        if peer.node is not None and self.templates.get(peer.node) is peer:
+            del self.templates[peer.node]
         if peer is self.kernel_peer:
             self.kernel_left()
         elif peer.rank is not None and peer.pid not in self.children() and self.kernel is None:
@@ -202,7 +206,14 @@ class Lease:
 
     def _message(self, peer: _Peer, msg: Dict[str, Any]) -> bool:
         op = msg.get("op")
-        if op == "rank":
+        if peer.node is not None:  # a following template's event (a rank it forked, or its exit): for the attached kernel
+            if self.relay is not None:
+                self.relay(msg)
+        elif op == "template":
+            peer.node, peer.pid = str(msg["node"]), int(msg.get("pid") or 0)
+            self.templates[peer.node] = peer
+            self.write()
+        elif op == "rank":
             peer.rank, peer.busy, peer.pid = int(msg["rank"]), bool(msg.get("busy")), int(msg.get("pid") or 0)
         elif op == "busy":
             was, peer.busy = peer.busy, bool(msg.get("busy"))
@@ -241,6 +252,14 @@ class Lease:
         return True
 
     fence_old: Optional[Callable[[Dict[str, Any]], None]] = None  # the template's: tell the attached kernel it lost the pool
+    relay: Optional[Callable[[Dict[str, Any]], None]] = None  # the template's: an event to the attached kernel, if any
+
+    def forward(self, cmd: Dict[str, Any]) -> str:
+        """A command of the attached kernel for another node's template (a spawn); why it could not go ("" when it went)."""
+        peer = self.templates.get(str(cmd.get("node")))
+        if peer is None:
+            return "that template holds no connection to the kept pool's lease (it ended, or never reached the lease socket)"
+        return "" if peer.send(cmd) else "that template's connection to the kept pool's lease closed"
 
     def fence(self, msg: Dict[str, Any]) -> None:
         if self.fence_old is not None:
@@ -304,6 +323,7 @@ class Lease:
         for peer in list(self.peers.values()):
             peer.sock.close()
         self.peers.clear()
+        self.templates.clear()
         self.listener.close()
         shutil.rmtree(self.dir, ignore_errors=True)
         for path in (kept.discovery_path(self.id, self.where), kept.lock_path(self.id, self.where)):

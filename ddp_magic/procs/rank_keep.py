@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..logs import log
 from ..wire import kept
 from ..wire import protocol as P
+from ..wire.capture import spool_marker
 
 
 CONNECT_S = 60.0  # how long a rank tries to reach the lease socket
@@ -36,8 +37,8 @@ class Spool:
     """One stream (fd 1 or 2) through a pipe: every byte to the spool file, and to the kernel's socket when one is there.
 
     ``cap`` (bytes, 0: none) bounds the file: past it, the oldest half is dropped at a line's start. ``base`` is the
-    offset of the file's first byte (kept beside it in ``<spool>.base``, for a rank started again on the same file);
-    an attach from before it says how much it lost (``dropped``)."""
+    offset of the file's first byte (kept beside it in ``<spool>.base``, for a rank started again on the same file:
+    ``_trim`` says how the two change together); an attach from before it says how much it lost (``dropped``)."""
 
     def __init__(self, fd: int, path: str, cap: int = 0) -> None:
         self.fd = fd
@@ -51,6 +52,7 @@ class Spool:
         os.dup2(write_end, fd)
         os.close(write_end)
         self.read_end = read_end
+        self._send(spool_marker(self.written))  # before the pump's first byte, after the last one written to the socket itself
         threading.Thread(target=self._pump, name=f"ddp-spool-{fd}", daemon=True).start()
 
     def _pump(self) -> None:
@@ -74,7 +76,12 @@ class Spool:
                     self._trim()
 
     def _trim(self) -> None:
-        """Drop the oldest half of the file, from a line's start: the newest ``cap`` / 2 bytes stay."""
+        """Drop the oldest half of the file, from a line's start: the newest ``cap`` / 2 bytes stay.
+
+        The file and its base change as a pair, whatever instant the rank dies at (a rank started again on the file
+        then counts from the right base): the newest bytes go to a new file; then ``<spool>.base`` is replaced, whole,
+        by one naming both files by inode (the old one's base, the new one's); then the new file replaces the old.
+        Whichever file stands, its own line gives its base (``_read_base``)."""
         tmp = self.path + ".tmp"
         with open(self.path, "rb") as src, open(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "wb") as dst:
             src.seek(self.written - self.base - self.cap // 2)
@@ -83,8 +90,8 @@ class Spool:
             skipped = self.written - self.base - self.cap // 2 + cut
             dst.write(head[cut:])
             shutil.copyfileobj(src, dst, 1 << 20)
-        with open(self.path + ".base", "w") as f:
-            f.write(str(self.base + skipped))
+            new_inode = os.fstat(dst.fileno()).st_ino
+        _write_base(self.path, {os.fstat(self.file).st_ino: self.base, new_inode: self.base + skipped})
         os.replace(tmp, self.path)
         os.close(self.file)
         self.file = os.open(self.path, os.O_WRONLY | os.O_APPEND)
@@ -137,15 +144,31 @@ class Spool:
                 os.close(devnull)
 
 
+def _write_base(path: str, bases: Dict[int, int]) -> None:
+    """``<spool>.base``, whole or not at all (a file renamed over it): a line ``INODE BASE`` per spool file it may stand for."""
+    tmp = path + ".base.tmp"
+    with open(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w") as f:
+        f.write("".join(f"{inode} {base}\n" for inode, base in bases.items()))
+    os.replace(tmp, path + ".base")
+
+
 def _read_base(path: str) -> int:
+    """The offset of the spool file's first byte: its own line of ``<spool>.base`` (by inode); 0 when it was never trimmed."""
+    bases: Dict[int, int] = {}
     try:
         with open(path + ".base") as f:
-            return int(f.read().strip() or 0)
+            for line in f:
+                inode, base = line.split()
+                bases[int(inode)] = int(base)
+        here = os.stat(path).st_ino
     except FileNotFoundError:
         return 0
     except (OSError, ValueError):
         log.warning("spool %s: its .base file is unreadable; offsets count from its first byte", path, exc_info=True)
         return 0
+    if here not in bases:
+        log.warning("spool %s: its .base file names other files; offsets count from its first byte", path)
+    return bases.get(here, 0)
 
 
 def _write_all(fd: int, data: bytes) -> None:

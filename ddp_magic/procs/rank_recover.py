@@ -41,6 +41,7 @@ class _State:
     released: Optional[str] = None  # this cell: why the group was aborted under it (None: it was not)
     own = False  # this rank aborted it itself (the --pg-timeout watchdog): its cell failed, not released
     broken = False  # the group was aborted (or lost a peer) and must be re-formed before it is used
+    gen = 0  # the kernel's generation of the last group re-formed here (REFORM)
     lock = threading.Lock()
 
 
@@ -258,7 +259,7 @@ def reform(msg: dict, rank: int, device: str, user_ns: Dict[str, Any]) -> Dict[s
             rank_torch.init_process_group(rank, device)
         else:
             _init_on(store, rank, device)
-        STATE.broken, STATE.released, STATE.own = False, None, False
+        STATE.broken, STATE.released, STATE.own, STATE.gen = False, None, False, int(msg.get("gen") or 0)
         if os.environ.get(mesh.MESH_ENV):
             mesh.install(user_ns, device)  # --mesh's `mesh`, on the new group
         rank_group.keep_groups()
@@ -267,6 +268,12 @@ def reform(msg: dict, rank: int, device: str, user_ns: Dict[str, Any]) -> Dict[s
         log.debug("rank %d: re-forming the process group failed", rank, exc_info=True)
         return {"rank": rank, "ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     return {"rank": rank, "ok": True, "seconds": time.monotonic() - t0, "swapped": swapped, "stale": stale}
+
+
+def group_gen() -> int:
+    """The generation of this rank's group: the last REFORM's, else the one it was started into alone (a kernel that
+    attaches a kept pool goes on from the highest its ranks say: kernel/keep/attach.py)."""
+    return STATE.gen or int(os.environ.get("DDP_MAGIC_REFORM_GEN") or 0)
 
 
 def _init_on(store: Any, rank: int, device: str) -> None:

@@ -15,7 +15,9 @@ pool's secret comes sealed with it (wire/slurm_env.py ``seal``), never in the cl
 stdin closing (srun gone: the kernel is) or SIGTERM (the step cancelled) ends every rank
 and the template; a rank dies with its template (its parent-death signal). A kept pool
 (docs/keep.md): the first node's template holds the lease, as a fork-server template does, and
-the others follow it; stdin closing then only means that no kernel is attached.
+the others follow it; stdin closing then only means that no kernel is attached. A following template holds a
+connection to the lease socket (procs/template_keep.py ``follow``): a kernel that attaches the pool later sends
+its spawns to the holder, which hands one for another node to that node's template.
 """
 from __future__ import annotations
 
@@ -42,6 +44,10 @@ class NodeTemplate(Template):
 
     def spawn(self, cmd: dict) -> None:
         if cmd.get("node") != self.node:
+            if self.lease is not None and self.kernel_sock is not None:  # a kernel that attached the kept pool asks us alone
+                why = self.lease.forward(cmd)  # that node's template holds a connection to our lease (``follow``)
+                if why:
+                    _emit({"event": "unserved", "rank": cmd.get("rank"), "node": cmd.get("node"), "why": why})
             return
         config = cmd["config"]
         env = dict(self.env, **config.pop("env_set", {}))
@@ -68,6 +74,10 @@ class NodeTemplate(Template):
             return
         if op in ("keep", "unkeep") and node and node != self.node:
             self.follows_lease = op == "keep"
+            if op == "keep":
+                self.follow(str(cmd["id"]), str(cmd["where"]), bytes.fromhex(self._unsealed(cmd).get("secret") or self.secret.hex()), self.node)
+            else:
+                self.unfollow()
             return
         if op == "unkeep":
             self.follows_lease = False

@@ -9,11 +9,16 @@ import json
 import os
 import signal
 import socket
+import time
 from typing import Callable, Dict, List, Optional
 
 from ..logs import log
+from ..wire import kept
+from ..wire import protocol as P
 from .lease import Lease, release_from_parent
 from .parent import die_with_parent
+
+FOLLOW_WAIT_S = 30.0  # a following template reaches the holder's lease socket within this (it opens as the same keep arrives)
 
 EVENTS = {"fd": 1}  # where events go: stdout, an attached kernel's lease connection (procs/lease.py), or nowhere (-1)
 
@@ -71,6 +76,7 @@ class KeptTemplate:
             signal.signal(signal.SIGTERM, self.kernel_gone)
             self.lease = Lease(cmd, bytes.fromhex(cmd["secret"]), lambda: dict(self.children))
             self.lease.fence_old = self.fence
+            self.lease.relay = emit  # a following node template's events (procs/slurm_template.py): on to the attached kernel
         emit({"event": "kept", "id": self.lease.id, "dir": self.lease.dir})
 
     def fence(self, event: dict) -> None:
@@ -80,18 +86,90 @@ class KeptTemplate:
 
     kernel_sock: Optional[socket.socket] = None  # an attached kernel's lease connection (None: our stdin, or no kernel)
     follows_lease = False  # a Slurm node's template whose pool another node's template keeps (procs/slurm_template.py)
+    upstream: Optional[socket.socket] = None  # a following template's connection to the holder's lease socket
+    up_buf = b""
 
     def kernel_left(self) -> None:
-        """No kernel hears us now (fd 0, our stdin, stays open for no one)."""
+        """No kernel hears us now (fd 0, our stdin, stays open for no one); a following template's events go to the holder,
+        which passes them on to the kernel that attaches next."""
         if self.kernel_sock is not None:
             try:
                 self.kernel_sock.close()
             except OSError:
                 log.debug("closing the kernel's connection failed", exc_info=True)
         self.kernel_sock = None
-        self.kernel_fd, EVENTS["fd"], self.cmd_buf = -1, -1, b""
+        self.kernel_fd, self.cmd_buf = -1, b""
+        EVENTS["fd"] = self.upstream.fileno() if self.upstream is not None else -1
         if self.lease is not None:
             self.lease.kernel_left()
+
+    # ------------------------------------------------------------ a template that follows another's lease (Slurm)
+    def follow(self, pool_id: str, where: str, secret: bytes, node: str) -> None:
+        """A connection to the holder's lease socket, the pool's secret proved: the spawns of a kernel that attaches the
+        kept pool come that way (srun's stdin is the first kernel's), and our events go back once that kernel is gone."""
+        if self.upstream is not None:  # keep again (new timers): the same lease
+            return
+        deadline = time.monotonic() + FOLLOW_WAIT_S
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(10)
+            try:
+                sock.connect(kept.socket_path(pool_id, where))
+                P.client_handshake(sock, secret)
+                sock.sendall((json.dumps({"op": "template", "node": node, "pid": os.getpid()}) + "\n").encode())
+                break
+            except (OSError, EOFError):  # its socket is not there yet (the holder takes the same keep now), or a full backlog
+                sock.close()
+                if time.monotonic() > deadline:
+                    log.warning("node %s's template could not reach the kept pool's lease; a kernel that attaches it cannot fork "
+                                "a rank here", node, exc_info=True)
+                    return
+                time.sleep(0.05)
+        sock.settimeout(None)
+        self.upstream, self.up_buf = sock, b""
+
+    def unfollow(self) -> None:
+        sock, self.upstream, self.up_buf = self.upstream, None, b""
+        if sock is None:
+            return
+        if EVENTS["fd"] == sock.fileno():
+            EVENTS["fd"] = -1
+        sock.close()
+
+    def read_upstream(self) -> None:
+        """The holder's commands for us (an attached kernel's spawns); its connection closing with no kernel of our own
+        is the pool's end (the lease ended, or %ddp stop): our ranks go, as the holder's did."""
+        assert self.upstream is not None
+        try:
+            data = self.upstream.recv(65536)
+        except OSError:
+            log.debug("the lease holder's connection failed", exc_info=True)
+            data = b""
+        if not data:
+            self.unfollow()
+            if self.kernel_fd < 0:
+                self.kernel_gone(dead=False)
+            return
+        self.up_buf += data
+        EVENTS["fd"] = self.upstream.fileno()  # the attached kernel's events go back this way (its first kernel may live on, fenced)
+        while b"\n" in self.up_buf and self.upstream is not None:
+            line, self.up_buf = self.up_buf.split(b"\n", 1)
+            try:
+                cmd = json.loads(line)
+            except ValueError:  # a line cut short (the holder gave up on a send): the spawn it held fails in the kernel's wait
+                log.warning("the lease holder sent an unreadable line: %r", line[:200])
+                continue
+            self.command(cmd)
+
+    def kept_fds(self) -> List[int]:
+        return (self.lease.fds() if self.lease is not None else []) + ([self.upstream.fileno()] if self.upstream is not None else [])
+
+    def serve_kept(self, ready: List[int]) -> None:
+        """The lease's turn in the template's loop (its holder), or the holder's commands (a following template)."""
+        if self.lease is not None:
+            self.serve_lease([fd for fd in ready if fd in self.lease.fds()])
+        if self.upstream is not None and self.upstream.fileno() in ready:
+            self.read_upstream()
 
     def serve_lease(self, ready: List[int]) -> None:
         lease = self.lease

@@ -92,6 +92,7 @@ def attach(magics: Any, args: argparse.Namespace) -> Optional[Job]:
         return None
     session.template.close()  # this kernel's own warm template: the kept pool has one
     session.pool, session.owned, session.last = pool, set(done.owned), None
+    listener.name_nodes(pool)  # [rank 3 n2] on a Slurm pool, as before the kernel left
     if not done.resumed:
         listener.on_pool(pool)
         done.replay(listener)

@@ -31,6 +31,7 @@ from . import tls
 
 SYNC_PREFIX = b"\x00\x1bddp-sync:"
 SYNC_END = b"\x00"
+SPOOL_BODY = b"spool="  # a kept rank's spool starts: SYNC_PREFIX + SPOOL_BODY + its offset + SYNC_END (``spool_marker``)
 _TCP_INFO_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_info (since 4.1)
 
 
@@ -115,11 +116,18 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data) :]
 
 
+def spool_marker(offset: int) -> bytes:
+    """Rank side: "what follows on this socket is my spool's bytes from ``offset``" (procs/rank_keep.py). What came before
+    it went straight to the socket, never to the spool: the kernel counts none of it as the spool's."""
+    return SYNC_PREFIX + SPOOL_BODY + str(int(offset)).encode() + SYNC_END
+
+
 class MarkerScanner:
-    """Kernel side: split a raw output stream into text bytes and sync tokens."""
+    """Kernel side: split a raw output stream into text bytes and sync tokens (and a spool's start: ``spool``)."""
 
     def __init__(self) -> None:
         self._buf = b""
+        self.spool: Optional[Tuple[int, int]] = None  # the last feed's spool marker: (its offset, the bytes of that feed after it)
 
     def feed(self, data: bytes) -> Tuple[bytes, List[int]]:
         buf = self._buf + data
@@ -138,8 +146,12 @@ class MarkerScanner:
                 buf = buf[i:]
                 break
             out.append(buf[:i])
+            body = buf[i + len(SYNC_PREFIX) : j]
             try:
-                tokens.append(int(buf[i + len(SYNC_PREFIX) : j]))
+                if body.startswith(SPOOL_BODY):  # what follows it is all this feed's: a kept buffer holds no whole marker
+                    self.spool = (int(body[len(SPOOL_BODY):]), len(buf) - j - 1)
+                else:
+                    tokens.append(int(body))
             except ValueError:
                 out.append(buf[i : j + 1])
             buf = buf[j + 1 :]

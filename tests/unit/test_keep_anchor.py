@@ -1,19 +1,16 @@
 """What lets a kept Slurm pool outlive its kernel (docs/keep.md, "Slurm"), with real processes and no Slurm: the anchor
-under salloc and srun, the holder following the lease's lock, an attached Slurm pool refusing to fork a rank."""
+under salloc and srun, the holder following the lease's lock (an attached pool's node templates forking a rank again:
+tests/slurm/test_slurm_template.py)."""
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-from ddp_magic.kernel.keep.attach import SLURM_RESPAWN
-from ddp_magic.kernel.keep.launcher import KeptLauncher
-from ddp_magic.kernel.launchers import LaunchError
 from ddp_magic.wire import kept
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -127,19 +124,3 @@ def test_the_holder_follows_the_lease_once_told(tmp_path) -> None:
         finally:
             os.close(fd)  # the lease ended
         assert holder.wait(timeout=10) == 0, "the lease's lock released: the holder exits, salloc releases"
-
-
-def test_an_attached_slurm_pool_says_why_no_rank_is_forked() -> None:
-    mine, theirs = socket.socketpair()
-    launcher = KeptLauncher(b"s" * 32, mine, {}, "")
-    launcher.refuses = SLURM_RESPAWN
-    try:
-        for _ in range(2):
-            with pytest.raises(LaunchError, match="cannot be started again from a kernel that attached it"):
-                launcher.spawn(1, {"env": {}})
-        theirs.setblocking(False)
-        with pytest.raises(BlockingIOError):
-            theirs.recv(1)  # nothing was sent to the template
-    finally:
-        launcher.detach()
-        theirs.close()

@@ -84,3 +84,51 @@ def test_a_transcript_says_how_far_the_kept_lines_it_holds_go() -> None:
     cell.add("stream", {"name": "stdout", "text": "more\n"}, None)
     assert sent[0]["metadata"] == meta({"0": [16, 0]}) and "metadata" not in sent[1]
     assert cell.follow("again", lambda d: None)["shown"][0]["upto"] == {"0": [16, 0], "1": [8, 0]}
+
+
+def test_what_a_rank_wrote_before_its_spool_began_counts_for_no_spool_byte(tmp_path) -> None:
+    """A rank writes straight to its output socket until KEEP starts its spool; the hub may read those bytes before or
+    after the KEEP reply. Its spool's marker says where on the socket the spool's bytes begin: the hub's marks never
+    claim more of the spool than the rank spooled, and end where the spool ends, however the reads cut the stream.
+    Twice: the first spool of a rank, then one started again over the same file (a rank forked again) at its offset."""
+    import os
+    import socket
+
+    from ddp_magic.kernel.conns import OutConn
+    from ddp_magic.kernel.output.hub_output import OutputStreams
+    from ddp_magic.procs.rank_keep import Spool
+
+    class Hub(OutputStreams):
+        def __init__(self) -> None:
+            self.shown = KeptOutput("p3", kept.ShownOffsets(str(tmp_path / "shown"), 1))
+            self.outs = {}
+
+    hub = Hub()
+    path = str(tmp_path / "r0.out")
+    for round_ in range(2):
+        rank, kernel = socket.socketpair()
+        fd = os.dup(rank.fileno())  # the rank's fd 1, straight to the kernel's socket
+        rank.close()
+        os.write(fd, f"direct {round_}: written before KEEP\nand a half".encode())
+        out = hub.outs[(0, "stdout")] = OutConn(0, "stdout", kernel)
+        hub.expect_spools([0])  # as keeping.keep does before KEEP goes out (a rank joining a kept pool: register does)
+        spool = Spool(fd, path)
+        start = spool.written
+        os.write(fd, b" line, spooled\n" + b"".join(f"spooled {round_} {i}\n".encode() for i in range(50)) + b"partial")
+        want = start + len(b" line, spooled\n") + sum(len(f"spooled {round_} {i}\n") for i in range(50))
+        kernel.settimeout(10)
+        data = b""
+        while len(data) < want - start + 40:
+            data += kernel.recv(65536)
+        marks = []
+        for i in range(0, len(data), 7):  # the reads cut it anywhere, the marker too
+            chunk = data[i:i + 7]
+            out.scanner.feed(chunk)
+            with hub.shown.capture() as staged:
+                pass
+            hub.shown.commit(staged, 0, "stdout", hub._counted(out, chunk))
+            marks.append(hub.shown.upto.get((0, "stdout"), 0))
+        assert max(marks) <= want and marks[-1] == want, (start, want, marks[-5:])
+        assert not out.awaiting_spool and spool.written == want + len(b"partial")
+        os.close(fd)
+        kernel.close()

@@ -192,3 +192,22 @@ def test_dumps_names_names_the_culprit():
 def test_names_round_trip_one_by_one():
     blobs, failure = transfer.dumps_names({"k": 3, "f": lambda x: x + 1})
     assert failure is None and transfer.load_name(blobs["k"]) == 3 and transfer.load_name(blobs["f"])(1) == 2
+
+
+def test_marker_scanner_finds_a_spool_start_cut_anywhere():
+    """A kept rank's spool marker (wire/capture.py spool_marker): never text, and the scanner says the spool's offset and
+    how many bytes of that feed follow it, wherever the reads cut the stream."""
+    from ddp_magic.wire.capture import spool_marker
+
+    stream = b"before\n" + spool_marker(1234) + b"after\n" + SYNC_PREFIX + b"7" + SYNC_END + b"x"
+    for cut in range(len(stream) + 1):
+        sc = MarkerScanner()
+        t1, k1 = sc.feed(stream[:cut])
+        first = sc.spool
+        t2, k2 = sc.feed(stream[cut:])
+        assert t1 + t2 == b"before\nafter\nx" and k1 + k2 == [7], cut
+        marker_end = len(b"before\n" + spool_marker(1234))
+        if cut >= marker_end:
+            assert first == (1234, cut - marker_end), cut
+        else:
+            assert first is None and sc.spool == (1234, len(stream) - marker_end), cut

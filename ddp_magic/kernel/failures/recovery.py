@@ -88,6 +88,13 @@ class Recovery:
         self.notes.clear()
         self._store = None
 
+    def resume(self, gen: int, store_path: Optional[str]) -> None:
+        """An attached kept pool whose group kernels before this one re-formed up to ``gen`` (its ranks say so): the next
+        re-form takes the next generation (one taken again would meet the old group's keys in its store)."""
+        self.gen = max(self.gen, gen)
+        if gen and store_path:
+            self._store = f"{store_path}.r{gen}"
+
     # ------------------------------------------------------------ deaths
     def on_death(self, pool: Pool, rank: int, code: Optional[int], how: str) -> Optional[str]:
         """A rank's process ended. Returns why the pool is broken, or None when the rank can be replaced alone."""

@@ -26,14 +26,12 @@ from ..output.kept_output import KeptOutput
 from ..ranks import Listener, RankInfo
 from . import front
 from .keeping import KeptState, detach_at_exit, notebook_name, spool_cap
-from .launcher import KeptLauncher
+from .launcher import KeptLauncher, KeptSlurmLauncher
 from .terms import Terms, span
 
 if TYPE_CHECKING:
     from ..pool import Pool
 
-SLURM_RESPAWN = ("a rank of a kept Slurm pool cannot be started again from a kernel that attached it (not yet: docs/keep.md, "
-                 "Slurm); %ddp stop ends the pool and releases its allocation, and the next %%ddp --slurm cell starts a new one")
 JOIN_WAIT_S = 60.0  # every live rank joins the attaching kernel within this
 REPLY_WAIT_S = 10.0
 
@@ -156,7 +154,7 @@ def attach(found: Found, force: bool) -> Attached:
         at = f" at {_clock(data.get('at'))}" if data.get("at") else ""
         job = f"; {data['job']} ended with it" if data.get("job") else ""
         return Attached(None, f"the kept pool {found.id} ended{at}: {why}{job}.{_meanwhile(data.get('meanwhile') or [])}")
-    pool = _pool_from(data)
+    pool, slurm = _pool_from(data)
     told = front.held(found.id) is not None
     admission = Admission(pool.listen_addr, pool.secret, max(64, 3 * pool.nproc), pool._count_rejected)
     try:
@@ -165,9 +163,11 @@ def attach(found: Found, force: bool) -> Attached:
         admission.close()
         raise
     pids = {int(pid): int(rank) for rank, pid in report["ranks"].items()}
-    pool.hub.launcher = KeptLauncher(pool.secret, sock, pids, kept.lock_path(found.id, os.path.dirname(found.path)))
-    if pool.plan is not None and pool.plan.slurm is not None:
-        pool.hub.launcher.refuses = SLURM_RESPAWN
+    lock = kept.lock_path(found.id, os.path.dirname(found.path))
+    if pool.plan is not None and pool.plan.slurm is not None and slurm is not None:  # its node templates fork a rank again
+        pool.hub.launcher = KeptSlurmLauncher(pool.secret, sock, pids, lock, pool.plan, slurm)
+    else:
+        pool.hub.launcher = KeptLauncher(pool.secret, sock, pids, lock)
     pool.hub.reset(pool.ranks, admission)
     pool.hub.begin_cell()
     pool.hub.shown = KeptOutput(found.id, kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, os.path.dirname(found.path)), "shown"), pool.nproc))
@@ -179,6 +179,7 @@ def attach(found: Found, force: bool) -> Attached:
         pool.hub.admission = None
         admission.close()
     _dead_meanwhile(pool, set(pids.values()), report.get("meanwhile") or [])
+    pool.recovery.resume(max((int(h.get("reform_gen") or 0) for h in pool.hub.hellos.values()), default=0), pool.store_path)
     for rank, hello in pool.hub.hellos.items():  # a rank whose output log dropped what no kernel showed: it replays from its oldest byte
         if hello.get("dropped"):
             pool.hub.shown.skip(rank, hello["dropped"])
@@ -195,8 +196,9 @@ def attach(found: Found, force: bool) -> Attached:
     return Attached(pool, text, resumed, pool.kept.job, owned, heard)
 
 
-def _pool_from(data: Dict[str, Any]) -> "Pool":
-    """A Pool object for the kept ranks: their spec, plan, secret and files, no process of its own."""
+def _pool_from(data: Dict[str, Any]) -> "Tuple[Pool, Optional[Dict[str, Any]]]":
+    """A Pool object for the kept ranks: their spec, plan, secret and files, no process of its own; on Slurm, what
+    forks a rank again there (SlurmLauncher.kept_blob)."""
     from ..pool import Pool
 
     blob = pickle.loads(base64.b64decode(data["pool"]))  # our own 0600 file, written by our own template
@@ -209,7 +211,7 @@ def _pool_from(data: Dict[str, Any]) -> "Pool":
         pool.launch_env = blob["launch_env"]
     pool.ranks = {r: RankInfo(rank=r) for r in range(pool.nproc)}
     raise_fd_limit(3 * pool.nproc + 64)
-    return pool
+    return pool, blob.get("slurm")
 
 
 def _knock(found: Found, addr: str, port: int, force: bool) -> "tuple[socket.socket, Dict[str, Any]]":

@@ -24,6 +24,7 @@ from ..launchers import ForkServerLauncher, SlurmLauncher
 from ..failures.recovery import stop_quietly
 from ..output.fold import setting
 from ..output.kept_output import KeptOutput
+from .launcher import KeptLauncher, KeptSlurmLauncher
 from .terms import Terms
 
 SPOOL_MIB = 64.0  # the default of spool_cap()
@@ -64,6 +65,8 @@ def pool_blob(pool: "Pool") -> str:
     blob = {"spec": pool.spec, "plan": pool.plan, "shm_prefix": pool.shm_prefix, "store_path": pool.store_path,
             "launch_env": getattr(pool, "launch_env", None), "cell": pool._cell, "generation": pool.generation,
             "listen_addr": pool.listen_addr}
+    if isinstance(pool.launcher, (SlurmLauncher, KeptSlurmLauncher)):  # what forks a rank again on its node (kernel/keep/launcher.py)
+        blob["slurm"] = pool.launcher.kept_blob()
     return base64.b64encode(pickle.dumps(blob)).decode()
 
 
@@ -90,6 +93,7 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     if state is None:
         pool.hub.shown = KeptOutput(pool_id, kept.ShownOffsets(os.path.join(directory, "shown"), pool.nproc))  # KEEP replies start it
         pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(pool_id, where), "dir": directory, "cap": spool_cap()}
+        pool.hub.expect_spools(pool.ranks)  # what they wrote before their spools began counts for none (kernel/output/hub_output.py)
         replies = pool.ask(P.KEEP, KEEP_WAIT_S, fields=pool.hub.keep_msg)
         missing = sorted(set(pool.ranks) - {r for r, m in replies.items() if m.get("on")})
         if missing:
@@ -113,7 +117,7 @@ def _keepable(pool: "Pool") -> "Union[ForkServerLauncher, SlurmLauncher]":
         if why:
             raise KeepError(f"%ddp keep: this Slurm pool cannot be kept: {why}")
         return launcher
-    if not isinstance(launcher, ForkServerLauncher) or launcher.remote_ranks:
+    if not isinstance(launcher, ForkServerLauncher) or launcher.remote_ranks and not isinstance(launcher, KeptLauncher):
         raise KeepError(f"%ddp keep: a pool started with {pool.spec.launcher_method!r} cannot be kept yet; "
                         "kept pools are fork-server pools on this host (the default --start-method auto) and Slurm pools")
     return launcher

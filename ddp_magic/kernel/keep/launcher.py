@@ -4,19 +4,30 @@ The template outlived the kernel that started it, so it is no child of ours and 
 commands (``spawn`` a dead rank again, ``exit``) and events (``spawned``, ``exited``) travel on the
 authenticated lease connection the attach opened (procs/lease.py), one JSON object a line, as on the
 pipes of a template we started. Its liveness is its lock (wire/kept.py), not its pid.
+
+A kept Slurm pool (``KeptSlurmLauncher``): the lease holder is the first node's template; a spawn names its
+node, and the holder hands one for another node to that node's template, which holds a connection to the
+lease socket since the keep (procs/template_keep.py), since srun's stdin, the way it came before, was the
+first kernel's. As on Slurm, a joined rank's exit is its lost connection.
 """
 from __future__ import annotations
 
 import json
 import socket
 import time
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from ...logs import log
 from ...wire import kept
 from ..launchers import ForkServerLauncher, LaunchError
+from ..launchers.base import Exit
+from ..launchers.slurm_steps import rank_env, spawn_config
+
+if TYPE_CHECKING:
+    from ...plan.plan import Plan
 
 EXIT_WAIT_S = 3.0  # %ddp stop: how long the template gets to end its ranks and release its lock
+SPAWN_WAIT_S = 10.0  # the holder says within this whether the rank's node template took the spawn
 
 
 class KeptLauncher(ForkServerLauncher):
@@ -28,13 +39,6 @@ class KeptLauncher(ForkServerLauncher):
         self._pids = dict(pids)
         self.lock = lock
         self.ready_info = "the kept pool's template (attached)"
-
-    refuses = ""  # why no rank may be forked here (an attached Slurm pool: its node templates read srun's stdin, not us)
-
-    def spawn(self, rank: int, config: dict) -> None:
-        if self.refuses:
-            raise LaunchError(self.refuses)
-        super().spawn(rank, config)
 
     def begin(self, nice: int = 0) -> None:
         """Nothing to start: the template runs."""
@@ -76,3 +80,72 @@ class KeptLauncher(ForkServerLauncher):
             time.sleep(0.02)
         self.detach()
         self.ready_info = ""
+
+
+class KeptSlurmLauncher(KeptLauncher):
+    """KeptLauncher for a kept Slurm pool: a spawn goes to the rank's node template, as SlurmLauncher sends it over srun."""
+
+    remote_ranks = True  # as SlurmLauncher: a rank is asked to exit by message, a closed connection is its exit
+    reports_exits = False
+
+    def __init__(self, secret: bytes, sock: socket.socket, pids: Dict[int, int], lock: str, plan: "Plan", slurm: Dict[str, Any]) -> None:
+        super().__init__(secret, sock, pids, lock)
+        self.plan, self.nodes, self.step_env = plan, list(slurm["nodes"]), dict(slurm["step_env"])
+        self._pending: Dict[int, Optional[int]] = {}  # rank -> its pid once forked, until it joins
+        self._unserved: Dict[int, str] = {}  # rank -> why its node's template could not take the spawn
+
+    def kept_blob(self) -> Dict[str, object]:
+        """The same, for the next kernel (%ddp keep again from this one)."""
+        return {"nodes": self.nodes, "step_env": self.step_env}
+
+    def spawn(self, rank: int, config: dict) -> None:
+        """``rank`` forked again by its node's template; LaunchError when the holder cannot reach that template."""
+        node_rank, wanted = rank_env(self.plan, rank, config["env"])
+        node = self.nodes[node_rank]
+        self._pending[rank] = None
+        self._unserved.pop(rank, None)
+        self._write({"op": "spawn", "rank": rank, "node": node, "secret": self.secret.hex(),
+                     "config": spawn_config(self.step_env, wanted, config["kernel_addr"], config["kernel_port"], None)})
+        deadline = time.monotonic() + SPAWN_WAIT_S
+        while self._pending.get(rank) is None and rank not in self._unserved and self.sock is not None and time.monotonic() < deadline:
+            self._read_events(0.1)
+        if rank in self._unserved:
+            self._pending.pop(rank, None)
+            raise LaunchError(f"{node}'s template could not fork rank {rank}: {self._unserved.pop(rank)}")
+
+    def _read_events(self, timeout: float = 0.0) -> List[dict]:
+        events = super()._read_events(timeout)
+        for ev in events:
+            rank = ev.get("rank")
+            if ev["event"] == "spawned" and rank in self._pending:
+                self._pending[rank] = ev["pid"]
+            elif ev["event"] == "unserved" and isinstance(rank, int):
+                self._unserved[rank] = str(ev.get("why"))
+            elif ev["event"] == "template_gone":  # the lease holder ended: its connection is read no more (the ranks' go too)
+                self.detach()
+        return events
+
+    def poll(self, timeout: float = 0.0) -> List[Exit]:
+        """Ranks that ended before they joined (a joined rank's exit is its lost connection)."""
+        self._read_events(timeout)
+        exits, self._exits = self._exits, []
+        out: List[Exit] = []
+        for rank, pid, code in exits:
+            if rank is not None and rank in self._pending and self._pending[rank] == pid:
+                del self._pending[rank]
+                out.append((rank, pid, code))
+        return out
+
+    def adopt(self, pid: int, rank: int, host: str) -> None:
+        self._pending.pop(rank, None)
+
+    def live_pids(self) -> Dict[int, int]:
+        """None to signal: as on Slurm, ranks end by message (remote_ranks) or with the allocation."""
+        return {}
+
+    def owns(self, pid: int) -> bool:
+        return False
+
+    def node_of(self, rank: int) -> str:
+        assert self.plan.slurm is not None
+        return self.nodes[rank // self.plan.slurm.ntasks_per_node]

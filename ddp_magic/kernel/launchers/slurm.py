@@ -37,7 +37,7 @@ from .slurm_cli import down_nodes, hostnames, installed, job as slurm_job, node_
 from .base import Exit, LaunchError, Launcher
 from .forkserver import import_env
 from .slurm_alloc import Allocation, OwnAllocation, Progress, allocation_for, released_text
-from .slurm_steps import END_WAIT_S, TemplateStep, env_changes
+from .slurm_steps import END_WAIT_S, TemplateStep, rank_env, spawn_config
 
 if TYPE_CHECKING:
     from ...plan.plan import Plan
@@ -169,20 +169,14 @@ class SlurmLauncher(Launcher):
 
     def _spawn(self, rank: int, env: Dict[str, str], control_addr: str, control_port: int) -> None:
         """Ask ``rank``'s node's template to fork it; a node whose template is gone gets a new one (a one-task step)."""
-        assert self.alloc is not None and self.plan is not None and self.plan.slurm is not None
-        per_node, world = self.plan.slurm.ntasks_per_node, self.plan.world_size
-        local, node_rank = rank % per_node, rank // per_node
+        assert self.alloc is not None and self.plan is not None
+        node_rank, wanted = rank_env(self.plan, rank, env)
         node = self.alloc.nodes[node_rank]
-        wanted = dict(env, **self.plan.rank_env(local, node_rank), **slurm_env.task_vars(rank, local, node_rank, world, per_node))
-        for carrier in (slurm_env.SECRET_ENV, slurm_env.MUNGED_ENV):
-            wanted.pop(carrier, None)
         step = self._step_for(node)
         if step is None:
             first = self.steps[0].env if self.steps else wanted
             step = self._start_step([node], first)
-        env_set, env_unset = env_changes(step.env, wanted)
-        config = {"env_set": env_set, "env_unset": env_unset, "kernel_addr": control_addr.strip("[]"), "kernel_port": int(control_port),
-                  "tls": self.tls_key.fingerprint if self.tls_key is not None else None}
+        config = spawn_config(step.env, wanted, control_addr, control_port, self.tls_key.fingerprint if self.tls_key is not None else None)
         self._pending[rank] = Pending(node, step, (env, control_addr, control_port))
         step.spawn(rank, node, config, self.secret)
 
@@ -307,6 +301,11 @@ class SlurmLauncher(Launcher):
     def lease_node(self) -> str:
         """The node whose template holds a kept pool's lease (its other templates follow it)."""
         return self.alloc.nodes[0] if self.alloc is not None and self.alloc.nodes else ""
+
+    def kept_blob(self) -> Dict[str, object]:
+        """What a kernel that attaches the kept pool needs to fork a rank again (kernel/keep/launcher.py): nodes, step env."""
+        assert self.alloc is not None and self.plan is not None and self.plan.slurm is not None
+        return {"nodes": self.alloc.nodes[: self.plan.slurm.nodes], "step_env": self.steps[0].env}
 
     @property
     def notes(self) -> List[dict]:

@@ -16,13 +16,16 @@ import signal
 import subprocess
 import threading
 import time
-from typing import IO, Dict, List, Optional, Tuple
+from typing import IO, TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ...logs import log
 from ...wire import slurm_env
 from ...wire.kept import ANCHOR_KEEP, ANCHOR_UNKEEP
 from .base import popen
 from .slurm_alloc import anchored
+
+if TYPE_CHECKING:
+    from ...plan.plan import Plan
 
 END_WAIT_S = 5.0  # an srun asked to end (SIGTERM) cancels its step within moments
 _TASK_ENDED = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): ")  # a task (a template) ended abnormally
@@ -192,6 +195,25 @@ def _event(line: str) -> Optional[dict]:
 def env_changes(base: Dict[str, str], wanted: Dict[str, str]) -> Tuple[Dict[str, str], List[str]]:
     """What turns ``base`` (a template's env) into ``wanted`` (a rank's): names to set, names to remove."""
     return {k: v for k, v in wanted.items() if base.get(k) != v}, sorted(k for k in base if k not in wanted)
+
+
+def rank_env(plan: "Plan", rank: int, env: Dict[str, str]) -> Tuple[int, Dict[str, str]]:
+    """``rank``'s node index (the block distribution the step asks for) and its env: ``env`` with torchrun's set for it
+    and its own Slurm task variables, no secret carrier (a rank proves the secret its template hands it)."""
+    assert plan.slurm is not None
+    per_node, world = plan.slurm.ntasks_per_node, plan.world_size
+    local, node_rank = rank % per_node, rank // per_node
+    wanted = dict(env, **plan.rank_env(local, node_rank), **slurm_env.task_vars(rank, local, node_rank, world, per_node))
+    for carrier in (slurm_env.SECRET_ENV, slurm_env.MUNGED_ENV):
+        wanted.pop(carrier, None)
+    return node_rank, wanted
+
+
+def spawn_config(step_env: Dict[str, str], wanted: Dict[str, str], addr: str, port: int, fingerprint: Optional[str]) -> dict:
+    """A spawn's config for a node template whose step env is ``step_env``: the rank's env as changes to it, and where
+    the kernel listens. One home for the kernel that started the step and one that attached its kept pool."""
+    env_set, env_unset = env_changes(step_env, wanted)
+    return {"env_set": env_set, "env_unset": env_unset, "kernel_addr": addr.strip("[]"), "kernel_port": int(port), "tls": fingerprint}
 
 
 def signal_group(proc: subprocess.Popen, sig: int) -> None:

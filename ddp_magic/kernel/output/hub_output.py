@@ -6,7 +6,7 @@ each file says one thing: hub.py the control messages, this file the output stre
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 from ...logs import log
 from ..conns import OutConn, ReadBuffer, wait_ready
@@ -50,11 +50,32 @@ class OutputStreams:
         else:  # a kept pool: its lines and how far they go reach the notebook together (kernel/output/kept_output.py)
             with self.shown.capture() as staged:
                 self._emit_text(out, text)
-            self.shown.commit(staged, out.rank, out.stream, self._whole_lines(out, data))
+            self.shown.commit(staged, out.rank, out.stream, self._counted(out, data))
         if tokens:
             out.synced = max(out.synced, *tokens)
             self._release_done(out.rank)
         return True
+
+    def expect_spools(self, ranks: Iterable[int]) -> None:
+        """KEEP goes to ``ranks``: each starts its spools and says where on its output sockets (wire/capture.py
+        ``spool_marker``). What is read before that went straight to the socket: no byte of the spool."""
+        wanted = set(ranks)
+        for (rank, _), out in self.outs.items():
+            out.awaiting_spool = out.awaiting_spool or rank in wanted
+
+    def _counted(self, out: OutConn, data: bytes) -> int:
+        """How far ``data`` takes the rank's spool, to whole lines: from the spool's marker on, if it came in ``data``
+        (the spool's offsets start there), nothing while it is awaited (a rank's last direct writes before KEEP)."""
+        assert self.shown is not None
+        spool, out.scanner.spool = out.scanner.spool, None
+        if spool is not None:
+            offset, after = spool
+            out.awaiting_spool, out.unshown = False, 0
+            self.shown.start(out.rank, {out.stream: offset})
+            data = data[len(data) - after:]
+        elif out.awaiting_spool:
+            return 0
+        return self._whole_lines(out, data)
 
     def _whole_lines(self, out: OutConn, data: bytes) -> int:
         """How far a kept pool's output is read, to its last whole line: a line not yet ended is not shown yet (the
