@@ -170,7 +170,7 @@ def sigkill(page: Any, pid: int) -> None:
     page.evaluate("() => { window.__ddpRestarted = false; window.jupyterapp.shell.currentWidget.sessionContext.statusChanged.connect("
                   "(_, s) => { if (s !== 'idle' && s !== 'busy') { window.__ddpRestarted = true; } }); }")
     os.kill(pid, signal.SIGKILL)
-    page.wait_for_function("() => window.__ddpRestarted && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
+    page.wait_for_function("() => window.__ddpRestarted && window.jupyterapp.shell.currentWidget?.sessionContext?.session?.kernel?.status === 'idle'",
                            timeout=120_000)
     dialog = page.locator(".jp-Dialog")  # "the kernel appears to have died; it will restart automatically"
     if dialog.count():

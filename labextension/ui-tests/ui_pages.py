@@ -87,7 +87,7 @@ def prompt_number(text: str) -> int:
 
 
 def wait_kernel_idle(page: Any, timeout: float = 120.0) -> None:
-    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget?.sessionContext?.session?.kernel?.status === 'idle'",
                            timeout=timeout * 1000)
 
 
