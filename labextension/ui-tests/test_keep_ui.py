@@ -18,6 +18,7 @@ Runs with the other browser tests (ui_fixtures.py's server and browser); Python 
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -258,6 +259,37 @@ def quiet_403(page: Any, refused: List[str]) -> None:
         page.ddp_watch.lines[:] = [line for line in page.ddp_watch.lines if "status of 403" not in line]
 
 
+@contextlib.contextmanager
+def sigkill_rounds(page: Any, server: Server, reloads: bool = False) -> Iterator[List[str]]:
+    """The frame of a test that SIGKILLs its kernel: the pools it keeps (append each; stopped at the end if still
+    kept), the page's 403s (Notebook 7's font behind its dialog) and, once the rounds are through, no error in the page."""
+    kept: List[str] = []
+    refused: List[str] = []
+    on_response = lambda r: refused.append(r.url) if r.status == 403 else None  # noqa: E731
+    page.on("response", on_response)
+    try:
+        yield kept
+        quiet_403(page, refused)
+        if reloads:
+            quiet_reload(page)
+        no_errors(page)
+    finally:
+        page.remove_listener("response", on_response)
+        for pool_id in kept:
+            terminal(server, "stop", pool_id)
+
+
+def attached_once(page: Any, server: Server, said: str, pool_id: str, gate: str, base: int, kept: List[str]) -> None:
+    """The attach cell says it took the pool and goes on after what the page received; each tick is shown once; the
+    pool is no longer this test's to stop."""
+    assert f"attached the kept pool {pool_id}" in said and "its output follows after the last line this page received" in said, said
+    once(page, server, gate, base + 1, 1)
+    kept.clear()
+    page.evaluate("(b) => { const m = window.jupyterapp.shell.currentWidget.content.model.sharedModel;"
+                  " m.deleteCellRange(b + 1, b + 3); m.deleteCellRange(1, 2); }", base)  # ticks, stop, then the attach cell
+    assert cells(page) == base
+
+
 def quiet_reload(page: Any) -> None:
     """JupyterLab's debugger asks each new kernel for its state; a page that reloads (or leaves) before the answer
     logs that it gave up: JupyterLab's own, on a reload only (the tests that reload nothing never see it)."""
@@ -266,29 +298,13 @@ def quiet_reload(page: Any) -> None:
 
 
 def test_ticks_show_once_over_a_sigkill(page: Any, server: Server, tmp_path: Any) -> None:
-    kept: List[str] = []
-    refused: List[str] = []  # what the server answered 403 to
-    on_response = lambda r: refused.append(r.url) if r.status == 403 else None  # noqa: E731
-    page.on("response", on_response)
-    try:
+    with sigkill_rounds(page, server) as kept:
         for round_ in range(2):
             gate = str(tmp_path / f"gate{round_}")
             base, pool_id, pid = start_ticking(page, server, gate, 10)
             kept.append(pool_id)
             sigkill(page, pid)
-            said = attach_with_the_panel(page, pool_id, base)
-            assert f"attached the kept pool {pool_id}" in said and "its output follows after the last line this page received" in said, said
-            once(page, server, gate, base + 1, 1)
-            kept.clear()
-            page.evaluate("(b) => { const m = window.jupyterapp.shell.currentWidget.content.model.sharedModel;"
-                          " m.deleteCellRange(b + 1, b + 3); m.deleteCellRange(1, 2); }", base)  # ticks, stop, then the attach cell
-            assert cells(page) == base
-        quiet_403(page, refused)
-        no_errors(page)
-    finally:
-        page.remove_listener("response", on_response)
-        for pool_id in kept:
-            terminal(server, "stop", pool_id)
+            attached_once(page, server, attach_with_the_panel(page, pool_id, base), pool_id, gate, base, kept)
 
 
 def test_ticks_show_once_over_a_reload_and_a_sigkill(page: Any, server: Server, tmp_path: Any) -> None:
@@ -298,11 +314,7 @@ def test_ticks_show_once_over_a_reload_and_a_sigkill(page: Any, server: Server, 
     the kernel is SIGKILLed, the notebook saved, the page reloaded: only the tab's storage knows. Then the panel's
     *Attach*. The kernel's own count is set back (to its start, then to tick EARLY): the page's word must be the
     one taken."""
-    kept: List[str] = []
-    refused: List[str] = []
-    on_response = lambda r: refused.append(r.url) if r.status == 403 else None  # noqa: E731
-    page.on("response", on_response)
-    try:
+    with sigkill_rounds(page, server, reloads=True) as kept:
         for round_ in range(2):
             gate, early = str(tmp_path / f"reload{round_}"), str(tmp_path / f"early{round_}")
             open(early, "w").close()
@@ -327,20 +339,7 @@ def test_ticks_show_once_over_a_reload_and_a_sigkill(page: Any, server: Server, 
             wait_ticks(page, base, AT)  # round 0: the reloaded page follows the job's cell; round 1: the file's lines
             if round_ == 0:
                 sigkill(page, pid)
-            said = attach_with_the_panel(page, pool_id, base)
-            assert f"attached the kept pool {pool_id}" in said and "its output follows after the last line this page received" in said, said
-            once(page, server, gate, base + 1, 1)
-            kept.clear()
-            page.evaluate("(b) => { const m = window.jupyterapp.shell.currentWidget.content.model.sharedModel;"
-                          " m.deleteCellRange(b + 1, b + 3); m.deleteCellRange(1, 2); }", base)
-            assert cells(page) == base
-        quiet_403(page, refused)
-        quiet_reload(page)
-        no_errors(page)
-    finally:
-        page.remove_listener("response", on_response)
-        for pool_id in kept:
-            terminal(server, "stop", pool_id)
+            attached_once(page, server, attach_with_the_panel(page, pool_id, base), pool_id, gate, base, kept)
 
 
 def test_ticks_show_once_when_one_cell_loads_and_attaches(page: Any, server: Server, tmp_path: Any) -> None:
@@ -350,11 +349,7 @@ def test_ticks_show_once_when_one_cell_loads_and_attaches(page: Any, server: Ser
     Notebook 7. One round a front end: in two full runs a second SIGKILL of the same page's kernel, after a one-cell
     attach, did not come back idle within 120 s once (Lab in one run, Notebook 7 in the other; never alone): not
     understood yet (docs/keep.md, Limits)."""
-    kept: List[str] = []
-    refused: List[str] = []
-    on_response = lambda r: refused.append(r.url) if r.status == 403 else None  # noqa: E731
-    page.on("response", on_response)
-    try:
+    with sigkill_rounds(page, server) as kept:
         for round_ in (1 if "/notebooks/" in page.url else 0,):
             gate = str(tmp_path / f"cell{round_}")
             base, pool_id, pid = start_ticking(page, server, gate, AT)
@@ -373,9 +368,3 @@ def test_ticks_show_once_when_one_cell_loads_and_attaches(page: Any, server: Ser
             print(f"[{round_}] the attach waited for the page's hello:", output(page, base + 3).strip())  # docs/keep.md's figure
             page.evaluate("(b) => window.jupyterapp.shell.currentWidget.content.model.sharedModel.deleteCellRange(b, b + 4)", base)
             assert cells(page) == base
-        quiet_403(page, refused)
-        no_errors(page)
-    finally:
-        page.remove_listener("response", on_response)
-        for pool_id in kept:
-            terminal(server, "stop", pool_id)

@@ -17,6 +17,7 @@ import tempfile
 import time
 
 import pytest
+from conftest import wait_until
 
 from ddp_magic.kernel.admission import Admission
 from ddp_magic.kernel.keep.launcher import KeptSlurmLauncher
@@ -94,13 +95,6 @@ def test_a_node_template_forks_its_own_nodes_ranks_with_their_env_and_the_sealed
     assert step.proc.returncode is not None
 
 
-def _wait(pred, seconds: float = 60.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not pred() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return bool(pred())
-
-
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -133,13 +127,13 @@ def test_a_kernel_that_attached_a_kept_pool_forks_a_rank_on_every_node_the_lease
         for node in ("nA", "nB"):
             env = dict(worker_env(), SLURMD_NODENAME=node, DDP_MAGIC_INIT="0", **{slurm_env.SECRET_ENV: secret.hex()})
             steps[node] = TemplateStep([sys.executable, "-m", "ddp_magic.procs.slurm_template"], env, secret, [node], tempfile.TemporaryFile())
-        assert _wait(lambda: all(s.ready for s in steps.values()), 180), {n: s.lost_nodes() for n, s in steps.items()}
+        assert wait_until(lambda: all(s.ready for s in steps.values()), 180), {n: s.lost_nodes() for n, s in steps.items()}
         keep = {"op": "keep", "id": "t33", "node": "nA", "where": where, "idle": 600.0, "max": 600.0, "secret": secret.hex(),
                 "kernel": "test", "pid": os.getpid(), "info": {"nproc": 3, "shm_prefix": ""}}
         for step in steps.values():
             step.command(dict(keep))
         found = lambda: json.load(open(kept.discovery_path("t33", where))).get("templates") == ["nB"]  # noqa: E731
-        assert _wait(lambda: os.path.exists(kept.discovery_path("t33", where)) and found(), 60), "nB's template joined the lease"
+        assert wait_until(lambda: os.path.exists(kept.discovery_path("t33", where)) and found(), 60), "nB's template joined the lease"
         for step in steps.values():
             step.proc.stdin.close()  # the kernel died: srun's stdin closes on every node
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -164,7 +158,7 @@ def test_a_kernel_that_attached_a_kept_pool_forks_a_rank_on_every_node_the_lease
             assert _parent_env(pid)[b"SLURMD_NODENAME"] == b"nB", "nB's template forked it"
             launcher.adopt(pid, 1, "127.0.0.1")
             P.send(hello[0][0], P.message(P.SHUTDOWN))
-            assert _wait(lambda p=pid: _gone(p))
+            assert wait_until(lambda p=pid: _gone(p), 60)
             assert launcher.poll(0.5) == [], "a joined rank's exit is its lost connection, not the launcher's to say"
             for s, _ in joined:
                 s.close()
@@ -173,7 +167,7 @@ def test_a_kernel_that_attached_a_kept_pool_forks_a_rank_on_every_node_the_lease
             assert unjoined and _parent_env(unjoined)[b"SLURMD_NODENAME"] == b"nB"
             os.kill(unjoined, 9)
             exits: list = []
-            assert _wait(lambda got=exits: bool(got.extend(launcher.poll(0.1)) or got), 30)
+            assert wait_until(lambda got=exits: bool(got.extend(launcher.poll(0.1)) or got), 30)
             assert exits == [(1, unjoined, -9)], "nB's event of a rank that died before joining came through the holder"
             with pytest.raises(LaunchError, match="nC's template could not fork rank 2: that template holds no connection"):
                 launcher.spawn(2, {"env": step_env, "kernel_addr": "127.0.0.1", "kernel_port": admission.port})

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from conftest import wait_until
 
 from ddp_magic.wire import kept
 
@@ -50,19 +51,12 @@ def _bit(sig: int) -> int:
     return 1 << (int(sig) - 1)
 
 
-def _until(check, seconds: float = 30.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return bool(check())
-
-
 def _keep(anchor: int) -> None:
     """Send the keep signal once the anchor catches it, and wait until it has taken it (no sleep that a loaded machine outruns)."""
     keep = _bit(kept.ANCHOR_KEEP)
-    assert _until(lambda: bool(_signals(anchor, "SigCgt") & keep)), "the anchor catches the keep signal"
+    assert wait_until(lambda: bool(_signals(anchor, "SigCgt") & keep), 30, 0.02), "the anchor catches the keep signal"
     os.kill(anchor, kept.ANCHOR_KEEP)
-    assert _until(lambda: not ((_signals(anchor, "SigPnd") | _signals(anchor, "ShdPnd")) & keep))
+    assert wait_until(lambda: not ((_signals(anchor, "SigPnd") | _signals(anchor, "ShdPnd")) & keep), 30, 0.02)
     time.sleep(0.2)  # its Python handler runs as soon as the signal is taken (waitpid returns EINTR)
 
 
