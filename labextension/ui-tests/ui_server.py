@@ -49,6 +49,15 @@ KNOWN_NOISE: List[Pattern[str]] = [
     re.compile(r"^pageerror: Command 'filebrowser:open-path' not registered\.$"),
     # Chromium refuses JupyterLab's "leave the page?" dialog when a test reloads a page nobody clicked in
     re.compile(r"^error: Blocked attempt to show a 'beforeunload' confirmation panel for a frame that never had a user gesture"),
+    # ipywidgets 8.1 (jupyterlab_widgets 3.0): a Box view creates its children's views asynchronously, then posts each
+    # a resize message without asking whether it was disposed meanwhile; a disposed view's Lumino widget has no view
+    # left and throws on it. It happens whenever a Box widget's display is replaced before its children's views are
+    # made: ~30 ms on a warm page, longer on a page just reloaded (the controls module loads then). The status view is
+    # such a Box, replaced by its static form when the cell ends: a job that ends just after its view went live. The
+    # page shows everything right; the console logs this. (Run a cell that displays a VBox and replaces its display
+    # 10 ms later: the same line.)
+    re.compile(r"^error: TypeError: Cannot read properties of null \(reading 'processLuminoMessage'\)\n\s+at \w+\.processMessage "
+               r"\(\S+/@jupyter-widgets/jupyterlab-manager/static/"),
 ]
 
 # Kernel output that belongs to no cell (JupyterLab puts it in its log console, with a red badge in the status bar):
