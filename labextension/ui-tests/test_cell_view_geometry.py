@@ -19,7 +19,7 @@ import os
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from ui_pages import READY_JS, notebook_url, shut_down
+from ui_pages import READY_JS, notebook_url, shut_down, wait_kernel_idle
 from ui_server import OUT, Server, code_cell
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -167,5 +167,5 @@ def test_the_view_holds_still_from_live_to_settled(page: Page) -> None:
         marker = settled["marker"]
         assert marker["content"] == '"▸"' and marker["left"] == 0 and abs(marker["width"] - live["toggle"]["w"]) <= EPS, marker
         assert abs(settled["line"]["x"] - live["toggle"]["x"]) <= EPS, "the marker's box is where the toggle was"
-        page.page.wait_for_function("() => window.jupyterapp.shell.currentWidget?.sessionContext?.session?.kernel?.status === 'idle'", timeout=60_000)
+        wait_kernel_idle(page.page, 60)
     assert page.errors == [], "uncaught errors of ours:\n" + "\n".join(page.errors)

@@ -29,7 +29,7 @@ import time
 from typing import Any, Iterator, List
 
 import pytest
-from ui_pages import append_and_run, front_page, no_errors, run_cell, wait_kernel_idle, wait_prompt, wait_ready
+from ui_pages import KERNEL_STATUS_JS, append_and_run, front_page, no_errors, run_cell, wait_kernel_idle, wait_prompt, wait_ready
 from ui_server import ROOT, Server
 
 NOTEBOOK = "ddp_keep_ui.ipynb"
@@ -171,8 +171,7 @@ def sigkill(page: Any, pid: int) -> None:
     page.evaluate("() => { window.__ddpRestarted = false; window.jupyterapp.shell.currentWidget.sessionContext.statusChanged.connect("
                   "(_, s) => { if (s !== 'idle' && s !== 'busy') { window.__ddpRestarted = true; } }); }")
     os.kill(pid, signal.SIGKILL)
-    page.wait_for_function("() => window.__ddpRestarted && window.jupyterapp.shell.currentWidget?.sessionContext?.session?.kernel?.status === 'idle'",
-                           timeout=120_000)
+    page.wait_for_function(f"() => window.__ddpRestarted && {KERNEL_STATUS_JS} === 'idle'", timeout=120_000)
     dialog = page.locator(".jp-Dialog")  # "the kernel appears to have died; it will restart automatically"
     if dialog.count():
         dialog.locator(".jp-mod-accept").first.click()

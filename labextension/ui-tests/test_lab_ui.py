@@ -20,7 +20,7 @@ import shutil
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from ui_pages import append_and_run, open_notebook, shut_down
+from ui_pages import append_and_run, open_notebook, shut_down, wait_kernel_idle, wait_kernel_status
 from ui_server import OUT, ROOT, SECONDS, ConsoleWatch, Server, code_cell
 
 NOTEBOOK = "ddp_ui.ipynb"
@@ -162,7 +162,7 @@ def test_a_restart_asked_while_a_cell_runs_waits_for_it(lab: Lab) -> None:
     page = lab.page
     before = _pids(page)
     _run_code(page, "import time; time.sleep(4)")
-    page.wait_for_function("() => window.jupyterapp.shell.currentWidget?.sessionContext?.session?.kernel?.status === 'busy'", timeout=20_000)
+    wait_kernel_status(page, "busy", 20)
     expect(page.locator(".jp-ddp-Panel-button-restart")).to_have_text("Restart (waits)")
     page.locator(".jp-ddp-Panel-button-restart").click()
     dialog = page.locator(".jp-Dialog")
@@ -282,7 +282,7 @@ def test_kernel_restart_forgets_the_pool_and_a_new_one_is_followed(lab: Lab) -> 
     expect(_status(page)).to_have_text("DDP 2×gloo · ready", timeout=90_000)
     page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
     expect(_status(page)).to_be_hidden(timeout=30_000)
-    page.wait_for_function("() => window.jupyterapp.shell.currentWidget?.sessionContext?.session?.kernel?.status === 'idle'", timeout=60_000)
+    wait_kernel_idle(page, 60)
     expect(page.locator(".jp-ddp-Panel-summary")).to_contain_text("not loaded in this kernel")
     _run_all(page)  # %load_ext, then the %%ddp cell at once: followed live from its start
     expect(_status(page)).to_have_text(re.compile(rf"^DDP 2×gloo · running {SECONDS}$"), timeout=90_000)

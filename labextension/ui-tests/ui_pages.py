@@ -86,9 +86,16 @@ def prompt_number(text: str) -> int:
     return int(m.group(1))
 
 
+# The current notebook's kernel status; each step may be null for a moment (a SIGKILL's restart has no session then)
+KERNEL_STATUS_JS = "window.jupyterapp.shell.currentWidget?.sessionContext?.session?.kernel?.status"
+
+
+def wait_kernel_status(page: Any, status: str, timeout: float = 120.0) -> None:
+    page.wait_for_function(f"() => {KERNEL_STATUS_JS} === '{status}'", timeout=timeout * 1000)
+
+
 def wait_kernel_idle(page: Any, timeout: float = 120.0) -> None:
-    page.wait_for_function("() => window.jupyterapp.shell.currentWidget?.sessionContext?.session?.kernel?.status === 'idle'",
-                           timeout=timeout * 1000)
+    wait_kernel_status(page, "idle", timeout)
 
 
 def set_theme(page: Any, dark: bool) -> None:

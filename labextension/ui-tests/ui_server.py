@@ -56,7 +56,7 @@ KNOWN_NOISE: List[Pattern[str]] = [
     # such a Box, replaced by its static form when the cell ends: a job that ends just after its view went live. The
     # page shows everything right; the console logs this. (Run a cell that displays a VBox and replaces its display
     # 10 ms later: the same line.)
-    re.compile(r"^error: TypeError: Cannot read properties of null \(reading 'processLuminoMessage'\)\n\s+at \w+\.processMessage "
+    re.compile(r"^error: TypeError: Cannot read properties of null \(reading 'processLuminoMessage'\)\n\s+at [\w$]+\.processMessage "
                r"\(\S+/@jupyter-widgets/jupyterlab-manager/static/"),
 ]
 
