@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import socket
 from typing import List, Optional, Set, Tuple
 
@@ -66,6 +67,30 @@ def free_port(addr: str = "127.0.0.1") -> int:
     with socket.socket(address_family(addr), socket.SOCK_STREAM) as s:
         s.bind((addr, 0))
         return int(s.getsockname()[1])
+
+
+MASTER_PORTS = (20000, 32767)  # below Linux's ephemeral range (32768-60999), where connections take their source ports
+
+
+def port_free(addr: str, port: int) -> bool:
+    """Whether ``port`` binds on ``addr`` now (this machine's address only)."""
+    try:
+        with socket.socket(address_family(addr), socket.SOCK_STREAM) as s:
+            s.bind((addr, port))
+        return True
+    except OSError:
+        return False
+
+
+def master_port(addr: str, avoid: int = 0, local: bool = True) -> int:
+    """A MASTER_PORT nobody gave: drawn from MASTER_PORTS, not ``avoid``, free now where ``addr`` is this machine's.
+    Not ``free_port``: a port bind(0) returns is an ephemeral one, and between the plan and the store's bind (seconds:
+    a process starts, torch imports) any connection on the host may take it as its source port (EADDRINUSE)."""
+    for _ in range(100):
+        port = random.randint(*MASTER_PORTS)
+        if port != avoid and (not local or port_free(addr, port)):
+            return port
+    return free_port(addr)  # that range all taken (or addr not this machine's: OSError, as the caller expects)
 
 
 def _listening_inodes(port: int) -> Set[str]:

@@ -15,7 +15,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..errors import PlanError
 from .gpus import GPUInfo, detect_gpus
-from .net import free_port, validate_master_addr, validate_master_port
+from .net import master_port, validate_master_addr, validate_master_port
 from .slurm import SlurmRequest
 from .spec import BACKENDS, PoolSpec
 from ..words import plural
@@ -159,18 +159,18 @@ def _backend(spec: PoolSpec, gpus: GPUInfo, strict: bool) -> Tuple[str, str]:
 
 
 def _master_port(spec: PoolSpec, strict: bool) -> Tuple[int, bool]:
-    """(port, whether the user gave it): a given one is checked, else a free one on master_addr."""
+    """(port, whether the user gave it): a given one is checked, else a free one on master_addr (net.master_port)."""
     addr = spec.master_addr
     if spec.master_port is not None:
         if strict:
             validate_master_port(addr, spec.master_port)
         return spec.master_port, True
     try:
-        return free_port(addr), False
+        return master_port(addr), False
     except OSError:
         if strict:
             raise PlanError(f"--master-addr {addr!r} is not an address of this machine (cannot bind a port on it)") from None
-        return free_port("127.0.0.1"), False
+        return master_port("127.0.0.1"), False
 
 
 def make_plan(

@@ -131,6 +131,24 @@ def test_free_port_binds_in_the_address_family():
     assert 0 < net.free_port("::1") < 65536
 
 
+def test_a_master_port_nobody_gave_is_below_the_ephemeral_range_and_free():
+    """bind(0) hands out ephemeral ports, the ones every outgoing connection takes its source port from: by the time a
+    store binds such a MASTER_PORT, a connection on the host may hold it (EADDRINUSE, seen in a box torchrun run)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = map(int, f.read().split())
+    held = listening_socket()
+    try:
+        for _ in range(20):
+            port = make_plan(PoolSpec(2), gpus=NO_GPU, environ={}).master_port
+            assert net.MASTER_PORTS[0] <= port <= net.MASTER_PORTS[1] and not low <= port <= high, port
+            assert net.port_free("127.0.0.1", port)
+            assert net.master_port("127.0.0.1", avoid=port) != port
+        taken = held.getsockname()[1]
+        assert not net.port_free("127.0.0.1", taken)
+    finally:
+        held.close()
+
+
 def test_local_addresses_and_resolving():
     assert net.is_local_ip(socket.AF_INET, "127.0.0.1")
     assert not net.is_local_ip(socket.AF_INET, "192.0.2.1")

@@ -19,8 +19,6 @@ kernel found is never cancelled, only our steps end.
 from __future__ import annotations
 
 import os
-import random
-import socket
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -29,7 +27,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 from ...plan.check import Check
 from ...plan.checks_slurm import TEMPLATE
 from ...logs import log
-from ...plan.net import address_family, is_local_ip, route_source
+from ...plan.net import address_family, is_local_ip, master_port, route_source
 from ...wire import slurm_env, tls
 from ...wire.kept import is_held
 # not ``from . import slurm_cli``: that imports this package, whose __init__ imports this module
@@ -41,9 +39,6 @@ from .slurm_steps import END_WAIT_S, TemplateStep, rank_env, spawn_config
 
 if TYPE_CHECKING:
     from ...plan.plan import Plan
-
-
-MASTER_PORTS = (20000, 32767)  # where MASTER_PORT is drawn from
 
 
 @dataclass
@@ -113,12 +108,7 @@ class SlurmLauncher(Launcher):
         addr = self.alloc.addrs[0]
         if plan.port_was_given:
             return replace(plan, master_addr=addr)
-        local = is_local_ip(address_family(addr), addr)
-        for _ in range(100):
-            port = random.randint(MASTER_PORTS[0], MASTER_PORTS[1])
-            if port != avoid and (not local or port_free(addr, port)):
-                break
-        return replace(plan, master_addr=addr, master_port=port)
+        return replace(plan, master_addr=addr, master_port=master_port(addr, avoid, local=is_local_ip(address_family(addr), addr)))
 
     def listen_addr(self, asked: Optional[str], default: str) -> str:
         """--control-addr, else the address this machine reaches the first node from (never every interface)."""
@@ -369,16 +359,6 @@ class SlurmLauncher(Launcher):
     def close(self) -> None:
         """End our steps, and release the allocation if it is ours (one the kernel found stays)."""
         self._release()
-
-
-def port_free(addr: str, port: int) -> bool:
-    """Whether ``port`` binds on ``addr`` now (this machine's address only)."""
-    try:
-        with socket.socket(address_family(addr), socket.SOCK_STREAM) as s:
-            s.bind((addr, port))
-        return True
-    except OSError:
-        return False
 
 
 def preview(plan: Plan) -> "tuple[Plan, List[Check]]":
