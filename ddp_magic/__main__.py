@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import time
 from typing import List, Optional
 
 from .kernel.keep import attach
 from .wire import kept
-from .wire import protocol as P
 
 STOP_WAIT_S = 10.0
 
@@ -31,10 +29,7 @@ def stop(pool_id: str) -> str:
         attach.forget(found)
         return f"the kept pool {found.id} had ended already: {found.data.get('why') or 'its template died'}; its files are gone now"
     where = found.path.rsplit("/", 1)[0]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(STOP_WAIT_S)
-        sock.connect(kept.socket_path(found.id, where))
-        P.client_handshake(sock, bytes.fromhex(found.data["secret"]))
+    with kept.dial_lease(attach.lease_at(found), bytes.fromhex(found.data["secret"]), STOP_WAIT_S) as sock:
         sock.sendall((json.dumps({"op": "stop"}) + "\n").encode())
         sock.recv(4096)
     deadline = time.monotonic() + STOP_WAIT_S

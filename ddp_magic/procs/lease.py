@@ -13,6 +13,11 @@ this ``Lease`` is the pool's anchor (DESIGN.md §4d, docs/keep.md):
   since keep. Either ends the lease: every rank is killed, the pool's files go, and the discovery file
   says why (the next attach tells the user).
 
+A Slurm pool whose nodes are other hosts than its kernel's (``bind``: this node's address): the lease listens on
+TCP there, TLS with a key of its own (wire/kept.py ``LeaseAt``), and keeps its files in this node's ``held_dir``.
+The kernel's host follows it over a *watch* connection (procs/lease_watch.py), which gets every change of the
+discovery record, then why the lease ended (or ``off``).
+
 The hot path is not here: once a kernel has attached, its cells go straight to the ranks.
 """
 from __future__ import annotations
@@ -27,7 +32,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ..logs import log
-from ..wire import kept, shm
+from ..wire import kept, shm, tls
 from ..wire import protocol as P
 from ..words import fmt_seconds
 
@@ -52,6 +57,7 @@ class _Peer:
         self.node: Optional[str] = None  # another Slurm node's template, following the lease (procs/template_keep.py)
         self.pid = 0  # its pid
         self.busy = False
+        self.watch = False  # the kernel's host following a lease held on another host (procs/lease_watch.py)
 
     def send(self, obj: Dict[str, Any]) -> bool:
         try:
@@ -86,7 +92,7 @@ class Lease:
     """The kept pool's anchor in its template (see the module's docstring)."""
 
     def __init__(self, cmd: Dict[str, Any], secret: bytes, children: Callable[[], Dict[int, int]]) -> None:
-        self.id, self.where = str(cmd["id"]), str(cmd["where"])
+        self.id, self.where = str(cmd["id"]), str(cmd.get("where") or "") or kept.held_dir()
         self.secret = secret
         self.children = children  # pid -> rank, the template's live ranks
         self.info: Dict[str, Any] = dict(cmd["info"])
@@ -97,7 +103,8 @@ class Lease:
         self.prefix = str(self.info.get("shm_prefix", ""))
         self._shm_lock = self._hold_shm_marker()
         _raise_fd_limit(2 * int(self.info.get("nproc") or 0) + 64)  # a lease connection per rank: past the usual 1,024
-        self.listener = self._listen()
+        self.key = tls.ServerKey() if cmd.get("bind") else None  # a lease its kernel's host reaches over the network
+        self.listener, self.at = self._listen(str(cmd.get("bind") or ""))
         self.peers: Dict[int, _Peer] = {}  # fd -> peer
         self.templates: Dict[str, _Peer] = {}  # node -> its template's connection (a Slurm pool's other nodes)
         self.kernel: Optional[Dict[str, Any]] = {"kernel": cmd.get("kernel", ""), "pid": cmd.get("pid"), "since": time.time()}
@@ -118,7 +125,13 @@ class Lease:
             log.debug("could not mark the kept pool's files in /dev/shm", exc_info=True)
             return None
 
-    def _listen(self) -> socket.socket:
+    def _listen(self, bind: str) -> "tuple[socket.socket, kept.LeaseAt]":
+        if self.key is not None:
+            sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((bind, 0))
+            sock.listen(4096)
+            sock.setblocking(False)
+            return sock, {"host": bind, "port": sock.getsockname()[1], "fp": self.key.fingerprint}
         path = kept.socket_path(self.id, self.where)
         if os.path.exists(path):
             os.unlink(path)
@@ -130,14 +143,14 @@ class Lease:
             os.umask(old)
         sock.listen(4096)  # a rank per connection, all at once at keep (the system caps it at somaxconn)
         sock.setblocking(False)
-        return sock
+        return sock, {"path": path}
 
     def record(self) -> Dict[str, Any]:
         """What the discovery file says."""
         busy = sorted(p.rank for p in self.peers.values() if p.rank is not None and p.busy)
         return dict(self.info, id=self.id, state="kept", secret=self.secret.hex(), template_pid=os.getpid(), since=self.since,
                     idle=self.idle, max=self.max, attached=self.kernel, left_at=self.left_at, busy=busy, meanwhile=self.meanwhile,
-                    ranks=self.ranks(), templates=sorted(self.templates))
+                    ranks=self.ranks(), templates=sorted(self.templates), lease=self.at, dir=self.dir)
 
     def ranks(self) -> Dict[str, int]:
         """rank -> pid of every live rank: our children, and on Slurm the ranks other nodes' templates forked (known by
@@ -147,6 +160,7 @@ class Lease:
         return out
 
     def write(self) -> None:
+        self.tell_watchers({"event": "record", "record": self.record()})
         try:
             kept.write_private(kept.discovery_path(self.id, self.where), self.record())
         except OSError:
@@ -183,6 +197,9 @@ class Lease:
                 return
             try:
                 sock.settimeout(HANDSHAKE_S)
+                if self.key is not None:
+                    sock = tls.wrap_server(sock, self.key, HANDSHAKE_S)  # the relay's plain twin (wire/tls.py)
+                    sock.settimeout(HANDSHAKE_S)
                 P.server_handshake(sock, self.secret)
             except Exception:  # a wrong secret, garbage, a timeout: not ours
                 log.debug("a peer of the lease socket was rejected", exc_info=True)
@@ -228,6 +245,9 @@ class Lease:
             self.ended = "it was stopped from a terminal (python -m ddp_magic stop)"
         elif op == "info":
             peer.send(self.record())
+        elif op == "watch":
+            peer.watch = True
+            peer.send({"event": "record", "record": self.record()})
         return False
 
     def _attach(self, peer: _Peer, msg: Dict[str, Any]) -> bool:
@@ -247,7 +267,7 @@ class Lease:
         self.meanwhile, self.left_at, self.idle_since = [], None, None
         for rank_peer in [p for p in self.peers.values() if p.rank is not None]:
             offsets = msg.get("offsets", {}).get(str(rank_peer.rank), [0, 0])
-            rank_peer.send({"op": "dial", "addr": msg["addr"], "port": msg["port"], "offsets": offsets})
+            rank_peer.send({"op": "dial", "addr": msg["addr"], "port": msg["port"], "offsets": offsets, "tls": msg.get("tls")})
         self.write()
         return True
 
@@ -300,8 +320,13 @@ class Lease:
             return f"no kernel attached and no job running for its lease's --idle ({_span(self.idle)})"
         return None
 
+    def tell_watchers(self, event: Dict[str, Any]) -> None:
+        for peer in [p for p in self.peers.values() if p.watch]:
+            peer.send(event)
+
     def end(self, why: str) -> None:
         """The lease is over: every rank goes (the template kills them), the files go, the discovery file says why."""
+        self.tell_watchers({"event": "ended", "record": self.ended_record(why)})
         ranks = self.children()
         for pid in ranks:
             try:
@@ -309,33 +334,43 @@ class Lease:
             except ProcessLookupError:
                 pass
         try:
-            kept.write_private(kept.discovery_path(self.id, self.where), dict(
-                id=self.id, state="ended", why=why, at=time.time(), notebook=self.info.get("notebook", ""), nproc=self.info.get("nproc"),
-                job=self.info.get("job"), meanwhile=self.meanwhile))
+            if self.key is not None:  # the kernel's host keeps the word (procs/lease_watch.py); nothing of it stays here
+                self._unlink_files()
+            else:
+                kept.write_private(kept.discovery_path(self.id, self.where), self.ended_record(why))
         except OSError:
             log.debug("could not write the ended pool's file", exc_info=True)
         shutil.rmtree(self.dir, ignore_errors=True)
         if self.prefix:
             shm.remove_pool_files(self.prefix)
 
+    def ended_record(self, why: str) -> Dict[str, Any]:
+        return dict(id=self.id, state="ended", why=why, at=time.time(), notebook=self.info.get("notebook", ""),
+                    nproc=self.info.get("nproc"), job=self.info.get("job"), meanwhile=self.meanwhile)
+
     def off(self) -> None:
         """``%ddp keep --off``: the pool is its kernel's again; the lease's files go (the lock with the process)."""
+        self.tell_watchers({"event": "off"})
         for peer in list(self.peers.values()):
             peer.sock.close()
         self.peers.clear()
         self.templates.clear()
         self.listener.close()
         shutil.rmtree(self.dir, ignore_errors=True)
-        for path in (kept.discovery_path(self.id, self.where), kept.lock_path(self.id, self.where)):
-            try:
-                os.unlink(path)
-            except OSError:
-                log.debug("could not remove %s", path, exc_info=True)
+        self._unlink_files()
         for fd in (self._lock, self._shm_lock):
             if fd is not None:
                 os.close(fd)
         if self.prefix:
             shm.remove(os.path.join(shm.SHM_DIR, self.prefix + shm.KEPT_MARKER))
+
+
+    def _unlink_files(self) -> None:
+        for path in (kept.discovery_path(self.id, self.where), kept.lock_path(self.id, self.where)):
+            try:
+                os.unlink(path)
+            except OSError:
+                log.debug("could not remove %s", path, exc_info=True)
 
 
 def _raise_fd_limit(needed: int) -> None:

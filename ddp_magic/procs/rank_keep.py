@@ -26,7 +26,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..logs import log
 from ..wire import kept
-from ..wire import protocol as P
 from ..wire.capture import spool_marker
 
 
@@ -204,13 +203,14 @@ class Keeper:
             return {"rank": self.rank, "on": False}
         self.spooled = True
         if not self.spools:
+            os.makedirs(msg["dir"], mode=0o700, exist_ok=True)  # on a node other than the lease holder's, made here
             for fd, stream in ((1, "stdout"), (2, "stderr")):
                 self.spools[stream] = Spool(fd, kept.spool_path(msg["dir"], self.rank, stream), int(msg.get("cap") or 0))
         for spool in self.spools.values():
             spool.cap = int(msg.get("cap") or 0)
         if self.lease is None:
             try:
-                self.lease = self._connect(msg["socket"])
+                self.lease = self._connect(msg["lease"])
             except (OSError, EOFError) as e:  # the rank goes on as it was: the kernel's keep names it and fails
                 log.debug("rank %d: could not join the lease", self.rank, exc_info=True)
                 return {"rank": self.rank, "on": False, "error": f"{type(e).__name__}: {e}"}
@@ -218,18 +218,14 @@ class Keeper:
         self.on = True
         return {"rank": self.rank, "on": True, "written": {s: sp.written for s, sp in self.spools.items()}}
 
-    def _connect(self, path: str) -> socket.socket:
-        """The lease socket, the secret proved. A thousand ranks knock at once: a full backlog is tried again (EAGAIN)."""
+    def _connect(self, at: kept.LeaseAt) -> socket.socket:
+        """The lease, the secret proved. A thousand ranks knock at once: a full backlog is tried again (EAGAIN)."""
         deadline = time.monotonic() + CONNECT_S
         while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(10)
             try:
-                sock.connect(path)
-                P.client_handshake(sock, self.secret)
+                sock = kept.dial_lease(at, self.secret)
                 break
             except (BlockingIOError, ConnectionError, socket.timeout):  # the lease gave up on a slow handshake: again
-                sock.close()
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.02)

@@ -17,6 +17,7 @@ answers, for WATCH_MAX_S at most, so a controller that comes back frees the node
 """
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -26,6 +27,7 @@ import time
 
 from ..logs import log
 from ..wire import kept
+from .lease_watch import LeaseWatch
 from .parent import die_with_parent
 
 KERNEL_PID_ENV = "DDP_MAGIC_KERNEL_PID"
@@ -86,11 +88,14 @@ class Follow:
 
     The kernel writes one command a line on our stdin: ``lease PATH`` (``%ddp keep``: from now on the
     allocation ends when nothing holds the lease's lock, wire/kept.py: the lease ended, or its template
-    died; the kernel's exit no longer counts) and ``kernel PID`` (``%ddp keep --off``: that kernel's again)."""
+    died; the kernel's exit no longer counts), ``watch JSON`` (the same for a lease held on another host:
+    we hold its lock here while our connection to it lives, procs/lease_watch.py) and ``kernel PID``
+    (``%ddp keep --off``: that kernel's again)."""
 
     def __init__(self, kernel: "int | None") -> None:
         self.kernel = kernel  # the kernel's pidfd (None: none to watch)
         self.lease = ""  # the lock of the lease we follow ("": we follow the kernel)
+        self.watch: "LeaseWatch | None" = None  # a lease on another host, watched from here
         self.stdin: "int | None" = sys.stdin.fileno()
         self.buf = b""
 
@@ -110,8 +115,15 @@ class Follow:
             word, _, arg = line.decode(errors="replace").strip().partition(" ")
             if word == "lease":
                 self.lease = arg
+            elif word == "watch":
+                self.watch = LeaseWatch(json.loads(arg))
+                self.watch.start()
+                self.lease = self.watch.lock
             elif word == "kernel" and arg.isdigit():
                 self.lease = ""
+                if self.watch is not None:
+                    self.watch.stop()
+                    self.watch = None
                 try:
                     self.kernel = os.pidfd_open(int(arg))
                 except (OSError, AttributeError):  # gone already: so is the allocation
@@ -120,7 +132,10 @@ class Follow:
 
     def lease_over(self) -> bool:
         """The lease we follow is over (its lock is free), once whatever the kernel wrote before has been read."""
-        if not self.lease or kept.is_held(self.lease):
+        if self.watch is not None and self.watch.failed:  # it never reached the lease: the kernel's again (its keep failed)
+            self.watch, self.lease = None, ""
+            return self.kernel is not None and bool(select.select([self.kernel], [], [], 0)[0])
+        if not self.lease or kept.is_held(self.lease) or (self.watch is not None and not self.watch.over.is_set()):
             return False
         while self.stdin is not None and select.select([self.stdin], [], [], 0)[0]:  # a ``kernel`` line written before keep --off freed the lock
             if self.read():

@@ -16,7 +16,7 @@ stdin closing (srun gone: the kernel is) or SIGTERM (the step cancelled) ends ev
 and the template; a rank dies with its template (its parent-death signal). A kept pool
 (docs/keep.md): the first node's template holds the lease, as a fork-server template does, and
 the others follow it; stdin closing then only means that no kernel is attached. A following template holds a
-connection to the lease socket (procs/template_keep.py ``follow``): a kernel that attaches the pool later sends
+connection to the lease (procs/template_keep.py ``follow``, once the kernel says where the holder listens): a kernel that attaches the pool later sends
 its spawns to the holder, which hands one for another node to that node's template.
 """
 from __future__ import annotations
@@ -72,12 +72,16 @@ class NodeTemplate(Template):
             if node == self.node:
                 _emit({"event": "pong", "node": self.node, "id": cmd.get("id")})
             return
-        if op in ("keep", "unkeep") and node and node != self.node:
-            self.follows_lease = op == "keep"
-            if op == "keep":
-                self.follow(str(cmd["id"]), str(cmd["where"]), bytes.fromhex(self._unsealed(cmd).get("secret") or self.secret.hex()), self.node)
+        if op in ("keep", "unkeep", "follow") and node and node != self.node:
+            if op == "follow":  # the holder's lease is up: where it listens (a socket, or TCP and TLS on its host)
+                self.follow(cmd["lease"], bytes.fromhex(self._unsealed(cmd).get("secret") or self.secret.hex()), self.node, str(cmd.get("dir") or ""))
+            elif op == "keep":
+                self.follows_lease = True
             else:
+                self.follows_lease = False
                 self.unfollow()
+            return
+        if op == "follow":
             return
         if op == "unkeep":
             self.follows_lease = False

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import time
@@ -14,7 +15,6 @@ from typing import Callable, Dict, List, Optional
 
 from ..logs import log
 from ..wire import kept
-from ..wire import protocol as P
 from .lease import Lease, release_from_parent
 from .parent import die_with_parent
 
@@ -77,7 +77,7 @@ class KeptTemplate:
             self.lease = Lease(cmd, bytes.fromhex(cmd["secret"]), lambda: dict(self.children))
             self.lease.fence_old = self.fence
             self.lease.relay = emit  # a following node template's events (procs/slurm_template.py): on to the attached kernel
-        emit({"event": "kept", "id": self.lease.id, "dir": self.lease.dir})
+        emit({"event": "kept", "id": self.lease.id, "dir": self.lease.dir, "lease": self.lease.at})
 
     def fence(self, event: dict) -> None:
         """Another kernel attached with --force: the one attached now is told, and no longer heard."""
@@ -88,6 +88,7 @@ class KeptTemplate:
     follows_lease = False  # a Slurm node's template whose pool another node's template keeps (procs/slurm_template.py)
     upstream: Optional[socket.socket] = None  # a following template's connection to the holder's lease socket
     up_buf = b""
+    spool_dir = ""  # a following template's: where its node's ranks spool (removed when the pool ends)
 
     def kernel_left(self) -> None:
         """No kernel hears us now (fd 0, our stdin, stays open for no one); a following template's events go to the holder,
@@ -104,22 +105,20 @@ class KeptTemplate:
             self.lease.kernel_left()
 
     # ------------------------------------------------------------ a template that follows another's lease (Slurm)
-    def follow(self, pool_id: str, where: str, secret: bytes, node: str) -> None:
-        """A connection to the holder's lease socket, the pool's secret proved: the spawns of a kernel that attaches the
-        kept pool come that way (srun's stdin is the first kernel's), and our events go back once that kernel is gone."""
+    def follow(self, at: kept.LeaseAt, secret: bytes, node: str, spool_dir: str) -> None:
+        """A connection to the holder's lease (its socket, or TCP and TLS from another host), the pool's secret proved:
+        the spawns of a kernel that attaches the kept pool come that way (srun's stdin is the first kernel's), and our
+        events go back once that kernel is gone."""
         if self.upstream is not None:  # keep again (new timers): the same lease
             return
+        self.spool_dir = spool_dir
         deadline = time.monotonic() + FOLLOW_WAIT_S
         while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(10)
             try:
-                sock.connect(kept.socket_path(pool_id, where))
-                P.client_handshake(sock, secret)
+                sock = kept.dial_lease(at, secret)
                 sock.sendall((json.dumps({"op": "template", "node": node, "pid": os.getpid()}) + "\n").encode())
                 break
-            except (OSError, EOFError):  # its socket is not there yet (the holder takes the same keep now), or a full backlog
-                sock.close()
+            except (OSError, EOFError):  # a full backlog, or a slow handshake: again
                 if time.monotonic() > deadline:
                     log.warning("node %s's template could not reach the kept pool's lease; a kernel that attaches it cannot fork "
                                 "a rank here", node, exc_info=True)
@@ -148,6 +147,8 @@ class KeptTemplate:
         if not data:
             self.unfollow()
             if self.kernel_fd < 0:
+                if self.spool_dir:  # this node's ranks' output logs (on the holder's host, the lease removes its own)
+                    shutil.rmtree(self.spool_dir, ignore_errors=True)
                 self.kernel_gone(dead=False)
             return
         self.up_buf += data

@@ -112,6 +112,8 @@ class Worker:
         while True:
             dial = self.keeper.detached()
             self.config["kernel_addr"], self.config["kernel_port"] = dial["addr"], int(dial["port"])
+            if dial.get("tls"):  # a TLS pool: the attaching kernel's certificate, told over the authenticated lease
+                self.config["tls"] = dial["tls"]
             try:
                 sock = self._dial(control=True)
                 P.send(sock, self._hello(attach=True, cell=self.cell, busy=self.keeper.busy, undelivered=self.chan.undelivered,

@@ -10,6 +10,13 @@ file 0600: only the same Unix user may find it or prove its secret.
 - ``ddp-kept-<id>/``: the lease socket (``lease.sock``: kernels attach there, ranks wait for a kernel there),
   the ranks' output spools (``r<rank>.out``/``.err``: every byte, the offset is its sequence number) and
   ``shown``: how many bytes of each spool a kernel has shown (an mmap'd array, current even after a SIGKILL).
+
+A kept Slurm pool whose nodes are other hosts (docs/keep.md, "Across hosts"): its lease is held on the first node
+and listens on TCP there, TLS with a certificate of its own (``LeaseAt``: host, port, fingerprint), each peer
+proving the pool's secret inside it as on the socket. That node's files sit in its own ``ddp-held/`` (``held_dir``).
+On the kernel's host, the process that holds the allocation (procs/slurm_hold.py) follows the lease over that
+connection (procs/lease_watch.py): it holds the liveness lock here and mirrors the holder's discovery file, so
+that everything above reads the same files on either kind of pool.
 """
 from __future__ import annotations
 
@@ -20,10 +27,13 @@ import mmap
 import os
 import signal
 import struct
+import socket
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..logs import log
+from . import protocol as P
+from . import tls
 
 PREFIX = "ddp-kept-"
 STREAMS = ("stdout", "stderr")
@@ -61,6 +71,38 @@ def pool_dir(pool_id: str, where: Optional[str] = None) -> str:
 
 def socket_path(pool_id: str, where: Optional[str] = None) -> str:
     return os.path.join(pool_dir(pool_id, where), "lease.sock")
+
+
+def held_dir() -> str:
+    """Where a lease held for a kernel on another host keeps its files on this node (never the kernel's names)."""
+    path = os.path.join(runtime_dir(), "ddp-held")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+LeaseAt = Dict[str, Any]  # {"path": the lease socket} or {"host", "port", "fp"}: a lease over TCP and TLS (another host's)
+
+
+def dial_lease(at: LeaseAt, secret: bytes, timeout: float = 10.0) -> socket.socket:
+    """A connection to a kept pool's lease, the pool's secret proved both ways (over TLS, the holder's certificate
+    pinned first). Raises OSError (ConnectionError for a wrong secret or certificate)."""
+    if at.get("path"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(at["path"]))
+        except OSError:
+            sock.close()
+            raise
+    else:
+        sock = tls.connect((str(at["host"]), int(at["port"])), str(at["fp"]), timeout)  # the relay's plain twin
+        sock.settimeout(timeout)
+    try:
+        P.client_handshake(sock, secret)
+    except (OSError, EOFError, ValueError) as e:
+        sock.close()
+        raise ConnectionError(f"the kept pool's lease refused us: {e}") from None
+    return sock
 
 
 def spool_path(directory: str, rank: int, stream: str) -> str:

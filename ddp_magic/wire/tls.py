@@ -21,6 +21,7 @@ costs a wake and the GIL, and a hop through the socketpair two syscalls.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import os
@@ -30,10 +31,11 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 from typing import Callable, Dict, Optional, Tuple, Union
 
 from . import liveness
-from .tls_relay import Relay, drain_before_exit
+from .tls_relay import Relay
 from .tls_ways import Fill, Pair
 
 FORCE_ENV = "DDP_MAGIC_FORCE_TLS"  # "1": TLS even when every rank is on this host (tests, measurements)
@@ -219,3 +221,43 @@ def connect(addr: Tuple[str, int], fingerprint: str, timeout: float = 30, contro
         raise
     drain_before_exit()
     return Relay.get().add(tls)
+
+
+_EXIT: Optional[Callable[[int], None]] = None  # os._exit as it was, once a client connection made us wrap it
+
+
+def drain_before_exit() -> None:
+    """From now on this process drains its relay before it exits: os._exit (a rank's every exit path) and interpreter exit."""
+    global _EXIT
+    if _EXIT is not None:
+        return
+    _EXIT = real = os._exit
+
+    def _exit(code: int) -> None:
+        try:
+            Relay.get().drain()
+        finally:
+            real(code)
+
+    os._exit = _exit  # type: ignore[assignment]
+    atexit.register(_drain_current)
+
+
+def _drain_current() -> None:
+    relay = Relay.current()  # a forked child that never dialled has none (and needs none)
+    if relay is not None:
+        relay.drain()
+
+
+def _forget_in_child() -> None:
+    """A forked child (a kept template's rank) has none of its parent's relay thread: it starts its own when it dials,
+    and its os._exit waits for no relay until then."""
+    global _EXIT
+    Relay._instance = None
+    Relay._lock = threading.Lock()
+    if _EXIT is not None:
+        os._exit = _EXIT  # type: ignore[assignment]
+        _EXIT = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -16,13 +16,12 @@ The relay is a thread of the process, so what the code wrote last still sits in 
 socketpair or the relay's buffer when the process ends: over plain TCP the OS sends a
 dead process's last bytes, through the relay they would be lost (a rank that prints its
 error and exits at once). So a process that dialled out over TLS drains its relay before
-it exits (``drain_before_exit``): ``os._exit`` (every exit path of a rank) and interpreter
+it exits (tls.py ``drain_before_exit``): ``os._exit`` (every exit path of a rank) and interpreter
 exit wait, up to DRAIN_S, until nothing the code wrote is left unsent. A rank killed by a
 signal it cannot catch (SIGKILL) still loses what the relay had not sent.
 """
 from __future__ import annotations
 
-import atexit
 import os
 import selectors
 import socket
@@ -30,7 +29,7 @@ import ssl
 import threading
 import time
 import weakref
-from typing import Callable, Dict, List, Optional, Union
+from typing import Dict, List, Optional, Union
 
 from ..logs import log
 from . import liveness
@@ -378,23 +377,3 @@ class Relay:
                 sock.close()
             except OSError:
                 log.debug("tls relay: close failed", exc_info=True)
-
-
-_EXIT: Optional[Callable[[int], None]] = None  # os._exit as it was, once a client connection made us wrap it
-
-
-def drain_before_exit() -> None:
-    """From now on this process drains its relay before it exits: os._exit (a rank's every exit path) and interpreter exit."""
-    global _EXIT
-    if _EXIT is not None:
-        return
-    _EXIT = real = os._exit
-
-    def _exit(code: int) -> None:
-        try:
-            Relay.get().drain()
-        finally:
-            real(code)
-
-    os._exit = _exit  # type: ignore[assignment]
-    atexit.register(lambda: Relay.get().drain())

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from ...states import RankState
-from ...wire import kept
-from ...wire import protocol as P
+from ...wire import kept, tls
 from ...words import fmt_bytes, plural, ranks_phrase
 from ..admission import Admission, raise_fd_limit
 from ..output.kept_output import KeptOutput
@@ -156,9 +155,9 @@ def attach(found: Found, force: bool) -> Attached:
         return Attached(None, f"the kept pool {found.id} ended{at}: {why}{job}.{_meanwhile(data.get('meanwhile') or [])}")
     pool, slurm = _pool_from(data)
     told = front.held(found.id) is not None
-    admission = Admission(pool.listen_addr, pool.secret, max(64, 3 * pool.nproc), pool._count_rejected)
+    admission = Admission(pool.listen_addr, pool.secret, max(64, 3 * pool.nproc), pool._count_rejected, pool.tls_key)
     try:
-        sock, report = _knock(found, pool.listen_addr, admission.port, force)
+        sock, report = _knock(found, pool.listen_addr, admission.port, force, pool.tls_key)
     except BaseException:
         admission.close()
         raise
@@ -166,11 +165,12 @@ def attach(found: Found, force: bool) -> Attached:
     lock = kept.lock_path(found.id, os.path.dirname(found.path))
     if pool.plan is not None and pool.plan.slurm is not None and slurm is not None:  # its node templates fork a rank again
         pool.hub.launcher = KeptSlurmLauncher(pool.secret, sock, pids, lock, pool.plan, slurm)
+        pool.hub.launcher.tls_fp = pool.tls_key.fingerprint if pool.tls_key is not None else None
     else:
         pool.hub.launcher = KeptLauncher(pool.secret, sock, pids, lock)
     pool.hub.reset(pool.ranks, admission)
     pool.hub.begin_cell()
-    pool.hub.shown = KeptOutput(found.id, kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, os.path.dirname(found.path)), "shown"), pool.nproc))
+    pool.hub.shown = KeptOutput(found.id, kept.ShownOffsets(os.path.join(kept.make_pool_dir(found.id, os.path.dirname(found.path)), "shown"), pool.nproc))
     t0 = time.monotonic()
     heard = Heard()
     try:
@@ -186,7 +186,7 @@ def attach(found: Found, force: bool) -> Attached:
     terms = Terms(float(report["idle"]), float(report["max"]), float(report["since"]))
     where = os.path.dirname(found.path)
     pool.kept = KeptState(found.id, kept.pool_dir(found.id, where), where, terms, str(data.get("notebook") or ""), str(data.get("job") or ""))
-    pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(found.id, where), "dir": pool.kept.dir, "cap": spool_cap()}
+    pool.hub.keep_msg = {"on": True, "lease": lease_at(found), "dir": str(data.get("dir") or pool.kept.dir), "cap": spool_cap()}
     pool.started, pool.broken, pool.start_seconds = True, pool.broken, time.monotonic() - t0
     detach_at_exit(pool)
     hellos = pool.hub.hellos
@@ -209,31 +209,36 @@ def _pool_from(data: Dict[str, Any]) -> "Tuple[Pool, Optional[Dict[str, Any]]]":
     pool.listen_addr, pool._cell, pool.generation = blob["listen_addr"], int(blob["cell"]), int(blob["generation"])
     if blob.get("launch_env") is not None:
         pool.launch_env = blob["launch_env"]
+    pool.tls_key = tls.ServerKey() if blob.get("tls") else None  # its ranks dial us over TLS, pinned to this key (told on the lease)
     pool.ranks = {r: RankInfo(rank=r) for r in range(pool.nproc)}
     raise_fd_limit(3 * pool.nproc + 64)
     return pool, blob.get("slurm")
 
 
-def _knock(found: Found, addr: str, port: int, force: bool) -> "tuple[socket.socket, Dict[str, Any]]":
-    """Prove the secret on the lease socket and ask for the pool; the template's answer. Raises AttachError when refused."""
+def lease_at(found: Found) -> kept.LeaseAt:
+    """Where the pool's lease listens: what its record says (a lease on another host), else its socket here."""
+    return found.data.get("lease") or {"path": kept.socket_path(found.id, os.path.dirname(found.path))}
+
+
+def _knock(found: Found, addr: str, port: int, force: bool, key: "Optional[tls.ServerKey]") -> "tuple[socket.socket, Dict[str, Any]]":
+    """Prove the secret to the lease and ask for the pool; the template's answer. Raises AttachError when refused."""
     data, where = found.data, os.path.dirname(found.path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(REPLY_WAIT_S)
-    shown = kept.ShownOffsets(os.path.join(kept.pool_dir(found.id, where), "shown"), int(data["nproc"]))
+    shown = kept.ShownOffsets(os.path.join(kept.make_pool_dir(found.id, where), "shown"), int(data["nproc"]))
+    sock: Optional[socket.socket] = None
     try:
-        sock.connect(kept.socket_path(found.id, where))
-        P.client_handshake(sock, bytes.fromhex(data["secret"]))
+        sock = kept.dial_lease(lease_at(found), bytes.fromhex(data["secret"]), REPLY_WAIT_S)
         offsets = replay_from(found.id, shown)
         me = notebook_name() or f"kernel pid {os.getpid()}"
         sock.sendall((json.dumps({"op": "attach", "kernel": me, "pid": os.getpid(), "force": force, "addr": addr,
-                                  "port": port, "offsets": offsets}) + "\n").encode())
+                                  "port": port, "offsets": offsets, "tls": key.fingerprint if key is not None else None}) + "\n").encode())
         reply = json.loads(_line(sock))
         if reply.get("event") != "refused":  # ours now: the file counts what this kernel shows from there
             for rank, pair in offsets.items():
                 shown.set(int(rank), dict(zip(kept.STREAMS, pair)))
             front.forget(found.id)  # said of the kernel before: this kernel's own messages say more from now on
     except (OSError, ValueError) as e:
-        sock.close()
+        if sock is not None:
+            sock.close()
         raise AttachError(f"%ddp attach: the kept pool {found.id} did not answer ({e}); %ddp attach --list shows it") from None
     finally:
         shown.close()

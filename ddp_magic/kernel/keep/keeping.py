@@ -64,7 +64,7 @@ def pool_blob(pool: "Pool") -> str:
     """What a next kernel needs to take the pool on as if it had started it: spec, plan, files, env (0600 file)."""
     blob = {"spec": pool.spec, "plan": pool.plan, "shm_prefix": pool.shm_prefix, "store_path": pool.store_path,
             "launch_env": getattr(pool, "launch_env", None), "cell": pool._cell, "generation": pool.generation,
-            "listen_addr": pool.listen_addr}
+            "listen_addr": pool.listen_addr, "tls": pool.tls_key is not None}
     if isinstance(pool.launcher, (SlurmLauncher, KeptSlurmLauncher)):  # what forks a rank again on its node (kernel/keep/launcher.py)
         blob["slurm"] = pool.launcher.kept_blob()
     return base64.b64encode(pickle.dumps(blob)).decode()
@@ -82,17 +82,20 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     job = job or (state.job if state is not None else "")
     info = {"notebook": notebook, "nproc": pool.nproc, "job": job, "kernel_pid": os.getpid(), "pool": pool_blob(pool),
             "shm_prefix": pool.shm_prefix, "user": os.getuid()}
+    bind = launcher.lease_bind() if isinstance(launcher, SlurmLauncher) and state is None else ""  # its holder is another host
     launcher.notes.clear()
     launcher._write({"op": "keep", "id": pool_id, "node": launcher.lease_node if isinstance(launcher, SlurmLauncher) else "",
-                     "where": where, "idle": terms.idle, "max": terms.max, "secret": pool.secret.hex(),
+                     "where": "" if bind else where, "bind": bind, "idle": terms.idle, "max": terms.max, "secret": pool.secret.hex(),
                      "kernel": os.environ.get("JPY_SESSION_NAME", "") or f"pid {os.getpid()}", "pid": os.getpid(), "info": info})
     note = _await_note(pool, "kept")
-    directory = str(note.get("dir") or kept.pool_dir(pool_id, where))
+    spools = str(note.get("dir") or kept.pool_dir(pool_id, where))  # where the ranks' output logs are (on their nodes)
+    directory = kept.make_pool_dir(pool_id, where) if bind else spools  # this host's: the count of what this kernel showed
     if state is None and isinstance(launcher, SlurmLauncher):  # the allocation follows the lease from now on, salloc and srun outlive us
-        launcher.outlive_kernel(kept.lock_path(pool_id, where))
+        _follow_lease(pool, launcher, pool_id, where, note, spools)
     if state is None:
         pool.hub.shown = KeptOutput(pool_id, kept.ShownOffsets(os.path.join(directory, "shown"), pool.nproc))  # KEEP replies start it
-        pool.hub.keep_msg = {"on": True, "socket": kept.socket_path(pool_id, where), "dir": directory, "cap": spool_cap()}
+        at = note.get("lease") or {"path": kept.socket_path(pool_id, where)}
+        pool.hub.keep_msg = {"on": True, "lease": at, "dir": spools, "cap": spool_cap()}
         pool.hub.expect_spools(pool.ranks)  # what they wrote before their spools began counts for none (kernel/output/hub_output.py)
         replies = pool.ask(P.KEEP, KEEP_WAIT_S, fields=pool.hub.keep_msg)
         missing = sorted(set(pool.ranks) - {r for r, m in replies.items() if m.get("on")})
@@ -102,6 +105,26 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     pool.kept = KeptState(pool_id, directory, where, terms if state is None else Terms(terms.idle, terms.max, state.terms.since),
                           notebook, job)
     return pool.kept
+
+
+def _follow_lease(pool: "Pool", launcher: SlurmLauncher, pool_id: str, where: str, note: Dict[str, Any], spools: str) -> None:
+    """The other nodes' templates follow the holder's lease, and the allocation follows it instead of this kernel: its
+    lock here, or, for a lease on another host, our allocation's holder watching it (procs/lease_watch.py)."""
+    lock = kept.lock_path(pool_id, where)
+    at = note.get("lease") or {"path": kept.socket_path(pool_id, where)}
+    launcher.follow_lease(pool_id, at, spools, pool.secret)
+    if at.get("path"):
+        launcher.outlive_kernel(lock)
+        return
+    launcher.outlive_kernel(lock, watch={"lease": at, "secret": pool.secret.hex(), "id": pool_id, "where": where, "node": launcher.lease_node})
+    deadline = time.monotonic() + KEEP_WAIT_S
+    while not kept.is_held(lock) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not kept.is_held(lock):
+        launcher.outlive_kernel("")
+        launcher._write({"op": "unkeep"})
+        raise KeepError(f"%ddp keep: this host could not reach the lease on {launcher.lease_node} ({at.get('host')}:{at.get('port')}) "
+                        f"within {KEEP_WAIT_S:.0f} s; the pool is not kept (see %ddp log, then try again)")
 
 
 def spool_cap() -> int:

@@ -87,16 +87,26 @@ class KeptSlurmLauncher(KeptLauncher):
 
     remote_ranks = True  # as SlurmLauncher: a rank is asked to exit by message, a closed connection is its exit
     reports_exits = False
+    tls_fp: Optional[str] = None  # a TLS pool's: the attached kernel's certificate, which a rank forked again pins
 
     def __init__(self, secret: bytes, sock: socket.socket, pids: Dict[int, int], lock: str, plan: "Plan", slurm: Dict[str, Any]) -> None:
         super().__init__(secret, sock, pids, lock)
         self.plan, self.nodes, self.step_env = plan, list(slurm["nodes"]), dict(slurm["step_env"])
+        self.job = str(slurm.get("job") or "")  # the allocation that follows the lease (procs/slurm_hold.py)
+        self.released = ""  # what %ddp stop says of it (session.py), as SlurmLauncher's
         self._pending: Dict[int, Optional[int]] = {}  # rank -> its pid once forked, until it joins
         self._unserved: Dict[int, str] = {}  # rank -> why its node's template could not take the spawn
 
     def kept_blob(self) -> Dict[str, object]:
         """The same, for the next kernel (%ddp keep again from this one)."""
-        return {"nodes": self.nodes, "step_env": self.step_env}
+        return {"nodes": self.nodes, "step_env": self.step_env, "job": self.job}
+
+    def close(self) -> None:
+        """%ddp stop: the lease ends, and with its lock the allocation (its holder follows the lock): said as on Slurm."""
+        ended = self.sock is not None
+        super().close()
+        if ended and self.job and not (self.lock and kept.is_held(self.lock)):
+            self.released = f"; Slurm job {self.job} released with the lease: its nodes are free"
 
     def spawn(self, rank: int, config: dict) -> None:
         """``rank`` forked again by its node's template; LaunchError when the holder cannot reach that template."""
@@ -105,7 +115,7 @@ class KeptSlurmLauncher(KeptLauncher):
         self._pending[rank] = None
         self._unserved.pop(rank, None)
         self._write({"op": "spawn", "rank": rank, "node": node, "secret": self.secret.hex(),
-                     "config": spawn_config(self.step_env, wanted, config["kernel_addr"], config["kernel_port"], None)})
+                     "config": spawn_config(self.step_env, wanted, config["kernel_addr"], config["kernel_port"], self.tls_fp)})
         deadline = time.monotonic() + SPAWN_WAIT_S
         while self._pending.get(rank) is None and rank not in self._unserved and self.sock is not None and time.monotonic() < deadline:
             self._read_events(0.1)

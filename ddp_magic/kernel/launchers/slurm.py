@@ -18,6 +18,7 @@ kernel found is never cancelled, only our steps end.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -274,15 +275,11 @@ class SlurmLauncher(Launcher):
 
     # ------------------------------------------------------------ a kept pool (kernel/keep/keeping.py, docs/keep.md)
     def keepable(self) -> str:
-        """Why this pool cannot outlive its kernel ("" when it can): its lease is held on this host, by the first node's
-        template, so every node must be this host; the allocation must be ours (the kernel's own job ends with it)."""
+        """Why this pool cannot outlive its kernel ("" when it can): the allocation must be ours (the kernel's own job ends
+        with it), and its templates one step (the lease's holder and followers hear the keep together)."""
         alloc = self.alloc
         if not isinstance(alloc, OwnAllocation) or alloc.proc is None:
             return f"it runs in the kernel's own Slurm job {self.job_id()}, which ends with its kernel"
-        if not all(is_local_ip(address_family(a), a) for a in alloc.addrs):
-            return f"its nodes ({','.join(alloc.nodes)}) are not all this host; kept Slurm pools run on the kernel's host"
-        if self.tls_key is not None:
-            return "its control channel is TLS (DDP_MAGIC_FORCE_TLS), which an attaching kernel cannot take on yet"
         if len(self.steps) != 1:
             return "a node's template was started again in a step of its own"
         return ""
@@ -292,10 +289,22 @@ class SlurmLauncher(Launcher):
         """The node whose template holds a kept pool's lease (its other templates follow it)."""
         return self.alloc.nodes[0] if self.alloc is not None and self.alloc.nodes else ""
 
+    def lease_bind(self) -> str:
+        """Where the lease holder listens when its node is another host (over TCP and TLS: procs/lease.py); "" when every
+        node is this host (its lease socket in the runtime directory, as a fork server's)."""
+        alloc = self.alloc
+        if alloc is None or all(is_local_ip(address_family(a), a) for a in alloc.addrs):
+            return ""
+        return alloc.addrs[0]
+
+    def follow_lease(self, pool_id: str, at: Dict[str, object], spools: str, secret: bytes) -> None:
+        """The holder's lease is up: every other node's template follows it there (procs/template_keep.py ``follow``)."""
+        self._write({"op": "follow", "node": self.lease_node, "id": pool_id, "lease": at, "dir": spools, "secret": secret.hex()})
+
     def kept_blob(self) -> Dict[str, object]:
         """What a kernel that attaches the kept pool needs to fork a rank again (kernel/keep/launcher.py): nodes, step env."""
         assert self.alloc is not None and self.plan is not None and self.plan.slurm is not None
-        return {"nodes": self.alloc.nodes[: self.plan.slurm.nodes], "step_env": self.steps[0].env}
+        return {"nodes": self.alloc.nodes[: self.plan.slurm.nodes], "step_env": self.steps[0].env, "job": self.job_id()}
 
     @property
     def notes(self) -> List[dict]:
@@ -307,12 +316,14 @@ class SlurmLauncher(Launcher):
         for step in self.steps:
             step.command(cmd)
 
-    def outlive_kernel(self, lock: str) -> None:
+    def outlive_kernel(self, lock: str, watch: Optional[Dict[str, object]] = None) -> None:
         """``%ddp keep``: the allocation follows the lease's ``lock``, and salloc and srun outlive this kernel; ``lock=""``
-        (``keep --off``): they go with this kernel again."""
+        (``keep --off``): they go with this kernel again. ``watch``: a lease on another host, whose ``lock`` here the
+        allocation's holder takes while it follows the lease over the network (procs/lease_watch.py)."""
         alloc = self.alloc
         assert isinstance(alloc, OwnAllocation)
-        alloc.follow(f"lease {lock}" if lock else f"kernel {os.getpid()}", keep=bool(lock))
+        line = (f"watch {json.dumps(watch)}" if watch else f"lease {lock}") if lock else f"kernel {os.getpid()}"
+        alloc.follow(line, keep=bool(lock))
         for step in self.steps:
             step.outlive_kernel(bool(lock))
         self.lease_lock = lock

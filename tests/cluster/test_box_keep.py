@@ -1,0 +1,216 @@
+"""A kept Slurm pool whose nodes are other hosts than its kernel's (the cluster in a box; docs/keep.md, "Across hosts").
+
+The kernel runs on ``login``, its ranks on ``n1`` and ``n2``. The lease is held by n1's template and listens on TCP
+there, TLS with a certificate of its own; n2's template and every rank reach it over the network, and on login the
+process that holds the allocation follows it (procs/lease_watch.py): it holds the liveness lock and mirrors the
+discovery file there. A kept background job through a SIGKILL of its kernel: the next kernel on login attaches over
+the network, every tick shown (no gap), the result and a variable kept, a rank on n2 killed and forked again by n2's
+template with the pool's TLS pinned to the new kernel, the all_reduce right; the intruder host cannot pass the lease
+without the secret. Then, first round, ``--idle 5s`` and a SIGKILL: no rank, no job, and the next look says why;
+second round, ``%ddp stop`` in the attached kernel: the allocation released with the lease, and said. Nothing left.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import box_fixtures
+import cluster_box
+import pytest
+
+from kernel_helper import ANSI, Execution, Kernel
+
+box = box_fixtures.box  # the fixtures, by name in this module
+
+pytestmark = [pytest.mark.kernel, pytest.mark.slow]
+
+START = ("%%ddp --slurm --nodes 2 --ntasks-per-node 2\nimport os, socket, time, torch, torch.distributed as dist\n"
+         "kept = 100 + dist.get_rank()\n(socket.gethostname(), os.getpid())")
+TICKS = """%%ddp --bg --out job --keep
+import os, time
+for i in range({n}):
+    print('tick', i, flush=True)
+    while i == {at} and os.path.exists({gate!r}):
+        time.sleep(0.02)
+    time.sleep(0.02)
+('done', kept)
+"""
+N, AT = 30, 15
+TICK = re.compile(r"\[rank (\d+)(?: \S+)?\] tick (\d+)\n")
+AGAIN = ("%%ddp\nimport os, socket, torch, torch.distributed as dist\nx = torch.ones(1) * (dist.get_rank() + 1)\n"
+         "dist.all_reduce(x)\nhad = globals().get('kept')\nkept = 100 + dist.get_rank()\n(had, x.item(), socket.gethostname(), os.getpid())")
+POOL = "get_ipython().magics_manager.registry['DDPMagics'].session.pool"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _texts(k: Kernel, ex: Execution) -> str:
+    msgs = ex.messages + [m for m in k.collect(1.0) if m["parent_header"].get("msg_id") == ex.msg_id]
+    return ANSI.sub("", "".join(m["content"].get("text", "") for m in msgs if m["msg_type"] == "stream"))
+
+
+def _ticks(text: str) -> Dict[int, List[int]]:
+    out: Dict[int, List[int]] = {}
+    for rank, i in TICK.findall(text):
+        out.setdefault(int(rank), []).append(int(i))
+    return out
+
+
+def _squeue(b: cluster_box.Box, job: str) -> str:
+    """The job's state as login's squeue says it ("" once it is gone)."""
+    done = subprocess.run(b.enter("login") + ["squeue", "-h", "-j", job, "-o", "%T"], env=dict(os.environ, **b.env()),
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 or "Invalid job id" in done.stderr, done.stderr
+    return done.stdout.strip()
+
+
+def _sigkill(k: Kernel, ex: "Execution | None" = None) -> str:
+    """SIGKILL the kernel; what it had shown of ``ex``."""
+    os.kill(k.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _alive(k.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # what would end a pool that is not kept has had its moment
+    first = _texts(k, ex) if ex is not None else ""
+    k.kc.stop_channels()
+    k.km.shutdown_kernel(now=True)
+    return first
+
+
+def _record(runtime: str) -> dict:
+    """The one discovery file on login (the watch's mirror of the lease's record)."""
+    names = [n for n in os.listdir(runtime) if n.startswith("ddp-kept-") and n.endswith(".json")]
+    assert len(names) == 1, os.listdir(runtime)
+    with open(os.path.join(runtime, names[0])) as f:
+        return json.load(f)
+
+
+def _intruder_refused(b: cluster_box.Box, at: dict) -> None:
+    """From the intruder host, the lease's port: a TLS handshake with no secret gets nothing and is dropped."""
+    probe = ("import socket, ssl\nctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE\n"
+             f"s = ctx.wrap_socket(socket.create_connection(({at['host']!r}, {at['port']}), timeout=10))\n"
+             "s.recv(64)\ns.sendall(b'x' * 64)\ns.settimeout(10)\n"
+             "try:\n    print('more', s.recv(64))\nexcept (OSError, ssl.SSLError) as e:\n    print('dropped', type(e).__name__)\n")
+    out = b.run("intruder", [sys.executable, "-c", probe], timeout=60)
+    assert "more b''" in out.stdout or "dropped" in out.stdout, (out.stdout, out.stderr)
+
+
+def _recovers(k: Kernel, ranks: List[int]) -> None:
+    """Rank 3 (on n2, a following template's node) killed: forked again there, TLS pinned to this kernel; twice right."""
+    os.kill(ranks[3], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not re.search(r"rank 3: pid \d+ +dead", k.run("%ddp status").stdout):
+        time.sleep(0.2)
+    for run in range(2):
+        ex = k.run(AGAIN, timeout=180).ok()
+        values = k.value("[tuple(v) for v in _]")
+        assert all(v[1] == 10.0 for v in values) and [v[2] for v in values] == ["n1", "n1", "n2", "n2"], values
+        if run == 0:
+            assert "started it again" in ex.stdout and "rank 3" in ex.stdout, ex.stdout
+            assert [v[0] for v in values] == [100, 101, 102, None], values
+            assert values[3][3] != ranks[3]
+        else:
+            assert [v[0] for v in values] == [100, 101, 102, 103], values
+
+
+def _attach_and_finish(k: Kernel, first: str, ranks: List[int], gate: str) -> None:
+    ex = k.run("%ddp attach --out job", timeout=120).ok()
+    assert "attached the kept pool" in ex.stdout and "4 ranks alive" in ex.stdout, (ex.stdout, ex.stderr)
+    assert "is still running: its output follows" in ex.stdout, ex.stdout
+    print("attach over the network, with a job running:", re.search(r"in [\d.]+ s", ex.stdout).group())  # type: ignore[union-attr]
+    os.unlink(gate)
+    assert k.value("job.wait(120)") is True
+    result = k.run("job.result()", timeout=60).ok().result or ""
+    assert all(f"('done', {100 + r})" in result for r in range(4)), result
+    shown, second = _ticks(first), _ticks(_texts(k, ex))
+    for r in range(4):
+        assert set(shown.get(r, []) + second.get(r, [])) == set(range(N)), (r, shown.get(r), second.get(r))
+    assert "[rank 3 n2] tick" in _texts(k, ex)
+
+
+def _idle_ends(b: cluster_box.Box, k: Kernel, job: str, runtime: str, env: Dict[str, str]) -> None:
+    """``--idle 5s`` and a SIGKILL: no rank, no job; a stop from login's terminal says why it had ended; nothing left."""
+    assert "kept the pool" in k.run("%ddp keep --idle 5s").ok().stdout
+    live = k.value("[i.pid for i in " + POOL + ".ranks.values()]")
+    pool_id = k.value(f"{POOL}.kept.id")
+    _sigkill(k)
+    t0 = time.monotonic()
+    while (any(_alive(p) for p in live) or _squeue(b, job)) and time.monotonic() - t0 < 30:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in live) and not _squeue(b, job), (live, _squeue(b, job), _record(runtime))
+    print(f"--idle 5s, then a SIGKILL: no rank and no job at {time.monotonic() - t0:.1f} s")
+    said = subprocess.run(b.enter("login") + [sys.executable, "-m", "ddp_magic", "stop", pool_id],
+                          env=box_fixtures.kernel_env(b, **env), capture_output=True, text=True, timeout=60).stdout
+    assert f"the kept pool {pool_id} had ended already: no kernel attached and no job running for its lease's --idle" in said, said
+    _nothing_left(runtime)
+
+
+def _stopped(b: cluster_box.Box, k: Kernel, job: str, runtime: str) -> None:
+    """``%ddp stop`` in the attached kernel: the lease ends, the allocation with it (said), nothing left."""
+    live = k.value("[i.pid for i in " + POOL + ".ranks.values()]")
+    said = k.run("%ddp stop", timeout=60).ok().stdout
+    assert f"Slurm job {job} released with the lease: its nodes are free" in said, said
+    t0 = time.monotonic()
+    while _squeue(b, job) and time.monotonic() - t0 < 30:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in live) and not _squeue(b, job), (live, _squeue(b, job))
+    _nothing_left(runtime)
+
+
+def _nothing_left(runtime: str) -> None:
+    assert os.listdir(runtime) in ([], ["ddp-held"]), os.listdir(runtime)
+    assert not os.listdir(os.path.join(runtime, "ddp-held")), "nothing of the lease left on n1"
+
+
+def test_a_kept_pool_on_other_hosts_outlives_its_kernel(box: cluster_box.Box) -> None:
+    runtime = tempfile.mkdtemp(prefix="k33b-", dir="/tmp")
+    env = {"JUPYTER_RUNTIME_DIR": runtime, "JPY_SESSION_NAME": "box.ipynb"}
+    try:
+        for attempt in range(2):
+            k = box_fixtures.login_kernel(box, **env)
+            try:
+                k.run(START, timeout=240).ok()
+                values = k.value("[tuple(v) for v in _]")
+                assert [v[0] for v in values] == ["n1", "n1", "n2", "n2"], values
+                ranks, job = [v[1] for v in values], k.value(f"{POOL}.launcher.job_id()")
+                gate = os.path.join(runtime, "gate")
+                open(gate, "w").close()
+                ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
+                assert "kept the pool" in ex.stdout, (ex.stdout, ex.stderr)
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and not all(5 in _ticks(_texts(k, ex)).get(r, []) for r in range(4)):
+                    time.sleep(0.1)
+                record = _record(runtime)
+                at = record["lease"]
+                assert at.get("host") == box.host("n1").mgmt and at.get("fp") and record.get("holder") == "n1", record.get("lease")
+                assert not [f for _, _, fs in os.walk(runtime) for f in fs if f.endswith(".sock")], "no lease socket on login"
+                _intruder_refused(box, at)
+                first = _sigkill(k, ex)
+                assert all(_alive(p) for p in ranks) and _squeue(box, job) == "RUNNING", "kept through a SIGKILL of its kernel"
+                k = box_fixtures.login_kernel(box, **env)
+                _attach_and_finish(k, first, ranks, gate)
+                _recovers(k, ranks)
+                if attempt == 0:
+                    _idle_ends(box, k, job, runtime, env)
+                else:
+                    _stopped(box, k, job, runtime)
+            finally:
+                k.kc.stop_channels()
+                k.km.shutdown_kernel(now=True)
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+
