@@ -179,7 +179,7 @@ def attach_simulated(store: Store, n: int, per_host: int = 256) -> None:
     thread.start()
     new = None
     try:
-        pool.ask(P.KEEP, 120, on=True, socket=kept.socket_path("sim", where), dir=kept.pool_dir("sim", where))
+        pool.ask(P.KEEP, 120, fields={"on": True, "lease": {"path": kept.socket_path("sim", where)}, "dir": kept.pool_dir("sim", where)})
         deadline = time.monotonic() + 120
         while sum(p.rank is not None for p in list(lease.peers.values())) < n and time.monotonic() < deadline:
             time.sleep(0.05)

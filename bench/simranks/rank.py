@@ -168,7 +168,7 @@ class SimRank:
         self.dials = asyncio.Queue()
         for _ in range(3000):  # a full backlog (EAGAIN), a handshake the lease gave up on: again, as procs/rank_keep.py does
             try:
-                reader, writer = await asyncio.open_unix_connection(msg["socket"])
+                reader, writer = await asyncio.open_unix_connection(msg["lease"]["path"])
                 hello = await asyncio.wait_for(reader.readexactly(len(P.MAGIC) + P.NONCE_SIZE), 5.0)  # asyncio takes a unix EAGAIN for connected
                 answer, nonce = _answer_challenge(self.secret, hello)
                 writer.write(answer)

@@ -6,7 +6,7 @@ this ``Lease`` is the pool's anchor (DESIGN.md §4d, docs/keep.md):
 
 - it holds the liveness lock (wire/kept.py) for the template's life, and a lock on a marker in /dev/shm
   so that a new kernel's sweep of dead kernels' files (wire/shm.py) leaves the pool's files alone;
-- it listens on the lease socket (0600, in a 0700 directory): every rank connects once kept and waits
+- it listens on the lease socket (0600, in a 0700 directory; procs/lease_door.py): every rank connects once kept and waits
   there for a kernel while none is attached; a kernel attaches there (``attach``) after proving the
   pool's secret, and the template's commands and events then travel on that connection;
 - *idle*: no kernel attached and no rank running a cell, for ``idle`` seconds; *max*: ``max`` seconds
@@ -23,20 +23,16 @@ The hot path is not here: once a kernel has attached, its cells go straight to t
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import shutil
 import signal
-import socket
 import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ..logs import log
-from ..wire import kept, shm, tls
-from ..wire import protocol as P
+from ..wire import kept, shm
 from ..words import fmt_seconds
-
-HANDSHAKE_S = 5.0  # a peer of the lease socket proves the secret within this
+from .lease_door import Door, Peer
 
 
 def release_from_parent() -> None:
@@ -45,47 +41,6 @@ def release_from_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG, 0
     except (OSError, AttributeError):
         log.debug("could not clear the template's parent-death signal", exc_info=True)
-
-
-class _Peer:
-    """One authenticated connection to the lease socket: a rank's, or a kernel's."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buf = b""
-        self.rank: Optional[int] = None  # a rank's connection
-        self.node: Optional[str] = None  # another Slurm node's template, following the lease (procs/template_keep.py)
-        self.pid = 0  # its pid
-        self.busy = False
-        self.watch = False  # the kernel's host following a lease held on another host (procs/lease_watch.py)
-
-    def send(self, obj: Dict[str, Any]) -> bool:
-        try:
-            self.sock.setblocking(True)
-            self.sock.settimeout(2.0)
-            self.sock.sendall((json.dumps(obj) + "\n").encode())
-            return True
-        except OSError:
-            log.debug("a lease peer is gone", exc_info=True)
-            return False
-
-    def lines(self) -> Optional[List[Dict[str, Any]]]:
-        """What it sent since the last call; None at EOF."""
-        try:
-            self.sock.setblocking(False)
-            data = self.sock.recv(65536)
-        except BlockingIOError:
-            return []
-        except OSError:
-            data = b""
-        if not data:
-            return None
-        self.buf += data
-        out = []
-        while b"\n" in self.buf:
-            line, self.buf = self.buf.split(b"\n", 1)
-            out.append(json.loads(line))
-        return out
 
 
 class Lease:
@@ -103,12 +58,12 @@ class Lease:
         self.prefix = str(self.info.get("shm_prefix", ""))
         self._shm_lock = self._hold_shm_marker()
         _raise_fd_limit(2 * int(self.info.get("nproc") or 0) + 64)  # a lease connection per rank: past the usual 1,024
-        self.key = tls.ServerKey() if cmd.get("bind") else None  # a lease its kernel's host reaches over the network
-        self.listener, self.at = self._listen(str(cmd.get("bind") or ""))
-        self.peers: Dict[int, _Peer] = {}  # fd -> peer
-        self.templates: Dict[str, _Peer] = {}  # node -> its template's connection (a Slurm pool's other nodes)
+        self.door = Door(kept.socket_path(self.id, self.where), secret, str(cmd.get("bind") or ""))
+        self.at, self.remote = self.door.at, self.door.key is not None  # remote: its kernel's host reaches it over the network
+        self.peers: Dict[int, Peer] = {}  # fd -> peer
+        self.templates: Dict[str, Peer] = {}  # node -> its template's connection (a Slurm pool's other nodes)
         self.kernel: Optional[Dict[str, Any]] = {"kernel": cmd.get("kernel", ""), "pid": cmd.get("pid"), "since": time.time()}
-        self.kernel_peer: Optional[_Peer] = None  # after an attach: the kernel's connection (before: the template's stdin)
+        self.kernel_peer: Optional[Peer] = None  # after an attach: the kernel's connection (before: the template's stdin)
         self.left_at: Optional[float] = None  # when the last kernel left
         self.idle_since: Optional[float] = None
         self.meanwhile: List[Dict[str, Any]] = []  # what happened while no kernel was attached
@@ -124,26 +79,6 @@ class Lease:
         except OSError:
             log.debug("could not mark the kept pool's files in /dev/shm", exc_info=True)
             return None
-
-    def _listen(self, bind: str) -> "tuple[socket.socket, kept.LeaseAt]":
-        if self.key is not None:
-            sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((bind, 0))
-            sock.listen(4096)
-            sock.setblocking(False)
-            return sock, {"host": bind, "port": sock.getsockname()[1], "fp": self.key.fingerprint}
-        path = kept.socket_path(self.id, self.where)
-        if os.path.exists(path):
-            os.unlink(path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            sock.bind(path)
-        finally:
-            os.umask(old)
-        sock.listen(4096)  # a rank per connection, all at once at keep (the system caps it at somaxconn)
-        sock.setblocking(False)
-        return sock, {"path": path}
 
     def record(self) -> Dict[str, Any]:
         """What the discovery file says."""
@@ -168,12 +103,13 @@ class Lease:
 
     # ------------------------------------------------------------ the loop's part
     def fds(self) -> List[int]:
-        return [self.listener.fileno(), *self.peers]
+        return [*self.door.fds(), *self.peers]
 
-    def handle(self, fd: int) -> Optional[_Peer]:
+    def handle(self, fd: int) -> Optional[Peer]:
         """A readable fd of ours; returns a kernel's peer that just attached (the template reads its commands then)."""
-        if fd == self.listener.fileno():
-            self._accept()
+        if fd in self.door.fds():
+            for new in self.door.admit(fd):
+                self.peers[new.sock.fileno()] = new
             return None
         peer = self.peers.get(fd)
         if peer is None:
@@ -188,26 +124,7 @@ class Lease:
                 return peer
         return None
 
-    def _accept(self) -> None:
-        """Every peer waiting, each proving the secret (a rank answers within milliseconds)."""
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:  # none left (BlockingIOError)
-                return
-            try:
-                sock.settimeout(HANDSHAKE_S)
-                if self.key is not None:
-                    sock = tls.wrap_server(sock, self.key, HANDSHAKE_S)  # the relay's plain twin (wire/tls.py)
-                    sock.settimeout(HANDSHAKE_S)
-                P.server_handshake(sock, self.secret)
-            except Exception:  # a wrong secret, garbage, a timeout: not ours
-                log.debug("a peer of the lease socket was rejected", exc_info=True)
-                sock.close()
-                continue
-            self.peers[sock.fileno()] = _Peer(sock)
-
-    def _drop(self, fd: int, peer: _Peer) -> None:
+    def _drop(self, fd: int, peer: Peer) -> None:
         self.peers.pop(fd, None)
         try:
             peer.sock.close()
@@ -221,7 +138,7 @@ class Lease:
             # another node's rank (Slurm): not ours to reap; its lease connection closing is its exit
             self.note(f"rank {peer.rank} (pid {peer.pid}) died (its lease connection closed)", rank=peer.rank, pid=peer.pid, code=None, kind="died")
 
-    def _message(self, peer: _Peer, msg: Dict[str, Any]) -> bool:
+    def _message(self, peer: Peer, msg: Dict[str, Any]) -> bool:
         op = msg.get("op")
         if peer.node is not None:  # a following template's event (a rank it forked, or its exit): for the attached kernel
             if self.relay is not None:
@@ -250,7 +167,7 @@ class Lease:
             peer.send({"event": "record", "record": self.record()})
         return False
 
-    def _attach(self, peer: _Peer, msg: Dict[str, Any]) -> bool:
+    def _attach(self, peer: Peer, msg: Dict[str, Any]) -> bool:
         if self.kernel is not None and not msg.get("force"):
             peer.send({"event": "refused", "attached": self.kernel})
             return False
@@ -334,7 +251,7 @@ class Lease:
             except ProcessLookupError:
                 pass
         try:
-            if self.key is not None:  # the kernel's host keeps the word (procs/lease_watch.py); nothing of it stays here
+            if self.remote:  # the kernel's host keeps the word (procs/lease_watch.py); nothing of it stays here
                 self._unlink_files()
             else:
                 kept.write_private(kept.discovery_path(self.id, self.where), self.ended_record(why))
@@ -355,7 +272,7 @@ class Lease:
             peer.sock.close()
         self.peers.clear()
         self.templates.clear()
-        self.listener.close()
+        self.door.close()
         shutil.rmtree(self.dir, ignore_errors=True)
         self._unlink_files()
         for fd in (self._lock, self._shm_lock):

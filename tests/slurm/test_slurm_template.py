@@ -132,6 +132,10 @@ def test_a_kernel_that_attached_a_kept_pool_forks_a_rank_on_every_node_the_lease
                 "kernel": "test", "pid": os.getpid(), "info": {"nproc": 3, "shm_prefix": ""}}
         for step in steps.values():
             step.command(dict(keep))
+        assert wait_until(lambda: any(n.get("event") == "kept" for n in steps["nA"].notes), 60), "nA's template took the lease"
+        lease = next(n for n in steps["nA"].notes if n.get("event") == "kept")["lease"]
+        for step in steps.values():  # where the holder listens: the others follow it there (kernel/keep/keeping.py)
+            step.command({"op": "follow", "node": "nA", "id": "t33", "lease": lease, "dir": "", "secret": secret.hex()})
         found = lambda: json.load(open(kept.discovery_path("t33", where))).get("templates") == ["nB"]  # noqa: E731
         assert wait_until(lambda: os.path.exists(kept.discovery_path("t33", where)) and found(), 60), "nB's template joined the lease"
         for step in steps.values():
