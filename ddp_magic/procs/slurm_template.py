@@ -16,8 +16,9 @@ stdin closing (srun gone: the kernel is) or SIGTERM (the step cancelled) ends ev
 and the template; a rank dies with its template (its parent-death signal). A kept pool
 (docs/keep.md): the first node's template holds the lease, as a fork-server template does, and
 the others follow it; stdin closing then only means that no kernel is attached. A following template holds a
-connection to the lease (procs/template_keep.py ``follow``, once the kernel says where the holder listens): a kernel that attaches the pool later sends
-its spawns to the holder, which hands one for another node to that node's template.
+connection to the lease (procs/template_keep.py ``follow``, once the kernel says where the holder listens): a
+kernel that attaches the pool later sends its spawns to the holder, which hands one for another node to that
+node's template.
 """
 from __future__ import annotations
 

@@ -90,8 +90,9 @@ def test_two_nodes_train_ddp_over_tls(sk, no_jobs_left):
             assert new_secret not in cmdline(pid) and new_secret.encode() not in b" ".join((env_of(pid) or {}).values())
         assert "in the same Slurm allocation: no new queue wait" in ex.stdout
         assert our_jobs() == [f"{job.group(1)} RUNNING"]
-        refused = sk.run("%ddp keep").error  # docs/keep.md, "Slurm": an attaching kernel cannot take the TLS key on yet
-        assert refused and "this Slurm pool cannot be kept: its control channel is TLS (DDP_MAGIC_FORCE_TLS)" in refused[1], refused
+        kept = sk.run("%ddp keep").ok().stdout  # docs/keep.md, "Slurm": a TLS pool is kept too (an attach pins a new key)
+        assert "kept the pool" in kept, kept
+        assert "no longer kept" in sk.run("%ddp keep --off").ok().stdout, "and is its kernel's again"
     stop = sk.run("%ddp stop").ok()
     assert stop.stdout.strip() == f"stopped the pool; its workers have exited; Slurm job {job.group(1)} released: its nodes are free", stop.stdout
     assert wait_no_jobs(10) == [], "%ddp stop releases the allocation we made, and says so"
@@ -111,6 +112,24 @@ def test_a_background_cell_s_pool_and_allocation_outlive_its_job(sk, no_jobs_lef
         assert [tuple(v) for v in sk.value("[list(v) for v in _]")] == ran, "the same ranks answer the next cell"
     sk.run("%ddp stop").ok()
     assert wait_no_jobs(10) == []
+
+
+def test_a_kept_pool_whose_job_slurm_ended_gives_way_to_the_next_cell(sk, no_jobs_left):
+    """A kept pool's job cancelled from outside (scancel, its time limit): the next cell, with other options, starts a
+    new pool in a new allocation, saying so; nothing of the old one is asked to undo the keep (its srun and salloc are
+    gone: the kernel once raised ProcessLookupError, then 'the template did not answer')."""
+    for _attempt in range(2):
+        sk.run("%%ddp --slurm --nodes 2 --ntasks-per-node 1\nimport os\nos.environ['SLURM_JOB_ID']", timeout=180).ok()
+        old = sk.value("_[0]")
+        assert "kept the pool" in sk.run("%ddp keep").ok().stdout
+        slurm_fixtures.cancel_our_jobs()
+        assert wait_no_jobs(30) == []
+        sk.run("%%ddp --slurm --nodes 2 --ntasks-per-node 2 --bg --out job\nimport os\nos.environ['SLURM_JOB_ID']", timeout=180).ok()
+        assert sk.value("job.wait(180)") is True, sk.run("repr(job)").result
+        new = set(sk.value("list(job.result())"))
+        assert len(new) == 1 and old not in new, (old, new)
+        assert sk.run("%ddp stop", timeout=60).ok().stdout.startswith("stopped the pool")
+        assert wait_no_jobs(10) == []
 
 
 def test_rank_killed_on_n2_costs_only_that_rank(sk, no_jobs_left):

@@ -152,11 +152,12 @@ def unkeep(pool: "Pool", ending: bool = False) -> bool:
     if pool.kept is None:
         return False
     launcher = pool.launcher
-    if pool.plan is not None and pool.plan.slurm is not None and not isinstance(launcher, SlurmLauncher):
-        if not ending:
-            raise KeepError("%ddp keep --off: this kernel attached a kept Slurm pool; its allocation follows the lease and cannot be "
-                            "tied to this kernel again. %ddp stop ends the pool and releases the allocation")
-        pool.hub.shown, pool.hub.keep_msg, pool.kept = None, None, None  # its stop ends the lease, and the allocation with it
+    attached_slurm = pool.plan is not None and pool.plan.slurm is not None and not isinstance(launcher, SlurmLauncher)
+    if attached_slurm and not ending:
+        raise KeepError("%ddp keep --off: this kernel attached a kept Slurm pool; its allocation follows the lease and cannot be "
+                        "tied to this kernel again. %ddp stop ends the pool and releases the allocation")
+    if ending and (attached_slurm or not launcher.alive()):  # its stop ends the lease (or it is gone already: Slurm revoked its job)
+        pool.hub.shown, pool.hub.keep_msg, pool.kept = None, None, None
         _set_finalizer(pool, stop_quietly, pool.hub, pool.shm_prefix)
         return True
     if isinstance(launcher, SlurmLauncher):

@@ -323,9 +323,13 @@ class SlurmLauncher(Launcher):
         alloc = self.alloc
         assert isinstance(alloc, OwnAllocation)
         line = (f"watch {json.dumps(watch)}" if watch else f"lease {lock}") if lock else f"kernel {os.getpid()}"
-        alloc.follow(line, keep=bool(lock))
-        for step in self.steps:
-            step.outlive_kernel(bool(lock))
+        for follow in [lambda: alloc.follow(line, keep=bool(lock))] + [lambda s=s: s.outlive_kernel(bool(lock)) for s in self.steps]:
+            try:
+                follow()
+            except OSError:  # salloc's or srun's side is gone (the job was cancelled): nothing of it to tie to this kernel
+                if lock:
+                    raise
+                log.debug("a kept pool's allocation or step was gone already", exc_info=True)
         self.lease_lock = lock
 
     def detach(self) -> None:

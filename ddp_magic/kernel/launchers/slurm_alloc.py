@@ -186,7 +186,7 @@ class OwnAllocation(Allocation):
     def follow(self, line: str, keep: bool) -> None:
         """A kept pool (``keep``): salloc outlives this kernel and the holder follows ``line`` (``lease PATH``: the lease's
         lock); or ``keep --off``: ``kernel PID`` again (procs/slurm_hold.py ``Follow``, procs/anchor.py)."""
-        if self.proc is None or self.proc.stdin is None:
+        if self.proc is None or self.proc.stdin is None or self.proc.poll() is not None:
             raise OSError("no holder runs for this allocation")
         self.proc.stdin.write((line + "\n").encode())
         self.proc.stdin.flush()
