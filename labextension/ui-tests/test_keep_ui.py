@@ -45,8 +45,9 @@ TICKS = ("%%ddp --bg --out job --keep\nimport os, time\nfor i in range({n}):\n  
 N, AT, EARLY = 40, 25, 12
 HELLO = "__import__('ddp_magic.ui.lab_hello', fromlist=['_'])"
 TICK = re.compile(r"\[rank (\d+)\] tick (\d+)\n")
-STDOUT_JS = ("(i) => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelectorAll("
-             "'.jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stdout\"]')].map(e => e.textContent).join('\\n')")
+STDOUT_JS = ("(i) => { const cell = document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i];"  # none yet: a page just reloaded
+             " return cell ? [...cell.querySelectorAll('.jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stdout\"]')]"
+             ".map(e => e.textContent).join('\\n') : ''; }")
 OUTPUT_JS = "(i) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelector('.jp-OutputArea').innerText"
 
 

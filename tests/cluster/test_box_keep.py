@@ -26,7 +26,8 @@ import box_fixtures
 import cluster_box
 import pytest
 
-from kernel_helper import ANSI, Execution, Kernel
+from kernel_helper import Execution, Kernel
+from keep_helper import TICKS, cell_texts, ticks
 
 box = box_fixtures.box  # the fixtures, by name in this module
 
@@ -34,17 +35,7 @@ pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
 START = ("%%ddp --slurm --nodes 2 --ntasks-per-node 2\nimport os, socket, time, torch, torch.distributed as dist\n"
          "kept = 100 + dist.get_rank()\n(socket.gethostname(), os.getpid())")
-TICKS = """%%ddp --bg --out job --keep
-import os, time
-for i in range({n}):
-    print('tick', i, flush=True)
-    while i == {at} and os.path.exists({gate!r}):
-        time.sleep(0.02)
-    time.sleep(0.02)
-('done', kept)
-"""
 N, AT = 30, 15
-TICK = re.compile(r"\[rank (\d+)(?: \S+)?\] tick (\d+)\n")
 AGAIN = ("%%ddp\nimport os, socket, torch, torch.distributed as dist\nx = torch.ones(1) * (dist.get_rank() + 1)\n"
          "dist.all_reduce(x)\nhad = globals().get('kept')\nkept = 100 + dist.get_rank()\n(had, x.item(), socket.gethostname(), os.getpid())")
 POOL = "get_ipython().magics_manager.registry['DDPMagics'].session.pool"
@@ -58,16 +49,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _texts(k: Kernel, ex: Execution) -> str:
-    msgs = ex.messages + [m for m in k.collect(1.0) if m["parent_header"].get("msg_id") == ex.msg_id]
-    return ANSI.sub("", "".join(m["content"].get("text", "") for m in msgs if m["msg_type"] == "stream"))
-
-
-def _ticks(text: str) -> Dict[int, List[int]]:
-    out: Dict[int, List[int]] = {}
-    for rank, i in TICK.findall(text):
-        out.setdefault(int(rank), []).append(int(i))
-    return out
 
 
 def _squeue(b: cluster_box.Box, job: str) -> str:
@@ -85,7 +66,7 @@ def _sigkill(k: Kernel, ex: "Execution | None" = None) -> str:
     while _alive(k.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(1.0)  # what would end a pool that is not kept has had its moment
-    first = _texts(k, ex) if ex is not None else ""
+    first = cell_texts(k, ex) if ex is not None else ""
     k.kc.stop_channels()
     k.km.shutdown_kernel(now=True)
     return first
@@ -136,10 +117,10 @@ def _attach_and_finish(k: Kernel, first: str, ranks: List[int], gate: str) -> No
     assert k.value("job.wait(120)") is True
     result = k.run("job.result()", timeout=60).ok().result or ""
     assert all(f"('done', {100 + r})" in result for r in range(4)), result
-    shown, second = _ticks(first), _ticks(_texts(k, ex))
+    shown, second = ticks(first), ticks(cell_texts(k, ex))
     for r in range(4):
         assert set(shown.get(r, []) + second.get(r, [])) == set(range(N)), (r, shown.get(r), second.get(r))
-    assert "[rank 3 n2] tick" in _texts(k, ex)
+    assert "[rank 3 n2] tick" in cell_texts(k, ex)
 
 
 def _idle_ends(b: cluster_box.Box, k: Kernel, job: str, runtime: str, env: Dict[str, str]) -> None:
@@ -192,7 +173,7 @@ def test_a_kept_pool_on_other_hosts_outlives_its_kernel(box: cluster_box.Box) ->
                 ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
                 assert "kept the pool" in ex.stdout, (ex.stdout, ex.stderr)
                 deadline = time.monotonic() + 60
-                while time.monotonic() < deadline and not all(5 in _ticks(_texts(k, ex)).get(r, []) for r in range(4)):
+                while time.monotonic() < deadline and not all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(4)):
                     time.sleep(0.1)
                 record = _record(runtime)
                 at = record["lease"]

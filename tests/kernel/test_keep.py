@@ -22,21 +22,13 @@ import pytest
 
 from conftest import pid_alive, wait_until
 from kernel_helper import ANSI, Execution, Kernel
+from keep_helper import TICK, TICKS, ticks
 
 pytestmark = pytest.mark.kernel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START = "%%ddp -n 2\nimport os, time, torch, torch.distributed as dist\nkept = dist.get_rank() + 100\nos.getpid()"
-TICKS = """%%ddp --bg --out job --keep
-for i in range({n}):
-    print('tick', i, flush=True)
-    while i == {at} and os.path.exists({gate!r}):
-        time.sleep(0.02)
-    time.sleep(0.02)
-('done', kept)
-"""
 NEXT = "%%ddp\nt = torch.ones(1)\ndist.all_reduce(t)\n(kept, t.item())"
-TICK = re.compile(r"\[rank (\d+)\] tick (\d+)\n")
 N, AT = 60, 30
 
 
@@ -70,12 +62,6 @@ def texts(k: Kernel, parent: str, ex: Execution) -> str:
     msgs = ex.messages + [m for m in k.collect(0.3) if m["parent_header"].get("msg_id") == parent]
     return ANSI.sub("", "".join(m["content"].get("text", "") for m in msgs if m["msg_type"] == "stream"))
 
-
-def ticks(text: str) -> Dict[int, List[int]]:
-    out: Dict[int, List[int]] = {}
-    for rank, i in TICK.findall(text):
-        out.setdefault(int(rank), []).append(int(i))
-    return out
 
 
 def pool_facts(k: Kernel) -> dict:

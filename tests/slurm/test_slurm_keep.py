@@ -21,7 +21,8 @@ from typing import Dict, List
 import pytest
 
 import slurm_fixtures
-from kernel_helper import ANSI, Execution
+from kernel_helper import Execution
+from keep_helper import TICKS, cell_texts, ticks
 from slurm_helpers import Kernel, alive, cmdline, env_of, parent_of, squeue
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.slurm]
@@ -29,17 +30,7 @@ slurm_cluster = slurm_fixtures.slurm_cluster  # the fixtures, by name in this mo
 no_jobs_left = slurm_fixtures.no_jobs_left
 
 START = "%%ddp --slurm --nodes 2 --ntasks-per-node {per}\nimport os, time, torch, torch.distributed as dist\nkept = 100 + dist.get_rank()\nos.getpid()"
-TICKS = """%%ddp --bg --out job --keep
-import os, time
-for i in range({n}):
-    print('tick', i, flush=True)
-    while i == {at} and os.path.exists({gate!r}):
-        time.sleep(0.02)
-    time.sleep(0.02)
-('done', kept)
-"""
 N, AT = 40, 20
-TICK = re.compile(r"\[rank (\d+)(?: \S+)?\] tick (\d+)\n")  # "[rank 0 n1]": its node too
 AGAIN = ("%%ddp\nimport os, torch, torch.distributed as dist\nx = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(x)\n"
          "had = globals().get('kept')\nkept = 100 + dist.get_rank()\n(had, x.item(), os.getpid())")
 POOL = "get_ipython().magics_manager.registry['DDPMagics'].session.pool"
@@ -68,17 +59,6 @@ def _lease(runtime: str) -> List[str]:
     return out
 
 
-def _texts(k: Kernel, ex: Execution) -> str:
-    """Every stream text of one cell, its later (background) messages included, colour codes stripped."""
-    msgs = ex.messages + [m for m in k.collect(1.0) if m["parent_header"].get("msg_id") == ex.msg_id]
-    return ANSI.sub("", "".join(m["content"].get("text", "") for m in msgs if m["msg_type"] == "stream"))
-
-
-def _ticks(text: str) -> Dict[int, List[int]]:
-    out: Dict[int, List[int]] = {}
-    for rank, i in TICK.findall(text):
-        out.setdefault(int(rank), []).append(int(i))
-    return out
 
 
 def _ticking(k: Kernel, gate: str, ranks: int) -> Execution:
@@ -86,7 +66,7 @@ def _ticking(k: Kernel, gate: str, ranks: int) -> Execution:
     ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
     assert "kept the pool" in ex.stdout, ex.stdout
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not all(5 in _ticks(_texts(k, ex)).get(r, []) for r in range(ranks)):
+    while time.monotonic() < deadline and not all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(ranks)):
         pass
     return ex
 
@@ -96,10 +76,10 @@ def _end(k: Kernel, how: str, env: Dict[str, str], ex: Execution) -> "tuple[Kern
     attaches next (the same one, restarted), and what the first one showed of the job ``ex``."""
     if how == "restart":
         k.km.restart_kernel(now=False)
-        return k, _texts(k, ex)
+        return k, cell_texts(k, ex)
     if how == "shutdown":
         k.km.shutdown_kernel(now=False)
-        first = _texts(k, ex)
+        first = cell_texts(k, ex)
         k.kc.stop_channels()
     else:
         os.kill(k.pid, signal.SIGKILL)
@@ -107,7 +87,7 @@ def _end(k: Kernel, how: str, env: Dict[str, str], ex: Execution) -> "tuple[Kern
         while alive(k.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)  # what would end a pool that is not kept (srun's and salloc's parent-death signals) has had its moment
-        first = _texts(k, ex)
+        first = cell_texts(k, ex)
         k.kc.stop_channels()
         k.km.shutdown_kernel(now=True)
     return Kernel(extra_env=env), first
@@ -168,9 +148,9 @@ def test_a_kept_slurm_pool_outlives_its_kernel_until_its_lease_ends(slurm_cluste
                     assert k.value("job.wait(120)") is True
                     result = k.run("job.result()", timeout=60).ok().result or ""
                     assert all(f"('done', {100 + r})" in result for r in range(len(ranks))), result
-                    replayed = _texts(k, ex2)
+                    replayed = cell_texts(k, ex2)
                     assert "[rank 3 n2] tick" in replayed, "the attached kernel names each rank's node, as the first did"
-                    shown, second = _ticks(first), _ticks(replayed)
+                    shown, second = ticks(first), ticks(replayed)
                     for r in range(len(ranks)):
                         both = shown.get(r, []) + second.get(r, [])
                         whole = sorted(both) == list(range(N)) if how != "sigkill" else set(both) == set(range(N))
