@@ -184,3 +184,12 @@ def simulated_kernel(per_host: int, extra_env: Optional[dict] = None) -> Kernel:
         k.shutdown()
         raise
     return k
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -26,7 +26,7 @@ import box_fixtures
 import cluster_box
 import pytest
 
-from kernel_helper import Execution, Kernel
+from kernel_helper import Execution, Kernel, alive
 from keep_helper import TICKS, cell_texts, ticks
 
 box = box_fixtures.box  # the fixtures, by name in this module
@@ -39,14 +39,6 @@ N, AT = 30, 15
 AGAIN = ("%%ddp\nimport os, socket, torch, torch.distributed as dist\nx = torch.ones(1) * (dist.get_rank() + 1)\n"
          "dist.all_reduce(x)\nhad = globals().get('kept')\nkept = 100 + dist.get_rank()\n(had, x.item(), socket.gethostname(), os.getpid())")
 POOL = "get_ipython().magics_manager.registry['DDPMagics'].session.pool"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 
@@ -63,7 +55,7 @@ def _sigkill(k: Kernel, ex: "Execution | None" = None) -> str:
     """SIGKILL the kernel; what it had shown of ``ex``."""
     os.kill(k.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while _alive(k.pid) and time.monotonic() < deadline:
+    while alive(k.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(1.0)  # what would end a pool that is not kept has had its moment
     first = cell_texts(k, ex) if ex is not None else ""
@@ -130,9 +122,9 @@ def _idle_ends(b: cluster_box.Box, k: Kernel, job: str, runtime: str, env: Dict[
     pool_id = k.value(f"{POOL}.kept.id")
     _sigkill(k)
     t0 = time.monotonic()
-    while (any(_alive(p) for p in live) or _squeue(b, job)) and time.monotonic() - t0 < 30:
+    while (any(alive(p) for p in live) or _squeue(b, job)) and time.monotonic() - t0 < 30:
         time.sleep(0.2)
-    assert not any(_alive(p) for p in live) and not _squeue(b, job), (live, _squeue(b, job), _record(runtime))
+    assert not any(alive(p) for p in live) and not _squeue(b, job), (live, _squeue(b, job), _record(runtime))
     print(f"--idle 5s, then a SIGKILL: no rank and no job at {time.monotonic() - t0:.1f} s")
     said = subprocess.run(b.enter("login") + [sys.executable, "-m", "ddp_magic", "stop", pool_id],
                           env=box_fixtures.kernel_env(b, **env), capture_output=True, text=True, timeout=60).stdout
@@ -148,7 +140,7 @@ def _stopped(b: cluster_box.Box, k: Kernel, job: str, runtime: str) -> None:
     t0 = time.monotonic()
     while _squeue(b, job) and time.monotonic() - t0 < 30:
         time.sleep(0.2)
-    assert not any(_alive(p) for p in live) and not _squeue(b, job), (live, _squeue(b, job))
+    assert not any(alive(p) for p in live) and not _squeue(b, job), (live, _squeue(b, job))
     _nothing_left(runtime)
 
 
@@ -181,7 +173,7 @@ def test_a_kept_pool_on_other_hosts_outlives_its_kernel(box: cluster_box.Box) ->
                 assert not [f for _, _, fs in os.walk(runtime) for f in fs if f.endswith(".sock")], "no lease socket on login"
                 _intruder_refused(box, at)
                 first = _sigkill(k, ex)
-                assert all(_alive(p) for p in ranks) and _squeue(box, job) == "RUNNING", "kept through a SIGKILL of its kernel"
+                assert all(alive(p) for p in ranks) and _squeue(box, job) == "RUNNING", "kept through a SIGKILL of its kernel"
                 k = box_fixtures.login_kernel(box, **env)
                 _attach_and_finish(k, first, ranks, gate)
                 _recovers(k, ranks)

@@ -16,7 +16,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernel_helper import ANSI, Execution, Kernel  # noqa: E402
+from kernel_helper import ANSI, Execution, Kernel, alive  # noqa: E402,F401 (alive: the slurm tests import it from here)
 
 
 def kernel_inside_salloc(salloc_args: List[str], job_name: str = "notebook") -> Kernel:
@@ -85,14 +85,6 @@ def cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def parent_of(pid: int) -> int:
