@@ -71,3 +71,52 @@ def test_discovery_files_are_private_and_ours(tmp_path) -> None:
     with open(os.path.join(where, "ddp-kept-bad.json"), "w") as f:
         f.write("[]")
     assert [d["id"] for _, d, _ in kept.listing(where)] == ["abc"]  # not one: skipped, logged
+
+
+
+def _pool_file(where: str, pool_id: str, **data: object) -> None:
+    kept.write_private(kept.discovery_path(pool_id, where), {"id": pool_id, "secret": "00", "nproc": 2, "notebook": "other.ipynb",
+                                                             "idle": 1800.0, "max": 86400.0, "since": time.time(), **data})
+
+
+def _hold(where: str, pool_id: str) -> "subprocess.Popen[bytes]":
+    """A process that holds the pool's liveness lock, as its template does: the pool lives until it is killed."""
+    path = kept.lock_path(pool_id, where)
+    proc = subprocess.Popen([sys.executable, "-c", f"from ddp_magic.wire import kept; kept.hold_lock({path!r}); import time; time.sleep(120)"])
+    deadline = time.monotonic() + 30
+    while not kept.is_held(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert kept.is_held(path)
+    return proc
+
+
+def test_attach_never_asks_to_choose_an_ended_pool(tmp_path, monkeypatch) -> None:
+    """One live kept pool and one whose lease ended: attach takes the live one (the ended one is history, in the list);
+    two live ones: name one; none live: the one that ended (attach says why), or, of several, the list (issue 42, item 4)."""
+    from ddp_magic.kernel.keep.attach import AttachError, choose, found_pools, list_text
+
+    where = str(tmp_path)
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", where)
+    _pool_file(where, "e0ded000", state="ended", why="its lease's --idle 5s ran out")
+    _pool_file(where, "11fe1111")
+    holders = [_hold(where, "11fe1111")]
+    try:
+        for _ in range(2):
+            assert choose(None, notebook="").id == "11fe1111"
+            assert choose(None, notebook="keep.ipynb").id == "11fe1111"
+            assert "e0ded000" in list_text(found_pools())  # listed, as history
+        assert choose("e0d", notebook="").id == "e0ded000"  # named: the user asks for its end
+        _pool_file(where, "22fe2222", notebook="keep.ipynb")
+        holders.append(_hold(where, "22fe2222"))
+        with pytest.raises(AttachError, match="this user has 2 kept pools running; name one: %ddp attach ID"):
+            choose(None, notebook="")
+        assert choose(None, notebook="keep.ipynb").id == "22fe2222"  # this notebook's
+    finally:
+        for proc in holders:
+            proc.kill()
+            proc.wait()
+    os.unlink(kept.discovery_path("22fe2222", where))
+    with pytest.raises(AttachError, match="no kept pool of this user is running"):  # two ended: neither is chosen for the user
+        choose(None, notebook="")
+    os.unlink(kept.discovery_path("11fe1111", where))
+    assert choose(None, notebook="").id == "e0ded000"  # the one that ended: attach says why

@@ -51,6 +51,11 @@ class Found:
     def id(self) -> str:
         return str(self.data["id"])
 
+    @property
+    def live(self) -> bool:
+        """Its lease holder lives and has not ended it: a pool to attach. An ended one is history (``--list`` shows it)."""
+        return self.alive and self.data.get("state") != "ended"
+
     def line(self) -> str:
         """``3fa9c2e1  train.ipynb  4 ranks  cell [5] running  attached to pid 4242 since 14:02  kept: ...``"""
         d = self.data
@@ -78,7 +83,9 @@ def list_text(pools: List[Found]) -> str:
 
 
 def choose(pool_id: Optional[str], notebook: Optional[str] = None) -> Found:
-    """The pool to attach: ``pool_id``; else this notebook's; else this user's only one; else AttachError listing them."""
+    """The pool to attach: ``pool_id``; else this notebook's live one; else this user's only live one. With none
+    live, the one that ended (attach says why); else AttachError listing them. An ended pool is never a candidate
+    beside a live one."""
     pools = found_pools()
     if pool_id:
         match = [p for p in pools if p.id == pool_id or p.id.startswith(pool_id)]
@@ -86,14 +93,18 @@ def choose(pool_id: Optional[str], notebook: Optional[str] = None) -> Found:
             raise AttachError(f"%ddp attach {pool_id}: no such kept pool of this user.\n{list_text(pools)}")
         return match[0]
     notebook = notebook_name() if notebook is None else notebook
-    mine = [p for p in pools if notebook and p.data.get("notebook") == notebook]
+    live = [p for p in pools if p.live]
+    group = live or pools  # the ended ones only when none lives: attach then says why it ended
+    if not group:
+        raise AttachError("%ddp attach: " + list_text(pools))
+    mine = [p for p in group if notebook and p.data.get("notebook") == notebook]
     if len(mine) == 1:
         return mine[0]
-    if len(pools) == 1:
-        return pools[0]
-    if not pools:
-        raise AttachError("%ddp attach: " + list_text(pools))
-    raise AttachError(f"%ddp attach: this user has {len(pools)} kept pools; name one: %ddp attach ID\n{list_text(pools)}")
+    if len(group) == 1:
+        return group[0]
+    if live:
+        raise AttachError(f"%ddp attach: this user has {len(live)} kept pools running; name one: %ddp attach ID\n{list_text(pools)}")
+    raise AttachError(f"%ddp attach: no kept pool of this user is running.\n{list_text(pools)}")
 
 
 class Heard(Listener):
