@@ -29,15 +29,16 @@ if [ ! -x /usr/sbin/slurmctld ] && [ "${DDP_MAGIC_NO_SLURM:-0}" != 1 ]; then
 fi
 # The cluster in a box's tools (tests/cluster, scripts/cluster_box.py: hosts as network namespaces, packet captures,
 # firewall rules); without root those tests skip, saying why.
-if { [ ! -x /usr/sbin/iptables ] || [ ! -x /usr/bin/tcpdump ] || [ ! -x /usr/bin/nsenter ] || [ ! -x /usr/sbin/ip ]; } \
-    && [ "${DDP_MAGIC_NO_SLURM:-0}" != 1 ]; then
+# openssh-server and openssh-client: an sshd per node for the --hosts tests (tests/cluster/test_box_ssh.py).
+if { [ ! -x /usr/sbin/iptables ] || [ ! -x /usr/bin/tcpdump ] || [ ! -x /usr/bin/nsenter ] || [ ! -x /usr/sbin/ip ] \
+     || [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/bin/ssh ]; } && [ "${DDP_MAGIC_NO_SLURM:-0}" != 1 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing iproute2, util-linux, iptables and tcpdump (apt) for the cluster-in-a-box tests"
-    box_pkgs="iproute2 util-linux iptables tcpdump"
+    echo "setup: installing iproute2, util-linux, iptables, tcpdump and openssh (apt) for the cluster-in-a-box tests"
+    box_pkgs="iproute2 util-linux iptables tcpdump openssh-server openssh-client"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $box_pkgs >/dev/null 2>&1 \
       || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $box_pkgs >/dev/null; }
   else
-    echo "setup: no root apt-get: the cluster-in-a-box tests will be skipped (apt-get install -y iproute2 util-linux iptables tcpdump)" >&2
+    echo "setup: no root apt-get: the cluster-in-a-box tests will be skipped (apt-get install -y iproute2 util-linux iptables tcpdump openssh-server openssh-client)" >&2
   fi
 fi
 if [ ! -x "$VENV/bin/python" ]; then
