@@ -1,5 +1,7 @@
 """A Slurm node's template: the one task of the pool's step on its node; imports torch once and forks the node's ranks.
 
+The template itself is procs/node_template.py's (shared with SSH's); this is how srun starts it.
+
 Started by the kernel's launcher (kernel/launchers/slurm.py) as ``srun --ntasks-per-node=1
 ... python -m ddp_magic.procs.slurm_template``: one import of torch a node instead of one a
 rank, and a rank lost on a node is forked again there in milliseconds, with no new step. It
@@ -25,71 +27,14 @@ from __future__ import annotations
 import os
 import signal
 import traceback
-from typing import Dict
 
 from ..logs import log
 from ..wire import slurm_env
-from .forkserver import Template, _emit, _warm_imports
+from .forkserver import _emit, _warm_imports
+from .node_template import NodeTemplate
 from .parent import die_with_parent
 
 NODE_ENV = "SLURMD_NODENAME"  # the node's name, the same in every step (a spawn names the node it is for)
-
-
-class NodeTemplate(Template):
-    """forkserver's Template on one Slurm node: spawns for other nodes are ignored, a rank's env is built here."""
-
-    def __init__(self, node: str, secret: bytes, env: Dict[str, str]) -> None:
-        super().__init__(kernel_pid=0)  # the kernel may be on another host: nothing of it to wait for here
-        self.node, self.secret, self.env = node, secret, env
-        self.terminated_why = f"its Slurm job {env.get('SLURM_JOB_ID', '')} ended (its time limit came, or it was cancelled)"
-
-    def spawn(self, cmd: dict) -> None:
-        if cmd.get("node") != self.node:
-            if self.lease is not None and self.kernel_sock is not None:  # a kernel that attached the kept pool asks us alone
-                why = self.lease.forward(cmd)  # that node's template holds a connection to our lease (``follow``)
-                if why:
-                    _emit({"event": "unserved", "rank": cmd.get("rank"), "node": cmd.get("node"), "why": why})
-            return
-        config = cmd["config"]
-        env = dict(self.env, **config.pop("env_set", {}))
-        for name in config.pop("env_unset", []):
-            env.pop(name, None)
-        config["env"] = env
-        super().spawn(self._unsealed(cmd))
-
-    def _unsealed(self, cmd: dict) -> dict:
-        """The pool's secret in ``cmd``: sealed with the step's when it is another (wire/slurm_env.py), else the step's."""
-        if cmd.get("sealed"):
-            cmd["secret"] = slurm_env.unseal(self.secret, cmd.pop("sealed"), bytes.fromhex(cmd.pop("nonce"))).hex()
-        return cmd
-
-    def command(self, cmd: dict) -> None:
-        """A kept pool's lease is held by the template of the node the keep names; the others follow it: they outlive
-        the kernel too, and end with the allocation when the lease does (procs/slurm_hold.py releases it). A ping is
-        the kernel asking whether this node hears it again (its ranks were unreachable): answered at once, over the
-        same way a spawn would come and its ranks' events would go (srun's stdin and output)."""
-        op, node = cmd.get("op"), cmd.get("node")
-        if op == "ping":
-            if node == self.node:
-                _emit({"event": "pong", "node": self.node, "id": cmd.get("id")})
-            return
-        if op in ("keep", "unkeep", "follow") and node and node != self.node:
-            if op == "follow":  # the holder's lease is up: where it listens (a socket, or TCP and TLS on its host)
-                self.follow(cmd["lease"], bytes.fromhex(self._unsealed(cmd).get("secret") or self.secret.hex()), self.node, str(cmd.get("dir") or ""))
-            elif op == "keep":
-                self.follows_lease = True
-            else:
-                self.follows_lease = False
-                self.unfollow()
-            return
-        if op == "follow":
-            return
-        if op == "unkeep":
-            self.follows_lease = False
-        if op == "keep":
-            cmd = self._unsealed(cmd)
-            cmd.setdefault("secret", self.secret.hex())
-        super().command(cmd)
 
 
 def main() -> None:
@@ -102,7 +47,7 @@ def main() -> None:
     if not secret:
         raise SystemExit(f"{slurm_env.SECRET_ENV} is not in the env: this task was not started by ddp_magic's Slurm launcher")
     node = env.get(NODE_ENV, "")
-    template = NodeTemplate(node, secret, env)
+    template = NodeTemplate(node, secret, env, f"its Slurm job {env.get('SLURM_JOB_ID', '')} ended (its time limit came, or it was cancelled)")
     signal.signal(signal.SIGTERM, template.kernel_gone)  # the step cancelled: the ranks go with us
     die_with_parent(os.getppid(), signal.SIGTERM)  # slurmstepd gone
     signal.signal(signal.SIGINT, signal.SIG_IGN)

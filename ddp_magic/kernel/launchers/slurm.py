@@ -21,8 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ...plan.check import Check
@@ -30,47 +29,34 @@ from ...plan.checks_slurm import TEMPLATE
 from ...logs import log
 from ...plan.net import address_family, is_local_ip, master_port, route_source
 from ...wire import slurm_env, tls
-from ...wire.kept import is_held
 # not ``from . import slurm_cli``: that imports this package, whose __init__ imports this module
 from .slurm_cli import down_nodes, hostnames, installed, job as slurm_job, node_addr, test_request
-from .base import Exit, LaunchError, Launcher
+from .base import LaunchError
 from .forkserver import import_env
+from .nodes import NodeLauncher
 from .slurm_alloc import Allocation, OwnAllocation, Progress, allocation_for, released_text
-from .slurm_steps import END_WAIT_S, TemplateStep, rank_env, spawn_config
+from .slurm_steps import TemplateStep, rank_env
 
 if TYPE_CHECKING:
     from ...plan.plan import Plan
 
 
-@dataclass
-class Pending:
-    """A rank asked of a template that has not joined yet: where, its pid once forked, and how to ask again."""
-
-    node: str
-    step: TemplateStep
-    args: Tuple[Dict[str, str], str, int]
-    pid: Optional[int] = None
-    retried: bool = False
-
-
-class SlurmLauncher(Launcher):
-    """Ranks forked by one template a node (the tasks of an srun step); the allocation and the templates are held across restarts and released by ``close``."""
+class SlurmLauncher(NodeLauncher):
+    """Ranks forked by one template a node (the tasks of an srun step); the allocation and the templates are held across
+    restarts and released by ``close``. What it shares with SSH's launcher is nodes.py's."""
 
     name = "slurm"
-    remote_ranks = True  # the nodes may be other hosts: ranks are asked to exit by message, a closed connection is an exit
-    reports_exits = False  # srun's tasks are not our children: a lost control connection is the exit
-    keeps_template = True  # the allocation is this launcher's template: a restart keeps it
-    replaces_ranks = True  # a dead rank is forked again by its node's template (a new one only if that is gone)
-    released = ""  # once the pool stopped: what became of its job (released_text), for %ddp stop to say
 
     def __init__(self, secret: bytes, python: str = sys.executable) -> None:
         super().__init__(secret, python)
         self.alloc: Optional[Allocation] = None
-        self.steps: List[TemplateStep] = []  # our srun steps of node templates: the pool's, and one a node whose template was lost
-        self._pending: Dict[int, Pending] = {}  # ranks asked for that have not joined yet
-        self.tls_key: Optional[tls.ServerKey] = None
-        self.plan: Optional[Plan] = None
-        self._pids: Dict[int, int] = {}  # pid -> rank, as the ranks said in their HELLO (not ours to signal)
+
+    def nodes(self) -> List[str]:
+        return self.alloc.nodes if self.alloc is not None else []
+
+    def _rank_env(self, rank: int, env: Dict[str, str]) -> Tuple[int, Dict[str, str]]:
+        assert self.plan is not None
+        return rank_env(self.plan, rank, env)
 
     def start(self, timeout: float = 0) -> str:
         return "slurm (a template a node, in srun job steps)"
@@ -119,9 +105,6 @@ class SlurmLauncher(Launcher):
         addr = self.alloc.addrs[0]
         return route_source(address_family(addr), addr) or default
 
-    def tls_server(self) -> Optional[tls.ServerKey]:
-        return self.tls_key
-
     # ------------------------------------------------------------ steps
     def launch(self, plan: Plan, base_env: Dict[str, str], control_addr: str, control_port: int, store_path: Optional[str] = None) -> Optional[str]:
         """Every rank, forked by its node's template: the templates running already (a new -n in the same allocation)
@@ -154,83 +137,6 @@ class SlurmLauncher(Launcher):
         self.steps.append(step)
         return step
 
-    def _step_for(self, node: str) -> Optional[TemplateStep]:
-        """The newest step whose template on ``node`` is still there."""
-        return next((s for s in reversed(self.steps) if s.serves(node)), None)
-
-    def _spawn(self, rank: int, env: Dict[str, str], control_addr: str, control_port: int) -> None:
-        """Ask ``rank``'s node's template to fork it; a node whose template is gone gets a new one (a one-task step)."""
-        assert self.alloc is not None and self.plan is not None
-        node_rank, wanted = rank_env(self.plan, rank, env)
-        node = self.alloc.nodes[node_rank]
-        step = self._step_for(node)
-        if step is None:
-            first = self.steps[0].env if self.steps else wanted
-            step = self._start_step([node], first)
-        config = spawn_config(step.env, wanted, control_addr, control_port, self.tls_key.fingerprint if self.tls_key is not None else None)
-        self._pending[rank] = Pending(node, step, (env, control_addr, control_port))
-        step.spawn(rank, node, config, self.secret)
-
-    def spawn(self, rank: int, config: dict) -> None:
-        """Start one rank again, alone: its node's template forks it (recovery.py); a new template only if that one is gone."""
-        assert self.plan is not None
-        self._pids = {pid: r for pid, r in self._pids.items() if r != rank}  # its new process has not joined yet
-        self._spawn(rank, config["env"], config["kernel_addr"], config["kernel_port"])
-
-    def node_of(self, rank: int) -> str:
-        """The Slurm node a rank runs on (the block distribution the step asks for)."""
-        if self.alloc is None or self.plan is None or self.plan.slurm is None:
-            return ""
-        return self.alloc.nodes[rank // self.plan.slurm.ntasks_per_node]
-
-    def placement(self, plan: Plan) -> Dict[int, str]:
-        """The block distribution the step asks for, over the allocation held."""
-        per_node, nodes = (plan.slurm.ntasks_per_node, self.alloc.nodes) if self.alloc is not None and plan.slurm is not None else (1, [])
-        return {r: nodes[r // per_node] for r in range(plan.world_size) if r // per_node < len(nodes)}
-
-    def adopt(self, pid: int, rank: int, host: str) -> None:
-        self._pids[pid] = rank
-        self._pending.pop(rank, None)
-
-    def live_pids(self) -> Dict[int, int]:
-        """None to signal: the ranks are the templates' children, perhaps on other hosts; they end by message or with the step."""
-        return {}
-
-    def owns(self, pid: int) -> bool:
-        return False
-
-    def poll(self, timeout: float = 0.0) -> List[Exit]:
-        """Ranks that ended before they joined: a fork that failed, or its template gone (srun's words in the log). A
-        joined rank's exit is its lost connection (remote_ranks); ours to report are only those the kernel cannot see."""
-        if timeout:
-            time.sleep(min(timeout, 0.05))
-        out: List[Exit] = [e for step in list(self.steps) for e in self._exits_before_joining(step)]
-        for rank, waiting in list(self._pending.items()):
-            if waiting.step.serves(waiting.node):
-                continue
-            del self._pending[rank]
-            if waiting.pid is None and not waiting.retried:  # asked of a template that was already gone: a new one forks it
-                self._spawn(rank, *waiting.args)
-                self._pending[rank].retried = True
-            else:  # its template ended (or never started): srun's words are in the log
-                out.append((rank, waiting.pid or 0, 1))
-        return out
-
-    def _exits_before_joining(self, step: TemplateStep) -> List[Exit]:
-        """What ``step``'s templates said of the ranks still pending: their pids, and the exits of those that never joined."""
-        out: List[Exit] = []
-        for ev in step.take_events():
-            rank, pid = ev.get("rank"), int(ev.get("pid") or 0)
-            waiting = self._pending.get(rank) if isinstance(rank, int) else None
-            if not isinstance(rank, int) or waiting is None or waiting.step is not step:
-                continue
-            if ev.get("event") == "spawned":
-                waiting.pid = pid
-            elif ev.get("event") == "exited" and waiting.pid == pid:
-                del self._pending[rank]
-                out.append((rank, pid, int(ev.get("code") or 1)))
-        return out
-
     def alive(self) -> bool:
         return self.alloc is not None and self.alloc.alive()
 
@@ -240,20 +146,6 @@ class SlurmLauncher(Launcher):
         if isinstance(alloc, OwnAllocation) and alloc.job_id and not alloc.alive():
             return f"{alloc.gone_why(down_nodes(alloc.nodes))}; a new allocation replaces it"
         return ""
-
-    def unanswered(self, nodes: List[str], within: float) -> List[str]:
-        """Each node's template is pinged over srun (the way a new rank's spawn and events take); the nodes that did not
-        answer within ``within`` seconds. A node with no template left is not asked: a new step there says for itself."""
-        deadline = time.monotonic() + within
-        asked: Dict[TemplateStep, Dict[str, int]] = {}
-        for node in nodes:
-            step = self._step_for(node)
-            if step is not None:
-                asked.setdefault(step, {})[node] = step.ping(node)
-        return [n for step, pings in asked.items() for n in step.wait_pongs(pings, deadline)]
-
-    def cannot_reach(self) -> List[dict]:
-        return [ev for step in self.steps for ev in step.unreachable]
 
     def give_up(self) -> str:
         """End the steps, and release the allocation if we made it (one the kernel found stays: it is the user's)."""
@@ -306,16 +198,6 @@ class SlurmLauncher(Launcher):
         assert self.alloc is not None and self.plan is not None and self.plan.slurm is not None
         return {"nodes": self.alloc.nodes[: self.plan.slurm.nodes], "step_env": self.steps[0].env, "job": self.job_id()}
 
-    @property
-    def notes(self) -> List[dict]:
-        """What the templates answered to keep and unkeep."""
-        return self.steps[0].notes if self.steps else []
-
-    def _write(self, cmd: dict) -> None:
-        """A command to every template (keep, unkeep)."""
-        for step in self.steps:
-            step.command(cmd)
-
     def outlive_kernel(self, lock: str, watch: Optional[Dict[str, object]] = None) -> None:
         """``%ddp keep``: the allocation follows the lease's ``lock``, and salloc and srun outlive this kernel; ``lock=""``
         (``keep --off``): they go with this kernel again. ``watch``: a lease on another host, whose ``lock`` here the
@@ -341,26 +223,6 @@ class SlurmLauncher(Launcher):
                 except OSError:
                     log.debug("a kept pool's pipe was closed already", exc_info=True)
         self.steps, self.alloc, self._pids, self.lease_lock = [], None, {}, ""
-        self._pending.clear()
-
-    lease_lock = ""  # a kept pool's: the lock its lease holds (outlive_kernel)
-
-    def _end_steps(self) -> None:
-        """End every step of templates (srun cancels it: every rank ends), then make sure. A kept pool's lease ends
-        first as ``%ddp stop`` ends it (its files go), not as a job Slurm ended."""
-        if self.lease_lock:
-            self._write({"op": "exit"})
-            deadline = time.monotonic() + END_WAIT_S
-            while is_held(self.lease_lock) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            self.lease_lock = ""
-        steps, self.steps = self.steps, []
-        for step in steps:
-            step.end()
-        deadline = time.monotonic() + END_WAIT_S
-        for step in steps:
-            step.wait_end(deadline)
-        self._pids.clear()
         self._pending.clear()
 
     def _release(self) -> None:

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import IO, TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import IO, TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ...logs import log
 from ...wire import slurm_env
@@ -30,13 +30,17 @@ if TYPE_CHECKING:
 END_WAIT_S = 5.0  # an srun asked to end (SIGTERM) cancels its step within moments
 _TASK_ENDED = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): ")  # a task (a template) ended abnormally
 Event = Tuple[str, dict]  # (node, event)
-KEEP_EVENTS = ("kept", "unkept", "fenced")  # a template's answers to %ddp keep (procs/template_keep.py)
+KEEP_EVENTS = ("kept", "unkept", "fenced")
+SAID_LINES = 20  # how many of srun's (ssh's) own last lines a step keeps, for a start that failed  # a template's answers to %ddp keep (procs/template_keep.py)
 
 
 class TemplateStep:
-    """An srun client whose tasks are the templates of ``nodes``; spawn commands go to its stdin."""
+    """An srun client whose tasks are the templates of ``nodes``; spawn commands go to its stdin. (An ssh client whose
+    remote command is one node's template is one too: kernel/launchers/ssh.py; ``proc_env`` is then the ssh client's
+    env, ``env`` the template's as the kernel asked it.)"""
 
-    def __init__(self, argv: List[str], env: Dict[str, str], secret: bytes, nodes: List[str], log_file: IO[bytes]) -> None:
+    def __init__(self, argv: List[str], env: Dict[str, str], secret: bytes, nodes: List[str], log_file: IO[bytes],
+                 proc_env: Optional[Dict[str, str]] = None) -> None:
         self.nodes = list(nodes)
         self.secret = secret  # the one in the step's env: a later pool's is sealed with it
         self.env = {k: v for k, v in env.items() if k not in (slurm_env.SECRET_ENV, slurm_env.MUNGED_ENV)}  # the templates' env (less Slurm's)
@@ -46,18 +50,20 @@ class TemplateStep:
         self.unreachable: List[dict] = []  # ranks that could not reach the kernel's control port (procs/worker.py)
         self.pongs: Dict[str, int] = {}  # node -> the last ping its template answered (``ping``)
         self.notes: List[dict] = []  # a kept pool's template answers (kept, unkept, fenced): kernel/keep/keeping.py
+        self.hello: Dict[str, dict] = {}  # node -> what its template said of itself before anything (an ssh template's)
+        self.said: List[str] = []  # the last lines that were no event (ssh's or srun's own words: why a start failed)
         self._lock = threading.Lock()
         self._heard = threading.Condition(self._lock)
         self._log = log_file
         self._nonce = 0
         self._pings = 0  # the last ping's id
         self.proc = popen(anchored() + argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True, close_fds=True)
-        self._reader = threading.Thread(target=self._read, name="ddp-slurm-step", daemon=True)
+                          env=env if proc_env is None else proc_env, start_new_session=True, close_fds=True)
+        self._reader = threading.Thread(target=self._read, args=(argv,), name="ddp-slurm-step", daemon=True)
         self._reader.start()
 
     # ------------------------------------------------------------ what the templates say
-    def _read(self) -> None:
+    def _read(self, argv: List[str]) -> None:
         assert self.proc.stdout is not None
         for raw in iter(self.proc.stdout.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
@@ -66,19 +72,22 @@ class TemplateStep:
                 self._on_event(event)
                 continue
             ended = _TASK_ENDED.match(line)
-            if ended:
-                with self._lock:
+            with self._lock:
+                if ended:
                     self.lost.setdefault(ended.group(1), line)
+                self.said = (self.said + [line])[-SAID_LINES:]
             self._to_log(raw)
         self.proc.wait()
         with self._lock:  # srun is gone: so is every template it ran
             for node in self.nodes:
-                self.lost.setdefault(node, f"srun ended (code {self.proc.returncode})")
+                self.lost.setdefault(node, f"{os.path.basename(argv[0])} ended (code {self.proc.returncode})")
+            self._heard.notify_all()
 
     def _on_event(self, event: dict) -> None:
         with self._lock:
             if event.get("event") == "ready":
                 self.ready[str(event.get("node"))] = str(event.get("info", ""))
+                self._heard.notify_all()
             elif event.get("event") == "unreachable":
                 self.unreachable.append(event)
             elif event.get("event") == "pong" and isinstance(event.get("id"), int):
@@ -87,6 +96,9 @@ class TemplateStep:
                 self._heard.notify_all()
             elif event.get("event") in KEEP_EVENTS:
                 self.notes.append(event)
+            elif event.get("event") == "hello":
+                self.hello[str(event.get("node"))] = event
+                self._heard.notify_all()
             elif event.get("event") == "error":
                 self.lost.setdefault(str(event.get("node")), f"the template could not start: {event.get('message')}")
                 self._to_log((str(event.get("traceback", "")) + "\n").encode())
@@ -133,6 +145,20 @@ class TemplateStep:
         self._pings += 1
         self._write({"op": "ping", "node": node, "id": self._pings})
         return self._pings
+
+    def wait_until(self, done: Callable[[], bool], deadline: float) -> bool:
+        """Wait until ``done()`` (read under the step's lock), the starter ends, or ``deadline``; whether ``done()``."""
+        with self._heard:
+            while not done():
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    return done()
+                self._heard.wait(min(left, 0.2))
+            return True
+
+    def send(self, cmd: dict) -> None:
+        """One line to the templates as it is (an ssh template's first line: procs/ssh_template.py)."""
+        self._write(cmd)
 
     def wait_pongs(self, asked: Dict[str, int], deadline: float) -> List[str]:
         """Wait until every node of ``asked`` (node -> ping id) answered its ping, or ``deadline``; the nodes that did not."""
