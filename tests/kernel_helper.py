@@ -76,6 +76,9 @@ class Kernel:
     def __init__(self, extra_env: Optional[dict] = None, prefix: Optional[List[str]] = None) -> None:
         env = dict(os.environ)
         env.update(extra_env or {})
+        self.runtime: Optional[str] = None  # the runtime directory made for this kernel (None: the test gave one)
+        if not (extra_env or {}).get("JUPYTER_RUNTIME_DIR"):  # never the user's own: a kept pool's files would land there
+            self.runtime = env["JUPYTER_RUNTIME_DIR"] = own_runtime_dir()
         if prefix:
             self.km, self.kc = _start_prefixed(prefix, env)
         else:
@@ -170,6 +173,33 @@ class Kernel:
             self.km.shutdown_kernel(now=True)
             if isinstance(self.km, _PrefixedKernelManager):  # its unix sockets' folder
                 shutil.rmtree(os.path.dirname(self.km.ip), ignore_errors=True)
+            if self.runtime is not None:
+                drop_runtime_dir(self.runtime)
+
+
+def own_runtime_dir() -> str:
+    """A Jupyter runtime directory of a test's own (short: a kept pool's lease socket path must fit AF_UNIX)."""
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="ddp-rt-", dir="/tmp")
+
+
+def drop_runtime_dir(path: str) -> None:
+    """Stop every kept pool left in ``path`` (``python -m ddp_magic stop``: no orphan rank), then remove it."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=path, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
+    try:
+        names = os.listdir(path)
+    except OSError:
+        names = []
+    for name in names:
+        if name.startswith("ddp-kept-") and name.endswith(".json"):
+            subprocess.run([sys.executable, "-m", "ddp_magic", "stop", name[len("ddp-kept-"):-len(".json")]], env=env,
+                           capture_output=True, timeout=60, check=False)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def simulated_kernel(per_host: int, extra_env: Optional[dict] = None) -> Kernel:

@@ -181,6 +181,7 @@ class Server:
         env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=os.path.join(tmp, "settings"), JUPYTERLAB_WORKSPACES_DIR=os.path.join(tmp, "ws"))
         env["JUPYTER_PATH"] = os.pathsep.join(p for p in (os.path.join(tmp, "jupyter"), env.get("JUPYTER_PATH", "")) if p)
         env["JUPYTER_DATA_DIR"] = os.path.join(tmp, "data")  # a fresh trust database: shipped notebooks open untrusted
+        env["JUPYTER_RUNTIME_DIR"] = os.path.join(tmp, "data", "runtime")  # never an inherited one (the user's): kept pools' files
         env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
         env.pop("PYTEST_CURRENT_TEST", None)  # else ipykernel stops capturing child fds (see TOOLCHAIN.md)
         # debugpy's "frozen modules" warning at every kernel start is kernel output outside any cell, which the tests

@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from typing import Dict, Iterator, List, Optional
@@ -21,7 +20,7 @@ from typing import Dict, Iterator, List, Optional
 import pytest
 
 from conftest import pid_alive, wait_until
-from kernel_helper import ANSI, Execution, Kernel
+from kernel_helper import ANSI, Execution, Kernel, drop_runtime_dir, own_runtime_dir
 from keep_helper import TICK, TICKS, ticks
 
 pytestmark = pytest.mark.kernel
@@ -35,13 +34,9 @@ N, AT = 60, 30
 @pytest.fixture
 def runtime() -> Iterator[str]:
     """A runtime directory of this test's own (short: the lease socket's path must fit AF_UNIX); every pool left is stopped."""
-    path = tempfile.mkdtemp(prefix="k33-", dir="/tmp")
+    path = own_runtime_dir()
     yield path
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=path, PYTHONPATH=ROOT)
-    for name in os.listdir(path):
-        if name.endswith(".json"):
-            subprocess.run([sys.executable, "-m", "ddp_magic", "stop", name[len("ddp-kept-"):-len(".json")]], env=env, capture_output=True, timeout=60)
-    shutil.rmtree(path, ignore_errors=True)
+    drop_runtime_dir(path)
 
 
 def kernel(runtime: str, notebook: str = "keep.ipynb", **env: str) -> Kernel:

@@ -41,8 +41,11 @@ print("node", os.environ["SLURMD_NODENAME"], "rank", dist.get_rank(), flush=True
 
 @pytest.fixture(scope="module")
 def sk(slurm_cluster):
-    """The module's kernel: the control channel forced through TLS (every rank is on this host, as the test nodes are)."""
+    """The module's kernel: the control channel forced through TLS (every rank is on this host, as the test nodes are).
+    Its pools are kept here and their Slurm jobs cancelled: their records go to a runtime directory of the kernel's own
+    (kernel_helper's, removed at its shutdown), never the user's."""
     k = Kernel(extra_env={"DDP_MAGIC_FORCE_TLS": "1"})
+    assert k.runtime is not None
     k.run("%load_ext ddp_magic").ok()
     yield k
     k.run("%ddp stop", timeout=60)
