@@ -1,7 +1,9 @@
 """``%ddp autoreload`` in the kernel: which modules the ranks run, whether a file changed, and the ranks' agreement on it.
 
 The ranks tell the kernel the user modules they import (DONE's ``reload_new``: name,
-file, version; procs/rank_reload.py). Before each cell with autoreload on the kernel
+file, the version they loaded; procs/rank_reload.py), with autoreload off too, so that
+turning it on after the import still sees the edit saved meanwhile; a kept pool this
+kernel attached is asked for all of them at its first cell. Before each cell with autoreload on the kernel
 ``stat``s those files (and the modules under the notebook's directory it imported
 itself): the warm path, nothing read, nothing asked. Only when a file changed does it
 read and compile it (a syntax error stops the cell here, once, naming the file and
@@ -63,6 +65,7 @@ class Autoreload:
     offered: Dict[str, str] = field(default_factory=dict)  # module -> the version shipped by value
     reloaded: Tuple[str, ...] = ()  # the last cell's
     shipped: Tuple[str, ...] = ()  # modules some rank got by value (this pool)
+    _adopted: Optional[int] = None  # the kept pool (id) whose ranks were asked for every module they run
     _seen: int = 0  # len(sys.modules) at the kernel's last scan
     _scanned: Set[str] = field(default_factory=set)  # the modules that scan looked at
     _expect: Dict[str, Set[int]] = field(default_factory=dict)  # this cell's reloads: module -> the ranks that have it
@@ -97,14 +100,16 @@ class Autoreload:
     def before_cell(self, pool: "Pool", kernel_on: bool, listener: "Listener") -> Optional[dict]:
         """The RUN's ``reload`` field (None: off); raises UsageError (nothing ran) on a syntax error or a rank's other version."""
         self.kernel_on = kernel_on
+        self.reloaded = ()
         if not self.on:
-            self.reloaded = ()
             return None
         if self.setting is None and not self.followed:
             self.followed = True
             listener.on_notice(FOLLOWS)
         if self.generation != (id(pool), pool.generation) or not pool.alive:
             self._reset((id(pool), pool.generation))
+        if pool.alive and pool.kept is not None and self._adopted != id(pool):
+            self._adopt(pool)
         self._scan_kernel()
         changed = self._changed()
         names = sorted({n for n in self.loaded if self._uses(n) & changed.keys()} | (self.pending & self.loaded.keys()))
@@ -127,6 +132,25 @@ class Autoreload:
         self.generation = generation
         self.files, self.paths, self.reference, self.loaded = {}, {}, {}, {}
         self.pending, self.offered, self.shipped, self.notebook, self._seen, self._scanned = set(), {}, (), {}, 0, set()
+
+    def _adopt(self, pool: "Pool") -> None:
+        """A kept pool (this kernel may have attached it): its ranks may have told the kernel before this one which modules
+        they run; ask them all once, with the version each runs (an edit saved since is reloaded before this cell)."""
+        self._adopted = id(pool)
+        replies = pool.ask(P.VERSIONS, VERSIONS_TIMEOUT_S, fields={"names": None})
+        if len(replies) < pool.nproc:
+            log.warning("autoreload: %d of %d ranks said which modules they run", len(replies), pool.nproc)
+        self._learn({name: [got[0], got[-1]] for _, msg in sorted(replies.items()) for name, got in (msg.get("modules") or {}).items()})
+        self.pending.update(name for msg in replies.values() for name, got in (msg.get("modules") or {}).items() if got[1] != got[-1])
+
+    def _learn(self, new: Dict[str, List[str]]) -> None:
+        """Modules a rank runs (name -> [file, the version it loaded]): watched from that version on."""
+        for name, (path, sha) in new.items():
+            self.paths.setdefault(name, set()).add(path)
+            if path != SHIPPED:
+                self.reference.setdefault(name, path)
+            self.loaded.setdefault(name, sha)
+            self._track(path, sha)
 
     def _scan_kernel(self) -> None:
         """Modules the kernel imported from under the notebook's directory: what a rank that cannot import them gets by value."""
@@ -246,27 +270,29 @@ class Autoreload:
 
     # ------------------------------------------------------------ after a cell
     def after_cell(self, pool: "Pool", listener: "Listener") -> None:
-        """Take in what the ranks said in DONE: new modules and their files, changes the kernel did not see, what was reloaded or shipped."""
-        if not self.on:
-            return
+        """Take in what the ranks said in DONE: new modules and their files (autoreload off too: the baseline of a later
+        edit), and while on, changes the kernel did not see, what was reloaded or shipped."""
         if self.generation != (id(pool), pool.generation):  # the pool (re)started for this cell
             self._reset((id(pool), pool.generation))
-        reloaded: Set[str] = set()
+        reloaded: Dict[str, List[int]] = {}
         shipped: Dict[str, List[int]] = {}
         for rank in range(pool.nproc):
             msg = pool.done_message(rank)
             if not msg or "reload_new" not in msg and "reloaded" not in msg and "reload_pending" not in msg and "reload_shipped" not in msg:
                 continue
-            for name, (path, sha) in (msg.get("reload_new") or {}).items():
-                self.paths.setdefault(name, set()).add(path)
-                self.reference.setdefault(name, path)
-                self.loaded.setdefault(name, sha)
-                self._track(path, sha)
+            self._learn(msg.get("reload_new") or {})
+            if not self.on:
+                continue
             self.pending.update(msg.get("reload_pending") or ())
-            reloaded.update(msg.get("reloaded") or ())
+            for name in msg.get("reloaded") or ():
+                reloaded.setdefault(name, []).append(rank)
             for name in msg.get("reload_shipped") or ():
                 shipped.setdefault(name, []).append(rank)
+        if not self.on:
+            return
         self.reloaded = tuple(sorted(reloaded))
+        if reloaded:
+            listener.on_notice(self._reloaded_text(reloaded, pool.nproc))
         self._failed_reloads(pool)
         if shipped:
             self.shipped = tuple(sorted(set(self.shipped) | set(shipped)))
@@ -275,6 +301,17 @@ class Autoreload:
                                    "shipped by value from the notebook's machine; edits to it reach them the same way")
         log.debug("autoreload after the cell: %d files watched, reloaded %s", len(self.files), self.reloaded)
 
+
+    def _reloaded_text(self, reloaded: Dict[str, List[int]], nproc: int) -> str:
+        """The cell's one line: ``autoreload: reloaded model (model.py) on 4 ranks`` (IPython's own autoreload logs as much)."""
+        here = os.path.realpath(os.getcwd()) + os.sep
+        groups: Dict[Tuple[int, ...], List[str]] = {}
+        for name, ranks in sorted(reloaded.items()):
+            path = self.reference.get(name) or self.notebook.get(name) or "?"
+            groups.setdefault(tuple(sorted(ranks)), []).append(f"{name} ({path[len(here):] if path.startswith(here) else path})")
+        return "autoreload: reloaded " + "; ".join(
+            f"{', '.join(names)} on {ranks_phrase(list(ranks)) if len(ranks) < nproc else f'{nproc} rank' + ('s' if nproc > 1 else '')}"
+            for ranks, names in groups.items())
 
     def _failed_reloads(self, pool: "Pool") -> None:
         """A module some rank did not reload (its reload raised, the cell was stopped): the ranks still run the old version,

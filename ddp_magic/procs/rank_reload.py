@@ -1,13 +1,17 @@
 """A rank's side of ``%ddp autoreload``: the user's modules it has imported, their versions, and IPython's reload of them.
 
-The kernel decides (kernel/reload.py); a rank never reloads on its own. A RUN with a
-``reload`` field means autoreload is on: before the cell the rank takes in modules the
-kernel ships by value (``ship``: a module under the notebook's directory that this rank
-cannot import from a file of its own), reloads the modules the kernel names (``apply``:
-every rank agreed on their versions first, through VERSIONS), then runs the cell. Its
-DONE says which modules it reloaded, the user modules it imported since (``new``: name,
-file, version) and the files it saw change that the kernel did not name (``pending``: the
-kernel checks them before the next cell). The warm cost is one ``stat`` a watched file.
+The kernel decides (kernel/reload.py); a rank never reloads on its own. Whether
+autoreload is on or not, a rank notes each user module's version once it was imported (at
+the end of the cell that imported it) and its DONE names the new ones (``new``: name,
+file, version): the version in memory, so an edit saved before autoreload was turned on
+is still seen as one (IPython's ModuleReloader records the mtimes of what was loaded
+when it is created). A RUN with a ``reload`` field means autoreload is on: before the cell
+the rank takes in modules the kernel ships by value (``ship``: a module under the
+notebook's directory that this rank cannot import from a file of its own), reloads the
+modules the kernel names (``apply``: every rank agreed on their versions first, through
+VERSIONS), then runs the cell. Its DONE then also says which modules it reloaded and the
+files it saw change that the kernel did not name (``pending``: the kernel checks them
+before the next cell). The warm cost is one ``stat`` a watched file (none while off).
 
 The reload itself is IPython's (``IPython.extensions.autoreload``): DeduperReloader's
 partial reload where it applies (IPython 9), else ``superreload``, which updates
@@ -91,6 +95,7 @@ class Reloader:
         self._ipython: Any = None  # IPython.extensions.autoreload, imported at the first reload
         self._old_objects: Dict[Any, Any] = {}
         self._deduper: Any = None
+        self.sources: Dict[str, str] = {}  # module -> its source as loaded: the deduper's "before" (it diffs the file against it)
         self.finder = ShippedFinder()
         self.shipped_now: List[str] = []  # this cell's: modules this rank got by value
         self.reloaded: List[str] = []  # this cell's
@@ -116,20 +121,23 @@ class Reloader:
                 if data is not None:
                     sha = R.digest(data)
                     self.watched[name] = Watched(path, key, sha, sha)
-                    if self._deduper is not None:
-                        self._deduper.source_by_modname[name] = data.decode("utf-8", "replace")
+                    self.sources[name] = data.decode("utf-8", "replace")
             self._seen = len(sys.modules)
 
-    def versions(self, names: Sequence[str]) -> Dict[str, List[str]]:
-        """VERSIONS (the reader thread, between cells): name -> [file, version] for the named modules this rank has."""
+    def versions(self, names: Optional[Sequence[str]]) -> Dict[str, List[str]]:
+        """VERSIONS (the reader thread, between cells): name -> [file, version] for the named modules this rank has.
+        ``names`` None: every module it watches, as [file, version, the version it runs], all taken as told (a kernel that
+        attached a kept pool learns what the ranks told the kernel before it)."""
         self.scan()
         out = {}
         with self._lock:
-            for name in names:
+            for name in list(self.watched) if names is None else names:
                 w = self.watched.get(name)
                 if w is not None:
                     w.look()
-                    out[name] = [w.path, w.sha]
+                    out[name] = [w.path, w.sha] + ([w.loaded] if names is None else [])
+            if names is None:
+                self._told.update(out)
         return out
 
     # ------------------------------------------------------------ a cell
@@ -151,15 +159,17 @@ class Reloader:
         return None
 
     def done_fields(self) -> dict:
-        """What the kernel hears in DONE: modules reloaded and shipped, new ones, files changed that it did not name."""
-        if not self.on:
-            return {}
+        """What the kernel hears in DONE: new modules (autoreload on or off: their versions then are the baseline of a later
+        edit), and while on, the modules reloaded and shipped and the files changed that it did not name."""
         self.scan()
         fields: dict = {}
-        new = {n: [w.path, w.loaded] for n, w in self.watched.items() if n not in self._told}
+        with self._lock:
+            new = {n: [w.path, w.loaded] for n, w in self.watched.items() if n not in self._told}
+            self._told.update(new)
         if new:
             fields["reload_new"] = new
-            self._told.update(new)
+        if not self.on:
+            return fields
         with self._lock:
             pending = []
             for name, w in self.watched.items():
@@ -191,10 +201,7 @@ class Reloader:
             from IPython.extensions.deduperreload.deduperreload import DeduperReloader  # IPython 9: partial reloads
 
             self._deduper = DeduperReloader()
-            for name, w in self.watched.items():
-                if w.path != SHIPPED:
-                    data, _ = R.read(w.path)
-                    self._deduper.source_by_modname[name] = (data or b"").decode("utf-8", "replace")
+            self._deduper.source_by_modname = self.sources  # what was loaded, not the file now: an edit saved before this is one too
         except ImportError:
             self._deduper = None
         sys.meta_path.append(self.finder)

@@ -16,7 +16,7 @@ import site
 import sys
 import sysconfig
 from types import ModuleType
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 StatKey = Tuple[int, int]  # (st_mtime_ns, st_size)
 
@@ -96,7 +96,21 @@ def user_file(module: object) -> Optional[str]:
     path = getattr(module, "__file__", None)
     if not name or name in ("__main__", "__mp_main__") or not isinstance(path, str) or not path.endswith(".py"):
         return None
-    real = os.path.realpath(path)
+    real = real_path(path)
     if real.startswith(SYSTEM_DIRS) or "site-packages" in real or "dist-packages" in real:
         return None
     return real
+
+
+_REAL_DIRS: Dict[str, str] = {}  # an absolute folder -> its real path (a rank's first scan looks at a thousand of torch's files)
+
+
+def real_path(path: str) -> str:
+    """``os.path.realpath``, with each absolute folder resolved once: a file that is no link costs one ``lstat``, not one a folder of its path."""
+    folder, base = os.path.split(path)
+    if not os.path.isabs(folder) or os.path.islink(path):
+        return os.path.realpath(path)
+    real = _REAL_DIRS.get(folder)
+    if real is None:
+        real = _REAL_DIRS[folder] = os.path.realpath(folder)
+    return os.path.join(real, base)
