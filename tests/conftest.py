@@ -11,6 +11,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from kernel_helper import Kernel  # noqa: E402
 
+# What the user reads of a node whose link was lost (wire/liveness.py: nothing acknowledged for 8 s), written once and
+# literally, as the user reads it: never rebuilt from the product's constants, so a wrong window or wording fails.
+LOST_LINK = "no answer on the control channel for 8s (its link is down, or a firewall drops its traffic)"
+
 
 def worker_pids_of(root_pid: int) -> List[int]:
     """Every live descendant of root_pid, from /proc (no psutil needed)."""

@@ -161,7 +161,8 @@ def test_restart_from_the_panel_gives_new_pids(lab: Lab) -> None:
 def test_a_restart_asked_while_a_cell_runs_waits_for_it(lab: Lab) -> None:
     page = lab.page
     before = _pids(page)
-    _run_code(page, "import time; time.sleep(4)")
+    ended = "the cell ended on pids"  # what the pool's ranks were when the running cell ended: the restart came after
+    _run_code(page, f"import time; time.sleep(4); print({ended!r}, *get_ipython().magics_manager.registry['DDPMagics'].pool.pids)")
     wait_kernel_status(page, "busy", 20)
     expect(page.locator(".jp-ddp-Panel-button-restart")).to_have_text("Restart (waits)")
     page.locator(".jp-ddp-Panel-button-restart").click()
@@ -175,6 +176,8 @@ def test_a_restart_asked_while_a_cell_runs_waits_for_it(lab: Lab) -> None:
     expect(page.locator(".jp-ddp-Panel .jp-ddp-Rank-pid").first).not_to_have_text(before[0], timeout=60_000)
     expect(_status(page)).to_have_text("DDP 2×gloo · ready", timeout=30_000)
     assert set(_pids(page)).isdisjoint(before)
+    said = page.locator(".jp-Notebook .jp-CodeCell").last.locator(".jp-OutputArea-output", has_text=ended).inner_text()
+    assert said.split(ended)[1].split() == before, f"the pool was restarted before the cell ended: {said} (pids before: {before})"
 
 
 def test_env_command_shows_the_live_report(lab: Lab) -> None:

@@ -31,6 +31,7 @@ import box_fixtures
 import cluster_box
 
 from ddp_magic.wire import liveness
+from conftest import LOST_LINK
 from kernel_helper import Kernel
 
 box = box_fixtures.box
@@ -99,7 +100,7 @@ def _refused(k: Kernel, code: str, label: str) -> str:
     assert ex.error is not None, ex.stdout
     text = "\n".join(ex.error[2])
     print(f"{label}: {took:.1f}s\n{text}\n")
-    assert took < 60, f"{label}: waited {took:.1f}s for a node that does not answer (the join timeout is 180 s)"
+    assert took < 15, f"{label}: waited {took:.1f}s for a node that does not answer"  # promise: a 5 s ping, not the join timeout (180 s); 3x
     return text
 
 
@@ -123,10 +124,17 @@ def _restart_still_down(k: Kernel, node: str) -> None:
 KEPT = f"{POOL}\nimport os, socket, torch, torch.distributed as dist\nkept = (dist.get_rank(), os.getpid())"
 
 
-def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], None], heal: Callable[[str], None], still: bool = False) -> None:
+def _healthy_failures(k: Kernel) -> List[str]:
+    """What the failed cell's error holds for ranks 0-1 (the healthy node's), as the kernel raised it."""
+    return k.value("[f.message for f in __import__('sys').last_value.failures if f.rank < 2]")
+
+
+def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], None], heal: Callable[[str], None], still: bool = False,
+               gloo_first: bool = False) -> None:
     """Ranks 2-3's node goes silent mid all_reduce (twice): it and they are named, ranks 0-1 keep their state (``still``:
     and the next cell and %ddp restart, the node still silent, say so at once, nothing stopped; with the link back a
-    restart works), and with the link back ranks 2-3 rejoin at the next cell."""
+    restart works), and with the link back ranks 2-3 rejoin at the next cell. ``gloo_first``: a healthy rank's gloo
+    raised before the check named the node (its collective broke on the silent node: released, not blamed)."""
     k.run(KEPT, timeout=240).ok()
     node, healthy = (k.value(f"{SESSION}.pool.ranks[{r}].node_name") for r in (2, 0))
     try:
@@ -134,6 +142,9 @@ def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], No
             try:
                 text, took = _during(k, LOOP, lambda: cut(node))
                 print(f"{name} #{attempt}: fault to error {took:.1f}s\n{text}\n")
+                if gloo_first:
+                    healthy_said = _healthy_failures(k)
+                    assert "released: a peer's node went silent" in healthy_said, f"gloo did not fail first: {healthy_said}"
                 if still:
                     _still_down(k, node)
                     _restart_still_down(k, node)
@@ -141,12 +152,12 @@ def _lost_node(b: cluster_box.Box, k: Kernel, name: str, cut: Callable[[str], No
                 heal(node)
             TIMES.setdefault(name, []).append(round(took, 1))
             first = text.splitlines()[0]
-            assert first == f"CellError: ranks 2-3 on {node} are unreachable: {liveness.silence_words()}", text
+            assert first == f"CellError: ranks 2-3 on {node} are unreachable: {LOST_LINK}", text
             blamed = re.search(r"ranks? [01]\b[^\n]*(pid|raised|mismatched|unreachable|lost)", text)
             assert blamed is None and healthy not in text, text  # never a healthy node's rank: they were only released
             assert "srun: error" not in text, text
-            # the goal is 15 s (7.4-7.6 s measured: the OS's timers); room for a loaded machine, still far from Slurm's 30 s
-            assert took < 20, f"{name}: the error came {took:.1f}s after the fault"
+            # 7.4-7.6 s measured (the OS's timers; bench/bench_cluster.py's link-down row)
+            assert took < 45, f"{name}: the error came {took:.1f}s after the fault"  # promise: named within about 15 s (docs/multinode.md); 3x
             # the link is back: the node's ranks rejoin at the next cell; ranks 0-1 kept their state (same pids, same variables)
             again = k.run(AGAIN, timeout=240).ok()
             said = again.stdout
@@ -185,7 +196,7 @@ def test_gloo_failing_first_on_the_healthy_node_still_names_the_silent_node(box:
         done = box.run(healthy, ["iptables", "-A" if on else "-D", *rule])
         assert done.returncode == 0 or not on, done.stderr
 
-    _lost_node(box, box_kernel, "gloo first", lambda n: reset(n, True), lambda n: reset(n, False))
+    _lost_node(box, box_kernel, "gloo first", lambda n: reset(n, True), lambda n: reset(n, False), gloo_first=True)
 
 
 def test_a_background_job_on_a_lost_node_ends_naming_it(box: cluster_box.Box, box_kernel: Kernel) -> None:
@@ -203,7 +214,7 @@ def test_a_background_job_on_a_lost_node_ends_naming_it(box: cluster_box.Box, bo
             finally:
                 _link(box, node, True)
             TIMES.setdefault("--bg job", []).append(round(time.monotonic() - t0, 1))
-            assert said.stdout.strip().splitlines()[-1] == f"ranks 2-3 on {node} are unreachable: {liveness.silence_words()}", said.stdout
+            assert said.stdout.strip().splitlines()[-1] == f"ranks 2-3 on {node} are unreachable: {LOST_LINK}", said.stdout
             k.run("%%ddp\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()", timeout=240).ok()
     finally:
         k.run("%ddp stop")
@@ -226,7 +237,7 @@ def test_control_port_blocked_from_a_node_is_named_and_the_allocation_released(b
                              r"the nodes and this machine\? --control-addr ADDR chooses another address\. 2 of 4 ranks joined; "
                              r"Slurm job \d+ was released\.", text), text
             assert "Run the command printed above" not in text and "srun: error" not in text, text
-            assert took < 60, f"the start failed after {took:.1f}s (join timeout 30s, and the allocation's own time)"
+            assert took < 90, f"the start failed after {took:.1f}s"  # promise: named when the join timeout (--join-timeout 30) ends; 3x
             jobs = box.run("login", ["squeue", "-h", "-o", "%i %T"]).stdout.strip()
             assert jobs == "", f"still allocated: {jobs}"
     finally:
@@ -299,7 +310,7 @@ def test_a_silent_node_at_a_fresh_start_at_stop_and_after(box: cluster_box.Box, 
                                             r"allocation stays held for the next try \(%ddp stop releases it\)\. Run the cell again once "
                                             rf'{node} is back, or %ddp stop and start a pool without it \(--slurm-args "--exclude={node}"\)\.',
                                             text), text
-                        assert took < 60, f"the start waited {took:.1f}s for a node that does not answer (the join timeout is 180 s)"
+                        assert took < 15, f"the start waited {took:.1f}s"  # promise: a 5 s ping, not the join timeout (180 s); 3x
                         assert _squeue(box).get(job) == "RUNNING", _squeue(box)  # held, as it says
                     unreached = rf"; {node} could not be reached \({SINCE}\): Slurm ends what ran there once it answers"
                 else:
@@ -310,7 +321,7 @@ def test_a_silent_node_at_a_fresh_start_at_stop_and_after(box: cluster_box.Box, 
                 print(f"%ddp stop, link still down: {took:.1f}s\n{text}\n")
                 assert re.fullmatch(rf"stopped the pool; its workers have exited{unreached}; Slurm job {job} released: n\d free, {node} once it answers",
                                     text), text
-                assert took < 30, f"%ddp stop took {took:.1f}s"
+                assert took < 12, f"%ddp stop took {took:.1f}s"  # promise: %ddp stop returns in about 4 s, a node silent or not (docs/multinode.md); 3x
                 assert _squeue(box).get(job) in (None, "COMPLETING"), _squeue(box)  # released; Slurm completes it there once it answers
                 if attempt == 0:  # the link back within Slurm's node timeout (30 s): the next attempt finds every node up
                     _link(box, node, True)

@@ -110,7 +110,7 @@ def test_bg_training_lands_in_its_own_cell_while_other_cells_and_peeks_run(k2, g
         gates.close()
         k2.elsewhere.clear()
         bg = k2.run(TRAIN.format(flags="--bg --out job", a=gates["a"], b=gates["b"]), timeout=60).ok()
-        assert bg.result is None and bg.elapsed < 30
+        assert bg.result is None and k2.value("job.done()") is False  # the cell returned while its job runs (held at gate a)
         assert wait_until(lambda: peek_step(k2) == [50, 50], 60, 0.2)  # the job waits at gate a
         others = [k2.run(f"y = {i} * 3\nprint('plain', y)\ny", timeout=60).ok() for i in range(3)]
         assert [o.result for o in others] == ["0", "3", "6"] and [o.stdout for o in others] == ["plain 0\n", "plain 3\n", "plain 6\n"]
@@ -202,7 +202,7 @@ def test_a_second_cell_waits_its_turn_and_ctrl_c_takes_it_out_of_the_queue(k2, g
         gates.close()  # a second background cell queues on its own thread: its cell returns at once
         k2.run(loop.format(a=gates["a"]), timeout=60).ok()
         second = k2.run("%%ddp --bg --out job2\ndist.get_rank() + 40", timeout=60).ok()
-        assert second.elapsed < 30 and k2.value("str(job2.state)") == "queued" and k2.value("'queued' in repr(job2)")
+        assert k2.value("str(job2.state)") == "queued" and k2.value("'queued' in repr(job2)")  # returned before its turn came
         assert re.search(r"queued: cell \[\d+\]", k2.run("%ddp status").ok().stdout)
         gates.open("a")
         assert k2.value("list(job2.result(60))") == [40, 41]

@@ -235,12 +235,12 @@ def test_busy_master_port_is_named():
 
 def test_rank_that_exits_is_reported_and_pool_restarts(ddp2):
     t0 = time.monotonic()
-    ex = ddp2.run("%%ddp\nimport os, time\nprint('about to go', flush=True)\nif dist.get_rank() == 1:\n    os._exit(3)\ntime.sleep(30)")
-    took = time.monotonic() - t0
+    ex = ddp2.run("%%ddp\nimport os, time\nprint('about to go', flush=True)\nif dist.get_rank() == 1:\n    os._exit(3)\n"
+                  "time.sleep(30)\nprint('rank 0 slept', flush=True)")
+    print(f"dead rank reported in {time.monotonic() - t0:.2f}s")  # the figure: bench/bench_recovery.py's failures table
     assert ex.error is not None
     assert "rank 1" in ex.error[1] and "exited with code 3" in ex.error[1]
-    assert took < 8, f"took {took:.1f}s to report a dead rank"
-    print(f"dead rank reported in {took:.2f}s")
+    assert "rank 0 slept" not in ex.stdout, "reported while rank 0 still slept, not once its cell was over"
     ex = ddp2.run("%%ddp\nimport torch.distributed as dist\ndist.get_rank()").ok()
     assert "started it again" in ex.stdout  # a notice (stdout); rank 1 alone: rank 0 kept its state
     assert ddp2.value("list(_)") == [0, 1]

@@ -34,12 +34,14 @@ class Front:
         self.comm_id: Optional[str] = None
         self.msgs: List[dict] = []  # (data of) comm_msg for our comm, in order
         self.times: List[float] = []
+        self.sent: List[float] = []  # when the kernel sent each (its header's date): the throttle's clock, not this process's
         self.closed = False
         self.other: List[dict] = []  # every other iopub message seen while pumping
 
     def clear(self) -> None:
         self.msgs.clear()
         self.times.clear()
+        self.sent.clear()
 
     def comm_info(self) -> Dict[str, Any]:
         mid = self.kc.comm_info(target_name=TARGET)
@@ -92,6 +94,7 @@ class Front:
             if msg["msg_type"] == "comm_msg" and c.get("comm_id") == self.comm_id:
                 self.msgs.append(c["data"])
                 self.times.append(time.monotonic())
+                self.sent.append(msg["header"]["date"].timestamp())
             elif msg["msg_type"] == "comm_close" and c.get("comm_id") == self.comm_id:
                 self.closed = True
             else:
@@ -196,18 +199,18 @@ def test_open_gets_a_snapshot_of_the_running_pool(front: Front) -> None:
 def test_snapshots_follow_a_running_cell_throttled_and_end_with_a_final_one(front: Front) -> None:
     front.clear()
     code = "%%ddp --no-widget\nimport time\nfor i in range(40):\n    print('step', i, flush=True)\n    time.sleep(0.05)\n"
-    t0 = time.monotonic()
     front.run(code)
-    t1 = time.monotonic()
     snaps = front.snapshots()
     states = [tuple(r["state"] for r in s["pool"]["ranks"]) for s in snaps]
     assert ("running", "running") in states, states
     assert states[-1] == ("done", "done")
     assert snaps[-1]["final"] is True
     assert snaps[-1]["pool"]["ranks"][0]["last_line"] == "step 39"
-    # 80 printed lines and 4 state changes, yet at most ~4 snapshots a second (plus the final one)
-    assert len(snaps) <= (t1 - t0) / 0.25 + 3, (len(snaps), t1 - t0)
-    gaps = [b - a for a, b in zip(front.times, front.times[1:])]
+    # 80 printed lines and 4 state changes, yet at most ~4 snapshots a second (plus the final one), by the kernel's send
+    # times: a loaded machine delays what this process reads and bunches it, not what the kernel sends
+    sent = [t for m, t in zip(front.msgs, front.sent) if m.get("type") == "snapshot"]
+    assert len(snaps) <= (sent[-1] - sent[0]) / 0.25 + 3, (len(snaps), sent)
+    gaps = [b - a for a, b in zip(sent, sent[1:])]
     assert sum(1 for g in gaps if g < 0.15) <= 2, gaps  # only the final one may follow closely
     seqs = [s["seq"] for s in snaps]
     assert seqs == sorted(seqs)
@@ -308,14 +311,13 @@ def test_over_a_subshell_requests_are_queued_for_the_main_thread(front: Front) -
         pids = [r["pid"] for r in front.last_pool()["ranks"]]
         mid = front.execute("import time; time.sleep(3)")
         time.sleep(0.5)
-        t_sent = time.monotonic()
         status = front.request("status")
         front.reply(status, 10)
-        assert front.arrival(status) - t_sent < 1.5, "status only reads: answered while the cell runs"
         rid = front.request("restart")
         front.pump(lambda: any(m.get("type") == "queued" and m.get("id") == rid for m in front.msgs), 10)
-        assert front.arrival(rid, "queued") - t_sent < 2.0, "the kernel says at once that the restart waits"
         idle_at = front.wait_idle(mid)
+        assert front.arrival(status) < idle_at, "status only reads: answered while the cell runs"
+        assert front.arrival(rid, "queued") < idle_at, "the kernel says at once that the restart waits (before the cell ends)"
         reply = front.reply(rid)
         assert reply["ok"], reply
         assert front.arrival(rid) >= idle_at - 0.05, "the pool is touched only when the cell has ended"
@@ -341,15 +343,13 @@ def test_over_a_subshell_stacks_and_status_are_answered_while_a_ddp_cell_runs(fr
             mid = front.execute("%%ddp\nimport time, torch.distributed as dist\nif dist.get_rank() == 1:\n    time.sleep(4)\ndist.barrier()")
             front.pump(lambda: any(not s["final"] and any(r["state"] == "running" for r in s["pool"]["ranks"]) for s in front.snapshots()), 30)
             time.sleep(1.0)  # the ranks are where the cell puts them; snapshots went out meanwhile
-            t_sent = time.monotonic()
             status = front.reply(front.request("status"), 10)
             stacks = front.reply(front.request("stacks"), 10)
-            assert front.arrival(stacks["id"]) - t_sent < 3.0, "answered while the cell runs"
             assert status["ok"] and stacks["ok"], (status, stacks)
             assert stacks["message"].startswith("2 ranks in 2 stacks"), stacks["output"]
             assert "--- rank 0 ---" in stacks["output"] and "time.sleep(4)" in stacks["output"] and " in barrier" in stacks["output"]
             assert stacks["groups"] == [[0], [1]]
-            front.wait_idle(mid)
+            assert front.arrival(stacks["id"]) < front.wait_idle(mid), "answered while the cell runs, not after it"
     finally:
         front.subshell = None
     front.open()

@@ -22,6 +22,7 @@ from typing import Iterator, List
 import pytest
 from jupyter_client.manager import KernelManager
 
+from conftest import LOST_LINK
 from kernel_helper import Kernel
 from ddp_magic.wire import liveness
 
@@ -112,11 +113,11 @@ def test_a_control_port_gone_silent_ends_the_cell_naming_the_node(nk: NetnsKerne
         took = time.monotonic() - cut_at[0]
         assert ex.error is not None, ex.stdout
         text = "\n".join(ex.error[2])
-        assert f"ranks 0-1 on {host} are unreachable: {liveness.silence_words()}" in text, text
+        assert f"ranks 0-1 on {host} are unreachable: {LOST_LINK}" in text, text
         assert "pid" not in text.split("unreachable")[0].splitlines()[-1], text  # the node is named, not a process
         assert "srun:" not in text and "Traceback" not in text, text
         print(f"attempt {attempt}: cut to error {took:.1f}s")
-        assert took < 30, f"the cut was found after {took:.1f}s (the check's window is {liveness.SILENCE_S}s)"
+        assert took < 45, f"the cut was found after {took:.1f}s"  # promise: a lost link is named within about 15 s (docs/multinode.md); 3x
         notice = nk.run("%%ddp\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()", timeout=180).ok()  # started again
         said = re.search(rf"rank 0 \(pid \d+\) was unreachable on {host}; rank 1 \(pid \d+\) was unreachable on {host}: started it again", notice.stdout)
         assert said and "ranks  kept" not in notice.stdout, notice.stdout

@@ -121,11 +121,13 @@ EQUAL_RANKS = (
 
 @pytest.mark.parametrize("run", [1, 2])
 def test_the_chart_names_the_rank_that_is_late_every_step(ddp2, run):
-    (chart,) = _charts(ddp2.run(SLOW_RANK_1, timeout=120).ok())
+    ex = ddp2.run(SLOW_RANK_1, timeout=120).ok()
+    (chart,) = _charts(ex)
     (slowest,) = _slowest(chart)
     m = re.fullmatch(r"rank 1 \(\+(\d+\.\d\d) s\)", slowest)
-    # it logged each step its 0.1 s sleep late, give or take when rank 0 got the CPU back: named, with about that lag
-    assert m and 0.05 <= float(m.group(1)) < 1.0, chart["text/plain"]
+    # it logged each step its 0.1 s sleep late, give or take when rank 0 got the CPU back: named, with about that lag (a
+    # step's, in seconds: less than the whole cell took, however loaded the machine)
+    assert m and 0.05 <= float(m.group(1)) and float(m.group(1)) < ex.elapsed, (chart["text/plain"], ex.elapsed)
     assert "rank 1 (+" in chart["text/html"]
 
 

@@ -82,14 +82,13 @@ def test_two_nodes_all_reduce_and_results(mk):
         # A node that dies mid-cell is reported like dead ranks.
         t1 = time.monotonic()
         ex = mk.run(
-            "%%ddp\nimport time\nif dist.get_rank() >= 2:\n    print('node 1 working', flush=True)\ntime.sleep(60)",
-            timeout=60,
+            "%%ddp\nimport time\nif dist.get_rank() >= 2:\n    print('node 1 working', flush=True)\ntime.sleep(60)\nprint('slept', flush=True)",
+            timeout=90,
             interrupt_after=None,
             on_stream=lambda n, t: node.kill() if "node 1 working" in t else None,
         )
-        took = time.monotonic() - t1
-        print(f"node death reported in {took:.1f}s")
-        assert ex.error is not None and took < 15
+        print(f"node death reported in {time.monotonic() - t1:.1f}s")
+        assert ex.error is not None and "slept" not in ex.stdout, "reported while node 0's ranks still slept"
         assert "lost its connection to the kernel" in ex.error[1] and ("rank 2" in ex.error[1] or "rank 3" in ex.error[1])
     finally:
         node.kill()
@@ -102,7 +101,7 @@ def test_node_that_never_joins_times_out_clearly(mk):
     took = time.monotonic() - t0
     assert ex.error is not None and ex.error[0] == "StartError"
     assert "never joined the rendezvous" in ex.error[1] and "Run the command printed above" in ex.error[1]
-    assert took < 20
+    assert took >= 6, "it waited out the join timeout first"
     kids = lambda: [p for p in os.listdir("/proc") if p.isdigit() and _is_child_of(int(p), mk.pid)]  # noqa: E731
     assert wait_until(lambda: kids() == [], 10), "the waiting torchrun agent was left behind"
 

@@ -202,11 +202,10 @@ def test_queued_job_shows_queued_and_ctrl_c_cancels_it(sk, no_jobs_left):
             assert "planned: the env each rank will receive; MASTER_ADDR/PORT are set when the ranks start" in said
             assert wait_no_jobs(10) == [], "Ctrl-C cancelled the queued job"
         for _attempt in range(2):
-            t0 = time.monotonic()
             ex = sk.run("%%ddp --slurm --nodes 2 --ntasks-per-node 2 --start-timeout 2\n1", timeout=60)
             assert ex.error is not None and ex.error[0] == "StartError"
             assert re.search(r"did not start within --start-timeout 2 s: it was still pending \((Resources|Priority)\); cancelled it", ex.error[1])
-            assert time.monotonic() - t0 < 20
+            assert job_state(hold) == "RUNNING", "it gave up at its --start-timeout, while the job it queued behind still ran"
             assert wait_no_jobs(10) == []
     finally:
         subprocess.run(["scancel", hold], check=False)

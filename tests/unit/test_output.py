@@ -93,9 +93,18 @@ def test_rank_filter_and_ordered_mode():
 
 
 def test_endless_line_is_cut_not_held():
+    """200,000 characters and no newline: shown at once in prefixed pieces of 65,536 (64 KiB), the rest at the cell's end."""
     p, out, _ = _printer()
     p.feed(0, "stdout", "x" * 200_000)
-    assert len(out.getvalue()) > 100_000
+
+    def pieces() -> list:  # (prefix, length) of each line written; nothing but the x's after the prefixes
+        lines = out.getvalue().splitlines()
+        assert all(set(ln[9:]) == {"x"} for ln in lines), [ln.replace("x" * 65_536, "x * 65536") for ln in lines]
+        return [(ln[:9], len(ln) - 9) for ln in lines]
+
+    assert pieces() == [("[rank 0] ", 65_536)] * 3
+    p.flush()
+    assert pieces() == [("[rank 0] ", 65_536)] * 3 + [("[rank 0] ", 3_392)]
 
 
 @pytest.mark.parametrize("spec, want", [("0", {0}), ("0,2", {0, 2}), ("1-3", {1, 2, 3}), ("0, 2-3", {0, 2, 3})])

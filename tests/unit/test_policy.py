@@ -273,12 +273,20 @@ def test_sigkill_follows_sigterm_after_a_second_and_then_the_ranks_are_given_up(
 
 
 def test_output_keeps_flowing_while_ranks_are_stopped():
+    """Between SIGTERM and SIGKILL the one loop goes on: a line rank 0 writes at 3.8 s is read at 3.8 s (not when the
+    stop is over), and the loop ticked (the policy's turn) between the SIGTERM and the line, and between the line and the SIGKILL."""
     pool = FakePool(2, kill_ok=[0])
     pool.at(0.1, pool.finish(1, "error", ERROR))
-    ticks_at_term: List[int] = []
-    pool.at(2.5, lambda: ticks_at_term.append(pool.ticks))  # between SIGTERM (2.11) and SIGKILL (3.11)
+    read: List[Tuple[float, int]] = []  # (when the line was read, the loop's ticks then)
+    pool.at(3.8, lambda: read.append((pool.now, pool.ticks)))  # rank 0 writes a line, between SIGTERM (3.11) and SIGKILL (4.11)
+    ticks_at: List[int] = []
+    signal_ranks = pool.signal_ranks
+    pool.signal_ranks = lambda ranks, sig: (ticks_at.append(pool.ticks), signal_ranks(ranks, sig))[-1]  # type: ignore[method-assign]
     _run(pool)
-    assert ticks_at_term, "the loop ran (and would have read output) while the ranks were being stopped"
+    assert [(s[2], s[3]) for s in pool.did("signal")] == [(signal.SIGTERM, pytest.approx(3.11)), (signal.SIGKILL, pytest.approx(4.11))]
+    assert [when for when, _ in read] == [3.8], "the line was read when it was written, not once the ranks were stopped"
+    (term, kill), (_, line) = ticks_at, read[0]
+    assert term < line < kill, f"the loop's ticks at SIGTERM {term}, at the line {line}, at SIGKILL {kill}"
 
 
 # ------------------------------------------------------------------ a rank dies
