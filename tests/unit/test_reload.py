@@ -154,3 +154,48 @@ def test_a_rank_with_an_unsupported_ipython_fails_the_cell_saying_so(monkeypatch
     error = Reloader().begin_cell({"apply": {}, "ship": {}})
     assert error is not None and error["message"] == R.ipython_problem("8.17.0") and error["type"] == "ImportError"
     assert Reloader().begin_cell(None) is None  # autoreload off: nothing asked of IPython
+
+
+def test_a_module_imported_while_off_is_reloaded_from_the_version_it_loaded(tmp_path, monkeypatch):
+    """The user's order: import (autoreload off), edit, turn it on: the rank's version is the one in memory, and IPython's
+    partial reload diffs the file against the source it loaded (not the file as read when autoreload came on)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "rk_late.py"
+    path.write_text("def f():\n    return 1\n")
+    import rk_late  # noqa: F401
+
+    r = Reloader()
+    assert r.begin_cell(None) is None  # a cell with autoreload off
+    sha1 = R.digest(path.read_bytes())
+    fields = r.done_fields()
+    assert list(fields) == ["reload_new"] and fields["reload_new"]["rk_late"] == [os.path.realpath(path), sha1]  # told while off: the baseline
+    assert r.done_fields() == {}  # once
+    path.write_text("def f():\n    return 2\n")
+    os.utime(path, ns=(path.stat().st_mtime_ns + 10**6,) * 2)
+    sha2 = R.digest(path.read_bytes())
+    assert r.versions(None)["rk_late"] == [os.path.realpath(path), sha2, sha1]  # all it runs: the file's version and the loaded one
+    assert r.begin_cell({"apply": {"rk_late": sha2}, "ship": {}}) is None  # autoreload on now: IPython's reloader loads here
+    assert sys.modules["rk_late"].f() == 2 and r.done_fields() == {"reloaded": ["rk_late"]}
+    sys.meta_path.remove(r.finder)
+    sys.modules.pop("rk_late")
+
+
+def test_the_reloaded_line_names_modules_files_and_ranks(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = Autoreload()
+    here = os.path.realpath(tmp_path)
+    a.reference = {"model": f"{here}/model.py", "util": f"{here}/lib/util.py", "shared": "/opt/team/shared.py"}
+    assert a._reloaded_text({"model": [0, 1, 2, 3]}, 4) == "autoreload: reloaded model (model.py) on 4 ranks"
+    assert a._reloaded_text({"model": [0]}, 1) == "autoreload: reloaded model (model.py) on 1 rank"
+    assert (a._reloaded_text({"util": [1, 0], "model": [0, 1], "shared": [1]}, 2)
+            == "autoreload: reloaded model (model.py), util (lib/util.py) on 2 ranks; shared (/opt/team/shared.py) on rank 1")
+
+
+def test_real_path_is_os_realpath(tmp_path, monkeypatch):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "m.py").write_text("")
+    (tmp_path / "linked").symlink_to(tmp_path / "real")  # a folder that is a link
+    (tmp_path / "real" / "l.py").symlink_to(tmp_path / "real" / "m.py")  # a file that is a link
+    monkeypatch.chdir(tmp_path)
+    for path in (tmp_path / "real" / "m.py", tmp_path / "linked" / "m.py", tmp_path / "linked" / "l.py", Path("linked/m.py")):
+        assert R.real_path(str(path)) == os.path.realpath(path), path
