@@ -31,6 +31,7 @@ class Memory:
     limit: Optional[int] = None  # its memory limit (None: none)
     oom_kills: Optional[int] = None  # its oom_kill count when sampled
     system_oom_kills: Optional[int] = None  # the machine's (/proc/vmstat) when sampled
+    at: Optional[float] = None  # when the rank's sampler took these figures (its host's time.time()); None: a DONE's, as its cell ended
 
     @classmethod
     def of(cls, msg: Mapping[str, Any], before: Optional["Memory"] = None) -> "Memory":
@@ -49,7 +50,7 @@ class Memory:
             cgroup=cg.get("dir") if cg else (old.cgroup if "cgroup" not in msg else None),
             limit=cg.get("limit") if cg else (old.limit if "cgroup" not in msg else None),
             oom_kills=cg.get("oom_kill") if cg else (old.oom_kills if "cgroup" not in msg else None),
-            system_oom_kills=msg.get("system_oom_kills", old.system_oom_kills),
+            system_oom_kills=msg.get("system_oom_kills", old.system_oom_kills), at=msg.get("at"),
         )
 
     def to_dict(self) -> Dict[str, Any]:

@@ -68,6 +68,7 @@ class _State:
     refused: Dict[int, str] = {}  # thread ident -> why a collective there raises (a format string with {op})
     fenced = False  # the Backend methods, group functions and DDP's forward check the thread (from the first refuse on)
     mode: Any = None  # the TorchDispatchMode class of guard(), made at its first use
+    raised: Optional[tuple] = None  # (the exception, describe()) of the last collective that raised: on_error says which it was
 
 
 STATE = _State()
@@ -157,6 +158,9 @@ def _wrap(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
         STATE.current = (name, args, kwargs, time.monotonic())
         try:
             return real(*args, **kwargs)
+        except BaseException as e:  # a peer that died breaks it: the kernel says which collective (on_error)
+            STATE.raised = (e, describe())
+            raise
         finally:
             STATE.current = outer
 
@@ -235,6 +239,19 @@ def describe() -> Optional[Dict[str, Any]]:
     except Exception:  # a description is best effort: the op alone still helps
         log.debug("could not describe the collective in progress", exc_info=True)
     return out
+
+
+def on_error(e: BaseException) -> Dict[str, Any]:
+    """A cell raised: the collective it raised in, if it did ({"collective": describe()'s}; {} otherwise), so that the
+    kernel can say "rank 0 was in all_reduce #1 when rank 1 died" (kernel/failures/forensics.py)."""
+    raised, STATE.raised = STATE.raised, None
+    seen: List[BaseException] = []
+    while e is not None and raised is not None and all(e is not s for s in seen):
+        if e is raised[0]:
+            return {"collective": raised[1]} if raised[1] is not None else {}
+        seen.append(e)
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return {}
 
 
 def default_seq() -> Optional[int]:

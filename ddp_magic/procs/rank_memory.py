@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import Any, Callable, Dict, Optional
 
 from ..logs import log
@@ -87,6 +88,7 @@ def sample() -> Dict[str, Any]:
     out = at_done()
     out["cgroup"] = cgroup()
     out["system_oom_kills"] = system_oom_kills()
+    out["at"] = time.time()  # a death's figure says how old it is ("at its last sample, 2 s before")
     return out
 
 

@@ -333,7 +333,7 @@ class Worker:
         except BaseException as e:
             log.debug("rank %d: the cell raised (reported to the kernel)", self.rank, exc_info=True)
             rank_debug.keep(e, filename)  # for %ddp_debug
-            return CellStatus.ERROR, dict(error_data(e, format_user_traceback(e, filename)), **rank_memory.on_error(e)), None
+            return CellStatus.ERROR, dict(error_data(e, format_user_traceback(e, filename)), **rank_memory.on_error(e), **rank_collectives.on_error(e)), None
 
     def _packed(self, value: Any) -> dict:
         try:

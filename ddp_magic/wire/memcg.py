@@ -2,9 +2,14 @@
 
 A rank's sampler (procs/rank_memory.py) sends its memory cgroup's directory, limit and
 ``oom_kill`` count; when the rank dies by SIGKILL the kernel reads that count again from the
-same directory (the cgroup outlives the process), or the system's in /proc/vmstat, and names
+same directory (the cgroup outlives the process) and the machine's in /proc/vmstat, and names
 the OOM killer only when one of them moved (kernel/failures/deaths.py). v1 (``memory.oom_control``,
-``memory.limit_in_bytes``) and v2 (``memory.events``, ``memory.max``).
+``memory.limit_in_bytes``, ``memory.max_usage_in_bytes``) and v2 (``memory.events``, ``memory.max``, ``memory.peak``).
+
+A cgroup's count is evidence only for a rank still in it: a rank moved since its sample was
+killed in another one (v1 counts a kill in the victim's own cgroup alone), and v1's root
+memory cgroup (``ROOT_V1``) is where a rank moved out of it came from. /proc/vmstat counts
+every OOM kill on the machine, wherever the victim was.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Any, Dict, Optional
 
 from ..logs import log
 
+ROOT_V1 = "/sys/fs/cgroup/memory"  # v1's root memory cgroup (v2's root has no memory.events: never a rank's here)
 UNLIMITED = 1 << 60  # a v1 cgroup's "no limit" is a huge number; v2 says "max"
 VMSTAT = "/proc/vmstat"
 
@@ -26,7 +32,7 @@ def cgroup(pid: str = "self") -> Optional[Dict[str, Any]]:
         return None
     for _, c, p in lines:
         if "memory" in c.split(","):  # v1
-            d = f"/sys/fs/cgroup/memory{p.rstrip('/')}"
+            d = f"{ROOT_V1}{p.rstrip('/')}"
             return _cg(d, "memory.limit_in_bytes", "memory.oom_control")
     for h, c, p in lines:
         if h == "0" and c == "":  # v2

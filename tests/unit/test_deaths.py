@@ -26,22 +26,51 @@ def v1(tmp_path: Path, kills: int, limit: int = 12 << 30, peak: int = 0) -> Path
 def test_the_oom_killer_is_named_when_the_ranks_cgroup_counted_a_kill(tmp_path: Path) -> None:
     d = v1(tmp_path, kills=1, peak=int(11.3 * (1 << 30)))
     mem = Memory(rss=5 << 30, peak=6 << 30, cgroup=str(d), limit=12 << 30, oom_kills=0)
-    assert why_killed(KILL, mem) == "was killed by the kernel's OOM killer (it held 11.3 GiB; its memory limit is 12.0 GiB)"
+    assert why_killed(KILL, mem) == "was killed by the kernel's OOM killer (its cgroup peaked at 11.3 GiB; its memory limit is 12.0 GiB)"
     assert why_killed(KILL, mem, local=False) == ""  # a rank on another host: its counters are not this kernel's to read
 
 
-def test_a_sigkill_the_cgroup_did_not_count_is_not_the_oom_killer(tmp_path: Path) -> None:
-    mem = Memory(rss=5 << 30, cgroup=str(v1(tmp_path, kills=3)), oom_kills=3, system_oom_kills=-1)
-    assert why_killed(KILL, mem) == "was killed by SIGKILL (not the OOM killer)"  # the machine's count is not read
+def test_a_sigkill_neither_counter_counted_is_not_the_oom_killer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deaths.memcg, "system_oom_kills", lambda: 7)
+    mem = Memory(rss=5 << 30, cgroup=str(v1(tmp_path, kills=3)), oom_kills=3, system_oom_kills=7)
+    assert why_killed(KILL, mem) == "was killed by SIGKILL (not the OOM killer)"
+
+
+def test_a_kill_the_machine_counted_and_the_sampled_cgroup_did_not_is_probably_the_oom_killer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rank was moved into another cgroup after its last sample and killed there (issue 42 item 2): the cgroup it
+    was sampled in counts nothing (v1 counts a kill in the victim's own cgroup only), the machine's count moved."""
+    monkeypatch.setattr(deaths.memcg, "system_oom_kills", lambda: 8)
+    mem = Memory(rss=160 << 20, cgroup=str(v1(tmp_path, kills=3)), oom_kills=3, system_oom_kills=7, at=1000.0)
+    assert why_killed(KILL, mem, now=1002.0) == (
+        "was probably killed by the kernel's OOM killer (the machine counted an OOM kill as it died; the memory cgroup it was "
+        "last seen in did not: it may have moved; it held 160.0 MiB at its last sample, 2.00 s before)")
+
+
+def test_v1s_root_cgroup_never_rules_the_oom_killer_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank sampled in v1's root memory cgroup: that count is no evidence either way, the machine's decides."""
+    root = v1(tmp_path, kills=0)
+    monkeypatch.setattr(deaths.memcg, "ROOT_V1", str(root))
+    mem = Memory(rss=1 << 30, cgroup=str(root), oom_kills=0, system_oom_kills=4)
+    monkeypatch.setattr(deaths.memcg, "system_oom_kills", lambda: 5)
+    assert why_killed(KILL, mem).startswith("was probably killed by the kernel's OOM killer (the machine counted")
+    monkeypatch.setattr(deaths.memcg, "system_oom_kills", lambda: 4)
+    assert why_killed(KILL, mem) == "was killed by SIGKILL (not the OOM killer)"
+    monkeypatch.setattr(deaths.memcg, "system_oom_kills", lambda: None)
+    assert why_killed(KILL, mem).startswith("was killed by SIGKILL (could not tell whether the OOM killer sent it")
+    (tmp_path / "child").mkdir()
+    other = Memory(rss=1 << 30, cgroup=str(v1(tmp_path / "child", kills=0)), oom_kills=0)
+    assert why_killed(KILL, other) == "was killed by SIGKILL (not the OOM killer)"  # a cgroup below the root: its count would have moved
 
 
 def test_with_no_cgroup_known_the_machines_counter_decides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(deaths.memcg, "system_oom_kills", lambda: 5)
-    assert why_killed(KILL, Memory(rss=1 << 30, system_oom_kills=4)) == "was killed by the kernel's OOM killer (it held 1.0 GiB)"
+    assert why_killed(KILL, Memory(rss=1 << 30, system_oom_kills=4)) == "was killed by the kernel's OOM killer (it held 1.0 GiB as its last cell ended)"
+    assert why_killed(KILL, Memory(rss=1 << 30, system_oom_kills=4, at=10.0), now=12.5) == (
+        "was killed by the kernel's OOM killer (it held 1.0 GiB at its last sample, 2.50 s before)")
     assert why_killed(KILL, Memory(rss=1 << 30, system_oom_kills=5)) == "was killed by SIGKILL (not the OOM killer)"
     monkeypatch.setattr(deaths.memcg, "system_oom_kills", lambda: None)
-    assert "no OOM counter could be read" in why_killed(KILL, Memory(rss=1 << 30, system_oom_kills=5))
-    assert "no OOM counter could be read" in why_killed(KILL, None)
+    assert "could not tell whether the OOM killer sent it" in why_killed(KILL, Memory(rss=1 << 30, system_oom_kills=5))
+    assert "could not tell whether the OOM killer sent it" in why_killed(KILL, None)
 
 
 def test_other_ends_are_left_to_describe_exit() -> None:

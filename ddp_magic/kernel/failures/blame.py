@@ -10,6 +10,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 from ...errors import RankFailure
 from ...states import FailureKind
+from ...words import ranks_phrase
 
 PEER_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "connection closed")  # a collective broke: a peer went away
 STOPPED_BY_US = (FailureKind.KILLED, FailureKind.INTERRUPTED)
@@ -50,12 +51,15 @@ def peer_error(done: Optional[dict]) -> bool:
     return any(e in str(error.get("message", "")) for e in PEER_ERRORS)
 
 
-def released_why(message: str, after_abort: bool, node_silent: bool) -> Optional[str]:
+def released_why(message: str, after_abort: bool, node_silent: bool, died: Sequence[int] = ()) -> Optional[str]:
     """Why a collective that broke (a peer's connection error) was released, not a failure of its own: our abort came
-    first (``after_abort``), or a node of the cell went silent (gloo's connections to it broke before the check named
-    it: the node is the root cause). None: a failure of its own."""
+    first (``after_abort``), a node of the cell went silent (gloo's connections to it broke before the check named
+    it: the node is the root cause), or ranks of the cell died (``died``: their connections closed as they went).
+    None: a failure of its own."""
     if not any(e in message for e in PEER_ERRORS):
         return None
     if after_abort:
         return "the process group was aborted"
-    return "a peer's node went silent" if node_silent else None
+    if node_silent:
+        return "a peer's node went silent"
+    return f"{ranks_phrase(died)} died" if died else None

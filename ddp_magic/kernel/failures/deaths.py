@@ -2,13 +2,18 @@
 
 - A SIGKILL is the OOM killer's only when an ``oom_kill`` count moved: the rank's memory
   cgroup's (its sampler said which and the count, procs/rank_memory.py; the kernel reads the
-  count again after the death), else, with no cgroup readable, the machine's (/proc/vmstat)
-  since the sampler last read it. Any other SIGKILL is said to be one: "killed by SIGKILL (not
-  the OOM killer)". Nothing is read on the kernel's cell path; a rank on another host is left
-  to describe_exit (its counters are not this kernel's to read).
+  count again after the death), or, with no cgroup readable, the machine's (/proc/vmstat)
+  since the sampler last read it. "Not the OOM killer" only from a count that would have
+  moved: the machine's (a rank may have left the cgroup it was sampled in); when the machine
+  counted a kill and that cgroup did not, "probably"; with neither readable, "could not
+  tell". The figure said with it is the cgroup's peak where the cgroup is not the kernel's
+  own, else the last sample's, with its age. Nothing is read on the kernel's cell path; a
+  rank on another host is left to describe_exit (its counters are not this kernel's to read).
 - A segfault or abort: faulthandler wrote the rank's Python stack to its own stderr as it
   died (procs/worker.py enables it); the hub kept that block (RankInfo.crash) and it becomes
-  the failure's traceback, the cell's lines named ``Cell In[n]`` as in any traceback.
+  the failure's traceback, the cell's lines named ``Cell In[n]`` as in any traceback. The raw
+  block itself goes to ``%ddp output --rank N`` and the kernel's log, not to the cell
+  (kernel/output/output_log.py).
 - CUDA out of memory raises on some ranks: those ranks emptied torch's cache and said their
   figures (DONE's error ``cuda``); the others were released by the usual recovery.
 """
@@ -17,11 +22,14 @@ from __future__ import annotations
 import os
 import re
 import signal
-from typing import TYPE_CHECKING, Iterable, List, Mapping, Optional, Tuple
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional
 
 from ...errors import RankFailure
 from ...states import FailureKind
-from ...words import fmt_bytes, ranks_phrase
+from ...words import fmt_bytes, fmt_seconds, ranks_phrase
 from ...wire import liveness, memcg
 from ..memory import Memory, cuda_text
 from .unreachable import node_key
@@ -34,49 +42,82 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (.+)$')
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-Evidence = Tuple[bool, Optional[int], Optional[int]]  # (the OOM killer's, the limit it hit, the cgroup's peak usage if the rank's own)
+class Oom(Enum):
+    """What the OOM counters say of a SIGKILL."""
+
+    YES = "yes"  # the rank's cgroup counted a kill
+    PROBABLY = "probably"  # the machine counted one, and the rank's cgroup as last sampled could not (it may have moved, or is v1's root)
+    NO = "no"  # a counter that would have counted it did not move
+    UNKNOWN = "unknown"  # none that could have moved was readable
 
 
-def _moved(d: Optional[str], before: Optional[int]) -> Optional[Evidence]:
-    """Whether cgroup ``d``'s oom_kill went past ``before`` (its limit and peak usage); None: unreadable."""
-    if d is None or before is None:
+@dataclass(frozen=True)
+class Evidence:
+    """A SIGKILL's verdict, and the figures said with it."""
+
+    oom: Oom
+    limit: Optional[int] = None  # the memory limit of the cgroup the count moved in (or as last sampled)
+    peak: Optional[int] = None  # that cgroup's peak usage, when the cgroup is not the kernel's own
+
+
+def _cgroup_now(mem: Memory) -> Optional[Dict[str, Any]]:
+    """The rank's last-sampled cgroup read again now (its count, limit, peak; the peak left out when the cgroup is the
+    kernel's own: that figure is the notebook's, not the rank's); None: unknown or unreadable."""
+    if mem.cgroup is None or mem.oom_kills is None:
         return None
-    now = memcg.read_dir(d)
-    if now is None:
-        return None
-    return now["oom_kill"] > before, now["limit"], now.get("peak")
+    now = memcg.read_dir(mem.cgroup)
+    if now is not None and mem.cgroup == (memcg.cgroup() or {}).get("dir"):
+        now = dict(now, peak=None)
+    return now
 
 
-def oom_evidence(mem: Optional[Memory]) -> Optional[Evidence]:
-    """(killed by the OOM killer, the memory limit it hit, its cgroup's peak): the rank's own cgroup's count if known (an
-    OOM kill, the cgroup's or the machine's, counts in the victim's cgroup), else the machine's; None: none readable.
-    The counts before are the rank's last sample's (its sampler's thread reads them; the kernel's cell path reads none)."""
+def oom_evidence(mem: Optional[Memory]) -> Evidence:
+    """What the counters say: the rank's cgroup as last sampled (a kill counts in the victim's cgroup, so a count that
+    moved is the OOM killer's) and the machine's (/proc/vmstat counts every OOM kill, wherever the victim was, so one that
+    did not move rules it out). A cgroup's count that did not move rules it out only where the machine's is unreadable
+    and the cgroup is not v1's root: the rank may have moved since the sample. The counts before are the rank's last
+    sample's (its sampler's thread reads them; the kernel's cell path reads none)."""
     if mem is None:
-        return None
-    if mem.cgroup is not None:
-        found = _moved(mem.cgroup, mem.oom_kills)
-        if found is not None:
-            shared = mem.cgroup == (memcg.cgroup() or {}).get("dir")  # the kernel's own: its peak is the notebook's, not the rank's
-            return (found[0], found[1], None) if shared else found
+        return Evidence(Oom.UNKNOWN)
+    cg = _cgroup_now(mem)
+    limit = cg["limit"] if cg is not None else mem.limit
+    if cg is not None and mem.oom_kills is not None and cg["oom_kill"] > mem.oom_kills:
+        return Evidence(Oom.YES, limit, cg.get("peak"))
     system = memcg.system_oom_kills()
     if system is not None and mem.system_oom_kills is not None:
-        return system > mem.system_oom_kills, mem.limit, None
-    return None
+        if system <= mem.system_oom_kills:
+            return Evidence(Oom.NO)
+        return Evidence(Oom.YES if cg is None else Oom.PROBABLY, None if cg is not None else limit)
+    if cg is not None and mem.cgroup != memcg.ROOT_V1:
+        return Evidence(Oom.NO)
+    return Evidence(Oom.UNKNOWN)
 
 
-def why_killed(code: Optional[int], mem: Optional[Memory], local: bool = True) -> str:
+def _held(mem: Optional[Memory], now: float) -> str:
+    """'it held 160.9 MiB at its last sample, 2 s before' (or 'as its last cell ended'): the figure and its age."""
+    held = mem.held if mem is not None else None
+    if not held or mem is None:
+        return ""
+    when = f"at its last sample, {fmt_seconds(max(0.0, now - mem.at))} before" if mem.at is not None else "as its last cell ended"
+    return f"it held {fmt_bytes(held)} {when}"
+
+
+def why_killed(code: Optional[int], mem: Optional[Memory], local: bool = True, now: Optional[float] = None) -> str:
     """How a rank that died by SIGKILL died, in words ('' for any other end, or a rank on another host, whose counters
-    this kernel cannot read): the OOM killer only with evidence."""
+    this kernel cannot read): the OOM killer only with evidence, "probably" when the counters disagree."""
     if code != -signal.SIGKILL or not local:
         return ""
     found = oom_evidence(mem)
-    if found is None:
-        return "was killed by SIGKILL (no OOM counter could be read to say whether the OOM killer sent it)"
-    oom, limit, peak = found
-    if not oom:
+    if found.oom == Oom.UNKNOWN:
+        return "was killed by SIGKILL (could not tell whether the OOM killer sent it: no OOM counter that would have counted it could be read)"
+    if found.oom == Oom.NO:
         return "was killed by SIGKILL (not the OOM killer)"
-    held = max((x for x in (peak, mem.held if mem is not None else None) if x), default=None)
-    facts = ([f"it held {fmt_bytes(held)}"] if held else []) + ([f"its memory limit is {fmt_bytes(limit)}"] if limit else [])
+    held = _held(mem, time.time() if now is None else now)
+    facts = [f"its cgroup peaked at {fmt_bytes(found.peak)}"] if found.peak else [held] if held else []
+    facts += [f"its memory limit is {fmt_bytes(found.limit)}"] if found.limit else []
+    if found.oom == Oom.PROBABLY:
+        facts.insert(0, "the machine counted an OOM kill as it died; the memory cgroup it was last seen in did not: it may have moved")
+        return "was probably killed by the kernel's OOM killer (" + "; ".join(facts) + ")"
     return "was killed by the kernel's OOM killer" + (f" ({'; '.join(facts)})" if facts else "")
 
 
@@ -109,5 +150,6 @@ def death_failure(rank: int, info: "RankInfo") -> RankFailure:
     """How a dead rank died (exit code, last lines, the evidence), as a failure; a rank whose node went silent is unreachable."""
     if info.silent:
         return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, message=liveness.silence_words(), node=node_key(info))
+    crash = crash_traceback(info.crash.splitlines()) + f"\n(faulthandler's whole report: %ddp output --rank {rank})" if info.crash else ""
     return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, exit_code=info.exit_code, last_lines=list(info.tail)[-10:],
-                       why=info.death, traceback=crash_traceback(info.crash.splitlines()) if info.crash else "")
+                       why=info.death, traceback=crash)

@@ -163,9 +163,10 @@ def verdicts(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective
     return out
 
 
-def released_text(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]], where: Mapping[int, str]) -> str:
+def released_text(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]], where: Mapping[int, str], when: str = "") -> str:
     """"ranks 0, 2-3 were in all_reduce #5 (cell line 4: dist.all_reduce(x)) and were released"; ranks in different
-    collectives are said per collective ("ranks 0-2 were in all_reduce #4, ranks 3-6 in all_reduce #3, and were released")."""
+    collectives are said per collective ("ranks 0-2 were in all_reduce #4, ranks 3-6 in all_reduce #3, and were released").
+    ``when``: what released them, as "rank 1 died" ("rank 0 was in all_reduce #1 when rank 1 died, and was released")."""
     waiting = [r for r in ranks if collectives.get(r) is not None]
     if not waiting:
         return ""
@@ -175,14 +176,30 @@ def released_text(ranks: Sequence[int], collectives: Mapping[int, Optional[Colle
     lines = {where.get(r, "") for r in waiting} - {""}
     at = f" ({lines.pop()})" if len(lines) == 1 else ""
     verb = "was" if len(waiting) == 1 else "were"
+    end = f" when {when}, and {verb} released" if when else f" and {verb} released"
     groups = sorted(by_op.items(), key=lambda kv: kv[1][0])
     if len(groups) == 1:
-        return f"{_who(waiting)} {verb} in {groups[0][0]}{at} and {verb} released"
+        return f"{_who(waiting)} {verb} in {groups[0][0]}{at}{end}"
     if len(groups) > 4:
-        return f"{_who(waiting)} were in {len(groups)} collectives{at} and were released"
+        return f"{_who(waiting)} were in {len(groups)} collectives{at}{end}"
     each = [f"{_who(rs)} {'was' if len(rs) == 1 else 'were'} in {op}" if i == 0 else f"{_who(rs)} in {op}"
             for i, (op, rs) in enumerate(groups)]
-    return f"{', '.join(each)}{at}, and {verb} released"
+    return f"{', '.join(each)}{at}{end if when else ',' + end}"
+
+
+def released_by_death(released: Mapping[int, Tuple[Optional[Collective], str]], died: Sequence[int]) -> str:
+    """The ranks whose collective broke because ranks of the cell died (rank -> the collective it raised in, its
+    traceback), in our words instead of the backend's: "rank 0 was in all_reduce #1 (at cell line 5: …) when rank 1
+    died, and was released"; a rank whose collective is not known: "rank 0 was in a collective when rank 1 died, …"."""
+    when = f"{_who(died)} died"
+    known = {r: c for r, (c, _) in released.items() if c}
+    where = {r: f"at {last_cell_line(tb)}" for r, (_, tb) in released.items() if 'File "<ddp-cell' in tb}
+    lines = [released_text(sorted(known), known, where, when)] if known else []
+    unknown = sorted(r for r in released if r not in known)
+    if unknown:
+        verb = "was" if len(unknown) == 1 else "were"
+        lines.append(f"{_who(unknown)} {verb} in a collective when {when}, and {verb} released")
+    return "; ".join(lines)
 
 
 def report(ranks: Sequence[int], collectives: Mapping[int, Optional[Collective]], where: Mapping[int, str]) -> List[str]:

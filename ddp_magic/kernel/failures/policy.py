@@ -345,6 +345,8 @@ class FailurePolicy:
         out: List[RankFailure] = []
         broke = self._broke_on_silence()
         late = [r for r, (state, _) in states.items() if state == RankState.INTERRUPTED and r not in self._place]
+        died = sorted(r for r, (state, _) in states.items() if state == RankState.DEAD and r not in self.unreachable and r not in self.killed)
+        by_death: Dict[int, Tuple[Optional[Mapping[str, object]], str]] = {}  # ranks whose collective broke as ``died`` went
         for r in self.order + late:
             msg = done.get(r)
             if states[r][0] == RankState.DEAD:
@@ -354,13 +356,16 @@ class FailurePolicy:
                 err = dict(msg["error"] or {})
                 kind = FailureKind.INTERRUPTED if msg["status"] == CellStatus.INTERRUPTED else FailureKind.ERROR
                 after = self._abort_at is not None and self._place.get(r, -1) >= self._abort_at
-                why = released_why(err.get("message", ""), after, r in broke) if kind == FailureKind.ERROR else None
-                if why:  # a peer's abort reached it before its own, or its collective lost a peer on a silent node
+                why = released_why(err.get("message", ""), after, r in broke, died) if kind == FailureKind.ERROR else None
+                if why:  # a peer's abort reached it before its own, or its collective lost a peer on a silent node or that died
                     kind, err["message"] = FailureKind.INTERRUPTED, f"released: {why}"
+                    by_death.update({r: (err.get("collective"), err.get("traceback", ""))} if why.endswith(" died") else {})
                 out.append(RankFailure(
                     rank=r, kind=kind, type=err.get("type", ""), message=err.get("message", ""), traceback=err.get("traceback", ""), pid=pids.get(r)
                 ))
         out.sort(key=root_cause_rank)  # stable: arrival order within each kind
+        said = forensics.released_by_death(by_death, died) if by_death else ""
+        self.notes += [said] if said and said not in self.notes else []  # in our words, not the backend's (failures() may be asked again)
         if self.user_interrupted and not out:
             out.append(RankFailure(rank=0, kind=FailureKind.INTERRUPTED))
         if self.timed_out and not self.order[: self._abort_at]:

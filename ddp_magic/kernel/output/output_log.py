@@ -7,7 +7,8 @@ unlinked as it is made, so it goes with the kernel however the kernel ends, SIGK
 included), appended to as the hub reads it: memory holds a write buffer (``BUFFER``
 bytes) per kept cell and a byte count per rank, disk what the ranks printed in the last
 ``KEEP_CELLS`` cells (an older cell's file is closed, and so freed). A record is
-``rank stream length\n`` then the text's UTF-8.
+``rank stream length\n`` then the text's UTF-8. A crash's raw report (faulthandler's, as a
+rank dies) is kept here and logged, but not passed on to the cell, which shows its clean form.
 """
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import os
 import tempfile
 import threading
 from collections import OrderedDict
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Dict, List, Optional, Set, Tuple
 
-from ..ranks import Listener
+from ...logs import log
+from ..ranks import FAULT_HEAD, Listener
 
 KEEP_CELLS = 20  # the cells whose output can be read back
 BUFFER = 1 << 16  # bytes buffered before a write to the cell's file
@@ -110,16 +112,25 @@ class OutputLog:
 
 
 class _Tap(Listener):
-    """Keeps every rank's output, then passes everything on."""
+    """Keeps every rank's output, then passes it on, but for a crash's report: what faulthandler writes to stderr as a
+    rank dies (its own frames, every thread's, the extension modules) stays here and in the kernel's log; the cell
+    shows the failure's clean form (kernel/failures/deaths.py), made from the same block (RankInfo.crash)."""
 
     def __init__(self, inner: Listener, log_: OutputLog, cell: _CellFile) -> None:
         self.inner = inner
         self._log = log_
         self._cell = cell
+        self._crashed: Set[int] = set()  # ranks whose stderr is a crash's report from here on
 
     def on_output(self, rank: int, stream: str, text: str) -> None:
         self._log.write(self._cell, rank, stream, text)
-        self.inner.on_output(rank, stream, text)
+        if stream == "stderr" and (rank in self._crashed or FAULT_HEAD in text):
+            at = 0 if rank in self._crashed else text.index(FAULT_HEAD)
+            self._crashed.add(rank)
+            log.info("rank %d's crash report (faulthandler; %%ddp output --rank %d shows it):\n%s", rank, rank, text[at:])
+            text = text[:at]
+        if text:
+            self.inner.on_output(rank, stream, text)
 
     def on_state(self, info: Any) -> None:
         self.inner.on_state(info)
