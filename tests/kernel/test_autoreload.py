@@ -2,7 +2,8 @@
 
 Each module the ranks import lives in the kernel's working directory (the notebook's), which every rank has on its
 sys.path; each test edits its own module, and every cell after an edit runs twice (the second run reloads nothing).
-The Slurm counterparts (both nodes, a module shipped by value) are in tests/slurm/test_slurm_autoreload.py.
+Here autoreload is on before the first import; tests/kernel/test_autoreload_order.py turns it on after the import (the
+user's order), on a kept pool too. The Slurm counterparts (both nodes, a module shipped by value) are in tests/slurm/test_slurm_autoreload.py.
 """
 from __future__ import annotations
 
@@ -102,6 +103,8 @@ def test_an_edit_reaches_every_rank_and_the_model_keeps_its_state(k4):
             "(model.f(), round(float(net(torch.ones(1)) / net.module.w), 6), same, torch.equal(net.module.w, before[3]))"
         ).ok()
         assert per_rank(k4) == [(2, 2.0, True, True)] * 4, ex.stdout
+        said = [line for line in ex.stdout.splitlines() if line.startswith("ddp_magic: autoreload:")]
+        assert said == (["ddp_magic: autoreload: reloaded model (model.py) on 4 ranks"] if attempt == 0 else []), ex.stdout  # once, one line
         status = k4.run("%ddp status").ok().stdout
         assert status.splitlines()[-1] == f"autoreload: on (%ddp autoreload); reloaded at the last cell: {'model' if attempt == 0 else 'none'}", status
     # the next training step runs the new forward (d/dw of 2·w·x is 2, not 1) and leaves the same weights on every rank
