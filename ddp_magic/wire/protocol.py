@@ -62,7 +62,7 @@ METRICS = "metrics"      # worker -> kernel: rows of ddp_magic.log(step, **scala
 PROFILE = "profile"      # kernel -> worker: run the next cell under torch.profiler (procs/rank_profile.py); its DONE carries the trace
 MEMORY = "memory"        # worker -> kernel: the rank's memory now (procs/rank_memory.py), sampled; kernel -> worker: read it now
 PEEK = "peek"            # kernel -> worker: run a short read-only cell on the peek thread (id, source); worker -> kernel: its answer
-VERSIONS = "versions"    # kernel -> worker: the versions of these modules (names); worker -> kernel: name -> [file, sha] (autoreload)
+VERSIONS = "versions"    # kernel -> worker: the versions of these modules (names; None: all); worker -> kernel: name -> [file, sha(, sha run)] (autoreload)
 KEEP = "keep"            # kernel -> worker: outlive the kernel (on, socket, dir: procs/rank_keep.py) or not; worker -> kernel: done
 
 # The cell %ddp_debug runs on every rank: pdb on ``rank``'s kept traceback, nothing on the others (procs/rank_debug.py).
