@@ -41,6 +41,26 @@ if { [ ! -x /usr/sbin/iptables ] || [ ! -x /usr/bin/tcpdump ] || [ ! -x /usr/bin
     echo "setup: no root apt-get: the cluster-in-a-box tests will be skipped (apt-get install -y iproute2 util-linux iptables tcpdump openssh-server openssh-client)" >&2
   fi
 fi
+# The kernel tests' own tools: CI fails on a skip (tests/plugins/ci_skips.py), so what they need is installed here.
+# useradd and runuser: another Unix user (tests/kernel/test_keep.py); unshare, ip, ss and iptables: a kernel in a network
+# namespace of its own whose control port is cut (tests/kernel/test_lost_link.py); setpriv (test_background_words.py);
+# openssl (the pool's TLS key); a python3 another user may run.
+kernel_pkgs="passwd util-linux iproute2 iptables openssl python3"
+if ! { command -v useradd && command -v runuser && command -v unshare && command -v setpriv && command -v ss \
+       && command -v iptables && command -v openssl && [ -x /usr/bin/python3 ]; } >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing $kernel_pkgs (apt) for the kernel tests"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $kernel_pkgs >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $kernel_pkgs >/dev/null; }
+  else
+    echo "setup: no root apt-get: some kernel tests will be skipped (apt-get install -y $kernel_pkgs)" >&2
+  fi
+fi
+# iptables in a new network namespace: the legacy backend needs the host's ip_tables module, nft does not
+if [ "$(id -u)" = 0 ] && command -v iptables-nft >/dev/null 2>&1 && ! unshare -n iptables -L -n >/dev/null 2>&1; then
+  update-alternatives --set iptables "$(command -v iptables-nft)" >/dev/null \
+    && echo "setup: iptables now uses its nft backend (the legacy one failed in a network namespace)"
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   if "$PY" -c "import torch" 2>/dev/null; then
     echo "setup: using the torch already importable by $PY"
