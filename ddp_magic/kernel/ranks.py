@@ -10,7 +10,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import RankFailure
 from ..logs import log
@@ -83,6 +83,7 @@ class CellOutcome:
     recovered: bool = False  # it failed, and the pool is whole again: every rank READY, the workers' variables kept
     cancelled: bool = False  # a background job's cancel() interrupted it (kernel/cell.py), not a Ctrl-C nor a failure
     cancel_text: str = ""  # then what every view says of it (texts.cancelled_text; the session knows the step)
+    restarted: Tuple[int, ...] = ()  # ranks started again alone since the pool started whole: none of their variables of before
     combined: Any = field(init=False, default=None)  # one value for all ranks when they returned pieces of the same DTensors
 
     def __post_init__(self) -> None:
@@ -109,6 +110,7 @@ class LastCell:
     causes: Mapping[int, Tuple[str, str]] = field(default_factory=dict)  # rank -> (kind, root | stopped): kernel.failures.blame.causes
     generation: int = 0  # the start of the pool it ran on: a restart leaves it behind
     cancelled: bool = False  # job.cancel() ended it: the headline says so, and whether the state was kept
+    kept: str = ""  # which ranks kept their variables (``variables_kept``), when it recovered
 
     @property
     def name(self) -> str:
@@ -121,10 +123,12 @@ class LastCell:
         return sorted(r for r, (_, cause) in self.causes.items() if cause == "root")
 
     def text(self) -> str:
-        """"last cell In[4]: rank 1 raised ValueError: bad shard; recovered: every rank is ready, variables intact"."""
+        """"last cell In[4]: rank 1 raised ValueError: bad shard; recovered: every rank is ready, the workers' variables
+        intact" (or which ranks kept them: ``variables_kept``)."""
         if self.ok:
             return f"last cell {self.name}: ok"
-        after = "; recovered: every rank is ready, the workers' variables intact" if self.recovered and not self.cancelled else ""
+        kept = f"; {self.kept}" if self.kept else ", the workers' variables intact"
+        after = f"; recovered: every rank is ready{kept}" if self.recovered and not self.cancelled else ""
         return f"last cell {self.name}: {self.headline}{after}"
 
     @classmethod
@@ -136,7 +140,8 @@ class LastCell:
             who = sorted(found)
             headline = f"{ranks_phrase(who)} {'was' if len(who) == 1 else 'were'} interrupted"
         headline = outcome.cancel_text or headline  # job.cancel(): nobody failed, and no Ctrl-C either
-        return cls(number, label, outcome.ok, headline, outcome.recovered, found, generation, bool(outcome.cancel_text))
+        kept = variables_kept(range(len(outcome.values)), outcome.restarted) if outcome.restarted else ""
+        return cls(number, label, outcome.ok, headline, outcome.recovered, found, generation, bool(outcome.cancel_text), kept)
 
     def to_dict(self) -> Dict[str, Any]:
         """What the JupyterLab panel is told (ui/labsnap.py)."""
@@ -145,6 +150,18 @@ class LastCell:
             "cancelled": self.cancelled,
             "causes": {str(r): {"kind": kind, "cause": cause} for r, (kind, cause) in sorted(self.causes.items())},
         }
+
+
+def variables_kept(ranks: Iterable[int], restarted: Iterable[int]) -> str:
+    """'ranks 0, 2 kept their variables; rank 1 was started again: its variables from before are gone' (``restarted``:
+    the ranks started again alone since the pool started whole); 'your variables are intact' when none was."""
+    every, fresh = sorted(set(ranks)), sorted(set(restarted) & set(ranks))
+    if not fresh:
+        return "your variables are intact"
+    kept = [r for r in every if r not in fresh]
+    one = len(fresh) == 1
+    gone = f"{ranks_phrase(fresh)} {'was' if one else 'were'} started again: {'its' if one else 'their'} variables from before are gone"
+    return f"{ranks_phrase(kept)} kept {'its' if len(kept) == 1 else 'their'} variables; {gone}" if kept else gone
 
 
 class Listener:

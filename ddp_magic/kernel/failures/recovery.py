@@ -27,7 +27,7 @@ import socket
 import time
 from collections import deque
 import weakref
-from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple
 
 from ...errors import describe_exit
 from ...logs import log
@@ -42,7 +42,7 @@ from .deaths import cuda_oom_notes, why_killed
 from ...words import fmt_seconds, ranks_phrase
 from ..hub import Hub
 from ..launchers import Launcher
-from ..ranks import Listener, RankInfo
+from ..ranks import Listener, RankInfo, variables_kept
 from .unreachable import node_key, raise_if_still_silent
 
 REFORM_WAIT_S = 10.0  # how long live ranks get to form the new group
@@ -80,12 +80,14 @@ class Recovery:
         self.gen = 0
         self.lost: Dict[int, str] = {}  # rank -> how it died, until a new rank takes its place
         self.notes: List[str] = []  # for the failing cell's message
+        self.fresh: Set[int] = set()  # ranks started again alone since the pool started whole: their variables of before are gone
         self._store: Optional[str] = None  # the FileStore the ranks' group uses now (None: the pool's first)
 
     def reset(self) -> None:
         """A fresh start of the whole pool."""
         self.lost.clear()
         self.notes.clear()
+        self.fresh.clear()
         self._store = None
 
     def resume(self, gen: int, store_path: Optional[str]) -> None:
@@ -130,7 +132,7 @@ class Recovery:
         if error:
             pool.mark_broken(f"the process group could not be re-formed ({error})")
             return
-        notes.append(f"the process group was re-formed in {fmt_seconds(seconds)}; your variables are intact")
+        notes.append(f"the process group was re-formed in {fmt_seconds(seconds)}; {variables_kept(pool.ranks, self.fresh)}")
         notes += swap_notes(replies)
 
     def ready_again(self, pool: Pool) -> bool:
@@ -205,6 +207,7 @@ class Recovery:
             pool.mark_broken(f"{ranks_phrase(gone)} could not be started again ({error})")
             return None
         self.lost.clear()
+        self.fresh.update(gone)
         names = ", ".join(sorted(owned))
         died = "; ".join(f"rank {r} {how[r]}" for r in gone)
         new = ", ".join(f"rank {r} is pid {pool.ranks[r].pid}" for r in gone)

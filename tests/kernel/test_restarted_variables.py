@@ -1,0 +1,50 @@
+"""Which ranks kept their variables: a rank started again alone has none of before, and no message says otherwise.
+
+A rank is SIGKILLed; the next cell starts it again (its notice says its variables are gone) and uses a variable the
+others have: it raises NameError there, the others are released from their collective and the group re-forms. The
+cell's message and the panel's last-cell line (``LastCell.text``, what ``%ddp status`` and the panel say) name which
+ranks kept their variables, never "your variables are intact" (issue 42, item 12).
+"""
+from __future__ import annotations
+
+import os
+import signal
+from typing import Iterator
+
+import pytest
+
+from conftest import pid_alive, wait_until
+from kernel_helper import Kernel
+
+pytestmark = pytest.mark.kernel
+
+START = "%%ddp -n 3\nimport os, torch, torch.distributed as dist\nx = dist.get_rank() + 1\nos.getpid()"
+USE = "%%ddp\nt = torch.ones(1) * x\ndist.all_reduce(t)\nt.item()"
+KEPT = "ranks 0, 2 kept their variables; rank 1 was started again: its variables from before are gone"
+
+
+@pytest.fixture(scope="module")
+def k() -> Iterator[Kernel]:
+    k = Kernel()
+    k.run("%load_ext ddp_magic").ok()
+    yield k
+    k.shutdown()
+
+
+def test_a_restarted_rank_is_not_said_to_keep_its_variables(k: Kernel) -> None:
+    k.run(START, timeout=180).ok()
+    for _ in range(2):
+        pid = k.value("list(_)")[1]
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not pid_alive(pid), 10)
+        ex = k.run(USE, timeout=180)
+        assert ex.error is not None and "NameError" in ex.error[1] and "rank 1" in ex.error[1], ex.error
+        said = ex.stdout + ex.error[1]
+        assert "started it again" in said, said
+        assert "variables are intact" not in said and "the process group was re-formed in" in said, said
+        assert f"; {KEPT}" in said, said
+        status = k.run("%ddp status").ok().stdout
+        assert f"recovered: every rank is ready; {KEPT}" in status and "variables intact" not in status, status
+        k.run(START.replace("-n 3", ""), timeout=120).ok()  # every rank has them again
+        assert k.run(USE, timeout=120).ok().result.splitlines()[1:] == ["  [0] 6.0", "  [1] 6.0", "  [2] 6.0"]
+        k.run("%%ddp\nos.getpid()", timeout=120).ok()
