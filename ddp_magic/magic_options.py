@@ -50,6 +50,9 @@ examples:
                              (DDP_MAGIC_LOG=debug in the kernel's env also prints them as they happen)
   %ddp keep [--idle 30m] [--max 24h]   the pool outlives this kernel (--off: it ends with it again; docs/keep.md)
   %ddp attach [--out job] [--force] [ID]   from a new kernel: take a kept pool on, its running job as `job` (--list: all)
+  %ddp save ckpt/ [model opt]   every name the ranks own (or these) as a new snapshot in ckpt/ (docs/snapshots.md)
+  %ddp load ckpt/ [-n 2]     the newest snapshot in ckpt/ into this pool, or a new one (--into model,opt: fill those)
+  %ddp snapshots ckpt/       the snapshots there, one a line: step, time, ranks, bytes, names
   %ddp_env [-n N]            the env each rank will get (or sees, once the pool runs), with checks
   %ddp_env --slurm --nodes 2 --ntasks-per-node 4    the Slurm plan (salloc and srun lines, each rank's env), nothing allocated
 """
@@ -94,7 +97,8 @@ def pool_arguments(func: F) -> F:
 
 KEEP_ARGUMENTS = (
     argument("target", nargs="?", metavar="ID",
-             help="with attach: the kept pool's id (default: this notebook's, else the only one); with autoreload: on (the default) or off"),
+             help="with attach: the kept pool's id (default: this notebook's, else the only one); with autoreload: on (the default) or off; "
+             "with save, load, snapshots: the snapshots' folder"),
     argument("--idle", metavar="T", help="with keep: end the pool after this long with no kernel and no job (default 30m)"),
     argument("--max", metavar="T", help="with keep: end the pool this long after keep, whatever it does (default 24h)"),
     argument("--off", action="store_true", help="with keep: the pool ends with its kernel again"),
@@ -107,6 +111,19 @@ KEEP_ARGUMENTS = (
 def keep_arguments(func: F) -> F:
     """%ddp keep's and %ddp attach's options (docs/keep.md)."""
     for arg in reversed(KEEP_ARGUMENTS):
+        func = arg(func)
+    return func
+
+
+SNAPSHOT_ARGUMENTS = (
+    argument("names", nargs="*", metavar="NAME", help="with save: only these names (default: every name the ranks own)"),
+    argument("--into", metavar="NAMES", help="with load: fill these objects (model,opt), which a setup cell built, instead of rebuilding them"),
+)
+
+
+def snapshot_arguments(func: F) -> F:
+    """%ddp save's, load's and snapshots' options (docs/snapshots.md)."""
+    for arg in reversed(SNAPSHOT_ARGUMENTS):
         func = arg(func)
     return func
 

@@ -30,6 +30,7 @@ from .magic_options import (  # noqa: F401  (SEE_HELP, POOL_KEYS, SLURM_KEYS: th
     CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, cell_argv, keep_arguments, option_words, parse_line,
     pool_arguments,
 )
+from .magic_options import snapshot_arguments
 from .plan.spec import positive_int as _positive_int
 from .session import NO_POOL, CellOptions, Session
 from .ui.cell_listener import MagicListener
@@ -41,12 +42,14 @@ from .ui.results import CellNumbers, RankResults, running_cell
 from .ui.metrics_view import metrics_data
 from .ui import debugging, transcripts
 from .ui import keep as keeping
+from .ui import snapshots as snapshotting
 from .words import plural
 
 
 @magic_arguments("ddp")
 @kwds(epilog=LINE_EXAMPLES)
-@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics", "wait", "output", "stacks", "autoreload", "keep", "attach"),
+@argument("action", nargs="?", choices=("status", "stop", "restart", "log", "metrics", "wait", "output", "stacks", "autoreload", "keep", "attach",
+                                        "save", "load", "snapshots"),
           default="status", help="what to do (default: status)")
 @argument("--df", action="store_true", help="with metrics: a pandas DataFrame instead of a dict of lists")
 @argument("--rank", type=int, metavar="R", help="with output: the rank whose whole output to show")
@@ -57,6 +60,7 @@ from .words import plural
 @argument("--timeout", type=float, metavar="SECONDS", help="with stacks: how long to wait for the ranks' answers (default 2)")
 @pool_arguments
 @keep_arguments
+@snapshot_arguments
 @HELP_ARGUMENT
 def _ddp_line() -> None:
     """%ddp as a line magic: look after the pool of worker processes."""
@@ -279,6 +283,8 @@ class DDPMagics(Magics):
         keeping.lost(self.session)  # another kernel took our kept pool (%ddp attach --force): say so, forget it
         if args.action in ("keep", "attach"):
             return keeping.keep(self.session, args) if args.action == "keep" else keeping.attach(self, args)
+        if args.action in ("save", "load", "snapshots") or args.names or args.into:  # docs/snapshots.md
+            return snapshotting.command(self.session, args, request)
         if args.action == "metrics":
             return metrics_data(self.session.metrics, args.df)
         if args.action == "output":

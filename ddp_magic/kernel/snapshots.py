@@ -1,0 +1,112 @@
+"""``%ddp save``, ``%ddp load`` and ``%ddp snapshots`` in the kernel: the cell each sends the ranks, and what the user reads back.
+
+A save or load is a cell (the session runs it like any other, so it waits its turn, and a
+rank that dies mid-save is a failed cell): one call into procs/rank_snapshot.py on every
+rank, at a cell boundary. The ranks do the writing; the kernel only names the partial
+folder and words their reports. ``snapshots`` reads meta.json files and needs no pool.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..wire import snapshot as S
+from ..words import fmt_bytes, plural
+
+INTO_HINT = "where a rebuild is not exact: rebuild those objects in a setup cell, then %ddp load {path} --into NAME,NAME"
+
+
+def save_source(parent: str, names: Sequence[str], step: Optional[int]) -> str:
+    """The cell every rank runs for ``%ddp save``: its share written into one new partial folder of ``parent``."""
+    partial = os.path.join(os.path.abspath(parent), S.PARTIAL + secrets.token_hex(4))
+    args = {"partial": partial, "names": list(names), "time": time.time(), "step": step}
+    return _call("save", args)
+
+
+def load_source(path: str, into: Sequence[str]) -> str:
+    return _call("load", {"path": os.path.abspath(path), "into": list(into)})
+
+
+def _call(op: str, args: Dict[str, Any]) -> str:
+    return f"__import__('ddp_magic.procs.rank_snapshot', fromlist=['entry']).entry({op!r}, globals(), {args!r})"
+
+
+def _kinds(names: Dict[str, Dict[str, Any]]) -> str:
+    parts = []
+    for name, entry in names.items():
+        how = entry.get("kind", "?") + (f", {entry['sharing']}" if entry.get("sharing") else "")
+        parts.append(f"{name} ({how})")
+    return ", ".join(parts) or "nothing"
+
+
+@dataclass
+class Saved:
+    """What ``%ddp save`` did: rank 0's report (the folder, each name's kind, what could not be saved)."""
+
+    report: Dict[str, Any]
+
+    def text(self) -> str:
+        r = self.report
+        step = f"step {r['step']}" if r.get("step") is not None else "a snapshot"
+        lines = [f"saved {step} to {r['path']}: {plural(len(r['names']), 'name')}, {fmt_bytes(r['bytes'])}",
+                 "  " + _kinds(r["names"])]
+        for name, why in sorted(r["unsaved"].items()):
+            lines.append(f"  not saved: {name}: {why}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Loaded:
+    """What ``%ddp load`` did on every rank: the names set, and what could not be mapped (each note once, with its ranks)."""
+
+    reports: List[Dict[str, Any]]
+    world: int
+    saved_world: int
+    notes: Dict[str, List[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for r in self.reports:
+            for note in r["notes"]:
+                self.notes.setdefault(note, []).append(r["rank"])
+
+    @property
+    def names(self) -> List[str]:
+        return list(self.reports[0]["names"]) if self.reports else []
+
+    def text(self) -> str:
+        first = self.reports[0]
+        step = f"step {first['step']}, " if first.get("step") is not None else ""
+        lines = [f"loaded {first['path']} ({step}saved by {plural(self.saved_world, 'rank')}) into {plural(self.world, 'rank')}: "
+                 + (", ".join(self.names) or "nothing")]
+        for note, ranks in self.notes.items():
+            lines.append(f"  {note}" + ("" if len(ranks) == self.world else f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"))
+        if any("not exact" in n or "cannot be mapped" in n for n in self.notes):
+            lines.append("  " + INTO_HINT.format(path=os.path.dirname(first["path"])))
+        return "\n".join(lines)
+
+
+def listing(parent: str) -> str:
+    """``%ddp snapshots DIR``: one line each snapshot, oldest first; partial ones say why they are never loaded."""
+    found = S.entries(parent)
+    if not found:
+        return f"no snapshots in {parent}" + ("" if os.path.isdir(parent) else " (no such folder)") + f": %ddp save {parent} writes one"
+    lines = [f"{plural(sum(e.meta is not None for e in found), 'snapshot')} in {parent} (oldest first; %ddp load {parent} takes the newest):"]
+    for e in found:
+        name = os.path.basename(e.path)
+        if e.meta is None:
+            lines.append(f"  {name}  {e.problem}")
+            continue
+        m = e.meta
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(m.time))
+        step = f"step {m.step}" if m.step is not None else "no step"
+        unsaved = f" (not saved: {', '.join(sorted(m.unsaved))})" if m.unsaved else ""
+        lines.append(f"  {name}  {step}  {when}  {plural(m.world_size, 'rank')}  {fmt_bytes(m.bytes)}  {', '.join(m.names)}{unsaved}")
+    return "\n".join(lines)
+
+
+def world_of(path: str) -> int:
+    """The world size the snapshot ``path`` names (or the newest in it) was saved at: a new pool's default size."""
+    return S.Meta.read(S.resolve(path)).world_size

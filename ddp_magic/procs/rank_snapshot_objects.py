@@ -1,0 +1,283 @@
+"""A rank's names as a snapshot keeps them: which kind each is, the skeletons modules and optimizers are rebuilt from, the pickles.
+
+A module's skeleton is the module pickled with every tensor replaced by a placeholder
+(shape, dtype, device type): its class, constructor's work and submodules come back
+without its weights, which DCP then fills. An optimizer's skeleton is its class, its
+hyperparameters and its parameters' names in a saved module. Every other value is
+pickled per rank, a reference in place of each saved module, optimizer or parameter, so
+``parts = [model, opt]`` comes back pointing at the rebuilt ones. Nothing is dropped
+silently: what cannot be pickled is returned with the reason.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import pickle
+import random
+import types
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import cloudpickle
+import torch
+
+from ..logs import log
+from ..wire.snapshot import Kind
+
+DDP = torch.nn.parallel.DistributedDataParallel
+DDP_OPTIONS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph", "forward_sync_buffers", "dim",
+               "skip_all_reduce_unused_params")
+REASONS = {  # the usual unpicklable values, said in the user's terms
+    types.GeneratorType: "a generator: its running frame cannot be saved; create it again after the load",
+    io.IOBase: "an open file: reopen it after the load",
+}
+
+
+@dataclass
+class Sorted:
+    """A rank's names by how they are saved (wire/snapshot.py ``Kind``), and those that cannot be."""
+
+    modules: Dict[str, torch.nn.Module] = field(default_factory=dict)
+    optimizers: Dict[str, torch.optim.Optimizer] = field(default_factory=dict)
+    values: Dict[str, Any] = field(default_factory=dict)
+    imports: Dict[str, str] = field(default_factory=dict)
+    unsaved: Dict[str, str] = field(default_factory=dict)
+
+    def kind(self, name: str) -> Kind:
+        if name in self.modules:
+            return Kind.MODULE
+        if name in self.optimizers:
+            return Kind.OPTIMIZER
+        return Kind.IMPORT if name in self.imports else Kind.PICKLED
+
+
+def sort_names(ns: Dict[str, Any], names: List[str]) -> Sorted:
+    """Each name by kind; a name that is not there is unsaved, with why."""
+    out = Sorted()
+    for name in names:
+        if name not in ns:
+            out.unsaved[name] = "not defined on this rank"
+            continue
+        value = ns[name]
+        if isinstance(value, types.ModuleType):
+            out.imports[name] = value.__name__
+        elif isinstance(value, torch.nn.Module):
+            out.modules[name] = value
+        elif isinstance(value, torch.optim.Optimizer):
+            out.optimizers[name] = value
+        else:
+            out.values[name] = value
+    return out
+
+
+def inner(module: torch.nn.Module) -> torch.nn.Module:
+    """The module a DDP wrapper holds (the module itself when it is not wrapped)."""
+    return module.module if isinstance(module, DDP) else module
+
+
+def ddp_options(module: torch.nn.Module) -> Optional[Dict[str, Any]]:
+    """A DDP wrapper's constructor options, read back from it (None: not DDP-wrapped)."""
+    if not isinstance(module, DDP):
+        return None
+    options = {k: getattr(module, k) for k in DDP_OPTIONS if hasattr(module, k)}
+    options["bucket_cap_mb"] = module.bucket_bytes_cap / (1024 * 1024)
+    return options
+
+
+# ------------------------------------------------------------ skeletons
+def _placeholder(shape: Tuple[int, ...], dtype: torch.dtype, requires_grad: bool, parameter: bool, device_type: str) -> torch.Tensor:
+    """An uninitialised tensor where a saved one was (DCP fills it), on this rank's device of the same type."""
+    device = _device(device_type)
+    tensor = torch.empty(shape, dtype=dtype, device=device)
+    return torch.nn.Parameter(tensor, requires_grad=requires_grad) if parameter else tensor
+
+
+def _device(device_type: str) -> torch.device:
+    if device_type == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class _SkeletonPickler(cloudpickle.CloudPickler):
+    """Modules without their weights: each tensor a placeholder; identity kept (tied weights stay tied)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and not isinstance(obj, torch.nn.parameter.UninitializedTensorMixin):  # type: ignore[attr-defined]
+            args = (tuple(obj.shape), obj.dtype, obj.requires_grad, isinstance(obj, torch.nn.Parameter), obj.device.type)
+            return _placeholder, args
+        return super().reducer_override(obj)
+
+
+def skeletons(modules: Dict[str, torch.nn.Module], optimizers: Dict[str, torch.optim.Optimizer]) -> Tuple[bytes, Dict[str, str]]:
+    """The skeletons of the modules (their inner module, DDP's options beside) and optimizers; and the optimizers that
+    cannot be rebuilt from them (their parameters are not all in one saved module), with why."""
+    plain = {name: {"module": inner(m), "ddp": ddp_options(m)} for name, m in modules.items()}
+    opts, problems = {}, {}
+    for name, opt in optimizers.items():
+        try:
+            opts[name] = optimizer_skeleton(opt, modules)
+        except LookupError as e:
+            problems[name] = str(e)
+    buf = io.BytesIO()
+    _SkeletonPickler(buf).dump({"modules": plain, "optimizers": opts})
+    return buf.getvalue(), problems
+
+
+def owner_of(opt: torch.optim.Optimizer, modules: Dict[str, torch.nn.Module]) -> str:
+    """The saved module whose parameters this optimizer steps (LookupError: none holds all of them)."""
+    ids = {id(p) for g in opt.param_groups for p in g["params"]}
+    for name, module in modules.items():
+        if ids <= {id(p) for p in module.parameters()}:
+            return name
+    raise LookupError("its parameters are not all in one saved module: save that module too, or load it with --into")
+
+
+def optimizer_skeleton(opt: torch.optim.Optimizer, modules: Dict[str, torch.nn.Module]) -> Dict[str, Any]:
+    owner = owner_of(opt, modules)
+    names = {id(p): fqn for fqn, p in inner(modules[owner]).named_parameters(remove_duplicate=False)}
+    groups = [{"params": [names[id(p)] for p in g["params"]], **{k: v for k, v in g.items() if k != "params"}} for g in opt.param_groups]
+    return {"cls": type(opt), "defaults": dict(opt.defaults), "groups": groups, "module": owner}
+
+
+def rebuild_modules(blob: bytes) -> Tuple[Dict[str, torch.nn.Module], Dict[str, Dict[str, Any]]]:
+    """The modules from their skeletons, DDP-wrapped again on the pool's process group with their own options."""
+    data = pickle.loads(blob)
+    modules: Dict[str, torch.nn.Module] = {}
+    for name, item in data["modules"].items():
+        module, options = item["module"], item["ddp"]
+        if options is not None:
+            device_ids = [torch.cuda.current_device()] if next(module.parameters(), torch.empty(0)).is_cuda else None
+            module = DDP(module, device_ids=device_ids, **options)
+        modules[name] = module
+    return modules, data["optimizers"]
+
+
+def rebuild_optimizer(skeleton: Dict[str, Any], modules: Dict[str, torch.nn.Module]) -> torch.optim.Optimizer:
+    """An optimizer of the saved class over the rebuilt module's parameters, with the saved groups' hyperparameters."""
+    params = dict(inner(modules[skeleton["module"]]).named_parameters(remove_duplicate=False))
+    groups = [{**g, "params": [params[n] for n in g["params"]]} for g in skeleton["groups"]]
+    cls = skeleton["cls"]
+    try:
+        return cls(groups, **skeleton["defaults"])
+    except TypeError:  # a default its constructor does not take (one torch added to .defaults): the groups carry them all
+        log.debug("%s(**defaults) refused; rebuilding from the groups alone", cls.__name__, exc_info=True)
+        return cls(groups, lr=skeleton["defaults"].get("lr", 1e-3))
+
+
+def follow_schedulers(values: Dict[str, Any]) -> None:
+    """An LR scheduler's hold on its optimizer's step (its check that step() came first), on the rebuilt optimizer."""
+    for value in values.values():
+        opt = getattr(value, "optimizer", None)
+        if isinstance(value, torch.optim.lr_scheduler.LRScheduler) and isinstance(opt, torch.optim.Optimizer):
+            _track_step(opt)
+
+
+def _track_step(opt: torch.optim.Optimizer) -> None:
+    if hasattr(opt.step, "_wrapped_by_lr_sched"):
+        return
+    func, ref = opt.step.__func__, weakref.ref(opt)  # type: ignore[attr-defined]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        o = ref()
+        o._opt_called = True  # type: ignore[union-attr]
+        return func.__get__(o, o.__class__)(*args, **kwargs)
+
+    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    opt.step = wrapper  # type: ignore[method-assign]
+
+
+# ------------------------------------------------------------ values
+class _ValuePickler(cloudpickle.CloudPickler):
+    """Values per rank; a saved module, optimizer or parameter is a reference to the one the load rebuilds."""
+
+    def __init__(self, file: Any, refs: Dict[int, Tuple[str, ...]]) -> None:
+        super().__init__(file)
+        self.refs = refs
+
+    def persistent_id(self, obj: Any) -> Any:
+        return self.refs.get(id(obj))
+
+
+class _ValueUnpickler(pickle.Unpickler):
+    def __init__(self, file: Any, objects: Dict[str, Any]) -> None:
+        super().__init__(file)
+        self.objects = objects
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid[0] == "param":
+            return dict(inner(self.objects[pid[1]]).named_parameters(remove_duplicate=False))[pid[2]]
+        if pid[0] == "inner":
+            return inner(self.objects[pid[1]])
+        return self.objects[pid[1]]
+
+
+def references(modules: Dict[str, torch.nn.Module], optimizers: Dict[str, torch.optim.Optimizer]) -> Dict[int, Tuple[str, ...]]:
+    refs: Dict[int, Tuple[str, ...]] = {}
+    for name, module in modules.items():
+        refs.update({id(p): ("param", name, fqn) for fqn, p in inner(module).named_parameters(remove_duplicate=False)})
+        refs[id(inner(module))] = ("inner", name)
+        refs[id(module)] = ("object", name)
+    refs.update({id(o): ("object", name) for name, o in optimizers.items()})
+    return refs
+
+
+def pickle_values(values: Dict[str, Any], refs: Dict[int, Tuple[str, ...]]) -> Tuple[bytes, Dict[str, Tuple[int, str]], Dict[str, str]]:
+    """The values that pickle (together: shared objects stay shared), each one's size and sha256 alone, and why each
+    other could not."""
+    sizes: Dict[str, Tuple[int, str]] = {}
+    unsaved: Dict[str, str] = {}
+    for name, value in values.items():
+        buf = io.BytesIO()
+        try:
+            _ValuePickler(buf, refs).dump(value)
+            sizes[name] = (buf.tell(), hashlib.sha256(buf.getvalue()).hexdigest())
+        except Exception as e:  # any failure to pickle is the user's to read: named with its reason, never dropped
+            log.debug("cannot pickle %r", name, exc_info=True)
+            unsaved[name] = reason(value, e)
+    buf = io.BytesIO()
+    _ValuePickler(buf, refs).dump({n: v for n, v in values.items() if n in sizes})
+    return buf.getvalue(), sizes, unsaved
+
+
+def unpickle_values(blob: bytes, objects: Dict[str, Any]) -> Dict[str, Any]:
+    return _ValueUnpickler(io.BytesIO(blob), objects).load()
+
+
+def reason(value: Any, error: BaseException) -> str:
+    """Why ``value`` cannot be saved, in the user's terms where the type is a usual one."""
+    for kind, words in REASONS.items():
+        if isinstance(value, kind):
+            return words
+    name = type(value).__qualname__
+    if name.endswith("DataLoaderIter") or "DataLoaderIter" in name:
+        return "a DataLoader's live iterator: make a new one with iter(loader) after the load"
+    return f"{type(value).__module__}.{name} cannot be pickled ({type(error).__name__}: {error})"
+
+
+# ------------------------------------------------------------ RNG
+def rng_state() -> Dict[str, Any]:
+    """This rank's random states: torch (CPU, and CUDA where initialised), numpy's global one, ``random``'s."""
+    state: Dict[str, Any] = {"torch": torch.get_rng_state(), "random": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+
+        state["numpy"] = numpy.random.get_state()
+    except ImportError:
+        log.debug("numpy is not installed: no numpy RNG state to save")
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["random"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy
+
+        numpy.random.set_state(state["numpy"])

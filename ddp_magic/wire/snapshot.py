@@ -1,0 +1,152 @@
+"""A snapshot's layout on disk and its metadata, as both ends read them: ``%ddp save`` writes it, ``load`` and ``snapshots`` read it.
+
+A snapshot folder (``DIR/<name>/``) holds ``meta.json``, the ``dcp/`` checkpoint of the
+modules and optimizers (torch.distributed.checkpoint: replicated state once, sharded
+state sharded) and one ``rank-R.pkl`` per rank (its RNG states, its other values, the
+skeletons its objects are rebuilt from). Ranks write into ``DIR/.partial-<name>/``; rank 0
+renames it when every rank has written, so a save that dies leaves only a partial folder
+beside the whole snapshots (docs/snapshots.md).
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+FORMAT = 1  # meta.json's "format": a load refuses a newer one
+META = "meta.json"
+DCP_DIR = "dcp"
+PARTIAL = ".partial-"  # a save in progress, or one that died before every rank had written
+
+
+class Kind(str, enum.Enum):
+    """How a saved name is kept (and rebuilt)."""
+
+    MODULE = "module"  # torch.nn.Module, DDP-wrapped or not: skeleton per rank, state through DCP
+    OPTIMIZER = "optimizer"  # its class, hyperparameters and parameters' names; state through DCP
+    PICKLED = "pickled"  # anything else (LR schedulers and GradScalers included): cloudpickle, per rank
+    IMPORT = "import"  # a module object: imported again by name
+
+
+class Sharing(str, enum.Enum):
+    """Whose copy of a name's state is on disk."""
+
+    REPLICATED = "replicated"  # equal on every rank: written once, loadable at any world size
+    SHARDED = "sharded"  # DTensors: DCP keeps each shard, reshards on load
+    PER_RANK = "per-rank"  # differs by rank: each rank's own, loadable only at the same world size
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank}.pkl"
+
+
+def snapshot_name(step: Optional[int], when: float) -> str:
+    """``step-000050-20261206T043000`` (or ``snap-<time>`` without a step): sorts by step, then time."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(when)) + f"{int(when * 1000) % 1000:03d}"
+    return f"step-{step:09d}-{stamp}" if step is not None else f"snap-{stamp}"
+
+
+@dataclass
+class Meta:
+    """meta.json: what a load checks and ``%ddp snapshots`` lists."""
+
+    world_size: int
+    time: float
+    step: Optional[int] = None
+    names: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # name -> kind, sharing, bytes, hash (per rank for per-rank)
+    unsaved: Dict[str, str] = field(default_factory=dict)  # name -> why it could not be saved
+    files: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # relative path -> bytes, sha256
+    versions: Dict[str, str] = field(default_factory=dict)
+    format: int = FORMAT
+
+    @property
+    def bytes(self) -> int:
+        return sum(int(f["bytes"]) for f in self.files.values())
+
+    def write(self, folder: str) -> None:
+        path = os.path.join(folder, META)
+        with open(path + ".tmp", "w") as f:
+            json.dump(asdict(self), f, indent=1, sort_keys=True)
+        os.replace(path + ".tmp", path)
+
+    @classmethod
+    def read(cls, folder: str) -> "Meta":
+        with open(os.path.join(folder, META)) as f:
+            data = json.load(f)
+        if int(data.get("format", 0)) > FORMAT:
+            raise ValueError(f"{folder} was written by a newer ddp_magic (format {data['format']}); upgrade ddp_magic to load it")
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_table(folder: str) -> Dict[str, Dict[str, Any]]:
+    """Every file under ``folder`` but meta.json: its size and sha256, the content hashes a load checks."""
+    table: Dict[str, Dict[str, Any]] = {}
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, folder)
+            if rel != META:
+                table[rel] = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
+    return table
+
+
+def damaged(folder: str, meta: Meta) -> List[str]:
+    """The files whose size or content differ from what the save recorded (empty: the snapshot is whole)."""
+    bad = []
+    for rel, want in sorted(meta.files.items()):
+        path = os.path.join(folder, rel)
+        if not os.path.exists(path):
+            bad.append(f"{rel} (missing)")
+        elif os.path.getsize(path) != int(want["bytes"]) or sha256_file(path) != want["sha256"]:
+            bad.append(f"{rel} (its content hash differs)")
+    return bad
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One folder of DIR as ``%ddp snapshots`` sees it: a whole snapshot (``meta``) or a partial one."""
+
+    path: str
+    meta: Optional[Meta]
+    problem: str = ""  # why it cannot be loaded ("" when it can)
+
+
+def entries(parent: str) -> List[Entry]:
+    """The snapshots in ``parent``, oldest first (partial ones and unreadable ones too, with why)."""
+    out = []
+    for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
+        path = os.path.join(parent, name)
+        if not os.path.isdir(path):
+            continue
+        if name.startswith(PARTIAL):
+            out.append(Entry(path, None, "partial: a save that did not finish (every rank had not written); never loaded"))
+            continue
+        if not os.path.exists(os.path.join(path, META)):
+            continue
+        try:
+            out.append(Entry(path, Meta.read(path)))
+        except (OSError, ValueError, TypeError) as e:
+            out.append(Entry(path, None, f"unreadable meta.json: {e}"))
+    return sorted(out, key=lambda e: (e.meta.time if e.meta else 0.0, e.path))
+
+
+def resolve(path: str) -> str:
+    """The snapshot ``path`` names: itself when it holds meta.json, else the newest whole snapshot in it."""
+    if os.path.exists(os.path.join(path, META)):
+        return path
+    whole = [e for e in entries(path) if e.meta is not None]
+    if not whole:
+        raise FileNotFoundError(f"no snapshot in {path}: save one with %ddp save {path}")
+    return whole[-1].path
