@@ -42,8 +42,8 @@ def test_a_kill_the_machine_counted_and_the_sampled_cgroup_did_not_is_probably_t
     monkeypatch.setattr(deaths.memcg, "system_oom_kills", lambda: 8)
     mem = Memory(rss=160 << 20, cgroup=str(v1(tmp_path, kills=3)), oom_kills=3, system_oom_kills=7, at=1000.0)
     assert why_killed(KILL, mem, now=1002.0) == (
-        "was probably killed by the kernel's OOM killer (the machine counted an OOM kill as it died; the memory cgroup it was "
-        "last seen in did not: it may have moved; it held 160.0 MiB at its last sample, 2.00 s before)")
+        "was probably killed by the kernel's OOM killer (the machine counted an OOM kill, the cgroup it was last sampled in did not: "
+        "it may have moved; it held 160.0 MiB at its last sample, 2.00 s before)")
 
 
 def test_v1s_root_cgroup_never_rules_the_oom_killer_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

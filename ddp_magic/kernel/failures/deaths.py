@@ -116,7 +116,7 @@ def why_killed(code: Optional[int], mem: Optional[Memory], local: bool = True, n
     facts = [f"its cgroup peaked at {fmt_bytes(found.peak)}"] if found.peak else [held] if held else []
     facts += [f"its memory limit is {fmt_bytes(found.limit)}"] if found.limit else []
     if found.oom == Oom.PROBABLY:
-        facts.insert(0, "the machine counted an OOM kill as it died; the memory cgroup it was last seen in did not: it may have moved")
+        facts.insert(0, "the machine counted an OOM kill, the cgroup it was last sampled in did not: it may have moved")
         return "was probably killed by the kernel's OOM killer (" + "; ".join(facts) + ")"
     return "was killed by the kernel's OOM killer" + (f" ({'; '.join(facts)})" if facts else "")
 
