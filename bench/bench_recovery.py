@@ -17,6 +17,9 @@ minutes loading a model onto GPUs takes, which the old path and torchrun pay aga
 - **torchrun relaunch**: the same failure in a torchrun job (until torchrun exits), then
   a fresh ``torchrun --standalone`` that builds the state again and all_reduces.
 
+A second table (bench/recovery_faults.py): each way a cell fails, the seconds until its error (a rank raises, exits
+or is killed; past --timeout; Ctrl-C, heeded or not). ``--faults-only`` runs it alone.
+
 Every figure is a median (min–max) over the repeats. Writes bench/results/recovery.md and .json
 and prints a Markdown table (docs/bench/recovery.md holds a run).
 """
@@ -32,6 +35,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
+import recovery_faults
 from harness import write_report  # bench/ is sys.path[0] when this runs as a script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -164,17 +168,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--k", type=int, default=2048, help="the state: Linear(k, k) per rank (default 2048: 16 MiB)")
     p.add_argument("--reload-s", type=float, default=0.0, help="seconds the setup sleeps, standing for loading a model (default 0)")
     p.add_argument("--old-rev", default="d58773e", help="the ddp_magic to compare with (default d58773e: the last commit before issue 17)")
+    p.add_argument("--faults-only", action="store_true", help="only the second table: each failure's seconds to its error")
     a = p.parse_args(argv)
+    ns = [int(x) for x in a.ns.split(",") if x.strip()]
+    faults = {n: recovery_faults.measure(REPO, n, a.repeats) for n in ns}
+    if a.faults_only:
+        text = recovery_faults.table(faults, a.repeats)
+        write_report(OUT + "_faults", text, {"args": vars(a), "faults": faults, "table": text})
+        return 0
     results: Dict[int, Dict[str, List[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="ddp_bench_recovery_") as tmp:
         old = old_tree(a.old_rev, tmp)
         job = os.path.join(tmp, "job.py")
         with open(job, "w") as f:
             f.write(JOB.format(k=a.k, reload=a.reload_s))
-        for n in [int(x) for x in a.ns.split(",") if x.strip()]:
+        for n in ns:
             results[n] = measure(n, a, old, job)
-    text = table(results, a)
-    write_report(OUT, text, {"args": vars(a), "results": results, "table": text})
+    text = table(results, a) + "\n\n" + recovery_faults.table(faults, a.repeats)
+    write_report(OUT, text, {"args": vars(a), "results": results, "faults": faults, "table": text})
     return 0
 
 
