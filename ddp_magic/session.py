@@ -34,7 +34,7 @@ from .plan.plan import Plan, make_plan
 from .plan.spec import PoolSpec
 from .wire import namespace, notebook_data
 from .wire import protocol as P
-from .wire.execution import editor_lines, syntax_error_text
+from .wire.execution import editor_lines, name_cells, syntax_error_text
 
 CELL_FILENAME = "<ddp-cell>"  # what names are read from; tracebacks name each cell <ddp-cell-N>
 STOPPED = "stopped the pool; its workers have exited"
@@ -321,7 +321,7 @@ class Session:
         if self.pool is not None and not 0 <= rank < self.pool.nproc:
             raise UsageError(f"%ddp output --rank {rank}: the pool has ranks 0..{self.pool.nproc - 1}")
         try:
-            return self.outputs.pieces(rank, cell)
+            return [(stream, name_cells(text, self.numbers)) for stream, text in self.outputs.pieces(rank, cell)]  # a crash's report: Cell In[n]
         except KeyError as e:
             raise UsageError(f"%ddp output: {e.args[0]}; name one with --cell N (its In [N])") from None
 

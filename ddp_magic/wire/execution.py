@@ -91,7 +91,7 @@ def syntax_error_text(err: SyntaxError) -> str:
 
 
 # ---------------------------------------------------------------- what the kernel shows of a traceback
-_CELL_FRAME = re.compile(r'^(\s*)File "<ddp-cell-([^>]+)>", line (\d+), in (.+)$', re.M)
+_CELL_FRAME = re.compile(r'^(\s*)File "<ddp-cell-([^>]+)>", line (\d+),? in (.+)$', re.M)  # ", in": a traceback's; " in": faulthandler's
 
 
 def name_cells(text: str, numbers: Mapping[str, Optional[int]]) -> str:

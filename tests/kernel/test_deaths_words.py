@@ -61,6 +61,7 @@ def test_a_segfault_shows_its_clean_form_alone_and_the_raw_report_stays_in_ddp_o
         assert "%ddp output --rank 1" in text, text
         raw = k2.run("%ddp output --rank 1", timeout=60).ok()
         assert "Fatal Python error: Segmentation fault" in raw.stderr and "Extension modules" in raw.stderr, raw.stderr
+        assert f"  Cell In[{number}], line 5\n" in raw.stderr and "<ddp-cell-" not in raw.stderr, raw.stderr  # as the cell names it
         assert "rank 1's crash report" in k2.run("%ddp log", timeout=60).ok().stdout
         again(k2)
 
