@@ -5,7 +5,7 @@ The user imports the model in a ``%%ddp`` cell, decides to edit it, turns autore
 kernel's own ``%autoreload 2``), saves the edit and runs the next cell: that cell runs the new ``forward`` on every rank,
 on the same object (same ``id()``, parameters and optimizer state), and says once what it reloaded. Each order is
 played twice with a kernel restart between (a fresh pool, the same steps), and once on a kept pool that a restarted
-kernel attached (its ranks told the previous kernel about ``model``). Every cell after an edit runs twice.
+kernel attached and ran a cell on before turning autoreload on (its ranks told the previous kernel about ``model``). Every cell after an edit runs twice.
 """
 from __future__ import annotations
 
@@ -110,6 +110,8 @@ def test_a_kept_pool_attached_by_a_restarted_kernel_follows_the_edit(runtime: st
         k.run("%load_ext ddp_magic").ok()
         k.run(f"import os; os.chdir({str(where)!r})").ok()
         assert "attached the kept pool" in k.run("%ddp attach", timeout=120).ok().stdout
+        k.run("%%ddp\nround(float(net(torch.ones(1)) / net.module.w), 6)", timeout=120).ok()  # a cell first, autoreload still off here
+        assert k.value("list(_)") == [1.0, 1.0]
         edit_and_check(k, where, 2, "%ddp autoreload")
         stop_and_check(k, runtime)
     finally:
