@@ -113,6 +113,10 @@ def test_a_kept_pool_attached_by_a_restarted_kernel_follows_the_edit(runtime: st
         k.run("%%ddp\nround(float(net(torch.ones(1)) / net.module.w), 6)", timeout=120).ok()  # a cell first, autoreload still off here
         assert k.value("list(_)") == [1.0, 1.0]
         edit_and_check(k, where, 2, "%ddp autoreload")
+        write(where / "model.py", MODEL.replace("x * 1", "x * 4"))  # and a background cell after the next edit
+        k.run(AFTER.replace("%%ddp", "%%ddp --bg --out job"), timeout=120).ok()
+        assert k.value("job.wait(120)") is True
+        assert k.value("list(job.result())") == [(4.0, True, True)] * 2
         stop_and_check(k, runtime)
     finally:
         k.shutdown()
