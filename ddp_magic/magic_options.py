@@ -6,7 +6,7 @@ help text, the parsers and the examples have one home, apart from what the magic
 from __future__ import annotations
 
 import shlex
-from typing import Any, Callable, List, Optional, TypeVar
+from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from IPython.core.magic_arguments import arg_split, argument
 
@@ -28,6 +28,8 @@ examples:
   %%ddp -n 8 --slurm         8 ranks as tasks of this kernel's Slurm allocation (inside salloc / sbatch / OnDemand)
   %%ddp --slurm --nodes 2 --ntasks-per-node 4 --partition gpu --time 2:00:00
                              a new allocation of ours (released when the pool stops or the kernel ends; docs/multinode.md)
+  %%ddp --hosts gpu1,gpu2 --ntasks-per-node 8    ranks on your hosts over your ssh (or gpu1:8,gpu2:8; docs/multinode.md)
+  %%ddp --hostfile ~/hosts   DeepSpeed's hostfile: "gpu1 slots=8" a line
   %%ddp --restart            a fresh pool first (fresh port; state on the workers is lost)
   %%ddp --scatter x          rank r gets only its shard of the notebook tensor x (ddp_magic.scatter(x, dim=1) for another dim)
   %%ddp --profile trace.json torch.profiler on every rank, one merged trace, a straggler table (docs/metrics.md)
@@ -72,7 +74,7 @@ POOL_ARGUMENTS = (
     argument("--mesh", metavar="DIMS", help="a DeviceMesh named `mesh` on every rank, e.g. dp=2,tp=2 (sizes multiply to -n); none: no mesh"),
     argument("--slurm", action="store_true", help="ranks as a Slurm job step: in this kernel's allocation (SLURM_JOB_ID), else in a new one"),
     argument("--nodes", type=_positive_int, metavar="N", help="--slurm: nodes (default: the allocation's, else 1)"),
-    argument("--ntasks-per-node", type=_positive_int, metavar="N", help="--slurm: ranks per node (default: -n / nodes)"),
+    argument("--ntasks-per-node", type=_positive_int, metavar="N", help="--slurm, --hosts: ranks per node (default: -n / nodes)"),
     argument("--partition", metavar="P", help="--slurm: the partition to allocate in"),
     argument("--time", metavar="T", help="--slurm: the allocation's time limit, as Slurm reads it (2:00:00)"),
     argument("--gpus-per-node", type=_positive_int, metavar="G", help="--slurm: GPUs per node, one per local rank"),
@@ -80,10 +82,14 @@ POOL_ARGUMENTS = (
     argument("--slurm-args", metavar="ARGS", help='--slurm: more salloc options, e.g. "--qos=high --constraint=a100"'),
     argument("--start-timeout", dest="queue_timeout", type=float, metavar="SECONDS",
              help="--slurm: cancel a job still queued after this long (default: wait; Ctrl-C cancels)"),
+    argument("--hosts", metavar="HOSTS", help="ranks on these hosts over your ssh: gpu1,gpu2 (with --ntasks-per-node) or gpu1:8,gpu2:8"),
+    argument("--hostfile", metavar="FILE", help='--hosts from a DeepSpeed hostfile: "gpu1 slots=8" a line, # comments'),
+    argument("--remote-python", metavar="PATH", help="--hosts: the python on the hosts (default: this kernel's path)"),
     argument("--control-addr", metavar="ADDR", help="where the ranks dial the kernel (default: loopback, or the address that reaches the first node)"),
     argument("--iface", metavar="NAME", help="across hosts: the interface the collectives use on every node, e.g. fast0 "
              "(default: each node's interface on its route to MASTER_ADDR; GLOO_SOCKET_IFNAME, when set, wins)"),
 )
+SSH_KEYS = ("hosts", "hostfile", "remote_python")
 SLURM_KEYS = ("nodes", "ntasks_per_node", "partition", "time", "gpus_per_node", "account", "slurm_args", "queue_timeout")
 HELP_ARGUMENT = argument("-h", "--help", action="store_true", help="show this help")
 
@@ -126,6 +132,22 @@ def snapshot_arguments(func: F) -> F:
     for arg in reversed(SNAPSHOT_ARGUMENTS):
         func = arg(func)
     return func
+
+
+def where_request(args: Any) -> Dict[str, Any]:
+    """Where the ranks run, as the line asked: {"ssh": ...} for --hosts / --hostfile (--ntasks-per-node is then theirs),
+    {"slurm": ...} for any Slurm option, else {}."""
+    ssh = {k: getattr(args, k) for k in SSH_KEYS if getattr(args, k) is not None}
+    if ssh:  # with --slurm too, the spec refuses both (plan/spec.py)
+        if args.ntasks_per_node is not None:
+            ssh["ntasks_per_node"] = args.ntasks_per_node
+        return {"ssh": ssh, **({"slurm": {}} if args.slurm else {})}
+    slurm = {k: getattr(args, k) for k in SLURM_KEYS if getattr(args, k) is not None}
+    if args.slurm or slurm:  # any Slurm option means --slurm
+        if "slurm_args" in slurm:
+            slurm["extra"] = tuple(option_words(slurm.pop("slurm_args")))
+        return {"slurm": slurm}
+    return {}
 
 
 def parse_line(magic: Any, line: str) -> Any:

@@ -27,7 +27,7 @@ from .kernel.pool import Pool
 from .kernel.reload import kernel_follows
 from .kernel.jobs.turns import Ticket
 from .magic_options import (  # noqa: F401  (SEE_HELP, POOL_KEYS, SLURM_KEYS: the magics' own names, kept importable here)
-    CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, cell_argv, keep_arguments, option_words, parse_line,
+    CELL_EXAMPLES, HELP_ARGUMENT, LINE_EXAMPLES, POOL_KEYS, SEE_HELP, SLURM_KEYS, cell_argv, keep_arguments, option_words, parse_line, where_request,
     pool_arguments,
 )
 from .magic_options import snapshot_arguments
@@ -87,11 +87,7 @@ def _pool_request(args: argparse.Namespace) -> Dict[str, Any]:
         request.setdefault("extra_env", {})["DDP_MAGIC_IFACE"] = args.iface  # procs/rank_net.py reads it on each node
     if args.control_addr:
         request["listen_addr"] = args.control_addr
-    slurm = {k: getattr(args, k) for k in SLURM_KEYS if getattr(args, k) is not None}
-    if args.slurm or slurm:  # any Slurm option means --slurm
-        if "slurm_args" in slurm:
-            slurm["extra"] = tuple(option_words(slurm.pop("slurm_args")))
-        request["slurm"] = slurm
+    request.update(where_request(args))  # --slurm's or --hosts' (magic_options.py)
     return request
 
 

@@ -20,7 +20,7 @@ from .kernel.results.metrics import CellMetrics
 from .kernel.output.output_log import OutputLog
 from .kernel import templates
 from .kernel.jobs import peek as peeks
-from .kernel.launchers.slurm import preview as slurm_preview
+from .kernel.launchers import preview
 from .kernel.pool import Pool
 from .kernel.results.profile_merge import ProfileReport, ProfileRun
 from .kernel.reload import Autoreload
@@ -138,7 +138,7 @@ class Session:
         try:
             if self.pool is not None:
                 return self.pool.spec.with_options(nproc, extra_env=extra_env, **options)
-            if nproc is None and options.get("slurm") is None:  # a Slurm request's shape may say how many
+            if nproc is None and options.get("slurm") is None and options.get("ssh") is None:  # a Slurm (SSH) request's shape may say how many
                 return None
             return PoolSpec.from_options(nproc, extra_env=extra_env, **options)
         except PlanError as e:
@@ -245,7 +245,7 @@ class Session:
             plan = make_plan(spec, strict=False)
         except PlanError as e:
             raise UsageError(str(e)) from None
-        plan, checks = slurm_preview(plan) if plan.slurm is not None else (plan, [])  # Slurm asked, nothing allocated
+        plan, checks = preview(plan)  # Slurm asked, or each host over ssh: nothing allocated, nothing started
         return EnvData(nproc=spec.nproc, backend=plan.backend, plan=plan, checks=tuple(checks), autoreload=self.autoreload.describe())
 
     # ------------------------------------------------------------ cells
@@ -370,7 +370,7 @@ class Session:
         except ValueError as e:  # --scatter of a name the cell cannot take
             raise UsageError(str(e)) from None
         spec = options.spec or (self.pool.spec if self.pool is not None else None)
-        blobs, failure = self.data.dumps_names(needed, spec.nproc if spec else 1, local=spec is None or (spec.nnodes == 1 and spec.slurm is None))
+        blobs, failure = self.data.dumps_names(needed, spec.nproc if spec else 1, local=spec is None or (spec.nnodes == 1 and not spec.over_hosts))
         if failure:
             name, why = failure
             raise ShipError(

@@ -8,6 +8,10 @@ address on the machine's side, nothing is NATed or forwarded: no packet leaves t
 ``sleep`` (its anchor) holding the namespaces; a process enters a host with ``nsenter -t ANCHOR --net --uts --mount``
 (``Box.enter``), never ``ip netns exec`` (it remounts /sys: slurmd then finds no cgroup mounts).
 
+SSH (scripts/box_ssh.py): an sshd in each node on port 2222 with its own host key, when openssh-server is installed
+(``Box.ssh_missing`` says why not); a test's login (its key, known_hosts, an ssh config naming the nodes, n2 through a
+ProxyJump over n1) comes from ``box_ssh.Login.make``.
+
 The Slurm: a munged of its own (its socket in the box's folder), slurmctld on login, one slurmd per node in its
 host (port 6818 on every host), conf, state, pid and log paths all under the box's folder, reached with
 ``SLURM_CONF`` (``Box.env``): it coexists with the one-host Slurm (local_slurm.py), whose conf and paths it never
@@ -36,6 +40,7 @@ import time
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import box_ssh  # noqa: E402
 import local_slurm  # noqa: E402
 
 PREFIX_ENV = "DDP_MAGIC_BOX_PREFIX"
@@ -137,6 +142,7 @@ class Box:
         self.munge_socket = f"{self.dir}/munge/munge.socket"
         self.style = "resolve"
         self._lock: Optional[int] = None
+        self.ssh_missing: Optional[str] = "the box is not up"  # why its nodes run no sshd (None: they do, box_ssh.py)
 
     # names
     def netns(self, host: str) -> str:
@@ -208,6 +214,9 @@ class Box:
         for h in HOSTS:
             self._host(h)
         self._slurm()
+        self.ssh_missing = box_ssh.missing()
+        if self.ssh_missing is None:
+            box_ssh.up(self, NODES)
         self._wait_nodes(timeout)
         return f"cluster box {self.prefix} up in {time.monotonic() - t0:.1f}s: login {self.host('login').mgmt}, nodes {', '.join(NODES)}"
 

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 from ..logs import log
 from ..words import fmt_seconds
 from ..wire import protocol as P
-from .launchers import ForkServerLauncher, Launcher, SlurmLauncher
+from .launchers import ForkServerLauncher, Launcher
+from .launchers.nodes import NodeLauncher
 from .texts import NAMES_GONE
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def _fits(new: "Pool", launcher: Launcher) -> bool:
     """Whether ``new`` (not started) can fork its ranks from ``launcher``'s running template (or, for a Slurm pool, start
     them in its allocation: a new -n inside it is a new step, no new queue wait)."""
     mine = new.launcher
-    if isinstance(launcher, SlurmLauncher):
+    if isinstance(launcher, NodeLauncher):  # Slurm, SSH: their serves() says
         return not new.started and type(mine) is type(launcher) and launcher.serves(new.plan)
     return (
         not new.started and isinstance(launcher, ForkServerLauncher) and type(mine) is type(launcher)

@@ -78,7 +78,7 @@ def plan_checks(
 def _cache_key(plan: Plan, environ: Mapping[str, str], started: bool, modules: Mapping[str, object]) -> Hashable:
     """What plan_checks reads: the plan, the start state, the kernel's env and what of torch the kernel imported."""
     planned = (plan.run_id, plan.nproc, plan.nnodes, plan.backend, plan.master_addr, plan.master_port, plan.port_was_given, plan.omp_threads,
-               plan.slurm)
+               plan.slurm, plan.ssh)
     torch = ("torch" in modules, "torch.distributed" in modules, cuda_initialised(modules))
     return (planned, started, tuple(sorted(environ.items())), torch)
 
@@ -102,6 +102,8 @@ def _plan_checks(
     gpus = gpus if gpus is not None else detect_gpus(environ)
     if plan.slurm is not None:  # every node's ranks are in the plan; MASTER_ADDR is the first node's, not this machine's
         checks = check_rank_envs(plan.all_envs()) + slurm_checks(plan.slurm)
+    elif plan.ssh is not None:  # the hosts' own checks are asked of them (kernel/launchers/ssh_probe.py)
+        checks = check_rank_envs(plan.all_envs())
     else:
         checks = check_rank_envs(plan.all_envs(), nnodes=plan.nnodes)
         checks.append(check_port(plan.master_addr, plan.master_port, plan.port_was_given, started))
@@ -114,7 +116,7 @@ def _plan_checks(
     checks.extend(check_kernel_env(environ, gpus))
     checks.append(check_omp(plan.omp_threads, plan.nproc, environ, cpus))
     checks.append(check_nccl_env(environ, plan.backend))
-    checks.append(check_socket_ifname(environ, plan.backend, interfaces, elsewhere=plan.slurm is not None))
+    checks.append(check_socket_ifname(environ, plan.backend, interfaces, elsewhere=plan.over_hosts))
     return checks + plan_facts(plan, environ)
 
 

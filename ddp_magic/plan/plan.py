@@ -17,6 +17,7 @@ from ..errors import PlanError
 from .gpus import GPUInfo, detect_gpus
 from .net import master_port, validate_master_addr, validate_master_port
 from .slurm import SlurmRequest
+from .ssh import AUTO_REASON, SshRequest
 from .spec import BACKENDS, PoolSpec
 from ..words import plural
 
@@ -65,6 +66,12 @@ class Plan:
     pg_timeout: float = 300.0  # seconds before a collective with a missing peer fails
     extra_env: Dict[str, str] = field(default_factory=dict)
     slurm: Optional[SlurmRequest] = None  # --slurm: the ranks are the tasks of a job step (their RANK etc. come from Slurm)
+    ssh: Optional[SshRequest] = None  # --hosts / --hostfile: the ranks run on those hosts, a template each over SSH
+
+    @property
+    def over_hosts(self) -> bool:
+        """Every node's ranks start from this plan (Slurm, SSH), on nodes that are not this machine's to know."""
+        return self.slurm is not None or self.ssh is not None
 
     @property
     def world_size(self) -> int:
@@ -101,7 +108,7 @@ class Plan:
 
     def all_envs(self) -> List[Dict[str, str]]:
         """Every rank's env: this node's, or every node's for a Slurm pool (whose ranks all start from this plan)."""
-        nodes = range(self.nnodes) if self.slurm is not None else [self.node_rank]
+        nodes = range(self.nnodes) if self.over_hosts else [self.node_rank]
         return [self.rank_env(i, n) for n in nodes for i in range(self.nproc)]
 
 
@@ -150,6 +157,8 @@ def _backend(spec: PoolSpec, gpus: GPUInfo, strict: bool) -> Tuple[str, str]:
     A Slurm pool's GPUs are its nodes' (--gpus-per-node), not the kernel's: a login node has none."""
     if spec.slurm is not None:
         gpus = GPUInfo(count=spec.slurm.gpus_per_node or 0, cuda_built=True, source="--gpus-per-node")
+    if spec.ssh is not None:  # the hosts' GPUs: counted when they answer (kernel/launchers/ssh.py placed)
+        return ("gloo", AUTO_REASON) if spec.backend == "auto" else (spec.backend, "requested; each host's GPUs are checked when it answers")
     try:
         return choose_backend(spec.backend, spec.nproc_per_node, gpus)
     except PlanError as e:
@@ -191,9 +200,9 @@ def make_plan(
     """
     gpus = gpus if gpus is not None else detect_gpus(environ)
     backend, reason = _backend(spec, gpus, strict)
-    if strict and spec.slurm is None:  # a Slurm pool's MASTER_ADDR is its first node's, known once allocated
+    if strict and spec.slurm is None and spec.ssh is None:  # a Slurm (SSH) pool's MASTER_ADDR is its first node's, known once placed
         validate_master_addr(spec.master_addr)
-    port, given = _master_port(spec, strict)
+    port, given = _master_port(spec, strict and spec.ssh is None)  # an SSH pool's port: its first host says (kernel/launchers/ssh.py)
     nproc = spec.nproc_per_node
     return Plan(
         nproc=nproc,
@@ -208,4 +217,5 @@ def make_plan(
         pg_timeout=spec.pg_timeout,
         extra_env=spec.env,
         slurm=spec.slurm,
+        ssh=spec.ssh,
     )

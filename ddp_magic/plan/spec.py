@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import PlanError
 from .slurm import SlurmRequest, resolve
+from .ssh import SshRequest, resolve as resolve_ssh
 from ..words import plural
 
 BACKENDS = ("auto", "nccl", "gloo", "mpi")
@@ -94,6 +95,7 @@ class PoolSpec:
     extra_env: Tuple[Tuple[str, str], ...] = field(default=())  # sorted (name, value) pairs for every rank
     mesh: Tuple[Tuple[str, int], ...] = ()  # --mesh dp=2,tp=2: a DeviceMesh named `mesh` on every rank (a str is parsed)
     slurm: Optional[SlurmRequest] = None  # --slurm: the ranks are tasks of a Slurm job step (plan/slurm.py)
+    ssh: Optional[SshRequest] = None  # --hosts / --hostfile: a template a host over SSH forks its ranks (plan/ssh.py)
 
     def __post_init__(self) -> None:
         n = self.nproc
@@ -111,6 +113,9 @@ class PoolSpec:
             raise PlanError(f"--master-port {self.master_port} is not a TCP port; give 1024-65535 or leave it out to get a free one")
         object.__setattr__(self, "mesh", parse_mesh(self.mesh) if isinstance(self.mesh, str) else tuple(self.mesh))
         check_mesh(self.mesh, n, self.init)
+        if self.ssh is not None and (self.slurm is not None or self.nnodes != len(self.ssh.hosts) or n != self.ssh.world_size):
+            raise PlanError("--hosts (or --hostfile) and --slurm both given; give one" if self.slurm is not None
+                            else f"-n {n} over {plural(self.nnodes, 'node')} is not {self.ssh.shape_text()}")
         if self.slurm is not None and (self.nnodes != self.slurm.nodes or n != self.slurm.world_size):
             asked = f"{plural(self.slurm.nodes, 'node')} × {self.slurm.ntasks_per_node}"
             raise PlanError(f"-n {n} over {plural(self.nnodes, 'node')} is not the Slurm request's {asked}")
@@ -133,6 +138,9 @@ class PoolSpec:
         if isinstance(given.get("slurm"), Mapping):
             nproc, given["slurm"] = _slurm(nproc, dict(given["slurm"]), environ)
             given["nnodes"] = given["slurm"].nodes
+        if isinstance(given.get("ssh"), Mapping):
+            nproc, given["ssh"] = resolve_ssh(nproc, given["ssh"], environ)
+            given["nnodes"] = len(given["ssh"].hosts)
         if nproc is None:
             raise PlanError("give the number of ranks, e.g. -n 2")
         return cls(nproc=nproc, extra_env=tuple(sorted((extra_env or {}).items())), **given)
@@ -155,11 +163,32 @@ class PoolSpec:
                 nproc = self.nproc  # --slurm on a running pool: as many ranks
             nproc, given["slurm"] = _slurm(nproc, asked, environ)
             given["nnodes"] = given["slurm"].nodes
+        nproc = self._ssh_options(nproc, given, environ)
         if nproc is not None:
             given["nproc"] = nproc
         if extra_env is not None:
             given["extra_env"] = tuple(sorted(extra_env.items()))
         return replace(self, **given)
+
+    def _ssh_options(self, nproc: Optional[int], given: Dict[str, Any], environ: Mapping[str, str]) -> Optional[int]:
+        """SSH options given are the whole new request (``given`` changed in place); on an SSH pool a new -n alone keeps
+        its hosts, -n divided over them; --slurm drops the hosts. The world size, when it changed."""
+        ssh = given.get("ssh")
+        if isinstance(ssh, Mapping):
+            nproc, given["ssh"] = resolve_ssh(nproc, ssh, environ)
+            given["nnodes"] = len(given["ssh"].hosts)
+            given.setdefault("slurm", None)
+        elif self.ssh is not None and "slurm" in given:
+            given["ssh"] = None
+        elif self.ssh is not None and nproc is not None and nproc != self.nproc:
+            asked = {"hosts": ",".join(self.ssh.names), "remote_python": self.ssh.remote_python}
+            nproc, given["ssh"] = resolve_ssh(nproc, asked, environ)
+        return nproc
+
+    @property
+    def over_hosts(self) -> bool:
+        """Its ranks start on nodes that a launcher places them on (Slurm, SSH), not on this machine alone."""
+        return self.slurm is not None or self.ssh is not None
 
     @property
     def nproc_per_node(self) -> int:
@@ -177,12 +206,14 @@ class PoolSpec:
         """The start method a launcher is made for: Slurm's for --slurm; a pool over nodes otherwise runs under torchrun."""
         if self.slurm is not None:
             return "slurm"
+        if self.ssh is not None:
+            return "ssh"
         return "torchrun" if self.nnodes > 1 else self.start_method
 
     @property
     def control_addr(self) -> str:
         """Where the kernel's control channel listens: loopback unless ranks on other nodes must reach it."""
-        return self.listen_addr or ("127.0.0.1" if self.nnodes == 1 else self.master_addr)
+        return self.listen_addr or ("127.0.0.1" if self.nnodes == 1 and self.ssh is None else self.master_addr)
 
     def changes_from(self, old: "PoolSpec") -> List[str]:
         """What this spec changes, as the user would say it ("-n 2 → 4"); empty: the same pool."""
@@ -196,7 +227,7 @@ class PoolSpec:
                 a, b = dict(a), dict(b)
             if f.name == "mesh":
                 a, b = mesh_text(a) or "none", mesh_text(b) or "none"
-            if f.name == "slurm":
+            if f.name in ("slurm", "ssh"):
                 a, b = (x.shape_text() if x is not None else "none" for x in (a, b))
             out.append(f"{label} {a} → {b}")
         return out

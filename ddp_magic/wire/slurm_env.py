@@ -65,8 +65,9 @@ def config(env: MutableMapping[str, str]) -> Tuple[dict, bytes]:
 
 
 def node_name() -> str:
-    """The Slurm node this task runs on (its name in squeue); "" outside Slurm (one host says nothing of its nodes)."""
-    return os.environ.get("SLURMD_NODENAME", "")
+    """The Slurm node this task runs on (its name in squeue), or the host an SSH pool's kernel calls it by
+    (DDP_MAGIC_NODE_NAME, kernel/launchers/ssh.py); "" otherwise (one host says nothing of its nodes)."""
+    return os.environ.get("SLURMD_NODENAME") or os.environ.get("DDP_MAGIC_NODE_NAME", "")
 
 
 def task_vars(rank: int, local_rank: int, node: int, world: int, per_node: int) -> Dict[str, str]:

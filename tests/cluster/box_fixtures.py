@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import box_ssh  # noqa: E402
 import cluster_box  # noqa: E402
 from kernel_helper import Kernel  # noqa: E402
 
@@ -114,6 +115,19 @@ def _end_kernel() -> None:
     k = _SHARED.pop("kernel", None)
     if k is not None:
         k.shutdown()
+
+
+@pytest.fixture
+def ssh_login(box: cluster_box.Box, tmp_path: Path) -> Iterator[box_ssh.Login]:
+    """This test's own login to the box's sshds: a key authorised on every node for the test, a known_hosts with each
+    node's real key, an ssh config naming n1, n2 (through a ProxyJump over n1) and n3. Skips where the box has no sshd."""
+    if box.ssh_missing:
+        pytest.skip(f"no sshd in the box: {box.ssh_missing}")
+    login = box_ssh.Login.make(box, str(tmp_path / "ssh"))
+    try:
+        yield login
+    finally:
+        login.forget(box)
 
 
 @pytest.fixture

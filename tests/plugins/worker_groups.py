@@ -19,7 +19,7 @@ from typing import Any, List, Optional
 import pytest
 
 HOSTS = ("tests/cluster/", "tests/slurm/", "labextension/ui-tests/test_slurm_start_ui.py")
-HOSTS_FIXTURES = frozenset({"slurm_cluster", "box", "box_kernel"})  # tests/slurm/slurm_fixtures.py, tests/cluster/box_fixtures.py
+HOSTS_FIXTURES = frozenset({"slurm_cluster", "box", "box_kernel", "ssh_login"})  # tests/slurm/slurm_fixtures.py, tests/cluster/box_fixtures.py
 BROWSER = ("labextension/ui-tests/", "tests/kernel/test_debugging.py::test_input_box_in_jupyterlab")
 BROWSER_FIXTURES = frozenset({"server", "browser"})  # labextension/ui-tests/ui_fixtures.py: one Playwright a process
 FIRST = ("hosts", "browser")

@@ -66,6 +66,10 @@ class NodeLauncher(Launcher):
     def _start_step(self, nodes: List[str], env: Dict[str, str]) -> TemplateStep:
         """Start a template on each of ``nodes`` with ``env`` as its env (appended to ``self.steps``)."""
 
+    @abstractmethod
+    def serves(self, plan: Plan) -> bool:
+        """Whether the templates held can run ``plan``'s ranks (a new -n on the same nodes forks from them)."""
+
     def tls_server(self) -> Optional[tls.ServerKey]:
         return self.tls_key
 

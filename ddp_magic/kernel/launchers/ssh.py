@@ -1,0 +1,236 @@
+"""The SSH launcher: one template a host (the remote command of one ssh session a host, in parallel) forks that host's ranks.
+
+``acquire`` starts the user's own ``ssh`` to every host at once (plan/ssh.py: BatchMode,
+their config, agent, ProxyJump and known_hosts), each running procs/ssh_template.py. Each
+template first says who it is (wire/node_hello.py); a host that does not answer, asks for a
+password, has an unknown or changed key, lacks python or ddp_magic, runs other code
+(version or content hash), has fewer GPUs than slots under nccl, or holds MASTER_PORT is
+refused by name, with its fix, and every session ends: nothing ran. Then each template
+gets its first line on stdin: the pool's secret and the env its ranks share; it imports
+torch while the kernel listens. From there it is Slurm's machinery (nodes.py): spawn
+commands on the session's stdin, events on its stdout, ranks dialling the kernel with
+TLS, a lost host's template started again when its ranks are.
+
+MASTER_ADDR is the first host's address on the route to the others; each rank picks the
+interface on its route to it (procs/rank_net.py), as on Slurm. The kernel beats every
+``BEAT_S`` on every session: a template that hears nothing for its silence ends its ranks
+(the kernel's host gone, its link down), as it does when its session closes.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+
+from ...logs import log
+from ...plan.net import address_family, is_local_ip, master_port, route_source
+from ...plan.ssh import AUTO_REASON, CONNECT_TIMEOUT_S, SshRequest
+from ...wire import node_hello, tls
+from .base import LaunchError
+from .nodes import NodeLauncher
+from .slurm_steps import TemplateStep
+from .ssh_words import failed_text, gpu_problem, ssh_problem
+
+if TYPE_CHECKING:
+    from ...plan.plan import Plan
+
+BEAT_S = 3.0  # the kernel's beat on every session (procs/ssh_template.py SILENCE_S is four of them)
+SILENCE_S = 12.0
+HELLO_WAIT_S = CONNECT_TIMEOUT_S + 20.0  # ssh's own connect timeout, then a slow login and python's start
+FORWARD_PREFIXES = ("DDP_MAGIC_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "OMP_", "MKL_", "TP_SOCKET_IFNAME", "CUBLAS_")
+NODE_NAME_ENV = "DDP_MAGIC_NODE_NAME"  # a rank's host as the kernel calls it: [rank 5 gpu2] (wire/slurm_env.py node_name)
+
+
+def forwarded(env: Dict[str, str]) -> Dict[str, str]:
+    """What of the kernel's env the hosts' ranks get (the rest is the host's own login env): ddp_magic's, torch's,
+    NCCL's, gloo's and OpenMP's settings, and the user's own PYTHONPATH."""
+    out = {k: v for k, v in env.items() if k.startswith(FORWARD_PREFIXES)}
+    out["PYTHONUNBUFFERED"] = "1"
+    if os.environ.get("PYTHONPATH"):
+        out["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return out
+
+
+class SshLauncher(NodeLauncher):
+    """Ranks forked by one template a host, each the remote command of an ssh session; the sessions are held across
+    restarts (a new -n on the same hosts forks from them) and ended by ``close``."""
+
+    name = "ssh"
+
+    def __init__(self, secret: bytes, python: str = sys.executable) -> None:
+        super().__init__(secret, python)
+        self.request: Optional[SshRequest] = None
+        self.hellos: Dict[str, dict] = {}  # host -> its template's hello (wire/node_hello.py)
+        self._port = 0  # a MASTER_PORT the first host said is free
+        self._beating = threading.Event()
+        self.released = ""
+
+    def start(self, timeout: float = 0) -> str:
+        return "ssh (a template a host, over your ssh)"
+
+    def nodes(self) -> List[str]:
+        return self.request.names if self.request is not None else []
+
+    def _rank_env(self, rank: int, env: Dict[str, str]) -> Tuple[int, Dict[str, str]]:
+        """The host's shared env (forwarded) with torchrun's set for ``rank`` and its host's name."""
+        assert self.plan is not None
+        per_node = self.plan.nproc
+        local, node_rank = rank % per_node, rank // per_node
+        wanted = dict(forwarded(env), **self.plan.rank_env(local, node_rank))
+        wanted[NODE_NAME_ENV] = self.nodes()[node_rank]
+        return node_rank, wanted
+
+    # ------------------------------------------------------------ the sessions
+    def acquire(self, plan: Plan, progress: Callable[[str], None]) -> Optional[str]:
+        """Every host's template, checked: the sessions held if they serve ``plan``, else new ones (refused by name)."""
+        request = plan.ssh
+        assert request is not None, "an SSH launcher needs a plan with hosts"
+        self.plan = plan
+        if self.serves(plan):
+            self.tls_key = tls.ServerKey() if self._needs_tls() else None
+            return None
+        self._release()
+        self.request = request
+        t0 = time.monotonic()
+        self._port = plan.master_port if plan.port_was_given else master_port(request.names[0], local=False)
+        steps = {host: self._session(host, self._port if i == 0 else 0) for i, host in enumerate(request.names)}
+        problems = self._check(steps, plan)
+        if problems:
+            self._end_steps()
+            self.request = None
+            raise LaunchError(failed_text(problems))
+        env = forwarded(dict(os.environ))
+        for step in self.steps:
+            step.send({"secret": self.secret.hex(), "env": env, "silence": SILENCE_S})
+            step.env = env
+        self._beat()
+        self.tls_key = tls.ServerKey() if self._needs_tls() else None
+        return (f"{request.describe()}: {len(steps)} templates started in {time.monotonic() - t0:.1f}s"
+                + (" (control channel: TLS)" if self.tls_key else ""))
+
+    def _session(self, host: str, port: int) -> TemplateStep:
+        """One ssh session running ``host``'s template (it says hello at once)."""
+        assert self.request is not None
+        argv = self.request.template_argv(host, os.getcwd(), os.environ.get("PYTHONPATH", ""), port)
+        step = TemplateStep(argv, {}, self.secret, [host], self.log, proc_env=dict(os.environ))
+        self.steps.append(step)
+        return step
+
+    def _check(self, steps: Dict[str, TemplateStep], plan: Plan) -> Dict[str, str]:
+        """host -> what is wrong with it (ssh's words, another code, too few GPUs, MASTER_PORT held); {} when none."""
+        deadline = time.monotonic() + HELLO_WAIT_S
+        mine = node_hello.identity()
+        problems: Dict[str, str] = {}
+        for i, (host, step) in enumerate(steps.items()):
+            if not step.wait_until(lambda h=host, s=step: h in s.hello, deadline):  # type: ignore[misc]
+                said, python = "\n".join(step.said), self.request.remote_python if self.request else ""
+                problems[host] = ssh_problem(host, said, python) if said else f"no answer within {HELLO_WAIT_S:.0f}s"
+                continue
+            hello = self.hellos[host] = step.hello[host]
+            differs = node_hello.mismatch(mine, hello)
+            if differs:
+                problems[host] = f"other code: {differs}"
+            elif gpu_problem(plan, int(hello.get("gpus") or 0)):
+                problems[host] = gpu_problem(plan, int(hello.get("gpus") or 0))
+            elif i == 0 and hello.get("port_free") is False:
+                problems[host] = f"MASTER_PORT {self._port} is taken there"
+        return problems
+
+    def _beat(self) -> None:
+        """A beat on every session every BEAT_S, from a thread of its own, until the launcher closes."""
+        if self._beating.is_set():
+            return
+        self._beating.set()
+
+        def run() -> None:
+            while self._beating.is_set():
+                for step in list(self.steps):
+                    if step.proc.poll() is None:
+                        step.send({"op": "beat"})
+                time.sleep(BEAT_S)
+
+        threading.Thread(target=run, name="ddp-ssh-beat", daemon=True).start()
+
+    def _start_step(self, nodes: List[str], env: Dict[str, str]) -> TemplateStep:
+        """A new session for a host whose template is gone (its ranks are started again): its hello is not waited for,
+        its first line queued at once (ssh sends it once the host's key and our key are checked)."""
+        step = self._session(nodes[0], 0)
+        step.send({"secret": self.secret.hex(), "env": env, "silence": SILENCE_S})
+        step.env = dict(env)
+        return step
+
+    def serves(self, plan: Plan) -> bool:
+        """Whether the sessions held run ``plan``'s hosts (the same request) and each still has its template."""
+        return (plan.ssh is not None and self.request == plan.ssh and bool(self.steps)
+                and all(self._step_for(h) is not None for h in self.request.names))
+
+    def _needs_tls(self) -> bool:
+        """TLS unless every host is this machine (or when forced)."""
+        addrs = [str(h.get("ssh_server") or "") for h in self.hellos.values()]
+        return tls.forced() or not all(a and is_local_ip(address_family(a), a) for a in addrs)
+
+    def placed(self, plan: Plan, avoid: int = 0) -> Plan:
+        """MASTER_ADDR the first host's address on the route to the others; the port it said is free; nccl when the
+        backend was left to choose and every host has a GPU a slot."""
+        assert self.request is not None
+        names = self.request.names
+        first = self.hellos.get(names[0], {})
+        addr = node_hello.master_addr(first, [self.hellos.get(h, {}) for h in names[1:]]) or names[0]
+        port = plan.master_port if plan.port_was_given else (self._port if self._port != avoid else master_port(addr, avoid, local=False))
+        out = replace(plan, master_addr=addr, master_port=port)
+        gpus = [int(self.hellos.get(h, {}).get("gpus") or 0) for h in names]
+        if plan.backend_reason == AUTO_REASON and all(g >= plan.nproc for g in gpus) and plan.init:
+            out = replace(out, backend="nccl", backend_reason=f"each host has a GPU a slot ({', '.join(map(str, gpus))})")
+        return out
+
+    def listen_addr(self, asked: Optional[str], default: str) -> str:
+        """--control-addr, else the address this machine reaches the first host from."""
+        if asked:
+            return asked
+        assert self.request is not None
+        first = self.hellos.get(self.request.names[0], {})
+        addr = node_hello.master_addr(first, []) or ""
+        return (route_source(address_family(addr), addr) if addr else None) or default
+
+    # ------------------------------------------------------------ ranks
+    def launch(self, plan: Plan, base_env: Dict[str, str], control_addr: str, control_port: int, store_path: Optional[str] = None) -> Optional[str]:
+        """Every rank, forked by its host's template. ``store_path`` is unused: ranks meet at rank 0's TCP store."""
+        self.plan = plan
+        self._pids.clear()
+        for rank in range(plan.world_size):
+            self._spawn(rank, base_env, control_addr, control_port)
+        return None
+
+    def alive(self) -> bool:
+        """Whether any host's template is there (a lost host's ranks are started again, with a new template)."""
+        return self.request is not None and any(s.proc.poll() is None for s in self.steps)
+
+    def where(self) -> str:
+        """'2 hosts over SSH (n1:2,n2:2): n1 (198.51.100.11), n2 (198.51.100.12)'."""
+        if self.request is None:
+            return ""
+        hosts = ", ".join(f"{h} ({self.hellos.get(h, {}).get('ssh_server') or '?'}"
+                          + ("" if self._step_for(h) is not None else ", its template gone") + ")" for h in self.request.names)
+        return f"{self.request.describe()}: {hosts}"
+
+    def give_up(self) -> str:
+        self._release()
+        return "every host's template ended"
+
+    def _release(self) -> None:
+        self._end_steps()
+        self.hellos.clear()
+        self.released = "; its hosts' templates ended" if self.request is not None else ""
+        self.request = None
+        self.tls_key = None
+
+    def close(self) -> None:
+        """End every session (each template ends its ranks), and the beat."""
+        self._beating.clear()
+        try:
+            self._release()
+        except Exception:  # a session that would not end: its template ends on its own (no beat, no stdin)
+            log.debug("ending the ssh sessions failed", exc_info=True)

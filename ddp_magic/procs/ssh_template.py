@@ -1,0 +1,111 @@
+"""A host's template over SSH: the remote command of the pool's ssh session to that host; says who it is, then imports torch once and forks the host's ranks.
+
+Started by the kernel's launcher (kernel/launchers/ssh.py) as ``ssh HOST -- sh -c 'cd DIR;
+exec PYTHON -m ddp_magic.procs.ssh_template --node HOST'``: one session a host, in parallel.
+Its first line is a ``hello`` (wire/node_hello.py: versions and content hashes, GPUs,
+addresses), before it reads anything; the kernel refuses a host whose code differs by
+closing the session, and nothing ran. Otherwise the kernel's first line carries the pool's
+secret and the env the host's ranks share (the secret only ever on this stdin: never argv,
+never the remote command's env); then it is procs/node_template.py's template, as on Slurm.
+
+What it watches, so that nothing outlives its kernel (unless kept, docs/keep.md):
+- its session: stdin closing (ssh ended, the kernel's side of it gone), and its parent
+  (sshd's session process; its end is a SIGTERM here, a SIGHUP too);
+- the kernel itself: the kernel sends a ``beat`` every few seconds over the session; none
+  for ``silence`` seconds (a link down, the kernel's host gone, where sshd would go on
+  waiting) ends every rank and the template. sshd is not relied on to end a remote
+  command when its connection drops: it does not always.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Dict, Optional
+
+from ..logs import log
+from ..wire import node_hello
+from .forkserver import _read_line, _warm_imports
+from .node_template import NodeTemplate
+from .parent import die_with_parent
+from .template_keep import emit
+
+SILENCE_S = 12.0  # no beat for this long: the kernel is unreachable (the kernel beats every kernel/launchers/ssh.py BEAT_S)
+
+
+class SshTemplate(NodeTemplate):
+    """NodeTemplate that also ends when the kernel has not been heard for ``silence`` seconds (unless kept)."""
+
+    def __init__(self, node: str, secret: bytes, env: Dict[str, str], silence: float) -> None:
+        super().__init__(node, secret, env, "its ssh session ended")
+        self.silence = silence
+        self.heard = time.monotonic()
+
+    def read_commands(self) -> None:
+        self.heard = time.monotonic()
+        super().read_commands()
+
+    def reap(self) -> None:
+        """Every turn of the loop (a second at most): exited ranks, then whether the kernel went silent."""
+        super().reap()
+        if self.kept_or_following():
+            return
+        if self.kernel_fd == 0 and time.monotonic() - self.heard > self.silence:
+            log.debug("no beat from the kernel for %.0fs: ending the ranks", self.silence)
+            emit({"event": "silent", "node": self.node, "seconds": self.silence})
+            self.kernel_gone()
+
+    def kept_or_following(self) -> bool:
+        return self.lease is not None or self.follows_lease
+
+    def hangup(self, *_: object) -> None:
+        """SIGHUP (the session's end): as its stdin closing, unless the pool is kept."""
+        if not self.kept_or_following():
+            self.kernel_gone()
+
+
+def _init() -> Optional[dict]:
+    """The kernel's first line (secret, env, silence); None when the kernel closed the session instead (refused)."""
+    line = _read_line()
+    if not line.strip():
+        return None
+    return json.loads(line)
+
+
+def main(argv: Optional[list] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ddp_magic.procs.ssh_template")
+    parser.add_argument("--node", required=True, help="the host's name as the kernel calls it (its ssh alias)")
+    parser.add_argument("--port", type=int, default=0, help="MASTER_PORT, to say whether it is free here")
+    parser.add_argument("--probe", action="store_true", help="say hello and exit (%%ddp_env's checks)")
+    parser.add_argument("--dial", default="", help="HOST:PORT of the kernel, to say whether it is reached from here")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    emit(node_hello.hello(args.node, args.port, args.dial))
+    if args.probe:
+        return
+    init = _init()
+    if init is None:
+        os._exit(0)
+    os.environ.update(init.get("env") or {})
+    template = SshTemplate(args.node, bytes.fromhex(init["secret"]), dict(os.environ), float(init.get("silence") or SILENCE_S))
+    signal.signal(signal.SIGTERM, template.kernel_gone)  # sshd's session ended (our parent-death signal) or a kill
+    signal.signal(signal.SIGHUP, template.hangup)
+    die_with_parent(os.getppid(), signal.SIGTERM)
+    try:
+        info = _warm_imports()
+    except BaseException as e:
+        log.debug("the host's template could not import torch", exc_info=True)
+        emit({"event": "error", "node": args.node, "message": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+        os._exit(1)
+    template.heard = time.monotonic()
+    template.watch_children()
+    emit({"event": "ready", "node": args.node, "pid": os.getpid(), "info": info})
+    template.serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
