@@ -1,4 +1,4 @@
-"""How a rank's death reads in the cell, in the order a user meets it (issue 42 items 2, 3, 5, 6, 13): a segfault shows
+"""How a rank's death reads in the cell, in the order a user meets it: a segfault shows
 its clean form alone (the raw faulthandler report stays in ``%ddp output --rank N`` and the kernel's log), the ranks a
 death released are said in our words (not gloo's), and a rank moved into a small cgroup in the cell and killed there
 reads as the OOM killer's, with what its figure is.

@@ -37,7 +37,7 @@ def test_a_sigkill_neither_counter_counted_is_not_the_oom_killer(tmp_path: Path,
 
 
 def test_a_kill_the_machine_counted_and_the_sampled_cgroup_did_not_is_probably_the_oom_killer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rank was moved into another cgroup after its last sample and killed there (issue 42 item 2): the cgroup it
+    """The rank was moved into another cgroup after its last sample and killed there: the cgroup it
     was sampled in counts nothing (v1 counts a kill in the victim's own cgroup only), the machine's count moved."""
     monkeypatch.setattr(deaths.memcg, "system_oom_kills", lambda: 8)
     mem = Memory(rss=160 << 20, cgroup=str(v1(tmp_path, kills=3)), oom_kills=3, system_oom_kills=7, at=1000.0)

@@ -116,11 +116,11 @@ def test_scattered_ranks_in_a_row_are_cut_after_a_few_runs():
 
 
 def test_ranks_a_death_released_are_said_in_our_words_with_their_collective_and_line():
-    """Issue 42 item 6: not gloo's "Connection closed by peer … GLHF!", but where each survivor was when the rank died."""
+    """Not gloo's "Connection closed by peer … GLHF!", but where each survivor was when the rank died."""
     tb = 'Traceback (most recent call last):\n  File "<ddp-cell-4>", line 6, in <module>\n    dist.all_reduce(x)\nRuntimeError: [gloo] …'
-    assert F.released_by_death({0: (c("all_reduce", 1), tb)}, [1]) == (
+    assert F.released_by_death_text({0: (c("all_reduce", 1), tb)}, [1]) == (
         "rank 0 was in all_reduce #1 (at cell line 6: dist.all_reduce(x)) when rank 1 died, and was released")
-    assert F.released_by_death({0: (c("all_reduce", 1), ""), 2: (c("barrier", 2), ""), 3: (None, "")}, [1, 4]) == (
+    assert F.released_by_death_text({0: (c("all_reduce", 1), ""), 2: (c("barrier", 2), ""), 3: (None, "")}, [1, 4]) == (
         "rank 0 was in all_reduce #1, rank 2 in barrier #2 when ranks 1, 4 died, and were released; "
         "rank 3 was in a collective when ranks 1, 4 died, and was released")
     assert F.released_text([0, 2], {0: c("all_reduce", 1), 2: c("barrier", 2)}, {}) == "rank 0 was in all_reduce #1, rank 2 in barrier #2, and were released"

@@ -300,7 +300,7 @@ def test_a_dead_rank_is_the_root_cause_before_the_peer_errors_it_caused():
     failures = run.failures()
     assert [(f.rank, f.kind) for f in failures] == [(2, "died"), (0, "interrupted"), (1, "interrupted"), (3, "interrupted")]
     assert failures[0].headline().startswith("rank 2 (pid 1002) was killed by SIGKILL")
-    assert [f.message for f in failures[1:]] == ["released: rank 2 died"] * 3  # the backend's words are not the cell's (issue 42 item 6)
+    assert [f.message for f in failures[1:]] == ["released: rank 2 died"] * 3  # the backend's words are not the cell's
     assert pool.log and {e[0] for e in pool.log} == {"ask"}, "every rank finished on its own: asked where they were, nothing interrupted or stopped"
     assert run.notes == ["ranks 0-1, 3 were in a collective when rank 2 died, and were released"] and not run.state_lost
 

@@ -6,11 +6,13 @@ Pure: failures in, order and labels out.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+import dataclasses
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ...errors import RankFailure
 from ...states import FailureKind
 from ...words import ranks_phrase
+from .forensics import released_by_death_text
 
 PEER_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "connection closed")  # a collective broke: a peer went away
 STOPPED_BY_US = (FailureKind.KILLED, FailureKind.INTERRUPTED)
@@ -63,3 +65,17 @@ def released_why(message: str, after_abort: bool, node_silent: bool, died: Seque
     if node_silent:
         return "a peer's node went silent"
     return f"{ranks_phrase(died)} died" if died else None
+
+
+def released_by_death(failures: List[RankFailure], done: Mapping[int, dict], died: Sequence[int], notes: Sequence[str]) -> List[str]:
+    """The collectives that broke because ranks of the cell died (``died``): those failures become ranks released (in
+    place), and the note says where they were in our words, not the backend's (gloo's "Connection closed by peer …
+    GLHF!"): "rank 0 was in all_reduce #1 when rank 1 died, and was released". Returns the note unless ``notes`` has it."""
+    released: Dict[int, Tuple[Optional[Mapping[str, object]], str]] = {}
+    for i, f in enumerate(failures):
+        why = released_why(f.message, False, False, died) if f.kind == FailureKind.ERROR else None
+        if why:
+            released[f.rank] = (((done.get(f.rank) or {}).get("error") or {}).get("collective"), f.traceback)  # rank_collectives.on_error
+            failures[i] = dataclasses.replace(f, kind=FailureKind.INTERRUPTED, message=f"released: {why}")
+    said = released_by_death_text(released, died) if released else ""
+    return [said] if said and said not in notes else []

@@ -187,7 +187,7 @@ def released_text(ranks: Sequence[int], collectives: Mapping[int, Optional[Colle
     return f"{', '.join(each)}{at}{end if when else ',' + end}"
 
 
-def released_by_death(released: Mapping[int, Tuple[Optional[Collective], str]], died: Sequence[int]) -> str:
+def released_by_death_text(released: Mapping[int, Tuple[Optional[Collective], str]], died: Sequence[int]) -> str:
     """The ranks whose collective broke because ranks of the cell died (rank -> the collective it raised in, its
     traceback), in our words instead of the backend's: "rank 0 was in all_reduce #1 (at cell line 5: …) when rank 1
     died, and was released"; a rank whose collective is not known: "rank 0 was in a collective when rank 1 died, …"."""

@@ -34,7 +34,7 @@ from ...wire.protocol import CellStatus
 from ...words import ranks_phrase
 from . import forensics
 from .probe import Probe, grace_after_failure
-from .blame import released_why, root_cause_rank
+from .blame import released_by_death, released_why, root_cause_rank
 
 States = Mapping[int, Tuple[RankState, Optional[float]]]  # rank -> (state, when it finished)
 
@@ -204,7 +204,8 @@ class FailurePolicy:
             if any(r not in self._interrupted for r in live):  # released by the abort, yet still running: interrupt them
                 return self._interrupt(live, now)
             if not self.aborted:  # deaf to the interrupt: perhaps in a collective we could not see (DDP's buckets)
-                self.notes.append(f"{ranks_phrase(live)} did not respond to the interrupt; aborted the process group to release {_them(live)}")
+                them = "it" if len(live) == 1 else "them"
+                self.notes.append(f"{ranks_phrase(live)} did not respond to the interrupt; aborted the process group to release {them}")
                 self.interrupt_sent = now
                 return [self._abort("did not respond to the interrupt")]
             return self._stop(live, now)
@@ -345,8 +346,6 @@ class FailurePolicy:
         out: List[RankFailure] = []
         broke = self._broke_on_silence()
         late = [r for r, (state, _) in states.items() if state == RankState.INTERRUPTED and r not in self._place]
-        died = sorted(r for r, (state, _) in states.items() if state == RankState.DEAD and r not in self.unreachable and r not in self.killed)
-        by_death: Dict[int, Tuple[Optional[Mapping[str, object]], str]] = {}  # ranks whose collective broke as ``died`` went
         for r in self.order + late:
             msg = done.get(r)
             if states[r][0] == RankState.DEAD:
@@ -356,16 +355,15 @@ class FailurePolicy:
                 err = dict(msg["error"] or {})
                 kind = FailureKind.INTERRUPTED if msg["status"] == CellStatus.INTERRUPTED else FailureKind.ERROR
                 after = self._abort_at is not None and self._place.get(r, -1) >= self._abort_at
-                why = released_why(err.get("message", ""), after, r in broke, died) if kind == FailureKind.ERROR else None
-                if why:  # a peer's abort reached it before its own, or its collective lost a peer on a silent node or that died
+                why = released_why(err.get("message", ""), after, r in broke) if kind == FailureKind.ERROR else None
+                if why:  # a peer's abort reached it before its own, or its collective lost a peer on a silent node
                     kind, err["message"] = FailureKind.INTERRUPTED, f"released: {why}"
-                    by_death.update({r: (err.get("collective"), err.get("traceback", ""))} if why.endswith(" died") else {})
                 out.append(RankFailure(
                     rank=r, kind=kind, type=err.get("type", ""), message=err.get("message", ""), traceback=err.get("traceback", ""), pid=pids.get(r)
                 ))
+        died = [r for r, (state, _) in states.items() if state == RankState.DEAD and r not in self.unreachable and r not in self.killed]
+        self.notes += released_by_death(out, done, died, self.notes)  # in place: the ranks a death released, in our words (not gloo's)
         out.sort(key=root_cause_rank)  # stable: arrival order within each kind
-        said = forensics.released_by_death(by_death, died) if by_death else ""
-        self.notes += [said] if said and said not in self.notes else []  # in our words, not the backend's (failures() may be asked again)
         if self.user_interrupted and not out:
             out.append(RankFailure(rank=0, kind=FailureKind.INTERRUPTED))
         if self.timed_out and not self.order[: self._abort_at]:
@@ -399,7 +397,3 @@ class FailurePolicy:
 def _who(ranks: Sequence[int]) -> str:
     """"rank 0 was" / "ranks 0, 2 were"."""
     return f"{ranks_phrase(ranks)} {'was' if len(ranks) == 1 else 'were'}"
-
-
-def _them(ranks: Sequence[int]) -> str:
-    return "it" if len(ranks) == 1 else "them"
