@@ -15,6 +15,7 @@ Cells never pass through here: while attached, the control channel is the kernel
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import queue
@@ -22,7 +23,7 @@ import shutil
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ..logs import log
 from ..wire import kept
@@ -30,6 +31,9 @@ from ..wire.capture import spool_marker
 
 
 CONNECT_S = 60.0  # how long a rank tries to reach the lease socket
+STAMPS = 16384  # a spool remembers when its newest reads came, at most this many (older lines replay first, unstamped)
+STAMPS_SENT = 4096  # at most this many go in a HELLO (neighbours merged: the replay's order is this fine)
+Stamp = Tuple[int, int, float, int]  # a read of the pipe: its first byte's offset, its end's, when (time.monotonic()), its lines
 
 
 class Spool:
@@ -47,6 +51,7 @@ class Spool:
         self.base = _read_base(path)
         self.written = self.base + os.fstat(self.file).st_size
         self.sink = os.dup(fd)  # the kernel's output socket, as FdCapture left it on fd 1/2
+        self.stamps: Deque[Stamp] = collections.deque(maxlen=STAMPS)  # when each read came: a replay's lines merge in time order
         read_end, write_end = os.pipe()
         os.dup2(write_end, fd)
         os.close(write_end)
@@ -69,6 +74,7 @@ class Spool:
                 return
             with self.lock:
                 _write_all(self.file, data)
+                self.stamps.append((self.written, self.written + len(data), time.monotonic(), data.count(b"\n")))
                 self.written += len(data)
                 self._send(data)
                 if self.cap and self.written - self.base > self.cap:
@@ -99,6 +105,37 @@ class Spool:
     def dropped(self, offset: int) -> int:
         """How many bytes from ``offset`` on the cap has dropped (a kernel that attaches from there never sees them)."""
         return max(0, self.base - min(offset, self.written))
+
+    def replay_stamps(self, offset: int) -> List[List[Any]]:
+        """When the lines a replay from ``offset`` sends were printed, oldest first: ``[lines, seconds ago]`` per read of
+        the pipe (``None``: before the oldest stamp kept). The next kernel merges the ranks' replays in that order, as
+        the lines came while it was attached (kernel/keep/replay.py). Lines written after this are sent as they come."""
+        with self.lock:
+            start, now = max(min(offset, self.written), self.base), time.monotonic()
+            stamps = [s for s in self.stamps if s[1] > start]
+            if not stamps:  # none kept (a rank started again on this file): the lines go first
+                return _coarse([o for o in [[self._lines(start, self.written), None]] if o[0]])
+            begin, end, at, lines = stamps[0]
+            if begin > start:  # older than the oldest stamp kept: first, unstamped
+                out: List[List[Any]] = [[self._lines(start, begin), None], [lines, now - at]]
+            else:  # the first read began before the replay's start: its lines from there
+                out = [[self._lines(start, end), now - at]]
+            out += [[n, now - t] for _, _, t, n in stamps[1:]]
+        return _coarse([o for o in out if o[0]])
+
+    def _lines(self, begin: int, end: int) -> int:
+        """The line ends among the spool's bytes from ``begin`` to ``end`` (offsets), read from the file."""
+        count = 0
+        with open(self.path, "rb") as f:
+            f.seek(begin - self.base)
+            left = end - begin
+            while left > 0:
+                chunk = f.read(min(left, 1 << 20))
+                if not chunk:
+                    break
+                count += chunk.count(b"\n")
+                left -= len(chunk)
+        return count
 
     def _send(self, data: bytes) -> None:
         if self.sink < 0:
@@ -141,6 +178,14 @@ class Spool:
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, self.fd)
                 os.close(devnull)
+
+
+def _coarse(stamps: List[List[Any]]) -> List[List[Any]]:
+    """At most ``STAMPS_SENT`` of them: neighbours merged, each group at its first read's time."""
+    k = -(-len(stamps) // STAMPS_SENT)
+    if k <= 1:
+        return stamps
+    return [[sum(s[0] for s in stamps[i:i + k]), stamps[i][1]] for i in range(0, len(stamps), k)]
 
 
 def _write_base(path: str, bases: Dict[int, int]) -> None:
@@ -187,6 +232,8 @@ class Keeper:
         self.lease: Optional[socket.socket] = None
         self.dials: "queue.Queue[Dict[str, Any]]" = queue.Queue()
         self.busy = False
+        self.ran_at: Optional[float] = None  # when the last cell reached this rank (time.monotonic(): this process's clock)
+        self.ended_at: Optional[float] = None  # when it ended here (None while it runs)
         self.attached = True  # a kernel holds our control channel (False between its death and the next one's dial)
         self.on_dial: Optional[Callable[[], None]] = None  # the worker's: drop the attached kernel's socket (a --force attach)
 
@@ -264,8 +311,12 @@ class Keeper:
 
     def set_busy(self, busy: bool) -> None:
         """A cell starts or ends: the lease hears it only while no kernel is attached (its idle timer), never on a warm
-        cell's path."""
+        cell's path. When is kept for the next kernel's clocks (``clock``)."""
         self.busy = busy
+        if busy:
+            self.ran_at, self.ended_at = time.monotonic(), None
+        else:
+            self.ended_at = time.monotonic()
         if self.on and not self.attached:
             self.tell(op="busy", busy=busy)
 
@@ -282,6 +333,17 @@ class Keeper:
                 dial = self.dials.get_nowait()
             except queue.Empty:
                 return dial
+
+    def clock(self) -> Dict[str, Optional[float]]:
+        """The last cell's times on this rank, as seconds before now (``ran``, ``ended``: None while it runs, or never
+        ran): an attaching kernel subtracts them from when it hears them, so no two processes' clocks are compared
+        (monotonic clocks differ between hosts, wall clocks drift): the job's clock is the ranks'."""
+        now = time.monotonic()
+        return {"ran": None if self.ran_at is None else now - self.ran_at, "ended": None if self.ended_at is None else now - self.ended_at}
+
+    def replay_stamps(self, offsets: List[int]) -> Dict[str, List[List[Any]]]:
+        """Per stream, when the lines of a replay from ``offsets`` were printed (``Spool.replay_stamps``)."""
+        return {s: self.spools[s].replay_stamps(int(offsets[i]) if i < len(offsets) else 0) for i, s in enumerate(kept.STREAMS) if s in self.spools}
 
     def dropped(self, offsets: List[int]) -> Dict[str, int]:
         """Per stream, the bytes the spool's cap dropped that a kernel attaching from ``offsets`` had not shown."""

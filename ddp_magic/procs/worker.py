@@ -118,7 +118,8 @@ class Worker:
                 sock = self._dial(control=True)
                 P.send(sock, self._hello(attach=True, cell=self.cell, busy=self.keeper.busy, undelivered=self.chan.undelivered,
                                          names=[n for n in self.user_ns if not n.startswith("_")], dropped=self.keeper.dropped(dial.get("offsets") or [0, 0]),
-                                         reform_gen=rank_recover.group_gen()))
+                                         reform_gen=rank_recover.group_gen(), clock=self.keeper.clock(),
+                                         replay=self.keeper.replay_stamps(dial.get("offsets") or [0, 0])))
                 self.keeper.attach_outputs(self._out_streams(), dial.get("offsets") or [0, 0])
                 self.chan.attach(sock)
                 return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import time
 from typing import Any, Optional
 
 from ..errors import CellError, UsageError
@@ -98,7 +99,7 @@ def attach(magics: Any, args: argparse.Namespace) -> Optional[Job]:
         done.replay(listener)
         printer.flush()
         return None
-    ticket = Ticket(f"{done.job or 'the kept cell'} (attached in {name})", background=True)
+    ticket = Ticket(f"{attaching.previous(done.job) or 'the kept cell'} (attached in {name})", background=True)
     label = str(number) if isinstance(number, int) else "attach"
     job = Job(ticket, functools.partial(_finish, session, pool, listener, printer, ticket, label, done), live=lambda: listener.metrics.data)
     job.outputs = functools.partial(session.output, cell=label)
@@ -117,14 +118,17 @@ def _finish(session: Session, pool: Any, listener: MagicListener, printer: RankP
     ticket.progress = metrics.last_step
     try:
         with session.turns.turn(ticket, True, None, job.cancel_event):
+            ticket.ran = done.clocks.start(sorted(pool.hub.hellos)) or time.monotonic()  # the ranks' clock (kernel/keep/clocks.py)
             listener.on_pool(pool)
+            listener.on_states([info for _, info in sorted(pool.ranks.items())])  # the view's run clock starts where theirs did
             heard = metrics.tee(session.outputs.tap(listener, label), listener)
             done.replay(heard)
-            outcome = resume(pool, heard, job.cancel_event)
+            outcome = resume(pool, heard, job.cancel_event, done.clocks)
     except BaseException as e:
         printer.flush()
         listener.finish(None, e)
         raise
+    ticket.ran_for = outcome.elapsed  # the job's run time is its cell's, on the ranks
     printer.flush()
     listener.finish(outcome, metrics=metrics)
     results = RankResults(outcome.values)

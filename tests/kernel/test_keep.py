@@ -6,6 +6,7 @@ test removes once the next kernel has attached. Each scenario runs twice, as a n
 """
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -20,6 +21,8 @@ from typing import Dict, Iterator, List, Optional
 import pytest
 
 from conftest import pid_alive, wait_until
+from ddp_magic.kernel.jobs.turns import clock_text
+from ddp_magic.words import fmt_seconds
 from kernel_helper import ANSI, Execution, Kernel, drop_runtime_dir, own_runtime_dir
 from keep_helper import TICK, TICKS, ticks
 
@@ -488,3 +491,123 @@ def test_keep_off_after_attach(runtime: str) -> None:
         k2.shutdown()
         wait_until(lambda f=facts: not any(pid_alive(p) for p in f["pids"]), 15)
         assert not [n for n in os.listdir(runtime) if n.startswith("ddp-kept-")]
+
+
+SESSION = "get_ipython().magics_manager.registry['DDPMagics'].session"
+CLOCKS = (f"(lambda s: {{'rows': [(str(r.state), r.elapsed) for r in s.status().ranks], 'start': s.status().start_seconds, "
+          f"'phase': s.status().job.phase if s.status().job else None, 'on_ranks': s.status().job.on_ranks() if s.status().job else None}})({SESSION})")
+def view_summary(k: Kernel, parent: str, ex: Execution) -> str:
+    """The summary line of the attach cell's status view as it settled (its last display), as a reader sees it."""
+    msgs = ex.messages + [m for m in k.collect(1.0) if m["parent_header"].get("msg_id") == parent]
+    htmls = [m["content"]["data"]["text/html"] for m in msgs if m["msg_type"] in ("display_data", "update_display_data")
+             and "ddp-status" in m["content"].get("data", {}).get("text/html", "")]
+    assert htmls, "the attach cell shows no status view"
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", htmls[-1].split("</summary>", 1)[0])).split())
+
+
+@pytest.mark.parametrize("end", ["restart", "sigkill"])
+def test_an_attached_job_keeps_the_ranks_clock(runtime: str, tmp_path, end: str) -> None:
+    """An attached job's run time is the ranks': from when its cell reached them (in the first kernel), to its end (in the
+    second, or while no kernel was attached: ``sigkill``, the job ends before the attach). ``job``, its repr, the attach
+    cell's view, and the panel's data (the rank rows, ``pool started in``) each say it.
+    Bounds from the test's own clock: the job ran at least from the first tick the test saw to the gate's removal, and
+    at most from before its cell was sent to when the test saw it end."""
+    gate = str(tmp_path / "gate")
+    open(gate, "w").close()
+    k1 = kernel(runtime)
+    k2 = None
+    try:
+        k1.run(START, timeout=180).ok()
+        started_in = k1.value(f"{SESSION}.pool.start_seconds")
+        sent = time.monotonic()
+        ex1 = k1.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
+        wait_until(lambda: all(ticks(texts(k1, ex1.msg_id, ex1)).get(r) for r in (0, 1)), 60)
+        seen = time.monotonic()  # the job runs (it ran before this)
+        time.sleep(2.0)  # it waits at its gate meanwhile: a run of seconds, not of the attach's milliseconds
+        if end == "restart":
+            k1.km.restart_kernel(now=False)
+            k1.run("%load_ext ddp_magic").ok()
+            k2, k1 = k1, None
+        else:
+            kill(k1)
+            os.unlink(gate)
+            freed = time.monotonic()
+            spools = [os.path.join(runtime, f"ddp-kept-{discovery_id(runtime)}", f"r{r}.out") for r in (0, 1)]
+            wait_until(lambda: all(f"tick {N - 1}\n" in open(p).read() for p in spools), 60)
+            wait_until(lambda: not discovery(runtime, discovery_id(runtime)).get("busy"), 60)  # both ranks' cells ended
+            ended = time.monotonic()
+            k2 = kernel(runtime)
+        ex = k2.run("%ddp attach --out job", timeout=120).ok()
+        if end == "restart":
+            asked = time.monotonic()
+            now = k2.value(CLOCKS)
+            assert now["phase"] == "running" and now["on_ranks"] >= asked - seen, now  # not "starting", not from the attach
+            assert all(state == "running" and seconds >= asked - seen for state, seconds in now["rows"]), now
+            os.unlink(gate)
+            freed = time.monotonic()
+            assert k2.value("job.wait(120)") is True
+            ended = time.monotonic()
+        else:
+            assert "ended while no kernel was attached" in ex.stdout, ex.stdout
+            assert k2.value("job.wait(120)") is True
+        ran = k2.value("job.elapsed")
+        assert freed - seen <= ran <= ended - sent, (freed - seen, ran, ended - sent)
+        said = k2.run("job").ok().result
+        assert said is not None and re.fullmatch(r"<Job cell \[\d+\] of the previous kernel \(attached in cell \[\d+\]\): done after "
+                                                 + re.escape(clock_text(ran)) + ">", said), said
+        after = k2.value(CLOCKS)
+        assert after["start"] == started_in, after  # "pool started in": the pool's start, not the attach's
+        assert all(state == "done" and freed - seen <= seconds <= ended - sent for state, seconds in after["rows"]), (after, freed - seen, ended - sent)
+        view = view_summary(k2, ex.msg_id, ex)
+        assert f"2 ranks ✓ {fmt_seconds(ran)}" in view, (view, ran)  # the cell and job.elapsed: one figure
+        stop_and_check(k2, runtime)
+    finally:
+        for k in (k1, k2):
+            if k is not None:
+                k.shutdown()
+
+
+IN_STEP = """%%ddp --bg --out job --keep
+import os, time
+for i in range({n}):
+    print('tick', i, flush=True)
+    dist.barrier()
+    while i == {at} and os.path.exists({gate!r}):
+        time.sleep(0.02)
+    time.sleep(0.05)
+('done', kept)
+"""  # both ranks print tick i before either prints tick i + 1 (the barrier): their lines interleave in time
+
+
+def test_a_replay_shows_the_ranks_lines_in_the_order_they_were_printed(runtime: str, tmp_path) -> None:
+    """The ranks print in step while no kernel is attached; the next kernel's replay interleaves them as they were
+    printed, as the live path does, not all of rank 1's lines, then all of rank 0's."""
+    for round_ in range(2):
+        gate = str(tmp_path / f"gate{round_}")
+        open(gate, "w").close()
+        k1 = kernel(runtime)
+        k2 = None
+        try:
+            k1.run(START, timeout=180).ok()
+            ex1 = k1.run(IN_STEP.format(n=40, at=30, gate=gate), timeout=120).ok()
+            wait_until(lambda k=k1, ex=ex1: all(3 in ticks(texts(k, ex.msg_id, ex)).get(r, []) for r in (0, 1)), 60)
+            kill(k1)
+            first = texts(k1, ex1.msg_id, ex1)
+            spools = [os.path.join(runtime, f"ddp-kept-{discovery_id(runtime)}", f"r{r}.out") for r in (0, 1)]
+            wait_until(lambda spools=spools: all("tick 30\n" in open(p).read() for p in spools), 60)  # to tick 30 with no kernel
+            k2 = kernel(runtime)
+            ex = k2.run("%ddp attach --out job", timeout=120).ok()
+            os.unlink(gate)
+            assert k2.value("job.wait(120)") is True
+            shown = [(int(r), int(i)) for r, i in TICK.findall(texts(k2, ex.msg_id, ex))]
+            replayed = [(r, i) for r, i in shown if i <= 30]
+            assert all(len([i for o, i in replayed if o == r]) >= 10 for r in (0, 1)), (ticks(first), shown)  # a replay of many lines
+            where = {line: n for n, line in enumerate(shown)}
+            for r, i in replayed:  # a tick is shown before the next-but-one tick of any rank: the two ranks' lines interleave
+                later = [where[(o, i + 2)] for o in (0, 1) if (o, i + 2) in where]
+                assert all(where[(r, i)] < n for n in later), f"rank {r}'s tick {i} is shown after tick {i + 2}: {shown}"
+            stop_and_check(k2, runtime)
+        finally:
+            for k in (k1, k2):
+                if k is not None:
+                    k.shutdown()

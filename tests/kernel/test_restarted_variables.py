@@ -3,7 +3,7 @@
 A rank is SIGKILLed; the next cell starts it again (its notice says its variables are gone) and uses a variable the
 others have: it raises NameError there, the others are released from their collective and the group re-forms. The
 cell's message and the panel's last-cell line (``LastCell.text``, what ``%ddp status`` and the panel say) name which
-ranks kept their variables, never "your variables are intact" (issue 42, item 12).
+ranks kept their variables, never "your variables are intact".
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A test run keeps nothing in the user's own Jupyter runtime directory (issues 42 item 17, 46).
+"""A test run keeps nothing in the user's own Jupyter runtime directory.
 
 Each test here runs pytest itself, on a small test file of its own, with the runtime directory of a pretend user
 (JUPYTER_RUNTIME_DIR, as a user who set it would have it) and the plugin that guards it (tests/plugins/runtime_guard.py).

@@ -1,4 +1,4 @@
-"""No test run leaves a kept pool's files in the user's own Jupyter runtime directory (issue 46): a pytest plugin.
+"""No test run leaves a kept pool's files in the user's own Jupyter runtime directory: a pytest plugin.
 
 Every kernel a test starts gets a runtime directory of its own (tests/kernel_helper.py ``Kernel``, unless the test
 gives one), and so does the browser tests' server (labextension/ui-tests/ui_server.py). This checks that it stays so:

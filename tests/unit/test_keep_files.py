@@ -92,7 +92,7 @@ def _hold(where: str, pool_id: str) -> "subprocess.Popen[bytes]":
 
 def test_attach_never_asks_to_choose_an_ended_pool(tmp_path, monkeypatch) -> None:
     """One live kept pool and one whose lease ended: attach takes the live one (the ended one is history, in the list);
-    two live ones: name one; none live: the one that ended (attach says why), or, of several, the list (issue 42, item 4)."""
+    two live ones: name one; none live: the one that ended (attach says why), or, of several, the list."""
     from ddp_magic.kernel.keep.attach import AttachError, choose, found_pools, list_text
 
     where = str(tmp_path)
@@ -120,3 +120,31 @@ def test_attach_never_asks_to_choose_an_ended_pool(tmp_path, monkeypatch) -> Non
         choose(None, notebook="")
     os.unlink(kept.discovery_path("11fe1111", where))
     assert choose(None, notebook="").id == "e0ded000"  # the one that ended: attach says why
+
+
+def test_a_spool_says_when_the_lines_of_a_replay_were_printed(tmp_path) -> None:
+    """Per read of its pipe, how many lines and how long ago (procs/rank_keep.py): what a replay from an offset holds,
+    its first read counted from the offset on; a rank started again on the file (no stamps) says its lines unstamped."""
+    from ddp_magic.procs.rank_keep import Spool
+
+    fd = os.open(os.devnull, os.O_WRONLY)  # the rank's fd 1, here a scratch one
+    path = str(tmp_path / "r0.out")
+    spool = Spool(fd, path)
+    try:
+        for text in (b"a\nb\n", b"c\n", b"d\ne\nf\n"):
+            before = spool.written
+            os.write(fd, text)
+            deadline = time.monotonic() + 30
+            while spool.written < before + len(text) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.05)
+        stamps = spool.replay_stamps(0)
+        assert [n for n, _ in stamps] == [2, 1, 3] and stamps[0][1] > stamps[1][1] > stamps[2][1] >= 0, stamps
+        assert [n for n, _ in spool.replay_stamps(2)] == [1, 1, 3]  # from "b\n" on: its read's other line is not replayed
+        assert spool.replay_stamps(spool.written) == []
+        fd2 = os.open(os.devnull, os.O_WRONLY)
+        again = Spool(fd2, path)  # a rank started again on the file: nothing stamped yet
+        assert again.replay_stamps(2) == [[5, None]]
+        os.close(fd2)  # the pipe's last writer: its pump ends
+    finally:
+        os.close(fd)

@@ -132,3 +132,30 @@ def test_what_a_rank_wrote_before_its_spool_began_counts_for_no_spool_byte(tmp_p
         assert not out.awaiting_spool and spool.written == want + len(b"partial")
         os.close(fd)
         kernel.close()
+
+
+def test_a_replay_merges_the_ranks_lines_in_the_order_they_were_printed() -> None:
+    """Each rank's replay comes as one block (rank 1's first here); the stamps its HELLO gives (lines, seconds before
+    it) put the lines back in the order they were printed; a line printed after the replay keeps when it was heard,
+    lines older than the stamps go first, and a line not ended yet goes last."""
+    from ddp_magic.kernel.keep.replay import expected, merged
+
+    hellos = {0: {"replay": {"stdout": [[1, None], [2, 3.0], [1, 1.0]]}}, 1: {"replay": {"stdout": [[2, 2.5], [1, 0.5]], "stderr": []}}}
+    heard_at = {0: 100.0, 1: 100.2}  # rank 0's line k at 97.0, 97.0, 99.0; rank 1's at 97.7, 97.7, 99.7
+    assert expected(hellos) == {(0, "stdout"): 4, (1, "stdout"): 3}
+    calls = [
+        ("on_output", (1, "stdout", "r1 a\nr1 b\nr1"), 100.3),  # a line cut in two reads
+        ("on_output", (1, "stdout", " c\n"), 100.4),
+        ("on_metrics", (1, [(1, 0.0, {"loss": 1.0})]), 100.4),
+        ("on_output", (0, "stdout", "r0 old\nr0 a\nr0 b\nr0 c\nr0 live\nr0 part"), 100.5),
+    ]
+    said = merged(calls, hellos, heard_at)
+    assert said[0] == ("on_metrics", (1, [(1, 0.0, {"loss": 1.0})]))
+    assert said[1:] == [
+        ("on_output", (0, "stdout", "r0 old\nr0 a\nr0 b\n")),  # older than rank 0's stamps; then 97.0, 97.0
+        ("on_output", (1, "stdout", "r1 a\nr1 b\n")),  # 97.7
+        ("on_output", (0, "stdout", "r0 c\n")),  # 99.0
+        ("on_output", (1, "stdout", "r1 c\n")),  # 99.7
+        ("on_output", (0, "stdout", "r0 live\nr0 part")),  # heard at 100.5, past its stamps; then the line not ended yet
+    ]
+    assert merged([("on_output", (0, "stdout", "x\n"), 1.0)], {}, {}) == [("on_output", (0, "stdout", "x\n"))]  # no stamps: as heard

@@ -143,6 +143,7 @@ class Attached:
     job: str = ""
     owned: Set[str] = field(default_factory=set)
     heard: Heard = field(default_factory=Heard)
+    clocks: RankClocks = field(default_factory=RankClocks)  # the ranks' own times of the cell (kernel/keep/clocks.py)
 
     def replay(self, listener: Listener) -> None:
         """What was heard while the ranks joined, to the cell's listener now (its lines with how far they go: their marks
@@ -168,7 +169,6 @@ def forget(found: Found) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
-    clocks: RankClocks = field(default_factory=RankClocks)  # the ranks' own times of the cell (kernel/keep/clocks.py)
 
 
 def attach(found: Found, force: bool) -> Attached:
@@ -206,6 +206,8 @@ def attach(found: Found, force: bool) -> Attached:
         pool.hub.admission = None
         admission.close()
     _dead_meanwhile(pool, set(pids.values()), report.get("meanwhile") or [])
+    clocks = RankClocks.heard(pool.hub.hellos, heard.heard_at)
+    clocks.apply(pool.ranks)
     pool.recovery.resume(max((int(h.get("reform_gen") or 0) for h in pool.hub.hellos.values()), default=0), pool.store_path)
     for rank, hello in pool.hub.hellos.items():  # a rank whose output log dropped what no kernel showed: it replays from its oldest byte
         if hello.get("dropped"):
@@ -229,13 +231,12 @@ def _pool_from(data: Dict[str, Any]) -> "Tuple[Pool, Optional[Dict[str, Any]]]":
     from ..pool import Pool
 
     blob = pickle.loads(base64.b64decode(data["pool"]))  # our own 0600 file, written by our own template
-    clocks = RankClocks.heard(pool.hub.hellos, heard.heard_at)
-    clocks.apply(pool.ranks)
     pool = Pool(blob["spec"])
     pool.launcher.close()  # never started
     pool._finalizer.detach()
     pool.plan, pool.secret, pool.shm_prefix, pool.store_path = blob["plan"], bytes.fromhex(data["secret"]), blob["shm_prefix"], blob["store_path"]
     pool.listen_addr, pool._cell, pool.generation = blob["listen_addr"], int(blob["cell"]), int(blob["generation"])
+    pool.start_seconds = blob.get("start_seconds")  # "pool started in": when the first kernel started it
     if blob.get("launch_env") is not None:
         pool.launch_env = blob["launch_env"]
     pool.tls_key = tls.ServerKey() if blob.get("tls") else None  # its ranks dial us over TLS, pinned to this key (told on the lease)
@@ -259,7 +260,6 @@ def _knock(found: Found, addr: str, port: int, force: bool, key: "Optional[tls.S
         offsets = replay_from(found.id, shown)
         me = notebook_name() or f"kernel pid {os.getpid()}"
         sock.sendall((json.dumps({"op": "attach", "kernel": me, "pid": os.getpid(), "force": force, "addr": addr,
-    pool.start_seconds = blob.get("start_seconds")  # "pool started in": when the first kernel started it
                                   "port": port, "offsets": offsets, "tls": key.fingerprint if key is not None else None}) + "\n").encode())
         reply = json.loads(_line(sock))
         if reply.get("event") != "refused":  # ours now: the file counts what this kernel shows from there
@@ -305,6 +305,8 @@ def _join(pool: "Pool", live: Set[int], heard: Heard) -> None:
     joined = lambda: all(r in hub.conns and (r, "stdout") in hub.outs and (r, "stderr") in hub.outs for r in live)  # noqa: E731
     with pool._bound(heard):
         hub.pump(joined, time.monotonic() + JOIN_WAIT_S)
+        want = replay.expected(hub.hellos)
+        hub.pump(lambda: heard.whole(want), time.monotonic() + REPLAY_WAIT_S)
     missing = sorted(live - set(hub.conns))
     if missing:
         pool.broken = f"{ranks_phrase(missing)} of the kept pool did not join this kernel"
@@ -328,8 +330,6 @@ def _meanwhile(events: List[Dict[str, Any]]) -> str:
     if ended:
         lines.append(f"\n  {_clock(ended[-1].get('at'))} the running cell ended on {ranks_phrase(sorted({int(e['rank']) for e in ended}))}")
     return ("\nwhile no kernel was attached:" + "".join(lines)) if lines else ""
-        want = replay.expected(hub.hellos)
-        hub.pump(lambda: heard.whole(want), time.monotonic() + REPLAY_WAIT_S)
 
 
 def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, seconds: float, told: bool) -> str:
@@ -353,6 +353,12 @@ def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, s
     return head + "." + _meanwhile(report.get("meanwhile") or []) + _dropped(pool.hub.hellos) + "\n" + pool.kept.text() if pool.kept else head
 
 
+def previous(job: str) -> str:
+    """A kept job's name as the kernel that attached it says it: ``cell [2] of the previous kernel`` (this kernel's own
+    cell [2] is another); "" for none."""
+    return f"{job} of the previous kernel" if job else ""
+
+
 def _dropped(hellos: Dict[int, Dict[str, Any]]) -> str:
     """What the output logs' cap dropped before any kernel showed it: said, never replayed as if whole."""
     lines = [f"\n  rank {rank}: {fmt_bytes(int(n))} of its {stream} that no kernel showed were dropped from its output log "
@@ -363,9 +369,3 @@ def _dropped(hellos: Dict[int, Dict[str, Any]]) -> str:
 
 def _clock(at: Any) -> str:
     return time.strftime("%H:%M:%S", time.localtime(float(at))) if at else "?"
-def previous(job: str) -> str:
-    """A kept job's name as the kernel that attached it says it: ``cell [2] of the previous kernel`` (this kernel's own
-    cell [2] is another); "" for none."""
-    return f"{job} of the previous kernel" if job else ""
-
-

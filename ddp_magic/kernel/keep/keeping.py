@@ -64,7 +64,7 @@ def pool_blob(pool: "Pool") -> str:
     """What a next kernel needs to take the pool on as if it had started it: spec, plan, files, env (0600 file)."""
     blob = {"spec": pool.spec, "plan": pool.plan, "shm_prefix": pool.shm_prefix, "store_path": pool.store_path,
             "launch_env": getattr(pool, "launch_env", None), "cell": pool._cell, "generation": pool.generation,
-            "listen_addr": pool.listen_addr, "tls": pool.tls_key is not None}
+            "listen_addr": pool.listen_addr, "tls": pool.tls_key is not None, "start_seconds": pool.start_seconds}
     if isinstance(pool.launcher, (SlurmLauncher, KeptSlurmLauncher)):  # what forks a rank again on its node (kernel/keep/launcher.py)
         blob["slurm"] = pool.launcher.kept_blob()
     return base64.b64encode(pickle.dumps(blob)).decode()
