@@ -159,3 +159,25 @@ def test_a_replay_merges_the_ranks_lines_in_the_order_they_were_printed() -> Non
         ("on_output", (0, "stdout", "r0 live\nr0 part")),  # heard at 100.5, past its stamps; then the line not ended yet
     ]
     assert merged([("on_output", (0, "stdout", "x\n"), 1.0)], {}, {}) == [("on_output", (0, "stdout", "x\n"))]  # no stamps: as heard
+
+
+def test_an_attached_cell_counts_on_the_ranks_clock() -> None:
+    """Each rank's HELLO says how long ago its cell reached it and ended (its own clock); the attaching kernel counts
+    back from when it heard each: rows, the job's start and its end (kernel/keep/clocks.py)."""
+    from ddp_magic.kernel.keep.clocks import RankClocks
+    from ddp_magic.kernel.ranks import RankInfo
+    from ddp_magic.states import RankState
+
+    hellos = {0: {"clock": {"ran": 40.0, "ended": 2.0}}, 1: {"clock": {"ran": 39.5, "ended": None}}, 2: {}}
+    clocks = RankClocks.heard(hellos, {0: 1000.0, 1: 1000.5, 2: 1000.0})
+    assert clocks.ran == {0: 960.0, 1: 961.0} and clocks.ended == {0: 998.0}
+    assert clocks.start([0, 1]) == 960.0 and clocks.end([0, 1]) is None and clocks.end([0]) == 998.0
+    infos = {0: RankInfo(0, RankState.DONE), 1: RankInfo(1, RankState.RUNNING), 2: RankInfo(2, RankState.READY, started=999.0)}
+    clocks.apply(infos)
+    assert (infos[0].started, infos[0].finished) == (960.0, 998.0) and infos[0].elapsed == 38.0
+    assert (infos[1].started, infos[1].finished) == (961.0, None)
+    assert infos[2].started == 999.0  # no clock said: as it was
+    infos[1].state, infos[1].finished = RankState.DONE, 1234.0  # its DONE came later: when the hub read it
+    clocks.ended[1] = 1001.0
+    clocks.settle(infos[1])
+    assert infos[1].finished == 1001.0
