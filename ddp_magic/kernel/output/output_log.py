@@ -125,9 +125,9 @@ class _Tap(Listener):
     def on_output(self, rank: int, stream: str, text: str) -> None:
         self._log.write(self._cell, rank, stream, text)
         if stream == "stderr" and (rank in self._crashed or FAULT_HEAD in text):
-            at = 0 if rank in self._crashed else text.index(FAULT_HEAD)
+            at, more = (0, ", continued") if rank in self._crashed else (text.index(FAULT_HEAD), "")
             self._crashed.add(rank)
-            log.info("rank %d's crash report (faulthandler; %%ddp output --rank %d shows it):\n%s", rank, rank, text[at:])
+            log.info("rank %d's crash report%s (faulthandler's; %%ddp output --rank %d shows it whole):\n%s", rank, more, rank, text[at:])
             text = text[:at]
         if text:
             self.inner.on_output(rank, stream, text)
