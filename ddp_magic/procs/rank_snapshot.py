@@ -184,7 +184,7 @@ def _objects(ns: Dict[str, Any], record: Dict[str, Any], into: set, meta: S.Meta
     missing = sorted(n for n in into if n not in ns)
     if missing:
         raise NameError(f"--into {','.join(missing)}: not defined on the ranks; run the cell that builds {'them' if len(missing) > 1 else 'it'} first")
-    rebuilt, opt_skeletons = O.rebuild_modules(record["skeletons"])
+    rebuilt, opt_skeletons = O.rebuild_modules(record["skeletons"], notes)
     modules = {n: ns[n] if n in into else m for n, m in rebuilt.items()}
     for name, entry in meta.names.items():
         if entry.get("sharing") == Sharing.SHARDED.value and name not in into:

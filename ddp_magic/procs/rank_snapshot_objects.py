@@ -83,6 +83,8 @@ def ddp_options(module: torch.nn.Module) -> Optional[Dict[str, Any]]:
         return None
     options = {k: getattr(module, k) for k in DDP_OPTIONS if hasattr(module, k)}
     options["bucket_cap_mb"] = module.bucket_bytes_cap / (1024 * 1024)
+    if getattr(module, "_comm_hooks", None):  # a hook is code and state of the user's: said on load, not guessed
+        options["_comm_hooks"] = len(module._comm_hooks)
     return options
 
 
@@ -141,12 +143,15 @@ def optimizer_skeleton(opt: torch.optim.Optimizer, modules: Dict[str, torch.nn.M
     return {"cls": type(opt), "defaults": dict(opt.defaults), "groups": groups, "module": owner}
 
 
-def rebuild_modules(blob: bytes) -> Tuple[Dict[str, torch.nn.Module], Dict[str, Dict[str, Any]]]:
+def rebuild_modules(blob: bytes, notes: List[str]) -> Tuple[Dict[str, torch.nn.Module], Dict[str, Dict[str, Any]]]:
     """The modules from their skeletons, DDP-wrapped again on the pool's process group with their own options."""
     data = pickle.loads(blob)
     modules: Dict[str, torch.nn.Module] = {}
     for name, item in data["modules"].items():
         module, options = item["module"], item["ddp"]
+        if options is not None and options.pop("_comm_hooks", 0):
+            notes.append(f"{name}: its DDP communication hook was not restored, which is not exact: register it again, "
+                         f"or rebuild {name} in a setup cell and use --into {name}")
         if options is not None:
             device_ids = [torch.cuda.current_device()] if next(module.parameters(), torch.empty(0)).is_cuda else None
             module = DDP(module, device_ids=device_ids, **options)

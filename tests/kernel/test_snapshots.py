@@ -156,3 +156,18 @@ def test_unpicklable_names_are_named_and_nothing_else_is_lost(kernel, tmp_path, 
     names = ["cfg", "dist", "double", "model", "socket", "torch", "w"]
     assert kernel.value("[g[0] for g in got]") == [names, names]
     assert kernel.value("[tuple(g[1:]) for g in got]") == [({"lr": 0.1, "rank": 0}, [0.0, 1.0, 2.0], 42), ({"lr": 0.1, "rank": 1}, [1.0, 2.0, 3.0], 42)]
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_a_damaged_snapshot_is_refused_naming_its_file(kernel, tmp_path, run):
+    kernel.run("%ddp stop").ok()
+    kernel.run("%%ddp -n 2\nimport torch\nmodel = torch.nn.Linear(2, 2)\nstep = 7", timeout=180).ok()
+    kernel.run(f"%ddp save {tmp_path}", timeout=180).ok()
+    (folder,) = [p for p in tmp_path.iterdir() if p.name.startswith("step-")]
+    data = bytearray((folder / "rank-1.pkl").read_bytes())
+    data[-2] ^= 0xFF  # one byte flipped: same size, other content
+    (folder / "rank-1.pkl").write_bytes(bytes(data))
+    kernel.run("%ddp stop").ok()
+    refused = kernel.run(f"%ddp load {tmp_path}", timeout=180)
+    assert refused.error is not None
+    assert "is damaged: rank-1.pkl (its content hash differs)" in refused.error[1] + "".join(refused.error[2]), refused.error

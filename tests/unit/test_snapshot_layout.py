@@ -1,0 +1,59 @@
+"""A snapshot folder as wire/snapshot.py reads it: the newest whole one is loaded, a partial one never, a changed file is named."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ddp_magic.kernel.snapshots import listing
+from ddp_magic.wire import snapshot as S
+
+
+def _snapshot(parent, step, when, world=2):
+    path = os.path.join(parent, S.snapshot_name(step, when))
+    os.makedirs(os.path.join(path, S.DCP_DIR))
+    for rank in range(world):
+        with open(os.path.join(path, S.rank_file(rank)), "wb") as f:
+            f.write(b"rank %d" % rank)
+    with open(os.path.join(path, S.DCP_DIR, "__0_0.distcp"), "wb") as f:
+        f.write(b"x" * 100)
+    S.Meta(world_size=world, time=when, step=step, names={"model": {"kind": "module", "sharing": "replicated"}},
+           unsaved={"gen": "a generator"}, files=S.file_table(path), versions={"torch": "2.13"}).write(path)
+    return path
+
+
+def test_the_newest_whole_snapshot_is_loaded_and_a_partial_one_never(tmp_path):
+    old = _snapshot(str(tmp_path), 10, 1000.0)
+    new = _snapshot(str(tmp_path), 20, 2000.0)
+    os.makedirs(tmp_path / (S.PARTIAL + "abcd"))  # a save that died after it
+    assert S.resolve(str(tmp_path)) == new
+    assert S.resolve(old) == old
+    text = listing(str(tmp_path))
+    assert text.splitlines()[0].startswith("2 snapshots in ")
+    assert "step 10  1970-01-01 00:16:40 UTC  2 ranks" in text and "model (not saved: gen)" in text
+    assert ".partial-abcd  partial: a save that did not finish" in text
+
+
+def test_a_changed_or_missing_file_is_named(tmp_path):
+    path = _snapshot(str(tmp_path), 5, 1000.0)
+    meta = S.Meta.read(path)
+    assert S.damaged(path, meta) == []
+    with open(os.path.join(path, S.rank_file(1)), "wb") as f:
+        f.write(b"rank 9")  # same size, other content
+    os.remove(os.path.join(path, S.DCP_DIR, "__0_0.distcp"))
+    assert S.damaged(path, meta) == ["dcp/__0_0.distcp (missing)", "rank-1.pkl (its content hash differs)"]
+
+
+def test_no_snapshot_says_how_to_make_one(tmp_path):
+    with pytest.raises(FileNotFoundError, match="save one with %ddp save"):
+        S.resolve(str(tmp_path))
+    assert "no snapshots in" in listing(str(tmp_path / "nothing")) and "(no such folder)" in listing(str(tmp_path / "nothing"))
+
+
+def test_a_newer_format_is_refused_with_the_fix(tmp_path):
+    path = _snapshot(str(tmp_path), 1, 1.0)
+    meta = S.Meta.read(path)
+    meta.format = S.FORMAT + 1
+    meta.write(path)
+    with pytest.raises(ValueError, match="upgrade ddp_magic"):
+        S.Meta.read(path)
