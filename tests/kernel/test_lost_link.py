@@ -23,7 +23,7 @@ import pytest
 from jupyter_client.manager import KernelManager
 
 from conftest import LOST_LINK
-from kernel_helper import Kernel
+from kernel_helper import Kernel, own_runtime_dir
 from ddp_magic.wire import liveness
 
 pytestmark = pytest.mark.kernel
@@ -62,7 +62,8 @@ class NetnsKernel(Kernel):
             json.dump({"argv": argv, "display_name": "ddp netns", "language": "python"}, f)
         self.km = KernelManager(kernel_name="ddp-netns", transport="ipc", ip=os.path.join(folder, "ipc"))
         self.km.kernel_spec_manager.kernel_dirs = [os.path.join(folder, "kernels")]
-        self.km.start_kernel(env=dict(os.environ))
+        self.runtime = own_runtime_dir()  # its own, as every test kernel's (kernel_helper.Kernel); shutdown removes it
+        self.km.start_kernel(env=dict(os.environ, JUPYTER_RUNTIME_DIR=self.runtime))
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
