@@ -47,6 +47,7 @@ import warnings
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
+from ..kernel import interrupts
 from ..kernel.keep import front
 from ..logs import log
 from ..session import Session
@@ -229,6 +230,9 @@ class LabBridge:
             data = msg.get("content", {}).get("data") or {}
             if data.get("type") == "shown":
                 front.heard(data)
+            if data.get("type") == "interrupting":  # the panel's Interrupt comes next: a queued cell it takes out says so
+                interrupts.from_panel()
+                return self._send(comm, {"type": "interrupt_noted", "id": data.get("id")})
             if data.get("type") != "request":
                 return
             op, rid, args = str(data.get("op")), data.get("id"), data.get("args") or {}

@@ -113,12 +113,9 @@ class PoolSnapshots:
         if self.session.pool is not None:
             return []
         try:
-            from ..kernel.keep.attach import found_pools
-            from ..kernel.keep.keeping import notebook_name
+            from .kept_list import kept_rows
 
-            notebook = notebook_name()
-            return [{"id": f.id, "text": f.line(), "alive": f.alive and f.data.get("state") != "ended"}
-                    for f in found_pools() if notebook and f.data.get("notebook") == notebook]
+            return kept_rows()
         except Exception:  # a snapshot must never fail for this
             log.debug("labcomm: could not list the kept pools", exc_info=True)
             return []

@@ -31,7 +31,7 @@ import math
 from enum import Enum
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..words import rank_list
+from ..words import fmt_seconds, rank_list
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 TEXT = "var(--jp-ui-font-color1,#24292f)"
@@ -111,13 +111,27 @@ def tick_labels(values: Sequence[float]) -> List[str]:
 
 
 def identical_ranks(lines: Dict[str, List[List[Any]]]) -> List[List[int]]:
-    """The ranks whose points are all the same (a loss DDP keeps in step): groups of two or more, lowest rank first.
-    One line is drawn per group, in its first rank's colour, and the chart says so: drawn one over the other, the last
-    rank's line would hide the others'. labextension/src/metrics.ts identicalRanks is the same."""
-    groups: Dict[Tuple[Tuple[Any, ...], ...], List[int]] = {}
+    """The ranks whose points are the same on every step they both logged (a loss DDP keeps in step; one rank may be a
+    step ahead of another while the job runs): groups of two or more, lowest rank first. One line is drawn per group,
+    its longest member's, in its first rank's colour, and the chart says so: drawn one over the other, the last rank's
+    line would hide the others'. labextension/src/metrics.ts identicalRanks is the same."""
+    groups: List[Tuple[List[List[Any]], List[int]]] = []  # (the longest points of the group, its ranks)
     for rank in sorted(lines, key=int):
-        groups.setdefault(tuple(tuple(p) for p in lines[rank]), []).append(int(rank))
-    return [g for g in groups.values() if len(g) > 1]
+        pts = [list(p) for p in lines[rank]]
+        for i, (rep, ranks) in enumerate(groups):
+            short, long_ = (pts, rep) if len(pts) <= len(rep) else (rep, pts)
+            if pts and long_[: len(short)] == short:
+                groups[i] = (long_, ranks + [int(rank)])
+                break
+        else:
+            groups.append((pts, [int(rank)]))
+    return [ranks for _, ranks in groups if len(ranks) > 1]
+
+
+def group_line(lines: Dict[str, List[List[Any]]], group: Sequence[int]) -> List[List[Any]]:
+    """The points drawn for an identical group: its longest member's (the rank a step ahead shows that step)."""
+    by_rank = {int(k): v for k, v in lines.items()}
+    return max((by_rank[r] for r in group), key=len)
 
 
 def identical_text(groups: Sequence[Sequence[int]]) -> str:
@@ -130,8 +144,8 @@ def slowest_text(s: Dict[str, Any]) -> str:
     if s.get("slowest") is None:
         return NO_STRAGGLER
     if s.get("slowest_by") == "profile":
-        return f"rank {s['slowest']} (profile: the others waited +{s['lag']:.2f} s)"
-    return f"rank {s['slowest']} (+{s['lag']:.2f} s)"
+        return f"rank {s['slowest']} (profile: the others waited +{fmt_seconds(s['lag'])})"
+    return f"rank {s['slowest']} (+{fmt_seconds(s['lag'])})"  # the panel's words too (metrics.ts summaryRows: fmtSeconds)
 
 
 # ---------------------------------------------------------------- text: widths, headline, the table as text
@@ -286,10 +300,11 @@ def metric_svg(payload: Dict[str, Any], name: str, form: ChartForm = ChartForm.L
         parts.append(_label(left - GAP, py(y) + 4, text, ink.muted, "end"))
     parts.append(_label(px(x0), H - 4, fmt(x0), ink.muted, "start"))
     parts.append(_label(px(x1), H - 4, fmt(x1), ink.muted, "end"))
+    drawn = {g[0]: group_line(lines, g) for g in same}
     for rank in sorted(lines, key=int):
         if int(rank) in once:
             continue
-        pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in lines[rank] if y is not None)
+        pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in drawn.get(int(rank), lines[rank]) if y is not None)
         if pts:
             parts.append(f"<polyline points='{pts}' style='fill:none;stroke:{rank_color(int(rank), form)};stroke-width:1.5'/>")
     return (

@@ -54,3 +54,8 @@ class LabelChanges:
 
     def __len__(self) -> int:
         return len(self._flat) // 2
+
+    def restarted(self, nproc: int) -> Tuple[int, ...]:
+        """The ranks that became ready when not all did (one started again alone in the cell): () for a whole pool."""
+        ready = {rank for rank, label in self if label == RankState.READY}
+        return tuple(sorted(ready)) if 0 < len(ready) < nproc else ()

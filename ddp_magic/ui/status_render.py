@@ -82,6 +82,7 @@ class Snapshot:
     ok: bool = False
     note: str = ""  # why it failed, in a few words
     started_in: Optional[float] = None  # seconds the pool took to start, when it started in this cell
+    restarted: Sequence[int] = ()  # the ranks started again alone in this cell (the others ran on): "rank 1 restarted in 42 ms"
     starting_for: Optional[float] = None  # the start clock, while the pool starts in this cell
     root: Optional[int] = None  # the rank whose failure explains the others
     stopped: FrozenSet[int] = frozenset()  # ranks stopped or released because of it (kernel.failures.blame.causes)
@@ -254,7 +255,8 @@ def summary_parts(s: Snapshot, style: TextStyle) -> List[str]:
     if s.checks:
         parts.append(style.verdict(s.checks))
     if s.started_in is not None and s.starting_for is None:
-        parts.append(f"pool started in {style.esc(fmt_seconds(s.started_in))}")
+        what = f"{ranks_phrase(s.restarted)} restarted" if s.restarted else "pool started"  # not the whole pool's old figure
+        parts.append(f"{what} in {style.esc(fmt_seconds(s.started_in))}")
     if s.kept:
         parts.append(style.esc(s.kept))
     return parts

@@ -160,8 +160,8 @@ class StatusView(PlanFacts, Listener):
         return R.state_label(info) if info is not None else RankState.STARTING
 
     def start_seconds(self) -> Optional[float]:
-        """How long the pool took to start in this cell (the pool's own measure when it has one)."""
-        measured = getattr(self._pool, "start_seconds", None) if self.started_in is not None else None
+        """How long the pool took to start in this cell: the pool's own measure (its first start's), or the ranks' own."""
+        measured = getattr(self._pool, "start_seconds", None) if self.started_in is not None and not self.history.restarted(self.nproc) else None
         return measured if isinstance(measured, (int, float)) else self.started_in
 
     def elapsed(self) -> float:
@@ -194,7 +194,7 @@ class StatusView(PlanFacts, Listener):
             finished=self.finished,
             ok=bool(self.result_ok),
             note=self.result_note,
-            started_in=self.start_seconds(),
+            started_in=self.start_seconds(), restarted=self.history.restarted(self.nproc) if self.started_in is not None else (),
             starting_for=self.starting_for(),
             root=self.root,
             stopped=self.stopped, timed_out=self.timed_out,

@@ -26,6 +26,8 @@ import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { answeredWithin, BusyProbe, mayLoad, PROBE_TIMEOUT_MS } from './busy_probe';
+import { askKeptPools } from './kept_probe';
+import type { IKeptPool } from './kept';
 import { TargetQuestion } from './target_question';
 import { HeldOutput } from './held';
 import { HeldStore, storeKey, tabStorage } from './held_store';
@@ -72,6 +74,11 @@ export class PoolConnection implements IDisposable {
 
   get state(): IUIState {
     return this._state;
+  }
+
+  /** This notebook's kept pools, as a kernel without ddp_magic loaded lists them (kept_probe.ts); none once loaded. */
+  get keptWithoutMagic(): IKeptPool[] {
+    return this._comm ? [] : this._keptOffline;
   }
 
   get sessionContext(): ISessionContext {
@@ -122,6 +129,8 @@ export class PoolConnection implements IDisposable {
       if (found && round === this._probeRound && kernel === this._kernel() && !this._comm && !this._disposed) {
         this._openComm(kernel);
         void this._question.drop(this._kernel());
+      } else if (!found && round === this._probeRound && way === 'main') {
+        void this._listKept(kernel, round); // not loaded: the kept pools this notebook can attach, all the same
       }
     } catch (e) {
       // a kernel that went away while we asked: the next status change probes again
@@ -184,11 +193,35 @@ export class PoolConnection implements IDisposable {
   async interrupt(): Promise<void> {
     const kernel = this._kernel();
     if (kernel) {
+      await this._sayInterrupting(); // a cell it takes out of the queue names the panel, not Ctrl-C (kernel/interrupts.py)
       await kernel.interrupt();
     }
   }
 
   // ---------------------------------------------------------------- internals
+  /** Tell the kernel the next interrupt is the panel's; at most 1 s (a kernel without subshells hears it after the cell). */
+  private _sayInterrupting(): Promise<void> {
+    const comm = this._comm;
+    if (!comm) {
+      return Promise.resolve();
+    }
+    const id = UUID.uuid4();
+    return new Promise<void>(resolve => {
+      const done = () => {
+        window.clearTimeout(timer);
+        this._noted.delete(id);
+        resolve();
+      };
+      const timer = window.setTimeout(done, 1000);
+      this._noted.set(id, done);
+      try {
+        comm.send({ type: 'interrupting', id } as any);
+      } catch (e) {
+        done();
+      }
+    });
+  }
+
   private _kernel(): Kernel.IKernelConnection | null {
     return this._session.session?.kernel ?? null;
   }
@@ -210,6 +243,10 @@ export class PoolConnection implements IDisposable {
       }
       const data = msg.content.data as unknown;
       const kind = data && typeof data === 'object' ? (data as { type?: string; op?: string }) : {};
+      if (kind.type === 'interrupt_noted') {
+        this._noted.get((data as { id: string }).id)?.();
+        return;
+      }
       if (kind.type === 'cell_output') {
         const out = data as ICellOutputMsg & { metadata?: unknown };
         this._held.take({ header: { msg_type: out.msg_type }, metadata: out.metadata }); // its kept lines' marks
@@ -262,6 +299,20 @@ export class PoolConnection implements IDisposable {
     }
   }
 
+  /** Ask a kernel without ddp_magic for this notebook's kept pools (once per negative answer on the main shell). */
+  private async _listKept(kernel: Kernel.IKernelConnection, round: number): Promise<void> {
+    let rows: IKeptPool[] | null = null;
+    try {
+      rows = await askKeptPools(kernel);
+    } catch (e) {
+      console.debug('ddp_magic: could not list the kept pools', e); // the kernel went away meanwhile
+    }
+    if (rows && round === this._probeRound && kernel === this._kernel() && !this._comm && !this._disposed) {
+      this._keptOffline = rows;
+      this._changed.emit();
+    }
+  }
+
   private _closeComm(): void {
     const comm = this._comm;
     this._comm = null;
@@ -283,6 +334,7 @@ export class PoolConnection implements IDisposable {
 
   private _onKernelChanged(): void {
     this._comm = null; // the old kernel's comm is gone with it
+    this._keptOffline = [];
     this._keptHere = null;
     this._busy.stop();
     this._question.forget();
@@ -322,6 +374,7 @@ export class PoolConnection implements IDisposable {
       this._asking = { main: false, sub: false };
       this._reprobe = null;
       this._keptHere = null;
+      this._keptOffline = [];
       this._busy.stop();
       this._rejectAll(`the kernel is ${next === 'dead' ? 'dead' : 'restarting'}`);
     }
@@ -390,9 +443,11 @@ export class PoolConnection implements IDisposable {
   private _commIds: string[] = [];
   private _store: HeldStore;
   private _held: HeldOutput; // kept across this page's kernels and reloads: the next kernel replays from it
+  private _keptOffline: IKeptPool[] = []; // before ddp_magic is loaded (kept_probe.ts)
   private _keptHere: string | null = null; // the kept pool this kernel runs (its snapshots say)
   private _busy = new BusyProbe(() => this.probe(true), () => this._comm !== null || this._disposed);
   private _flush = () => this._store.flush(); // the page goes away (a reload): what it held is written now
   private _disposed = false;
+  private _noted = new Map<string, () => void>(); // interrupt notes the kernel has not acknowledged yet
   private _waiters = new Map<string, { resolve: (r: IReplyMsg) => void; reject: (e: Error) => void }>();
 }

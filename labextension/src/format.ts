@@ -83,6 +83,23 @@ function pyFixed2(x: number): string {
   return x.toFixed(2);
 }
 
+/**
+ * Python's f"{x:.{d}f}" (the cell chart's axis labels, metrics_chart.tick_labels): toFixed rounds the exact binary
+ * value as Python does, except on an exact tie (0.125 to 2 places), where Python rounds half to even ("0.12") and
+ * toFixed up ("0.13"). A tie's exact decimal expansion is short, so toFixed with more places shows it whole.
+ */
+export function pyFixed(x: number, d: number): string {
+  const exact = Math.abs(x).toFixed(Math.min(100, d + 30));
+  const dot = exact.indexOf('.');
+  const tail = exact.slice(dot + 1 + d);
+  const kept = exact.slice(0, dot + 1 + d).replace(/\.$/, '');
+  const last = Number(kept[kept.length - 1]);
+  if (/^50*$/.test(tail) && last % 2 === 0) {
+    return `${x < 0 ? '-' : ''}${kept}`; // a tie, its kept digit even: Python leaves it, toFixed would round up
+  }
+  return x.toFixed(d);
+}
+
 export function formatBytes(n: number | null | undefined): string {
   if (n === null || n === undefined) {
     return '';

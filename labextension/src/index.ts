@@ -206,7 +206,13 @@ class ToolbarMenu implements DocumentRegistry.IWidgetExtension<NotebookPanel, IN
         menu.open(rect.left, rect.bottom);
       }
     });
-    const update = () => button.setHidden(!conn.state.connected);
+    // once this notebook's kernel had ddp_magic, or lists a kept pool, the button stays (a restart does not hide it:
+    // its commands say why they are refused until ddp_magic is loaded again)
+    let seen = false;
+    const update = () => {
+      seen = seen || conn.state.connected || conn.keptWithoutMagic.some(k => k.alive);
+      button.setHidden(!seen);
+    };
     conn.changed.connect(update);
     update();
     panel.toolbar.insertItem(10, 'ddp-magic', button);

@@ -2,7 +2,7 @@
  * ddp_magic.log's chart data (the kernel's {type: "metrics"} message): parsed, formatted, laid out as SVG lines.
  */
 
-import { cellName, fmtSeconds, rankRuns } from './format';
+import { cellName, fmtSeconds, pyFixed, rankRuns } from './format';
 import type { IMetricsMsg, IMetricSummary, MetricPoint } from './model';
 
 const num = (x: unknown): number | null => (typeof x === 'number' && isFinite(x) ? x : null);
@@ -146,10 +146,10 @@ export function tickLabels(values: number[]): string[] {
     return values.map(v => fmtValue(v));
   }
   let decimals = Math.max(0, 3 - Math.floor(Math.log10(top)));
-  let labels = values.map(v => v.toFixed(decimals));
+  let labels = values.map(v => pyFixed(v, decimals));
   while (decimals > 0 && labels.every(l => l.endsWith('0'))) {
     decimals--;
-    labels = values.map(v => v.toFixed(decimals));
+    labels = values.map(v => pyFixed(v, decimals));
   }
   return labels.map(l => (Number(l) === 0 ? l.replace('-', '') : l));
 }
@@ -160,12 +160,27 @@ export function tickLabels(values: number[]): string[] {
  * one over the other, the last rank's line would hide the others'. ddp_magic/ui/metrics_chart.py identical_ranks is the same.
  */
 export function identicalRanks(lines: Record<string, MetricPoint[]>): number[][] {
-  const groups = new Map<string, number[]>();
+  const groups: Array<{ rep: MetricPoint[]; ranks: number[] }> = []; // the group's longest points, its ranks
+  const key = (pts: MetricPoint[]) => JSON.stringify(pts);
   for (const rank of Object.keys(lines).sort((a, b) => Number(a) - Number(b))) {
-    const key = JSON.stringify(lines[rank]);
-    groups.set(key, [...(groups.get(key) || []), Number(rank)]);
+    const pts = lines[rank];
+    const g = groups.find(({ rep }) => {
+      const [short, long] = pts.length <= rep.length ? [pts, rep] : [rep, pts];
+      return pts.length > 0 && key(long.slice(0, short.length)) === key(short);
+    });
+    if (g) {
+      g.rep = pts.length > g.rep.length ? pts : g.rep;
+      g.ranks.push(Number(rank));
+    } else {
+      groups.push({ rep: pts, ranks: [Number(rank)] });
+    }
   }
-  return [...groups.values()].filter(g => g.length > 1);
+  return groups.map(g => g.ranks).filter(g => g.length > 1);
+}
+
+/** The points drawn for an identical group: its longest member's (metrics_chart.group_line). */
+export function groupLine(lines: Record<string, MetricPoint[]>, group: number[]): MetricPoint[] {
+  return group.map(r => lines[String(r)] || []).reduce((a, b) => (b.length > a.length ? b : a), []);
 }
 
 /** What a chart says of its identical ranks: "ranks 0-1 identical" ('' when none). */
@@ -239,6 +254,7 @@ export function metricChart(m: IMetricsMsg, name: string, width: number, height 
   const left = Math.max(CHART.left, Math.ceil(Math.max(...labels.map(l => measure(l)))) + CHART.gap + 2);
   const same = identicalRanks(lines);
   const drawnOnce = new Set(same.reduce<number[]>((acc, g) => acc.concat(g.slice(1)), []));
+  const drawn = new Map(same.map(g => [g[0], groupLine(lines, g)] as [number, MetricPoint[]]));
   const plot = { x0: left, x1: width - CHART.right, y0: CHART.top, y1: height - CHART.bottom };
   const px = (x: number) => plot.x0 + ((x - x0) / (x1 - x0)) * (plot.x1 - plot.x0);
   const py = (y: number) => plot.y0 + ((y1 - y) / (y1 - y0)) * (plot.y1 - plot.y0);
@@ -247,7 +263,7 @@ export function metricChart(m: IMetricsMsg, name: string, width: number, height 
     if (drawnOnce.has(Number(rank))) {
       continue; // the same points as a lower rank's, drawn in its colour
     }
-    const points = lines[rank]
+    const points = (drawn.get(Number(rank)) || lines[rank])
       .filter(p => p[1] !== null)
       .map(([x, y]) => `${px(x).toFixed(1)},${py(y as number).toFixed(1)}`)
       .join(' ');

@@ -14,6 +14,7 @@ import { initialState } from './state';
 import { commandPolicy, OP_LABEL, replyText } from './commands';
 import { el, withCommands, words } from './dom';
 import { PoolFacts } from './panel_facts';
+import { keptPools } from './kept';
 import { KeptSection } from './panel_kept';
 import { MetricsSection } from './panel_metrics';
 import { RanksSection } from './panel_ranks';
@@ -115,11 +116,14 @@ export class PoolPanel extends Widget {
     this._where.appendChild(words(panel ? `${panel.context.localPath} · kernel ${state.kernelStatus === 'none' ? 'none' : state.kernelStatus}` : 'no notebook'));
 
     const text = statusText(state, now);
+    const kept = state.connected ? keptPools(state.snapshot) : conn ? conn.keptWithoutMagic : [];
     withCommands(
       this._summary,
       text ??
         (!conn
           ? 'Open a notebook to see its pool.'
+          : !state.connected && kept.some(k => k.alive)
+            ? 'ddp_magic is not loaded in this kernel; this notebook kept a pool (below): Attach loads ddp_magic and takes it on.'
           : !state.connected
             ? 'ddp_magic is not loaded in this kernel. Run `%load_ext ddp_magic`, then a `%%ddp -n N` cell.'
             : 'No pool is running. A `%%ddp -n N` cell starts one.')
@@ -153,10 +157,11 @@ export class PoolPanel extends Widget {
     this._message.appendChild(words(lines.join('\n')));
     this._message.dataset.kind = state.pending.length ? 'pending' : state.lastReply && !state.lastReply.ok ? 'error' : 'info';
 
-    this._kept.render(state.snapshot, panel);
+    this._kept.render(kept, panel, state.connected);
     this._ranks.render(rankRows(state, now));
     this._metrics.render(state.metrics, () => this.node.clientWidth - 20); // a width read only with a chart: no forced layout
     this._facts.render(state, pool);
+    this._stacks.update(state);
     this._refreshButtons();
     this.node.dataset.renderMs = (performance.now() - t0).toFixed(2); // what one refresh cost (ui-tests/test_scale_ui.py reads it)
   }

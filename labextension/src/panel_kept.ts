@@ -1,50 +1,43 @@
 /**
  * The DDP panel's kept pools: after a kernel restart, the pools this notebook kept (%ddp keep, docs/keep.md) that
  * outlived the old kernel, each with an Attach action. Attach puts a `%ddp attach ID --out job` cell below the
- * active one and runs it, so the running job's output and chart go on in a cell, as the magic shows them.
- * The kernel lists them in each snapshot (ddp_magic/ui/labsnap.py kept_dicts) while it has no pool of its own.
+ * active one (with `%load_ext ddp_magic` first where the kernel has not loaded it) and runs it, so the running job's
+ * output and chart go on in a cell, as the magic shows them. The kernel lists them in each snapshot
+ * (ddp_magic/ui/labsnap.py kept_dicts) while it has no pool of its own, and before ddp_magic is loaded the connection
+ * asks for them (kept_probe.ts). Each is a row laid out as the rank rows are: its id, short facts, the button.
  */
 import { NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
 
-import * as M from './model';
-import { el, words } from './dom';
-
-/** One kept pool of this notebook, as the kernel says it. */
-export interface IKeptPool {
-  id: string;
-  text: string; // the line `%ddp attach --list` prints
-  alive: boolean; // false: its lease ended; attaching says why
-}
-
-/** What a snapshot carries besides the pool: the kept pools (an empty list while a pool runs here). */
-export function keptPools(snapshot: M.ISnapshotMsg | null): IKeptPool[] {
-  const kept = snapshot ? (snapshot as M.ISnapshotMsg & { kept?: IKeptPool[] }).kept : undefined;
-  return Array.isArray(kept) ? kept : [];
-}
-
-/** The code the Attach action runs: the magic, so the job's output lands in that cell. */
-export function attachCode(pool: IKeptPool): string {
-  return `%ddp attach ${pool.id} --out job`; // the id first: argparse takes no positional after an option here
-}
+import { el } from './dom';
+import { attachCode, type IKeptPool, keptLines } from './kept';
 
 export class KeptSection {
   readonly node = el('div', 'jp-ddp-Panel-kept');
 
-  render(snapshot: M.ISnapshotMsg | null, panel: NotebookPanel | null): void {
-    const pools = keptPools(snapshot);
+  /** `loaded`: ddp_magic is loaded in the kernel (else Attach loads it first). */
+  render(pools: IKeptPool[], panel: NotebookPanel | null, loaded: boolean): void {
     this.node.textContent = '';
     this.node.style.display = pools.length ? '' : 'none';
+    if (pools.length) {
+      this.node.appendChild(el('div', 'jp-ddp-Panel-keptTitle', pools.length === 1 ? 'kept pool of this notebook' : 'kept pools of this notebook'));
+    }
     for (const pool of pools) {
-      const row = el('div', 'jp-ddp-Panel-keptRow');
+      const row = el('div', `jp-ddp-Panel-keptRow${pool.alive ? '' : ' jp-ddp-Panel-keptRow-ended'}`);
       row.dataset.id = pool.id;
-      row.appendChild(words(`${pool.alive ? 'kept pool' : 'ended kept pool'} ${pool.text}`));
+      row.title = pool.text;
+      const facts = el('span', 'jp-ddp-Panel-keptFacts');
+      for (const line of keptLines(pool)) {
+        facts.appendChild(el('span', 'jp-ddp-Panel-keptLine', line));
+      }
+      row.appendChild(facts);
       const b = el('button', 'jp-ddp-Panel-button jp-ddp-Panel-button-attach', pool.alive ? 'Attach' : 'Why it ended');
       b.type = 'button';
       b.disabled = !panel;
-      b.title = `runs ${attachCode(pool)} in a new cell`;
+      const code = attachCode(pool, loaded);
+      b.title = `runs ${code.replace('\n', '; ')} in a new cell`;
       b.addEventListener('click', () => {
         if (panel) {
-          void runBelow(panel, attachCode(pool));
+          void runBelow(panel, code);
         }
       });
       row.appendChild(b);

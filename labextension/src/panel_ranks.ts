@@ -79,8 +79,8 @@ export class RanksSection {
       ];
       for (const [key, value] of cells) {
         const td = el('td', `jp-ddp-Rank-${key}`, value);
-        if (key === 'state' && r.why) {
-          td.title = r.why;
+        if (key === 'state' || key === 'time') {
+          td.title = [`rank ${r.rank}: ${r.state}`, key === 'time' ? r.elapsed : '', r.why].filter(Boolean).join('\n'); // whole on hover
         }
         tr.appendChild(td);
       }

@@ -8,6 +8,7 @@ import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { PoolConnection } from './connection';
+import { KeptCellNotes } from './kept_cell';
 import { CellRebinder } from './rebind';
 import { poolPhase } from './ranks';
 
@@ -52,6 +53,7 @@ export class ConnectionTracker {
       this._connections.set(panel, conn);
       const rebinder = new CellRebinder(panel, conn); // a background cell another page ran (before a reload) gets its outputs back
       this._rebinders.set(panel, rebinder);
+      const notes = new KeptCellNotes(panel, conn); // a kept job's cell says where it goes on when its kernel goes
       conn.changed.connect(() => {
         if (conn === this._current) {
           this._updated.emit();
@@ -60,6 +62,7 @@ export class ConnectionTracker {
       panel.disposed.connect(() => {
         this._rebinders.get(panel)?.dispose();
         this._rebinders.delete(panel);
+        notes.dispose();
         this._connections.get(panel)?.dispose();
         this._connections.delete(panel);
         if (this._current === conn) {

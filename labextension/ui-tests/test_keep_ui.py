@@ -29,7 +29,7 @@ import time
 from typing import Any, Iterator, List
 
 import pytest
-from ui_pages import KERNEL_STATUS_JS, append_and_run, front_page, no_errors, run_cell, wait_kernel_idle, wait_prompt, wait_ready
+from ui_pages import KERNEL_STATUS_JS, append_and_run, front_page, no_errors, prompt_number, run_cell, wait_kernel_idle, wait_prompt, wait_ready
 from ui_server import ROOT, Server
 
 NOTEBOOK = "ddp_keep_ui.ipynb"
@@ -162,7 +162,7 @@ def start_ticking(page: Any, server: Server, gate: str, upto: int, early: str = 
     wait_ticks(page, base, upto)
     m = re.search(r"kept the pool ([0-9a-f]+)", output(page, base))
     assert m, output(page, base)
-    pid = re.search(m.group(1) + r".*attached to .*\(pid (\d+)\)", terminal(server, "kept"))
+    pid = re.search(m.group(1) + r"[^\n]*\n\s*attached to pid (\d+)", terminal(server, "kept"))  # its second line
     assert pid, terminal(server, "kept")
     return base, m.group(1), int(pid.group(1))
 
@@ -368,3 +368,86 @@ def test_ticks_show_once_when_one_cell_loads_and_attaches(page: Any, server: Ser
             print(f"[{round_}] the attach waited for the page's hello:", output(page, base + 3).strip())  # docs/keep.md's figure
             page.evaluate("(b) => window.jupyterapp.shell.currentWidget.content.model.sharedModel.deleteCellRange(b, b + 4)", base)
             assert cells(page) == base
+
+
+SHOTS = os.environ.get("DDP_MAGIC_SHOTS", "")  # a folder: before/after shots of these stories
+ROW_JS = """(id) => { const r = document.querySelector(`.jp-ddp-Panel-keptRow[data-id='${id}']`); if (!r) { return null; }
+  const b = r.querySelector('button').getBoundingClientRect(); const f = r.querySelector('.jp-ddp-Panel-keptFacts');
+  const fb = f ? f.getBoundingClientRect() : null;
+  return {text: r.innerText, title: r.title, button: [b.left, b.right], facts: fb ? [fb.left, fb.right] : null,
+          lines: f ? [...f.children].map(e => e.textContent) : []}; }"""
+WIDGETS_JS = ("(i) => window.jupyterapp.shell.currentWidget.content.model.cells.get(i).outputs.toJSON()"
+              ".filter(o => o.data && o.data['application/vnd.jupyter.widget-view+json']).length")
+
+
+def shot(page: Any, name: str) -> None:
+    if SHOTS:
+        os.makedirs(SHOTS, exist_ok=True)
+        page.screenshot(path=os.path.join(SHOTS, f"{name}_{'notebook' if '/notebooks/' in page.url else 'lab'}.png"))
+
+
+def restart_checks(page: Any, pool_id: str, base: int) -> dict:
+    """What the page shows after the restart, ddp_magic not loaded yet: each failed check, by what it is about."""
+    problems: dict = {}
+    row = page.locator(f".jp-ddp-Panel-kept .jp-ddp-Panel-keptRow[data-id='{pool_id}']")
+    try:
+        expect(row).to_be_visible(timeout=30_000)
+    except AssertionError:
+        problems["8: the panel lists the kept pool before %load_ext"] = page.locator(".jp-ddp-Panel-summary").inner_text()
+    toolbar = page.locator(".jp-ddp-ToolbarButton")
+    if not toolbar.is_visible():
+        problems["15: the DDP toolbar button stays after a restart"] = "hidden"
+    if page.locator(".jp-ddp-Panel-button-stacks").is_enabled():
+        problems["15: Stacks is disabled while ddp_magic is not loaded"] = "enabled"
+    page.wait_for_timeout(1000)  # the page has had its say about the dead kernel's widgets
+    said, widgets = output(page, base), int(page.evaluate(WIDGETS_JS, base))
+    if "kept:" not in said or "attach it to follow" not in said or widgets:
+        problems["9: the job's cell says it was kept and how to follow it"] = f"{widgets} widget outputs; {said[-300:]!r}"
+    shot(page, "42_restart_not_loaded")
+    return problems
+
+
+def layout_checks(page: Any, pool_id: str) -> dict:
+    """The kept pool's row (ddp_magic loaded or not): short facts, each once, the button in a column of its own."""
+    got = page.evaluate(ROW_JS, pool_id)
+    problems: dict = {}
+    if got is None:
+        return {"8: the kept pool's row": "none"}
+    text = got["text"]
+    if not got["facts"] or got["button"][0] < got["facts"][1] or "/" in text or text.count("no kernel") > 1 or "unless" in text:
+        problems["8: the row is laid out as the rank rows (no path, each fact once, the button beside)"] = got
+    return problems
+
+
+def test_a_restart_lists_the_kept_pool_and_its_cell_says_where_it_goes_on(page: Any, server: Server, tmp_path: Any) -> None:
+    """A ``--bg --keep`` job ticks; the kernel restarts. Before ``%load_ext``: the panel lists
+    the pool in a row of short facts with *Attach* beside them, the toolbar's DDP button stays, Stacks is refused, and
+    the job's cell holds no dead widget but a note that it was kept and how to follow it. *Attach* (which loads
+    ddp_magic in its cell) takes the pool on; the job's cell then says `continued in cell [N]`, N the attach cell's."""
+    with sigkill_rounds(page, server) as kept:
+        gate = str(tmp_path / "restart")
+        base, pool_id, _ = start_ticking(page, server, gate, 10)
+        kept.append(pool_id)
+        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
+        wait_kernel_idle(page)
+        problems = restart_checks(page, pool_id, base)
+        if "8: the panel lists the kept pool before %load_ext" in problems:
+            run_cell(page, 0)  # the old way: %load_ext first, then the panel lists it
+            wait_prompt(page, 0)
+        row = page.locator(f".jp-ddp-Panel-kept .jp-ddp-Panel-keptRow[data-id='{pool_id}']")
+        expect(row).to_be_visible(timeout=60_000)
+        problems.update(layout_checks(page, pool_id))
+        shot(page, "42_restart_kept_row")
+        page.evaluate("() => { window.jupyterapp.shell.currentWidget.content.activeCellIndex = 0; }")
+        row.locator("button.jp-ddp-Panel-button-attach").click()
+        page.wait_for_function(f"() => document.querySelectorAll('.jp-Notebook .jp-CodeCell').length === {base + 2}", timeout=30_000)
+        number = prompt_number(wait_prompt(page, 1))
+        said = output(page, 1)
+        try:
+            page.wait_for_function(f"(i) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].innerText.includes('continued in cell [{number}]')",
+                                   arg=base + 1, timeout=30_000)
+        except playwright_api.TimeoutError:
+            problems["9: the job's cell says `continued in cell [N]` once attached"] = output(page, base + 1)[-300:]
+        shot(page, "42_restart_attached")
+        attached_once(page, server, said, pool_id, gate, base, kept)
+    assert not problems, problems

@@ -19,7 +19,7 @@ from typing import Any, List
 from format_patterns import half_place, read_back
 from ddp_magic.plan.check import Check, checks_verdict
 from ddp_magic.words import plural, ranks_phrase
-from ddp_magic.ui.metrics_chart import fmt, identical_ranks, tick_labels
+from ddp_magic.ui.metrics_chart import fmt, group_line, identical_ranks, slowest_text, tick_labels
 from ddp_magic.ui.status_render import fmt_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -68,7 +68,8 @@ def test_fmt_value_is_the_same_in_the_panel_and_the_cell_chart() -> None:
 
 def test_the_y_axis_labels_and_identical_ranks_are_the_same_in_the_panel_and_the_cell_chart() -> None:
     triples = [[lo, (lo + hi) / 2, hi] for lo, hi in ((1.049, 16.8), (0.0, 1.0), (0.0002628, 0.00031), (-0.05, 0.05), (5181.0, 92500.0),
-                                                      (1e-6, 3e-6), (0.6136, 0.7184), (2.31, 2.37), (99.2, 1000.7), (-3.3, -1.1))]
+                                                      (1e-6, 3e-6), (0.6136, 0.7184), (2.31, 2.37), (99.2, 1000.7), (-3.3, -1.1),
+                                                      (10.0, 16.25), (-16.25, -10.0), (0.0, 0.25))]  # 13.125: a tie (Python 13.12, toFixed 13.13)
     shown = _ts("tickLabels", [[t] for t in triples])
     assert shown == [tick_labels(t) for t in triples]
     for labels in shown:  # one precision on an axis (fmt's unit forms aside)
@@ -76,7 +77,9 @@ def test_the_y_axis_labels_and_identical_ranks_are_the_same_in_the_panel_and_the
             assert len({len(t.split(".")[1]) if "." in t else 0 for t in labels}) == 1, labels
     lines = [{"0": [[0, 1.0], [1, 0.5]], "1": [[0, 1.0], [1, 0.5]], "2": [[0, 1.0]]}, {"0": [[0, 1.0]], "1": [[0, 2.0]]},
              {"3": [[0, 1.5]], "1": [[0, 1.5]], "2": [[0, 1.5]], "0": [[0, 0.5]]}]
-    assert _ts("identicalRanks", [[x] for x in lines]) == [identical_ranks(x) for x in lines] == [[[0, 1]], [], [[1, 2, 3]]]
+    # rank 2 a step behind ranks 0 and 1, the same on the step it logged: one line, and the chart says so
+    assert _ts("identicalRanks", [[x] for x in lines]) == [identical_ranks(x) for x in lines] == [[[0, 1, 2]], [], [[1, 2, 3]]]
+    assert _ts("groupLine", [[lines[0], [0, 1, 2]]]) == [group_line(lines[0], [0, 1, 2])] == [[[0, 1.0], [1, 0.5]]]
 
 
 def test_rank_lists_and_counts_are_worded_as_the_kernel_words_them() -> None:
@@ -132,3 +135,13 @@ def test_a_background_job_reads_the_same_in_the_status_bar_and_in_percent_ddp_st
     assert shown == [j["text"] for j in jobs]  # read at the snapshot's moment: the kernel's own words
     assert shown[0] == "background: cell [12] queued" and re.fullmatch(r"background: cell \[3\] running \d+:\d\d:\d\d, step 4,120", shown[1])
     assert shown[3] == "background: cell [9] starting"
+
+
+def test_the_slowest_ranks_lag_is_the_same_figure_in_the_panel_and_the_cell_chart() -> None:
+    """The cell wrote ``+0.04 s`` where the panel wrote ``+36 ms``: both are fmt_seconds now."""
+    lags = [0.036, 0.55, 1.0, 2.125, 75.25]
+    msgs = [{"summary": [{"name": "loss", "last": 1.0, "last_lo": 1.0, "last_hi": 1.0, "min": 1.0, "mean": 1.0, "slowest": 1, "lag": lag}],
+             "final": True} for lag in lags]
+    panel = [rows[0]["slowest"] for rows in _ts("metricRows", [[m] for m in msgs])]
+    assert panel == [slowest_text({"slowest": 1, "lag": lag}) for lag in lags] == ["rank 1 (+36 ms)", "rank 1 (+550 ms)", "rank 1 (+1.00 s)",
+                                                                                   "rank 1 (+2.12 s)", "rank 1 (+1 m 15 s)"]

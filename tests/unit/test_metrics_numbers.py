@@ -177,7 +177,7 @@ def test_a_profiles_verdict_names_the_straggler_of_every_metric():
     assert [(s.slowest, s.slowest_by) for s in m.summary()] == [(1, StragglerMeasure.PROFILE)] * 2
     assert [s["slowest_by"] for s in m.payload()["summary"]] == ["profile", "profile"]  # the panel hears which measure
     text = C.chart_text(m.payload())
-    assert text.count("rank 1 (profile: the others waited +0.45 s)") == 2 and C.NO_STRAGGLER not in text
+    assert text.count("rank 1 (profile: the others waited +450 ms)") == 2 and C.NO_STRAGGLER not in text
     m.profiled = Straggler(None, 0.002, StragglerMeasure.PROFILE)
     assert C.chart_text(m.payload()).count(C.NO_STRAGGLER) == 2
 

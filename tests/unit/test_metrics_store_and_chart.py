@@ -77,12 +77,12 @@ def test_the_saved_chart_is_what_a_sanitizer_keeps():
         ET.fromstring(svg)  # a well-formed document
         assert "var(" not in svg and "#ffffff" in svg, "its own colours and its own light card: no page CSS reaches an <img>"
     assert "background:#1f77b4'" in html and "background:#ff7f0e'" in html, "the legend's swatches in plain hex"
-    assert "rank 1 (+0.55 s)" in html
+    assert "rank 1 (+550 ms)" in html
     text = metrics_chart.chart_text(_store().payload())
     head, columns, loss, tok = text.splitlines()
     assert head == "ddp_magic metrics: loss, tok_s from 2 ranks, steps 0-1 (%ddp metrics gives the data)"
     assert columns.split() == ["metric", "last", "(mean", "over", "ranks)", "min", "mean", "slowest", "rank"]
-    assert loss.split() == ["loss", "1", "1", "2", "rank", "1", "(+0.55", "s)"]  # rank 1's last loss is NaN: the mean of the others
+    assert loss.split() == ["loss", "1", "1", "2", "rank", "1", "(+550", "ms)"]  # rank 1's last loss is NaN: the mean of the others
     assert tok.split() == ["tok_s", "45", "(40", "to", "50)", "40", "45", "rank", "1", "(+1.00", "s)"]
 
 

@@ -18,6 +18,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 from ...errors import Dequeued, UsageError
 from ...states import RankState
 from ..ranks import Listener, RankInfo
+from .. import interrupts
 
 ANSWERS = "%ddp_debug answers"  # how a background cell's question is answered (docs/background.md)
 WAIT_SLICE_S = 0.1  # a waiting cell looks at its cancel flag this often (a Ctrl-C lands at once anyway)
@@ -138,7 +139,7 @@ class Turns:
             self._wait(ticket, cancelled)
         except KeyboardInterrupt:
             self._leave(ticket)
-            raise Dequeued(f"{ticket.name} was taken out of the queue (Ctrl-C) before it ran; {ahead.name} goes on") from None
+            raise Dequeued(f"{ticket.name} was taken out of the queue {interrupts.how()} before it ran; {ahead.name} goes on") from None
         except BaseException:
             self._leave(ticket)
             raise

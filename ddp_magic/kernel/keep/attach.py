@@ -23,8 +23,7 @@ from ...words import fmt_bytes, plural, ranks_phrase
 from ..admission import Admission, raise_fd_limit
 from ..output.kept_output import KeptOutput
 from ..ranks import Listener, RankInfo
-from . import front, replay
-from .clocks import RankClocks
+from . import front
 from .keeping import KeptState, detach_at_exit, notebook_name, spool_cap
 from .launcher import KeptLauncher, KeptSlurmLauncher
 from .terms import Terms, span
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
 
 JOIN_WAIT_S = 60.0  # every live rank joins the attaching kernel within this
 REPLY_WAIT_S = 10.0
-REPLAY_WAIT_S = 10.0  # the ranks' replays come in full within this (or what is late is shown as it comes)
 
 
 class AttachError(RuntimeError):
@@ -58,19 +56,42 @@ class Found:
         """Its lease holder lives and has not ended it: a pool to attach. An ended one is history (``--list`` shows it)."""
         return self.alive and self.data.get("state") != "ended"
 
-    def line(self) -> str:
-        """``3fa9c2e1  train.ipynb  4 ranks  cell [5] running  attached to pid 4242 since 14:02  kept: ...``"""
+    def fields(self) -> Dict[str, str]:
+        """The short facts of one kept pool, each said once (the panel's row, ``--list``'s two lines): ``notebook``
+        (its file name: the folder is the server's), ``ranks``, ``job``, ``kernel``, ``lease``; ended: ``why``."""
         d = self.data
+        out = {"id": self.id, "notebook": os.path.basename(str(d.get("notebook") or "")) or "(no notebook)",
+               "ranks": plural(int(d.get("nproc") or 0), "rank")}
         if d.get("state") == "ended" or not self.alive:
-            why = d.get("why") or "its template died without ending its lease"
-            return f"{self.id}  {d.get('notebook') or '(no notebook)'}  ended: {why}"
+            out["why"] = f"ended: {d.get('why') or 'its template died without ending its lease'}"
+            return out
         busy = d.get("busy") or []
-        job = f"{d.get('job') or 'a cell'} running on {ranks_phrase(busy)}" if busy else "idle"
         who = d.get("attached")
-        att = f"attached to {who.get('kernel') or 'a kernel'} (pid {who.get('pid')}) since {_clock(who.get('since'))}" if who else "no kernel attached"
         terms = Terms(float(d["idle"]), float(d["max"]), float(d["since"]))
-        lease = terms.text(attached=bool(who), left_at=d.get("left_at"))
-        return f"{self.id}  {d.get('notebook') or '(no notebook)'}  {plural(int(d.get('nproc') or 0), 'rank')}  {job}  {att}  {lease}"
+        most = self._day_clock(terms.ends_at)
+        out["job"] = f"{d.get('job') or 'a cell'} running on {ranks_phrase(busy)}" if busy else "idle"
+        if who:
+            out["kernel"] = f"attached to pid {who.get('pid')} since {self._day_clock(float(who.get('since') or 0))}"
+            out["lease"] = f"ends {span(terms.idle)} after its kernel leaves, at most at {most}"
+        else:
+            left = d.get("left_at")
+            out["kernel"] = f"no kernel since {self._day_clock(float(left))}" if left else "no kernel"
+            idle_end = self._day_clock(min(float(left) + terms.idle, terms.ends_at)) if left else most
+            out["lease"] = f"ends at most at {most}" if busy else f"ends at {idle_end} unless a kernel attaches"
+        return out
+
+    @staticmethod
+    def _day_clock(at: float) -> str:
+        """``06:14``, or ``Tue 06:14`` when not today (a lease's end is often tomorrow)."""
+        return time.strftime("%H:%M" if time.localtime(at)[:3] == time.localtime()[:3] else "%a %H:%M", time.localtime(at))
+
+    def line(self) -> str:
+        """``3fa9c2e1  train.ipynb  4 ranks  cell [5] running on ranks 0-3`` and, indented under it,
+        ``no kernel since 14:02 · ends at most at 06:14``: each fact once, short lines (an output area wraps anywhere)."""
+        f = self.fields()
+        if "why" in f:
+            return f"{self.id}  {f['notebook']}  {f['ranks']}  {f['why']}"
+        return f"{self.id}  {f['notebook']}  {f['ranks']}  {f['job']}\n{' ' * (len(self.id) + 4)}{f['kernel']} · {f['lease']}"
 
 
 def found_pools(where: Optional[str] = None) -> List[Found]:
@@ -110,27 +131,16 @@ def choose(pool_id: Optional[str], notebook: Optional[str] = None) -> Found:
 
 
 class Heard(Listener):
-    """What the ranks sent while they joined (their replays, metrics rows): held until the attach has said what it found,
-    and until every replay is whole, then told in the order the lines were printed (kernel/keep/replay.py)."""
+    """What the ranks sent while they joined (the replay's start, metrics rows): held until the attach has said what it found."""
 
     def __init__(self) -> None:
-        self.calls: List[replay.Heard] = []
-        self.heard_at: Dict[int, float] = {}  # rank -> when its HELLO was taken (its clock's "ago" counts back from there)
-        self.lines: Dict[replay.Key, int] = {}  # the line ends heard of each rank's stream
-
-    def on_state(self, info: RankInfo) -> None:
-        self.heard_at.setdefault(info.rank, time.monotonic())
+        self.calls: List[Tuple[str, Tuple[Any, ...]]] = []
 
     def on_output(self, rank: int, stream: str, text: str) -> None:
-        self.calls.append(("on_output", (rank, stream, text), time.monotonic()))
-        self.lines[(rank, stream)] = self.lines.get((rank, stream), 0) + text.count("\n")
+        self.calls.append(("on_output", (rank, stream, text)))
 
     def on_metrics(self, rank: int, rows: List[Any]) -> None:
-        self.calls.append(("on_metrics", (rank, rows), time.monotonic()))
-
-    def whole(self, want: Dict[replay.Key, int]) -> bool:
-        """Whether every rank's replay has come in full (``want``: replay.expected)."""
-        return all(self.lines.get(key, 0) >= n for key, n in want.items())
+        self.calls.append(("on_metrics", (rank, rows)))
 
 
 @dataclass
@@ -143,14 +153,11 @@ class Attached:
     job: str = ""
     owned: Set[str] = field(default_factory=set)
     heard: Heard = field(default_factory=Heard)
-    clocks: RankClocks = field(default_factory=RankClocks)  # the ranks' own times of the cell (kernel/keep/clocks.py)
 
     def replay(self, listener: Listener) -> None:
         """What was heard while the ranks joined, to the cell's listener now (its lines with how far they go: their marks
         went with the read, kernel/output/kept_output.py)."""
-        heard, self.heard.calls = self.heard.calls, []
-        hellos = self.pool.hub.hellos if self.pool is not None else {}
-        calls = replay.merged(heard, hellos, self.heard.heard_at)
+        calls, self.heard.calls = self.heard.calls, []
         out = self.pool.hub.shown if self.pool is not None else None
         if out is None:
             for name, args in calls:
@@ -206,8 +213,6 @@ def attach(found: Found, force: bool) -> Attached:
         pool.hub.admission = None
         admission.close()
     _dead_meanwhile(pool, set(pids.values()), report.get("meanwhile") or [])
-    clocks = RankClocks.heard(pool.hub.hellos, heard.heard_at)
-    clocks.apply(pool.ranks)
     pool.recovery.resume(max((int(h.get("reform_gen") or 0) for h in pool.hub.hellos.values()), default=0), pool.store_path)
     for rank, hello in pool.hub.hellos.items():  # a rank whose output log dropped what no kernel showed: it replays from its oldest byte
         if hello.get("dropped"):
@@ -216,13 +221,13 @@ def attach(found: Found, force: bool) -> Attached:
     where = os.path.dirname(found.path)
     pool.kept = KeptState(found.id, kept.pool_dir(found.id, where), where, terms, str(data.get("notebook") or ""), str(data.get("job") or ""))
     pool.hub.keep_msg = {"on": True, "lease": lease_at(found), "dir": str(data.get("dir") or pool.kept.dir), "cap": spool_cap()}
-    pool.started = True  # its start_seconds stay the pool's own start (the pool's blob), not this attach's
+    pool.started, pool.broken, pool.start_seconds = True, pool.broken, time.monotonic() - t0
     detach_at_exit(pool)
     hellos = pool.hub.hellos
     resumed = any(h.get("busy") or h.get("undelivered") for h in hellos.values())
     owned = set(hellos[min(hellos)].get("names") or []) if hellos else set()
     text = _report(found, pool, report, resumed, time.monotonic() - t0, told)
-    return Attached(pool, text, resumed, pool.kept.job, owned, heard, clocks)
+    return Attached(pool, text, resumed, pool.kept.job, owned, heard)
 
 
 def _pool_from(data: Dict[str, Any]) -> "Tuple[Pool, Optional[Dict[str, Any]]]":
@@ -236,7 +241,6 @@ def _pool_from(data: Dict[str, Any]) -> "Tuple[Pool, Optional[Dict[str, Any]]]":
     pool._finalizer.detach()
     pool.plan, pool.secret, pool.shm_prefix, pool.store_path = blob["plan"], bytes.fromhex(data["secret"]), blob["shm_prefix"], blob["store_path"]
     pool.listen_addr, pool._cell, pool.generation = blob["listen_addr"], int(blob["cell"]), int(blob["generation"])
-    pool.start_seconds = blob.get("start_seconds")  # "pool started in": when the first kernel started it
     if blob.get("launch_env") is not None:
         pool.launch_env = blob["launch_env"]
     pool.tls_key = tls.ServerKey() if blob.get("tls") else None  # its ranks dial us over TLS, pinned to this key (told on the lease)
@@ -299,14 +303,11 @@ def _line(sock: socket.socket) -> bytes:
     return out
 
 
-def _join(pool: "Pool", live: Set[int], heard: Heard) -> None:
-    """Every live rank joins this kernel; then its replay comes in full before any is shown (they merge in time order)."""
+def _join(pool: "Pool", live: Set[int], listener: Listener) -> None:
     hub = pool.hub
     joined = lambda: all(r in hub.conns and (r, "stdout") in hub.outs and (r, "stderr") in hub.outs for r in live)  # noqa: E731
-    with pool._bound(heard):
+    with pool._bound(listener):
         hub.pump(joined, time.monotonic() + JOIN_WAIT_S)
-        want = replay.expected(hub.hellos)
-        hub.pump(lambda: heard.whole(want), time.monotonic() + REPLAY_WAIT_S)
     missing = sorted(live - set(hub.conns))
     if missing:
         pool.broken = f"{ranks_phrase(missing)} of the kept pool did not join this kernel"
@@ -341,7 +342,7 @@ def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, s
     left = report.get("left_at")
     if left:
         head += f", no kernel for {span(time.time() - float(left))}"
-    job = previous(str(found.data.get("job") or "")) or "the last cell"
+    job = found.data.get("job") or "the last cell"
     running = any(h.get("busy") for h in pool.hub.hellos.values())
     after = " after the last line this page received" if told else ""  # kernel/keep/front.py
     if running:
@@ -351,12 +352,6 @@ def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, s
     elif found.data.get("job"):
         head += f"; {job} had ended"
     return head + "." + _meanwhile(report.get("meanwhile") or []) + _dropped(pool.hub.hellos) + "\n" + pool.kept.text() if pool.kept else head
-
-
-def previous(job: str) -> str:
-    """A kept job's name as the kernel that attached it says it: ``cell [2] of the previous kernel`` (this kernel's own
-    cell [2] is another); "" for none."""
-    return f"{job} of the previous kernel" if job else ""
 
 
 def _dropped(hellos: Dict[int, Dict[str, Any]]) -> str:

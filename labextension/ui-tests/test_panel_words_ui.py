@@ -1,0 +1,119 @@
+"""The DDP panel's Stacks view and rank states, whole and dated, in real JupyterLab and Notebook 7.
+
+A 2-rank foreground cell where rank 1 waits in a function with a long name while rank 0 waits in ``all_reduce``: the
+panel's Stacks, read while the cell runs, wraps its frames at the panel's edge (no line runs past it, where the old
+view cut ``in all_reduce #1 (waited up to 9.`` with no visible scrollbar), under ``taken at HH:MM:SS (N s ago)``; once
+the cell has ended it says the stacks are stale. A cell queued behind a background job and taken out by the panel's *Interrupt* says so (it said
+``(Ctrl-C)``, a key nobody pressed). Then a cell where rank 1 SIGKILLs itself: the panel's state of rank 1
+is whole (``killed (SIGKILL)``; the old column cut it to ``killed (S…``) and its tooltip says it too.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from typing import Any, Iterator
+
+import pytest
+from ui_pages import front_page, no_errors, run_cell, wait_prompt
+from ui_server import Server
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+playwright_api = pytest.importorskip("playwright.sync_api", reason="Python Playwright is in requirements-dev.txt")
+expect = playwright_api.expect
+
+GATE = os.path.join(tempfile.gettempdir(), f"ddp_panel_words_gate_{os.getpid()}")
+WAIT = f"""%%ddp -n 2
+import os, time, torch, torch.distributed as dist
+def rank_one_waits_here_in_a_function_whose_name_is_long_enough_to_reach_the_panels_edge():
+    while os.path.exists({GATE!r}):
+        time.sleep(0.05)
+t = torch.ones(1)
+if dist.get_rank() == 1:
+    rank_one_waits_here_in_a_function_whose_name_is_long_enough_to_reach_the_panels_edge()
+dist.all_reduce(t)
+t.item()"""
+HOLD = os.path.join(tempfile.gettempdir(), f"ddp_panel_words_hold_{os.getpid()}")
+BG = f"%%ddp -n 2 --bg --out job\nimport os, time\nwhile os.path.exists({HOLD!r}):\n    time.sleep(0.05)"
+QUEUED = "%%ddp -n 2\nprint('the queued cell ran')"
+KILL = "%%ddp -n 2\nimport os, signal, torch.distributed as dist\nif dist.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n1"
+SHOTS = os.environ.get("DDP_MAGIC_SHOTS", "")
+STACKS_JS = """() => { const n = document.querySelector('.jp-ddp-Panel-stacks'); const p = n && n.querySelector('.jp-ddp-Panel-stacksText');
+  const s = n && n.querySelector('.jp-ddp-Panel-stacksStamp');
+  return n ? {state: n.dataset.state || '', stale: n.dataset.stale || '', text: p.textContent, stamp: s ? s.textContent : '',
+              scroll: p.scrollWidth, client: p.clientWidth} : null; }"""
+STATE_JS = """(r) => { const td = document.querySelector(`.jp-ddp-Ranks tr.jp-ddp-Rank[data-rank='${r}'] td.jp-ddp-Rank-state`);
+  return td ? {text: td.textContent, title: td.title, scroll: td.scrollWidth, client: td.clientWidth} : null; }"""
+
+
+def shot(page: Any, name: str) -> None:
+    if SHOTS:
+        os.makedirs(SHOTS, exist_ok=True)
+        page.locator(".jp-ddp-Panel").screenshot(path=os.path.join(SHOTS, f"{name}_{'notebook' if '/notebooks/' in page.url else 'lab'}.png"))
+
+
+@pytest.fixture(scope="module", params=["lab", "notebook"])
+def page(request: Any, server: Server, browser: Any) -> Iterator[Any]:
+    kind = request.param
+    if kind == "notebook":
+        pytest.importorskip("notebook", reason="Notebook 7 (pip install notebook) is in requirements-dev.txt")
+    with front_page(server, browser, f"panel_words_{kind}.ipynb", ["%load_ext ddp_magic", "%%ddp -n 2\n1", WAIT, KILL, BG, QUEUED], 900, panel=True, kind=kind) as pg:
+        for i in (0, 1):  # the extension, then the pool (its stacks are read once it runs)
+            run_cell(pg, i)
+            wait_prompt(pg, i, 240)
+        yield pg
+
+
+def test_the_stacks_wrap_say_when_they_were_taken_and_go_stale(page: Any) -> None:
+    open(GATE, "w").close()
+    try:
+        run_cell(page, 2)
+        got = None
+        for _ in range(240):  # until both ranks are where the cell puts them (the pool starts first)
+            page.click(".jp-ddp-Panel-button-stacks")
+            page.wait_for_function("() => { const n = document.querySelector('.jp-ddp-Panel-stacks');"
+                                   " return n && n.dataset.state && n.dataset.state !== 'asking'; }", timeout=60_000)
+            got = page.evaluate(STACKS_JS)
+            if "--- rank 1 ---" in got["text"] and " in all_reduce" in got["text"]:
+                break
+            page.wait_for_timeout(500)
+        shot(page, "42_stacks_running")
+        assert got and got["scroll"] <= got["client"] + 1, f"a frame runs past the panel's edge: {got and (got['scroll'], got['client'])}"
+        assert re.fullmatch(r"taken at \d\d:\d\d:\d\d \(\d+ s ago\)", got["stamp"]), got["stamp"]
+    finally:
+        os.unlink(GATE)
+    wait_prompt(page, 2, 180)
+    page.wait_for_function("() => document.querySelector('.jp-ddp-Panel-stacks').dataset.stale === 'true'", timeout=30_000)
+    got = page.evaluate(STACKS_JS)
+    assert "stale" in got["stamp"] and "has ended" in got["stamp"], got["stamp"]
+    shot(page, "42_stacks_stale")
+    no_errors(page)
+
+
+def test_a_killed_ranks_state_is_whole_and_in_its_tooltip(page: Any) -> None:
+    run_cell(page, 3)
+    wait_prompt(page, 3, 180)
+    page.wait_for_function(f"() => {{ const s = ({STATE_JS})(1); return s && s.text.startsWith('killed'); }}", timeout=60_000)
+    got = page.evaluate(STATE_JS, 1)
+    shot(page, "42_killed_state")
+    assert got["scroll"] <= got["client"] + 1, f"the state is cut: {got}"
+    assert got["text"] in got["title"], got
+    page.evaluate("() => window.jupyterapp.shell.currentWidget.content.model.sharedModel.getCell(2).setSource('1')")  # the page's kernel goes on
+    no_errors(page)
+
+
+def test_a_queued_cell_taken_out_by_the_panels_interrupt_says_so(page: Any) -> None:
+    open(HOLD, "w").close()
+    try:
+        run_cell(page, 4)  # the job holds the pool
+        wait_prompt(page, 4, 180)
+        run_cell(page, 5)  # waits behind it
+        page.wait_for_function("() => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[5].innerText.includes('queued')", timeout=60_000)
+        page.click(".jp-ddp-Panel-button-interrupt")
+        wait_prompt(page, 5, 60)
+        said = str(page.evaluate("(i) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelector('.jp-OutputArea').innerText", 5))
+    finally:
+        os.unlink(HOLD)
+    assert "taken out of the queue by the DDP panel's Interrupt before it ran" in said and "(Ctrl-C) before" not in said, said
+    page.wait_for_function("() => !document.querySelectorAll('.jp-Notebook .jp-CodeCell')[4].innerText.includes('running')", timeout=60_000)
+    no_errors(page)
