@@ -81,10 +81,12 @@ class Loaded:
         step = f"step {first['step']}, " if first.get("step") is not None else ""
         lines = [f"loaded {first['path']} ({step}saved by {plural(self.saved_world, 'rank')}) into {plural(self.world, 'rank')}: "
                  + (", ".join(self.names) or "nothing")]
+        parent = os.path.dirname(first["path"])
         for note, ranks in self.notes.items():
-            lines.append(f"  {note}" + ("" if len(ranks) == self.world else f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"))
-        if any("not exact" in n or "cannot be mapped" in n for n in self.notes):
-            lines.append("  " + INTO_HINT.format(path=os.path.dirname(first["path"])))
+            where = "" if len(ranks) == self.world else f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+            lines.append(f"  {note.replace('%ddp load DIR', f'%ddp load {parent}')}{where}")
+        if any("not exact" in n or "cannot be mapped" in n for n in self.notes) and not any("--into" in n for n in self.notes):
+            lines.append("  " + INTO_HINT.format(path=parent))
         return "\n".join(lines)
 
 

@@ -162,6 +162,7 @@ def load(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
         record = pickle.load(f)
     modules, opt_skeletons = _objects(ns, record, into, meta, notes)
     optimizers = {n: ns[n] if n in into else O.rebuild_optimizer(s, modules) for n, s in opt_skeletons.items()}
+    optimizers.update({n: ns[n] for n in into if isinstance(ns[n], torch.optim.Optimizer)})
     _fill(path, meta, modules, optimizers, rank, same, notes)
     objects: Dict[str, Any] = {**modules, **optimizers}
     values = O.unpickle_values(record["values"], objects)
@@ -184,13 +185,7 @@ def _objects(ns: Dict[str, Any], record: Dict[str, Any], into: set, meta: S.Meta
     missing = sorted(n for n in into if n not in ns)
     if missing:
         raise NameError(f"--into {','.join(missing)}: not defined on the ranks; run the cell that builds {'them' if len(missing) > 1 else 'it'} first")
-    rebuilt, opt_skeletons = O.rebuild_modules(record["skeletons"], notes)
-    modules = {n: ns[n] if n in into else m for n, m in rebuilt.items()}
-    for name, entry in meta.names.items():
-        if entry.get("sharing") == Sharing.SHARDED.value and name not in into:
-            notes.append(f"{name}: sharded (DTensors); rebuilt unsharded here, which is not exact: "
-                         f"shard it again in a setup cell and use %ddp load DIR --into {name}")
-    return modules, opt_skeletons
+    return O.rebuild_modules(record["skeletons"], {n: ns[n] for n in into}, notes)
 
 
 def _fill(path: str, meta: S.Meta, modules: Dict[str, Any], optimizers: Dict[str, Any], rank: int, same: bool, notes: List[str]) -> None:

@@ -22,11 +22,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import cloudpickle
 import torch
+import torch.distributed.fsdp
 
 from ..logs import log
 from ..wire.snapshot import Kind
 
 DDP = torch.nn.parallel.DistributedDataParallel
+FSDPModule = getattr(torch.distributed.fsdp, "FSDPModule", ())  # FSDP2's fully_shard marks a module so (torch >= 2.6)
 DDP_OPTIONS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph", "forward_sync_buffers", "dim",
                "skip_all_reduce_unused_params")
 REASONS = {  # the usual unpicklable values, said in the user's terms
@@ -114,8 +116,9 @@ class _SkeletonPickler(cloudpickle.CloudPickler):
 
 def skeletons(modules: Dict[str, torch.nn.Module], optimizers: Dict[str, torch.optim.Optimizer]) -> Tuple[bytes, Dict[str, str]]:
     """The skeletons of the modules (their inner module, DDP's options beside) and optimizers; and the optimizers that
-    cannot be rebuilt from them (their parameters are not all in one saved module), with why."""
-    plain = {name: {"module": inner(m), "ddp": ddp_options(m)} for name, m in modules.items()}
+    cannot be rebuilt from them (their parameters are not all in one saved module), with why. A module without a
+    skeleton (FSDP2, one holding a process group) keeps its state in DCP and says why it is not rebuilt."""
+    plain = {name: _module_skeleton(m) for name, m in modules.items()}
     opts, problems = {}, {}
     for name, opt in optimizers.items():
         try:
@@ -125,6 +128,17 @@ def skeletons(modules: Dict[str, torch.nn.Module], optimizers: Dict[str, torch.o
     buf = io.BytesIO()
     _SkeletonPickler(buf).dump({"modules": plain, "optimizers": opts})
     return buf.getvalue(), problems
+
+
+def _module_skeleton(module: torch.nn.Module) -> Dict[str, Any]:
+    if isinstance(module, FSDPModule):
+        return {"module": None, "ddp": None, "why": "an FSDP2 (fully_shard) module: its state is saved sharded, but it is not rebuilt yet"}
+    try:
+        _SkeletonPickler(io.BytesIO()).dump(inner(module))
+    except Exception as e:  # its state is still saved (DCP); only the rebuild needs the user's setup cell
+        log.debug("no skeleton for a %s", type(module).__name__, exc_info=True)
+        return {"module": None, "ddp": None, "why": f"its structure cannot be pickled ({type(e).__name__}: {e})"}
+    return {"module": inner(module), "ddp": ddp_options(module)}
 
 
 def owner_of(opt: torch.optim.Optimizer, modules: Dict[str, torch.nn.Module]) -> str:
@@ -143,12 +157,19 @@ def optimizer_skeleton(opt: torch.optim.Optimizer, modules: Dict[str, torch.nn.M
     return {"cls": type(opt), "defaults": dict(opt.defaults), "groups": groups, "module": owner}
 
 
-def rebuild_modules(blob: bytes, notes: List[str]) -> Tuple[Dict[str, torch.nn.Module], Dict[str, Dict[str, Any]]]:
-    """The modules from their skeletons, DDP-wrapped again on the pool's process group with their own options."""
+def rebuild_modules(blob: bytes, into: Dict[str, Any], notes: List[str]) -> Tuple[Dict[str, torch.nn.Module], Dict[str, Dict[str, Any]]]:
+    """The modules from their skeletons, DDP-wrapped again on the pool's process group with their own options (those in
+    ``into``: the user's own, filled instead); the optimizers' skeletons whose module is there."""
     data = pickle.loads(blob)
     modules: Dict[str, torch.nn.Module] = {}
     for name, item in data["modules"].items():
         module, options = item["module"], item["ddp"]
+        if name in into:
+            modules[name] = into[name]
+            continue
+        if module is None:
+            notes.append(f"{name}: {item['why']}, which is not exact: build it in a setup cell, then %ddp load DIR --into {name}")
+            continue
         if options is not None and options.pop("_comm_hooks", 0):
             notes.append(f"{name}: its DDP communication hook was not restored, which is not exact: register it again, "
                          f"or rebuild {name} in a setup cell and use --into {name}")
@@ -156,7 +177,13 @@ def rebuild_modules(blob: bytes, notes: List[str]) -> Tuple[Dict[str, torch.nn.M
             device_ids = [torch.cuda.current_device()] if next(module.parameters(), torch.empty(0)).is_cuda else None
             module = DDP(module, device_ids=device_ids, **options)
         modules[name] = module
-    return modules, data["optimizers"]
+    optimizers = {}
+    for name, skeleton in data["optimizers"].items():
+        if skeleton["module"] in modules or name in into:
+            optimizers[name] = skeleton
+        else:
+            notes.append(f"{name}: its module {skeleton['module']} was not rebuilt, so neither is it: %ddp load DIR --into {skeleton['module']},{name}")
+    return modules, optimizers
 
 
 def rebuild_optimizer(skeleton: Dict[str, Any], modules: Dict[str, torch.nn.Module]) -> torch.optim.Optimizer:

@@ -171,3 +171,36 @@ def test_a_damaged_snapshot_is_refused_naming_its_file(kernel, tmp_path, run):
     refused = kernel.run(f"%ddp load {tmp_path}", timeout=180)
     assert refused.error is not None
     assert "is damaged: rank-1.pkl (its content hash differs)" in refused.error[1] + "".join(refused.error[2]), refused.error
+
+
+FSDP_SETUP = (
+    "import torch, torch.distributed as dist\n"
+    "from torch.distributed.fsdp import fully_shard\n"
+    "from torch.distributed.device_mesh import init_device_mesh\n"
+    "torch.manual_seed(0)\n"
+    "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))\n"
+    "fully_shard(model[0], mesh=init_device_mesh('cpu', (dist.get_world_size(),)))\n"
+    "fully_shard(model, mesh=init_device_mesh('cpu', (dist.get_world_size(),)))\n"
+    "opt = torch.optim.Adam(model.parameters(), lr=0.01)\n"
+)
+FULL = "%%ddp\n{k: v.full_tensor() for k, v in model.state_dict().items()}"
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_fsdp2_at_4_ranks_loads_into_2_with_the_same_full_weights(kernel, tmp_path, run):
+    """FSDP2 state stays sharded on disk; a pool of 2 whose setup cell sharded the model again takes it with --into."""
+    kernel.run("%ddp stop").ok()
+    kernel.run("%%ddp -n 4\n" + FSDP_SETUP, timeout=240).ok()
+    kernel.run("%%ddp\nfor _ in range(3):\n    loss = model(torch.randn(4, 8)).sum()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n",
+               timeout=240).ok()
+    kernel.run(FULL.replace("%%ddp", "%%ddp --out before"), timeout=180).ok()
+    saved = kernel.run(f"%ddp save {tmp_path}", timeout=180).ok().stdout
+    assert "model (module, sharded), opt (optimizer, sharded)" in saved, saved
+    kernel.run("%ddp stop").ok()
+    plain = kernel.run(f"%ddp load {tmp_path} -n 2", timeout=240).ok().stdout
+    assert "model: an FSDP2 (fully_shard) module: its state is saved sharded, but it is not rebuilt yet" in plain, plain
+    assert f"%ddp load {tmp_path} --into model,opt" in plain
+    kernel.run("%%ddp\n" + FSDP_SETUP, timeout=180).ok()
+    kernel.run(f"%ddp load {tmp_path} --into model,opt", timeout=180).ok()
+    kernel.run(FULL.replace("%%ddp", "%%ddp --out after"), timeout=180).ok()
+    assert kernel.value("import torch\n[all(torch.equal(before[0][k], a[k]) for k in before[0]) for a in after]") == [True, True]
