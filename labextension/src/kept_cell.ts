@@ -57,11 +57,15 @@ export class KeptCellNotes implements IDisposable {
     const snap = state.snapshot;
     const pool = snap && snap.pool;
     if (GONE.has(state.kernelStatus)) {
-      if (this._job) {
-        this._mark(this._job);
-        this._job = null;
-      }
+      this._gone = this._job || this._gone;
+      this._job = null;
       return;
+    }
+    if (this._gone && state.kernelStatus === 'idle') {
+      // once the next kernel is up: a restarted kernel closes its widgets' comms as it goes, and a view removed before
+      // that closes its model's comm here first (the page then logs "Comm not found" for each of the kernel's closes)
+      this._mark(this._gone);
+      this._gone = null;
     }
     if (!pool) {
       return;
@@ -128,6 +132,7 @@ export class KeptCellNotes implements IDisposable {
   private _panel: NotebookPanel;
   private _conn: PoolConnection;
   private _job: IKeptJob | null = null;
+  private _gone: IKeptJob | null = null; // the job whose kernel went: its cell is marked once the next kernel is idle
   private _waiting = new Set<string>(); // the pools whose notes wait for an attach
   private _before = new Map<ICodeCellModel, number | null>(); // each cell's prompt number when the note was written
   private _disposed = false;

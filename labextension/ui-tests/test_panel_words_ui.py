@@ -70,6 +70,7 @@ def test_the_stacks_wrap_say_when_they_were_taken_and_go_stale(page: Any) -> Non
         run_cell(page, 2)
         got = None
         for _ in range(240):  # until both ranks are where the cell puts them (the pool starts first)
+            expect(page.locator(".jp-ddp-Panel-button-stacks")).to_be_enabled(timeout=120_000)
             page.click(".jp-ddp-Panel-button-stacks")
             page.wait_for_function("() => { const n = document.querySelector('.jp-ddp-Panel-stacks');"
                                    " return n && n.dataset.state && n.dataset.state !== 'asking'; }", timeout=60_000)
