@@ -11,7 +11,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..wire import snapshot as S
 from ..words import fmt_bytes, plural
@@ -19,11 +19,17 @@ from ..words import fmt_bytes, plural
 INTO_HINT = "where a rebuild is not exact: rebuild those objects in a setup cell, then %ddp load {path} --into NAME,NAME"
 
 
-def save_source(parent: str, names: Sequence[str], step: Optional[int]) -> str:
-    """The cell every rank runs for ``%ddp save``: its share written into one new partial folder of ``parent``."""
+def save_source(parent: str, names: Sequence[str], step: Optional[int]) -> Tuple[str, str]:
+    """The cell every rank runs for ``%ddp save``: its share written into one new partial folder of ``parent`` (returned too)."""
     partial = os.path.join(os.path.abspath(parent), S.PARTIAL + secrets.token_hex(4))
     args = {"partial": partial, "names": list(names), "time": time.time(), "step": step}
-    return _call("save", args)
+    return _call("save", args), partial
+
+
+def unfinished(partial: str) -> str:
+    """What a failed save leaves, said after the ranks' failure."""
+    return (f"%ddp save did not finish: {partial} is left as it was (%ddp snapshots lists it as partial; no load reads it); "
+            f"the snapshots before it are whole")
 
 
 def load_source(path: str, into: Sequence[str]) -> str:

@@ -53,7 +53,10 @@ def save(session: Session, parent: str, names: Sequence[str] = (), listener: Opt
     if not chosen:
         raise UsageError("%ddp save: the ranks own no names yet (what a %%ddp cell assigns lives there); name some, e.g. %ddp save ckpt/ model")
     step = session.metrics.last_step() if session.metrics else None  # ddp_magic.log's step, unless the ranks hold a `step`
-    result = session.run(snapshots.save_source(parent, chosen, step), {}, CellOptions(), listener)
+    source, partial = snapshots.save_source(parent, chosen, step)
+    result = session.run(source, {}, CellOptions(), listener)
+    if not result.ok:
+        result.outcome.notes.append(snapshots.unfinished(partial))
     return result, (snapshots.Saved(result.outcome.values[0]) if result.ok else None)
 
 

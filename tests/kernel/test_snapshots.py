@@ -117,6 +117,8 @@ def test_a_rank_killed_mid_save_leaves_the_previous_snapshot_loadable(kernel, tm
     failed = kernel.run(f"%ddp save {folder}", timeout=300)
     killer.join()
     assert failed.error is not None, failed.stdout
+    assert "rank 1 (pid" in failed.error[1] and "was killed by SIGKILL" in failed.error[1], failed.error
+    assert "%ddp save did not finish: " in failed.error[1] and "the snapshots before it are whole" in failed.error[1], failed.error
     partial = [p for p in folder.iterdir() if p.name.startswith(".partial-")]
     assert len(partial) == 1 and (partial[0] / "rank-0.pkl").exists()  # rank 0 had written its share: killed mid-save
     listed = kernel.run(f"%ddp snapshots {folder}").ok().stdout
