@@ -150,10 +150,26 @@ def where_request(args: Any) -> Dict[str, Any]:
     return {}
 
 
+SNAPSHOT_ARGUMENTS = (
+    argument("names", nargs="*", metavar="NAME", help="with save: only these names (default: every name the ranks own)"),
+    argument("--into", metavar="NAMES", help="with load: fill these objects (model,opt), which a setup cell built, instead of rebuilding them"),
+)
+
+
+def snapshot_arguments(func: F) -> F:
+    """%ddp save's, load's and snapshots' options (docs/snapshots.md)."""
+    for arg in reversed(SNAPSHOT_ARGUMENTS):
+        func = arg(func)
+    return func
+
+
 def parse_line(magic: Any, line: str) -> Any:
     """A magic's arguments, its positionals anywhere among the options: `%ddp attach --force 3fa9` names the pool
     after an option (argparse's plain parse takes the positionals in one run, and refused the id as unrecognized)."""
-    return magic.parser.parse_intermixed_args(arg_split(line))
+    args = magic.parser.parse_intermixed_args(arg_split(line))
+    if getattr(args, "names", None) and args.action != "save":  # only %ddp save takes names: another action's extra word is refused
+        magic.parser.error("unrecognized arguments: " + " ".join(args.names))
+    return args
 
 
 def cell_argv(text: Optional[str]) -> Optional[List[str]]:
