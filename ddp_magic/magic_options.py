@@ -150,19 +150,6 @@ def where_request(args: Any) -> Dict[str, Any]:
     return {}
 
 
-SNAPSHOT_ARGUMENTS = (
-    argument("names", nargs="*", metavar="NAME", help="with save: only these names (default: every name the ranks own)"),
-    argument("--into", metavar="NAMES", help="with load: fill these objects (model,opt), which a setup cell built, instead of rebuilding them"),
-)
-
-
-def snapshot_arguments(func: F) -> F:
-    """%ddp save's, load's and snapshots' options (docs/snapshots.md)."""
-    for arg in reversed(SNAPSHOT_ARGUMENTS):
-        func = arg(func)
-    return func
-
-
 def parse_line(magic: Any, line: str) -> Any:
     """A magic's arguments, its positionals anywhere among the options: `%ddp attach --force 3fa9` names the pool
     after an option (argparse's plain parse takes the positionals in one run, and refused the id as unrecognized)."""
