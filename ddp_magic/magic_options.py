@@ -85,11 +85,17 @@ POOL_ARGUMENTS = (
     argument("--hosts", metavar="HOSTS", help="ranks on these hosts over your ssh: gpu1,gpu2 (with --ntasks-per-node) or gpu1:8,gpu2:8"),
     argument("--hostfile", metavar="FILE", help='--hosts from a DeepSpeed hostfile: "gpu1 slots=8" a line, # comments'),
     argument("--remote-python", metavar="PATH", help="--hosts: the python on the hosts (default: this kernel's path)"),
+    argument("--ray", action="store_true", help="ranks on a Ray cluster (RAY_ADDRESS, or the one this host belongs to): a template a node, "
+             "placed by a placement group (docs/ray.md)"),
+    argument("--address", metavar="HOST:PORT", help="--ray: the cluster's GCS address, e.g. 198.51.100.10:6379"),
+    argument("--gpus-per-rank", type=float, metavar="G", help="--ray: GPUs Ray gives each rank (default 0; 1 makes the backend nccl)"),
+    argument("--cpus-per-rank", type=float, metavar="C", help="--ray: CPUs Ray gives each rank (default 1)"),
     argument("--control-addr", metavar="ADDR", help="where the ranks dial the kernel (default: loopback, or the address that reaches the first node)"),
     argument("--iface", metavar="NAME", help="across hosts: the interface the collectives use on every node, e.g. fast0 "
              "(default: each node's interface on its route to MASTER_ADDR; GLOO_SOCKET_IFNAME, when set, wins)"),
 )
 SSH_KEYS = ("hosts", "hostfile", "remote_python")
+RAY_KEYS = ("nodes", "ntasks_per_node", "address", "gpus_per_rank", "cpus_per_rank", "queue_timeout")
 SLURM_KEYS = ("nodes", "ntasks_per_node", "partition", "time", "gpus_per_node", "account", "slurm_args", "queue_timeout")
 HELP_ARGUMENT = argument("-h", "--help", action="store_true", help="show this help")
 
@@ -137,6 +143,9 @@ def snapshot_arguments(func: F) -> F:
 def where_request(args: Any) -> Dict[str, Any]:
     """Where the ranks run, as the line asked: {"ssh": ...} for --hosts / --hostfile (--ntasks-per-node is then theirs),
     {"slurm": ...} for any Slurm option, else {}."""
+    ray = {k: getattr(args, k) for k in RAY_KEYS if getattr(args, k, None) is not None}
+    if getattr(args, "ray", False) or getattr(args, "address", None) or getattr(args, "gpus_per_rank", None) or getattr(args, "cpus_per_rank", None):
+        return {"ray": ray, **({"slurm": {}} if args.slurm else {})}  # with --slurm too, the spec refuses both (plan/spec.py)
     ssh = {k: getattr(args, k) for k in SSH_KEYS if getattr(args, k) is not None}
     if ssh:  # with --slurm too, the spec refuses both (plan/spec.py)
         if args.ntasks_per_node is not None:

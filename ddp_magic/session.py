@@ -138,7 +138,7 @@ class Session:
         try:
             if self.pool is not None:
                 return self.pool.spec.with_options(nproc, extra_env=extra_env, **options)
-            if nproc is None and options.get("slurm") is None and options.get("ssh") is None:  # a Slurm (SSH) request's shape may say how many
+            if nproc is None and options.get("slurm") is None and options.get("ssh") is None and options.get("ray") is None:  # a Slurm (SSH) request's shape may say how many
                 return None
             return PoolSpec.from_options(nproc, extra_env=extra_env, **options)
         except PlanError as e:

@@ -78,7 +78,7 @@ def plan_checks(
 def _cache_key(plan: Plan, environ: Mapping[str, str], started: bool, modules: Mapping[str, object]) -> Hashable:
     """What plan_checks reads: the plan, the start state, the kernel's env and what of torch the kernel imported."""
     planned = (plan.run_id, plan.nproc, plan.nnodes, plan.backend, plan.master_addr, plan.master_port, plan.port_was_given, plan.omp_threads,
-               plan.slurm, plan.ssh)
+               plan.slurm, plan.ssh, plan.ray)
     torch = ("torch" in modules, "torch.distributed" in modules, cuda_initialised(modules))
     return (planned, started, tuple(sorted(environ.items())), torch)
 

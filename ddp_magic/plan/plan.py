@@ -17,6 +17,7 @@ from ..errors import PlanError
 from .gpus import GPUInfo, detect_gpus
 from .net import master_port, validate_master_addr, validate_master_port
 from .slurm import SlurmRequest
+from .ray import AUTO_REASON as RAY_AUTO_REASON, RayRequest
 from .ssh import AUTO_REASON, SshRequest
 from .spec import BACKENDS, PoolSpec
 from ..words import plural
@@ -67,11 +68,12 @@ class Plan:
     extra_env: Dict[str, str] = field(default_factory=dict)
     slurm: Optional[SlurmRequest] = None  # --slurm: the ranks are the tasks of a job step (their RANK etc. come from Slurm)
     ssh: Optional[SshRequest] = None  # --hosts / --hostfile: the ranks run on those hosts, a template each over SSH
+    ray: Optional[RayRequest] = None  # --ray: the ranks run on a Ray cluster's nodes, a template each (kernel/launchers/ray.py)
 
     @property
     def over_hosts(self) -> bool:
-        """Every node's ranks start from this plan (Slurm, SSH), on nodes that are not this machine's to know."""
-        return self.slurm is not None or self.ssh is not None
+        """Every node's ranks start from this plan (Slurm, SSH, Ray), on nodes that are not this machine's to know."""
+        return self.slurm is not None or self.ssh is not None or self.ray is not None
 
     @property
     def world_size(self) -> int:
@@ -159,6 +161,8 @@ def _backend(spec: PoolSpec, gpus: GPUInfo, strict: bool) -> Tuple[str, str]:
         gpus = GPUInfo(count=spec.slurm.gpus_per_node or 0, cuda_built=True, source="--gpus-per-node")
     if spec.ssh is not None:  # the hosts' GPUs: counted when they answer (kernel/launchers/ssh.py placed)
         return ("gloo", AUTO_REASON) if spec.backend == "auto" else (spec.backend, "requested; each host's GPUs are checked when it answers")
+    if spec.ray is not None:  # Ray's GPUs: what each rank asks for (kernel/launchers/ray.py placed)
+        return ("gloo", RAY_AUTO_REASON) if spec.backend == "auto" else (spec.backend, "requested")
     try:
         return choose_backend(spec.backend, spec.nproc_per_node, gpus)
     except PlanError as e:
@@ -200,9 +204,9 @@ def make_plan(
     """
     gpus = gpus if gpus is not None else detect_gpus(environ)
     backend, reason = _backend(spec, gpus, strict)
-    if strict and spec.slurm is None and spec.ssh is None:  # a Slurm (SSH) pool's MASTER_ADDR is its first node's, known once placed
+    if strict and not spec.over_hosts:  # a Slurm (SSH) pool's MASTER_ADDR is its first node's, known once placed
         validate_master_addr(spec.master_addr)
-    port, given = _master_port(spec, strict and spec.ssh is None)  # an SSH pool's port: its first host says (kernel/launchers/ssh.py)
+    port, given = _master_port(spec, strict and spec.ssh is None and spec.ray is None)  # an SSH pool's port: its first host says (kernel/launchers/ssh.py)
     nproc = spec.nproc_per_node
     return Plan(
         nproc=nproc,
@@ -218,4 +222,5 @@ def make_plan(
         extra_env=spec.env,
         slurm=spec.slurm,
         ssh=spec.ssh,
+        ray=spec.ray,
     )

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import PlanError
 from .slurm import SlurmRequest, resolve
+from .ray import RayRequest, resolve as resolve_ray
 from .ssh import SshRequest, resolve as resolve_ssh
 from ..words import plural
 
@@ -96,6 +97,7 @@ class PoolSpec:
     mesh: Tuple[Tuple[str, int], ...] = ()  # --mesh dp=2,tp=2: a DeviceMesh named `mesh` on every rank (a str is parsed)
     slurm: Optional[SlurmRequest] = None  # --slurm: the ranks are tasks of a Slurm job step (plan/slurm.py)
     ssh: Optional[SshRequest] = None  # --hosts / --hostfile: a template a host over SSH forks its ranks (plan/ssh.py)
+    ray: Optional[RayRequest] = None  # --ray: a template a Ray node (an actor's child, on its bundle) forks its ranks (plan/ray.py)
 
     def __post_init__(self) -> None:
         n = self.nproc
@@ -113,6 +115,10 @@ class PoolSpec:
             raise PlanError(f"--master-port {self.master_port} is not a TCP port; give 1024-65535 or leave it out to get a free one")
         object.__setattr__(self, "mesh", parse_mesh(self.mesh) if isinstance(self.mesh, str) else tuple(self.mesh))
         check_mesh(self.mesh, n, self.init)
+        if self.ray is not None and (self.slurm is not None or self.ssh is not None):
+            raise PlanError("--ray with --slurm or --hosts: give one")
+        if self.ray is not None and (self.nnodes != self.ray.nodes or n != self.ray.world_size):
+            raise PlanError(f"-n {n} over {plural(self.nnodes, 'node')} is not the Ray request's {self.ray.shape_text()}")
         if self.ssh is not None and (self.slurm is not None or self.nnodes != len(self.ssh.hosts) or n != self.ssh.world_size):
             raise PlanError("--hosts (or --hostfile) and --slurm both given; give one" if self.slurm is not None
                             else f"-n {n} over {plural(self.nnodes, 'node')} is not {self.ssh.shape_text()}")
@@ -141,6 +147,9 @@ class PoolSpec:
         if isinstance(given.get("ssh"), Mapping):
             nproc, given["ssh"] = resolve_ssh(nproc, given["ssh"], environ)
             given["nnodes"] = len(given["ssh"].hosts)
+        if isinstance(given.get("ray"), Mapping):
+            nproc, given["ray"] = resolve_ray(nproc, given["ray"], environ)
+            given["nnodes"] = given["ray"].nodes
         if nproc is None:
             raise PlanError("give the number of ranks, e.g. -n 2")
         return cls(nproc=nproc, extra_env=tuple(sorted((extra_env or {}).items())), **given)
@@ -164,6 +173,7 @@ class PoolSpec:
             nproc, given["slurm"] = _slurm(nproc, asked, environ)
             given["nnodes"] = given["slurm"].nodes
         nproc = self._ssh_options(nproc, given, environ)
+        nproc = self._ray_options(nproc, given, environ)
         if nproc is not None:
             given["nproc"] = nproc
         if extra_env is not None:
@@ -185,10 +195,29 @@ class PoolSpec:
             nproc, given["ssh"] = resolve_ssh(nproc, asked, environ)
         return nproc
 
+    def _ray_options(self, nproc: Optional[int], given: Dict[str, Any], environ: Mapping[str, str]) -> Optional[int]:
+        """Ray options given are the whole new request; on a Ray pool a new -n alone keeps its address and each rank's
+        resources, -n over its nodes; --slurm or --hosts drop Ray. The world size, when it changed."""
+        ray = given.get("ray")
+        if isinstance(ray, Mapping):
+            nproc, given["ray"] = resolve_ray(nproc, ray, environ)
+            given["nnodes"] = given["ray"].nodes
+            given.setdefault("slurm", None)
+            given.setdefault("ssh", None)
+        elif self.ray is not None and ("slurm" in given or "ssh" in given):
+            given["ray"] = None
+        elif self.ray is not None and nproc is not None and nproc != self.nproc:
+            r = self.ray
+            asked = {"address": r.address, "gpus_per_rank": r.gpus_per_rank, "cpus_per_rank": r.cpus_per_rank, "queue_timeout": r.queue_timeout,
+                     **({"nodes": r.nodes} if nproc % r.nodes == 0 else {})}
+            nproc, given["ray"] = resolve_ray(nproc, asked, environ)
+            given["nnodes"] = given["ray"].nodes
+        return nproc
+
     @property
     def over_hosts(self) -> bool:
-        """Its ranks start on nodes that a launcher places them on (Slurm, SSH), not on this machine alone."""
-        return self.slurm is not None or self.ssh is not None
+        """Its ranks start on nodes that a launcher places them on (Slurm, SSH, Ray), not on this machine alone."""
+        return self.slurm is not None or self.ssh is not None or self.ray is not None
 
     @property
     def nproc_per_node(self) -> int:
@@ -208,12 +237,14 @@ class PoolSpec:
             return "slurm"
         if self.ssh is not None:
             return "ssh"
+        if self.ray is not None:
+            return "ray"
         return "torchrun" if self.nnodes > 1 else self.start_method
 
     @property
     def control_addr(self) -> str:
         """Where the kernel's control channel listens: loopback unless ranks on other nodes must reach it."""
-        return self.listen_addr or ("127.0.0.1" if self.nnodes == 1 and self.ssh is None else self.master_addr)
+        return self.listen_addr or ("127.0.0.1" if self.nnodes == 1 and self.ssh is None and self.ray is None else self.master_addr)
 
     def changes_from(self, old: "PoolSpec") -> List[str]:
         """What this spec changes, as the user would say it ("-n 2 → 4"); empty: the same pool."""
@@ -227,7 +258,7 @@ class PoolSpec:
                 a, b = dict(a), dict(b)
             if f.name == "mesh":
                 a, b = mesh_text(a) or "none", mesh_text(b) or "none"
-            if f.name in ("slurm", "ssh"):
+            if f.name in ("slurm", "ssh", "ray"):
                 a, b = (x.shape_text() if x is not None else "none" for x in (a, b))
             out.append(f"{label} {a} → {b}")
         return out

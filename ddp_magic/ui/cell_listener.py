@@ -51,7 +51,7 @@ class MagicListener(CellListener):
         self.view = show_status(pool, enabled=self.widget)  # above any output of the ranks
         self.metrics.attach(self.view)  # ddp_magic.log's live chart: a section of the view
         self.printer.world = pool.nproc  # a stderr line every rank sent is shown once, at once
-        self.slurm = pool.spec.slurm is not None or pool.spec.ssh is not None
+        self.slurm = pool.spec.over_hosts
 
     def _announce_start(self, pool: Pool) -> None:
         """A background job's pool starts on the job's thread while the notebook is idle: no cell's watcher (labcomm)
@@ -67,7 +67,7 @@ class MagicListener(CellListener):
 
     def name_nodes(self, pool: Optional[Pool]) -> None:
         """Name each rank's Slurm node in its prefix from the start (a post-mortem hears no on_state first)."""
-        if pool is not None and (pool.spec.slurm is not None or pool.spec.ssh is not None):
+        if pool is not None and pool.spec.over_hosts:
             self.slurm = True
             self.printer.nodes.update({r: i.node_name for r, i in pool.ranks.items() if i.node_name})
 

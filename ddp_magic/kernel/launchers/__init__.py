@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, List, Tuple
 
 from .base import Exit, LaunchError, Launcher, LocalLauncher, signal_pid, worker_env
 from .forkserver import ForkServerLauncher
+from .ray import RayLauncher, preview as ray_preview
 from .slurm import SlurmLauncher, preview as slurm_preview
 from .spawn import SpawnLauncher
 from .ssh import SshLauncher
@@ -30,6 +31,8 @@ def make_launcher(method: str, secret: bytes) -> Launcher:
         return SlurmLauncher(secret)
     if method == "ssh":
         return SshLauncher(secret)
+    if method == "ray":
+        return RayLauncher(secret)
     if method == "auto":
         method = "fork" if sys.platform.startswith("linux") else "spawn"
     if method == "fork":
@@ -46,10 +49,12 @@ def preview(plan: "Plan") -> "Tuple[Plan, List[Check]]":
         return slurm_preview(plan)
     if plan.ssh is not None:
         return ssh_preview(plan)
+    if plan.ray is not None:
+        return ray_preview(plan)
     return plan, []
 
 
 __all__ = [
-    "Exit", "ForkServerLauncher", "LaunchError", "Launcher", "LocalLauncher",
+    "Exit", "ForkServerLauncher", "LaunchError", "Launcher", "LocalLauncher", "RayLauncher",
     "SlurmLauncher", "SpawnLauncher", "SshLauncher", "TorchrunLauncher", "make_launcher", "preview", "signal_pid", "worker_env",
 ]

@@ -99,6 +99,9 @@ class TemplateStep:
             elif event.get("event") == "hello":
                 self.hello[str(event.get("node"))] = event
                 self._heard.notify_all()
+            elif event.get("event") == "lost":  # a starter that outlives its node's template says so (procs/ray_driver.py)
+                self.lost.setdefault(str(event.get("node")), str(event.get("why") or "its template ended"))
+                self._heard.notify_all()
             elif event.get("event") == "error":
                 self.lost.setdefault(str(event.get("node")), f"the template could not start: {event.get('message')}")
                 self._to_log((str(event.get("traceback", "")) + "\n").encode())

@@ -1,0 +1,100 @@
+"""One Ray actor a node of a Ray pool, pinned to its placement-group bundle: it starts that node's template and relays its lines, nothing else.
+
+Created by procs/ray_driver.py, never detached: when the driver (the kernel's child) ends,
+Ray ends the actor, and its template follows it. The template is procs/ssh_template.py's
+(node_template's, watched by a beat): it is this actor's child with the actor as its parent
+for the parent-death signal, so a SIGKILLed actor still ends it and, through theirs, its
+ranks. The template inherits the GPUs Ray gave this actor (CUDA_VISIBLE_DEVICES: local rank
+i uses cuda:i). Rank output never passes here: the ranks dial the kernel themselves; what
+passes is the template's events (ready, spawned, exited, pong) and its last-resort words.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from typing import Dict, List, Optional
+
+from ..logs import log
+
+TEMPLATE = ["-m", "ddp_magic.procs.ssh_template"]  # a beat-watched node template (procs/node_template.py's)
+
+
+class NodeActor:
+    """Holds one node's bundle; its template's stdin is ``write``, its stdout ``read``."""
+
+    def __init__(self) -> None:
+        self.proc: Optional[subprocess.Popen] = None
+        self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
+
+    def where(self) -> Dict[str, object]:
+        """This node as Ray and the host see it: hostname, Ray's node address and id, the GPU ids Ray gave this actor."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"host": socket.gethostname(), "ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(),
+                "gpus": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid()}
+
+    def start(self, node: str, cwd: str, pythonpath: str) -> int:
+        """The node's template, this actor's child (it dies with us: procs/parent.py's parent-death signal); its pid."""
+        import ray
+
+        env = dict(os.environ)
+        gpus = [str(g) for g in ray.get_gpu_ids()]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus) if gpus else env.get("CUDA_VISIBLE_DEVICES", "")
+        if not env["CUDA_VISIBLE_DEVICES"]:
+            env.pop("CUDA_VISIBLE_DEVICES")
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
+        env["PYTHONUNBUFFERED"] = "1"
+        self.proc = subprocess.Popen([sys.executable, *TEMPLATE, "--node", node], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=env, cwd=cwd if os.path.isdir(cwd) else None, close_fds=True)
+        threading.Thread(target=self._pump, name="ddp-ray-pump", daemon=True).start()
+        return self.proc.pid
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            self.lines.put(raw.decode(errors="replace"))
+        self.proc.wait()
+        self.lines.put(None)
+
+    def read(self, timeout: float) -> Optional[List[str]]:
+        """The template's lines so far (waiting up to ``timeout`` for the first); None once it ended and all were read."""
+        out: List[str] = []
+        try:
+            first = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            return out
+        for line in [first] + self._drain():
+            if line is None:
+                return out or None
+            out.append(line)
+        return out
+
+    def _drain(self) -> List[Optional[str]]:
+        out: List[Optional[str]] = []
+        while True:
+            try:
+                out.append(self.lines.get_nowait())
+            except queue.Empty:
+                return out
+            if out[-1] is None:
+                self.lines.put(None)  # said once more: the next read returns None
+                return out[:-1]
+
+    def write(self, line: str) -> None:
+        """One line to the template (the kernel's commands, each to every node: a template acts on its own)."""
+        if self.proc is None or self.proc.stdin is None:
+            return
+        try:
+            self.proc.stdin.write(line.encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError):  # the template ended: read says so
+            log.debug("the node's template no longer reads commands", exc_info=True)
+
+    def code(self) -> Optional[int]:
+        return self.proc.poll() if self.proc is not None else None
