@@ -118,7 +118,11 @@ def _finish(session: Session, pool: Any, listener: MagicListener, printer: RankP
     ticket.progress = metrics.last_step
     try:
         with session.turns.turn(ticket, True, None, job.cancel_event):
-            ticket.ran = done.clocks.start(sorted(pool.hub.hellos)) or time.monotonic()  # the ranks' clock (kernel/keep/clocks.py)
+            ranks = sorted(pool.hub.hellos)
+            ticket.ran = done.clocks.start(ranks) or time.monotonic()  # the ranks' clock (kernel/keep/clocks.py)
+            ended = done.clocks.end(ranks)
+            if ended is not None:  # it ended while no kernel was attached: its run time is known now, not as the resume ends
+                ticket.ran_for = max(0.0, ended - ticket.ran)
             listener.on_pool(pool)
             listener.on_states([info for _, info in sorted(pool.ranks.items())])  # the view's run clock starts where theirs did
             heard = metrics.tee(session.outputs.tap(listener, label), listener)

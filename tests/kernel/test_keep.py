@@ -549,6 +549,8 @@ def test_an_attached_job_keeps_the_ranks_clock(runtime: str, tmp_path, end: str)
             ended = time.monotonic()
         else:
             assert "ended while no kernel was attached" in ex.stdout, ex.stdout
+            now = k2.value(CLOCKS)  # while the job takes in its end, or after: its run time is the ranks', never from the attach
+            assert now["on_ranks"] is None or freed - seen <= now["on_ranks"] <= ended - sent, (now, freed - seen, ended - sent)
             assert k2.value("job.wait(120)") is True
         ran = k2.value("job.elapsed")
         assert freed - seen <= ran <= ended - sent, (freed - seen, ran, ended - sent)
