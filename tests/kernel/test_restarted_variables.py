@@ -36,7 +36,7 @@ def test_a_restarted_rank_is_not_said_to_keep_its_variables(k: Kernel) -> None:
     for _ in range(2):
         pid = k.value("list(_)")[1]
         os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: not pid_alive(pid), 10)
+        wait_until(lambda pid=pid: not pid_alive(pid), 10)
         ex = k.run(USE, timeout=180)
         assert ex.error is not None and "NameError" in ex.error[1] and "rank 1" in ex.error[1], ex.error
         said = ex.stdout + ex.error[1]
