@@ -8,6 +8,10 @@ are refused by name with nothing started. Each twice, as a notebook user runs a 
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import List
@@ -16,6 +20,8 @@ import box_fixtures
 import box_ssh
 import cluster_box
 import pytest
+import test_faults
+from conftest import LOST_LINK
 from kernel_helper import Kernel, alive
 
 box = box_fixtures.box  # the fixtures, by name in this module
@@ -62,8 +68,6 @@ def _ours(b: cluster_box.Box, node: str) -> List[int]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
-            with open(f"/proc/{pid}/ns/uts") as _:
-                pass
         except OSError:
             continue
         if any(b"ddp_magic.procs.ssh_template" in a for a in argv) and _in_host(b, pid, node):
@@ -106,3 +110,200 @@ def test_ddp_trains_on_two_hosts_over_ssh(box: cluster_box.Box, box_kernel: Kern
         _stop(box_kernel)
     left = _wait_gone(_ours(box, "n1") + _ours(box, "n2"), 15)
     assert not left, f"%ddp stop left processes on the hosts: {left}"
+
+
+def test_an_interrupt_ends_the_cell_and_the_ranks_keep_their_state(box: cluster_box.Box, box_kernel: Kernel, ssh_login: box_ssh.Login) -> None:
+    _use(box_kernel, ssh_login)
+    try:
+        box_kernel.run(HOSTS + "\nimport torch.distributed as dist\nkept = dist.get_rank() * 10", timeout=240).ok()
+        for _attempt in range(2):
+            ex = box_kernel.run("%%ddp\nimport time\nprint('looping', flush=True)\nwhile True:\n    time.sleep(0.05)", timeout=120,
+                                interrupt_after=4.0)
+            assert ex.error is not None and "KeyboardInterrupt" in ex.error[0] + ex.error[1] + "".join(ex.error[2]), ex.error
+            assert "[rank 3 n2] looping" in ex.stdout, ex.stdout
+            assert box_kernel.run("%%ddp\nkept", timeout=120).ok().result == "RankResults(4 ranks):\n  [0] 0\n  [1] 10\n  [2] 20\n  [3] 30"
+    finally:
+        _stop(box_kernel)
+
+
+BG = """%%ddp --bg --out job
+import time, torch.distributed as dist
+for step in range(40):
+    time.sleep(0.1)
+dist.get_rank()
+"""
+
+
+def test_bg_and_peek_on_two_hosts(box: cluster_box.Box, box_kernel: Kernel, ssh_login: box_ssh.Login) -> None:
+    _use(box_kernel, ssh_login)
+    try:
+        box_kernel.run(HOSTS + "\nstep = -1", timeout=240).ok()
+        for _attempt in range(2):
+            box_kernel.run(BG, timeout=120).ok()
+            deadline, seen = time.monotonic() + 60, ""
+            while time.monotonic() < deadline:
+                seen = box_kernel.run("%%ddp --peek\nstep", timeout=60).ok().result or ""
+                if re.fullmatch(r"RankResults\(4 ranks\):\n(  \[\d\] ([1-9]\d*)\n?){4}", seen):
+                    break
+                time.sleep(0.2)
+            assert re.fullmatch(r"RankResults\(4 ranks\):\n(  \[\d\] ([1-9]\d*)\n?){4}", seen), seen
+            assert box_kernel.value("job.wait(120)") is True
+            assert box_kernel.value("list(job.result())") == [0, 1, 2, 3]
+    finally:
+        _stop(box_kernel)
+
+
+def test_a_sigkilled_kernel_leaves_nothing_on_the_hosts(box: cluster_box.Box, ssh_login: box_ssh.Login) -> None:
+    for _attempt in range(2):
+        k = box_fixtures.login_kernel(box, DDP_MAGIC_SSH_ARGS=f"-F {ssh_login.config}")
+        try:
+            k.run(HOSTS + "\nimport os\nos.getpid()", timeout=240).ok()
+            ours = _ours(box, "n1") + _ours(box, "n2")
+            assert len([p for p in ours if _in_host(box, p, "n1")]) >= 3 and len([p for p in ours if _in_host(box, p, "n2")]) >= 3, ours
+            os.kill(k.pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            left = _wait_gone(ours, 30)  # the promise: seconds (the session's end reaches each template; the beat's silence at 12 s)
+            assert not left, f"left on the hosts after the kernel's SIGKILL: {left}"
+            print(f"kernel SIGKILL: nothing of ours on n1 or n2 after {time.monotonic() - t0:.1f} s")
+        finally:
+            k.kc.stop_channels()
+            k.km.shutdown_kernel(now=True)
+        assert not _ours(box, "n1") + _ours(box, "n2")
+
+
+def _session_of(box: cluster_box.Box, node: str) -> int:
+    """The sshd session process whose command is ``node``'s template (the template's parent)."""
+    for pid in _ours(box, node):
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{ppid}/comm") as f:
+            if f.read().startswith("sshd"):
+                return ppid
+    raise AssertionError(f"no sshd session runs a template on {node}")
+
+
+def test_a_killed_ssh_session_ends_its_template_and_the_next_cell_starts_that_host_again(
+        box: cluster_box.Box, box_kernel: Kernel, ssh_login: box_ssh.Login) -> None:
+    _use(box_kernel, ssh_login)
+    try:
+        box_kernel.run(HOSTS + "\nimport torch.distributed as dist\nkept = dist.get_rank() * 10", timeout=240).ok()
+        for _attempt in range(2):
+            on_n2 = _ours(box, "n2")
+            os.kill(_session_of(box, "n2"), signal.SIGKILL)  # sshd's side of the connection, gone
+            t0 = time.monotonic()
+            left = _wait_gone(on_n2, 30)  # the promise: at once (the template's parent-death signal), its ranks with it
+            assert not left, f"n2's template or ranks outlived their ssh session: {left}"
+            print(f"ssh session killed: n2's template and ranks gone after {time.monotonic() - t0:.1f} s")
+            ex = box_kernel.run("%%ddp\nimport socket\n(socket.gethostname(), globals().get('kept'))", timeout=240).ok()
+            values = box_kernel.value("[tuple(v) for v in _]")
+            assert values == [("n1", 0), ("n1", 10), ("n2", None), ("n2", None)], (values, ex.stdout)
+            box_kernel.run("%%ddp\nimport torch.distributed as dist\nkept = dist.get_rank() * 10", timeout=120).ok()
+    finally:
+        _stop(box_kernel)
+
+
+def _changed_key(login: box_ssh.Login) -> None:
+    """n1's entry in this login's known_hosts replaced by another key: n1 now shows a key ssh has never seen for it."""
+    other = box_ssh._keygen(os.path.join(os.path.dirname(login.known_hosts), "not_n1"))
+    lines = Path(login.known_hosts).read_text().splitlines()
+    n1 = lines[0].split(" ", 1)[0]
+    Path(login.known_hosts).write_text("\n".join([f"{n1} {other.rsplit(' ', 1)[0]}"] + lines[1:]) + "\n")
+
+
+def test_a_changed_host_key_is_refused_by_name_and_nothing_starts(box: cluster_box.Box, box_kernel: Kernel, ssh_login: box_ssh.Login) -> None:
+    _changed_key(ssh_login)
+    _use(box_kernel, ssh_login)
+    try:
+        for _attempt in range(2):
+            ex = box_kernel.run(HOSTS + "\n1", timeout=240)
+            assert ex.error is not None and ex.error[0] == "StartError", ex.error
+            said = ex.error[1]
+            assert "n1: its host key changed since you last connected" in said and "ssh-keygen -R n1" in said, said
+            assert "no rank was started on any host" in said, said
+            assert not _ours(box, "n1") + _ours(box, "n2"), "nothing runs on any host"
+            env = box_kernel.run("%ddp_env --hosts n1,n2 --ntasks-per-node 2", timeout=120).ok()
+            assert "host n1" in env.stdout + (env.result or "") and "host key changed" in env.stdout + (env.result or ""), env.stdout
+    finally:
+        _stop(box_kernel)
+
+
+def _ddp_magic_copies() -> List[str]:
+    """Where a host's python finds ddp_magic: this checkout (the kernel's PYTHONPATH) and the installed one."""
+    found = subprocess.run([sys.executable, "-c", "import ddp_magic, os; print(os.path.dirname(ddp_magic.__file__))"], cwd="/",
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, capture_output=True, text=True).stdout.strip()
+    return sorted({str(Path(__file__).resolve().parents[2] / "ddp_magic"), *([found] if found else [])})
+
+
+def test_a_host_without_ddp_magic_is_refused_by_name(box: cluster_box.Box, box_kernel: Kernel, ssh_login: box_ssh.Login) -> None:
+    """n2's file system lacks ddp_magic (an empty folder mounted over each copy there alone): n2 is named, n1 is not."""
+    copies = _ddp_magic_copies()
+    for copy in copies:
+        box.run("n2", ["mount", "-t", "tmpfs", "-o", "size=1m", "no-ddp-magic", copy], check=True)
+    _use(box_kernel, ssh_login)
+    try:
+        for _attempt in range(2):
+            ex = box_kernel.run(HOSTS + "\n1", timeout=240)
+            assert ex.error is not None and ex.error[0] == "StartError", ex.error
+            said = ex.error[1]
+            assert "n2: no ddp_magic for" in said and "n1:" not in said, said
+            assert not _ours(box, "n1") + _ours(box, "n2"), "nothing runs on any host"
+    finally:
+        for copy in copies:
+            box.run("n2", ["umount", copy], check=True)
+    try:  # with ddp_magic back on n2, %ddp_env asks each host and starts nothing
+        env = box_kernel.run("%ddp_env --hosts n1,n2 --ntasks-per-node 2", timeout=120).ok()
+        shown = env.stdout + (env.result or "") + box_kernel.run("print(_.full_text())").ok().stdout
+        assert re.search(r"✓ host n2: n2: python \S+, ddp_magic [\d.]+, torch \S+ \(the same code as here\)", shown), shown
+        assert "✓ n1 reaches the kernel" in shown and "✓ n2 reaches the kernel" in shown, shown
+        assert f"MASTER_ADDR={box.host('n1').mgmt}" in shown, shown
+        assert not _ours(box, "n1") + _ours(box, "n2"), "%ddp_env started nothing"
+    finally:
+        _stop(box_kernel)
+
+
+def test_a_host_lost_mid_collective_is_named_and_its_ranks_come_back(box: cluster_box.Box, box_kernel: Kernel, ssh_login: box_ssh.Login) -> None:
+    """n2's link goes down mid all_reduce: n2 and its ranks are named (the control channel's liveness, as on Slurm), n1's
+    ranks keep their state; with the link back, the next cell starts n2's ranks again (a new session if its went)."""
+    _use(box_kernel, ssh_login)
+    try:
+        for _attempt in range(2):
+            box_kernel.run(HOSTS + "\nimport os, torch, torch.distributed as dist\nkept = (dist.get_rank(), os.getpid())", timeout=240).ok()
+            try:
+                text, took = test_faults._during(box_kernel, test_faults.LOOP, lambda: test_faults._link(box, "n2", False))
+            finally:
+                test_faults._link(box, "n2", True)
+            assert text.splitlines()[0] == f"CellError: ranks 2-3 on n2 are unreachable: {LOST_LINK}", text
+            assert "rank 0" not in text and "rank 1 " not in text, text
+            assert took < 45, f"n2 was named {took:.1f}s after its link went down"  # promise: within about 15 s (docs/multinode.md); 3x
+            print(f"n2's link down: named after {took:.1f} s")
+            again = box_kernel.run(test_faults.AGAIN, timeout=240).ok()
+            assert "ranks 0-1 kept theirs" in again.stdout, again.stdout
+            values = again.results[-1]
+            assert values.count("4.0") == 4 and "(0, " in values and "(1, " in values and values.count("None") == 2, values
+    finally:
+        _stop(box_kernel)
+
+
+def test_the_kernels_host_losing_its_network_leaves_nothing_on_the_hosts(box: cluster_box.Box, box_kernel: Kernel, ssh_login: box_ssh.Login) -> None:
+    """login's link goes down with a pool idle: no ssh session ends (sshd never hears of it), yet every template hears
+    no beat and ends its ranks and itself; the link back, %ddp stop has nothing left to end there."""
+    _use(box_kernel, ssh_login)
+    try:
+        for _attempt in range(2):
+            box_kernel.run(HOSTS + "\nimport os\nos.getpid()", timeout=240).ok()
+            ours = _ours(box, "n1") + _ours(box, "n2")
+            assert ours
+            test_faults._link(box, "login", False)
+            t0 = time.monotonic()
+            try:
+                left = _wait_gone(ours, 45)  # the promise: the template's silence (12 s), then at once; 3x
+            finally:
+                test_faults._link(box, "login", True)
+            assert not left, f"left on the hosts while the kernel's host was cut off: {left}"
+            print(f"the kernel's host cut off: nothing of ours on n1 or n2 after {time.monotonic() - t0:.1f} s")
+            box_kernel.run("%ddp stop", timeout=120).ok()
+            deadline = time.monotonic() + 30  # the link back: login's neighbour entries for the nodes come back
+            while time.monotonic() < deadline and box.run("login", ["ssh", "-F", ssh_login.config, "n2", "true"], timeout=30).returncode:
+                time.sleep(0.5)
+    finally:
+        _stop(box_kernel)
