@@ -213,7 +213,10 @@ def _mappable(values: Dict[str, Any], meta: S.Meta, notes: List[str]) -> Dict[st
     """At another world size: the values that were equal on every rank; the others named."""
     kept = {}
     for name, value in values.items():
-        if meta.names.get(name, {}).get("sharing") == Sharing.REPLICATED.value:
+        if type(value).__name__ == "DeviceMesh":  # its ranks are the saved world's: this pool's --mesh makes its own
+            notes.append(f"{name}: a DeviceMesh of the {meta.world_size} saved ranks: not loaded into {dist.get_world_size()}; "
+                         f"make one with init_device_mesh (or start the pool with --mesh)")
+        elif meta.names.get(name, {}).get("sharing") == Sharing.REPLICATED.value:
             kept[name] = value
         else:
             notes.append(f"{name}: differs by rank (saved at world size {meta.world_size}): cannot be mapped to {dist.get_world_size()} ranks; not loaded")

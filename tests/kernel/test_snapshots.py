@@ -75,13 +75,14 @@ def test_a_resumed_training_gives_the_same_losses_to_the_bit(kernel, tmp_path, r
 def test_a_snapshot_of_4_ranks_loads_into_2_with_the_same_weights_and_optimizer_state(kernel, tmp_path, run):
     kernel.run("%ddp stop").ok()
     kernel.run("%%ddp -n 4\n" + SETUP, timeout=240).ok()
-    kernel.run("%%ddp\ntrain(5);", timeout=300).ok()
+    kernel.run("%%ddp\ntrain(5);\nfrom torch.distributed.device_mesh import init_device_mesh\ndp_mesh = init_device_mesh('cpu', (4,))", timeout=300).ok()
     kernel.run(STATE.replace("%%ddp", "%%ddp --out before"), timeout=180).ok()
     kernel.run(f"%ddp save {tmp_path}", timeout=180).ok()
     kernel.run("%ddp stop").ok()
     loaded = kernel.run(f"%ddp load {tmp_path} -n 2", timeout=240).ok()
     assert "saved by 4 ranks) into 2 ranks" in loaded.stdout, loaded.stdout
     assert "RNG states are per rank: saved at world size 4, not restored at 2" in loaded.stdout
+    assert "dp_mesh: a DeviceMesh of the 4 saved ranks: not loaded into 2" in loaded.stdout
     kernel.run(STATE.replace("%%ddp", "%%ddp --out after"), timeout=180).ok()
     assert kernel.value("len(after)") == 2
     assert kernel.value("import torch\n" + SAME_STATE) is True
