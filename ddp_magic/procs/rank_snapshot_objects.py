@@ -87,6 +87,8 @@ def ddp_options(module: torch.nn.Module) -> Optional[Dict[str, Any]]:
     options["bucket_cap_mb"] = module.bucket_bytes_cap / (1024 * 1024)
     if getattr(module, "_comm_hooks", None):  # a hook is code and state of the user's: said on load, not guessed
         options["_comm_hooks"] = len(module._comm_hooks)
+    if getattr(module, "process_group", None) is not None and module.process_group != torch.distributed.distributed_c10d._get_default_group():
+        options["_own_group"] = True  # a sub-group of the user's: the load has only the pool's
     return options
 
 
@@ -173,6 +175,9 @@ def rebuild_modules(blob: bytes, into: Dict[str, Any], notes: List[str]) -> Tupl
         if options is not None and options.pop("_comm_hooks", 0):
             notes.append(f"{name}: its DDP communication hook was not restored, which is not exact: register it again, "
                          f"or rebuild {name} in a setup cell and use --into {name}")
+        if options is not None and options.pop("_own_group", False):
+            notes.append(f"{name}: it was DDP-wrapped on a process group of its own; rebuilt on the pool's, which is not exact: "
+                         f"rebuild {name} in a setup cell and use --into {name}")
         if options is not None:
             device_ids = [torch.cuda.current_device()] if next(module.parameters(), torch.empty(0)).is_cuda else None
             module = DDP(module, device_ids=device_ids, **options)
