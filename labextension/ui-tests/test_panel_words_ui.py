@@ -1,11 +1,12 @@
-"""The DDP panel's Stacks view and rank states, whole and dated, in real JupyterLab and Notebook 7.
+"""The DDP panel's Stacks view, rank states and Interrupt, whole and dated, in real JupyterLab and Notebook 7.
 
 A 2-rank foreground cell where rank 1 waits in a function with a long name while rank 0 waits in ``all_reduce``: the
 panel's Stacks, read while the cell runs, wraps its frames at the panel's edge (no line runs past it, where the old
 view cut ``in all_reduce #1 (waited up to 9.`` with no visible scrollbar), under ``taken at HH:MM:SS (N s ago)``; once
-the cell has ended it says the stacks are stale. A cell queued behind a background job and taken out by the panel's *Interrupt* says so (it said
-``(Ctrl-C)``, a key nobody pressed). Then a cell where rank 1 SIGKILLs itself: the panel's state of rank 1
-is whole (``killed (SIGKILL)``; the old column cut it to ``killed (S…``) and its tooltip says it too.
+the cell has ended it says the stacks are stale. Then a cell where rank 1 SIGKILLs itself: the panel's state of rank 1
+is whole (``killed (SIGKILL)``; the old column cut it to ``killed (S…``) and its tooltip says it too; the next cell,
+which starts rank 1 again alone, says ``rank 1 restarted in N ms``. Last, a cell queued behind a background job and
+taken out by the panel's *Interrupt* says so (it said ``(Ctrl-C)``, a key nobody pressed).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ t.item()"""
 HOLD = os.path.join(tempfile.gettempdir(), f"ddp_panel_words_hold_{os.getpid()}")
 BG = f"%%ddp -n 2 --bg --out job\nimport os, time\nwhile os.path.exists({HOLD!r}):\n    time.sleep(0.05)"
 QUEUED = "%%ddp -n 2\nprint('the queued cell ran')"
+AGAIN = "%%ddp -n 2\n2"  # after KILL: rank 1 is started again alone
 KILL = "%%ddp -n 2\nimport os, signal, torch.distributed as dist\nif dist.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n1"
 SHOTS = os.environ.get("DDP_MAGIC_SHOTS", "")
 STACKS_JS = """() => { const n = document.querySelector('.jp-ddp-Panel-stacks'); const p = n && n.querySelector('.jp-ddp-Panel-stacksText');
@@ -57,7 +59,8 @@ def page(request: Any, server: Server, browser: Any) -> Iterator[Any]:
     kind = request.param
     if kind == "notebook":
         pytest.importorskip("notebook", reason="Notebook 7 (pip install notebook) is in requirements-dev.txt")
-    with front_page(server, browser, f"panel_words_{kind}.ipynb", ["%load_ext ddp_magic", "%%ddp -n 2\n1", WAIT, KILL, BG, QUEUED], 900, panel=True, kind=kind) as pg:
+    cells = ["%load_ext ddp_magic", "%%ddp -n 2\n1", WAIT, KILL, AGAIN, BG, QUEUED]
+    with front_page(server, browser, f"panel_words_{kind}.ipynb", cells, 900, panel=True, kind=kind) as pg:
         for i in (0, 1):  # the extension, then the pool (its stacks are read once it runs)
             run_cell(pg, i)
             wait_prompt(pg, i, 240)
@@ -103,18 +106,28 @@ def test_a_killed_ranks_state_is_whole_and_in_its_tooltip(page: Any) -> None:
     no_errors(page)
 
 
+def test_the_cell_after_one_rank_died_says_it_restarted_that_rank(page: Any) -> None:
+    """After KILL, the next cell starts rank 1 again alone: its view says so with that rank's time, not the pool's
+    first start (it said ``pool started in 1.59 s`` for a rank restarted in 42 ms)."""
+    run_cell(page, 4)
+    wait_prompt(page, 4, 180)
+    said = str(page.evaluate("(i) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelector('.jp-OutputArea').innerText", 4))
+    assert re.search(r"rank 1 restarted in \d+ ms", said) and "pool started" not in said, said
+    no_errors(page)
+
+
 def test_a_queued_cell_taken_out_by_the_panels_interrupt_says_so(page: Any) -> None:
     open(HOLD, "w").close()
     try:
-        run_cell(page, 4)  # the job holds the pool
-        wait_prompt(page, 4, 180)
-        run_cell(page, 5)  # waits behind it
-        page.wait_for_function("() => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[5].innerText.includes('queued')", timeout=60_000)
+        run_cell(page, 5)  # the job holds the pool
+        wait_prompt(page, 5, 180)
+        run_cell(page, 6)  # waits behind it
+        page.wait_for_function("() => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[6].innerText.includes('queued')", timeout=60_000)
         page.click(".jp-ddp-Panel-button-interrupt")
-        wait_prompt(page, 5, 60)
-        said = str(page.evaluate("(i) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelector('.jp-OutputArea').innerText", 5))
+        wait_prompt(page, 6, 60)
+        said = str(page.evaluate("(i) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i].querySelector('.jp-OutputArea').innerText", 6))
     finally:
         os.unlink(HOLD)
     assert "taken out of the queue by the DDP panel's Interrupt before it ran" in said and "(Ctrl-C) before" not in said, said
-    page.wait_for_function("() => !document.querySelectorAll('.jp-Notebook .jp-CodeCell')[4].innerText.includes('running')", timeout=60_000)
+    page.wait_for_function("() => !document.querySelectorAll('.jp-Notebook .jp-CodeCell')[5].innerText.includes('running')", timeout=60_000)
     no_errors(page)
