@@ -90,7 +90,7 @@ def save(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     Returns what the kernel says: the folder, the names by kind, what could not be saved."""
     rank, world = dist.get_rank(), dist.get_world_size()
     partial = args["partial"]
-    os.makedirs(os.path.join(partial, S.DCP_DIR), exist_ok=True)
+    _shared_folder(partial, rank)
     found = O.sort_names(ns, list(args["names"]))
     blob, problems = O.skeletons(found.modules, found.optimizers)
     for name, why in problems.items():
@@ -119,6 +119,19 @@ def save(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     meta.write(partial)
     os.rename(partial, final)
     return {"rank": 0, "path": final, "names": meta.names, "unsaved": meta.unsaved, "bytes": meta.bytes, "step": meta.step}
+
+
+def _shared_folder(partial: str, rank: int) -> None:
+    """Every rank must see the one folder rank 0 renames: on nodes with their own disks a save would be split silently."""
+    if rank == 0:
+        os.makedirs(os.path.join(partial, S.DCP_DIR), exist_ok=True)
+    dist.barrier()
+    seen: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, os.path.isdir(os.path.join(partial, S.DCP_DIR)))
+    blind = [r for r, ok in enumerate(seen) if not ok]
+    if blind:
+        raise FileNotFoundError(f"ranks {', '.join(map(str, blind))} do not see {os.path.dirname(partial)} as rank 0 does: "
+                                f"a snapshot needs a folder every node shares (NFS, Lustre, ...); nothing was saved")
 
 
 def _names(reports: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
