@@ -117,7 +117,7 @@ class Driver:
             waited = time.monotonic() - t0
             if self.args.timeout and waited > self.args.timeout:
                 return False
-            emit({"event": "waiting", "text": f"waiting for Ray: {free_text(self.ray, self.bundles())} ({waited:.0f}s)", "waited": waited})
+            emit({"event": "waiting", "text": f"waiting for Ray: {free_text(self.ray, self.bundles())}", "waited": waited})
         return True
 
     def start_actors(self) -> List[Dict[str, Any]]:
@@ -132,6 +132,9 @@ class Driver:
             self.actors.append(remote.options(scheduling_strategy=strategy, num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
                                               max_restarts=0).remote())
         wheres = self.ray.get([a.where.remote() for a in self.actors])
+        addrs = {n.get("NodeID"): n.get("NodeManagerAddress") for n in self.ray.nodes()}
+        for w in wheres:  # the node's address as Ray knows it (--node-ip-address), not whatever the host routes by
+            w["ip"] = addrs.get(w["node_id"]) or w["ip"]
         self.names = unique([str(w["host"]) for w in wheres])
         cwd, pythonpath = os.getcwd(), os.environ.get("PYTHONPATH", "")
         pids = self.ray.get([a.start.remote(n, cwd, pythonpath) for a, n in zip(self.actors, self.names)])

@@ -1,0 +1,162 @@
+"""Real Ray clusters for the tests: one in the cluster in a box (a head on login, nodes n1 and n2) and a one-host head, each stopped by its own pids.
+
+``ray stop`` kills every Ray process on the machine, in every namespace (it matches process names), so it is never
+used: a cluster's processes are those whose command line names its own temp folder, with their descendants (the
+workers, the actors' children), ended with SIGTERM, then SIGKILL. Every cluster has token authentication on
+(``RAY_AUTH_MODE=token``, a token of its own: ``Cluster.env``), as a cluster started by Ray >= 2.59 does by default
+once a token exists; a kernel gets the same env. Fake GPUs (``--num-gpus 2`` on a CPU host) are plain resources:
+placement and CUDA_VISIBLE_DEVICES are tested on CPUs with gloo.
+
+    python scripts/box_ray.py local        # a one-host head; prints its address, Ctrl-C stops it
+
+Facts this relies on (tried here): ../shared/TOOLCHAIN.md, "Ray and SSH on the cluster in a box".
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+
+if TYPE_CHECKING:
+    from cluster_box import Box
+
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+START_S = 240.0  # a loaded machine starts a raylet slowly (its agents register late)
+QUIET = ["--include-dashboard=false", "--disable-usage-stats"]
+STATE = """
+import json, logging, sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level=logging.ERROR)
+from ray._private import state
+actors = [a for a in state.actors().values() if a.get("State") != "DEAD"]
+pgs = [p for p in ray.util.placement_group_table().values() if p.get("state") != "REMOVED"]
+nodes = {n["NodeManagerHostname"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+print(json.dumps({"actors": [a.get("ActorClassName") for a in actors], "pgs": [p.get("name") for p in pgs], "nodes": nodes}))
+"""
+
+
+def missing() -> Optional[str]:
+    """Why no Ray cluster can be started here (None: it can)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError as e:
+        return f"ray is not installed for {sys.executable} ({e}): .venv/bin/pip install -c .venv/constraints.txt ray==2.60.0"
+    if not os.path.exists(RAY):
+        return f"no {RAY}"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Cluster:
+    """One Ray cluster of ours: its GCS address, its folder (every temp dir under it), its token."""
+
+    address: str
+    folder: str
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+
+    @property
+    def env(self) -> Dict[str, str]:
+        """What a kernel (and every ray command) needs to reach this cluster."""
+        return {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token,
+                "RAY_agent_register_timeout_ms": str(int(START_S * 1000))}
+
+    def start(self, prefix: Sequence[str], args: Sequence[str], name: str) -> None:
+        """``ray start`` through ``prefix`` (a box host's nsenter, or nothing) with a temp dir of its own."""
+        temp = os.path.join(self.folder, name)
+        argv = [*prefix, RAY, "start", *args, f"--temp-dir={temp}", *QUIET]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=START_S + 30, env=dict(os.environ, **self.env))
+        if done.returncode:
+            self.stop()
+            raise RuntimeError(f"ray start on {name} failed: {(done.stderr + done.stdout).strip()[-1500:]}")
+
+    def pids(self) -> List[int]:
+        """Every process of this cluster: its command line names our folder, or it descends from one that does."""
+        parents: Dict[int, int] = {}
+        ours = set()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read()
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if self.folder.encode() in cmd:
+                ours.add(int(entry))
+        grew = True
+        while grew:
+            more = {p for p, pp in parents.items() if pp in ours and p not in ours}
+            grew = bool(more)
+            ours |= more
+        return sorted(ours - {os.getpid()})
+
+    def state(self, timeout: float = 120) -> Dict[str, list]:
+        """The live actors, placement groups and nodes, from the GCS (no dashboard): {"actors", "pgs", "nodes": {host: address}}."""
+        done = subprocess.run([sys.executable, "-c", STATE, self.address], capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, **self.env))
+        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+        if not lines:
+            raise RuntimeError(f"the cluster's state could not be read: {(done.stderr or done.stdout)[-800:]}")
+        return json.loads(lines[-1])
+
+    def stop(self) -> None:
+        """SIGTERM to every process of ours, then SIGKILL to what is left; the folder goes."""
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            pids = self.pids()
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    continue
+            deadline = time.monotonic() + wait
+            while self.pids() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def local(num_cpus: int = 4, num_gpus: int = 2) -> Cluster:
+    """A one-host head on 127.0.0.1 with ``num_gpus`` fake GPUs; every port its own (two tests' heads never collide)."""
+    folder = tempfile.mkdtemp(prefix="ddpray")  # short: Ray's unix socket paths must fit 107 bytes
+    port = free_port()
+    cluster = Cluster(f"127.0.0.1:{port}", folder)
+    ports = ["--port", str(port), "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
+             "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port())]
+    cluster.start([], ["--head", "--node-ip-address", "127.0.0.1", *ports, "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus)], "head")
+    return cluster
+
+
+def in_box(box: "Box", nodes: Sequence[str] = ("n1", "n2"), num_cpus: int = 2, num_gpus: int = 2) -> Cluster:
+    """A head on login (no CPU: no rank lands there) and ``nodes`` joined to it, each in its host."""
+    head = box.host("login").mgmt
+    cluster = Cluster(f"{head}:6379", tempfile.mkdtemp(prefix="ddprb"))
+    cluster.start(box.enter("login"), ["--head", "--node-ip-address", head, "--port", "6379", "--num-cpus", "0", "--num-gpus", "0"], "login")
+    for node in nodes:
+        cluster.start(box.enter(node), ["--address", cluster.address, "--node-ip-address", box.host(node).mgmt,
+                                        "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus)], node)
+    return cluster
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["local"]:
+        c = local()
+        print(json.dumps({"address": c.address, **c.env}), flush=True)
+        try:
+            signal.pause()
+        finally:
+            c.stop()

@@ -1,0 +1,181 @@
+"""%%ddp --ray on a real one-host Ray cluster (``ray start --head`` with 2 fake GPUs and token authentication, stopped by its
+own pids: scripts/box_ray.py): ranks placed by a placement group, their env torchrun's with Ray's GPU ids, output only
+through our channel; the checks before placing (resources that never fit, a wrong token, ray://); waiting for Ray shown
+and ended by Ctrl-C or --start-timeout with the placement group removed; %ddp stop and a SIGKILLed kernel leave no
+actor, no placement group and no process of ours. Each twice, as a notebook user runs a cell again."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, List
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests" / "slurm"))
+
+import box_ray  # noqa: E402
+from kernel_helper import Kernel, alive  # noqa: E402
+from slurm_helpers import run_interrupting, says  # noqa: E402
+
+pytestmark = [pytest.mark.kernel, pytest.mark.slow]
+
+TRAIN = """%%ddp --ray -n 2 --gpus-per-rank 1 --backend gloo
+import os, socket, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(dist.get_rank())
+m = DDP(torch.nn.Linear(4, 2))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad(); m(torch.randn(8, 4)).sum().backward(); opt.step()
+print(f"trained {dist.get_rank()}")
+e = os.environ
+(e['LOCAL_RANK'], e.get('CUDA_VISIBLE_DEVICES'), e['MASTER_ADDR'], e['DDP_MAGIC_NODE_NAME'], [p.detach().flatten().tolist() for p in m.parameters()])
+"""
+HOLD = """
+import sys, time, ray
+from ray.util.placement_group import placement_group
+ray.init(address=sys.argv[1], log_to_driver=False)
+pg = placement_group([{"GPU": 2}], name="holder")
+ray.get(pg.ready())
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[box_ray.Cluster]:
+    why = box_ray.missing()
+    if why:
+        pytest.skip(f"no Ray here: {why}")
+    c = box_ray.local()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def rk(cluster: box_ray.Cluster) -> Iterator[Kernel]:
+    k = Kernel(extra_env=dict(cluster.env, PYTHONPATH=str(ROOT)))
+    try:
+        k.run("%load_ext ddp_magic").ok()
+        yield k
+    finally:
+        k.shutdown()
+
+
+def ours(cluster: box_ray.Cluster) -> List[int]:
+    """The templates and ranks on the cluster's host (the actors' children and theirs)."""
+    out = []
+    for pid in cluster.pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"ddp_magic.procs" in f.read():
+                    out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def gone(cluster: box_ray.Cluster, seconds: float) -> dict:
+    """Wait until no actor, no placement group of ours and no template or rank is left; what is left then."""
+    deadline = time.monotonic() + seconds
+    while True:
+        state = cluster.state()
+        left = {"actors": [a for a in state["actors"] if a == "NodeActor"], "pgs": [p for p in state["pgs"] if p.startswith("ddp_magic")],
+                "procs": ours(cluster)}
+        if not any(left.values()) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def test_ddp_on_a_ray_head_with_rays_gpus_then_stop_leaves_nothing(cluster: box_ray.Cluster, rk: Kernel) -> None:
+    try:
+        for _attempt in range(2):
+            ex = rk.run(TRAIN, timeout=300)
+            assert ex.error is None, f"{ex.error}\n{ex.stdout[-3000:]}\n{ex.stderr[-3000:]}"
+            values = rk.value("[list(v) for v in _]")
+            assert [v[0] for v in values] == ["0", "1"], values
+            gpus = values[0][1]
+            assert re.fullmatch(r"\d,\d", gpus) and values[1][1] == gpus, f"each rank sees its node's 2 Ray GPUs: {values}"
+            node = values[0][3]
+            addr = cluster.state()["nodes"][node]
+            assert {v[2] for v in values} == {addr}, "MASTER_ADDR: the first node's Ray address"
+            assert values[0][4] == values[1][4], "identical weights on both ranks"
+            assert f"[rank 1 {node}] trained 1" in ex.stdout and ex.stdout.count("trained 1") == 1, ex.stdout
+            state = cluster.state()
+            assert state["actors"].count("NodeActor") == 1 and len([p for p in state["pgs"] if p.startswith("ddp_magic")]) == 1, state
+            procs = ours(cluster)
+            templates = [p for p in procs if _ppid(p) not in procs]
+            assert len(templates) == 1 and len(procs) >= 3, f"one template a node, its ranks forked from it: {procs}"
+        env = rk.run("%ddp_env", timeout=60).ok().result or ""
+        assert f"MASTER_ADDR={addr}" in env.replace("'", "").replace(": ", "="), env
+    finally:
+        stop = rk.run("%ddp stop", timeout=60)
+    assert "its Ray placement group was removed" in stop.stdout, stop.stdout
+    assert gone(cluster, 30) == {"actors": [], "pgs": [], "procs": []}
+
+
+def test_checks_before_anything_is_placed(cluster: box_ray.Cluster, rk: Kernel) -> None:
+    for _attempt in range(2):
+        ex = rk.run("%%ddp --ray -n 8 --gpus-per-rank 1\n1", timeout=120)
+        assert ex.error is not None and re.search(r"8 GPUs asked, the cluster has 2: 2 on \S+", ex.error[1]), ex.error
+        ex = rk.run("%%ddp --ray -n 2 --address ray://127.0.0.1:10001\n1", timeout=60)
+        assert ex.error is not None and "ray:// (Ray Client) cannot run ddp_magic's ranks" in ex.error[1] and "head node" in ex.error[1], ex.error
+        rk.run("import os; os.environ['RAY_AUTH_TOKEN'] = 'not-the-token'").ok()
+        try:
+            ex = rk.run("%%ddp --ray -n 2\n1", timeout=180)
+        finally:
+            rk.run(f"os.environ['RAY_AUTH_TOKEN'] = {cluster.token!r}").ok()
+        assert ex.error is not None and "token authentication refused this kernel" in ex.error[1] and "RAY_AUTH_TOKEN" in ex.error[1], ex.error
+        env = rk.run("%ddp_env --ray -n 2", timeout=180).ok()
+        said = env.stdout + (env.result or "")
+        assert "Ray 2.60.0, Python" in said and "fits" in said and "nothing was placed" in said, said
+    assert gone(cluster, 30) == {"actors": [], "pgs": [], "procs": []}
+
+
+def test_waiting_for_ray_is_shown_and_ctrl_c_or_start_timeout_removes_the_group(cluster: box_ray.Cluster, rk: Kernel) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, cluster.address], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, **cluster.env))
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        for _attempt in range(2):
+            ex = run_interrupting(rk, "%%ddp --ray -n 2 --gpus-per-rank 1\n1", lambda m: says(m, "waiting for Ray: 0 of 2 GPUs free"), timeout=240)
+            assert ex.error is not None and ex.error[0] == "KeyboardInterrupt", ex.error
+            assert gone(cluster, 30)["pgs"] == [], "Ctrl-C removed the pending placement group"
+            ex = rk.run("%%ddp --ray -n 2 --gpus-per-rank 1 --start-timeout 3\n1", timeout=180)
+            assert ex.error is not None and "still pending after --start-timeout 3s (0 of 2 GPUs free); it was removed" in ex.error[1], ex.error
+            assert gone(cluster, 30)["pgs"] == []
+        assert "holder" in cluster.state()["pgs"], "the other placement group was never touched"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_sigkilled_kernel_leaves_no_actor_group_or_process(cluster: box_ray.Cluster) -> None:
+    for _attempt in range(2):
+        k = Kernel(extra_env=dict(cluster.env, PYTHONPATH=str(ROOT)))
+        try:
+            k.run("%load_ext ddp_magic").ok()
+            k.run("%%ddp --ray -n 2\nimport os\nos.getpid()", timeout=300).ok()
+            procs = ours(cluster)
+            assert len(procs) >= 3 and cluster.state()["actors"].count("NodeActor") == 1
+            os.kill(k.pid, signal.SIGKILL)
+            left = gone(cluster, 60)  # Ray ends a dead driver's actors within seconds; their templates go with them
+            assert left == {"actors": [], "pgs": [], "procs": []}, f"left after the kernel's SIGKILL: {left}"
+            assert not [p for p in procs if alive(p)]
+        finally:
+            k.kc.stop_channels()
+            k.km.shutdown_kernel(now=True)
