@@ -8,7 +8,7 @@
  */
 import { NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
 
-import { el } from './dom';
+import { el, words } from './dom';
 import { attachCode, type IKeptPool, keptLines } from './kept';
 
 export class KeptSection {
@@ -27,7 +27,7 @@ export class KeptSection {
       row.title = pool.text;
       const facts = el('span', 'jp-ddp-Panel-keptFacts');
       for (const line of keptLines(pool)) {
-        facts.appendChild(el('span', 'jp-ddp-Panel-keptLine', line));
+        facts.appendChild(el('span', 'jp-ddp-Panel-keptLine')).appendChild(words(line)); // "ranks 0-1" never split
       }
       row.appendChild(facts);
       const b = el('button', 'jp-ddp-Panel-button jp-ddp-Panel-button-attach', pool.alive ? 'Attach' : 'Why it ended');
