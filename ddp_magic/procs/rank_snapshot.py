@@ -23,6 +23,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import state_dict as sd
 
 from ..wire import snapshot as S
+from ..words import ranks_phrase
 from ..wire.snapshot import Kind, Sharing
 from . import rank_snapshot_objects as O
 
@@ -130,7 +131,8 @@ def _shared_folder(partial: str, rank: int) -> None:
     dist.all_gather_object(seen, os.path.isdir(os.path.join(partial, S.DCP_DIR)))
     blind = [r for r, ok in enumerate(seen) if not ok]
     if blind:
-        raise FileNotFoundError(f"ranks {', '.join(map(str, blind))} do not see {os.path.dirname(partial)} as rank 0 does: "
+        see = "does" if len(blind) == 1 else "do"
+        raise FileNotFoundError(f"{ranks_phrase(blind)} {see} not see {os.path.dirname(partial)} as rank 0 does: "
                                 f"a snapshot needs a folder every node shares (NFS, Lustre, ...); nothing was saved")
 
 
