@@ -468,4 +468,4 @@ def test_a_restart_lists_the_kept_pool_and_its_cell_says_where_it_goes_on(page: 
             problems["9: the job's cell says `continued in cell [N]` once attached"] = output(page, base + 1)[-300:]
         shot(page, "42_restart_attached")
         attached_once(page, server, said, pool_id, gate, base, kept)
-    assert not problems, problems
+    assert not problems, "\n".join(f"{what}: {str(seen)[-200:]!r}" for what, seen in problems.items())  # each one whole
