@@ -23,7 +23,8 @@ from ...words import fmt_bytes, plural, ranks_phrase
 from ..admission import Admission, raise_fd_limit
 from ..output.kept_output import KeptOutput
 from ..ranks import Listener, RankInfo
-from . import front
+from . import front, replay
+from .clocks import RankClocks
 from .keeping import KeptState, detach_at_exit, notebook_name, spool_cap
 from .launcher import KeptLauncher, KeptSlurmLauncher
 from .terms import Terms, span
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 JOIN_WAIT_S = 60.0  # every live rank joins the attaching kernel within this
 REPLY_WAIT_S = 10.0
+REPLAY_WAIT_S = 10.0  # the ranks' replays come in full within this (or what is late is shown as it comes)
 
 
 class AttachError(RuntimeError):
@@ -131,16 +133,27 @@ def choose(pool_id: Optional[str], notebook: Optional[str] = None) -> Found:
 
 
 class Heard(Listener):
-    """What the ranks sent while they joined (the replay's start, metrics rows): held until the attach has said what it found."""
+    """What the ranks sent while they joined (their replays, metrics rows): held until the attach has said what it found,
+    and until every replay is whole, then told in the order the lines were printed (kernel/keep/replay.py)."""
 
     def __init__(self) -> None:
-        self.calls: List[Tuple[str, Tuple[Any, ...]]] = []
+        self.calls: List[replay.Heard] = []
+        self.heard_at: Dict[int, float] = {}  # rank -> when its HELLO was taken (its clock's "ago" counts back from there)
+        self.lines: Dict[replay.Key, int] = {}  # the line ends heard of each rank's stream
+
+    def on_state(self, info: RankInfo) -> None:
+        self.heard_at.setdefault(info.rank, time.monotonic())
 
     def on_output(self, rank: int, stream: str, text: str) -> None:
-        self.calls.append(("on_output", (rank, stream, text)))
+        self.calls.append(("on_output", (rank, stream, text), time.monotonic()))
+        self.lines[(rank, stream)] = self.lines.get((rank, stream), 0) + text.count("\n")
 
     def on_metrics(self, rank: int, rows: List[Any]) -> None:
-        self.calls.append(("on_metrics", (rank, rows)))
+        self.calls.append(("on_metrics", (rank, rows), time.monotonic()))
+
+    def whole(self, want: Dict[replay.Key, int]) -> bool:
+        """Whether every rank's replay has come in full (``want``: replay.expected)."""
+        return all(self.lines.get(key, 0) >= n for key, n in want.items())
 
 
 @dataclass
@@ -153,11 +166,14 @@ class Attached:
     job: str = ""
     owned: Set[str] = field(default_factory=set)
     heard: Heard = field(default_factory=Heard)
+    clocks: RankClocks = field(default_factory=RankClocks)  # the ranks' own times of the cell (kernel/keep/clocks.py)
 
     def replay(self, listener: Listener) -> None:
         """What was heard while the ranks joined, to the cell's listener now (its lines with how far they go: their marks
         went with the read, kernel/output/kept_output.py)."""
-        calls, self.heard.calls = self.heard.calls, []
+        heard, self.heard.calls = self.heard.calls, []
+        hellos = self.pool.hub.hellos if self.pool is not None else {}
+        calls = replay.merged(heard, hellos, self.heard.heard_at)
         out = self.pool.hub.shown if self.pool is not None else None
         if out is None:
             for name, args in calls:
@@ -213,6 +229,8 @@ def attach(found: Found, force: bool) -> Attached:
         pool.hub.admission = None
         admission.close()
     _dead_meanwhile(pool, set(pids.values()), report.get("meanwhile") or [])
+    clocks = RankClocks.heard(pool.hub.hellos, heard.heard_at)
+    clocks.apply(pool.ranks)
     pool.recovery.resume(max((int(h.get("reform_gen") or 0) for h in pool.hub.hellos.values()), default=0), pool.store_path)
     for rank, hello in pool.hub.hellos.items():  # a rank whose output log dropped what no kernel showed: it replays from its oldest byte
         if hello.get("dropped"):
@@ -221,13 +239,13 @@ def attach(found: Found, force: bool) -> Attached:
     where = os.path.dirname(found.path)
     pool.kept = KeptState(found.id, kept.pool_dir(found.id, where), where, terms, str(data.get("notebook") or ""), str(data.get("job") or ""))
     pool.hub.keep_msg = {"on": True, "lease": lease_at(found), "dir": str(data.get("dir") or pool.kept.dir), "cap": spool_cap()}
-    pool.started, pool.broken, pool.start_seconds = True, pool.broken, time.monotonic() - t0
+    pool.started = True  # its start_seconds stay the pool's own start (the pool's blob), not this attach's
     detach_at_exit(pool)
     hellos = pool.hub.hellos
     resumed = any(h.get("busy") or h.get("undelivered") for h in hellos.values())
     owned = set(hellos[min(hellos)].get("names") or []) if hellos else set()
     text = _report(found, pool, report, resumed, time.monotonic() - t0, told)
-    return Attached(pool, text, resumed, pool.kept.job, owned, heard)
+    return Attached(pool, text, resumed, pool.kept.job, owned, heard, clocks)
 
 
 def _pool_from(data: Dict[str, Any]) -> "Tuple[Pool, Optional[Dict[str, Any]]]":
@@ -241,6 +259,7 @@ def _pool_from(data: Dict[str, Any]) -> "Tuple[Pool, Optional[Dict[str, Any]]]":
     pool._finalizer.detach()
     pool.plan, pool.secret, pool.shm_prefix, pool.store_path = blob["plan"], bytes.fromhex(data["secret"]), blob["shm_prefix"], blob["store_path"]
     pool.listen_addr, pool._cell, pool.generation = blob["listen_addr"], int(blob["cell"]), int(blob["generation"])
+    pool.start_seconds = blob.get("start_seconds")  # "pool started in": when the first kernel started it
     if blob.get("launch_env") is not None:
         pool.launch_env = blob["launch_env"]
     pool.tls_key = tls.ServerKey() if blob.get("tls") else None  # its ranks dial us over TLS, pinned to this key (told on the lease)
@@ -303,11 +322,14 @@ def _line(sock: socket.socket) -> bytes:
     return out
 
 
-def _join(pool: "Pool", live: Set[int], listener: Listener) -> None:
+def _join(pool: "Pool", live: Set[int], heard: Heard) -> None:
+    """Every live rank joins this kernel; then its replay comes in full before any is shown (they merge in time order)."""
     hub = pool.hub
     joined = lambda: all(r in hub.conns and (r, "stdout") in hub.outs and (r, "stderr") in hub.outs for r in live)  # noqa: E731
-    with pool._bound(listener):
+    with pool._bound(heard):
         hub.pump(joined, time.monotonic() + JOIN_WAIT_S)
+        want = replay.expected(hub.hellos)
+        hub.pump(lambda: heard.whole(want), time.monotonic() + REPLAY_WAIT_S)
     missing = sorted(live - set(hub.conns))
     if missing:
         pool.broken = f"{ranks_phrase(missing)} of the kept pool did not join this kernel"
@@ -342,7 +364,7 @@ def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, s
     left = report.get("left_at")
     if left:
         head += f", no kernel for {span(time.time() - float(left))}"
-    job = found.data.get("job") or "the last cell"
+    job = previous(str(found.data.get("job") or "")) or "the last cell"
     running = any(h.get("busy") for h in pool.hub.hellos.values())
     after = " after the last line this page received" if told else ""  # kernel/keep/front.py
     if running:
@@ -352,6 +374,12 @@ def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, s
     elif found.data.get("job"):
         head += f"; {job} had ended"
     return head + "." + _meanwhile(report.get("meanwhile") or []) + _dropped(pool.hub.hellos) + "\n" + pool.kept.text() if pool.kept else head
+
+
+def previous(job: str) -> str:
+    """A kept job's name as the kernel that attached it says it: ``cell [2] of the previous kernel`` (this kernel's own
+    cell [2] is another); "" for none."""
+    return f"{job} of the previous kernel" if job else ""
 
 
 def _dropped(hellos: Dict[int, Dict[str, Any]]) -> str:
