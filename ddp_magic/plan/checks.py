@@ -102,7 +102,7 @@ def _plan_checks(
     gpus = gpus if gpus is not None else detect_gpus(environ)
     if plan.slurm is not None:  # every node's ranks are in the plan; MASTER_ADDR is the first node's, not this machine's
         checks = check_rank_envs(plan.all_envs()) + slurm_checks(plan.slurm)
-    elif plan.ssh is not None:  # the hosts' own checks are asked of them (kernel/launchers/ssh_probe.py)
+    elif plan.ssh is not None or plan.ray is not None:  # the hosts' own checks are asked of them (ssh_probe.py; ray.py's driver)
         checks = check_rank_envs(plan.all_envs())
     else:
         checks = check_rank_envs(plan.all_envs(), nnodes=plan.nnodes)

@@ -44,7 +44,11 @@ def said(error: BaseException) -> str:
         lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith(("Ray:", "Python:"))]
         there, here = " ".join(lines[:2]), " ".join(lines[2:4])
         return f"Ray or Python differ between the cluster ({there}) and this kernel ({here}): install the cluster's versions here"
-    if type(error).__name__ == "AuthenticationError" or "authentication" in text.lower() or "token" in text.lower():
+    chain = [error]
+    while chain[-1].__cause__ is not None and len(chain) < 8:  # ray.init's ConnectionError hides the AuthenticationError
+        chain.append(chain[-1].__cause__)
+    words = " ".join(f"{type(e).__name__}: {e}" for e in chain).lower()  # its cause may be a RuntimeError quoting the traceback
+    if "authenticationerror" in words or "invalidauthtoken" in words or "token" in text.lower():
         return ("Ray's token authentication refused this kernel (the token is missing or wrong): give the cluster's token as "
                 "RAY_AUTH_TOKEN or in ~/.ray/auth_token (RAY_AUTH_TOKEN_PATH) in the kernel's env (docs/ray.md)")
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__

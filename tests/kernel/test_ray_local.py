@@ -140,8 +140,8 @@ def test_checks_before_anything_is_placed(cluster: box_ray.Cluster, rk: Kernel) 
         finally:
             rk.run(f"os.environ['RAY_AUTH_TOKEN'] = {cluster.token!r}").ok()
         assert ex.error is not None and "token authentication refused this kernel" in ex.error[1] and "RAY_AUTH_TOKEN" in ex.error[1], ex.error
-        env = rk.run("%ddp_env --ray -n 2", timeout=180).ok()
-        said = env.stdout + (env.result or "")
+        rk.run("%ddp_env --ray -n 2", timeout=180).ok()
+        said = rk.value("_.full_text()")
         assert "Ray 2.60.0, Python" in said and "fits" in said and "nothing was placed" in said, said
     assert gone(cluster, 30) == {"actors": [], "pgs": [], "procs": []}
 

@@ -51,6 +51,13 @@ def test_rays_errors_in_one_line_with_the_fix() -> None:
     assert said(mismatch) == ("Ray or Python differ between the cluster (Ray: 2.59.0 Python: 3.10.12) and this kernel "
                               "(Ray: 2.60.0 Python: 3.11.2): install the cluster's versions here")
     assert "RAY_AUTH_TOKEN" in said(RuntimeError("Authentication failed: invalid token"))
+
+    class AuthenticationError(Exception):
+        pass
+
+    wrong = ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")
+    wrong.__cause__ = AuthenticationError("RPC error: InvalidAuthToken")
+    assert said(wrong).startswith("Ray's token authentication refused this kernel (the token is missing or wrong)")
     assert unique(["n1", "n1", "n2"]) == ["n1", "n1-2", "n2"]
 
 
