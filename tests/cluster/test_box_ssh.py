@@ -122,6 +122,9 @@ def test_an_interrupt_ends_the_cell_and_the_ranks_keep_their_state(box: cluster_
             assert ex.error is not None and "KeyboardInterrupt" in ex.error[0] + ex.error[1] + "".join(ex.error[2]), ex.error
             assert "[rank 3 n2] looping" in ex.stdout, ex.stdout
             assert box_kernel.run("%%ddp\nkept", timeout=120).ok().result == "RankResults(4 ranks):\n  [0] 0\n  [1] 10\n  [2] 20\n  [3] 30"
+        refused = box_kernel.run("%ddp keep", timeout=60)  # not yet for SSH pools: said, and the pool goes on
+        assert refused.error is not None and "a pool started with 'ssh' cannot be kept yet" in refused.error[1], refused.error
+        assert box_kernel.run("%%ddp\nkept", timeout=120).ok().result.endswith("[3] 30")
     finally:
         _stop(box_kernel)
 
@@ -153,18 +156,25 @@ def test_bg_and_peek_on_two_hosts(box: cluster_box.Box, box_kernel: Kernel, ssh_
         _stop(box_kernel)
 
 
-def test_a_sigkilled_kernel_leaves_nothing_on_the_hosts(box: cluster_box.Box, ssh_login: box_ssh.Login) -> None:
+@pytest.mark.parametrize("how", ["SIGKILL", "shutdown", "restart"])
+def test_a_kernels_end_leaves_nothing_on_the_hosts(box: cluster_box.Box, ssh_login: box_ssh.Login, how: str) -> None:
+    """A SIGKILLed kernel, a kernel shut down, a kernel restarted: nothing of ours on n1 or n2 within seconds."""
     for _attempt in range(2):
         k = box_fixtures.login_kernel(box, DDP_MAGIC_SSH_ARGS=f"-F {ssh_login.config}")
         try:
             k.run(HOSTS + "\nimport os\nos.getpid()", timeout=240).ok()
             ours = _ours(box, "n1") + _ours(box, "n2")
             assert len([p for p in ours if _in_host(box, p, "n1")]) >= 3 and len([p for p in ours if _in_host(box, p, "n2")]) >= 3, ours
-            os.kill(k.pid, signal.SIGKILL)
             t0 = time.monotonic()
+            if how == "SIGKILL":
+                os.kill(k.pid, signal.SIGKILL)
+            elif how == "shutdown":
+                k.km.shutdown_kernel(now=False)
+            else:
+                k.km.restart_kernel(now=False)
             left = _wait_gone(ours, 30)  # the promise: seconds (the session's end reaches each template; the beat's silence at 12 s)
-            assert not left, f"left on the hosts after the kernel's SIGKILL: {left}"
-            print(f"kernel SIGKILL: nothing of ours on n1 or n2 after {time.monotonic() - t0:.1f} s")
+            assert not left, f"left on the hosts after the kernel's {how}: {left}"
+            print(f"kernel {how}: nothing of ours on n1 or n2 after {time.monotonic() - t0:.1f} s")
         finally:
             k.kc.stop_channels()
             k.km.shutdown_kernel(now=True)
