@@ -173,8 +173,8 @@ class Kernel:
             self.km.shutdown_kernel(now=True)
             if isinstance(self.km, _PrefixedKernelManager):  # its unix sockets' folder
                 shutil.rmtree(os.path.dirname(self.km.ip), ignore_errors=True)
-            if self.runtime is not None:
-                drop_runtime_dir(self.runtime)
+            if getattr(self, "runtime", None) is not None:  # a Kernel made without __init__ (slurm_helpers) has none
+                drop_runtime_dir(str(self.runtime))
 
 
 def own_runtime_dir() -> str:

@@ -16,7 +16,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernel_helper import ANSI, Execution, Kernel, alive  # noqa: E402,F401 (alive: the slurm tests import it from here)
+from kernel_helper import ANSI, Execution, Kernel, alive, own_runtime_dir  # noqa: E402,F401 (alive: the slurm tests import it from here)
 
 
 def kernel_inside_salloc(salloc_args: List[str], job_name: str = "notebook") -> Kernel:
@@ -27,12 +27,13 @@ def kernel_inside_salloc(salloc_args: List[str], job_name: str = "notebook") -> 
     argv = ["salloc", f"--job-name={job_name}", *salloc_args, sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "python in salloc", "language": "python"}))
     km = KernelManager(kernel_name="salloc-python", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(folder)]))
-    km.start_kernel(env=dict(os.environ))
+    runtime = own_runtime_dir()  # never the user's, as every test kernel's (kernel_helper.Kernel)
+    km.start_kernel(env=dict(os.environ, JUPYTER_RUNTIME_DIR=runtime))
     kc = km.client()
     kc.start_channels()
     kc.wait_for_ready(timeout=120)
     kernel = Kernel.__new__(Kernel)
-    kernel.km, kernel.kc = km, kc
+    kernel.km, kernel.kc, kernel.runtime = km, kc, runtime
     return kernel
 
 
