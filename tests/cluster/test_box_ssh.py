@@ -317,3 +317,21 @@ def test_the_kernels_host_losing_its_network_leaves_nothing_on_the_hosts(box: cl
                 time.sleep(0.5)
     finally:
         _stop(box_kernel)
+
+
+def test_a_taken_master_port_on_the_first_host_is_refused_by_name(box: cluster_box.Box, box_kernel: Kernel, ssh_login: box_ssh.Login) -> None:
+    holder = subprocess.Popen(box.enter("n1") + [sys.executable, "-c", "import socket, time\ns = socket.socket()\n"
+                              "s.bind(('0.0.0.0', 29533)); s.listen(); print('held', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    _use(box_kernel, ssh_login)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        for _attempt in range(2):
+            ex = box_kernel.run(HOSTS + " --master-port 29533\n1", timeout=240)
+            assert ex.error is not None and ex.error[0] == "StartError", ex.error
+            assert "n1: MASTER_PORT 29533 is taken there" in ex.error[1] and "n2:" not in ex.error[1], ex.error[1]
+            assert not _ours(box, "n1") + _ours(box, "n2"), "nothing runs on any host"
+    finally:
+        holder.kill()
+        holder.wait()
+        _stop(box_kernel)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_magic.errors import PlanError
-from ddp_magic.kernel.launchers.ssh_words import failed_text, ssh_problem
+from ddp_magic.kernel.launchers.ssh_words import failed_text, gpu_problem, ssh_problem
 from ddp_magic.plan.plan import make_plan
 from ddp_magic.plan.spec import PoolSpec
 from ddp_magic.plan.ssh import ARGS_ENV, SshRequest, parse_hostfile, parse_hosts, resolve
@@ -100,3 +100,10 @@ def test_other_code_is_named() -> None:
 def test_ssh_words_name_the_fix(said: str, fix: str) -> None:
     assert fix in ssh_problem("n1", said, "/p")
     assert "n1: " in failed_text({"n1": ssh_problem("n1", said, "/p")})
+
+
+def test_fewer_gpus_than_slots_under_nccl_is_a_problem() -> None:
+    spec = PoolSpec.from_options(None, ssh={"hosts": "n1,n2", "ntasks_per_node": 4}, backend="nccl")
+    plan = make_plan(spec)
+    assert "2 GPUs there for 4 slots: nccl needs one GPU a rank" in gpu_problem(plan, 2)
+    assert gpu_problem(plan, 4) == "" and gpu_problem(make_plan(spec.with_options(backend="gloo")), 0) == ""
