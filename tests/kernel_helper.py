@@ -178,10 +178,21 @@ class Kernel:
 
 
 def own_runtime_dir() -> str:
-    """A Jupyter runtime directory of a test's own (short: a kept pool's lease socket path must fit AF_UNIX)."""
+    """A Jupyter runtime directory of a test's own (short: a kept pool's lease socket path must fit AF_UNIX). One whose
+    kernel was ended another way than ``Kernel.shutdown`` goes at this process's exit, if nothing is left in it."""
+    import atexit
     import tempfile
 
-    return tempfile.mkdtemp(prefix="ddp-rt-", dir="/tmp")
+    path = tempfile.mkdtemp(prefix="ddp-rt-", dir="/tmp")
+    atexit.register(_remove_if_empty, path)
+    return path
+
+
+def _remove_if_empty(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:  # gone already, or something is left in it (a kept pool's files: look, then `python -m ddp_magic stop`)
+        pass
 
 
 def drop_runtime_dir(path: str) -> None:
