@@ -53,11 +53,12 @@ class Saved:
     """What ``%ddp save`` did: rank 0's report (the folder, each name's kind, what could not be saved)."""
 
     report: Dict[str, Any]
+    typed: str = ""  # the folder as the user wrote it: the text names the snapshot so
 
     def text(self) -> str:
         r = self.report
         step = f"step {r['step']}" if r.get("step") is not None else "a snapshot"
-        lines = [f"saved {step} to {r['path']}: {plural(len(r['names']), 'name')}, {fmt_bytes(r['bytes'])}",
+        lines = [f"saved {step} to {shown(self.typed, r['path'])}: {plural(len(r['names']), 'name')}, {fmt_bytes(r['bytes'])}",
                  "  " + _kinds(r["names"])]
         for name, why in sorted(r["unsaved"].items()):
             lines.append(f"  not saved: {name}: {why}")
@@ -71,6 +72,7 @@ class Loaded:
     reports: List[Dict[str, Any]]
     world: int
     saved_world: int
+    typed: str = ""  # the folder as the user wrote it
     notes: Dict[str, List[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -85,15 +87,23 @@ class Loaded:
     def text(self) -> str:
         first = self.reports[0]
         step = f"step {first['step']}, " if first.get("step") is not None else ""
-        lines = [f"loaded {first['path']} ({step}saved by {plural(self.saved_world, 'rank')}) into {plural(self.world, 'rank')}: "
+        path = shown(self.typed, first["path"])
+        lines = [f"loaded {path} ({step}saved by {plural(self.saved_world, 'rank')}) into {plural(self.world, 'rank')}: "
                  + (", ".join(self.names) or "nothing")]
-        parent = os.path.dirname(first["path"])
+        parent = os.path.dirname(path)
         for note, ranks in self.notes.items():
             where = "" if len(ranks) == self.world else f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
             lines.append(f"  {note.replace('%ddp load DIR', f'%ddp load {parent}')}{where}")
         if any("not exact" in n or "cannot be mapped" in n for n in self.notes) and not any("--into" in n for n in self.notes):
             lines.append("  " + INTO_HINT.format(path=parent))
         return "\n".join(lines)
+
+
+def shown(typed: str, actual: str) -> str:
+    """A snapshot's folder as the user would write it: under the folder they typed, not as an absolute path."""
+    if not typed or os.path.abspath(typed) == actual:
+        return typed or actual
+    return os.path.join(typed, os.path.basename(actual))
 
 
 def listing(parent: str) -> str:

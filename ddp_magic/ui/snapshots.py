@@ -56,8 +56,8 @@ def save(session: Session, parent: str, names: Sequence[str] = (), listener: Opt
     source, partial = snapshots.save_source(parent, chosen, step)
     result = session.run(source, {}, CellOptions(), listener)
     if not result.ok:
-        result.outcome.notes.append(snapshots.unfinished(partial))
-    return result, (snapshots.Saved(result.outcome.values[0]) if result.ok else None)
+        result.outcome.notes.append(snapshots.unfinished(snapshots.shown(parent, partial)))
+    return result, (snapshots.Saved(result.outcome.values[0], parent) if result.ok else None)
 
 
 def load(session: Session, path: str, into: Sequence[str] = (), spec: Optional[PoolSpec] = None,
@@ -73,6 +73,6 @@ def load(session: Session, path: str, into: Sequence[str] = (), spec: Optional[P
     result = session.run(snapshots.load_source(chosen, into), {}, CellOptions(spec=spec), listener)
     if not result.ok:
         return result, None
-    loaded = snapshots.Loaded([v for v in result.outcome.values if v], len(result.outcome.values), saved_world)
+    loaded = snapshots.Loaded([v for v in result.outcome.values if v], len(result.outcome.values), saved_world, path)
     session.owned |= set(loaded.names)
     return result, loaded
