@@ -1,4 +1,4 @@
-"""The tests' own rules: no upper bound on wall time in a test (issue 46).
+"""The tests' own rules: no upper bound on wall time in a test.
 
 On a loaded two-core machine a test that asserts ``took < 8`` fails when nothing is wrong. A test asserts the order of
 events instead; where a time is the product's promise (a lost node named within 15 s), one generous bound (3x the
