@@ -106,6 +106,8 @@ def test_ddp_trains_on_two_hosts_over_ssh(box: cluster_box.Box, box_kernel: Kern
             assert "[rank 3 n2] trained 3" in ex.stdout and "[rank 0 n1] trained 0" in ex.stdout, ex.stdout
         env = box_kernel.run("%ddp_env", timeout=60).ok().result or ""
         assert f"MASTER_ADDR={box.host('n1').mgmt}" in env.replace("'", "").replace(": ", "="), env
+        status = box_kernel.run("%ddp status", timeout=60).ok().stdout
+        assert f"2 hosts over SSH (n1:2,n2:2), python {sys.executable}: n1 ({box.host('n1').mgmt}), n2 ({box.host('n2').mgmt})" in status, status
     finally:
         _stop(box_kernel)
     left = _wait_gone(_ours(box, "n1") + _ours(box, "n2"), 15)
