@@ -46,7 +46,13 @@ def keep(session: Session, args: argparse.Namespace) -> None:
     if pool is None:
         raise UsageError("%ddp keep: no pool is running; start one first (%%ddp -n N), or put --keep on the cell that starts it")
     state = _keep(session, terms(args))
-    print(f"kept the pool {state.id}: {state.text()}. After a kernel restart: %load_ext ddp_magic, then %ddp attach")
+    print(f"{kept_line(state)}\nafter a kernel restart: %load_ext ddp_magic, then %ddp attach")
+
+
+def kept_line(state: keeping.KeptState) -> str:
+    """``kept pool 53f7d1a3: ends 30 min after its kernel leaves, at most at Mon 05:01``: kept once, short enough that an
+    output area (which wraps anywhere) keeps the time whole."""
+    return f"kept pool {state.id}: {state.terms.lease()}"
 
 
 def _keep(session: Session, lease: Terms, job: str = "") -> keeping.KeptState:
@@ -66,7 +72,7 @@ def keep_cell(session: Session, spec: Any, listener: Any, job: str) -> None:
     pool = session.pool
     assert pool is not None
     state = _keep(session, pool.kept.terms if pool.kept is not None else Terms.parse(None, None), job)
-    listener.on_notice(f"kept the pool {state.id}: {state.text()}")
+    listener.on_notice(kept_line(state))
 
 
 def attach(magics: Any, args: argparse.Namespace) -> Optional[Job]:

@@ -86,7 +86,7 @@ def test_the_panel_attaches_a_kept_pool_after_a_restart(page: Any, server: Serve
             wait_prompt(page, 1, timeout=180)
             run_cell(page, 2)  # %ddp keep
             wait_prompt(page, 2)
-            m = re.search(r"kept the pool ([0-9a-f]+)", output(page, 2))
+            m = re.search(r"kept pool ([0-9a-f]+)", output(page, 2))
             assert m, output(page, 2)
             pool_id = m.group(1)
             kept.append(pool_id)
@@ -161,7 +161,7 @@ def start_ticking(page: Any, server: Server, gate: str, upto: int, early: str = 
         code = code.replace("flush=True)\n", "flush=True)\n" + wait, 1)
     append_and_run(page, code)
     wait_ticks(page, base, upto)
-    m = re.search(r"kept the pool ([0-9a-f]+)", output(page, base))
+    m = re.search(r"kept pool ([0-9a-f]+)", output(page, base))
     assert m, output(page, base)
     pid = re.search(m.group(1) + r"[^\n]*\n\s*attached to pid (\d+)", terminal(server, "kept"))  # its second line
     assert pid, terminal(server, "kept")

@@ -117,7 +117,7 @@ def _attach_and_finish(k: Kernel, first: str, ranks: List[int], gate: str) -> No
 
 def _idle_ends(b: cluster_box.Box, k: Kernel, job: str, runtime: str, env: Dict[str, str]) -> None:
     """``--idle 5s`` and a SIGKILL: no rank, no job; a stop from login's terminal says why it had ended; nothing left."""
-    assert "kept the pool" in k.run("%ddp keep --idle 5s").ok().stdout
+    assert "kept pool" in k.run("%ddp keep --idle 5s").ok().stdout
     live = k.value("[i.pid for i in " + POOL + ".ranks.values()]")
     pool_id = k.value(f"{POOL}.kept.id")
     _sigkill(k)
@@ -163,7 +163,7 @@ def test_a_kept_pool_on_other_hosts_outlives_its_kernel(box: cluster_box.Box) ->
                 gate = os.path.join(runtime, "gate")
                 open(gate, "w").close()
                 ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
-                assert "kept the pool" in ex.stdout, (ex.stdout, ex.stderr)
+                assert "kept pool" in ex.stdout, (ex.stdout, ex.stderr)
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline and not all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(4)):
                     time.sleep(0.1)

@@ -104,7 +104,7 @@ def test_a_kept_pool_attached_by_a_restarted_kernel_follows_the_edit(runtime: st
         k.run(POOL, timeout=180).ok()
         k.run("%ddp autoreload").ok()
         import_model(k, where)
-        assert "kept the pool" in k.run("%ddp keep").ok().stdout
+        assert "kept pool" in k.run("%ddp keep").ok().stdout
         k.km.restart_kernel(now=True)
         k.collect(1.0)
         k.run("%load_ext ddp_magic").ok()

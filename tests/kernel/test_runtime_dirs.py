@@ -34,7 +34,7 @@ def test_a_kept_pool_ends_while_no_kernel_is_attached():
         k.run("%load_ext ddp_magic").ok()
         k.run("%%ddp -n 2\\n1", timeout=180).ok()
         where = k.value("__import__('os').environ['JUPYTER_RUNTIME_DIR']")
-        assert "kept the pool" in k.run("%ddp keep --idle 1s").ok().stdout
+        assert "kept pool" in k.run("%ddp keep --idle 1s").ok().stdout
         os.kill(k.pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
         ended = lambda: [n for n in os.listdir(where) if n.endswith(".json") and json.load(open(os.path.join(where, n))).get("state") == "ended"]

@@ -94,7 +94,7 @@ def test_two_nodes_train_ddp_over_tls(sk, no_jobs_left):
         assert "in the same Slurm allocation: no new queue wait" in ex.stdout
         assert our_jobs() == [f"{job.group(1)} RUNNING"]
         kept = sk.run("%ddp keep").ok().stdout  # docs/keep.md, "Slurm": a TLS pool is kept too (an attach pins a new key)
-        assert "kept the pool" in kept, kept
+        assert "kept pool" in kept, kept
         assert "no longer kept" in sk.run("%ddp keep --off").ok().stdout, "and is its kernel's again"
     stop = sk.run("%ddp stop").ok()
     assert stop.stdout.strip() == f"stopped the pool; its workers have exited; Slurm job {job.group(1)} released: its nodes are free", stop.stdout
@@ -124,7 +124,7 @@ def test_a_kept_pool_whose_job_slurm_ended_gives_way_to_the_next_cell(sk, no_job
     for _attempt in range(2):
         sk.run("%%ddp --slurm --nodes 2 --ntasks-per-node 1\nimport os\nos.environ['SLURM_JOB_ID']", timeout=180).ok()
         old = sk.value("_[0]")
-        assert "kept the pool" in sk.run("%ddp keep").ok().stdout
+        assert "kept pool" in sk.run("%ddp keep").ok().stdout
         slurm_fixtures.cancel_our_jobs()
         assert wait_no_jobs(30) == []
         sk.run("%%ddp --slurm --nodes 2 --ntasks-per-node 2 --bg --out job\nimport os\nos.environ['SLURM_JOB_ID']", timeout=180).ok()

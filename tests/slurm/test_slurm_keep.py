@@ -64,7 +64,7 @@ def _lease(runtime: str) -> List[str]:
 def _ticking(k: Kernel, gate: str, ranks: int) -> Execution:
     """A kept background job that ticks and waits at the gate; returns once the kernel showed tick 5 of every rank."""
     ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
-    assert "kept the pool" in ex.stdout, ex.stdout
+    assert "kept pool" in ex.stdout, ex.stdout
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(ranks)):
         pass
@@ -156,7 +156,7 @@ def test_a_kept_slurm_pool_outlives_its_kernel_until_its_lease_ends(slurm_cluste
                         whole = sorted(both) == list(range(N)) if how != "sigkill" else set(both) == set(range(N))
                         assert whole, f"{how}: rank {r}'s ticks, first kernel {shown.get(r)}, second {second.get(r)}"
                     _recovers(k, ranks, [1, 3])  # rank 1 on n1 (the lease holder's node), rank 3 on n2 (a follower's)
-                assert "kept the pool" in k.run("%ddp keep --idle 5s").ok().stdout
+                assert "kept pool" in k.run("%ddp keep --idle 5s").ok().stdout
                 pool_id, shm = k.value(f"(lambda p: (p.kept.id, p.shm_prefix))({POOL})")
                 os.kill(k.pid, signal.SIGKILL)
                 t0 = time.monotonic()
@@ -186,7 +186,7 @@ def test_ddp_stop_ends_a_kept_slurm_pool_and_releases_its_allocation(slurm_clust
         k.run("%load_ext ddp_magic").ok()
         for _attempt in range(2):
             k.run(START.format(per=1), timeout=180).ok()
-            assert "kept the pool" in k.run("%ddp keep").ok().stdout
+            assert "kept pool" in k.run("%ddp keep").ok().stdout
             job = k.value("get_ipython().magics_manager.registry['DDPMagics'].session.pool.launcher.job_id()")
             stop = k.run("%ddp stop", timeout=60).ok().stdout.strip()
             assert stop == f"stopped the pool; its workers have exited; Slurm job {job} released: its nodes are free", stop

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -32,6 +33,17 @@ def test_the_lease_line() -> None:
     assert "no kernel attached since" in left and "unless a kernel attaches or a job runs" in left
     assert [span(s) for s in (5, 90, 1800, 5400, 86400)] == ["5 s", "1 min 30 s", "30 min", "1 h 30 min", "24 h"]
     assert Terms.parse(None, None).idle == 1800 and Terms.parse("5s", "1h").max == 3600
+
+
+def test_the_kept_line_says_kept_once_and_is_short() -> None:
+    """The cell's notice (``%%ddp --keep``) and %ddp keep's first line: an output area wraps anywhere, mid-time too."""
+    from ddp_magic.kernel.keep.keeping import KeptState
+    from ddp_magic.ui.keep import kept_line
+
+    since = time.mktime((2026, 1, 1, 5, 0, 0, 0, 0, -1))
+    line = kept_line(KeptState("53f7d1a3", "/tmp/x", "local", Terms(1800, 3600 + 14 * 60, since)))
+    assert re.fullmatch(r"kept pool 53f7d1a3: ends 30 min after its kernel leaves, at most at (\w{3} )?06:14", line), line
+    assert len("ddp_magic: " + line) <= 90, line
 
 
 def test_shown_offsets_survive_their_writer(tmp_path) -> None:

@@ -52,13 +52,17 @@ class Terms:
         return self.since + self.max
 
     def text(self, attached: bool = True, left_at: Optional[float] = None) -> str:
-        """``kept: ends 30 min after its kernel leaves, at most at 06:14`` (detached: ``... ends at 02:44 unless a kernel
-        attaches``)."""
+        """``kept: ends 30 min after its kernel leaves, at most at 06:14``: a row of its own (%ddp status, attach)."""
+        return "kept: " + self.lease(attached, left_at)
+
+    def lease(self, attached: bool = True, left_at: Optional[float] = None) -> str:
+        """``ends 30 min after its kernel leaves, at most at 06:14`` (detached: ``no kernel attached since 02:14; ends at
+        02:44 unless a kernel attaches or a job runs, at most at 06:14``): each fact once, for a line that already says kept."""
         most = _clock(self.ends_at)
         if attached or left_at is None:
-            return f"kept: ends {span(self.idle)} after its kernel leaves, at most at {most}"
+            return f"ends {span(self.idle)} after its kernel leaves, at most at {most}"
         idle_end = min(left_at + self.idle, self.ends_at)
-        return f"kept: no kernel attached since {_clock(left_at)}; ends at {_clock(idle_end)} unless a kernel attaches or a job runs, at most at {most}"
+        return f"no kernel attached since {_clock(left_at)}; ends at {_clock(idle_end)} unless a kernel attaches or a job runs, at most at {most}"
 
     def to_dict(self) -> Dict[str, Any]:
         return {"idle": self.idle, "max": self.max, "since": self.since}
