@@ -272,8 +272,8 @@ def seen_env(plan: Plan, rank: int, environ: Mapping[str, str] = os.environ, pla
 def plan_report(plan: Plan, environ: Mapping[str, str] = os.environ, started: bool = False, extra_checks: Sequence[Check] = ()) -> EnvReport:
     """What a plan gives each rank, with the plan's checks (the same list and count as the cell's status view) and,
     for a Slurm plan, what the scheduler said of it (``extra_checks``)."""
-    where = f" on {plural(plan.nnodes, 'Slurm node')}" if plan.slurm is not None else ""
-    title = f"planned env for {plural(plan.world_size if plan.slurm else plan.nproc, 'rank')}{where}, backend {plan.backend} ({plan.backend_reason})"
+    where = f" on {plural(plan.nnodes, 'Slurm node')}" if plan.slurm is not None else f" on {plural(plan.nnodes, 'host')} over SSH" if plan.ssh else ""
+    title = f"planned env for {plural(plan.world_size if plan.over_hosts else plan.nproc, 'rank')}{where}, backend {plan.backend} ({plan.backend_reason})"
     envs = [seen_env(plan, r, environ, e) for r, e in enumerate(plan.all_envs())]
     extra: Dict[str, Any] = {
         "state": "planned",

@@ -265,6 +265,7 @@ def test_a_host_without_ddp_magic_is_refused_by_name(box: cluster_box.Box, box_k
     try:  # with ddp_magic back on n2, %ddp_env asks each host and starts nothing
         env = box_kernel.run("%ddp_env --hosts n1,n2 --ntasks-per-node 2", timeout=120).ok()
         shown = env.stdout + (env.result or "") + box_kernel.run("print(_.full_text())").ok().stdout
+        assert "planned env for 4 ranks on 2 hosts over SSH, backend gloo" in shown, shown
         assert re.search(r"✓ host n2: n2: python \S+, ddp_magic [\d.]+, torch \S+ \(the same code as here\)", shown), shown
         assert "✓ n1 reaches the kernel" in shown and "✓ n2 reaches the kernel" in shown, shown
         assert f"MASTER_ADDR={box.host('n1').mgmt}" in shown, shown
