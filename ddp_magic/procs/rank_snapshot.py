@@ -99,7 +99,7 @@ def save(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
         del found.optimizers[name]
     tree, info = _tree(found, rank)
     dcp.save(tree, checkpoint_id=os.path.join(partial, S.DCP_DIR))
-    values, sizes, unpicklable = O.pickle_values(found.values, O.references(found.modules, found.optimizers))
+    values, sizes, unpicklable = O.pickle_values(found.values, O.references(found.modules, found.optimizers), ns)
     found.unsaved.update(unpicklable)
     record = {"skeletons": blob, "values": values, "rng": O.rng_state(), "imports": found.imports}
     data = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
@@ -180,7 +180,7 @@ def load(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     optimizers.update({n: ns[n] for n in into if isinstance(ns[n], torch.optim.Optimizer)})
     _fill(path, meta, modules, optimizers, rank, same, notes)
     objects: Dict[str, Any] = {**modules, **optimizers}
-    values = O.unpickle_values(record["values"], objects)
+    values = O.unpickle_values(record["values"], objects, ns)
     if not same:
         values = _mappable(values, meta, notes)
     O.follow_schedulers(values)

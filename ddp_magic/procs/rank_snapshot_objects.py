@@ -230,20 +230,26 @@ def _track_step(opt: torch.optim.Optimizer) -> None:
 class _ValuePickler(cloudpickle.CloudPickler):
     """Values per rank; a saved module, optimizer or parameter is a reference to the one the load rebuilds."""
 
-    def __init__(self, file: Any, refs: Dict[int, Tuple[str, ...]]) -> None:
+    def __init__(self, file: Any, refs: Dict[int, Tuple[str, ...]], ns: Dict[str, Any]) -> None:
         super().__init__(file)
-        self.refs = refs
+        self.refs = {**refs, id(ns): ("ns",)}
+        # a function a cell defined keeps the rank's namespace as its globals (cloudpickle would give it a copy of its
+        # own, and `global step; step += 1` would count in that copy): its globals are pickled as a reference to it
+        self.globals_ref[id(ns)] = ns
 
     def persistent_id(self, obj: Any) -> Any:
         return self.refs.get(id(obj))
 
 
 class _ValueUnpickler(pickle.Unpickler):
-    def __init__(self, file: Any, objects: Dict[str, Any]) -> None:
+    def __init__(self, file: Any, objects: Dict[str, Any], ns: Dict[str, Any]) -> None:
         super().__init__(file)
         self.objects = objects
+        self.ns = ns
 
     def persistent_load(self, pid: Any) -> Any:
+        if pid[0] == "ns":
+            return self.ns
         if pid[0] == "param":
             return dict(inner(self.objects[pid[1]]).named_parameters(remove_duplicate=False))[pid[2]]
         if pid[0] == "inner":
@@ -261,7 +267,8 @@ def references(modules: Dict[str, torch.nn.Module], optimizers: Dict[str, torch.
     return refs
 
 
-def pickle_values(values: Dict[str, Any], refs: Dict[int, Tuple[str, ...]]) -> Tuple[bytes, Dict[str, Tuple[int, str]], Dict[str, str]]:
+def pickle_values(values: Dict[str, Any], refs: Dict[int, Tuple[str, ...]],
+                  ns: Dict[str, Any]) -> Tuple[bytes, Dict[str, Tuple[int, str]], Dict[str, str]]:
     """The values that pickle (together: shared objects stay shared), each one's size and sha256 alone, and why each
     other could not."""
     sizes: Dict[str, Tuple[int, str]] = {}
@@ -269,18 +276,19 @@ def pickle_values(values: Dict[str, Any], refs: Dict[int, Tuple[str, ...]]) -> T
     for name, value in values.items():
         buf = io.BytesIO()
         try:
-            _ValuePickler(buf, refs).dump(value)
+            _ValuePickler(buf, refs, ns).dump(value)
             sizes[name] = (buf.tell(), hashlib.sha256(buf.getvalue()).hexdigest())
         except Exception as e:  # any failure to pickle is the user's to read: named with its reason, never dropped
             log.debug("cannot pickle %r", name, exc_info=True)
             unsaved[name] = reason(value, e)
     buf = io.BytesIO()
-    _ValuePickler(buf, refs).dump({n: v for n, v in values.items() if n in sizes})
+    _ValuePickler(buf, refs, ns).dump({n: v for n, v in values.items() if n in sizes})
     return buf.getvalue(), sizes, unsaved
 
 
-def unpickle_values(blob: bytes, objects: Dict[str, Any]) -> Dict[str, Any]:
-    return _ValueUnpickler(io.BytesIO(blob), objects).load()
+def unpickle_values(blob: bytes, objects: Dict[str, Any], ns: Dict[str, Any]) -> Dict[str, Any]:
+    """The values, a function's globals the namespace ``ns`` (what they referenced at the save is set there as it loads)."""
+    return _ValueUnpickler(io.BytesIO(blob), objects, ns).load()
 
 
 def reason(value: Any, error: BaseException) -> str:

@@ -67,6 +67,8 @@ def test_a_resumed_training_gives_the_same_losses_to_the_bit(kernel, tmp_path, r
     assert "(step 50, saved by 2 ranks) into 2 ranks: " in loaded.stdout, loaded.stdout
     kernel.run("%%ddp --out rest\ntrain(100)", timeout=300).ok()
     assert kernel.value("[len(r) for r in rest]") == [50, 50]
+    kernel.run("%%ddp --out steps\nstep").ok()  # train's `global step` is the namespace's again, not a copy of its own
+    assert kernel.value("list(steps)") == [100, 100]
     assert kernel.value("[list(w[50:]) == list(r) for w, r in zip(whole, rest)]") == [True, True]
     assert kernel.value("whole[0][50:] != whole[1][50:]") is True  # the ranks' data differ: the RNG came back per rank
 
