@@ -68,6 +68,7 @@ class Plan:
     extra_env: Dict[str, str] = field(default_factory=dict)
     slurm: Optional[SlurmRequest] = None  # --slurm: the ranks are the tasks of a job step (their RANK etc. come from Slurm)
     ssh: Optional[SshRequest] = None  # --hosts / --hostfile: the ranks run on those hosts, a template each over SSH
+    slots: Tuple[int, ...] = ()  # hosts of different sizes (--hosts gpu1:8,gpu2:4): each node's ranks; (): nproc each
     ray: Optional[RayRequest] = None  # --ray: the ranks run on a Ray cluster's nodes, a template each (kernel/launchers/ray.py)
 
     @property
@@ -77,19 +78,28 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        return self.nproc * self.nnodes
+        return sum(self.slots) if self.slots else self.nproc * self.nnodes
+
+    def node_local(self, rank: int) -> Tuple[int, int]:
+        """(node rank, local rank) of ``rank``: block distribution, ``nproc`` a node, or each node's own ``slots``."""
+        if not self.slots:
+            return rank // self.nproc, rank % self.nproc
+        node = 0
+        while node < len(self.slots) - 1 and rank >= self.slots[node]:
+            rank, node = rank - self.slots[node], node + 1
+        return node, rank
 
     def rank_env(self, local_rank: int, node_rank: Optional[int] = None) -> Dict[str, str]:
         """The variables torch.distributed and torchrun users expect, for one rank (of this node, or of ``node_rank``)."""
         node = self.node_rank if node_rank is None else node_rank
-        rank = node * self.nproc + local_rank
+        rank = (sum(self.slots[:node]) if self.slots else node * self.nproc) + local_rank
         env = {
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
             "WORLD_SIZE": str(self.world_size),
             "RANK": str(rank),
             "LOCAL_RANK": str(local_rank),
-            "LOCAL_WORLD_SIZE": str(self.nproc),
+            "LOCAL_WORLD_SIZE": str(self.slots[node] if self.slots else self.nproc),
             "NODE_RANK": str(node),
             "GROUP_RANK": str(node),
             "GROUP_WORLD_SIZE": str(self.nnodes),
@@ -111,7 +121,7 @@ class Plan:
     def all_envs(self) -> List[Dict[str, str]]:
         """Every rank's env: this node's, or every node's for a Slurm pool (whose ranks all start from this plan)."""
         nodes = range(self.nnodes) if self.over_hosts else [self.node_rank]
-        return [self.rank_env(i, n) for n in nodes for i in range(self.nproc)]
+        return [self.rank_env(i, n) for n in nodes for i in range(self.slots[n] if self.slots else self.nproc)]
 
 
 def usable_cpus() -> int:
@@ -222,5 +232,6 @@ def make_plan(
         extra_env=spec.env,
         slurm=spec.slurm,
         ssh=spec.ssh,
+        slots=spec.ssh.slots if spec.ssh is not None else (),
         ray=spec.ray,
     )

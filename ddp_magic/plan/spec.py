@@ -105,7 +105,7 @@ class PoolSpec:
             raise PlanError(f"-n must be a whole number of ranks, 1 or more (got {n!r})")
         if not isinstance(self.nnodes, int) or isinstance(self.nnodes, bool) or self.nnodes < 1:
             raise PlanError(f"--nnodes must be 1 or more (got {self.nnodes!r})")
-        if n % self.nnodes:
+        if n % self.nnodes and self.ssh is None:  # an SSH pool's hosts may differ in size (their slots say)
             raise PlanError(f"-n {n} ranks do not split evenly over {self.nnodes} nodes; give a multiple of {self.nnodes}")
         if self.backend not in BACKENDS:
             raise PlanError(f"unknown backend {self.backend!r}; use one of {', '.join(BACKENDS)}")
@@ -221,7 +221,8 @@ class PoolSpec:
 
     @property
     def nproc_per_node(self) -> int:
-        return self.nproc // self.nnodes
+        """Ranks a node (an SSH pool's hosts of different sizes: the most any has)."""
+        return self.ssh.ntasks_per_node if self.ssh is not None else self.nproc // self.nnodes
 
     @property
     def env(self) -> Dict[str, str]:

@@ -98,7 +98,14 @@ class SshRequest:
 
     @property
     def ntasks_per_node(self) -> int:
-        return self.hosts[0][1]
+        """The most ranks any host has (each host's own: ``slots``)."""
+        return max(s for _, s in self.hosts)
+
+    @property
+    def slots(self) -> Tuple[int, ...]:
+        """Each host's ranks when they differ (gpu1:8,gpu2:4); () when every host has the same."""
+        counts = tuple(s for _, s in self.hosts)
+        return counts if len(set(counts)) > 1 else ()
 
     @property
     def world_size(self) -> int:
@@ -151,10 +158,6 @@ def resolve(nproc: Optional[int], options: Mapping[str, object], environ: Mappin
             per = nproc // len(words)
         hosts = parse_hosts(str(hosts_text or ""), per)
         source = "--hosts"
-    slots = {s for _, s in hosts}
-    if len(slots) > 1:
-        raise PlanError(f"{source}: {', '.join(f'{h}:{s}' for h, s in hosts)}: hosts with different slots are not supported yet; "
-                        "give every host the same number (the least of them)")
     try:
         extra = tuple(shlex.split(environ.get(ARGS_ENV, "")))
     except ValueError as e:

@@ -89,25 +89,27 @@ def _wait_gone(pids: List[int], seconds: float) -> List[int]:
     return [p for p in pids if alive(p)]
 
 
-@pytest.mark.parametrize("how", ["--hosts", "--hostfile"])
+@pytest.mark.parametrize("how", ["--hosts", "--hostfile", "uneven"])
 def test_ddp_trains_on_two_hosts_over_ssh(box: cluster_box.Box, box_kernel: Kernel, ssh_login: box_ssh.Login, tmp_path: Path, how: str) -> None:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# the box's nodes, DeepSpeed's format\nn1 slots=2\n\nn2 slots=2   # through n1 (ProxyJump)\n")
-    head = HOSTS if how == "--hosts" else f"%%ddp --hostfile {hostfile}"
+    head = {"--hosts": HOSTS, "--hostfile": f"%%ddp --hostfile {hostfile}", "uneven": "%%ddp --hosts n1:3,n2:1"}[how]
+    where = ["n1", "n1", "n1", "n2"] if how == "uneven" else ["n1", "n1", "n2", "n2"]
     _use(box_kernel, ssh_login)
     try:
         for _attempt in range(2):
             ex = box_kernel.run(head + TRAIN, timeout=240)
             assert ex.error is None, f"{ex.error}\n{ex.stdout[-3000:]}\n{ex.stderr[-3000:]}"
             values = _values(box_kernel, ex)
-            assert [v[0] for v in values] == ["n1", "n1", "n2", "n2"], values
+            assert [v[0] for v in values] == where, values
             assert {v[1] for v in values} == {"mgmt0"}, "each host chose the interface on its route to MASTER_ADDR"
             assert all(v[2] == values[0][2] for v in values), "identical weights on every rank"
-            assert "[rank 3 n2] trained 3" in ex.stdout and "[rank 0 n1] trained 0" in ex.stdout, ex.stdout
+            assert "[rank 3 n2] trained 3" in ex.stdout and f"[rank 2 {where[2]}] trained 2" in ex.stdout, ex.stdout
         env = box_kernel.run("%ddp_env", timeout=60).ok().result or ""
         assert f"MASTER_ADDR={box.host('n1').mgmt}" in env.replace("'", "").replace(": ", "="), env
         status = box_kernel.run("%ddp status", timeout=60).ok().stdout
-        assert f"2 hosts over SSH (n1:2,n2:2), python {sys.executable}: n1 ({box.host('n1').mgmt}), n2 ({box.host('n2').mgmt})" in status, status
+        shape = "n1:3,n2:1" if how == "uneven" else "n1:2,n2:2"
+        assert f"2 hosts over SSH ({shape}), python {sys.executable}: n1 ({box.host('n1').mgmt}), n2 ({box.host('n2').mgmt})" in status, status
     finally:
         _stop(box_kernel)
     left = _wait_gone(_ours(box, "n1") + _ours(box, "n2"), 15)

@@ -41,8 +41,7 @@ def test_resolve_splits_n_and_refuses_what_does_not_fit(tmp_path) -> None:
     assert resolve(None, {"hostfile": str(path)}, {})[1].hosts == (("n1", 2), ("n2", 2))
     with pytest.raises(PlanError, match="do not split evenly"):
         resolve(3, {"hosts": "n1,n2"}, {})
-    with pytest.raises(PlanError, match="not supported yet"):
-        resolve(None, {"hosts": "n1:8,n2:4"}, {})
+    assert resolve(None, {"hosts": "n1:8,n2:4"}, {})[1].slots == (8, 4)
     with pytest.raises(PlanError, match="No such file"):
         resolve(None, {"hostfile": str(tmp_path / "none")}, {})
     assert resolve(None, {"hosts": "n1"}, {ARGS_ENV: "-F '/my dir/config'"})[1].ssh_args == ("-F", "/my dir/config")
@@ -105,5 +104,15 @@ def test_ssh_words_name_the_fix(said: str, fix: str) -> None:
 def test_fewer_gpus_than_slots_under_nccl_is_a_problem() -> None:
     spec = PoolSpec.from_options(None, ssh={"hosts": "n1,n2", "ntasks_per_node": 4}, backend="nccl")
     plan = make_plan(spec)
-    assert "2 GPUs there for 4 slots: nccl needs one GPU a rank" in gpu_problem(plan, 2)
-    assert gpu_problem(plan, 4) == "" and gpu_problem(make_plan(spec.with_options(backend="gloo")), 0) == ""
+    assert "2 GPUs there for 4 slots: nccl needs one GPU a rank" in gpu_problem(plan, 2, 4)
+    assert gpu_problem(plan, 4, 4) == "" and gpu_problem(make_plan(spec.with_options(backend="gloo")), 0, 4) == ""
+
+
+def test_hosts_of_different_sizes_number_their_ranks_in_blocks() -> None:
+    spec = PoolSpec.from_options(None, ssh={"hosts": "gpu1:3,gpu2:1"})
+    plan = make_plan(spec)
+    assert (spec.nproc, spec.nnodes, plan.world_size, plan.slots) == (4, 2, 4, (3, 1))
+    envs = plan.all_envs()
+    assert [(e["RANK"], e["NODE_RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["WORLD_SIZE"]) for e in envs] == [
+        ("0", "0", "0", "3", "4"), ("1", "0", "1", "3", "4"), ("2", "0", "2", "3", "4"), ("3", "1", "0", "1", "4")]
+    assert [plan.node_local(r) for r in range(4)] == [(0, 0), (0, 1), (0, 2), (1, 0)]

@@ -100,16 +100,16 @@ class NodeLauncher(Launcher):
         self._spawn(rank, config["env"], config["kernel_addr"], config["kernel_port"])
 
     def node_of(self, rank: int) -> str:
-        """The node a rank runs on (block distribution: plan.nproc ranks a node)."""
+        """The node a rank runs on (block distribution: plan.nproc ranks a node, or each node's slots)."""
         nodes = self.nodes()
-        if self.plan is None or not nodes or rank // self.plan.nproc >= len(nodes):
+        if self.plan is None or not nodes or self.plan.node_local(rank)[0] >= len(nodes):
             return ""
-        return nodes[rank // self.plan.nproc]
+        return nodes[self.plan.node_local(rank)[0]]
 
     def placement(self, plan: Plan) -> Dict[int, str]:
         """The block distribution over the nodes held."""
         nodes = self.nodes()
-        return {r: nodes[r // plan.nproc] for r in range(plan.world_size) if r // plan.nproc < len(nodes)}
+        return {r: nodes[plan.node_local(r)[0]] for r in range(plan.world_size) if plan.node_local(r)[0] < len(nodes)}
 
     def adopt(self, pid: int, rank: int, host: str) -> None:
         self._pids[pid] = rank

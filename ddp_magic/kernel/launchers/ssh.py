@@ -77,8 +77,7 @@ class SshLauncher(NodeLauncher):
     def _rank_env(self, rank: int, env: Dict[str, str]) -> Tuple[int, Dict[str, str]]:
         """The host's shared env (forwarded) with torchrun's set for ``rank`` and its host's name."""
         assert self.plan is not None
-        per_node = self.plan.nproc
-        local, node_rank = rank % per_node, rank // per_node
+        node_rank, local = self.plan.node_local(rank)
         wanted = dict(forwarded(env), **self.plan.rank_env(local, node_rank))
         wanted[NODE_NAME_ENV] = self.nodes()[node_rank]
         return node_rank, wanted
@@ -133,8 +132,8 @@ class SshLauncher(NodeLauncher):
             differs = node_hello.mismatch(mine, hello)
             if differs:
                 problems[host] = f"other code: {differs}"
-            elif gpu_problem(plan, int(hello.get("gpus") or 0)):
-                problems[host] = gpu_problem(plan, int(hello.get("gpus") or 0))
+            elif gpu_problem(plan, int(hello.get("gpus") or 0), dict(plan.ssh.hosts)[host] if plan.ssh else plan.nproc):
+                problems[host] = gpu_problem(plan, int(hello.get("gpus") or 0), dict(plan.ssh.hosts)[host] if plan.ssh else plan.nproc)
             elif i == 0 and hello.get("port_free") is False:
                 problems[host] = f"MASTER_PORT {self._port} is taken there"
         return problems
@@ -182,7 +181,8 @@ class SshLauncher(NodeLauncher):
         port = plan.master_port if plan.port_was_given else (self._port if self._port != avoid else master_port(addr, avoid, local=False))
         out = replace(plan, master_addr=addr, master_port=port)
         gpus = [int(self.hellos.get(h, {}).get("gpus") or 0) for h in names]
-        if plan.backend_reason == AUTO_REASON and all(g >= plan.nproc for g in gpus) and plan.init:
+        slots = [s for _, s in self.request.hosts]
+        if plan.backend_reason == AUTO_REASON and all(g >= s for g, s in zip(gpus, slots)) and plan.init:
             out = replace(out, backend="nccl", backend_reason=f"each host has a GPU a slot ({', '.join(map(str, gpus))})")
         return out
 

@@ -67,14 +67,14 @@ def _host_check(plan: Plan, host: str, hello: Optional[dict], said: str, first: 
     differs = node_hello.mismatch(node_hello.identity(), hello)
     if differs:
         return Check(name, False, f"other code: {differs}; install the same versions there, or --remote-python PATH")
-    gpus = int(hello.get("gpus") or 0)
-    why = gpu_problem(plan, gpus)
+    gpus, slots = int(hello.get("gpus") or 0), dict(plan.ssh.hosts)[host]
+    why = gpu_problem(plan, gpus, slots)
     if why:
         return Check(name, False, why)
     if first and hello.get("port_free") is False:
         return Check(name, False, f"MASTER_PORT {plan.master_port} is taken there; --master-port PORT, or leave it out for a free one")
     return Check(name, True, f"{hello.get('hostname')}: python {hello.get('python')}, ddp_magic {hello.get('ddp_magic')}, "
-                 f"torch {hello.get('torch')} (the same code as here), {gpus} GPUs for {plan.nproc} slots")
+                 f"torch {hello.get('torch')} (the same code as here), {gpus} GPUs for {slots} slots")
 
 
 def _dial_checks(plan: Plan, control: str) -> List[Check]:

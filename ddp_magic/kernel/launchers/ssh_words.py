@@ -48,11 +48,11 @@ def ssh_problem(host: str, said: str, python: str) -> str:
     return said.strip()[-400:] or "the session ended without a word"
 
 
-def gpu_problem(plan: "Plan", gpus: int) -> str:
-    """A host with fewer GPUs than slots under nccl ("" when it has enough, or the backend is not nccl)."""
-    if plan.backend != "nccl" or gpus >= plan.nproc:
+def gpu_problem(plan: "Plan", gpus: int, slots: int) -> str:
+    """A host with fewer GPUs than its ``slots`` under nccl ("" when it has enough, or the backend is not nccl)."""
+    if plan.backend != "nccl" or gpus >= slots:
         return ""
-    return (f"{plural(gpus, 'GPU')} there for {plural(plan.nproc, 'slot')}: nccl needs one GPU a rank; give fewer slots "
+    return (f"{plural(gpus, 'GPU')} there for {plural(slots, 'slot')}: nccl needs one GPU a rank; give fewer slots "
             "(--ntasks-per-node, host:N) or --backend gloo")
 
 
