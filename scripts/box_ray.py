@@ -67,6 +67,7 @@ class Cluster:
     address: str
     folder: str
     token: str = field(default_factory=lambda: secrets.token_hex(16))
+    enter: List[str] = field(default_factory=list)  # how a process reaches it (a box's login: its nsenter), [] on this host
 
     @property
     def env(self) -> Dict[str, str]:
@@ -77,7 +78,8 @@ class Cluster:
     def start(self, prefix: Sequence[str], args: Sequence[str], name: str) -> None:
         """``ray start`` through ``prefix`` (a box host's nsenter, or nothing) with a temp dir of its own."""
         temp = os.path.join(self.folder, name)
-        argv = [*prefix, RAY, "start", *args, f"--temp-dir={temp}", *QUIET]
+        quiet = QUIET if "--head" in args else QUIET[1:]  # --include-dashboard is the head's alone
+        argv = [*prefix, RAY, "start", *args, f"--temp-dir={temp}", *quiet]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=START_S + 30, env=dict(os.environ, **self.env))
         if done.returncode:
             self.stop()
@@ -108,7 +110,7 @@ class Cluster:
 
     def state(self, timeout: float = 120) -> Dict[str, list]:
         """The live actors, placement groups and nodes, from the GCS (no dashboard): {"actors", "pgs", "nodes": {host: address}}."""
-        done = subprocess.run([sys.executable, "-c", STATE, self.address], capture_output=True, text=True, timeout=timeout,
+        done = subprocess.run([*self.enter, sys.executable, "-c", STATE, self.address], capture_output=True, text=True, timeout=timeout,
                               env=dict(os.environ, **self.env))
         lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
         if not lines:
@@ -144,12 +146,18 @@ def local(num_cpus: int = 4, num_gpus: int = 2) -> Cluster:
 def in_box(box: "Box", nodes: Sequence[str] = ("n1", "n2"), num_cpus: int = 2, num_gpus: int = 2) -> Cluster:
     """A head on login (no CPU: no rank lands there) and ``nodes`` joined to it, each in its host."""
     head = box.host("login").mgmt
-    cluster = Cluster(f"{head}:6379", tempfile.mkdtemp(prefix="ddprb"))
+    cluster = Cluster(f"{head}:6379", tempfile.mkdtemp(prefix="ddprb"), enter=box.enter("login"))
     cluster.start(box.enter("login"), ["--head", "--node-ip-address", head, "--port", "6379", "--num-cpus", "0", "--num-gpus", "0"], "login")
     for node in nodes:
-        cluster.start(box.enter(node), ["--address", cluster.address, "--node-ip-address", box.host(node).mgmt,
-                                        "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus)], node)
+        join(box, cluster, node, num_cpus, num_gpus)
     return cluster
+
+
+def join(box: "Box", cluster: Cluster, node: str, num_cpus: int = 2, num_gpus: int = 2) -> None:
+    """``node`` joins the box's cluster (again, after its raylet was killed: a temp dir of its own each time)."""
+    name = node if not os.path.exists(os.path.join(cluster.folder, node)) else f"{node}-{time.monotonic_ns()}"
+    cluster.start(box.enter(node), ["--address", cluster.address, "--node-ip-address", box.host(node).mgmt,
+                                    "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus)], name)
 
 
 if __name__ == "__main__":

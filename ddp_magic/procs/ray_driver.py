@@ -236,7 +236,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     driver = Driver(ray, args)
     nodes = cluster_nodes(ray)
     why = never_fits(driver.bundles(), args.per_node, nodes)
-    info = {"ray": ray.__version__, "python": sys.version.split()[0], "nodes": nodes, "free": free_text(ray, driver.bundles())}
+    info = {"ray": ray.__version__, "python": sys.version.split()[0], "cluster": nodes, "free": free_text(ray, driver.bundles())}
     if why or args.plan_only:
         emit(dict({"event": "refused", "why": why} if why else {"event": "plan"}, **info))
         return

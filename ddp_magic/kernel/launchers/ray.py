@@ -221,7 +221,7 @@ def preview(plan: Plan) -> "tuple[Plan, List[Check]]":
     if not events:
         return plan, [Check("Ray cluster", False, f"the driver said nothing: {(done.stderr or done.stdout).strip()[-300:]}")]
     ev = events[-1]
-    nodes = ", ".join(f"{n['name']} ({n.get('CPU', 0):g} CPUs, {n.get('GPU', 0):g} GPUs)" for n in ev.get("nodes", []))
+    nodes = ", ".join(f"{n['name']} ({n.get('CPU', 0):g} CPUs, {n.get('GPU', 0):g} GPUs)" for n in ev.get("cluster", []))
     checks = []
     if ev.get("ray"):
         checks.append(Check("Ray cluster", True, f"Ray {ev['ray']}, Python {ev['python']} as here; nodes: {nodes or 'none'}"))
