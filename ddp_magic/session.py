@@ -138,7 +138,7 @@ class Session:
         try:
             if self.pool is not None:
                 return self.pool.spec.with_options(nproc, extra_env=extra_env, **options)
-            if nproc is None and options.get("slurm") is None and options.get("ssh") is None and options.get("ray") is None:  # a Slurm (SSH) request's shape may say how many
+            if nproc is None and all(options.get(k) is None for k in ("slurm", "ssh", "ray")):  # a Slurm (SSH, Ray) request's shape may say how many
                 return None
             return PoolSpec.from_options(nproc, extra_env=extra_env, **options)
         except PlanError as e:
@@ -309,7 +309,9 @@ class Session:
         if outcome.state_lost:  # ranks were stopped: this cell's names are gone too
             self.owned.clear()
         else:
-            self.owned |= namespace.assigned_globals(source, CELL_FILENAME) | ({"mesh"} if pool.spec.mesh else set())  # --mesh made it there
+            assigned = namespace.assigned_globals(source, CELL_FILENAME) | ({"mesh"} if pool.spec.mesh else set())  # --mesh made it there
+            self.owned |= assigned
+            pool.recovery.assigned(assigned | set(newer), but={f.rank for f in outcome.failures})  # a restarted rank has them again
         self.definitions.ddp_cell(self.owned, newer)
         self.history.ran(source, blobs, user_ns, pool, outcome, late=ticket if ticket.background else None)
         self.metrics = metrics if metrics else self.metrics

@@ -325,7 +325,7 @@ class Pool:
             notes.append(texts.restarts_next_note(self.broken))
         recovered = bool(failures) and self.recovery.ready_again(self)  # whole again: every rank READY
         return CellOutcome(values, failures, notes, time.monotonic() - t0, stacks=cell.stacks, state_lost=lost, recovered=recovered,
-                           cancelled=cell.job_cancelled, restarted=tuple(sorted(self.recovery.fresh)))
+                           cancelled=cell.job_cancelled, restarted=tuple(self.recovery.restarted()))
 
     def ask(self, op: str, timeout: float = 5.0, listener: Optional[Listener] = None, ranks: Optional[Sequence[int]] = None,
             fields: Optional[dict] = None) -> Dict[int, dict]:

@@ -3,7 +3,8 @@
 A rank is SIGKILLed; the next cell starts it again (its notice says its variables are gone) and uses a variable the
 others have: it raises NameError there, the others are released from their collective and the group re-forms. The
 cell's message and the panel's last-cell line (``LastCell.text``, what ``%ddp status`` and the panel say) name which
-ranks kept their variables, never "your variables are intact".
+ranks kept their variables, never "your variables are intact". Once a cell has assigned every name it lost on it again,
+a later re-formed group says every rank's variables are intact.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.kernel
 
 START = "%%ddp -n 3\nimport os, torch, torch.distributed as dist\nx = dist.get_rank() + 1\nos.getpid()"
 USE = "%%ddp\nt = torch.ones(1) * x\ndist.all_reduce(t)\nt.item()"
+RAISES = "%%ddp\nif dist.get_rank() == 2:\n    raise ValueError('rank 2 stops')\ndist.all_reduce(torch.ones(1))"
 KEPT = "ranks 0, 2 kept their variables; rank 1 was started again: its variables from before are gone"
 
 
@@ -47,4 +49,7 @@ def test_a_restarted_rank_is_not_said_to_keep_its_variables(k: Kernel) -> None:
         assert f"recovered: every rank is ready; {KEPT}" in status and "variables intact" not in status, status
         k.run(START.replace("-n 3", ""), timeout=120).ok()  # every rank has them again
         assert k.run(USE, timeout=120).ok().result.splitlines()[1:] == ["  [0] 6.0", "  [1] 6.0", "  [2] 6.0"]
+        ex = k.run(RAISES, timeout=180)  # rank 1 has every name again: a later re-formed group keeps everyone's
+        assert ex.error is not None and "rank 2 raised ValueError" in ex.error[1], ex.error
+        assert "; your variables are intact" in ex.error[1] and "started again" not in ex.error[1], ex.error[1]
         k.run("%%ddp\nos.getpid()", timeout=120).ok()

@@ -80,14 +80,16 @@ class Recovery:
         self.gen = 0
         self.lost: Dict[int, str] = {}  # rank -> how it died, until a new rank takes its place
         self.notes: List[str] = []  # for the failing cell's message
-        self.fresh: Set[int] = set()  # ranks started again alone since the pool started whole: their variables of before are gone
+        # a rank started again alone -> the workers' names it lost then that no cell has assigned on it since (one it
+        # still lacks makes a re-formed group's message say its variables are gone; none left: it has the others' again)
+        self.missing: Dict[int, Set[str]] = {}
         self._store: Optional[str] = None  # the FileStore the ranks' group uses now (None: the pool's first)
 
     def reset(self) -> None:
         """A fresh start of the whole pool."""
         self.lost.clear()
         self.notes.clear()
-        self.fresh.clear()
+        self.missing.clear()
         self._store = None
 
     def resume(self, gen: int, store_path: Optional[str]) -> None:
@@ -132,8 +134,21 @@ class Recovery:
         if error:
             pool.mark_broken(f"the process group could not be re-formed ({error})")
             return
-        notes.append(f"the process group was re-formed in {fmt_seconds(seconds)}; {variables_kept(pool.ranks, self.fresh)}")
+        notes.append(f"the process group was re-formed in {fmt_seconds(seconds)}; {variables_kept(pool.ranks, self.restarted())}")
         notes += swap_notes(replies)
+
+    def restarted(self) -> List[int]:
+        """The ranks started again alone that still lack names the others have (their variables from before)."""
+        return sorted(r for r, names in self.missing.items() if names)
+
+    def assigned(self, names: Iterable[str], but: Set[int]) -> None:
+        """A cell ran without failing on every rank ``but`` those and assigned (or was sent) ``names``: a restarted rank has
+        them again, and once it has every name it lost it is said to keep its variables like the others."""
+        for r in list(self.missing):
+            if r not in but:
+                self.missing[r] -= set(names)
+                if not self.missing[r]:
+                    del self.missing[r]
 
     def ready_again(self, pool: Pool) -> bool:
         """After a failed cell: a pool that is whole (every rank alive and joined, its group re-formed if the cell
@@ -207,7 +222,9 @@ class Recovery:
             pool.mark_broken(f"{ranks_phrase(gone)} could not be started again ({error})")
             return None
         self.lost.clear()
-        self.fresh.update(gone)
+        owned = set(owned)
+        for r in gone:
+            self.missing.setdefault(r, set()).update(owned)
         names = ", ".join(sorted(owned))
         died = "; ".join(f"rank {r} {how[r]}" for r in gone)
         new = ", ".join(f"rank {r} is pid {pool.ranks[r].pid}" for r in gone)
