@@ -18,7 +18,7 @@ NOTEBOOKS = ROOT / "notebooks"
 EXPECTED = [
     "01_quickstart", "02_env_and_validation", "03_train_ddp", "04_all_gather", "05_when_things_go_wrong", "06_debugging",
     "07_fsdp2", "08_tensor_parallel", "09_export", "10_metrics_and_profile", "11_background",
-    "12_autoreload",
+    "12_autoreload", "13_snapshots",
 ]
 EXPECTED_TO_FAIL = {"raises-exception", "nbval-raises-exception"}
 REFRESH = "re-execute and save it: python notebooks/refresh.py"
