@@ -177,7 +177,6 @@ def load(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
         record = pickle.load(f)
     modules, opt_skeletons = _objects(ns, record, into, meta, notes)
     optimizers = {n: ns[n] if n in into else O.rebuild_optimizer(s, modules) for n, s in opt_skeletons.items()}
-    optimizers.update({n: ns[n] for n in into if isinstance(ns[n], torch.optim.Optimizer)})
     _fill(path, meta, modules, optimizers, rank, same, notes)
     objects: Dict[str, Any] = {**modules, **optimizers}
     values = O.unpickle_values(record["values"], objects, ns)
@@ -200,7 +199,10 @@ def _objects(ns: Dict[str, Any], record: Dict[str, Any], into: set, meta: S.Meta
     missing = sorted(n for n in into if n not in ns)
     if missing:
         raise NameError(f"--into {','.join(missing)}: not defined on the ranks; run the cell that builds {'them' if len(missing) > 1 else 'it'} first")
-    return O.rebuild_modules(record["skeletons"], {n: ns[n] for n in into}, notes)
+    stateful = {n for n, e in meta.names.items() if e.get("kind") in (Kind.MODULE.value, Kind.OPTIMIZER.value)}
+    for name in sorted(into - stateful):
+        notes.append(f"--into {name}: the snapshot holds no module or optimizer {name}; it is left as it is")
+    return O.rebuild_modules(record["skeletons"], {n: ns[n] for n in into & stateful}, notes)
 
 
 def _fill(path: str, meta: S.Meta, modules: Dict[str, Any], optimizers: Dict[str, Any], rank: int, same: bool, notes: List[str]) -> None:
