@@ -179,3 +179,23 @@ def test_a_sigkilled_kernel_leaves_no_actor_group_or_process(cluster: box_ray.Cl
         finally:
             k.kc.stop_channels()
             k.km.shutdown_kernel(now=True)
+
+
+def test_a_sigkilled_actor_takes_its_template_and_ranks_and_the_next_pool_is_placed_again(cluster: box_ray.Cluster, rk: Kernel) -> None:
+    try:
+        for _attempt in range(2):
+            rk.run("%%ddp --ray -n 2\nimport os\nos.getpid()", timeout=300).ok()
+            procs = ours(cluster)
+            template = next(p for p in procs if _ppid(p) not in procs)
+            os.kill(_ppid(template), signal.SIGKILL)  # the actor (Ray's worker process), without any cleanup of its own
+            deadline = time.monotonic() + 30  # the promise: at once (the template's parent-death signal, its stdin's end)
+            while [p for p in procs if alive(p)] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not [p for p in procs if alive(p)], "the template and its ranks went with their actor"
+            ex = rk.run("%ddp restart", timeout=300)
+            assert ex.error is None and "placed on" in ex.stdout, f"{ex.error}\n{ex.stdout[-2000:]}"
+            assert rk.run("%%ddp\nimport torch.distributed as dist\ndist.get_rank()", timeout=120).ok().result == "RankResults(2 ranks):\n  [0] 0\n  [1] 1"
+            rk.run("%ddp stop", timeout=60).ok()
+    finally:
+        rk.run("%ddp stop", timeout=60)
+    assert gone(cluster, 30) == {"actors": [], "pgs": [], "procs": []}
