@@ -19,9 +19,11 @@ interface on its route to it (procs/rank_net.py), as on Slurm. The kernel beats 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
@@ -203,6 +205,33 @@ class SshLauncher(NodeLauncher):
         for rank in range(plan.world_size):
             self._spawn(rank, base_env, control_addr, control_port)
         return None
+
+    def unanswered(self, nodes: List[str], within: float) -> List[str]:
+        """The nodes whose template does not answer a ping over its session within ``within`` seconds, less those a new
+        ssh connection reaches now: a link that came back may leave the old session in TCP's backoff for many seconds
+        more; such a session is ended (its template with it) and the host's ranks get a new one."""
+        silent = super().unanswered(nodes, within)
+        if not silent or self.request is None:
+            return silent
+        request = self.request
+
+        def answers(host: str) -> bool:
+            argv = request.ssh_argv(host, ["true"])
+            argv[argv.index(f"ConnectTimeout={CONNECT_TIMEOUT_S}")] = f"ConnectTimeout={max(1, int(within))}"
+            try:
+                return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=within + 5).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                log.debug("ssh %s true: no answer", host, exc_info=True)
+                return False
+
+        with ThreadPoolExecutor(max_workers=len(silent)) as pool:
+            back = [h for h, ok in zip(silent, pool.map(answers, silent)) if ok]
+        for host in back:
+            step = self._step_for(host)
+            if step is not None:
+                step.end()
+                step.wait_end(time.monotonic() + 2.0)
+        return [h for h in silent if h not in back]
 
     def alive(self) -> bool:
         """Whether any host's template is there (a lost host's ranks are started again, with a new template)."""
