@@ -75,18 +75,32 @@ class Cluster:
         return {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token,
                 "RAY_agent_register_timeout_ms": str(int(START_S * 1000))}
 
-    def start(self, prefix: Sequence[str], args: Sequence[str], name: str) -> None:
-        """``ray start`` through ``prefix`` (a box host's nsenter, or nothing) with a temp dir of its own."""
+    def start(self, prefix: Sequence[str], args: Sequence[str], name: str, tries: int = 3) -> None:
+        """``ray start`` through ``prefix`` (a box host's nsenter, or nothing) with a temp dir and agent ports of its own.
+        A loaded machine may start a raylet past ray's fixed 30 s ("timed out during startup"): that node's processes
+        end and it starts again, up to ``tries`` times."""
         temp = os.path.join(self.folder, name)
         quiet = QUIET if "--head" in args else QUIET[1:]  # --include-dashboard is the head's alone
-        argv = [*prefix, RAY, "start", *args, f"--temp-dir={temp}", *quiet]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=START_S + 30, env=dict(os.environ, **self.env))
-        if done.returncode:
-            self.stop()
-            raise RuntimeError(f"ray start on {name} failed: {(done.stderr + done.stdout).strip()[-1500:]}")
+        argv = [*prefix, RAY, "start", *args, *self.ports(), f"--temp-dir={temp}", *quiet]
+        for attempt in range(tries):
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=START_S + 30, env=dict(os.environ, **self.env))
+            if not done.returncode:
+                return
+            said = (done.stderr + done.stdout).strip()
+            self.stop(temp)
+            if "timed out during startup" not in said or attempt == tries - 1:
+                self.stop()
+                raise RuntimeError(f"ray start on {name} failed: {said[-1500:]}")
 
-    def pids(self) -> List[int]:
-        """Every process of this cluster: its command line names our folder, or it descends from one that does."""
+    def ports(self) -> List[str]:
+        """The agents' ports, given (a raylet waits for an agent's port file otherwise, and gives up on a loaded machine)."""
+        return ["--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
+                "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port())]
+
+    def pids(self, marker: str = "") -> List[int]:
+        """Every process of this cluster (``marker``: of one node's temp dir): its command line names our folder, or it
+        descends from one that does."""
+        marker = marker or self.folder
         parents: Dict[int, int] = {}
         ours = set()
         for entry in os.listdir("/proc"):
@@ -99,7 +113,7 @@ class Cluster:
                     parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-            if self.folder.encode() in cmd:
+            if marker.encode() in cmd:
                 ours.add(int(entry))
         grew = True
         while grew:
@@ -117,19 +131,19 @@ class Cluster:
             raise RuntimeError(f"the cluster's state could not be read: {(done.stderr or done.stdout)[-800:]}")
         return json.loads(lines[-1])
 
-    def stop(self) -> None:
-        """SIGTERM to every process of ours, then SIGKILL to what is left; the folder goes."""
+    def stop(self, marker: str = "") -> None:
+        """SIGTERM to every process of ours (``marker``: of one node's), then SIGKILL to what is left; the folder goes."""
         for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            pids = self.pids()
+            pids = self.pids(marker)
             for pid in pids:
                 try:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     continue
             deadline = time.monotonic() + wait
-            while self.pids() and time.monotonic() < deadline:
+            while self.pids(marker) and time.monotonic() < deadline:
                 time.sleep(0.1)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(marker or self.folder, ignore_errors=True)
 
 
 def local(num_cpus: int = 4, num_gpus: int = 2) -> Cluster:
@@ -137,9 +151,7 @@ def local(num_cpus: int = 4, num_gpus: int = 2) -> Cluster:
     folder = tempfile.mkdtemp(prefix="ddpray")  # short: Ray's unix socket paths must fit 107 bytes
     port = free_port()
     cluster = Cluster(f"127.0.0.1:{port}", folder)
-    ports = ["--port", str(port), "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-             "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port())]
-    cluster.start([], ["--head", "--node-ip-address", "127.0.0.1", *ports, "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus)], "head")
+    cluster.start([], ["--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus)], "head")
     return cluster
 
 
