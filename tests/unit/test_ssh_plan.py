@@ -116,3 +116,12 @@ def test_hosts_of_different_sizes_number_their_ranks_in_blocks() -> None:
     assert [(e["RANK"], e["NODE_RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["WORLD_SIZE"]) for e in envs] == [
         ("0", "0", "0", "3", "4"), ("1", "0", "1", "3", "4"), ("2", "0", "2", "3", "4"), ("3", "1", "0", "1", "4")]
     assert [plan.node_local(r) for r in range(4)] == [(0, 0), (0, 1), (0, 2), (1, 0)]
+
+
+def test_a_host_still_unreachable_says_how_to_start_without_it_in_ssh_words() -> None:
+    from ddp_magic.kernel.failures.unreachable import still_silent_text
+    from ddp_magic.kernel.launchers import SshLauncher
+
+    text = still_silent_text({"n2": [2, 3]}, {}, [0, 1], SshLauncher(b"s" * 32).without)
+    assert text.endswith("or %ddp stop and start a pool without it (--hosts without n2)."), text
+    assert "--slurm-args" not in text

@@ -15,7 +15,7 @@ the allocation held; and ``%ddp stop`` names what it could not reach.
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Protocol, Sequence
+from typing import Callable, Dict, List, Protocol, Sequence
 
 from ...errors import NodeUnreachable, StartError
 from ...plan.plan import Plan
@@ -23,6 +23,7 @@ from ...states import RankState
 from ...wire import liveness
 from ...words import plural, ranks_phrase
 from ..launchers import Launcher
+from ..launchers.base import slurm_without
 from ..ranks import RankInfo
 
 _GONE = (RankState.STOPPED, RankState.DEAD)
@@ -119,7 +120,7 @@ def raise_if_still_silent(launcher: Launcher, ranks: Dict[int, RankInfo], gone: 
     quiet = asked_again(launcher, list(by_node))
     if quiet:
         kept = [r for r, info in sorted(ranks.items()) if r not in gone and info.state not in _GONE]
-        raise NodeUnreachable(still_silent_text({n: by_node[n] for n in quiet}, launcher.silent_since, kept))
+        raise NodeUnreachable(still_silent_text({n: by_node[n] for n in quiet}, launcher.silent_since, kept, launcher.without))
 
 
 def on_silent_nodes(launcher: Launcher, plan: Plan) -> Dict[str, List[int]]:
@@ -159,7 +160,7 @@ def raise_if_restart_silent(pool: PoolLike, who: str = "") -> None:
         live = [r for r, info in sorted(ranks.items()) if info.state not in _GONE and not info.silent]
         done = f"the pool was not restarted, {held_text(live)}" if who else "nothing ran, and the pool was not restarted"
         raise NodeUnreachable(silent_text({n: by_node[n] for n in quiet}, launcher.silent_since, done, "it" if who else "the cell",
-                                          lead=f"{who}: " if who else ""))
+                                          lead=f"{who}: " if who else "", without=launcher.without))
 
 
 def raise_if_start_silent(launcher: Launcher, plan: Plan) -> None:
@@ -169,7 +170,7 @@ def raise_if_start_silent(launcher: Launcher, plan: Plan) -> None:
     quiet = asked_again(launcher, list(by_node))
     if quiet:
         done = "the pool did not start; its allocation stays held for the next try (%ddp stop releases it)"
-        raise NodeUnreachable(silent_text({n: by_node[n] for n in quiet}, launcher.silent_since, done, "the cell"))
+        raise NodeUnreachable(silent_text({n: by_node[n] for n in quiet}, launcher.silent_since, done, "the cell", without=launcher.without))
 
 
 def stop_note(pool: PoolLike) -> str:
@@ -209,7 +210,8 @@ def _quiet_words(by_node: Dict[str, List[int]], since: Dict[str, float], pinged:
     return f"no answer since {time.strftime('%H:%M:%S', time.localtime(first))}" + (f", {ping}" if ping else "")
 
 
-def silent_text(by_node: Dict[str, List[int]], since: Dict[str, float], done: str, again: str, still: bool = False, lead: str = "") -> str:
+def silent_text(by_node: Dict[str, List[int]], since: Dict[str, float], done: str, again: str, still: bool = False, lead: str = "",
+                without: Callable[[str], str] = slurm_without) -> str:
     """'{lead}ranks 2-3 on n2 are [still] unreachable (no answer since 00:41:07, nor to a ping just now): {done}. Run
     {again} again once n2 is back, or %ddp stop and start a pool without it (--slurm-args "--exclude=n2")."""
     who = " and ".join(f"{ranks_phrase(rs)} on {node}" for node, rs in sorted(by_node.items()))
@@ -217,11 +219,12 @@ def silent_text(by_node: Dict[str, List[int]], since: Dict[str, float], done: st
     return (
         f"{lead}{who} {'is' if count == 1 else 'are'} {'still ' if still else ''}unreachable ({_quiet_words(by_node, since)}): {done}. "
         f"Run {again} again once {nodes} {'is' if one else 'are'} back, or %ddp stop and start a pool without "
-        f"{'it' if one else 'them'} (--slurm-args \"--exclude={nodes}\")."
+        f"{'it' if one else 'them'} ({without(nodes)})."
     )
 
 
-def still_silent_text(by_node: Dict[str, List[int]], since: Dict[str, float], kept: Sequence[int]) -> str:
+def still_silent_text(by_node: Dict[str, List[int]], since: Dict[str, float], kept: Sequence[int],
+                      without: Callable[[str], str] = slurm_without) -> str:
     """'ranks 2-3 on n2 are still unreachable (no answer since 00:41:07, nor to a ping just now): nothing ran, ranks 0-1
     keep their variables. Run the cell again once n2 is back, or ...'"""
-    return silent_text(by_node, since, f"nothing ran, {held_text(kept)}", "the cell", still=True)
+    return silent_text(by_node, since, f"nothing ran, {held_text(kept)}", "the cell", still=True, without=without)

@@ -78,6 +78,11 @@ def _spawn_loop() -> None:
             answer.put((False, e))
 
 
+def slurm_without(nodes: str) -> str:
+    """A Slurm pool without ``nodes``: the words a node that cannot be reached ends with."""
+    return f'--slurm-args "--exclude={nodes}"'
+
+
 def signal_pid(pid: int, sig: int) -> None:
     """Signal one of our own pids; gone already is fine. (Never by name, never someone else's.)"""
     try:
@@ -197,6 +202,10 @@ class Launcher(ABC):
     def placement(self, plan: Plan) -> Dict[int, str]:
         """rank -> the node each rank of ``plan`` starts on, for a launcher that places ranks on named nodes ({} otherwise)."""
         return {}
+
+    def without(self, nodes: str) -> str:
+        """How to start a pool without ``nodes`` (comma-separated), in this launcher's options (Slurm's by default)."""
+        return slurm_without(nodes)
 
     def give_up(self) -> str:
         """The pool could not start and retrying in place would not help: let go of what we hold; says what became of it."""

@@ -245,6 +245,9 @@ class SshLauncher(NodeLauncher):
                           + ("" if self._step_for(h) is not None else ", its template gone") + ")" for h in self.request.names)
         return f"{self.request.describe()}: {hosts}"
 
+    def without(self, nodes: str) -> str:
+        return f"--hosts without {nodes}"
+
     def give_up(self) -> str:
         self._release()
         return "every host's template ended"
