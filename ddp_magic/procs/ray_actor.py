@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -50,8 +51,14 @@ class NodeActor:
         if pythonpath:
             env["PYTHONPATH"] = pythonpath
         env["PYTHONUNBUFFERED"] = "1"
-        self.proc = subprocess.Popen([sys.executable, *TEMPLATE, "--node", node], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=env, cwd=cwd if os.path.isdir(cwd) else None, close_fds=True)
+        # Ray's threads block SIGINT, and a child inherits its forking thread's mask: the ranks would never hear an
+        # interrupt (the kernel's INTERRUPT raises SIGINT in the rank). The template starts with nothing blocked.
+        blocked = signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        try:
+            self.proc = subprocess.Popen([sys.executable, *TEMPLATE, "--node", node], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, env=env, cwd=cwd if os.path.isdir(cwd) else None, close_fds=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         threading.Thread(target=self._pump, name="ddp-ray-pump", daemon=True).start()
         return self.proc.pid
 

@@ -199,3 +199,15 @@ def test_a_sigkilled_actor_takes_its_template_and_ranks_and_the_next_pool_is_pla
     finally:
         rk.run("%ddp stop", timeout=60)
     assert gone(cluster, 30) == {"actors": [], "pgs": [], "procs": []}
+
+
+def test_an_interrupt_ends_the_cell_and_the_ranks_keep_their_state(cluster: box_ray.Cluster, rk: Kernel) -> None:
+    """The ranks' SIGINT is not blocked (Ray's worker threads block it, and a child inherits its thread's mask)."""
+    try:
+        rk.run("%%ddp --ray -n 2\nimport torch.distributed as dist\nkept = dist.get_rank() * 10", timeout=300).ok()
+        for _attempt in range(2):
+            ex = rk.run("%%ddp\nimport time\nprint('looping', flush=True)\nwhile True:\n    time.sleep(0.05)", timeout=120, interrupt_after=6.0)
+            assert ex.error is not None and "KeyboardInterrupt" in ex.error[0] + ex.error[1] + "".join(ex.error[2]), ex.error
+            assert rk.run("%%ddp\nkept", timeout=120).ok().result == "RankResults(2 ranks):\n  [0] 0\n  [1] 10"
+    finally:
+        rk.run("%ddp stop", timeout=60)
