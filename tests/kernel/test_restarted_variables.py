@@ -9,6 +9,7 @@ a later re-formed group says every rank's variables are intact.
 from __future__ import annotations
 
 import os
+import re
 import signal
 from typing import Iterator
 
@@ -39,6 +40,8 @@ def test_a_restarted_rank_is_not_said_to_keep_its_variables(k: Kernel) -> None:
         pid = k.value("list(_)")[1]
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda pid=pid: not pid_alive(pid), 10)
+        # the kernel has heard of it (the template's exit event): else the next cell meets the death mid-run instead
+        assert wait_until(lambda pid=pid: re.search(rf"rank 1: pid {pid} +dead", k.run("%ddp status").ok().stdout) is not None, 30)
         ex = k.run(USE, timeout=180)
         assert ex.error is not None and "NameError" in ex.error[1] and "rank 1" in ex.error[1], ex.error
         said = ex.stdout + ex.error[1]
