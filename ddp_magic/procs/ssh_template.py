@@ -34,8 +34,6 @@ from .node_template import NodeTemplate
 from .parent import die_with_parent
 from .template_keep import emit
 
-SILENCE_S = 12.0  # no beat for this long: the kernel is unreachable (the kernel beats every kernel/launchers/ssh.py BEAT_S)
-
 
 class SshTemplate(NodeTemplate):
     """NodeTemplate that also ends when the kernel has not been heard for ``silence`` seconds (unless kept)."""
@@ -91,7 +89,7 @@ def main(argv: Optional[list] = None) -> None:
     if init is None:
         os._exit(0)
     os.environ.update(init.get("env") or {})
-    template = SshTemplate(args.node, bytes.fromhex(init["secret"]), dict(os.environ), float(init.get("silence") or SILENCE_S))
+    template = SshTemplate(args.node, bytes.fromhex(init["secret"]), dict(os.environ), float(init.get("silence") or node_hello.SILENCE_S))
     signal.signal(signal.SIGTERM, template.kernel_gone)  # sshd's session ended (our parent-death signal) or a kill
     signal.signal(signal.SIGHUP, template.hangup)
     die_with_parent(os.getppid(), signal.SIGTERM)

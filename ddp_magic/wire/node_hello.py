@@ -24,6 +24,8 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from ..logs import log
 
 GPU_ROOT = "/proc/driver/nvidia/gpus"
+BEAT_S = 3.0  # the kernel beats every host template this often (kernel/launchers/hosts.py)
+SILENCE_S = 4 * BEAT_S  # a template that hears no beat for this long ends its ranks: the kernel is unreachable
 _SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B
 
 

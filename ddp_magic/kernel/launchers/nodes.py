@@ -1,4 +1,4 @@
-"""What every launcher of node templates shares (Slurm's srun steps, SSH's sessions): one template a node forks that node's ranks.
+"""What every launcher of node templates shares (Slurm's srun steps, SSH's sessions, Ray's actors): one template a node forks that node's ranks.
 
 A subclass says how a template is started on nodes (``_start_step``: an srun step, an ssh
 session), which nodes the pool has in order (``nodes``) and what env a rank gets
@@ -10,7 +10,6 @@ The templates themselves are procs/node_template.py's, whatever started them.
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from abc import abstractmethod
 from dataclasses import dataclass
@@ -53,7 +52,6 @@ class NodeLauncher(Launcher):
         self.tls_key: Optional[tls.ServerKey] = None
         self.plan: Optional[Plan] = None
         self._pids: Dict[int, int] = {}  # pid -> rank, as the ranks said in their HELLO (not ours to signal)
-        self._beats = threading.Event()  # set while start_beat's thread runs
 
     # ------------------------------------------------------------ what a sibling says
     @abstractmethod
@@ -164,25 +162,6 @@ class NodeLauncher(Launcher):
             if step is not None:
                 asked.setdefault(step, {})[node] = step.ping(node)
         return [n for step, pings in asked.items() for n in step.wait_pongs(pings, deadline)]
-
-    def start_beat(self, every: float) -> None:
-        """A beat on every starter each ``every`` seconds, from a thread of its own, until ``stop_beat``: a template that
-        hears none for its silence ends its ranks (procs/ssh_template.py), the kernel's host gone or its link down."""
-        if self._beats.is_set():
-            return
-        self._beats.set()
-
-        def run() -> None:
-            while self._beats.is_set():
-                for step in list(self.steps):
-                    if step.proc.poll() is None:
-                        step.send({"op": "beat"})
-                time.sleep(every)
-
-        threading.Thread(target=run, name=f"ddp-{self.name}-beat", daemon=True).start()
-
-    def stop_beat(self) -> None:
-        self._beats.clear()
 
     def cannot_reach(self) -> List[dict]:
         return [ev for step in self.steps for ev in step.unreachable]

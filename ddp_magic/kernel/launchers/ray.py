@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from ...logs import log
 from ...plan.check import Check
@@ -29,9 +29,8 @@ from ...plan.net import address_family, is_local_ip, master_port, route_source
 from ...plan.ray import AUTO_REASON, RayRequest
 from ...wire import node_hello, tls
 from .base import LaunchError
-from .nodes import NodeLauncher
+from .hosts import HostLauncher, forwarded
 from .slurm_steps import TemplateStep
-from .ssh import BEAT_S, NODE_NAME_ENV, SILENCE_S, forwarded
 
 if TYPE_CHECKING:
     from ...plan.plan import Plan
@@ -41,7 +40,7 @@ CONNECT_WAIT_S = 120.0  # ray.init and the checks; placement has --start-timeout
 HELLO_WAIT_S = 60.0  # from the placement to every template's hello (an actor's start, python's)
 
 
-class RayLauncher(NodeLauncher):
+class RayLauncher(HostLauncher):
     """Ranks forked by one template a Ray node (the child of an actor pinned to the node's bundle); the placement group
     and the templates are held across restarts (a new -n in the same shape forks from them) and ended by ``close``."""
 
@@ -59,15 +58,6 @@ class RayLauncher(NodeLauncher):
 
     def nodes(self) -> List[str]:
         return [str(n["name"]) for n in self.placed_nodes]
-
-    def _rank_env(self, rank: int, env: Dict[str, str]) -> Tuple[int, Dict[str, str]]:
-        """The node's shared env with torchrun's set for ``rank`` and its node's name (CUDA_VISIBLE_DEVICES is the
-        template's own: its actor's GPUs)."""
-        assert self.plan is not None
-        local, node_rank = rank % self.plan.nproc, rank // self.plan.nproc
-        wanted = dict(forwarded(env), **self.plan.rank_env(local, node_rank))
-        wanted[NODE_NAME_ENV] = self.nodes()[node_rank]
-        return node_rank, wanted
 
     # ------------------------------------------------------------ the placement
     def acquire(self, plan: Plan, progress: Callable[[str], None]) -> Optional[str]:
@@ -90,10 +80,8 @@ class RayLauncher(NodeLauncher):
         except BaseException:  # refused, or Ctrl-C while pending: the driver removes the placement group as it ends
             self._release()
             raise
-        env = forwarded(dict(os.environ))
-        step.send({"secret": self.secret.hex(), "env": env, "silence": SILENCE_S})
-        step.env = env
-        self.start_beat(BEAT_S)
+        self.hand_over(step, forwarded(dict(os.environ)))
+        self.start_beat()
         self.tls_key = tls.ServerKey() if self._needs_tls() else None
         where = ", ".join(f"{n['name']} ({n['ip']}{', GPUs ' + ','.join(n['gpus']) if n.get('gpus') else ''})" for n in self.placed_nodes)
         return (f"{request.describe()}: placed on {where} in {time.monotonic() - t0:.1f}s"
@@ -164,15 +152,6 @@ class RayLauncher(NodeLauncher):
             return asked
         addr = str(self.placed_nodes[0]["ip"]) if self.placed_nodes else ""
         return (route_source(address_family(addr), addr) if addr else None) or default
-
-    # ------------------------------------------------------------ ranks
-    def launch(self, plan: Plan, base_env: Dict[str, str], control_addr: str, control_port: int, store_path: Optional[str] = None) -> Optional[str]:
-        """Every rank, forked by its node's template. ``store_path`` is unused: ranks meet at rank 0's TCP store."""
-        self.plan = plan
-        self._pids.clear()
-        for rank in range(plan.world_size):
-            self._spawn(rank, base_env, control_addr, control_port)
-        return None
 
     def alive(self) -> bool:
         return self.request is not None and any(s.proc.poll() is None for s in self.steps)

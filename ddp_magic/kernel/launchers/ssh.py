@@ -21,42 +21,27 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from ...logs import log
 from ...plan.net import address_family, is_local_ip, master_port, route_source
 from ...plan.ssh import AUTO_REASON, CONNECT_TIMEOUT_S, SshRequest
 from ...wire import node_hello, tls
 from .base import LaunchError
-from .nodes import NodeLauncher
+from .hosts import HostLauncher, forwarded
 from .slurm_steps import TemplateStep
 from .ssh_words import failed_text, gpu_problem, ssh_problem
 
 if TYPE_CHECKING:
     from ...plan.plan import Plan
 
-BEAT_S = 3.0  # the kernel's beat on every session (procs/ssh_template.py SILENCE_S is four of them)
-SILENCE_S = 12.0
 HELLO_WAIT_S = CONNECT_TIMEOUT_S + 20.0  # ssh's own connect timeout, then a slow login and python's start
-FORWARD_PREFIXES = ("DDP_MAGIC_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "OMP_", "MKL_", "TP_SOCKET_IFNAME", "CUBLAS_")
-NODE_NAME_ENV = "DDP_MAGIC_NODE_NAME"  # a rank's host as the kernel calls it: [rank 5 gpu2] (wire/slurm_env.py node_name)
 
 
-def forwarded(env: Dict[str, str]) -> Dict[str, str]:
-    """What of the kernel's env the hosts' ranks get (the rest is the host's own login env): ddp_magic's, torch's,
-    NCCL's, gloo's and OpenMP's settings, and the user's own PYTHONPATH."""
-    out = {k: v for k, v in env.items() if k.startswith(FORWARD_PREFIXES)}
-    out["PYTHONUNBUFFERED"] = "1"
-    if os.environ.get("PYTHONPATH"):
-        out["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    return out
-
-
-class SshLauncher(NodeLauncher):
+class SshLauncher(HostLauncher):
     """Ranks forked by one template a host, each the remote command of an ssh session; the sessions are held across
     restarts (a new -n on the same hosts forks from them) and ended by ``close``."""
 
@@ -67,7 +52,6 @@ class SshLauncher(NodeLauncher):
         self.request: Optional[SshRequest] = None
         self.hellos: Dict[str, dict] = {}  # host -> its template's hello (wire/node_hello.py)
         self._port = 0  # a MASTER_PORT the first host said is free
-        self._beating = threading.Event()
         self.released = ""
 
     def start(self, timeout: float = 0) -> str:
@@ -75,14 +59,6 @@ class SshLauncher(NodeLauncher):
 
     def nodes(self) -> List[str]:
         return self.request.names if self.request is not None else []
-
-    def _rank_env(self, rank: int, env: Dict[str, str]) -> Tuple[int, Dict[str, str]]:
-        """The host's shared env (forwarded) with torchrun's set for ``rank`` and its host's name."""
-        assert self.plan is not None
-        node_rank, local = self.plan.node_local(rank)
-        wanted = dict(forwarded(env), **self.plan.rank_env(local, node_rank))
-        wanted[NODE_NAME_ENV] = self.nodes()[node_rank]
-        return node_rank, wanted
 
     # ------------------------------------------------------------ the sessions
     def acquire(self, plan: Plan, progress: Callable[[str], None]) -> Optional[str]:
@@ -105,9 +81,8 @@ class SshLauncher(NodeLauncher):
             raise LaunchError(failed_text(problems))
         env = forwarded(dict(os.environ))
         for step in self.steps:
-            step.send({"secret": self.secret.hex(), "env": env, "silence": SILENCE_S})
-            step.env = env
-        self._beat()
+            self.hand_over(step, env)
+        self.start_beat()
         self.tls_key = tls.ServerKey() if self._needs_tls() else None
         return (f"{request.describe()}: {len(steps)} templates started in {time.monotonic() - t0:.1f}s"
                 + (" (control channel: TLS)" if self.tls_key else ""))
@@ -132,35 +107,20 @@ class SshLauncher(NodeLauncher):
                 continue
             hello = self.hellos[host] = step.hello[host]
             differs = node_hello.mismatch(mine, hello)
+            too_few = gpu_problem(plan, int(hello.get("gpus") or 0), dict(plan.ssh.hosts)[host] if plan.ssh else plan.nproc)
             if differs:
                 problems[host] = f"other code: {differs}"
-            elif gpu_problem(plan, int(hello.get("gpus") or 0), dict(plan.ssh.hosts)[host] if plan.ssh else plan.nproc):
-                problems[host] = gpu_problem(plan, int(hello.get("gpus") or 0), dict(plan.ssh.hosts)[host] if plan.ssh else plan.nproc)
+            elif too_few:
+                problems[host] = too_few
             elif i == 0 and hello.get("port_free") is False:
                 problems[host] = f"MASTER_PORT {self._port} is taken there"
         return problems
-
-    def _beat(self) -> None:
-        """A beat on every session every BEAT_S, from a thread of its own, until the launcher closes."""
-        if self._beating.is_set():
-            return
-        self._beating.set()
-
-        def run() -> None:
-            while self._beating.is_set():
-                for step in list(self.steps):
-                    if step.proc.poll() is None:
-                        step.send({"op": "beat"})
-                time.sleep(BEAT_S)
-
-        threading.Thread(target=run, name="ddp-ssh-beat", daemon=True).start()
 
     def _start_step(self, nodes: List[str], env: Dict[str, str]) -> TemplateStep:
         """A new session for a host whose template is gone (its ranks are started again): its hello is not waited for,
         its first line queued at once (ssh sends it once the host's key and our key are checked)."""
         step = self._session(nodes[0], 0)
-        step.send({"secret": self.secret.hex(), "env": env, "silence": SILENCE_S})
-        step.env = dict(env)
+        self.hand_over(step, env)
         return step
 
     def serves(self, plan: Plan) -> bool:
@@ -196,15 +156,6 @@ class SshLauncher(NodeLauncher):
         first = self.hellos.get(self.request.names[0], {})
         addr = node_hello.master_addr(first, []) or ""
         return (route_source(address_family(addr), addr) if addr else None) or default
-
-    # ------------------------------------------------------------ ranks
-    def launch(self, plan: Plan, base_env: Dict[str, str], control_addr: str, control_port: int, store_path: Optional[str] = None) -> Optional[str]:
-        """Every rank, forked by its host's template. ``store_path`` is unused: ranks meet at rank 0's TCP store."""
-        self.plan = plan
-        self._pids.clear()
-        for rank in range(plan.world_size):
-            self._spawn(rank, base_env, control_addr, control_port)
-        return None
 
     def unanswered(self, nodes: List[str], within: float) -> List[str]:
         """The nodes whose template does not answer a ping over its session within ``within`` seconds, less those a new
@@ -261,7 +212,7 @@ class SshLauncher(NodeLauncher):
 
     def close(self) -> None:
         """End every session (each template ends its ranks), and the beat."""
-        self._beating.clear()
+        self.stop_beat()
         try:
             self._release()
         except Exception:  # a session that would not end: its template ends on its own (no beat, no stdin)
