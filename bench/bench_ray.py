@@ -27,11 +27,11 @@ from typing import Dict, List
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
+from harness import spread  # noqa: E402
 PY = sys.executable
 REPEATS = 3
 N_WARM = 30
 CELL = "import torch, torch.distributed as dist\nx = torch.ones(1)\ndist.all_reduce(x)\nx.item()"
-WARM = "x = torch.ones(1)\ndist.all_reduce(x)\nx.item()"
 FLOOR = """
 import sys, time, ray
 t0 = time.monotonic()
@@ -71,6 +71,7 @@ print("BENCHJSON", '{"fit1_s": %f, "fit2_s": %f}' % tuple(times), flush=True)
 
 def inner_ddp(nodes: int, per_node: int) -> dict:
     """A new Ray pool and its first cell, to the result in hand; its warm cell; the kernel's idle RSS."""
+    from cluster_pool import warm_ms
     from ddp_magic.kernel.pool import Pool
 
     t0 = time.monotonic()
@@ -79,21 +80,10 @@ def inner_ddp(nodes: int, per_node: int) -> dict:
         out = pool.run(CELL)
         first = time.monotonic() - t0
         assert out.ok and out.values == [float(nodes * per_node)] * (nodes * per_node), out
-        warm = _warm(pool)
+        warm = warm_ms(pool, N_WARM)
         return {"first_s": first, "warm_ms": warm, "kernel_mib": _rss(os.getpid()), "tls": pool.tls_key is not None}
     finally:
         pool.stop()
-
-
-def _warm(pool) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(5):
-        pool.run(WARM)
-    times = []
-    for _ in range(N_WARM):
-        t = time.monotonic()
-        assert pool.run(WARM).ok
-        times.append(1000 * (time.monotonic() - t))
-    return statistics.median(times)
 
 
 def _rss(pid: int) -> float:
@@ -165,7 +155,7 @@ def main(box_mode: bool) -> int:
 def _med(values: List[float], unit: str = "s", digits: int = 2) -> str:
     if not values:
         return "not measured (`ray[train]` not installed)"
-    return f"{statistics.median(values):.{digits}f} {unit} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+    return spread(values, digits, f" {unit}")
 
 
 def _report(rows: Dict[str, List[float]], memory: Dict[str, float], where: str, nodes: int, per_node: int) -> None:

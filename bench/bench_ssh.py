@@ -30,18 +30,19 @@ from typing import Dict, List
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
+from harness import spread  # noqa: E402
 PY = sys.executable
 TORCHRUN = os.path.join(os.path.dirname(PY), "torchrun")
 REPEATS = 3
 N_WARM = 30
 CELL = "import torch, torch.distributed as dist\nx = torch.ones(1)\ndist.all_reduce(x)\nx.item()"
-WARM = "x = torch.ones(1)\ndist.all_reduce(x)\nx.item()"
 SCRIPT = "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\nx = torch.ones(1)\ndist.all_reduce(x)\nprint(x.item())\n"
 
 
 # ------------------------------------------------------------ inside login (a process of its own per measurement)
 def inner_first() -> dict:
     """A new pool over SSH and its first cell, to the result in hand; then its warm cell."""
+    from cluster_pool import warm_ms
     from ddp_magic.kernel.pool import Pool
 
     t0 = time.monotonic()
@@ -50,33 +51,17 @@ def inner_first() -> dict:
         out = pool.run(CELL)
         first = time.monotonic() - t0
         assert out.ok and out.values == [4.0] * 4, out
-        return {"first_s": first, "warm_ms": _warm(pool), "tls": pool.tls_key is not None}
+        return {"first_s": first, "warm_ms": warm_ms(pool, N_WARM), "tls": pool.tls_key is not None}
     finally:
         pool.stop()
 
 
 def inner_slurm() -> dict:
-    """The box's Slurm on the same two hosts: the warm cell."""
-    from ddp_magic.kernel.pool import Pool
+    """The box's Slurm on the same two hosts: the warm cell (bench_cluster's measure)."""
+    from cluster_pool import warm
 
-    pool = Pool(None, slurm=dict(nodes=2, ntasks_per_node=2, extra="--exclude=n3"))
-    try:
-        out = pool.run(CELL)
-        assert out.ok, out
-        return {"warm_ms": _warm(pool), "tls": pool.tls_key is not None}
-    finally:
-        pool.stop()
-
-
-def _warm(pool) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(5):
-        pool.run(WARM)
-    times = []
-    for _ in range(N_WARM):
-        t = time.monotonic()
-        assert pool.run(WARM).ok
-        times.append(1000 * (time.monotonic() - t))
-    return statistics.median(times)
+    got = warm(2, 2, N_WARM, "--exclude=n3")
+    return {"warm_ms": got["ms"], "tls": got["tls"]}
 
 
 # ------------------------------------------------------------ the driver (root, on the machine)
@@ -135,7 +120,7 @@ def _inner(box, what: str, env: Dict[str, str]) -> dict:  # type: ignore[no-unty
 
 
 def _med(values: List[float], unit: str = "s", digits: int = 2) -> str:
-    return f"{statistics.median(values):.{digits}f} {unit} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+    return spread(values, digits, f" {unit}")
 
 
 def _report(rows: Dict[str, List[float]]) -> None:

@@ -20,6 +20,18 @@ from typing import Iterator
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# A DDP training the box tests run on every launcher (each adds its last expression): different starting weights, which
+# DDP's broadcast makes one, three steps, the weights in w.
+DDP_TRAIN = """
+import os, socket, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(dist.get_rank())  # different starting weights: DDP's broadcast makes them one
+m = DDP(torch.nn.Linear(4, 2))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad(); m(torch.randn(8, 4)).sum().backward(); opt.step()
+w = torch.cat([p.detach().flatten() for p in m.parameters()])
+"""
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 

@@ -19,16 +19,7 @@ box_kernel = box_fixtures.box_kernel
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
 SLURM = "%%ddp --slurm --nodes 2 --ntasks-per-node 2"
-TRAIN = """
-import os, socket, torch, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-torch.manual_seed(dist.get_rank())  # different starting weights: DDP's broadcast makes them one
-m = DDP(torch.nn.Linear(4, 2))
-opt = torch.optim.SGD(m.parameters(), lr=0.1)
-for _ in range(3):
-    opt.zero_grad(); m(torch.randn(8, 4)).sum().backward(); opt.step()
-w = torch.cat([p.detach().flatten() for p in m.parameters()])
-(socket.gethostname(), os.environ.get('GLOO_SOCKET_IFNAME'), w.tolist())
+TRAIN = box_fixtures.DDP_TRAIN + """(socket.gethostname(), os.environ.get('GLOO_SOCKET_IFNAME'), w.tolist())
 """
 C10D = "The hostname of the client socket cannot be retrieved"
 

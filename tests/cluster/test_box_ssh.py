@@ -31,16 +31,7 @@ ssh_login = box_fixtures.ssh_login
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
 HOSTS = "%%ddp --hosts n1,n2 --ntasks-per-node 2"
-TRAIN = """
-import os, socket, torch, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-torch.manual_seed(dist.get_rank())  # different starting weights: DDP's broadcast makes them one
-m = DDP(torch.nn.Linear(4, 2))
-opt = torch.optim.SGD(m.parameters(), lr=0.1)
-for _ in range(3):
-    opt.zero_grad(); m(torch.randn(8, 4)).sum().backward(); opt.step()
-w = torch.cat([p.detach().flatten() for p in m.parameters()])
-print(f"trained {dist.get_rank()}")
+TRAIN = box_fixtures.DDP_TRAIN + """print(f"trained {dist.get_rank()}")
 (socket.gethostname(), os.environ.get('GLOO_SOCKET_IFNAME'), w.tolist(), os.getpid())
 """
 SESSION = "get_ipython().magics_manager.registry['DDPMagics'].session"
