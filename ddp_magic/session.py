@@ -132,11 +132,11 @@ class Session:
     def spec_for(self, nproc: Optional[int] = None, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> Optional[PoolSpec]:
         """The spec a request asks for: the pool's own with these options changed, or a new one.
 
-        ``None`` options keep what the pool has; the result is None when there is no
-        pool and no ``nproc`` (each caller says in its own words what is missing).
+        ``None`` options keep what the pool has (one whose start failed: only a retry, no ``-n``); the
+        result is None when there is no pool and no ``nproc`` (each caller says what is missing).
         """
         try:
-            if self.pool is not None:
+            if self.pool is not None and (self.pool.started or nproc is None):
                 return self.pool.spec.with_options(nproc, extra_env=extra_env, **options)
             if nproc is None and all(options.get(k) is None for k in ("slurm", "ssh", "ray")):  # a Slurm (SSH, Ray) request's shape may say how many
                 return None

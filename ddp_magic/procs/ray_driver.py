@@ -52,7 +52,7 @@ def said(error: BaseException) -> str:
         return ("Ray's token authentication refused this kernel (the token is missing or wrong): give the cluster's token as "
                 "RAY_AUTH_TOKEN or in ~/.ray/auth_token (RAY_AUTH_TOKEN_PATH) in the kernel's env (docs/ray.md)")
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    return f"Ray could not connect: {first}"
+    return f"could not connect to a cluster: {first}"
 
 
 def cluster_nodes(ray: Any) -> List[Dict[str, Any]]:

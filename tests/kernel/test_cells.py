@@ -276,6 +276,20 @@ def test_stop_and_restart_magics(kernel):
     assert wait_until(lambda: worker_pids_of(kernel.pid) == [], 5), worker_pids_of(kernel.pid)
 
 
+def test_a_start_that_failed_leaves_no_option_to_the_next_n(kernel):
+    """A newcomer's order: a pool over hosts that cannot start, then a plain -n cell: it runs here, twice; a bare cell
+    after a failed start retries the options it failed with."""
+    kernel.run("%ddp stop")
+    for _round in range(2):
+        ex = kernel.run("%%ddp --hosts nosuchhost.invalid -n 2\n1", timeout=120)
+        assert ex.error is not None and ex.error[0] == "StartError" and "nosuchhost.invalid: its name does not resolve" in ex.error[1], ex.error
+        ex = kernel.run("%%ddp\n1", timeout=120)
+        assert ex.error is not None and "nosuchhost.invalid" in ex.error[1], "a bare cell retries what failed"
+        ex = kernel.run("%%ddp -n 2\nimport socket\nsocket.gethostname()", timeout=180).ok()
+        assert kernel.value("list(_)") == [socket.gethostname()] * 2, "-n 2 after the failed start is a pool on this host"
+        kernel.run("%ddp stop").ok()
+
+
 def test_ddp_env_plan_and_live(kernel):
     ex = kernel.run("%ddp_env -n 3").ok()
     assert re.match(r"planned env for 3 ranks\b.* — ✓ \d+ checks passed", ex.result), "a healthy plan: the verdict, not every check"
