@@ -132,7 +132,7 @@ def _shared_folder(partial: str, rank: int) -> None:
     blind = [r for r, ok in enumerate(seen) if not ok]
     if blind:
         see = "does" if len(blind) == 1 else "do"
-        raise FileNotFoundError(f"{ranks_phrase(blind)} {see} not see {os.path.dirname(partial)} as rank 0 does: "
+        raise S.Refused(f"{ranks_phrase(blind)} {see} not see {os.path.dirname(partial)} as rank 0 does: "
                                 f"a snapshot needs a folder every node shares (NFS, Lustre, ...); nothing was saved")
 
 
@@ -169,7 +169,7 @@ def load(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     flags: List[Any] = [None] * world
     dist.all_gather_object(flags, bad)
     if flags[0]:
-        raise RuntimeError(f"the snapshot {path} is damaged: {', '.join(flags[0])}; load another (%ddp snapshots {os.path.dirname(path)})")
+        raise S.Refused(f"the snapshot {path} is damaged: {', '.join(flags[0])}; load another (%ddp snapshots {os.path.dirname(path)})")
     same = meta.world_size == world
     notes = [f"saved with {k} {v}, loaded with {_versions().get(k)}" for k, v in sorted(meta.versions.items())
              if k in ("torch", "python") and _versions().get(k) != v]
@@ -198,7 +198,7 @@ def _objects(ns: Dict[str, Any], record: Dict[str, Any], into: set, meta: S.Meta
              notes: List[str]) -> Tuple[Dict[str, torch.nn.Module], Dict[str, Dict[str, Any]]]:
     missing = sorted(n for n in into if n not in ns)
     if missing:
-        raise NameError(f"--into {','.join(missing)}: not defined on the ranks; run the cell that builds {'them' if len(missing) > 1 else 'it'} first")
+        raise S.Refused(f"--into {','.join(missing)}: not defined on the ranks; run the cell that builds {'them' if len(missing) > 1 else 'it'} first")
     stateful = {n for n, e in meta.names.items() if e.get("kind") in (Kind.MODULE.value, Kind.OPTIMIZER.value)}
     for name in sorted(into - stateful):
         notes.append(f"--into {name}: the snapshot holds no module or optimizer {name}; it is left as it is")

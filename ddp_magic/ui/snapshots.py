@@ -41,6 +41,9 @@ def command(session: Session, args: argparse.Namespace, request: Dict[str, Any])
         result, done = load(session, args.target, into, session.spec_for(**request) if request else None, listener)
     listener.finish(result.outcome)
     if done is None:
+        refused = next((f.message for f in result.outcome.failures if f.type == S.Refused.__name__), None)
+        if refused is not None:  # the ranks' words alone: the cell that carried them is ours, not the user's
+            raise UsageError("\n".join([f"%ddp {args.action}: {refused}", *result.outcome.notes]))
         raise CellError(result.outcome.failures, result.outcome.notes)
     print(done.text())
 

@@ -23,6 +23,11 @@ DCP_DIR = "dcp"
 PARTIAL = ".partial-"  # a save in progress, or one that died before every rank had written
 
 
+class Refused(Exception):
+    """A save or load a rank refuses for a reason the user can act on (a folder a node cannot see, a damaged snapshot,
+    --into a name the ranks lack): the kernel says its words alone, without the traceback of the cell that ran it."""
+
+
 class Kind(str, enum.Enum):
     """How a saved name is kept (and rebuilt)."""
 

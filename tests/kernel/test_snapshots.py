@@ -176,6 +176,12 @@ def test_a_damaged_snapshot_is_refused_naming_its_file(kernel, tmp_path, run):
     refused = kernel.run(f"%ddp load {tmp_path}", timeout=180)
     assert refused.error is not None
     assert "is damaged: rank-1.pkl (its content hash differs)" in refused.error[1] + "".join(refused.error[2]), refused.error
+    assert refused.error[0] == "UsageError" and "Traceback" not in refused.error[1], "the ranks' words alone, not our cell's traceback"
+    (folder / "rank-1.pkl").write_bytes(bytes(data[:-2]) + bytes([data[-2] ^ 0xFF]) + bytes(data[-1:]))  # whole again
+    kernel.run("%%ddp -n 2\nimport torch\nmodel = torch.nn.Linear(2, 2)", timeout=180).ok()
+    typo = kernel.run(f"%ddp load {tmp_path} --into modle", timeout=180)
+    assert typo.error is not None
+    assert tuple(typo.error[:2]) == ("UsageError", "%ddp load: --into modle: not defined on the ranks; run the cell that builds it first"), typo.error
 
 
 FSDP_SETUP = (
