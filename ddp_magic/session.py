@@ -79,6 +79,7 @@ class CellOptions:
     queue: bool = True  # wait for the turn when another cell holds it (--no-queue: False, a UsageError instead)
     cancel: Optional[threading.Event] = None  # set: interrupt the cell as Ctrl-C would (a job's cancel(); out of the queue if it waits)
     kernel_autoreload: bool = False  # the kernel's %autoreload 2 is on: the ranks follow it unless %ddp autoreload off (kernel/reload.py)
+    internal: bool = False  # ddp_magic's own cell (%ddp save, load): no record for %ddp_export, which writes the user's cells
 
 
 @dataclass(frozen=True)
@@ -145,11 +146,8 @@ class Session:
             raise UsageError(str(e)) from None
 
     def changes(self, spec: PoolSpec) -> List[str]:
-        """What ``spec`` changes about the pool, as the user would say it; empty: keep the pool.
-
-        A backend named explicitly that "auto" already chose is no change, and the
-        join timeout only matters while a pool starts: neither restarts one.
-        """
+        """What ``spec`` changes about the pool, as the user would say it; empty: keep the pool. A backend named explicitly
+        that "auto" already chose is no change, and the join timeout only matters while a pool starts: neither restarts one."""
         pool = self.pool
         if pool is None:
             return []
@@ -265,8 +263,7 @@ class Session:
             return self._run(source, user_ns, options, listener, ticket)
 
     def precheck(self, source: str, options: CellOptions) -> None:
-        """What a background cell is told at once, in its own cell, rather than later from its job: a syntax error,
-        no pool to run on, and --no-queue's refusal while another cell holds the pool."""
+        """What a background cell is told at once, in its own cell, not later by its job: a syntax error, no pool, --no-queue's refusal."""
         check_syntax(source)
         if self.pool is None and options.spec is None:
             raise UsageError(NEED_N_FOR_CELL)
@@ -313,7 +310,8 @@ class Session:
             self.owned |= assigned
             pool.recovery.assigned(assigned | set(newer), but={f.rank for f in outcome.failures})  # a restarted rank has them again
         self.definitions.ddp_cell(self.owned, newer)
-        self.history.ran(source, blobs, user_ns, pool, outcome, late=ticket if ticket.background else None)
+        if not options.internal:
+            self.history.ran(source, blobs, user_ns, pool, outcome, late=ticket if ticket.background else None)
         self.metrics = metrics if metrics else self.metrics
         return CellResult(outcome=outcome, label=label, metrics=metrics, profile=profile.collect(pool, metrics) if profile is not None else None)
 

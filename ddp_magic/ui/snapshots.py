@@ -57,7 +57,7 @@ def save(session: Session, parent: str, names: Sequence[str] = (), listener: Opt
         raise UsageError("%ddp save: the ranks own no names yet (what a %%ddp cell assigns lives there); name some, e.g. %ddp save ckpt/ model")
     step = session.metrics.last_step() if session.metrics else None  # ddp_magic.log's step, unless the ranks hold a `step`
     source, partial = snapshots.save_source(parent, chosen, step)
-    result = session.run(source, {}, CellOptions(), listener)
+    result = session.run(source, {}, CellOptions(internal=True), listener)
     if not result.ok:
         result.outcome.notes.append(snapshots.unfinished(snapshots.shown(parent, partial)))
     return result, (snapshots.Saved(result.outcome.values[0], parent) if result.ok else None)
@@ -73,9 +73,11 @@ def load(session: Session, path: str, into: Sequence[str] = (), spec: Optional[P
         raise UsageError(f"%ddp load: {e}") from None
     if spec is None and (session.pool is None or not session.pool.alive):
         spec = session.spec_for(nproc=saved_world)
-    result = session.run(snapshots.load_source(chosen, into), {}, CellOptions(spec=spec), listener)
+    result = session.run(snapshots.load_source(chosen, into), {}, CellOptions(spec=spec, internal=True), listener)
     if not result.ok:
         return result, None
     loaded = snapshots.Loaded([v for v in result.outcome.values if v], len(result.outcome.values), saved_world, path)
     session.owned |= set(loaded.names)
+    if session.pool is not None:  # a rank started again earlier has these names now
+        session.pool.recovery.assigned(set(loaded.names), but={f.rank for f in result.outcome.failures})
     return result, loaded

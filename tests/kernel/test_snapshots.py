@@ -71,6 +71,9 @@ def test_a_resumed_training_gives_the_same_losses_to_the_bit(kernel, tmp_path, r
     assert kernel.value("list(steps)") == [100, 100]
     assert kernel.value("[list(w[50:]) == list(r) for w, r in zip(whole, rest)]") == [True, True]
     assert kernel.value("whole[0][50:] != whole[1][50:]") is True  # the ranks' data differ: the RNG came back per rank
+    kernel.run(f"%ddp_export {tmp_path}/train.py", timeout=120).ok()
+    script = (tmp_path / "train.py").read_text()
+    assert "train(100)" in script and "rank_snapshot" not in script, "the export writes the user's cells, not ddp_magic's save and load"
 
 
 @pytest.mark.parametrize("run", [1, 2])
