@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_magic.errors import PlanError
+from ddp_magic.kernel.launchers.ssh import SshLauncher
 from ddp_magic.kernel.launchers.ssh_words import failed_text, gpu_problem, ssh_problem
 from ddp_magic.plan.plan import make_plan
 from ddp_magic.plan.spec import PoolSpec
@@ -95,6 +96,7 @@ def test_other_code_is_named() -> None:
     ("/usr/bin/python3: Error while finding module specification for 'ddp_magic.procs.ssh_template' "
      "(ModuleNotFoundError: No module named 'ddp_magic')", "no ddp_magic for /p there"),
     ("sh: 1: exec: /p: not found", "no python at /p there: --remote-python"),
+    ("bash: line 1: /p: Permission denied", "no python at /p there: --remote-python"),  # a shell's, not ssh's own refusal
 ])
 def test_ssh_words_name_the_fix(said: str, fix: str) -> None:
     assert fix in ssh_problem("n1", said, "/p")
@@ -125,3 +127,10 @@ def test_a_host_still_unreachable_says_how_to_start_without_it_in_ssh_words() ->
     text = still_silent_text({"n2": [2, 3]}, {}, [0, 1], SshLauncher(b"s" * 32).without)
     assert text.endswith("or %ddp stop and start a pool without it (--hosts without n2)."), text
     assert "--slurm-args" not in text
+
+
+def test_stop_says_what_ends_a_host_it_could_not_reach() -> None:
+    """%ddp stop on a silent host: Slurm ends a step once the node answers; an SSH (or Ray) host's template ends unbeaten."""
+    ssh = SshLauncher(b"0" * 32)
+    assert ssh.left_there(["n2"]) == "its template ends on its own, hearing no beat for 12s"
+    assert ssh.left_there(["n2", "n3"]) == "their templates end on their own, hearing no beat for 12s"

@@ -177,7 +177,7 @@ def stop_note(pool: PoolLike) -> str:
     """What ``%ddp stop`` adds about a node of the pool it cannot reach (its ranks went silent, found now if that happened
     while the pool was idle, and not heard from since), "" when there is none. Ranks lost there end on their own, cut off
     from the kernel (wire/liveness.py ``RANK_SILENCE_S``); whatever else of ours runs there (a template) ends with the
-    job's step, which Slurm ends there once the node answers it."""
+    job's step, which Slurm ends there once the node answers it (``Launcher.left_there``: an SSH or Ray host's ends unbeaten)."""
     if pool.launcher.remote_ranks:  # ranks on other hosts: a node gone silent while the pool was idle is found now
         pool.refresh()
     since = pool.launcher.silent_since
@@ -193,7 +193,7 @@ def stop_note(pool: PoolLike) -> str:
         who = " and ".join(f"{ranks_phrase(rs)} on {node}" for node, rs in sorted(lost.items()))
         return (f", except {who}, which could not be reached ({quiet}): cut off from the kernel, they end on their own within "
                 f"{liveness.RANK_SILENCE_S}s")
-    return f"; {where} could not be reached ({quiet}): Slurm ends what ran there once {'it answers' if len(nodes) == 1 else 'they answer'}"
+    return f"; {where} could not be reached ({quiet}): {pool.launcher.left_there(nodes)}"
 
 
 def held_text(kept: Sequence[int]) -> str:

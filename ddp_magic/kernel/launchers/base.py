@@ -207,6 +207,10 @@ class Launcher(ABC):
         """How to start a pool without ``nodes`` (comma-separated), in this launcher's options (Slurm's by default)."""
         return slurm_without(nodes)
 
+    def left_there(self, nodes: List[str]) -> str:
+        """What ends whatever of ours still runs on ``nodes``, which ``%ddp stop`` could not reach (Slurm's words by default)."""
+        return f"Slurm ends what ran there once {'it answers' if len(nodes) == 1 else 'they answer'}"
+
     def give_up(self) -> str:
         """The pool could not start and retrying in place would not help: let go of what we hold; says what became of it."""
         return "nothing is held"

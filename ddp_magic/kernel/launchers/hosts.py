@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ...wire.node_hello import BEAT_S, SILENCE_S
 from .nodes import NodeLauncher
@@ -61,6 +61,10 @@ class HostLauncher(NodeLauncher):
         for rank in range(plan.world_size):
             self._spawn(rank, base_env, control_addr, control_port)
         return None
+
+    def left_there(self, nodes: List[str]) -> str:
+        one = len(nodes) == 1
+        return f"{'its template ends' if one else 'their templates end'} on {'its' if one else 'their'} own, hearing no beat for {SILENCE_S:.0f}s"
 
     def start_beat(self) -> None:
         """A beat on every starter each ``BEAT_S``, from a thread of its own, until ``stop_beat``."""

@@ -21,7 +21,7 @@ SSH_WORDS: List[Tuple[Tuple[str, ...], str]] = [
     (("host key is known for", "Host key verification failed"),
      "its host key is not in your known_hosts; ssh {host} once from a terminal to check and accept it "
      "(ddp_magic never turns host-key checking off)"),
-    (("Permission denied", "Too many authentication failures"),
+    (("Permission denied (", "Too many authentication failures"),  # ssh's: Permission denied (publickey,password).
      "it wants a password or a key ssh has not got (BatchMode: ddp_magic never waits at a prompt); ssh-copy-id {host}, "
      "or load your key into the agent (ssh-add)"),
     (("Could not resolve hostname",),
@@ -33,7 +33,7 @@ SSH_WORDS: List[Tuple[Tuple[str, ...], str]] = [
      "no ddp_magic for {python} there: install this version there (pip install ddp_magic), or --remote-python PATH"),
     (("No module named",),
      "{python} there cannot import what the template needs; install ddp_magic's requirements there"),
-    (("not found", "No such file or directory", "Permission denied"),
+    (("not found", "No such file or directory", "Permission denied"),  # a shell's: bash: /x/python: Permission denied
      "no python at {python} there: --remote-python PATH names the one to use"),
 ]
 
