@@ -368,6 +368,7 @@ export class PoolConnection implements IDisposable {
     }
     const next = this._effective();
     if (next === 'restarting' || next === 'autorestarting' || next === 'dead') {
+      this._held.kernelGone(); // JupyterLab has dropped its cells' futures (the same tick): its later lines show nowhere
       this._comm = null;
       this._question.forget(); // a restarted kernel has no subshells
       this._probeRound++; // a question in flight is never answered by the new kernel
@@ -385,6 +386,9 @@ export class PoolConnection implements IDisposable {
   }
 
   private _onIopub(_: ISessionContext, msg: KernelMessage.IMessage): void {
+    if (!this._held.fromKernel(msg.header.session)) {
+      return; // a restarted or dead kernel's late message: JupyterLab shows it in no cell, and nothing here is its
+    }
     if ((msg.parent_header as Partial<KernelMessage.IHeader>)?.session === this.clientId) {
       // what this page holds of kept pools' output (the next kernel hears it in the comm's hello): only what it shows,
       // its own cells' lines; another page's cell shows here only when followed (its cell_output messages, above)

@@ -7,6 +7,9 @@
  * carried shows once, whether or not that message got out. Only then: a message sent later on a comm whose kernel has
  * just died reaches the next kernel, which knows no such comm. Kept past a reload of the page (held_store.ts), and
  * told what a reloaded page shows again of a background cell (the `follow` reply's `shown`, ui/transcripts.py).
+ * Only what the page shows counts: once its kernel restarts or dies, JupyterLab drops the old kernel's cells' futures
+ * (its `_clearKernelState`), so a message that kernel sent later reaches the page but no cell; its marks are not
+ * taken (`kernelGone`, `fromKernel`), or `%ddp attach` would replay after lines the page never showed.
  * Pure: no JupyterLab.
  */
 import type { HeldStore, Upto } from './held_store';
@@ -48,8 +51,31 @@ export class HeldOutput {
     }
   }
 
-  /** Take a message's marks in; the pool whose offsets grew, or null. */
-  take(msg: { header: { msg_type: string }; metadata?: unknown }): string | null {
+  /**
+   * An iopub message came from the kernel session `session` (its header's): whether a cell can still show it, i.e.
+   * that session's kernel has not restarted or died since. The latest session heard is the one `kernelGone` ends.
+   */
+  fromKernel(session: string): boolean {
+    if (this._gone.has(session)) {
+      return false;
+    }
+    this._session = session;
+    return true;
+  }
+
+  /** The page's kernel restarts or died: what its session sends from now on reaches no cell. */
+  kernelGone(): void {
+    if (this._session) {
+      this._gone.add(this._session);
+      this._session = '';
+    }
+  }
+
+  /** Take a message's marks in (one a cell shows); the pool whose offsets grew, or null. */
+  take(msg: { header: { msg_type: string; session?: string }; metadata?: unknown }): string | null {
+    if (msg.header.session !== undefined && !this.fromKernel(msg.header.session)) {
+      return null;
+    }
     const marks = marksOf(msg);
     return marks ? this._grow(marks.pool, marks.upto) : null;
   }
@@ -130,5 +156,7 @@ export class HeldOutput {
   }
 
   private _store: HeldStore | null;
+  private _session = ''; // the kernel session heard last
+  private _gone = new Set<string>(); // sessions of kernels restarted or dead: their messages reach no cell
   private _pools = new Map<string, Upto>();
 }

@@ -111,6 +111,7 @@ def test_the_panel_attaches_a_kept_pool_after_a_restart(page: Any, server: Serve
             wait_prompt(page, 1)
             said = output(page, 1)
             assert f"attached the kept pool {pool_id}" in said and "2 ranks alive" in said, said
+            assert re.search(rf"attached the kept pool {pool_id} of ddp_keep_ui_\w+\.ipynb in ", said), "the notebook by its file name, as --list says it"
             expect(page.locator(".jp-ddp-Panel-kept")).to_be_hidden(timeout=30_000)  # the pool is this kernel's now
 
             append_and_run(page, READ)

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from conftest import wait_until
+from kernel_helper import Kernel
 
 pytestmark = pytest.mark.kernel
 
@@ -74,6 +75,30 @@ def test_a_resumed_training_gives_the_same_losses_to_the_bit(kernel, tmp_path, r
     kernel.run(f"%ddp_export {tmp_path}/train.py", timeout=120).ok()
     script = (tmp_path / "train.py").read_text()
     assert "train(100)" in script and "rank_snapshot" not in script, "the export writes the user's cells, not ddp_magic's save and load"
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_a_new_kernel_loads_what_the_last_one_saved_and_trains_on(kernel, tmp_path, run):
+    """The user's order: train, save, stop; a new kernel loads the folder with no setup cell, and the
+    training goes on from the step it was saved at, with the class the old kernel's cell defined."""
+    kernel.run("%ddp stop").ok()
+    kernel.run("%%ddp -n 2\n" + SETUP, timeout=180).ok()
+    kernel.run("%%ddp\ntrain(20);", timeout=300).ok()
+    kernel.run(f"%ddp save {tmp_path}", timeout=180).ok()
+    kernel.run("%%ddp --out whole\ntrain(30)", timeout=300).ok()
+    whole = kernel.value("[list(w) for w in whole]")
+    kernel.run("%ddp stop").ok()
+    fresh = Kernel()
+    try:
+        fresh.run("%load_ext ddp_magic").ok()
+        loaded = fresh.run(f"%ddp load {tmp_path}", timeout=180).ok()
+        assert "(step 20, saved by 2 ranks) into 2 ranks: " in loaded.stdout, loaded.stdout
+        fresh.run("%%ddp --out rest\n(type(model.module).__name__, train(30))", timeout=300).ok()
+        assert fresh.value("[r[0] for r in rest]") == ["Net", "Net"]
+        assert fresh.value("[list(r[1]) for r in rest]") == whole, "steps 21-30 in the new kernel are the old one's, bit for bit"
+        fresh.run("%ddp stop").ok()
+    finally:
+        fresh.shutdown()
 
 
 @pytest.mark.parametrize("run", [1, 2])

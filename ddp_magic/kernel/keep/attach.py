@@ -359,7 +359,7 @@ def _report(found: Found, pool: "Pool", report: Dict[str, Any], resumed: bool, s
     """What the attach cell says first (``told``: the replay starts where the front end said its output stops)."""
     live = [r for r, i in sorted(pool.ranks.items()) if i.state != RankState.DEAD]
     pids = [p for p in (pool.ranks[r].pid for r in live) if p is not None]
-    head = (f"attached the kept pool {found.id}" + (f" of {found.data['notebook']}" if found.data.get("notebook") else "")
+    head = (f"attached the kept pool {found.id}" + (f" of {found.fields()['notebook']}" if found.data.get("notebook") else "")
             + f" in {seconds:.2f} s: {plural(len(live), 'rank')} alive" + (f" (pids {min(pids)}-{max(pids)})" if pids else ""))
     left = report.get("left_at")
     if left:

@@ -17,6 +17,26 @@ describe('what the page holds of a kept pool (held.ts)', () => {
     assert.deepEqual(held.all().map(m => m.pool), ['a1', 'b2']);
   });
 
+  it('takes nothing a restarted or dead kernel sends after its restart began: no cell shows it', () => {
+    const held = new HeldOutput();
+    const from = (session: string, out: number) => ({
+      header: { msg_type: 'stream', session },
+      metadata: { ddp_magic: { pool: 'a1', upto: { '0': [out, 0] } } }
+    });
+    assert.equal(held.take(from('old', 10)), 'a1');
+    held.kernelGone(); // JupyterLab's restart(): the old kernel's futures are gone from here on
+    assert.equal(held.take(from('old', 20)), null); // its late lines (two ticks in CI) reached the page, not a cell
+    assert.equal(held.fromKernel('old'), false);
+    assert.deepEqual(held.message('a1').upto, { '0': [10, 0] }); // attach replays from the last line shown
+    assert.equal(held.fromKernel('new'), true);
+    assert.equal(held.take(from('new', 30)), 'a1');
+    held.kernelGone();
+    held.kernelGone(); // 'restarting' then 'autorestarting': the second has no session to end
+    assert.equal(held.fromKernel('old'), false);
+    assert.equal(held.take(from('new', 40)), null);
+    assert.deepEqual(held.message('a1').upto, { '0': [30, 0] });
+  });
+
   it('reads only a stream message with well-formed marks', () => {
     assert.equal(marksOf({ header: { msg_type: 'display_data' }, metadata: { ddp_magic: { pool: 'a', upto: {} } } }), null);
     assert.equal(marksOf(stream({})), null);
