@@ -426,6 +426,37 @@ def layout_checks(page: Any, pool_id: str) -> dict:
 RESTART_CLOSE = re.compile(r"^error: Comm not found for comm id [0-9a-f]{32}$")
 
 
+TIMES_JS = "() => [...document.querySelectorAll('.jp-ddp-Panel tr.jp-ddp-Rank td.jp-ddp-Rank-time, .jp-ddp-Panel .jp-ddp-RankItem .jp-ddp-Rank-time')].map(e => e.textContent)"
+
+
+def seconds_of(text: str) -> float:
+    """A figure as format.ts's fmtSeconds writes it (``<1 ms``, ``7 ms``, ``1.70 s``, ``2 m 05 s``), in seconds."""
+    m = re.fullmatch(r"\s*(?:(<)?([\d.]+) ms|([\d.]+) s|(\d+) m (\d+) s)\s*", text)
+    assert m, text
+    if m.group(2):
+        return 0.0 if m.group(1) else float(m.group(2)) / 1000
+    return float(m.group(3)) if m.group(3) else int(m.group(4)) * 60 + int(m.group(5))
+
+
+def panel_clock(page: Any) -> "tuple[str, List[float]]":
+    """The panel's ``pool started in`` fact and each rank row's run time, in seconds."""
+    facts = re.search(r"pool started in [^·]+", page.locator(".jp-ddp-Panel-facts").inner_text())
+    return (facts.group(0).strip() if facts else ""), [seconds_of(t) for t in page.evaluate(TIMES_JS)]
+
+
+def clock_checks(page: Any, started: str, running_since: float) -> dict:
+    """Item 7 in the page: once attached, the panel's rank rows count the job's run time on its ranks (it ran before
+    ``running_since``, the test's clock), not from the attach, and ``pool started in`` is the pool's start as it was."""
+    deadline, got = time.monotonic() + 30, ("", [])
+    while time.monotonic() < deadline:
+        floor = time.monotonic() - running_since - 1.5  # the rows tick each second: a figure may be a second behind
+        got = panel_clock(page)
+        if got[0] == started and len(got[1]) == 2 and min(got[1]) >= floor:
+            return {}
+        time.sleep(0.5)
+    return {"7: the panel's clock after attach is the ranks' and the pool's": f"{got}; before the restart {started!r}, job running for ≥ {floor + 1.5:.1f} s"}
+
+
 def quiet_restart_closes(page: Any, since: int) -> None:
     """The old kernel, detaching its kept pool as it shuts down, ends the running job's live view and closes its
     widgets' comms; those closes can reach the page after JupyterLab dropped the old kernel's comms at the restart,
@@ -444,7 +475,13 @@ def test_a_restart_lists_the_kept_pool_and_its_cell_says_where_it_goes_on(page: 
     with sigkill_rounds(page, server) as kept:
         gate = str(tmp_path / "restart")
         base, pool_id, _ = start_ticking(page, server, gate, 10)
+        running_since = time.monotonic()  # the job ran before this: its ticks 0-10 are in the page
         kept.append(pool_id)
+        started = ""
+        with contextlib.suppress(playwright_api.TimeoutError):
+            page.wait_for_function("() => (document.querySelector('.jp-ddp-Panel-facts') || {}).innerText?.includes('pool started in')", timeout=30_000)
+            started = panel_clock(page)[0]
+        assert started, "the panel says how long the pool took to start"
         before = len(page.ddp_watch.lines)
         page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
         wait_kernel_idle(page)
@@ -467,6 +504,7 @@ def test_a_restart_lists_the_kept_pool_and_its_cell_says_where_it_goes_on(page: 
                                    arg=base + 1, timeout=30_000)
         except playwright_api.TimeoutError:
             problems["9: the job's cell says `continued in cell [N]` once attached"] = output(page, base + 1)[-300:]
+        problems.update(clock_checks(page, started, running_since))
         shot(page, "42_restart_attached")
         attached_once(page, server, said, pool_id, gate, base, kept)
     assert not problems, "\n".join(f"{what}: {str(seen)[-200:]!r}" for what, seen in problems.items())  # each one whole
