@@ -426,7 +426,8 @@ def layout_checks(page: Any, pool_id: str) -> dict:
 RESTART_CLOSE = re.compile(r"^error: Comm not found for comm id [0-9a-f]{32}$")
 
 
-TIMES_JS = "() => [...document.querySelectorAll('.jp-ddp-Panel tr.jp-ddp-Rank td.jp-ddp-Rank-time, .jp-ddp-Panel .jp-ddp-RankItem .jp-ddp-Rank-time')].map(e => e.textContent)"
+TIMES_JS = ("() => [...document.querySelectorAll('.jp-ddp-Panel tr.jp-ddp-Rank td.jp-ddp-Rank-time,"
+            " .jp-ddp-Panel .jp-ddp-RankItem .jp-ddp-Rank-time')].map(e => e.textContent)")
 
 
 def seconds_of(text: str) -> float:

@@ -10,6 +10,7 @@ taken out by the panel's *Interrupt* says so (it said ``(Ctrl-C)``, a key nobody
 """
 from __future__ import annotations
 
+import base64
 import os
 import re
 import tempfile
@@ -38,6 +39,31 @@ HOLD = os.path.join(tempfile.gettempdir(), f"ddp_panel_words_hold_{os.getpid()}"
 BG = f"%%ddp -n 2 --bg --out job\nimport os, time\nwhile os.path.exists({HOLD!r}):\n    time.sleep(0.05)"
 QUEUED = "%%ddp -n 2\nprint('the queued cell ran')"
 AGAIN = "%%ddp -n 2\n2"  # after KILL: rank 1 is started again alone
+# rank 1 logs a step more than rank 0, the same loss on the steps both logged; rank 0 is the slower by 60 ms a step.
+# The y axis runs 0.125…2.0: its middle, 1.0625, is a tie at 3 decimals ("1.062" as Python rounds, "1.063" as toFixed)
+CHART = """%%ddp -n 2 --bg --out chart
+import time, torch.distributed as dist, ddp_magic
+rank = dist.get_rank()
+for step in range(8 + rank):
+    time.sleep(0.02 + 0.06 * (rank == 0))
+    ddp_magic.log(step=step, loss=[2.0, 1.5, 1.0, 0.75, 0.5, 0.25, 0.2, 0.125, 1.0][step])"""
+CHARTS_JS = """(i) => {
+  const cell = document.querySelectorAll('.jp-Notebook .jp-CodeCell')[i];
+  const mine = cell.querySelector('.jp-OutputArea-output > .ddp-metrics');
+  const panel = document.querySelector('.jp-ddp-Panel .jp-ddp-Metrics');
+  return {
+    cell: mine ? {svgs: [...mine.querySelectorAll('img')].map(m => m.src), text: mine.innerText} : null,
+    panel: panel && panel.querySelector('svg') ? {svgs: [...panel.querySelectorAll('svg')].map(v => v.outerHTML), text: panel.innerText} : null,
+  };
+}"""
+
+
+def chart_of(seen: dict) -> dict:
+    """What one chart draws: its polylines, its y labels (the numbers anchored at their end), its words."""
+    (markup,) = [base64.b64decode(s.split(",", 1)[1]).decode() if s.startswith("data:") else s for s in seen["svgs"]]
+    texts = re.findall(r"<text[^>]*text-anchor=[\"']end[\"'][^>]*>([^<]*)</text>", markup)
+    return {"lines": markup.count("<polyline"), "yTicks": sorted(t for t in texts if re.fullmatch(r"-?[\d.]+", t)),
+            "text": seen["text"] + " " + " ".join(re.findall(r">([^<]+)<", markup))}
 KILL = "%%ddp -n 2\nimport os, signal, torch.distributed as dist\nif dist.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n1"
 SHOTS = os.environ.get("DDP_MAGIC_SHOTS", "")
 STACKS_JS = """() => { const n = document.querySelector('.jp-ddp-Panel-stacks'); const p = n && n.querySelector('.jp-ddp-Panel-stacksText');
@@ -59,7 +85,7 @@ def page(request: Any, server: Server, browser: Any) -> Iterator[Any]:
     kind = request.param
     if kind == "notebook":
         pytest.importorskip("notebook", reason="Notebook 7 (pip install notebook) is in requirements-dev.txt")
-    cells = ["%load_ext ddp_magic", "%%ddp -n 2\n1", WAIT, KILL, AGAIN, BG, QUEUED]
+    cells = ["%load_ext ddp_magic", "%%ddp -n 2\n1", WAIT, KILL, AGAIN, BG, QUEUED, CHART]
     with front_page(server, browser, f"panel_words_{kind}.ipynb", cells, 900, panel=True, kind=kind) as pg:
         for i in (0, 1):  # the extension, then the pool (its stacks are read once it runs)
             run_cell(pg, i)
@@ -130,4 +156,23 @@ def test_a_queued_cell_taken_out_by_the_panels_interrupt_says_so(page: Any) -> N
         os.unlink(HOLD)
     assert "taken out of the queue by the DDP panel's Interrupt before it ran" in said and "(Ctrl-C) before" not in said, said
     page.wait_for_function("() => !document.querySelectorAll('.jp-Notebook .jp-CodeCell')[5].innerText.includes('running')", timeout=60_000)
+    no_errors(page)
+
+
+def test_the_cell_and_the_panel_draw_and_round_a_chart_alike(page: Any) -> None:
+    """A job whose rank 1 logged a step more than rank 0, the same loss on the steps both logged: the cell's chart and
+    the panel's each draw one line and say ``ranks 0-1 identical`` (rank 0's line was hidden under rank 1's, unlabelled);
+    their y labels are the same (the panel rounded the tie 1.0625 up: ``1.063`` beside the cell's ``1.062``), and so is
+    the slowest rank's lag (``+0.06 s`` in the cell beside ``+60 ms`` in the panel)."""
+    run_cell(page, 7)
+    wait_prompt(page, 7, 180)
+    page.wait_for_function(f"() => {{ const g = ({CHARTS_JS})(7); return g.cell && g.panel; }}", timeout=120_000)
+    got = page.evaluate(CHARTS_JS, 7)
+    shot(page, "42_chart_identical")
+    cell, panel = chart_of(got["cell"]), chart_of(got["panel"])
+    for where, seen in (("cell", cell), ("panel", panel)):
+        assert seen["lines"] == 1 and "ranks 0-1 identical" in seen["text"], (where, seen)
+    assert cell["yTicks"] == panel["yTicks"] == ["0.125", "1.062", "2.000", "8"], (cell["yTicks"], panel["yTicks"])  # "8": the last step
+    lag = [re.search(r"rank 0 \(\+[^)]+\)", seen["text"]) for seen in (cell, panel)]
+    assert all(lag) and lag[0].group(0) == lag[1].group(0), (lag, cell["text"], panel["text"])  # type: ignore[union-attr]
     no_errors(page)
