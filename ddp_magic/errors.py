@@ -84,12 +84,16 @@ class RankFailure:
     last_lines: List[str] = field(default_factory=list)
     node: str = ""  # set when its node stopped answering (DIED, ``message`` says how): the node is named, not a pid
     why: str = ""  # how it died, with the evidence (kernel/failures/deaths.py): said instead of describe_exit's guess
+    on: str = ""  # the node it ran on, where the pool names its nodes (Slurm, SSH, Ray): which machine to look at
+
+    def _where(self) -> str:
+        return f" on {self.on}" if self.on else ""
 
     def headline(self) -> str:
         if self.kind == FailureKind.DIED and self.node:
             return f"rank {self.rank} on {self.node} is unreachable: {self.message}"
         if self.kind == FailureKind.DIED:
-            return f"rank {self.rank} (pid {self.pid}) {self.why or describe_exit(self.exit_code)}"
+            return f"rank {self.rank} (pid {self.pid}){self._where()} {self.why or describe_exit(self.exit_code)}"
         if self.kind == FailureKind.KILLED:
             stopped_by_us = self.exit_code in (-signal.SIGTERM, -signal.SIGKILL)
             how = signal_name(self.exit_code) if stopped_by_us else describe_exit(self.exit_code)
@@ -106,7 +110,7 @@ GROUPS_SHOWN = 8  # groups of failures a cell's message lists; the others are co
 
 def _how(f: RankFailure) -> Tuple[object, ...]:
     """What ranks that failed the same way share: the kind, the exception and its message, how the process ended."""
-    return (f.kind, f.type, f.message, f.exit_code if f.kind in (FailureKind.DIED, FailureKind.KILLED) else None, f.node, f.why)
+    return (f.kind, f.type, f.message, f.exit_code if f.kind in (FailureKind.DIED, FailureKind.KILLED) else None, f.node, f.why, f.on)
 
 
 def _who(ranks: Sequence[int]) -> str:
@@ -133,7 +137,7 @@ def group_headline(group: Sequence[RankFailure]) -> str:
         return f"{who} on {first.node} are unreachable: {first.message}"
     if first.kind == FailureKind.DIED:
         how = first.why or describe_exit(first.exit_code)
-        return f"{who} {how.replace('was killed', 'were killed').replace('lost its connection', 'lost their connections')}"
+        return f"{who}{first._where()} {how.replace('was killed', 'were killed').replace('lost its connection', 'lost their connections')}"
     if first.kind == FailureKind.KILLED:
         return f"{who} did not respond to the interrupt and were stopped"
     if first.kind == FailureKind.TIMEOUT:

@@ -102,6 +102,17 @@ def test_groups_of_dead_ranks_speak_in_the_plural():
     assert errors.group_headline(lost).startswith("ranks 1-2 lost their connections to the kernel")
 
 
+def test_a_dead_rank_of_a_pool_with_named_nodes_says_its_node():
+    """A Ray node's raylet killed: its ranks' connections drop; the line names the machine to look at, one group a node."""
+    lost = [RankFailure(r, FailureKind.DIED, pid=100 + r, on="n2") for r in (2, 3)] + [RankFailure(4, FailureKind.DIED, pid=104, on="n3")]
+    said = CellError(lost).render()
+    assert said.splitlines()[:3] == ["rank 2 (pid 102) on n2 lost its connection to the kernel (the rank, or its whole node, went away)", "",
+                                     "rank 3 failed the same way"], said
+    assert "rank 4 (pid 104) on n3 lost its connection to the kernel" in said, said  # another node: another group
+    assert errors.group_headline(lost[:2]) == "ranks 2-3 on n2 lost their connections to the kernel (the rank, or its whole node, went away)"
+    assert RankFailure(1, FailureKind.DIED, pid=7, exit_code=-signal.SIGKILL).headline() == "rank 1 (pid 7) was killed by SIGKILL"  # one host
+
+
 def test_scattered_ranks_are_cut_after_a_few_runs():
     root = RankFailure(1, FailureKind.ERROR, "ValueError", "boom")
     every_other = [RankFailure(r, FailureKind.INTERRUPTED, "KeyboardInterrupt") for r in range(0, 1024, 2)]

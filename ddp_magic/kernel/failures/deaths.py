@@ -152,4 +152,4 @@ def death_failure(rank: int, info: "RankInfo") -> RankFailure:
         return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, message=liveness.silence_words(), node=node_key(info))
     crash = crash_traceback(info.crash.splitlines()) + f"\n(faulthandler's whole report: %ddp output --rank {rank})" if info.crash else ""
     return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, exit_code=info.exit_code, last_lines=list(info.tail)[-10:],
-                       why=info.death, traceback=crash)
+                       why=info.death, traceback=crash, on=info.node_name)
