@@ -424,6 +424,10 @@ def layout_checks(page: Any, pool_id: str) -> dict:
 
 
 RESTART_CLOSE = re.compile(r"^error: Comm not found for comm id [0-9a-f]{32}$")
+# JupyterLab's own comm subshells (CommHandler, "perCommTarget"): the restart cancels every request in flight, and
+# JupyterLab leaves the rejection of the ones it made unhandled. Nothing else cancels a future, and ours
+# (target_question.ts) are caught. Seen once in a full run of the suite, ten at once; never with this file alone.
+RESTART_CANCELED = re.compile(r"^pageerror: Error: Canceled future for create_subshell_request message before replies were done$")
 
 
 TIMES_JS = ("() => [...document.querySelectorAll('.jp-ddp-Panel tr.jp-ddp-Rank td.jp-ddp-Rank-time,"
@@ -463,9 +467,10 @@ def quiet_restart_closes(page: Any, since: int) -> None:
     widgets' comms; those closes can reach the page after JupyterLab dropped the old kernel's comms at the restart,
     and it logs each ("Comm not found", a widget id: no dashes). Racy: seen in two of three runs here, none of them
     before the page's first look at the new kernel; only what the restart window logged is dropped. A page with plain
-    live widgets (no ddp_magic) logged none over three restarts. Left to the kernel side (ui/keep.py's detach)."""
+    live widgets (no ddp_magic) logged none over three restarts. Left to the kernel side (ui/keep.py's detach).
+    Also JupyterLab's canceled subshell requests (RESTART_CANCELED): call again later, they may come after."""
     lines = page.ddp_watch.lines
-    lines[since:] = [line for line in lines[since:] if not RESTART_CLOSE.match(line)]
+    lines[since:] = [line for line in lines[since:] if not RESTART_CLOSE.match(line) and not RESTART_CANCELED.match(line)]
 
 
 def test_a_restart_lists_the_kept_pool_and_its_cell_says_where_it_goes_on(page: Any, server: Server, tmp_path: Any) -> None:
@@ -508,4 +513,5 @@ def test_a_restart_lists_the_kept_pool_and_its_cell_says_where_it_goes_on(page: 
         problems.update(clock_checks(page, started, running_since))
         shot(page, "42_restart_attached")
         attached_once(page, server, said, pool_id, gate, base, kept)
+        quiet_restart_closes(page, before)
     assert not problems, "\n".join(f"{what}: {str(seen)[-200:]!r}" for what, seen in problems.items())  # each one whole
