@@ -169,6 +169,7 @@ class DDPMagics(Magics):
     @argument("--profile", nargs="?", const="", metavar="TRACE.json", help="run under torch.profiler on every rank; one merged trace (default ddp_trace.json)")
     @argument("--bg", action="store_true", help="run in the background: the cell returns at once, its output keeps coming here; --out NAME keeps the job")
     @argument("--keep", action="store_true", help="the pool, and this cell if it runs in the background, outlive the kernel (docs/keep.md)")
+    @argument("--no-heal", action="store_true", help="a rank started again after a crash stays empty (default: it gets the others' names first)")
     @argument("--no-queue", action="store_true", help="while another cell runs on the pool, fail at once instead of waiting for it")
     @argument("--peek", action="store_true", help="a short read-only cell on the ranks beside the running cell (--ranks: only these ranks)")
     @HELP_ARGUMENT
@@ -205,7 +206,7 @@ class DDPMagics(Magics):
         options = CellOptions(
             spec=spec, restart=args.restart, timeout=args.timeout, gather=args.gather, argv=cell_argv(args.argv), stdin=stdin,
             profile=args.profile, scatter=args.scatter, ticket=ticket, queue=not args.no_queue, number=number, first_line=first_line,
-            kernel_autoreload=kernel_follows(self.shell),
+            kernel_autoreload=kernel_follows(self.shell), heal=not args.no_heal,
         )
         keeping.lost(self.session)
         if args.keep:  # the pool (and this cell's job) outlive the kernel: kept before the cell is sent

@@ -80,6 +80,7 @@ class CellOptions:
     cancel: Optional[threading.Event] = None  # set: interrupt the cell as Ctrl-C would (a job's cancel(); out of the queue if it waits)
     kernel_autoreload: bool = False  # the kernel's %autoreload 2 is on: the ranks follow it unless %ddp autoreload off (kernel/reload.py)
     internal: bool = False  # ddp_magic's own cell (%ddp save, load): no record for %ddp_export, which writes the user's cells
+    heal: bool = True  # a rank started again before this cell gets the others' names first (--no-heal: it starts empty)
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,7 @@ class Session:
         outcome = pool.run(
             editor_lines(source, options.first_line), blobs, listener=TicketClock(ticket, metrics.tee(self.history.tap(kept), listener)),
             timeout=options.timeout, gather=options.gather, argv=options.argv, label=label, owned=sorted(self.owned), stdin=options.stdin,
-            cancel=options.cancel, reload=reload,
+            cancel=options.cancel, reload=reload, heal=options.heal,
         )
         self.autoreload.after_cell(pool, listener)
         ticket.ran_for = outcome.elapsed  # the job's run time is the cell's: seconds on the ranks

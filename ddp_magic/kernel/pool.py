@@ -24,7 +24,7 @@ from ..wire import protocol as P
 from ..wire import liveness, shm
 from ..wire.tls import ServerKey
 from . import placement, texts
-from .failures import unreachable
+from .failures import heal as healing, unreachable
 from .results import gather as results
 from .admission import Admission, raise_fd_limit
 from .cell import CellRun
@@ -278,6 +278,7 @@ class Pool:
         stdin: Optional[Ask] = None,
         cancel: Optional[threading.Event] = None,
         reload: Optional[dict] = None,
+        heal: bool = True,
     ) -> CellOutcome:
         """Run source on every rank; names are cloudpickled notebook values to bind first.
 
@@ -288,13 +289,11 @@ class Pool:
         the next run restarts it). KeyboardInterrupt interrupts every rank, then
         a failed outcome is returned (``cancel`` set does the same off the main thread: a background cell).
         ``stdin(prompt, password)`` answers the ranks' input() and pdb (kernel/jobs/stdin.py); without it they read EOF.
-        ``reload``: autoreload is on, what the ranks reload first (kernel/reload.py).
+        ``reload``: autoreload is on, what the ranks reload first (kernel/reload.py). ``heal``: a rank started again gets the others' names first.
         """
         guarded = GuardedListener(listener or Listener())
         with self._bound(guarded):
-            notice = self.ensure_started(guarded, owned)
-            if notice:
-                guarded.on_notice(notice)
+            healing.after_start(self, guarded, owned, self.ensure_started(guarded, owned), heal)  # a rank started again: whole first
             t0 = self._send_cell(source, names or {}, gather, argv, label, owned, reload)
             cell = CellRun(self, FailurePolicy(timeout, self.grace, t0, remote=self.launcher.remote_ranks), stdin=stdin, cancel=cancel, sent=True)
             cell.drive()

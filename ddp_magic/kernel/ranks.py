@@ -153,14 +153,15 @@ class LastCell:
 
 
 def variables_kept(ranks: Iterable[int], restarted: Iterable[int]) -> str:
-    """'ranks 0, 2 kept their variables; rank 1 was started again: its variables from before are gone' (``restarted``:
-    the ranks started again alone since the pool started whole); 'your variables are intact' when none was."""
+    """'ranks 0, 2 kept their variables; rank 1 was started again: it lacks names the others have' (``restarted``: the
+    ranks started again alone since the pool started whole, and not given every name since, by a heal or a cell);
+    'your variables are intact' when none was."""
     every, fresh = sorted(set(ranks)), sorted(set(restarted) & set(ranks))
     if not fresh:
         return "your variables are intact"
     kept = [r for r in every if r not in fresh]
     one = len(fresh) == 1
-    gone = f"{ranks_phrase(fresh)} {'was' if one else 'were'} started again: {'its' if one else 'their'} variables from before are gone"
+    gone = f"{ranks_phrase(fresh)} {'was' if one else 'were'} started again: {'it lacks' if one else 'they lack'} names the others have"
     return f"{ranks_phrase(kept)} kept {'its' if len(kept) == 1 else 'their'} variables; {gone}" if kept else gone
 
 

@@ -10,7 +10,6 @@ has reported its files, so a rank that dies mid-save leaves the previous snapsho
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
 import pickle
@@ -43,38 +42,11 @@ def _state(name: str, obj: Any, found: O.Sorted, modules: Dict[str, torch.nn.Mod
     return sd.get_model_state_dict(obj)
 
 
-def _digest(state: Any) -> Tuple[str, bool]:
-    """The state's content hash, and whether it holds DTensors (sharded: DCP keeps each shard)."""
-    h, sharded = hashlib.sha256(), False
-    leaves: List[Tuple[str, Any]] = []
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for k in sorted(value, key=str):
-                walk(f"{prefix}/{k}", value[k])
-        elif isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
-                walk(f"{prefix}/{i}", v)
-        else:
-            leaves.append((prefix, value))
-
-    walk("", state)
-    for key, value in leaves:
-        h.update(key.encode())
-        if isinstance(value, torch.Tensor):
-            if type(value).__name__ == "DTensor":
-                sharded, value = True, value.to_local()  # type: ignore[attr-defined]
-            h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        else:
-            h.update(repr(value).encode())
-    return h.hexdigest(), sharded
-
-
 def _tree(found: O.Sorted, rank: int) -> Tuple[Dict[str, Any], Dict[str, Dict[str, Any]]]:
     """The DCP state tree (one key per name, or one per rank where ranks differ) and each name's entry for meta.json."""
     stateful = {**found.modules, **found.optimizers}
     states = {n: _state(n, o, found, found.modules) for n, o in stateful.items()}
-    digests = {n: _digest(s) for n, s in states.items()}
+    digests = {n: O.digest(s) for n, s in states.items()}
     everyone: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, {n: d[0] for n, d in digests.items()})
     tree, info = {}, {}

@@ -15,6 +15,7 @@ import hashlib
 import io
 import pickle
 import random
+import sys
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -22,13 +23,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import cloudpickle
 import torch
-import torch.distributed.fsdp
 
 from ..logs import log
 from ..wire.snapshot import Kind
 
 DDP = torch.nn.parallel.DistributedDataParallel
-FSDPModule = getattr(torch.distributed.fsdp, "FSDPModule", ())  # FSDP2's fully_shard marks a module so (torch >= 2.6)
 DDP_OPTIONS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph", "forward_sync_buffers", "dim",
                "skip_all_reduce_unused_params")
 REASONS = {  # the usual unpicklable values, said in the user's terms
@@ -92,6 +91,33 @@ def ddp_options(module: torch.nn.Module) -> Optional[Dict[str, Any]]:
     return options
 
 
+def digest(state: Any) -> Tuple[str, bool]:
+    """The state's content hash, and whether it holds DTensors (sharded: DCP keeps each shard)."""
+    h, sharded = hashlib.sha256(), False
+    leaves: List[Tuple[str, Any]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k in sorted(value, key=str):
+                walk(f"{prefix}/{k}", value[k])
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(f"{prefix}/{i}", v)
+        else:
+            leaves.append((prefix, value))
+
+    walk("", state)
+    for key, value in leaves:
+        h.update(key.encode())
+        if isinstance(value, torch.Tensor):
+            if type(value).__name__ == "DTensor":
+                sharded, value = True, value.to_local()  # type: ignore[attr-defined]
+            h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(value).encode())
+    return h.hexdigest(), sharded
+
+
 # ------------------------------------------------------------ skeletons
 def _placeholder(shape: Tuple[int, ...], dtype: torch.dtype, requires_grad: bool, parameter: bool, device_type: str) -> torch.Tensor:
     """An uninitialised tensor where a saved one was (DCP fills it), on this rank's device of the same type."""
@@ -132,8 +158,15 @@ def skeletons(modules: Dict[str, torch.nn.Module], optimizers: Dict[str, torch.o
     return buf.getvalue(), problems
 
 
+def _fully_sharded(module: torch.nn.Module) -> bool:
+    """FSDP2's fully_shard marked it (torch >= 2.6). Only a rank that imported torch.distributed.fsdp can hold one, so
+    it is not imported here: that import costs 1.5 s, on a rank being healed too (procs/rank_heal.py)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return isinstance(module, getattr(fsdp, "FSDPModule", ())) if fsdp is not None else False
+
+
 def _module_skeleton(module: torch.nn.Module) -> Dict[str, Any]:
-    if isinstance(module, FSDPModule):
+    if _fully_sharded(module):
         return {"module": None, "ddp": None, "why": "an FSDP2 (fully_shard) module: its state is saved sharded, but it is not rebuilt yet"}
     try:
         _SkeletonPickler(io.BytesIO()).dump(inner(module))

@@ -83,6 +83,8 @@ class Recovery:
         # a rank started again alone -> the workers' names it lost then that no cell has assigned on it since (one it
         # still lacks makes a re-formed group's message say its variables are gone; none left: it has the others' again)
         self.missing: Dict[int, Set[str]] = {}
+        self.fresh: List[int] = []  # ranks started again before this cell, not yet healed (heal.py)
+        self.started_line = ""  # "rank 1 (pid 4121) was killed by SIGKILL: started it again in 42 ms (rank 1 is pid 4188)"
         self._store: Optional[str] = None  # the FileStore the ranks' group uses now (None: the pool's first)
 
     def reset(self) -> None:
@@ -125,8 +127,8 @@ class Recovery:
         if self.lost:
             gone = sorted(self.lost)
             notes.append(
-                f"{ranks_phrase(gone)} will be started again at the next cell (same RANK, same world); "
-                f"the other ranks keep their variables, {ranks_phrase(gone)}'s are gone"
+                f"{ranks_phrase(gone)} will be started again at the next cell (same RANK, same world) and given the names the other "
+                f"ranks agree on, unless that cell says --no-heal; the other ranks keep their variables"
             )
             return
         live = [r for r in sorted(pool.ranks) if r in hub.conns]
@@ -229,8 +231,9 @@ class Recovery:
         died = "; ".join(f"rank {r} {how[r]}" for r in gone)
         new = ", ".join(f"rank {r} is pid {pool.ranks[r].pid}" for r in gone)
         survivors = [r for r in sorted(pool.ranks) if r not in gone]
+        self.fresh, self.started_line = list(gone), f"{died}: started it again in {fmt_seconds(time.monotonic() - t0)} ({new})"
         return (
-            f"{died}: started it again in {fmt_seconds(time.monotonic() - t0)} ({new}). "
+            f"{self.started_line}. "
             f"{ranks_phrase(gone)}'s variables are gone" + (f" ({names})" if names else "")
             + (f"; {ranks_phrase(survivors)} kept {'its' if len(survivors) == 1 else 'theirs'}" if survivors else "")
             + ". %ddp restart gives every rank a fresh start."

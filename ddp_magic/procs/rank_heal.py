@@ -1,0 +1,168 @@
+"""A rank started again alone, brought up to the others before the next cell: its imports, and every name the healthy ranks agree on.
+
+The kernel runs ``heal`` on every rank right after the new process joined the re-formed group, before the user's
+next cell (kernel/failures/heal.py). Each healthy rank fingerprints the names the workers own: an import by its
+module, a module or optimizer by a hash of its state, any other value by a hash of its pickle. The fingerprints are
+gathered, and every rank reads the same verdict from them: a name equal on every healthy rank is copied from the
+lowest of them (the donor) to each new rank over the process group, through the snapshots' machinery
+(procs/rank_snapshot_objects.py: a module's skeleton and its state, DDP's own options, an optimizer over the rebuilt
+module's parameters, values with references to them). A name that differs by rank (a loss, a data iterator's
+position), that a healthy rank lacks, or that cannot be pickled is named with why; never dropped silently.
+A new DDP wrapper is made with ``init_sync=False``: its weights are the donor's already, so no survivor takes part.
+Its gradient buckets are then laid out as rank 0's on every rank (``_align_buckets``): a survivor's reducer keeps the
+layout its training rebuilt, a new one starts from the parameters' order, and one all_reduce over two layouts adds
+up gradients of different parameters.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import pickle
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import rank_snapshot_objects as O
+
+DDP = torch.nn.parallel.DistributedDataParallel
+
+
+def fingerprints(ns: Dict[str, Any], names: Sequence[str]) -> Dict[str, str]:
+    """Each of ``names`` this rank has, as a string equal on two ranks only where the two hold the same thing."""
+    found = O.sort_names(ns, list(names))
+    out = {n: f"import {m}" for n, m in found.imports.items()}
+    for name, module in found.modules.items():
+        out[name] = f"module {type(O.inner(module)).__qualname__} ddp={_ddp_kind(module)} {O.digest(O.inner(module).state_dict())[0]}"
+    for name, opt in found.optimizers.items():
+        out[name] = f"optimizer {type(opt).__qualname__} {O.digest(opt.state_dict())[0]}"
+    _, sizes, unpicklable = O.pickle_values(found.values, O.references(found.modules, found.optimizers), ns)
+    out.update({n: f"value {h}" for n, (_size, h) in sizes.items()})
+    out.update({n: f"unpicklable {why}" for n, why in unpicklable.items()})
+    return out
+
+
+def _ddp_kind(module: torch.nn.Module) -> str:
+    """How a module is wrapped, for the verdict: "no", "yes", or why a new rank could not wrap it the same way."""
+    options = O.ddp_options(module)
+    if options is None:
+        return "no"
+    if options.get("_comm_hooks") or options.get("_own_group"):
+        return "unwrappable (a DDP wrapper with a communication hook or a process group of its own: wrap it again in a cell)"
+    if "init_sync" not in inspect.signature(DDP.__init__).parameters:
+        return "unwrappable (a DDP wrapper needs torch 2.4 or later here: wrap it again in a cell)"
+    return "yes"
+
+
+def verdict(everyone: Sequence[Dict[str, str]], healthy: Sequence[int], names: Sequence[str]) -> Tuple[List[str], Dict[str, str]]:
+    """The names to copy (equal on every healthy rank), and the others with why, the same on every rank."""
+    copy: List[str] = []
+    lost: Dict[str, str] = {}
+    for name in sorted(names):
+        prints = [everyone[r].get(name) for r in healthy]
+        if all(p is None for p in prints):
+            continue  # no rank holds it (a name a failed cell never set)
+        lacking = [r for r, p in zip(healthy, prints) if p is None]
+        if lacking:
+            lost[name] = f"rank {lacking[0]} lacks it too"
+        elif any(p.startswith("unpicklable ") for p in prints if p):
+            lost[name] = (prints[0] or "")[len("unpicklable "):]
+        elif "ddp=unwrappable (" in (prints[0] or ""):
+            lost[name] = (prints[0] or "").split("ddp=unwrappable (", 1)[1].rsplit(")", 1)[0]
+        elif len(set(prints)) > 1:
+            lost[name] = "it differs by rank"
+        else:
+            copy.append(name)
+    return copy, lost
+
+
+def _cpu(tree: Any) -> Any:
+    """A state with every tensor on the CPU: the new rank puts it on its own device."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, dict):
+        return {k: _cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_cpu(v) for v in tree)
+    return tree
+
+
+def payload(ns: Dict[str, Any], copy: Sequence[str]) -> Dict[str, Any]:
+    """What the donor sends: the imports, the skeletons and states of modules and optimizers, the values' pickles."""
+    found = O.sort_names(ns, list(copy))
+    blob, problems = O.skeletons(found.modules, found.optimizers)
+    for name in problems:
+        del found.optimizers[name]
+    values, _sizes, unpicklable = O.pickle_values(found.values, O.references(found.modules, found.optimizers), ns)
+    states = {n: _cpu(O.inner(m).state_dict()) for n, m in found.modules.items()}
+    states.update({n: _cpu(o.state_dict()) for n, o in found.optimizers.items()})
+    return {"imports": found.imports, "skeletons": blob, "states": states, "values": values, "lost": {**problems, **unpicklable}}
+
+
+def _wrap(module: torch.nn.Module, options: Dict[str, Any]) -> torch.nn.Module:
+    """DDP again with the donor's options, without the init's collectives (the survivors are not in this call; the
+    verdict copied no wrapper a new rank cannot make so)."""
+    device_ids = [torch.cuda.current_device()] if next(module.parameters(), torch.empty(0)).is_cuda else None
+    return DDP(module, device_ids=device_ids, init_sync=False, **options)
+
+
+def take(ns: Dict[str, Any], got: Dict[str, Any]) -> Tuple[List[str], Dict[str, str]]:
+    """Rebuild what the donor sent in this rank's namespace: the names set, and what could not be, with why."""
+    lost: Dict[str, str] = dict(got["lost"])
+    data = pickle.loads(got["skeletons"])
+    modules: Dict[str, torch.nn.Module] = {}
+    for name, item in data["modules"].items():
+        if item["module"] is None:
+            lost[name] = item["why"]
+            continue
+        item["module"].load_state_dict(got["states"][name])
+        modules[name] = _wrap(item["module"], dict(item["ddp"])) if item["ddp"] is not None else item["module"]
+    optimizers = {}
+    for name, skeleton in data["optimizers"].items():
+        if skeleton["module"] not in modules:
+            lost[name] = f"its module {skeleton['module']} was not copied"
+            continue
+        optimizers[name] = O.rebuild_optimizer(skeleton, modules)
+        optimizers[name].load_state_dict(got["states"][name])
+    values = O.unpickle_values(got["values"], {**modules, **optimizers}, ns)
+    O.follow_schedulers(values)
+    imports = {n: importlib.import_module(m) for n, m in got["imports"].items()}
+    for part in (imports, modules, optimizers, values):
+        ns.update(part)
+    return sorted([*imports, *modules, *optimizers, *values]), lost
+
+
+def _align_buckets(ns: Dict[str, Any], copy: Sequence[str]) -> None:
+    """Every copied DDP module's gradient buckets as rank 0 lays them out, on every rank (a collective each, in name order)."""
+    for name in copy:
+        module = ns.get(name)
+        if isinstance(module, DDP) and module.reducer is not None:
+            module.reducer._push_all_rebuilt_params()
+            module.reducer._rebuild_buckets()  # a no-op where find_unused_parameters keeps the first layout (on every rank)
+            module._has_rebuilt_buckets = True
+
+
+def heal(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
+    """This rank's part: fingerprint (a healthy rank), then send (the donor) or take (a new rank). Its report."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    fresh = set(args["fresh"])
+    healthy = [r for r in range(world) if r not in fresh]
+    # a new rank says what it has already (the pool's --mesh, made at its start): that stays its own
+    mine = {n: "its own" for n in args["names"] if n in ns} if rank in fresh else fingerprints(ns, args["names"])
+    everyone: List[Any] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    own = {n for r in fresh for n in everyone[r]}
+    copy, lost = verdict(everyone, healthy, [n for n in args["names"] if n not in own])
+    donor = healthy[0]
+    if rank == donor:
+        sent = payload(ns, copy)
+        for r in sorted(fresh):
+            dist.send_object_list([sent], dst=r)
+    report: Dict[str, Any] = {"rank": rank}
+    if rank in fresh:
+        box: List[Any] = [None]
+        dist.recv_object_list(box, src=donor)
+        names, unset = take(ns, box[0])
+        report = {"rank": rank, "donor": donor, "names": names, "imports": sorted(box[0]["imports"]), "lost": {**lost, **unset}}
+    _align_buckets(ns, copy)
+    return report

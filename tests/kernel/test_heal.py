@@ -1,0 +1,112 @@
+"""A rank started again alone comes back whole: before the next cell it gets the others' imports and every name they agree on.
+
+A DDP training in the PyTorch tutorial's shape (ToyModel, SGD with momentum, a step counter, a train function) on 3
+ranks; rank 1 is SIGKILLed after 5 steps. The next cell runs with no setup cell run again: the notice says what was
+copied from rank 0 and names what was not (a name that differs by rank, a generator); on every rank the weights, the
+optimizer's momentum and the step are bitwise those of a pool that trained 5 steps without the kill. After 5 more
+steps every rank's weights are equal and an all_reduce is right; they match the uninterrupted run's to float
+tolerance (not bitwise: the new rank's DDP buckets are laid out anew, on every rank alike, and gloo's ring adds up
+each element in an order that follows its bucket). ``--no-heal`` is test_restarted_variables.py's.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+from typing import Iterator
+
+import pytest
+
+from conftest import pid_alive, wait_until
+from kernel_helper import Kernel
+
+pytestmark = pytest.mark.kernel
+
+SETUP = """%%ddp -n 3
+import os, hashlib, torch, torch.nn as nn, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+class ToyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+torch.manual_seed(0)
+model = DDP(ToyModel())
+loss_fn = nn.MSELoss()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+step = 0
+rank = dist.get_rank()
+pending = (i for i in range(3))
+
+def train(n):
+    global step
+    for _ in range(n):
+        g = torch.Generator().manual_seed(1000 * step + dist.get_rank())
+        x, y = torch.randn(20, 10, generator=g), torch.randn(20, 5, generator=g)
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+        step += 1
+
+def digest(tensors):
+    h = hashlib.sha256()
+    for v in tensors:
+        h.update(v.detach().numpy().tobytes())
+    return h.hexdigest()
+
+def state():
+    momentum = [optimizer.state[p]["momentum_buffer"] for p in model.parameters()]
+    return (digest(model.module.state_dict().values()), digest(momentum), step, os.getpid())
+os.getpid()"""
+STATE = "%%ddp\nstate()"
+TRAIN = "%%ddp\ntrain(5)\nt = torch.ones(1)\ndist.all_reduce(t)\n(torch.cat([p.detach().flatten() for p in model.parameters()]).tolist(), t.item())"
+
+
+@pytest.fixture(scope="module")
+def k() -> Iterator[Kernel]:
+    k = Kernel()
+    k.run("%load_ext ddp_magic").ok()
+    yield k
+    k.shutdown()
+
+
+def kill_rank(k: Kernel, rank: int) -> int:
+    pid = k.value("list(_)")[rank]
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(pid), 10)
+    # the kernel has heard of it (the template's exit event): else the next cell meets the death mid-run instead
+    assert wait_until(lambda: re.search(rf"rank {rank}: pid {pid} +dead", k.run("%ddp status").ok().stdout) is not None, 30)
+    return pid
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_a_killed_rank_is_healed_bitwise_and_trains_on(k: Kernel, run: int) -> None:
+    k.run(SETUP.replace("%%ddp -n 3", "%%ddp -n 3 --restart"), timeout=180).ok()
+    k.run("%%ddp\ntrain(5)", timeout=120).ok()
+    at5 = k.value("[tuple(v) for v in _]") if k.run(STATE, timeout=60).ok() else None
+    k.run(TRAIN, timeout=120).ok()
+    at10 = k.value("[list(v[0]) for v in _]")  # 10 steps, no kill
+    k.run(SETUP.replace("%%ddp -n 3", "%%ddp -n 3 --restart"), timeout=180).ok()
+    k.run("%%ddp\ntrain(5)\nos.getpid()", timeout=120).ok()
+    old = kill_rank(k, 1)
+    ex = k.run(STATE, timeout=180).ok()  # no import, no setup: state() and what it reads are there
+    notice = ex.stdout
+    healed = r"rank 1 \(pid \d+\) was killed by SIGKILL[^\n]*: started it again in [^;]+; healed in [^:]+: \d+ names copied from rank 0 \("
+    assert re.search(healed, notice), notice
+    copied = re.search(r"copied from rank 0 \(([^)]*)\)", notice).group(1)  # type: ignore[union-attr]
+    assert {"model", "optimizer", "dist"} <= set(copied.split(", ")) or "more" in copied, notice
+    assert "rank: it differs by rank" in notice and "pending: a generator" in notice, notice  # named, never dropped
+    got = k.value("[tuple(v) for v in _]")
+    assert got[1][3] != old and [g[:3] for g in got] == [a[:3] for a in at5], (got, at5)  # weights, momentum, step: bitwise
+    k.run(TRAIN, timeout=120).ok()
+    after = k.value("[(list(v[0]), v[1]) for v in _]")
+    assert [a[1] for a in after] == [3.0] * 3 and after[0][0] == after[1][0] == after[2][0], "every rank's weights are equal"
+    assert all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(after[0][0], at10[0])), "the uninterrupted run's, to float tolerance"
+    ex = k.run("%%ddp\nrank", timeout=120)  # a name the notice said it lacks: on rank 1 alone
+    assert ex.error is not None and ex.error[1].startswith("rank 1 raised NameError: name 'rank' is not defined"), ex.error
