@@ -6,7 +6,8 @@ process of its own watches the lease (procs/lease_keeper.py): the liveness lock 
 background job through a SIGKILL of its kernel: a new kernel on login attaches over the network, every tick shown, the
 result and a variable kept, a rank on n2 killed and forked again by n2's template, the all_reduce right. Then either
 ``--idle 5s`` and a SIGKILL of the attached kernel, or ``%ddp stop`` in it: no ddp_magic process left on n1, n2 or
-login, nor the lease's files. Each twice. And ``%ddp keep --off``: the pool is its kernel's again, and ends with it.
+login, nor the lease's files. Each twice. And ``%ddp keep --off``: the pool is its kernel's again, and ends with it;
+n1 cut off with no kernel: login's lease keeper and n2's ranks hear its lease go silent and end.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import box_fixtures
 import box_ssh
 import cluster_box
 import pytest
+import test_faults
 
 from kernel_helper import Execution, Kernel, alive
 from keep_helper import TICKS, cell_texts, ticks
@@ -221,6 +223,61 @@ def test_keep_off_ties_the_pool_to_its_kernel_again(box: cluster_box.Box, ssh_lo
         _sigkill(k)
         left = _left(box, 45)  # the sessions' end reaches each template at once; the beat's silence at 12 s
         assert not left, f"left after keep --off and a SIGKILL: {left}"
+    finally:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_a_lost_lease_holder_ends_the_pool_on_the_other_hosts(box: cluster_box.Box, ssh_login: box_ssh.Login) -> None:
+    """n1 (the lease holder's host) cut off once the kernel is gone: login's lease keeper and n2's template hear its TLS
+    connection go silent (keepalive): the keeper exits, the discovery file saying why, and n2's ranks end; n1's own
+    ranks and template end at the lease's --idle, as with no kernel. Nothing left anywhere."""
+    runtime = tempfile.mkdtemp(prefix="k-ssh-", dir="/tmp")
+    k = box_fixtures.login_kernel(box, JUPYTER_RUNTIME_DIR=runtime, DDP_MAGIC_SSH_ARGS=f"-F {ssh_login.config}")
+    try:
+        k.run(START, timeout=240).ok()
+        assert "kept pool" in k.run("%ddp keep --idle 40s", timeout=60).ok().stdout
+        _sigkill(k)
+        assert _ours(box, "n2") and _keeper_running(box)
+        test_faults._link(box, "n1", False)
+        t0 = time.monotonic()
+        try:
+            deadline = time.monotonic() + 60
+            while (_ours(box, "n2") or _keeper_running(box)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            took = time.monotonic() - t0
+            assert not _ours(box, "n2") and not _keeper_running(box), (_ours(box, "n2"), _ours(box, "login"))
+            why = _record(runtime).get("why", "")
+            assert "n1" in why and ("went away" in why or "lost its connection" in why), why
+            print(f"n1 cut off: login's lease keeper and n2's ranks gone after {took:.1f} s ({why})")
+        finally:
+            test_faults._link(box, "n1", True)
+        left = _left(box, 90)  # n1's: at its lease's --idle (40 s after the kernel left)
+        assert not left, f"left on the hosts: {left}"
+    finally:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_stop_from_a_terminal_ends_a_kept_ssh_pool(box: cluster_box.Box, ssh_login: box_ssh.Login) -> None:
+    """No kernel: ``python -m ddp_magic stop ID`` on login reaches the lease on n1 over TLS; nothing left anywhere."""
+    runtime = tempfile.mkdtemp(prefix="k-ssh-", dir="/tmp")
+    env = {"JUPYTER_RUNTIME_DIR": runtime, "DDP_MAGIC_SSH_ARGS": f"-F {ssh_login.config}"}
+    k = box_fixtures.login_kernel(box, **env)
+    try:
+        k.run(START, timeout=240).ok()
+        assert "kept pool" in k.run("%ddp keep", timeout=60).ok().stdout
+        pool_id = k.value(f"{POOL}.kept.id")
+        held = str(_record(runtime)["dir"])
+        _sigkill(k)
+        assert _ours(box, "n1") and _ours(box, "n2") and _keeper_running(box)
+        done = subprocess.run(box.enter("login") + [sys.executable, "-m", "ddp_magic", "stop", pool_id],
+                              env=box_fixtures.kernel_env(box, **env), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and pool_id in done.stdout, (done.stdout, done.stderr)
+        print(f"python -m ddp_magic stop: nothing of ours on login, n1 or n2 after {_nothing_left(box, held, 30):.1f} s ({done.stdout.strip()})")
+        assert os.listdir(runtime) == [], os.listdir(runtime)
     finally:
         k.kc.stop_channels()
         k.km.shutdown_kernel(now=True)
