@@ -92,15 +92,16 @@ def _record(runtime: str) -> dict:
         return json.load(f)
 
 
+def _is_keeper(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"ddp_magic.procs.lease_keeper" in f.read()
+    except OSError:
+        return False
+
+
 def _keeper_running(b: cluster_box.Box) -> bool:
-    for pid in _ours(b, "login"):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"ddp_magic.procs.lease_keeper" in f.read():
-                    return True
-        except OSError:
-            continue
-    return False
+    return any(_is_keeper(p) for p in _ours(b, "login"))
 
 
 def _start(b: cluster_box.Box, k: Kernel, runtime: str) -> "tuple[List[int], str, Execution]":
@@ -128,6 +129,8 @@ def _attach_and_finish(k: Kernel, first: str, gate: str) -> None:
     print("attach over the network, with a job running:", re.search(r"in [\d.]+ s", ex.stdout).group())  # type: ignore[union-attr]
     os.unlink(gate)
     assert k.value("job.wait(120)") is True
+    off = k.run("%ddp keep --off", timeout=60)  # its templates left the first kernel's sessions: not this kernel's to tie
+    assert off.error is not None and "this kernel attached a kept SSH pool" in off.error[1], off.error
     result = k.run("job.result()", timeout=60).ok().result or ""
     assert all(f"('done', {100 + r})" in result for r in range(4)), result
     shown, second = ticks(first), ticks(cell_texts(k, ex))
@@ -278,6 +281,34 @@ def test_stop_from_a_terminal_ends_a_kept_ssh_pool(box: cluster_box.Box, ssh_log
         assert done.returncode == 0 and pool_id in done.stdout, (done.stdout, done.stderr)
         print(f"python -m ddp_magic stop: nothing of ours on login, n1 or n2 after {_nothing_left(box, held, 30):.1f} s ({done.stdout.strip()})")
         assert os.listdir(runtime) == [], os.listdir(runtime)
+    finally:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_a_kernel_shut_down_leaves_its_kept_ssh_pool_and_nothing_else(box: cluster_box.Box, ssh_login: box_ssh.Login) -> None:
+    """A kept pool's kernel shut down (not killed): its ssh clients go with it, the templates and ranks stay, the next
+    kernel attaches them and its ``%ddp stop`` leaves nothing."""
+    runtime = tempfile.mkdtemp(prefix="k-ssh-", dir="/tmp")
+    env = {"JUPYTER_RUNTIME_DIR": runtime, "DDP_MAGIC_SSH_ARGS": f"-F {ssh_login.config}"}
+    k = box_fixtures.login_kernel(box, **env)
+    try:
+        values = (k.run(START, timeout=240).ok(), k.value("[tuple(v) for v in _]"))[1]
+        assert "kept pool" in k.run("%ddp keep", timeout=60).ok().stdout
+        held = str(_record(runtime)["dir"])
+        k.km.shutdown_kernel(now=False)
+        k.kc.stop_channels()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and [p for p in _ours(box, "login") if not _is_keeper(p)]:
+            time.sleep(0.2)
+        assert not [p for p in _ours(box, "login") if not _is_keeper(p)], "the kernel's ssh clients went with it"
+        assert all(alive(v[1]) for v in values) and _keeper_running(box), "the kept pool stays"
+        k = box_fixtures.login_kernel(box, **env)
+        assert "4 ranks alive" in k.run("%ddp attach", timeout=120).ok().stdout
+        assert k.run("%%ddp\nkept", timeout=120).ok().result.endswith("[3] 103")
+        assert "ended with the lease" in k.run("%ddp stop", timeout=60).ok().stdout
+        print(f"a kept pool's kernel shut down, the next one's %ddp stop: nothing left after {_nothing_left(box, held, 30):.1f} s")
     finally:
         k.kc.stop_channels()
         k.km.shutdown_kernel(now=True)

@@ -4,8 +4,9 @@ No sshd: the stand-in execs the remote command, so each host's template is the c
 remote template is sshd's session's; the kernel's SIGKILL ends that parent and closes its stdin, as a lost session
 does. The same code as over real ssh (tests/cluster/test_box_ssh_keep.py runs that): the first host's template holds
 the lease on TCP and TLS, the other follows it, a lease keeper watches it from here. A kept job through a SIGKILL of
-its kernel, attached by the next one; a rank on the second host killed and forked again there; ``%ddp stop``: nothing
-left. Twice.
+its kernel (then, second round, through a shutdown: the kernel ends its ssh sessions and the templates stay), attached
+by the next one, which cannot unkeep it; a rank on the second host killed and forked again there; ``%ddp stop``:
+nothing left.
 """
 from __future__ import annotations
 
@@ -75,11 +76,11 @@ def _sigkill(k: Kernel) -> None:
 def test_a_kept_ssh_pool_outlives_its_kernel_and_ends_with_stop(runtime: str, tmp_path: Path) -> None:
     (tmp_path / "ssh").write_text(FAKE_SSH)
     (tmp_path / "ssh").chmod(0o755)
-    for _attempt in range(2):
-        _round(runtime, tmp_path)
+    for end in ("sigkill", "shutdown"):
+        _round(runtime, tmp_path, end)
 
 
-def _round(runtime: str, bin_dir: Path) -> None:
+def _round(runtime: str, bin_dir: Path, end: str) -> None:
     k = _kernel(runtime, bin_dir)
     try:
         ranks = [int(p) for p in re.findall(r"\[\d\] (\d+)", k.run(START, timeout=240).ok().result or "")]
@@ -89,7 +90,11 @@ def _round(runtime: str, bin_dir: Path) -> None:
         ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
         assert "kept pool" in ex.stdout, ex.stdout
         assert wait_until(lambda: all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(2)), 60)
-        _sigkill(k)
+        if end == "sigkill":
+            _sigkill(k)
+        else:
+            k.km.shutdown_kernel(now=False)
+            k.collect(1.0)
         first = cell_texts(k, ex)
         k.kc.stop_channels()
         k.km.shutdown_kernel(now=True)
@@ -99,6 +104,8 @@ def _round(runtime: str, bin_dir: Path) -> None:
         assert "attached the kept pool" in att.stdout and "2 ranks alive" in att.stdout, att.stdout
         os.unlink(gate)
         assert k.value("job.wait(60)") is True
+        off = k.run("%ddp keep --off", timeout=60)
+        assert off.error is not None and "this kernel attached a kept SSH pool" in off.error[1], off.error
         shown, second = ticks(first), ticks(cell_texts(k, att))
         assert all(set(shown.get(r, []) + second.get(r, [])) == set(range(N)) for r in range(2)), (shown, second)
         os.kill(ranks[1], signal.SIGKILL)  # the second host's: forked again by its template, through the lease

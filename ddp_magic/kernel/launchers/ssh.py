@@ -248,12 +248,17 @@ class SshLauncher(HostLauncher):
         self.keeper = proc
 
     def detach(self) -> None:
-        """The kept pool is no more this kernel's (its exit, or another kernel took it): our ssh sessions end, their
-        templates go on (detached since the keep); nothing of the pool is ended."""
+        """The kept pool is no more this kernel's (its exit, or another kernel took it): our sessions' stdin closes, their
+        templates go on (detached since the keep); the ssh clients end with this kernel, as on Slurm nothing is signalled
+        here (a signal to a session's group could reach more than its ssh client)."""
         self.stop_beat()
         steps, self.steps = self.steps, []
         for step in steps:
-            step.end()
+            if step.proc.stdin is not None:
+                try:
+                    step.proc.stdin.close()
+                except OSError:
+                    log.debug("a kept pool's ssh session was closed already", exc_info=True)
         self.request, self.lease_lock, self.tls_key = None, "", None
         self.hellos.clear()
         self._pids.clear()
