@@ -8,13 +8,23 @@ closing the session, and nothing ran. Otherwise the kernel's first line carries 
 secret and the env the host's ranks share (the secret only ever on this stdin: never argv,
 never the remote command's env); then it is procs/node_template.py's template, as on Slurm.
 
-What it watches, so that nothing outlives its kernel (unless kept, docs/keep.md):
+What it watches, so that nothing outlives its kernel (unless kept, below):
 - its session: stdin closing (ssh ended, the kernel's side of it gone), and its parent
   (sshd's session process; its end is a SIGTERM here, a SIGHUP too);
 - the kernel itself: the kernel sends a ``beat`` every few seconds over the session; none
   for ``silence`` seconds (a link down, the kernel's host gone, where sshd would go on
   waiting) ends every rank and the template. sshd is not relied on to end a remote
   command when its connection drops: it does not always.
+
+A kept pool (``%ddp keep``, docs/keep.md "Over SSH"): the template *detaches from its session* instead of having its
+ssh client kept alive on the kernel's host. From the keep on it clears its parent-death signal, takes neither stdin's
+EOF nor SIGHUP nor the beat's silence for the kernel's end, and follows the lease: the first host's template holds
+it (TCP and TLS), the others hold a connection to it (procs/template_keep.py ``follow``) and end their ranks when it
+closes, or goes silent (TLS keepalive). Why not keep the ssh clients alive under a keeper on the kernel's host: an
+ssh client is one more process there per host that must itself be ended with the lease, it would tie the pool to the
+kernel's host's network for nothing (an attached kernel reaches the templates through the lease, not ssh), and a
+host lost meanwhile would leave its client hanging until ssh's own keepalive; a detached template needs nothing of
+its session. ``keep --off`` ties it to its session and the beat again.
 """
 from __future__ import annotations
 
@@ -31,6 +41,7 @@ from ..logs import log
 from ..wire import node_hello
 from .forkserver import _read_line, _warm_imports
 from .node_template import NodeTemplate
+from .lease import release_from_parent
 from .parent import die_with_parent
 from .template_keep import emit
 
@@ -42,6 +53,7 @@ class SshTemplate(NodeTemplate):
         super().__init__(node, secret, env, "its ssh session ended")
         self.silence = silence
         self.heard = time.monotonic()
+        self.session = os.getppid()  # sshd's session process: we die with it, unless kept
 
     def read_commands(self) -> None:
         self.heard = time.monotonic()
@@ -50,6 +62,9 @@ class SshTemplate(NodeTemplate):
     def reap(self) -> None:
         """Every turn of the loop (a second at most): exited ranks, then whether the kernel went silent."""
         super().reap()
+        if self.follows_lease and self.upstream is None and self.kernel_fd < 0:
+            log.warning("no kernel and no connection to the kept pool's lease: ending this host's ranks")
+            self.kernel_gone(dead=False)
         if self.kept_or_following():
             return
         if self.kernel_fd == 0 and time.monotonic() - self.heard > self.silence:
@@ -59,6 +74,28 @@ class SshTemplate(NodeTemplate):
 
     def kept_or_following(self) -> bool:
         return self.lease is not None or self.follows_lease
+
+    def command(self, cmd: dict) -> None:
+        """As a node template's; a keep (held here or followed) detaches us from the session, an unkeep ties us again."""
+        was = self.kept_or_following()
+        super().command(cmd)
+        now = self.kept_or_following()
+        if now and not was:
+            release_from_parent()
+        elif was and not now:
+            self.heard = time.monotonic()  # the kernel beats on: its silence counts from here
+            die_with_parent(self.session, signal.SIGTERM)
+
+    def kernel_left(self) -> None:
+        """As a template's; a kept one whose session just closed sends its stdout and stderr to /dev/null from now on: a
+        rank forked again later must not inherit a pipe no one reads (its events go over the lease)."""
+        session = self.kernel_fd == 0
+        super().kernel_left()
+        if session and self.kept_or_following():
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            for fd in (1, 2):
+                os.dup2(devnull, fd)
+            os.close(devnull)
 
     def hangup(self, *_: object) -> None:
         """SIGHUP (the session's end): as its stdin closing, unless the pool is kept."""

@@ -117,8 +117,9 @@ def test_an_interrupt_ends_the_cell_and_the_ranks_keep_their_state(box: cluster_
             assert ex.error is not None and "KeyboardInterrupt" in ex.error[0] + ex.error[1] + "".join(ex.error[2]), ex.error
             assert "[rank 3 n2] looping" in ex.stdout, ex.stdout
             assert box_kernel.run("%%ddp\nkept", timeout=120).ok().result == "RankResults(4 ranks):\n  [0] 0\n  [1] 10\n  [2] 20\n  [3] 30"
-        refused = box_kernel.run("%ddp keep", timeout=60)  # not yet for SSH pools: said, and the pool goes on
-        assert refused.error is not None and "a pool started with 'ssh' cannot be kept yet" in refused.error[1], refused.error
+        kept = box_kernel.run("%ddp keep", timeout=60).ok()  # an SSH pool can be kept (test_box_ssh_keep.py), and unkept
+        assert "kept pool" in kept.stdout, kept.stdout
+        box_kernel.run("%ddp keep --off", timeout=60).ok()
         assert box_kernel.run("%%ddp\nkept", timeout=120).ok().result.endswith("[3] 30")
     finally:
         _stop(box_kernel)

@@ -9,6 +9,9 @@ A kept Slurm pool (``KeptSlurmLauncher``): the lease holder is the first node's 
 node, and the holder hands one for another node to that node's template, which holds a connection to the
 lease socket since the keep (procs/template_keep.py), since srun's stdin, the way it came before, was the
 first kernel's. As on Slurm, a joined rank's exit is its lost connection.
+
+A kept SSH pool (``KeptSshLauncher``) is reached the same way: the first host's template holds the lease and hands a
+spawn for another host to that host's template (its ssh session was the first kernel's, and is gone).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from ...logs import log
 from ...wire import kept
 from ..launchers import ForkServerLauncher, LaunchError
 from ..launchers.base import Exit
+from ..launchers.hosts import host_rank_env
 from ..launchers.slurm_steps import rank_env, spawn_config
 
 if TYPE_CHECKING:
@@ -110,7 +114,7 @@ class KeptSlurmLauncher(KeptLauncher):
 
     def spawn(self, rank: int, config: dict) -> None:
         """``rank`` forked again by its node's template; LaunchError when the holder cannot reach that template."""
-        node_rank, wanted = rank_env(self.plan, rank, config["env"])
+        node_rank, wanted = self._rank_env(rank, config["env"])
         node = self.nodes[node_rank]
         self._pending[rank] = None
         self._unserved.pop(rank, None)
@@ -122,6 +126,9 @@ class KeptSlurmLauncher(KeptLauncher):
         if rank in self._unserved:
             self._pending.pop(rank, None)
             raise LaunchError(f"{node}'s template could not fork rank {rank}: {self._unserved.pop(rank)}")
+
+    def _rank_env(self, rank: int, env: Dict[str, str]) -> "tuple[int, Dict[str, str]]":
+        return rank_env(self.plan, rank, env)
 
     def _read_events(self, timeout: float = 0.0) -> List[dict]:
         events = super()._read_events(timeout)
@@ -159,3 +166,21 @@ class KeptSlurmLauncher(KeptLauncher):
     def node_of(self, rank: int) -> str:
         assert self.plan.slurm is not None
         return self.nodes[rank // self.plan.slurm.ntasks_per_node]
+
+
+class KeptSshLauncher(KeptSlurmLauncher):
+    """KeptSlurmLauncher for a kept SSH pool: a rank's env as the SSH launcher builds it (kernel/launchers/hosts.py),
+    its host by the plan's slots; no allocation to release, its hosts' templates end with the lease."""
+
+    def _rank_env(self, rank: int, env: Dict[str, str]) -> "tuple[int, Dict[str, str]]":
+        return host_rank_env(self.plan, self.nodes, rank, env)
+
+    def close(self) -> None:
+        """%ddp stop: the lease ends, every host's template with it (they follow it), and this host's watch of it."""
+        ended = self.sock is not None
+        KeptLauncher.close(self)
+        if ended and not (self.lock and kept.is_held(self.lock)):
+            self.released = f"; its hosts' templates ({', '.join(self.nodes)}) ended with the lease"
+
+    def node_of(self, rank: int) -> str:
+        return self.nodes[self.plan.node_local(rank)[0]]

@@ -34,6 +34,15 @@ def forwarded(env: Dict[str, str]) -> Dict[str, str]:
     return out
 
 
+def host_rank_env(plan: "Plan", nodes: List[str], rank: int, env: Dict[str, str]) -> Tuple[int, Dict[str, str]]:
+    """``rank``'s host index and env: the hosts' shared env (forwarded) with torchrun's set for it and its host's name.
+    One home for the kernel that started the pool and one that attached it kept (kernel/keep/launcher.py)."""
+    node_rank, local = plan.node_local(rank)
+    wanted = dict(forwarded(env), **plan.rank_env(local, node_rank))
+    wanted[NODE_NAME_ENV] = nodes[node_rank]
+    return node_rank, wanted
+
+
 class HostLauncher(NodeLauncher):
     """A NodeLauncher whose templates take the secret and env on stdin and end without the kernel's beat."""
 
@@ -42,12 +51,8 @@ class HostLauncher(NodeLauncher):
         self._beats = threading.Event()  # set while start_beat's thread runs
 
     def _rank_env(self, rank: int, env: Dict[str, str]) -> Tuple[int, Dict[str, str]]:
-        """The host's shared env (forwarded) with torchrun's set for ``rank`` and its host's name."""
         assert self.plan is not None
-        node_rank, local = self.plan.node_local(rank)
-        wanted = dict(forwarded(env), **self.plan.rank_env(local, node_rank))
-        wanted[NODE_NAME_ENV] = self.nodes()[node_rank]
-        return node_rank, wanted
+        return host_rank_env(self.plan, self.nodes(), rank, env)
 
     def hand_over(self, step: TemplateStep, env: Dict[str, str]) -> None:
         """A template's first line: the pool's secret, the env its ranks share, and how long it waits for a beat."""

@@ -166,6 +166,17 @@ class NodeLauncher(Launcher):
     def cannot_reach(self) -> List[dict]:
         return [ev for step in self.steps for ev in step.unreachable]
 
+    # ------------------------------------------------------------ a kept pool (kernel/keep/keeping.py, docs/keep.md)
+    @property
+    def lease_node(self) -> str:
+        """The node whose template holds a kept pool's lease (the other nodes' templates follow it)."""
+        nodes = self.nodes()
+        return nodes[0] if nodes else ""
+
+    def follow_lease(self, pool_id: str, at: Dict[str, object], spools: str, secret: bytes) -> None:
+        """The holder's lease is up: every other node's template follows it there (procs/template_keep.py ``follow``)."""
+        self._write({"op": "follow", "node": self.lease_node, "id": pool_id, "lease": at, "dir": spools, "secret": secret.hex()})
+
     # ------------------------------------------------------------ commands to every template, and their end
     @property
     def notes(self) -> List[dict]:

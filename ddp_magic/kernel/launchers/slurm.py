@@ -176,11 +176,6 @@ class SlurmLauncher(NodeLauncher):
             return "a node's template was started again in a step of its own"
         return ""
 
-    @property
-    def lease_node(self) -> str:
-        """The node whose template holds a kept pool's lease (its other templates follow it)."""
-        return self.alloc.nodes[0] if self.alloc is not None and self.alloc.nodes else ""
-
     def lease_bind(self) -> str:
         """Where the lease holder listens when its node is another host (over TCP and TLS: procs/lease.py); "" when every
         node is this host (its lease socket in the runtime directory, as a fork server's)."""
@@ -188,10 +183,6 @@ class SlurmLauncher(NodeLauncher):
         if alloc is None or all(is_local_ip(address_family(a), a) for a in alloc.addrs):
             return ""
         return alloc.addrs[0]
-
-    def follow_lease(self, pool_id: str, at: Dict[str, object], spools: str, secret: bytes) -> None:
-        """The holder's lease is up: every other node's template follows it there (procs/template_keep.py ``follow``)."""
-        self._write({"op": "follow", "node": self.lease_node, "id": pool_id, "lease": at, "dir": spools, "secret": secret.hex()})
 
     def kept_blob(self) -> Dict[str, object]:
         """What a kernel that attaches the kept pool needs to fork a rank again (kernel/keep/launcher.py): nodes, step env."""

@@ -15,9 +15,14 @@ MASTER_ADDR is the first host's address on the route to the others; each rank pi
 interface on its route to it (procs/rank_net.py), as on Slurm. The kernel beats every
 ``BEAT_S`` on every session: a template that hears nothing for its silence ends its ranks
 (the kernel's host gone, its link down), as it does when its session closes.
+
+A kept pool (docs/keep.md, "Over SSH"): the first host's template holds the lease (TCP and TLS), the others
+follow it, and every template detaches from its session (procs/ssh_template.py says why); on this host a process
+of its own watches the lease (procs/lease_keeper.py), since nothing else here outlives the kernel.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,7 +35,7 @@ from ...logs import log
 from ...plan.net import address_family, is_local_ip, master_port, route_source
 from ...plan.ssh import AUTO_REASON, CONNECT_TIMEOUT_S, SshRequest
 from ...wire import node_hello, tls
-from .base import LaunchError
+from .base import LaunchError, popen
 from .hosts import HostLauncher, forwarded
 from .slurm_steps import TemplateStep
 from .ssh_words import failed_text, gpu_problem, ssh_problem
@@ -53,6 +58,7 @@ class SshLauncher(HostLauncher):
         self.hellos: Dict[str, dict] = {}  # host -> its template's hello (wire/node_hello.py)
         self._port = 0  # a MASTER_PORT the first host said is free
         self.released = ""
+        self.keeper: Optional[subprocess.Popen] = None  # a kept pool's watch of its lease on this host (procs/lease_keeper.py)
 
     def start(self, timeout: float = 0) -> str:
         return "ssh (a template a host, over your ssh)"
@@ -203,8 +209,69 @@ class SshLauncher(HostLauncher):
         self._release()
         return "every host's template ended"
 
+    # ------------------------------------------------------------ a kept pool (kernel/keep/keeping.py, docs/keep.md)
+    def keepable(self) -> str:
+        """Why this pool cannot outlive its kernel ("" when it can): every host must still have its template."""
+        gone = [h for h in self.nodes() if self._step_for(h) is None]
+        if self.request is None or gone:
+            return f"{', '.join(gone) or 'its hosts'} lost {'its' if len(gone) == 1 else 'their'} template; run a cell (it starts it again), then keep"
+        return ""
+
+    @property
+    def notes(self) -> List[dict]:
+        """What the lease holder's template answered to keep and unkeep (its session's, the first host's)."""
+        step = self._step_for(self.lease_node)
+        return step.notes if step is not None else []
+
+    def lease_bind(self) -> str:
+        """Where the first host's template holds the lease: the address this host's ssh reached it at (TCP and TLS, even
+        for this machine: a template's runtime directory is its login's, not the kernel's)."""
+        return node_hello.master_addr(self.hellos.get(self.lease_node, {}), []) or "127.0.0.1"
+
+    def kept_blob(self) -> Dict[str, object]:
+        """What a kernel that attaches the kept pool needs to fork a rank again (kernel/keep/launcher.py): hosts, env."""
+        step = self._step_for(self.lease_node)
+        return {"nodes": self.nodes(), "step_env": dict(step.env if step is not None else {}), "job": ""}
+
+    def outlive_kernel(self, lock: str, watch: Optional[Dict[str, object]] = None) -> None:
+        """``%ddp keep``: a process of its own on this host watches the lease (procs/lease_keeper.py): it holds ``lock``
+        and mirrors the discovery file while the lease lives, and exits with it. ``lock=""`` (``keep --off``, a keep
+        that failed): the lease's ``off`` (or its absence) ends that process; the pool is this kernel's again."""
+        self.lease_lock = lock
+        if not lock or watch is None:
+            return
+        proc = popen([sys.executable, "-m", "ddp_magic.procs.lease_keeper"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                     stderr=self.log, start_new_session=True, close_fds=True)
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(watch) + "\n").encode())  # the secret on its stdin only
+        proc.stdin.close()
+        self.keeper = proc
+
+    def detach(self) -> None:
+        """The kept pool is no more this kernel's (its exit, or another kernel took it): our sessions' stdin closes, their
+        templates go on (detached since the keep); the ssh clients end with this kernel, as on Slurm nothing is signalled
+        here (a signal to a session's group could reach more than its ssh client)."""
+        self.stop_beat()
+        steps, self.steps = self.steps, []
+        for step in steps:
+            if step.proc.stdin is not None:
+                try:
+                    step.proc.stdin.close()
+                except OSError:
+                    log.debug("a kept pool's ssh session was closed already", exc_info=True)
+        self.request, self.lease_lock, self.tls_key = None, "", None
+        self.hellos.clear()
+        self._pids.clear()
+        self._pending.clear()
+
     def _release(self) -> None:
         self._end_steps()
+        if self.keeper is not None and self.keeper.poll() is None:  # the lease's end or off ends it: give it a moment
+            try:
+                self.keeper.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                log.debug("the lease keeper %s is still there", self.keeper.pid)
+        self.keeper = None
         self.hellos.clear()
         self.released = "; its hosts' templates ended" if self.request is not None else ""
         self.request = None
