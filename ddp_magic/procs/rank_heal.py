@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pickle
+import types
 from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
@@ -28,16 +29,30 @@ from . import rank_snapshot_objects as O
 DDP = torch.nn.parallel.DistributedDataParallel
 
 
+SURE = "same on every rank by construction; "  # a fingerprint's mark: one healthy rank's word is enough for it
+
+
 def fingerprints(ns: Dict[str, Any], names: Sequence[str]) -> Dict[str, str]:
-    """Each of ``names`` this rank has, as a string equal on two ranks only where the two hold the same thing."""
+    """Each of ``names`` this rank has, as a string equal on two ranks only where the two hold the same thing. Marked
+    SURE where the kind itself makes it the same on every rank: an import, a function or class, a DDP module (DDP keeps
+    its replicas equal), an optimizer of one, and a scheduler of such an optimizer."""
     found = O.sort_names(ns, list(names))
-    out = {n: f"import {m}" for n, m in found.imports.items()}
+    out = {n: f"{SURE}import {m}" for n, m in found.imports.items()}
+    synced = {id(m) for m in found.modules.values() if _ddp_kind(m) == "yes"}
     for name, module in found.modules.items():
-        out[name] = f"module {type(O.inner(module)).__qualname__} ddp={_ddp_kind(module)} {O.digest(O.inner(module).state_dict())[0]}"
+        sure = SURE if id(module) in synced else ""
+        out[name] = f"{sure}module {type(O.inner(module)).__qualname__} ddp={_ddp_kind(module)} {O.digest(O.inner(module).state_dict())[0]}"
+    stepped = set()
     for name, opt in found.optimizers.items():
-        out[name] = f"optimizer {type(opt).__qualname__} {O.digest(opt.state_dict())[0]}"
+        owner = next((m for m in found.modules.values() if {id(p) for g in opt.param_groups for p in g["params"]} <= {id(p) for p in m.parameters()}), None)
+        sure = SURE if owner is not None and id(owner) in synced else ""
+        stepped |= {id(opt)} if sure else set()
+        out[name] = f"{sure}optimizer {type(opt).__qualname__} {O.digest(opt.state_dict())[0]}"
     _, sizes, unpicklable = O.pickle_values(found.values, O.references(found.modules, found.optimizers), ns)
-    out.update({n: f"value {h}" for n, (_size, h) in sizes.items()})
+    for name, (_size, digest) in sizes.items():
+        value = found.values[name]
+        code = isinstance(value, (types.FunctionType, type)) or id(getattr(value, "optimizer", None)) in stepped
+        out[name] = f"{SURE if code else ''}value {digest}"
     out.update({n: f"unpicklable {why}" for n, why in unpicklable.items()})
     return out
 
@@ -55,7 +70,8 @@ def _ddp_kind(module: torch.nn.Module) -> str:
 
 
 def verdict(everyone: Sequence[Dict[str, str]], healthy: Sequence[int], names: Sequence[str]) -> Tuple[List[str], Dict[str, str]]:
-    """The names to copy (equal on every healthy rank), and the others with why, the same on every rank."""
+    """The names to copy (equal on every healthy rank; with one healthy rank, only those SURE), and the others with
+    why, the same on every rank."""
     copy: List[str] = []
     lost: Dict[str, str] = {}
     for name in sorted(names):
@@ -67,10 +83,12 @@ def verdict(everyone: Sequence[Dict[str, str]], healthy: Sequence[int], names: S
             lost[name] = f"rank {lacking[0]} lacks it too"
         elif any(p.startswith("unpicklable ") for p in prints if p):
             lost[name] = (prints[0] or "")[len("unpicklable "):]
-        elif "ddp=unwrappable (" in (prints[0] or ""):
+        elif " ddp=unwrappable (" in (prints[0] or ""):
             lost[name] = (prints[0] or "").split("ddp=unwrappable (", 1)[1].rsplit(")", 1)[0]
         elif len(set(prints)) > 1:
             lost[name] = "it differs by rank"
+        elif len(healthy) == 1 and not (prints[0] or "").startswith(SURE):
+            lost[name] = f"only rank {healthy[0]} kept its names, so whether it differs by rank cannot be told"
         else:
             copy.append(name)
     return copy, lost
@@ -124,12 +142,24 @@ def take(ns: Dict[str, Any], got: Dict[str, Any]) -> Tuple[List[str], Dict[str, 
             continue
         optimizers[name] = O.rebuild_optimizer(skeleton, modules)
         optimizers[name].load_state_dict(got["states"][name])
+    before = dict(ns)
     values = O.unpickle_values(got["values"], {**modules, **optimizers}, ns)
     O.follow_schedulers(values)
     imports = {n: importlib.import_module(m) for n, m in got["imports"].items()}
+    _undo_leaks(ns, before, {*imports, *modules, *optimizers, *values})
     for part in (imports, modules, optimizers, values):
         ns.update(part)
     return sorted([*imports, *modules, *optimizers, *values]), lost
+
+
+def _undo_leaks(ns: Dict[str, Any], before: Dict[str, Any], copied: set) -> None:
+    """A function's pickle carries the donor's values of the globals it reads, set into the namespace as it loads
+    (cloudpickle): the donor's ``rank`` would become this rank's. Every name not copied is put back as it was."""
+    for name in [n for n in ns if n not in copied and (n not in before or ns[n] is not before[n])]:
+        if name in before:
+            ns[name] = before[name]
+        else:
+            del ns[name]
 
 
 def _align_buckets(ns: Dict[str, Any], copy: Sequence[str]) -> None:

@@ -110,3 +110,17 @@ def test_a_killed_rank_is_healed_bitwise_and_trains_on(k: Kernel, run: int) -> N
     assert all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(after[0][0], at10[0])), "the uninterrupted run's, to float tolerance"
     ex = k.run("%%ddp\nrank", timeout=120)  # a name the notice said it lacks: on rank 1 alone
     assert ex.error is not None and ex.error[1].startswith("rank 1 raised NameError: name 'rank' is not defined"), ex.error
+
+
+def test_with_one_healthy_rank_only_what_is_the_same_by_construction_is_copied(k: Kernel) -> None:
+    """Two ranks, rank 1 killed: rank 0 alone cannot show that a value is the same on every rank (``rank`` would come
+    back 0 on rank 1). The imports, the functions and classes, the DDP model and its optimizer come (DDP keeps them
+    equal); ``step``, an int, is named, not copied."""
+    k.run(SETUP.replace("%%ddp -n 3", "%%ddp -n 2 --restart"), timeout=180).ok()
+    k.run("%%ddp\ntrain(3)\nos.getpid()", timeout=120).ok()
+    kill_rank(k, 1)
+    ex = k.run("%%ddp\n(digest(model.module.state_dict().values()), 'step' in globals(), 'rank' in globals(), dist.get_rank())", timeout=180).ok()
+    for name in ("step", "rank", "loss_fn"):
+        assert f"{name}: only rank 0 kept its names, so whether it differs by rank cannot be told" in ex.stdout, ex.stdout
+    got = k.value("[tuple(v) for v in _]")
+    assert got[0][0] == got[1][0] and [g[1:] for g in got] == [(True, True, 0), (False, False, 1)], got

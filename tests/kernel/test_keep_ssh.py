@@ -114,6 +114,7 @@ def _round(runtime: str, bin_dir: Path, end: str) -> None:
         again = k.run(AGAIN, timeout=120).ok()
         values = k.value("[tuple(v) for v in _]")
         assert "started it again" in again.stdout and [v[:2] for v in values] == [(100, 3.0), (None, 3.0)], (values, again.stdout)
+        assert "kept: only rank 0 kept its names, so whether it differs by rank cannot be told" in again.stdout, again.stdout  # not rank 0's 100
         said = k.run("%ddp stop", timeout=60).ok().stdout
         assert "its hosts' templates (ha, hb) ended with the lease" in said, said
         assert wait_until(lambda: not _ours(runtime), 30), f"left: {_ours(runtime)}"
