@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import sys
 import re
 import time
 from dataclasses import dataclass, field
@@ -69,6 +70,20 @@ def _start_prefixed(prefix: List[str], env: dict) -> Tuple[KernelManager, Any]:
 STARTED: List[int] = []  # the pid of every kernel this test process started (their /dev/shm files name it)
 
 
+def _start_local(env: dict, tries: int = 3) -> Any:
+    """``start_new_kernel``, again where the kernel died before its first reply: jupyter_client picks five free TCP
+    ports, then the kernel binds them, and another process can take one in between (seen once in a full run: "ZMQError:
+    Address already in use" as a second kernel started). Nothing of ddp_magic runs before that reply."""
+    for attempt in range(tries):
+        try:
+            return start_new_kernel(kernel_name="python3", env=env)
+        except RuntimeError as e:
+            if "Kernel died before replying to kernel_info" not in str(e) or attempt == tries - 1:
+                raise
+            print(f"kernel_helper: a kernel died before its first reply ({e}); starting another", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 class Kernel:
     """One real IPython kernel; ``run`` executes a cell and waits for it to go idle. ``prefix``: the command the kernel
     runs under (``cluster_box.Box.enter("login")``: the kernel is on the box's login host)."""
@@ -82,7 +97,7 @@ class Kernel:
         if prefix:
             self.km, self.kc = _start_prefixed(prefix, env)
         else:
-            self.km, self.kc = start_new_kernel(kernel_name="python3", env=env)
+            self.km, self.kc = _start_local(env)
         STARTED.append(self.pid)
         self.elsewhere: List[dict] = []  # iopub messages of another cell than the one running (a background cell's, late ones)
 
