@@ -15,15 +15,20 @@ up gradients of different parameters.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
+import os
 import pickle
+import time
 import types
 from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
+from ..logs import log
+from ..wire import snapshot as S
 from . import rank_snapshot_objects as O
 
 DDP = torch.nn.parallel.DistributedDataParallel
@@ -51,10 +56,24 @@ def fingerprints(ns: Dict[str, Any], names: Sequence[str]) -> Dict[str, str]:
     _, sizes, unpicklable = O.pickle_values(found.values, O.references(found.modules, found.optimizers), ns)
     for name, (_size, digest) in sizes.items():
         value = found.values[name]
-        code = isinstance(value, (types.FunctionType, type)) or id(getattr(value, "optimizer", None)) in stepped
-        out[name] = f"{SURE if code else ''}value {digest}"
+        if isinstance(value, (types.FunctionType, type)):  # its pickle differs by process (cloudpickle's class ids)
+            out[name] = f"{SURE}code {_code_digest(value)}"
+        else:
+            out[name] = f"{SURE if id(getattr(value, 'optimizer', None)) in stepped else ''}value {digest}"
     out.update({n: f"unpicklable {why}" for n, why in unpicklable.items()})
     return out
+
+
+def _code_digest(value: Any) -> str:
+    """A function's or class's code, the same on two ranks that ran the same cell: names, bytecode, constants."""
+    h = hashlib.sha256(f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}".encode())
+    functions = [value] if isinstance(value, types.FunctionType) else [v for _k, v in sorted(vars(value).items()) if isinstance(v, types.FunctionType)]
+    for fn in functions:
+        code = fn.__code__
+        h.update(code.co_code + repr((code.co_names, code.co_varnames, [c for c in code.co_consts if not isinstance(c, types.CodeType)])).encode())
+    if isinstance(value, type):
+        h.update(repr(sorted(vars(value))).encode() + repr([b.__qualname__ for b in value.__mro__]).encode())
+    return h.hexdigest()
 
 
 def _ddp_kind(module: torch.nn.Module) -> str:
@@ -162,6 +181,32 @@ def _undo_leaks(ns: Dict[str, Any], before: Dict[str, Any], copied: set) -> None
             del ns[name]
 
 
+def from_snapshot(ns: Dict[str, Any], path: Any, lost: Dict[str, str], rank: int, world: int) -> Dict[str, Any]:
+    """This new rank's own values of the ``lost`` names, and its RNG states, from the last snapshot this kernel saved or
+    loaded (this rank's file, at the same world size); they leave ``lost``. What came: {"names", "when"}, or {}."""
+    if not path or not lost:
+        return {}
+    try:
+        meta = S.Meta.read(str(path))
+        if meta.world_size != world:
+            return {}
+        with open(os.path.join(str(path), S.rank_file(rank)), "rb") as f:
+            record = pickle.load(f)
+        objects = {n: v for n, v in ns.items() if isinstance(v, (torch.nn.Module, torch.optim.Optimizer))}
+        before = dict(ns)
+        values = O.unpickle_values(record["values"], objects, ns)
+    except (OSError, ValueError, KeyError, pickle.UnpicklingError):  # gone, damaged, or it references what this rank lacks
+        log.warning("healing rank %d: the snapshot %s could not be read", rank, path, exc_info=True)
+        return {}
+    wanted = {n: v for n, v in values.items() if n in lost}
+    _undo_leaks(ns, before, set(wanted))
+    ns.update(wanted)
+    for name in wanted:
+        del lost[name]
+    O.set_rng_state(record["rng"])
+    return {"names": sorted(wanted) + ["RNG states"], "when": time.strftime("%H:%M:%S", time.localtime(meta.time))}
+
+
 def _align_buckets(ns: Dict[str, Any], copy: Sequence[str]) -> None:
     """Every copied DDP module's gradient buckets as rank 0 lays them out, on every rank (a collective each, in name order)."""
     for name in copy:
@@ -193,6 +238,8 @@ def heal(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
         box: List[Any] = [None]
         dist.recv_object_list(box, src=donor)
         names, unset = take(ns, box[0])
-        report = {"rank": rank, "donor": donor, "names": names, "imports": sorted(box[0]["imports"]), "lost": {**lost, **unset}}
+        lost = {**lost, **unset}
+        restored = from_snapshot(ns, args.get("snapshot"), lost, rank, world)
+        report = {"rank": rank, "donor": donor, "names": names, "imports": sorted(box[0]["imports"]), "lost": lost, "restored": restored}
     _align_buckets(ns, copy)
     return report

@@ -64,8 +64,8 @@ def sort_names(ns: Dict[str, Any], names: List[str]) -> Sorted:
         value = ns[name]
         if isinstance(value, types.ModuleType):
             out.imports[name] = value.__name__
-        elif isinstance(value, torch.nn.Module):
-            out.modules[name] = value
+        elif isinstance(value, torch.nn.Module) and inner(value).state_dict():
+            out.modules[name] = value  # one with no state (nn.MSELoss()) is a value: DCP refuses an empty state dict
         elif isinstance(value, torch.optim.Optimizer):
             out.optimizers[name] = value
         else:

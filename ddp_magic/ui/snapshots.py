@@ -60,6 +60,8 @@ def save(session: Session, parent: str, names: Sequence[str] = (), listener: Opt
     result = session.run(source, {}, CellOptions(internal=True), listener)
     if not result.ok:
         result.outcome.notes.append(snapshots.unfinished(snapshots.shown(parent, partial)))
+    if result.ok and session.pool is not None:
+        session.pool.recovery.snapshot = result.outcome.values[0]["path"]  # a rank healed later takes its own names from it
     return result, (snapshots.Saved(result.outcome.values[0], parent) if result.ok else None)
 
 
@@ -77,6 +79,8 @@ def load(session: Session, path: str, into: Sequence[str] = (), spec: Optional[P
     if not result.ok:
         return result, None
     loaded = snapshots.Loaded([v for v in result.outcome.values if v], len(result.outcome.values), saved_world, path)
+    if session.pool is not None:
+        session.pool.recovery.snapshot = chosen
     session.owned |= set(loaded.names)
     if session.pool is not None:  # a rank started again earlier has these names now
         session.pool.recovery.assigned(set(loaded.names), but={f.rank for f in result.outcome.failures})

@@ -99,11 +99,12 @@ def test_a_killed_rank_is_healed_bitwise_and_trains_on(k: Kernel, run: int) -> N
     notice = ex.stdout
     healed = r"rank 1 \(pid \d+\) was killed by SIGKILL[^\n]*: started it again in [^;]+; healed in [^:]+: \d+ names copied from rank 0 \("
     assert re.search(healed, notice), notice
-    copied = re.search(r"copied from rank 0 \(([^)]*)\)", notice).group(1)  # type: ignore[union-attr]
-    assert {"model", "optimizer", "dist"} <= set(copied.split(", ")) or "more" in copied, notice
+    assert re.search(r"\d+ names copied from rank 0 \(DDP, ToyModel, digest, dist, hashlib, loss_fn, model, nn, … 6 more\)", notice), notice
     assert "rank: it differs by rank" in notice and "pending: a generator" in notice, notice  # named, never dropped
     got = k.value("[tuple(v) for v in _]")
     assert got[1][3] != old and [g[:3] for g in got] == [a[:3] for a in at5], (got, at5)  # weights, momentum, step: bitwise
+    k.run("%%ddp\ntype(model.module) is ToyModel and train.__globals__ is globals()", timeout=60).ok()
+    assert k.value("list(_)") == [True] * 3, "the class and the function came as code, tied to the rank's own namespace"
     k.run(TRAIN, timeout=120).ok()
     after = k.value("[(list(v[0]), v[1]) for v in _]")
     assert [a[1] for a in after] == [3.0] * 3 and after[0][0] == after[1][0] == after[2][0], "every rank's weights are equal"
@@ -124,3 +125,17 @@ def test_with_one_healthy_rank_only_what_is_the_same_by_construction_is_copied(k
         assert f"{name}: only rank 0 kept its names, so whether it differs by rank cannot be told" in ex.stdout, ex.stdout
     got = k.value("[tuple(v) for v in _]")
     assert got[0][0] == got[1][0] and [g[1:] for g in got] == [(True, True, 0), (False, False, 1)], got
+
+
+def test_a_name_that_differs_by_rank_comes_from_the_last_snapshot(k: Kernel, tmp_path) -> None:
+    """After ``%ddp save``, a rank killed two steps later: ``rank`` (its own, not rank 0's) and its RNG states come from
+    its file in that snapshot, and the notice says so with the snapshot's time; the generator is still named."""
+    k.run(SETUP.replace("%%ddp -n 3", "%%ddp -n 3 --restart"), timeout=180).ok()
+    k.run("%%ddp\ntrain(3)", timeout=120).ok()
+    k.run(f"%ddp save {tmp_path}", timeout=180).ok()
+    k.run("%%ddp\ntrain(2)\nos.getpid()", timeout=120).ok()
+    kill_rank(k, 1)
+    ex = k.run("%%ddp\n(rank, step, 'pending' in globals())", timeout=180).ok()
+    assert re.search(r"copied from rank 0 \([^)]*\), 2 from the snapshot of \d\d:\d\d:\d\d \(rank, RNG states\)", ex.stdout), ex.stdout
+    assert "pending: a generator" in ex.stdout and "rank: it differs" not in ex.stdout, ex.stdout
+    assert k.value("[tuple(v) for v in _]") == [(0, 5, True), (1, 5, False), (2, 5, True)]  # step: the others' (5), not the snapshot's (3)

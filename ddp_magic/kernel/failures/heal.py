@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 NAMES_SHOWN = 8  # names a heal notice lists; the others are counted
 
 
-def source(fresh: Sequence[int], names: Sequence[str]) -> str:
-    """The cell every rank runs to heal ``fresh``."""
-    args = {"fresh": sorted(fresh), "names": sorted(names)}
+def source(fresh: Sequence[int], names: Sequence[str], snapshot: Optional[str] = None) -> str:
+    """The cell every rank runs to heal ``fresh`` (``snapshot``: where a new rank finds its own names that differ by rank)."""
+    args = {"fresh": sorted(fresh), "names": sorted(names), "snapshot": snapshot}
     return f"__import__('ddp_magic.procs.rank_heal', fromlist=['heal']).heal(globals(), {args!r})"
 
 
@@ -35,7 +35,7 @@ def after_start(pool: "Pool", listener: Listener, owned: Sequence[str], notice: 
             listener.on_notice(notice)
         return
     t0 = time.monotonic()
-    outcome = pool.run(source(fresh, owned), listener=Listener(), owned=owned, label="heal", heal=False)
+    outcome = pool.run(source(fresh, owned, pool.recovery.snapshot), listener=Listener(), owned=owned, label="heal", heal=False)
     if outcome.failures:
         listener.on_notice(f"{notice}\ncould not heal {ranks_phrase(fresh)} ({outcome.failures[0].headline()}): its variables are gone")
         return
@@ -58,6 +58,9 @@ def healed_line(started: str, reports: List[Dict[str, Any]], seconds: float) -> 
     first = reports[0]
     names, lost = list(first["names"]), dict(first["lost"])
     copied = f"{len(names)} name{'s' if len(names) != 1 else ''} copied from rank {first['donor']}" + (f" ({_some(names)})" if names else "")
+    restored = first.get("restored") or {}
+    if restored:
+        copied += f", {len(restored['names'])} from the snapshot of {restored['when']} ({_some(restored['names'])})"
     missing = "; ".join(f"{n}: {why}" for n, why in sorted(lost.items())[:NAMES_SHOWN])
     more = f", … {len(lost) - NAMES_SHOWN} more" if len(lost) > NAMES_SHOWN else ""
     tail = f", {len(lost)} lost ({missing}{more}); run the cells that set {'it' if len(lost) == 1 else 'them'}" if lost else "; nothing lost"
