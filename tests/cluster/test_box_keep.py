@@ -36,8 +36,6 @@ pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 START = ("%%ddp --slurm --nodes 2 --ntasks-per-node 2\nimport os, socket, time, torch, torch.distributed as dist\n"
          "kept = 100 + dist.get_rank()\n(socket.gethostname(), os.getpid())")
 N, AT = 30, 15
-AGAIN = ("%%ddp\nimport os, socket, torch, torch.distributed as dist\nx = torch.ones(1) * (dist.get_rank() + 1)\n"
-         "dist.all_reduce(x)\nhad = globals().get('kept')\nkept = 100 + dist.get_rank()\n(had, x.item(), socket.gethostname(), os.getpid())")
 POOL = "get_ipython().magics_manager.registry['DDPMagics'].session.pool"
 
 
@@ -80,24 +78,6 @@ def _intruder_refused(b: cluster_box.Box, at: dict) -> None:
              "try:\n    print('more', s.recv(64))\nexcept (OSError, ssl.SSLError) as e:\n    print('dropped', type(e).__name__)\n")
     out = b.run("intruder", [sys.executable, "-c", probe], timeout=60)
     assert "more b''" in out.stdout or "dropped" in out.stdout, (out.stdout, out.stderr)
-
-
-def _recovers(k: Kernel, ranks: List[int]) -> None:
-    """Rank 3 (on n2, a following template's node) killed: forked again there, TLS pinned to this kernel; twice right."""
-    os.kill(ranks[3], signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not re.search(r"rank 3: pid \d+ +dead", k.run("%ddp status").stdout):
-        time.sleep(0.2)
-    for run in range(2):
-        ex = k.run(AGAIN, timeout=180).ok()
-        values = k.value("[tuple(v) for v in _]")
-        assert all(v[1] == 10.0 for v in values) and [v[2] for v in values] == ["n1", "n1", "n2", "n2"], values
-        if run == 0:
-            assert "started it again" in ex.stdout and "rank 3" in ex.stdout, ex.stdout
-            assert [v[0] for v in values] == [100, 101, 102, None], values
-            assert values[3][3] != ranks[3]
-        else:
-            assert [v[0] for v in values] == [100, 101, 102, 103], values
 
 
 def _attach_and_finish(k: Kernel, first: str, ranks: List[int], gate: str) -> None:
@@ -176,7 +156,7 @@ def test_a_kept_pool_on_other_hosts_outlives_its_kernel(box: cluster_box.Box) ->
                 assert all(alive(p) for p in ranks) and _squeue(box, job) == "RUNNING", "kept through a SIGKILL of its kernel"
                 k = box_fixtures.login_kernel(box, **env)
                 _attach_and_finish(k, first, ranks, gate)
-                _recovers(k, ranks)
+                box_fixtures.kept_rank_recovers(k, ranks)
                 if attempt == 0:
                     _idle_ends(box, k, job, runtime, env)
                 else:

@@ -39,8 +39,6 @@ pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 START = ("%%ddp --hosts n1,n2 --ntasks-per-node 2\nimport os, socket, time, torch, torch.distributed as dist\n"
          "kept = 100 + dist.get_rank()\n(socket.gethostname(), os.getpid())")
 N, AT = 30, 15
-AGAIN = ("%%ddp\nimport os, socket, torch, torch.distributed as dist\nx = torch.ones(1) * (dist.get_rank() + 1)\n"
-         "dist.all_reduce(x)\nhad = globals().get('kept')\nkept = 100 + dist.get_rank()\n(had, x.item(), socket.gethostname(), os.getpid())")
 POOL = "get_ipython().magics_manager.registry['DDPMagics'].session.pool"
 HOSTS = ("login", "n1", "n2")
 
@@ -140,24 +138,6 @@ def _attach_and_finish(k: Kernel, first: str, gate: str) -> None:
     assert "[rank 3 n2] tick" in cell_texts(k, ex)
 
 
-def _recovers(k: Kernel, ranks: List[int]) -> None:
-    """Rank 3 (on n2, the following template's host) killed: forked again there by n2's template; twice right."""
-    os.kill(ranks[3], signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not re.search(r"rank 3: pid \d+ +dead", k.run("%ddp status").stdout):
-        time.sleep(0.2)
-    for run in range(2):
-        ex = k.run(AGAIN, timeout=180).ok()
-        values = k.value("[tuple(v) for v in _]")
-        assert all(v[1] == 10.0 for v in values) and [v[2] for v in values] == ["n1", "n1", "n2", "n2"], values
-        if run == 0:
-            assert "started it again" in ex.stdout and "rank 3" in ex.stdout, ex.stdout
-            assert [v[0] for v in values] == [100, 101, 102, None], values
-            assert values[3][3] != ranks[3]
-        else:
-            assert [v[0] for v in values] == [100, 101, 102, 103], values
-
-
 def _nothing_left(b: cluster_box.Box, held: str, seconds: float) -> float:
     """No ddp_magic process on any host within ``seconds`` (the time it took), and no file of the lease on n1."""
     t0 = time.monotonic()
@@ -194,7 +174,7 @@ def test_a_kept_ssh_pool_outlives_its_kernel(box: cluster_box.Box, ssh_login: bo
         assert _keeper_running(box)
         k = box_fixtures.login_kernel(box, **env)
         _attach_and_finish(k, first, gate)
-        _recovers(k, ranks)
+        box_fixtures.kept_rank_recovers(k, ranks)
         if end == "idle":
             _idle_ends(box, k, runtime, held, env)
         else:
