@@ -229,14 +229,12 @@ def heal(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     own = {n for r in fresh for n in everyone[r]}
     copy, lost = verdict(everyone, healthy, [n for n in args["names"] if n not in own])
     donor = healthy[0]
-    if rank == donor:
-        sent = payload(ns, copy)
-        for r in sorted(fresh):
-            dist.send_object_list([sent], dst=r)
+    # a broadcast, not send/recv: point-to-point ops advance only their own ranks' sequence numbers, and the
+    # collectives' record (hang forensics) would then read every later wait as a mismatched collective
+    box: List[Any] = [payload(ns, copy) if rank == donor else None]
+    dist.broadcast_object_list(box, src=donor)
     report: Dict[str, Any] = {"rank": rank}
     if rank in fresh:
-        box: List[Any] = [None]
-        dist.recv_object_list(box, src=donor)
         names, unset = take(ns, box[0])
         lost = {**lost, **unset}
         restored = from_snapshot(ns, args.get("snapshot"), lost, rank, world)
