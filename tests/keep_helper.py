@@ -2,10 +2,14 @@
 tests/cluster/test_box_keep.py): the ticking kept job, and reading its ticks back from a kernel's messages."""
 from __future__ import annotations
 
+import json
+import os
 import re
-from typing import Dict, List
+import signal
+import time
+from typing import Dict, List, Optional
 
-from kernel_helper import ANSI, Execution, Kernel
+from kernel_helper import ANSI, Execution, Kernel, alive
 
 TICKS = """%%ddp --bg --out job --keep
 import os, time
@@ -31,3 +35,25 @@ def ticks(text: str) -> Dict[int, List[int]]:
     for rank, i in TICK.findall(text):
         out.setdefault(int(rank), []).append(int(i))
     return out
+
+
+def sigkill_kept(k: Kernel, ex: Optional[Execution] = None) -> str:
+    """SIGKILL the kernel of a kept pool; what it had shown of ``ex``. A second after its death, what would end a pool
+    that is not kept (its srun or ssh sessions' end) has had its moment."""
+    os.kill(k.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(k.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    first = cell_texts(k, ex) if ex is not None else ""
+    k.kc.stop_channels()
+    k.km.shutdown_kernel(now=True)
+    return first
+
+
+def kept_record(runtime: str) -> dict:
+    """The one discovery file in ``runtime`` (on another host's lease: the mirror its watch keeps here)."""
+    names = [n for n in os.listdir(runtime) if n.startswith("ddp-kept-") and n.endswith(".json")]
+    assert len(names) == 1, os.listdir(runtime)
+    with open(os.path.join(runtime, names[0])) as f:
+        return json.load(f)

@@ -11,11 +11,9 @@ second round, ``%ddp stop`` in the attached kernel: the allocation released with
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,8 +24,8 @@ import box_fixtures
 import cluster_box
 import pytest
 
-from kernel_helper import Execution, Kernel, alive
-from keep_helper import TICKS, cell_texts, ticks
+from kernel_helper import Kernel, alive
+from keep_helper import TICKS, cell_texts, kept_record, sigkill_kept, ticks
 
 box = box_fixtures.box  # the fixtures, by name in this module
 
@@ -47,27 +45,6 @@ def _squeue(b: cluster_box.Box, job: str) -> str:
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 or "Invalid job id" in done.stderr, done.stderr
     return done.stdout.strip()
-
-
-def _sigkill(k: Kernel, ex: "Execution | None" = None) -> str:
-    """SIGKILL the kernel; what it had shown of ``ex``."""
-    os.kill(k.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while alive(k.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)  # what would end a pool that is not kept has had its moment
-    first = cell_texts(k, ex) if ex is not None else ""
-    k.kc.stop_channels()
-    k.km.shutdown_kernel(now=True)
-    return first
-
-
-def _record(runtime: str) -> dict:
-    """The one discovery file on login (the watch's mirror of the lease's record)."""
-    names = [n for n in os.listdir(runtime) if n.startswith("ddp-kept-") and n.endswith(".json")]
-    assert len(names) == 1, os.listdir(runtime)
-    with open(os.path.join(runtime, names[0])) as f:
-        return json.load(f)
 
 
 def _intruder_refused(b: cluster_box.Box, at: dict) -> None:
@@ -100,11 +77,11 @@ def _idle_ends(b: cluster_box.Box, k: Kernel, job: str, runtime: str, env: Dict[
     assert "kept pool" in k.run("%ddp keep --idle 5s").ok().stdout
     live = k.value("[i.pid for i in " + POOL + ".ranks.values()]")
     pool_id = k.value(f"{POOL}.kept.id")
-    _sigkill(k)
+    sigkill_kept(k)
     t0 = time.monotonic()
     while (any(alive(p) for p in live) or _squeue(b, job)) and time.monotonic() - t0 < 30:
         time.sleep(0.2)
-    assert not any(alive(p) for p in live) and not _squeue(b, job), (live, _squeue(b, job), _record(runtime))
+    assert not any(alive(p) for p in live) and not _squeue(b, job), (live, _squeue(b, job), kept_record(runtime))
     print(f"--idle 5s, then a SIGKILL: no rank and no job at {time.monotonic() - t0:.1f} s")
     said = subprocess.run(b.enter("login") + [sys.executable, "-m", "ddp_magic", "stop", pool_id],
                           env=box_fixtures.kernel_env(b, **env), capture_output=True, text=True, timeout=60).stdout
@@ -147,12 +124,12 @@ def test_a_kept_pool_on_other_hosts_outlives_its_kernel(box: cluster_box.Box) ->
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline and not all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(4)):
                     time.sleep(0.1)
-                record = _record(runtime)
+                record = kept_record(runtime)
                 at = record["lease"]
                 assert at.get("host") == box.host("n1").mgmt and at.get("fp") and record.get("holder") == "n1", record.get("lease")
                 assert not [f for _, _, fs in os.walk(runtime) for f in fs if f.endswith(".sock")], "no lease socket on login"
                 _intruder_refused(box, at)
-                first = _sigkill(k, ex)
+                first = sigkill_kept(k, ex)
                 assert all(alive(p) for p in ranks) and _squeue(box, job) == "RUNNING", "kept through a SIGKILL of its kernel"
                 k = box_fixtures.login_kernel(box, **env)
                 _attach_and_finish(k, first, ranks, gate)

@@ -11,11 +11,9 @@ n1 cut off with no kernel: login's lease keeper and n2's ranks hear its lease go
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +27,7 @@ import pytest
 import test_faults
 
 from kernel_helper import Execution, Kernel, alive
-from keep_helper import TICKS, cell_texts, ticks
+from keep_helper import TICKS, cell_texts, kept_record, sigkill_kept, ticks
 
 box = box_fixtures.box  # the fixtures, by name in this module
 ssh_login = box_fixtures.ssh_login
@@ -69,27 +67,6 @@ def _left(b: cluster_box.Box, seconds: float) -> Dict[str, List[int]]:
         time.sleep(0.2)
 
 
-def _sigkill(k: Kernel, ex: "Execution | None" = None) -> str:
-    """SIGKILL the kernel; what it had shown of ``ex``."""
-    os.kill(k.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while alive(k.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)  # what would end a pool that is not kept (its ssh sessions' end) has had its moment
-    first = cell_texts(k, ex) if ex is not None else ""
-    k.kc.stop_channels()
-    k.km.shutdown_kernel(now=True)
-    return first
-
-
-def _record(runtime: str) -> dict:
-    """The one discovery file on login (the lease keeper's mirror of the lease's record)."""
-    names = [n for n in os.listdir(runtime) if n.startswith("ddp-kept-") and n.endswith(".json")]
-    assert len(names) == 1, os.listdir(runtime)
-    with open(os.path.join(runtime, names[0])) as f:
-        return json.load(f)
-
-
 def _is_keeper(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -114,7 +91,7 @@ def _start(b: cluster_box.Box, k: Kernel, runtime: str) -> "tuple[List[int], str
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(4)):
         time.sleep(0.1)
-    record = _record(runtime)
+    record = kept_record(runtime)
     assert record["lease"].get("host") == b.host("n1").mgmt and record["lease"].get("fp") and record.get("holder") == "n1", record
     assert _keeper_running(b), "a lease keeper runs on login"
     return [v[1] for v in values], gate, ex
@@ -152,7 +129,7 @@ def _idle_ends(b: cluster_box.Box, k: Kernel, runtime: str, held: str, env: Dict
     """``--idle 5s`` and a SIGKILL: nothing left on any host; a stop from login's terminal says why it had ended."""
     assert "kept pool" in k.run("%ddp keep --idle 5s").ok().stdout
     pool_id = k.value(f"{POOL}.kept.id")
-    _sigkill(k)
+    sigkill_kept(k)
     print(f"--idle 5s, then a SIGKILL: nothing of ours on login, n1 or n2 after {_nothing_left(b, held, 90):.1f} s")
     said = subprocess.run(b.enter("login") + [sys.executable, "-m", "ddp_magic", "stop", pool_id],
                           env=box_fixtures.kernel_env(b, **env), capture_output=True, text=True, timeout=60).stdout
@@ -168,8 +145,8 @@ def test_a_kept_ssh_pool_outlives_its_kernel(box: cluster_box.Box, ssh_login: bo
     k = box_fixtures.login_kernel(box, **env)
     try:
         ranks, gate, ex = _start(box, k, runtime)
-        held = str(_record(runtime)["dir"])  # the lease's own directory, on n1
-        first = _sigkill(k, ex)
+        held = str(kept_record(runtime)["dir"])  # the lease's own directory, on n1
+        first = sigkill_kept(k, ex)
         assert all(alive(p) for p in ranks), "kept through a SIGKILL of its kernel"
         assert _keeper_running(box)
         k = box_fixtures.login_kernel(box, **env)
@@ -203,7 +180,7 @@ def test_keep_off_ties_the_pool_to_its_kernel_again(box: cluster_box.Box, ssh_lo
                 time.sleep(0.1)
             assert not _keeper_running(box) and os.listdir(runtime) == [], os.listdir(runtime)
             assert k.run("%%ddp\nkept", timeout=120).ok().result.endswith("[3] 103")
-        _sigkill(k)
+        sigkill_kept(k)
         left = _left(box, 45)  # the sessions' end reaches each template at once; the beat's silence at 12 s
         assert not left, f"left after keep --off and a SIGKILL: {left}"
     finally:
@@ -221,7 +198,7 @@ def test_a_lost_lease_holder_ends_the_pool_on_the_other_hosts(box: cluster_box.B
     try:
         k.run(START, timeout=240).ok()
         assert "kept pool" in k.run("%ddp keep --idle 40s", timeout=60).ok().stdout
-        _sigkill(k)
+        sigkill_kept(k)
         assert _ours(box, "n2") and _keeper_running(box)
         test_faults._link(box, "n1", False)
         t0 = time.monotonic()
@@ -231,7 +208,7 @@ def test_a_lost_lease_holder_ends_the_pool_on_the_other_hosts(box: cluster_box.B
                 time.sleep(0.2)
             took = time.monotonic() - t0
             assert not _ours(box, "n2") and not _keeper_running(box), (_ours(box, "n2"), _ours(box, "login"))
-            why = _record(runtime).get("why", "")
+            why = kept_record(runtime).get("why", "")
             assert "n1" in why and ("went away" in why or "lost its connection" in why), why
             print(f"n1 cut off: login's lease keeper and n2's ranks gone after {took:.1f} s ({why})")
         finally:
@@ -253,8 +230,8 @@ def test_stop_from_a_terminal_ends_a_kept_ssh_pool(box: cluster_box.Box, ssh_log
         k.run(START, timeout=240).ok()
         assert "kept pool" in k.run("%ddp keep", timeout=60).ok().stdout
         pool_id = k.value(f"{POOL}.kept.id")
-        held = str(_record(runtime)["dir"])
-        _sigkill(k)
+        held = str(kept_record(runtime)["dir"])
+        sigkill_kept(k)
         assert _ours(box, "n1") and _ours(box, "n2") and _keeper_running(box)
         done = subprocess.run(box.enter("login") + [sys.executable, "-m", "ddp_magic", "stop", pool_id],
                               env=box_fixtures.kernel_env(box, **env), capture_output=True, text=True, timeout=60)
@@ -276,7 +253,7 @@ def test_a_kernel_shut_down_leaves_its_kept_ssh_pool_and_nothing_else(box: clust
     try:
         values = (k.run(START, timeout=240).ok(), k.value("[tuple(v) for v in _]"))[1]
         assert "kept pool" in k.run("%ddp keep", timeout=60).ok().stdout
-        held = str(_record(runtime)["dir"])
+        held = str(kept_record(runtime)["dir"])
         k.km.shutdown_kernel(now=False)
         k.kc.stop_channels()
         deadline = time.monotonic() + 30
