@@ -14,6 +14,7 @@ value is dropped (its memory unmapped by an untimed cell) before the next.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -57,22 +58,34 @@ def result_slurm(mib: int, repeats: int) -> dict:
         pool.stop()
 
 
-class _Agent(Listener):
-    """Starts the other node's torchrun agent (in n2) as soon as the pool prints the command for it."""
+class NodeAgent(Listener):
+    """Starts the other node's torchrun agent as soon as the pool prints the command for it: a user who pastes it
+    with no delay. ``prefix`` enters that node (nsenter, or ``ssh HOST --``: then the command is one quoted line)."""
 
     def __init__(self, pool: Pool, prefix: List[str]) -> None:
         self.pool, self.prefix, self.proc = pool, prefix, None
 
     def on_notice(self, text: str) -> None:
         if self.proc is None and self.pool.node_command:
-            argv = shlex.split(self.pool.node_command)
-            self.proc = subprocess.Popen(self.prefix + [sys.executable, "-m", "torch.distributed.run"] + argv[1:],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            argv = [sys.executable, "-m", "torch.distributed.run"] + shlex.split(self.pool.node_command)[1:]
+            if os.path.basename(self.prefix[0]) == "ssh":
+                argv = [shlex.join(argv)]
+            self.proc = subprocess.Popen(self.prefix + argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def end(self) -> None:
+        """Wait for the agent (the pool's stop ends its ranks); kill it if it lingers."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def result_manual(mib: int, repeats: int, prefix: List[str], addr: str) -> dict:
     pool = Pool(2, nnodes=2, master_addr=addr)
-    agent = _Agent(pool, prefix)
+    agent = NodeAgent(pool, prefix)
     try:
         pool.start(listener=agent)
         seconds = _results(pool, mib, repeats)
@@ -80,12 +93,7 @@ def result_manual(mib: int, repeats: int, prefix: List[str], addr: str) -> dict:
         return {"seconds": seconds, "hosts": hosts, "tls": pool.tls_key is not None}
     finally:
         pool.stop()
-        if agent.proc is not None:
-            try:
-                agent.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                agent.proc.kill()
-                agent.proc.wait()
+        agent.end()
 
 
 def warm(nodes: int, tasks: int, n_warm: int, box: str) -> dict:
