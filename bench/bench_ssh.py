@@ -39,7 +39,8 @@ TORCHRUN = os.path.join(os.path.dirname(PY), "torchrun")
 REPEATS = 3
 N_WARM = 30
 CELL = "import torch, torch.distributed as dist\nx = torch.ones(1)\ndist.all_reduce(x)\nx.item()"
-SCRIPT = "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\nx = torch.ones(1)\ndist.all_reduce(x)\nprint(x.item())\ndist.destroy_process_group()\n"
+SCRIPT = ("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\nx = torch.ones(1)\ndist.all_reduce(x)\nprint(x.item())\n"
+          "dist.destroy_process_group()\n")
 
 
 # ------------------------------------------------------------ inside login (a process of its own per measurement)
