@@ -174,7 +174,8 @@ def _objects(ns: Dict[str, Any], record: Dict[str, Any], into: set, meta: S.Meta
     stateful = {n for n, e in meta.names.items() if e.get("kind") in (Kind.MODULE.value, Kind.OPTIMIZER.value)}
     for name in sorted(into - stateful):
         notes.append(f"--into {name}: the snapshot holds no module or optimizer {name}; it is left as it is")
-    return O.rebuild_modules(record["skeletons"], {n: ns[n] for n in into & stateful}, notes)
+    filled = {n for n, e in meta.names.items() if e.get("sharing") != Sharing.PER_RANK.value or meta.world_size == dist.get_world_size()}
+    return O.rebuild_modules(record["skeletons"], {n: ns[n] for n in into & stateful}, notes, filled)
 
 
 def _fill(path: str, meta: S.Meta, modules: Dict[str, Any], optimizers: Dict[str, Any], rank: int, same: bool, notes: List[str]) -> None:

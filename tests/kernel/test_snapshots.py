@@ -223,22 +223,31 @@ FSDP_SETUP = (
     "opt = torch.optim.Adam(model.parameters(), lr=0.01)\n"
 )
 FULL = "%%ddp\n{k: v.full_tensor() for k, v in model.state_dict().items()}"
+MOMENTS = "%%ddp\n{n: opt.state[p]['exp_avg'].full_tensor() for n, p in model.named_parameters()}"
 
 
 @pytest.mark.parametrize("run", [1, 2])
 def test_fsdp2_at_4_ranks_loads_into_2_with_the_same_full_weights(kernel, tmp_path, run):
-    """FSDP2 state stays sharded on disk; a pool of 2 whose setup cell sharded the model again takes it with --into."""
+    """FSDP2 state stays sharded on disk; a pool of 2 rebuilds the module (fully_shard again on its 2 ranks) with the
+    same full weights and Adam moments, and trains on; a pool whose setup cell sharded the model again takes it with --into."""
     kernel.run("%ddp stop").ok()
     kernel.run("%%ddp -n 4\n" + FSDP_SETUP, timeout=240).ok()
     kernel.run("%%ddp\nfor _ in range(3):\n    loss = model(torch.randn(4, 8)).sum()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n",
                timeout=240).ok()
     kernel.run(FULL.replace("%%ddp", "%%ddp --out before"), timeout=180).ok()
+    kernel.run(MOMENTS.replace("%%ddp", "%%ddp --out moments"), timeout=180).ok()
     saved = kernel.run(f"%ddp save {tmp_path}", timeout=180).ok().stdout
     assert "model (module, sharded), opt (optimizer, sharded)" in saved, saved
     kernel.run("%ddp stop").ok()
     plain = kernel.run(f"%ddp load {tmp_path} -n 2", timeout=240).ok().stdout
-    assert "model: an FSDP2 (fully_shard) module: its state is saved sharded, but it is not rebuilt yet" in plain, plain
-    assert f"%ddp load {tmp_path} --into model,opt" in plain
+    assert "model, opt" in plain.splitlines()[0] and "  model:" not in plain and "  opt:" not in plain, plain  # rebuilt, no note
+    kernel.run(FULL.replace("%%ddp", "%%ddp --out rebuilt"), timeout=180).ok()
+    kernel.run(MOMENTS.replace("%%ddp", "%%ddp --out moments2"), timeout=180).ok()
+    assert kernel.value("import torch\n[all(torch.equal(before[0][k], a[k]) for k in before[0]) for a in rebuilt]") == [True, True]
+    assert kernel.value("[all(torch.equal(moments[0][k], a[k]) for k in moments[0]) for a in moments2]") == [True, True]
+    stepped = kernel.run("%%ddp\nloss = model(torch.randn(4, 8)).sum()\nopt.zero_grad()\nloss.backward()\nopt.step()\n"
+                         "(type(model).__name__, type(model[0]).__name__, model[0].weight.to_local().shape[0])", timeout=180).ok()
+    assert kernel.value("list(_)") == [("FSDPSequential", "FSDPLinear", 8)] * 2, stepped.stdout  # 16 rows, a half a rank
     kernel.run("%%ddp\n" + FSDP_SETUP, timeout=180).ok()
     kernel.run(f"%ddp load {tmp_path} --into model,opt", timeout=180).ok()
     kernel.run(FULL.replace("%%ddp", "%%ddp --out after"), timeout=180).ok()
