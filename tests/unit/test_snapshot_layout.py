@@ -42,6 +42,9 @@ def test_a_changed_or_missing_file_is_named(tmp_path):
         f.write(b"rank 9")  # same size, other content
     os.remove(os.path.join(path, S.DCP_DIR, "__0_0.distcp"))
     assert S.damaged(path, meta) == ["dcp/__0_0.distcp (missing)", "rank-1.pkl (its content hash differs)"]
+    with open(os.path.join(path, S.rank_file(0)), "ab") as f:
+        f.write(b"!")
+    assert "rank-0.pkl (its size differs)" in S.damaged(path, meta)
 
 
 def test_no_snapshot_says_how_to_make_one(tmp_path):
