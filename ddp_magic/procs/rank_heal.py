@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from ..logs import log
 from ..wire import snapshot as S
+from . import rank_rng
 from . import rank_snapshot_objects as O
 
 DDP = torch.nn.parallel.DistributedDataParallel
@@ -195,7 +196,7 @@ def from_snapshot(ns: Dict[str, Any], path: Any, lost: Dict[str, str], rank: int
     ns.update(wanted)
     for name in wanted:
         del lost[name]
-    O.set_rng_state(record["rng"])
+    rank_rng.set_rng_state(record["rng"])
     return {"names": sorted(wanted) + ["RNG states"], "when": time.strftime("%H:%M:%S", time.localtime(meta.time))}
 
 

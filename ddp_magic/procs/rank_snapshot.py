@@ -24,6 +24,7 @@ from torch.distributed.checkpoint import state_dict as sd
 from ..wire import snapshot as S
 from ..words import ranks_phrase
 from ..wire.snapshot import Kind, Sharing
+from . import rank_rng
 from . import rank_snapshot_objects as O
 
 
@@ -73,7 +74,7 @@ def save(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     dcp.save(tree, checkpoint_id=os.path.join(partial, S.DCP_DIR))
     values, sizes, unpicklable = O.pickle_values(found.values, O.references(found.modules, found.optimizers), ns)
     found.unsaved.update(unpicklable)
-    record = {"skeletons": blob, "values": values, "rng": O.rng_state(), "imports": found.imports}
+    record = {"skeletons": blob, "values": values, "rng": rank_rng.rng_state(), "imports": found.imports}
     data = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
     with open(os.path.join(partial, S.rank_file(rank)), "wb") as f:
         f.write(data)
@@ -160,7 +161,7 @@ def load(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     ns.update(objects)
     ns.update(values)
     if same:
-        O.set_rng_state(record["rng"])
+        rank_rng.set_rng_state(record["rng"])
     else:
         notes.append(f"RNG states are per rank: saved at world size {meta.world_size}, not restored at {world}")
     return {"rank": rank, "names": sorted([*imports, *objects, *values]), "notes": notes, "step": meta.step, "path": path}
