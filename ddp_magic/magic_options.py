@@ -34,6 +34,7 @@ examples:
   %%ddp --scatter x          rank r gets only its shard of the notebook tensor x (ddp_magic.scatter(x, dim=1) for another dim)
   %%ddp --profile trace.json torch.profiler on every rank, one merged trace, a straggler table (docs/metrics.md)
   %%ddp --bg --out job       run in the background; job.wait(), job.result(), job.cancel() (docs/background.md)
+  %%ddp --bg --save-every 10m ckpt/   a snapshot in ckpt/ at the first safe point (ddp_magic.log(step=…)) after each 10 min
   %%ddp --peek [--ranks 0]   look into the running ranks: step, model.weight.norm() (no collectives)
 """
 LINE_EXAMPLES = """
