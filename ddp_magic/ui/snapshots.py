@@ -80,7 +80,12 @@ def during_a_cell(session: Session, parent: str, names: Sequence[str]) -> bool:
     waits = (f"%ddp save: {holder.name} runs on the pool: the save waits for its next safe point "
              f"(ddp_magic.log(step=…) or ddp_magic.safe_point() on every rank), or for its end")
     said: list = []  # the wait is said once, however often the save is asked again
-    out, saved = at_safe_point(session, holder, parent, names, lambda: said or said.append(print(waits, flush=True)), " at a safe point (the job goes on)")
+
+    def say() -> None:
+        if not said:
+            said.append(print(waits, flush=True))
+
+    out, saved = at_safe_point(session, holder, parent, names, say, " at a safe point (the job goes on)")
     if saved is not None:
         print(saved.text())
         return True
