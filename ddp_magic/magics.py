@@ -40,8 +40,7 @@ from .ui.report import env_report
 from .ui.output import RankPrinter, parse_ranks, show_output
 from .ui.results import CellNumbers, RankResults, running_cell
 from .ui.metrics_view import metrics_data
-from .ui import debugging, save_every, transcripts
-from .ui import keep as keeping
+from .ui import debugging, keep as keeping, save_every, transcripts
 from .ui import snapshots as snapshotting
 from .words import plural
 
@@ -173,6 +172,7 @@ class DDPMagics(Magics):
     @argument("--no-queue", action="store_true", help="while another cell runs on the pool, fail at once instead of waiting for it")
     @argument("--peek", action="store_true", help="a short read-only cell on the ranks beside the running cell (--ranks: only these ranks)")
     @argument("--save-every", nargs=2, metavar=("DURATION", "DIR"), help="a snapshot in DIR at the first safe point after each DURATION (10m) while it runs")
+    @argument("--save-on-preempt", metavar="DIR", help="SIGTERM or SIGUSR1 to the ranks (Slurm: --signal=USR1@120 is asked): a snapshot in DIR first")
     @HELP_ARGUMENT
     def ddp(self, line: str, cell: Optional[str] = None) -> Any:
         """Run the cell on N worker processes (ranks) with torch.distributed ready.
@@ -234,7 +234,7 @@ class DDPMagics(Magics):
         """Run the cell on the session and turn its outcome into what the cell gives: RankResults, or a CellError raised."""
         try:
             try:
-                with save_every.saving(self.session, args.save_every, options.ticket):  # --save-every: at safe points (ui/save_every.py)
+                with save_every.saving(self.session, args, options.ticket):  # --save-every: at safe points (ui/save_every.py)
                     result = self.session.run(cell, self.user_ns, options, listener)
             finally:
                 printer.flush()

@@ -31,6 +31,7 @@ from ..logs import log
 from ..wire import protocol as P
 from ..wire.execution import error_data
 from ..wire.safe_point import Say
+from . import rank_preempt
 
 
 @dataclass
@@ -68,6 +69,7 @@ def install(send: Callable[..., None], rank: int) -> None:
     """From the main thread, before the first cell: where answers go; the cells' globals are ``__main__``'s (worker.py)."""
     STATE.send, STATE.rank, STATE.pid, STATE.ident = send, rank, os.getpid(), threading.get_ident()
     STATE.ns = sys.modules["__main__"].__dict__
+    rank_preempt.install(send, rank)
 
 
 def begin_cell() -> None:
@@ -91,6 +93,8 @@ def end_cell() -> None:
 def on_message(msg: dict) -> None:
     """The reader thread's part: ASK is answered at once; TARGET, GO and CANCEL wake the main thread."""
     s, what = STATE, Say(msg["what"])
+    if what == Say.ARM:  # --save-on-preempt (procs/rank_preempt.py)
+        return rank_preempt.arm(msg)
     with s.cond:
         if what == Say.ASK:
             req = _Request(ids=dict(msg["ids"]), args=dict(msg["args"]))

@@ -1,4 +1,4 @@
-"""``%%ddp --save-every 10m ckpt/``: while the cell runs, a snapshot at the first safe point after each interval.
+"""``%%ddp --save-every 10m ckpt/``: while the cell runs, a snapshot at the first safe point after each interval (``--save-on-preempt``: armed here too).
 
 A timer thread beside the cell's run, in the cell's context (its lines land in that cell, a
 background job's included), asks for each save as ``%ddp save`` does during a job
@@ -11,7 +11,7 @@ import contextlib
 import contextvars
 import sys
 import threading
-from typing import Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
 from ..errors import UsageError
 from ..kernel.jobs import safe_save
@@ -19,24 +19,27 @@ from ..kernel.jobs.turns import Ticket
 from ..kernel.keep.terms import TermsError, duration
 from ..logs import log
 from ..session import Session
+from . import preempt as preempting
 from .snapshots import at_safe_point
 
 SLICE_S = 0.2  # how often the timer looks whether the run has ended
 
 
 @contextlib.contextmanager
-def saving(session: Session, every: Optional[List[str]], ticket: Optional[Ticket]) -> Iterator[None]:
-    """Around a cell's run: with ``--save-every DURATION DIR`` a timer thread saves at safe points until the run ends."""
-    if not every or ticket is None:
+def saving(session: Session, args: Any, ticket: Optional[Ticket]) -> Iterator[None]:
+    """Around a cell's run: with ``--save-every DURATION DIR`` a timer thread saves at safe points until the run ends;
+    with ``--save-on-preempt DIR`` the pool is armed once the cell reaches the ranks (ui/preempt.py)."""
+    every, preempt = getattr(args, "save_every", None), getattr(args, "save_on_preempt", None)
+    if not (every or preempt) or ticket is None:
         yield
         return
     try:
-        seconds = duration(every[0], "--save-every")
+        seconds = duration(every[0], "--save-every") if every else 0.0
     except TermsError as e:
         raise UsageError(f"%%ddp {e}, then the folder, e.g. --save-every 10m ckpt/") from None
     stop = threading.Event()
     ctx = contextvars.copy_context()
-    timer = threading.Thread(target=ctx.run, args=(_loop, session, ticket, seconds, every, stop), name="ddp-save-every", daemon=True)
+    timer = threading.Thread(target=ctx.run, args=(_loop, session, ticket, seconds, every, preempt, stop), name="ddp-save-every", daemon=True)
     timer.start()
     try:
         yield
@@ -44,13 +47,15 @@ def saving(session: Session, every: Optional[List[str]], ticket: Optional[Ticket
         stop.set()
 
 
-def _loop(session: Session, ticket: Ticket, seconds: float, every: List[str], stop: threading.Event) -> None:
-    """Wait for the cell to reach the ranks, then save after each interval until it ends."""
+def _loop(session: Session, ticket: Ticket, seconds: float, every: Optional[List[str]], preempt: Optional[str], stop: threading.Event) -> None:
+    """Wait for the cell to reach the ranks, arm the pool (--save-on-preempt), then save after each interval until it ends."""
     try:
         while ticket.ran is None:
             if stop.wait(SLICE_S):
                 return
-        while not stop.wait(seconds):
+        if preempt:
+            preempting.arm(session, preempt)
+        while every and not stop.wait(seconds):
             out, saved = at_safe_point(session, ticket, every[1], (), lambda: None, f" at a safe point (--save-every {every[0]})")
             if saved is not None:
                 print(saved.text().splitlines()[0], flush=True)

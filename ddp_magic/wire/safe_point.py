@@ -22,6 +22,8 @@ class Say(str, enum.Enum):
     GO = "go"  # kernel -> rank: every rank arrived at the same step: write
     CANCEL = "cancel"  # kernel -> rank: no save this time (``why``); the cell goes on
     RESULT = "result"  # rank -> kernel: ``report`` (rank 0's names the snapshot) or ``error`` (error data)
+    ARM = "arm"  # kernel -> rank: --save-on-preempt: report SIGTERM or SIGUSR1 under desk ``id`` (procs/rank_preempt.py)
+    PREEMPTED = "preempted"  # rank -> kernel: this rank got ``signal`` (its name); it goes on until the kernel ends the pool
 
     def __str__(self) -> str:
         return self.value

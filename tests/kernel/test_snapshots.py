@@ -302,3 +302,26 @@ def test_a_background_job_is_saved_at_its_safe_points(kernel, tmp_path):
     kernel.run("%%ddp --out after\n(step, max(seen), [p.detach().clone() for p in model.parameters()])", timeout=120).ok()
     assert kernel.value("[a[:2] for a in after]") == [(k, k), (k, k)], "every name was written at the one step"
     assert kernel.value("import torch\n[all(torch.equal(x, y) for x, y in zip(b, a[2])) for b, a in zip(before, after)]") == [True, True]
+
+
+def test_sigterm_to_the_template_saves_at_a_safe_point_and_a_new_pool_goes_on(kernel, tmp_path):
+    """--save-on-preempt: SIGTERM to the pool's template (what a machine's shutdown or a scheduler sends) reaches the
+    ranks as a save at their next safe point; the job's cell says the step, and %ddp load in a new pool goes on from it."""
+    folder = tmp_path / "ckpt"
+    kernel.run("%ddp stop").ok()
+    kernel.run("%%ddp -n 2\n" + SETUP, timeout=180).ok()
+    job = JOB.format(every="", stop=str(tmp_path / "never")).replace("--save-every 1s \n", f"--save-on-preempt {folder}\n")
+    kernel.run(job, timeout=60).ok()
+    assert wait_until(lambda: len(kernel.value("job.metrics['step']")) > 20, timeout=120)
+    template = kernel.value("get_ipython().magics_manager.registry['DDPMagics'].pool.launcher.proc.pid")
+    os.kill(template, signal.SIGTERM)
+    kernel.run("job.wait()", timeout=300).ok()
+    said = "".join(m["content"].get("text", "") for m in kernel.elsewhere if m["msg_type"] == "stream")
+    where = re.escape(str(folder))
+    preempted = re.search(rf"preempted: saved step (\d+) to {where}/step-\S+ \([\d.]+ s\); %ddp load {where} on the next allocation", said)
+    assert preempted, said[-3000:]
+    k = int(preempted.group(1))
+    loaded = kernel.run(f"%ddp load {folder}", timeout=180).ok()
+    assert f"(step {k}, saved by 2 ranks) into 2 ranks" in loaded.stdout, loaded.stdout
+    kernel.run("%%ddp --out after\n(step, max(seen))", timeout=120).ok()
+    assert kernel.value("list(after)") == [(k, k), (k, k)]
