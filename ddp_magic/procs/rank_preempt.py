@@ -1,13 +1,15 @@
-"""A rank's part in ``--save-on-preempt``: SIGTERM or SIGUSR1 (Slurm's warning and preemption, a template's forward) told to the kernel.
+"""A rank's part in ``--save-on-preempt``: SIGUSR1 (Slurm's warning, or its template's word of a SIGTERM) told to the kernel.
 
-Armed by the kernel (ARM: the desk id its report goes to; kernel side ui/preempt.py). Then SIGUSR1
-and SIGTERM no longer end the rank: the first is reported once, by a thread (the handler runs between
-two bytecodes of the main thread, which may hold the channel), and the rank goes on: the kernel
-saves at the next safe point (or between cells) and then ends the pool, or the scheduler's SIGKILL
-(Slurm's KillWait) does. A marker file in /dev/shm tells the rank's template that its ranks wait for
-a save (procs/forkserver.py ``terminated``). Unarmed, SIGTERM ends the rank as before, and SIGUSR1 is
-ignored. The SIGTERM handler is set only once armed, from the main thread (the reader asks it with
-SIGUSR1): a handler delays a signal while the main thread waits in C, where the default ends it at once.
+Armed by the kernel (ARM: the desk id its report goes to; kernel side ui/preempt.py). Then the
+first SIGUSR1 is reported once, by a thread (the handler runs between two bytecodes of the main
+thread, which may hold the channel), and the rank goes on: the kernel saves at the next safe point
+(or between cells) and then ends the pool, or the scheduler's SIGKILL (Slurm's KillWait) does.
+SIGTERM is ignored while armed: Slurm sends it to every process of the step, and the template, which
+gets it too, passes it on as SIGUSR1 once (procs/forkserver.py ``terminated``; a marker file in
+/dev/shm tells it that its ranks are armed). So the failure policy's SIGTERM to a rank that ignores
+an interrupt is no preemption either; its SIGKILL follows as before. Unarmed, SIGTERM ends the rank as
+before and SIGUSR1 is ignored. SIGTERM's disposition is set from the main thread (the reader asks it
+with a SIGUSR1 of its own): signal.signal works there only.
 """
 from __future__ import annotations
 
@@ -55,16 +57,11 @@ def arm(msg: dict) -> None:
 
 def _on_signal(signum: int, frame: Any) -> None:
     s = STATE
-    if s.arming and signum == signal.SIGUSR1:  # our own poke: the main thread takes SIGTERM over
+    if s.arming:  # our own poke: SIGTERM is the template's to pass on from now on
         s.arming = False
-        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return
-    if s.armed is None:
-        if signum == signal.SIGTERM:  # disarmed since: end as the default would
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-        return
-    if not s.reported:
+    if s.armed is not None and not s.reported:
         s.reported = True
         threading.Thread(target=_report, args=(signal.Signals(signum).name, s.armed), name="ddp-preempt", daemon=True).start()
 
