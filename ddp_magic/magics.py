@@ -172,7 +172,7 @@ class DDPMagics(Magics):
     @argument("--no-queue", action="store_true", help="while another cell runs on the pool, fail at once instead of waiting for it")
     @argument("--peek", action="store_true", help="a short read-only cell on the ranks beside the running cell (--ranks: only these ranks)")
     @argument("--save-every", nargs=2, metavar=("DURATION", "DIR"), help="a snapshot in DIR at the first safe point after each DURATION (10m) while it runs")
-    @argument("--save-on-preempt", metavar="DIR", help="SIGTERM or SIGUSR1 to the ranks (Slurm: --signal=USR1@120 is asked): a snapshot in DIR first")
+    @argument("--save-on-preempt", metavar="DIR", help="on SIGTERM to the template or SIGUSR1 (Slurm: --signal=USR1@120): a snapshot in DIR; the pool ends")
     @HELP_ARGUMENT
     def ddp(self, line: str, cell: Optional[str] = None) -> Any:
         """Run the cell on N worker processes (ranks) with torch.distributed ready.
