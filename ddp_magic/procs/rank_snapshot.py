@@ -81,6 +81,7 @@ def save(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
         f.flush()
         os.fsync(f.fileno())
     step = ns.get("step") if isinstance(ns.get("step"), int) and not isinstance(ns.get("step"), bool) else args.get("step")
+    step = args.get("at", step)  # at a safe point (procs/rank_safepoint.py): that point's step
     mine = {"info": info, "sizes": {n: b for n, (b, _h) in sizes.items()}, "hashes": {n: h for n, (_b, h) in sizes.items()},
             "imports": found.imports, "unsaved": found.unsaved, "step": step}
     reports: List[Any] = [None] * world
