@@ -16,7 +16,7 @@ import shutil
 import socket
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from ..logs import log
 from ..wire import kept
@@ -37,6 +37,7 @@ class LeaseWatch:
         self.failed = False  # never reached the lease: the kernel's keep fails, the allocation follows the kernel again
         self.over = threading.Event()  # the lease ended (its lock here is free)
         self.stopping = False
+        self.on_end: Optional[Callable[[], None]] = None  # what the lease's end ends here before the lock goes (a Ray pool's driver)
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="ddp-lease-watch", daemon=True).start()
@@ -78,6 +79,8 @@ class LeaseWatch:
                 self._ended(f"this host lost its connection to the lease on {self.node}")
         finally:
             self._remove(files=self.stopping)
+            if fd is not None and not self.stopping and self.on_end is not None:  # its lock free means all of it is gone
+                self.on_end()
             if fd is not None:
                 os.close(fd)
             self.over.set()
