@@ -254,6 +254,7 @@ def test_a_kept_ray_pool_outlives_its_kernel_and_ends_with_its_lease_or_stop(clu
     try:
         for end in ("idle", "stop"):
             _kept_round(cluster, runtime, end)
+        _kept_actor_killed(cluster, runtime)
     finally:
         drop_runtime_dir(runtime)
 
@@ -273,15 +274,17 @@ def _kept_round(cluster: box_ray.Cluster, runtime: str, end: str) -> None:
         open(gate, "w").close()
         ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
         assert "kept pool" in ex.stdout, ex.stdout
+        kept_id = re.findall(r"kept pool ([0-9a-f]{8})", ex.stdout)[0]
         assert wait_until(lambda: all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(2)), 60)
         first = sigkill_kept(k, ex)
         state = cluster.state()
         assert all(alive(p) for p in ranks) and state["actors"].count("NodeActor") == 1, f"kept through a SIGKILL: {state}"
         assert len([p for p in state["pgs"] if p.startswith("ddp_magic")]) == 1 and _drivers(runtime), state
         k = _kernel(cluster, runtime)
+        t0 = time.monotonic()
         att = k.run("%ddp attach --out job", timeout=120).ok()
         assert "attached the kept pool" in att.stdout and "2 ranks alive" in att.stdout, att.stdout
-        print("attach:", re.search(r"in [\d.]+ s", att.stdout))
+        print(f"attach: {time.monotonic() - t0:.2f} s the cell, {re.findall(r'in [0-9.]+ s', att.stdout)} said")
         os.unlink(gate)
         assert k.value("job.wait(60)") is True
         shown, second = ticks(first), ticks(cell_texts(k, att))
@@ -301,6 +304,31 @@ def _kept_round(cluster: box_ray.Cluster, runtime: str, end: str) -> None:
         print(f"{end}: nothing left {time.monotonic() - t0:.1f} s after the {'SIGKILL' if end == 'idle' else 'stop'}")
         assert left == {"actors": [], "pgs": [], "procs": [], "drivers": [], "held": []}, f"left after the lease's end ({end}): {left}"
         assert not [p for p in ranks if alive(p)]
+        if end == "idle":  # from a terminal: why it ended
+            said = subprocess.run([sys.executable, "-m", "ddp_magic", "stop", kept_id], capture_output=True, text=True,
+                                  env=dict(os.environ, JUPYTER_RUNTIME_DIR=runtime))
+            assert "its lease's --idle" in said.stdout + said.stderr, said
+    finally:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)
+
+
+def _kept_actor_killed(cluster: box_ray.Cluster, runtime: str) -> None:
+    """A kept pool's actor SIGKILLed (its kernel alive): its template goes with it, kept or not, its ranks with that, and
+    the driver, hearing its lease holder gone, removes the placement group and ends."""
+    k = _kernel(cluster, runtime)
+    try:
+        k.run(KEEP_START, timeout=300).ok()
+        assert "kept pool" in k.run("%ddp keep", timeout=60).ok().stdout
+        procs = ours(cluster)
+        template = next(p for p in procs if _ppid(p) not in procs)
+        os.kill(_ppid(template), signal.SIGKILL)
+        t0 = time.monotonic()
+        left = _nothing_left(cluster, runtime, 60)
+        print(f"actor: nothing left {time.monotonic() - t0:.1f} s after its SIGKILL")
+        assert left == {"actors": [], "pgs": [], "procs": [], "drivers": [], "held": []}, f"left after the actor's SIGKILL: {left}"
+        assert not [p for p in procs if alive(p)]
+        k.run("%ddp stop", timeout=60)
     finally:
         k.kc.stop_channels()
         k.km.shutdown_kernel(now=True)
