@@ -25,6 +25,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from ..logs import log
+from .ray_keep import DriverKeep
 
 _out = threading.Lock()
 READ_S = 1.0  # an actor's read waits this long for its template's first line
@@ -103,6 +104,7 @@ class Driver:
         self.actors: List[Any] = []
         self.names: List[str] = []
         self.ending = threading.Event()
+        self.keeping = DriverKeep(self.end)  # a kept pool: this driver outlives the kernel under the lease (procs/ray_keep.py)
 
     def bundles(self) -> List[Dict[str, float]]:
         bundle = {"CPU": self.args.cpus * self.args.per_node}
@@ -165,12 +167,15 @@ class Driver:
     def relay_in(self) -> None:
         """Every line of our stdin to every template, until it closes (the kernel is gone, or ends the pool)."""
         for line in iter(sys.stdin.readline, ""):
+            if self.keeping.take(line):
+                continue
             for actor in self.actors:
                 actor.write.remote(line)
 
     def relay_then_end(self) -> None:
         self.relay_in()
-        self.end()
+        if not self.keeping.kernel_left(self.actors):  # kept: the lease ends us
+            self.end()
 
     def end(self, *_: object) -> None:
         """Remove the placement group and kill the actors (their templates follow), then exit."""

@@ -13,7 +13,8 @@ the kernel (TLS across hosts), a template that hears no beat ends its ranks.
 The env is torchrun's: MASTER_ADDR is the first node's Ray address, each node's
 CUDA_VISIBLE_DEVICES the GPU ids Ray gave its actor (local rank i on cuda:i), the node's
 hostname in the output prefix ``[rank 3 n2]``. Nothing is detached: the driver's end (the
-kernel's) makes Ray end the actors and the placement group, and each template its ranks.
+kernel's) makes Ray end the actors and the placement group, and each template its ranks. A kept
+pool's driver outlives the kernel under the lease (ray_keep.py).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from ...plan.net import address_family, is_local_ip, master_port, route_source
 from ...plan.ray import AUTO_REASON, RayRequest
 from ...wire import node_hello, tls
 from .base import LaunchError
-from .hosts import HostLauncher, forwarded
+from .hosts import forwarded
+from .ray_keep import RayKeep
 from .slurm_steps import TemplateStep
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ CONNECT_WAIT_S = 120.0  # ray.init and the checks; placement has --start-timeout
 HELLO_WAIT_S = 60.0  # from the placement to every template's hello (an actor's start, python's)
 
 
-class RayLauncher(HostLauncher):
+class RayLauncher(RayKeep):
     """Ranks forked by one template a Ray node (the child of an actor pinned to the node's bundle); the placement group
     and the templates are held across restarts (a new -n in the same shape forks from them) and ended by ``close``."""
 
