@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "tests" / "slurm"))
 import box_ray  # noqa: E402
 from ddp_magic.wire import kept  # noqa: E402
 from kernel_helper import Kernel, alive, drop_runtime_dir, own_runtime_dir  # noqa: E402
-from keep_helper import TICKS, cell_texts, sigkill_kept, ticks  # noqa: E402
+from keep_helper import TICKS, cell_texts, runtime_processes, sigkill_kept, ticks  # noqa: E402
 from slurm_helpers import run_interrupting, says  # noqa: E402
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
@@ -222,19 +222,8 @@ N, AT = 20, 10
 
 
 def _drivers(runtime: str) -> List[int]:
-    """The kept pool's driver and its anchor on this host: the processes whose env names this test's runtime directory."""
-    out = []
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                mine = f"JUPYTER_RUNTIME_DIR={runtime}".encode() in f.read().split(b"\0")
-        except OSError:
-            continue
-        if mine and b"ddp_magic.procs.ray_driver" in cmd:
-            out.append(pid)
-    return out
+    """The kept pool's driver and its anchor on this host."""
+    return runtime_processes(runtime, b"ddp_magic.procs.ray_driver")
 
 
 def _nothing_left(cluster: box_ray.Cluster, runtime: str, seconds: float) -> dict:

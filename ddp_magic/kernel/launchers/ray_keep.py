@@ -61,16 +61,7 @@ class RayKeep(HostLauncher):
     def detach(self) -> None:
         """The kept pool is no more this kernel's (its exit, or another kernel took it): the driver's stdin closes (it tells
         the templates no kernel is there), nothing is signalled; the driver, the actors and the group follow the lease."""
-        self.stop_beat()
-        steps, self.steps = self.steps, []
-        for step in steps:
-            if step.proc.stdin is not None:
-                try:
-                    step.proc.stdin.close()
-                except OSError:
-                    log.debug("a kept Ray pool's driver pipe was closed already", exc_info=True)
-        self.request, self.placed_nodes, self.lease_lock, self.tls_key = None, [], "", None
+        self.let_go_of_steps("a kept Ray pool's driver pipe")
+        self.request, self.placed_nodes = None, []
         self.hellos.clear()
-        self._pids.clear()
-        self._pending.clear()
 
