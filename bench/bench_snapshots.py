@@ -9,7 +9,8 @@ The state: ``--mib`` MiB of float32 parameters (Linear layers of 64 MiB) wrapped
 buffers are as large (one step taken), on every rank of a ``Session``'s pool (the kernel's own code path, no
 notebook). Each way in turn, within one repeat, so a slow moment of the machine hits all of them:
 
-- **save**: ``%ddp save`` (``ui.snapshots.save``, the whole cell: the time training is paused); ``torch.save`` of
+- **save**: ``%ddp save`` (``ui.snapshots.save``, the whole cell: the time training is paused); ``%ddp save --bg``
+  (the cell: the training's pause; then the wait until its threads have written it); ``torch.save`` of
   ``{"model": ..., "opt": ...}`` on rank 0 then a barrier; DCP written by hand (``dcp.save`` of
   ``get_model_state_dict``/``get_optimizer_state_dict``), each as a cell; the floor: every rank copies its share of
   the replicated state (state bytes ÷ n) into fresh memory at once, the slowest rank's time;
@@ -142,6 +143,7 @@ class Bench:
         ok(result)
         self.add("bytes.ddp", du(folder))
         self.snapshot = folder
+        self.save_bg()
         path = self.fresh(f"torch-{rep}.pt")
         self.add("save.torch", timed(lambda: self.run(TORCH_SAVE.format(path=path))))
         self.add("bytes.torch", os.path.getsize(path))
@@ -151,6 +153,23 @@ class Bench:
         self.add("bytes.dcp", du(path))
         got = self.run(MEMCPY.format(elems=self.state_bytes // self.n // 4))
         self.add("save.memcpy", max(got.outcome.values))
+
+    def save_bg(self) -> None:
+        """``%ddp save --bg``: the cell's time is the training's pause; then the wait until the threads have written it."""
+        from ddp_magic.kernel.snapshots import WRITTEN_SOURCE
+        from ddp_magic.ui import snapshots as ui
+
+        folder = self.fresh("ddp-bg")
+        t0 = time.monotonic()
+        result, saved = ui.save(self.s, folder, background=True)
+        self.add("save.bg", time.monotonic() - t0)
+        ok(result)
+        assert saved is not None and saved.report.get("background"), saved
+        self.add("save.bg.ranks", saved.report["paused"])
+        self.add("save.bg.written", timed(lambda: self.run(WRITTEN_SOURCE)))
+        assert self.s.pool is not None
+        self.s.pool.recovery.writing = None  # waited for here
+        self.add("bytes.bg", du(folder))
 
     def load_ways(self) -> None:
         from ddp_magic.ui import snapshots as ui
@@ -195,6 +214,10 @@ def report(b: Bench, repeats: int) -> str:
         "|---|---|---|---|",
         f"| floor: every rank copies its share ({b.state_bytes / b.n / MIB:,.0f} MiB) into fresh memory, the slowest | {s('save.memcpy', 's', 3)} | 1.00 | |",
         f"| `%ddp save` (sync; training paused the whole time) | {s('save.ddp')} | {med('save.ddp') / med('save.memcpy'):.1f} | {mb('bytes.ddp')} |",
+        f"| `%ddp save --bg`: the training's pause (the cell) | {s('save.bg')} | {med('save.bg') / med('save.memcpy'):.1f} | {mb('bytes.bg')} |",
+        f"| … of which rank 0's own (fingerprints, its share copied, the names pickled) | {s('save.bg.ranks')} "
+        f"| {med('save.bg.ranks') / med('save.memcpy'):.1f} | |",
+        f"| … then until the ranks' threads have written it (meta.json, renamed) | {s('save.bg.written')} | | |",
         f"| `torch.save` on rank 0, then a barrier | {s('save.torch')} | {med('save.torch') / med('save.memcpy'):.1f} | {mb('bytes.torch')} |",
         f"| DCP by hand (`dcp.save` of the model's and optimizer's state dicts) | {s('save.dcp')} "
         f"| {med('save.dcp') / med('save.memcpy'):.1f} | {mb('bytes.dcp')} |",

@@ -131,6 +131,7 @@ def keep_arguments(func: F) -> F:
 
 SNAPSHOT_ARGUMENTS = (
     argument("names", nargs="*", metavar="NAME", help="with save: only these names (default: every name the ranks own)"),
+    argument("--bg", action="store_true", help="with save: the ranks go on once each has copied its share; threads write it"),
     argument("--into", metavar="NAMES", help="with load: fill these objects (model,opt), which a setup cell built, instead of rebuilding them"),
 )
 

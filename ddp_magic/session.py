@@ -8,24 +8,24 @@ No IPython here (tests/unit/test_structure.py checks that): a test or a script d
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from .errors import PlanError, ShipError, UsageError
 from .export.record import History
-from .kernel import CellOutcome, Listener
+from .kernel import Listener
 from .kernel.ranks import LastCell
 from .kernel.results.metrics import CellMetrics
 from .kernel.output.output_log import OutputLog
-from .kernel import templates
+from .kernel import snapshots, templates
 from .kernel.jobs import peek as peeks
 from .kernel.launchers import preview
 from .kernel.pool import Pool
-from .kernel.results.profile_merge import ProfileReport, ProfileRun
+from .kernel.results.profile_merge import ProfileRun
 from .kernel.reload import Autoreload
 from .kernel.texts import NAMES_GONE, cancelled_text
 from .kernel.jobs.turns import Ticket, TicketClock, Turns
+from .kernel.cell_types import CellOptions, CellResult  # noqa: F401  (the front ends import them from here)
 from .kernel.pool_status import NO_POOL, PoolStatus, RankRow, status_of  # noqa: F401  (NO_POOL: the front ends read it here)
 from .kernel.stacks import Stacks, stacks as read_stacks
 from .logs import log
@@ -59,42 +59,6 @@ class EnvData:
     @property
     def state(self) -> str:
         return "live" if self.live is not None else "planned"
-
-
-@dataclass(frozen=True)
-class CellOptions:
-    """How one cell runs; ``spec`` None means "on the pool as it is"."""
-
-    spec: Optional[PoolSpec] = None
-    restart: bool = False  # restart the pool first (state on the workers is lost)
-    timeout: Optional[float] = None
-    gather: str = "auto"
-    argv: Optional[List[str]] = None  # sys.argv on the ranks; None: ["ddp_cell"], --local_rank=N where a parser declares it
-    stdin: Optional[Callable[[str, bool], str]] = None  # answers the ranks' input() and pdb (kernel/jobs/stdin.py); None: EOF
-    scatter: Tuple[str, ...] = ()  # --scatter x,y: these notebook names reach each rank as its shard (wire/notebook_data.py)
-    profile: Optional[str] = None  # --profile: the merged trace's path ("": the default); None: no profiler (kernel/results/profile_merge.py)
-    number: Optional[int] = None  # the prompt number the cell runs under (In [n]): tracebacks, metrics and the panel name it so
-    first_line: int = 1  # the editor's line number of the source's first line (2 below a %%ddp line): every line named is the editor's
-    ticket: Optional[Ticket] = None  # the cell's place in the pool's line ("cell [12]", background or not); None: a new one
-    queue: bool = True  # wait for the turn when another cell holds it (--no-queue: False, a UsageError instead)
-    cancel: Optional[threading.Event] = None  # set: interrupt the cell as Ctrl-C would (a job's cancel(); out of the queue if it waits)
-    kernel_autoreload: bool = False  # the kernel's %autoreload 2 is on: the ranks follow it unless %ddp autoreload off (kernel/reload.py)
-    internal: bool = False  # ddp_magic's own cell (%ddp save, load): no record for %ddp_export, which writes the user's cells
-    heal: bool = True  # a rank started again before this cell gets the others' names first (--no-heal: it starts empty)
-
-
-@dataclass(frozen=True)
-class CellResult:
-    """What a cell did: the pool's outcome, and the label its tracebacks carry (<ddp-cell-N>)."""
-
-    outcome: CellOutcome
-    label: str
-    metrics: Optional[CellMetrics] = None  # what the ranks logged with ddp_magic.log (kernel/results/metrics.py)
-    profile: Optional[ProfileReport] = None  # --profile: the merged trace and the straggler table
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome.ok
 
 
 class CellListener(Listener):
@@ -169,6 +133,9 @@ class Session:
         """Restart the pool (fresh port, the names on the workers are gone), with ``spec``'s options if given."""
         listener = listener or Listener()
         self.turns.check_idle("no restart")
+        written = self._wait_for_writes()
+        if written:
+            listener.on_notice(written)
         pool = self._pool_for(spec, listener, NEED_N_FOR_RESTART)
         if templates.start_replaced(pool, listener):
             pass  # a new pool of the options asked for: just started
@@ -185,6 +152,7 @@ class Session:
         A cell holding the turn (a background job) refuses it, unless ``force`` (the kernel goes away)."""
         if not force:
             self.turns.check_idle("the pool was not stopped")
+        written = "" if force else self._wait_for_writes()
         pool, self.pool = self.pool, None
         self.owned.clear()
         self.last = None
@@ -193,7 +161,12 @@ class Session:
         if pool is None:
             return ""
         unreached = pool.stop()  # ranks on a silent node: ", except ranks 2-3 on n2, which could not be reached (…)"
-        return STOPPED + unreached + getattr(pool.launcher, "released", "")  # a Slurm pool: its job released (or the kernel's own kept)
+        stopped = STOPPED + unreached + getattr(pool.launcher, "released", "")  # a Slurm pool: its job released (or the kernel's own kept)
+        return f"{written}\n{stopped}" if written else stopped
+
+    def _wait_for_writes(self) -> str:
+        """A background save (%ddp save --bg, --save-every) still being written is waited for before its ranks go."""
+        return snapshots.finish_writes(self.pool, lambda source: self.run(source, {}, CellOptions(internal=True)))
 
     def _pool_for(self, spec: Optional[PoolSpec], listener: Listener, missing: str) -> Pool:
         """The pool ``spec`` asks for: the running one, a new one, or a replacement (validated before the old one goes)."""

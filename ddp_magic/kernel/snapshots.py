@@ -11,7 +11,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..wire import snapshot as S
 from ..words import fmt_bytes, plural
@@ -19,16 +19,44 @@ from ..words import fmt_bytes, plural
 INTO_HINT = "where a rebuild is not exact: rebuild those objects in a setup cell, then %ddp load {path} --into NAME,NAME"
 
 
-def save_args(parent: str, names: Sequence[str], step: Optional[int]) -> Dict[str, Any]:
-    """What every rank's writer takes (procs/rank_snapshot.py ``save``): one new partial folder of ``parent``, the names, the time."""
+def save_args(parent: str, names: Sequence[str], step: Optional[int], background: bool = False) -> Dict[str, Any]:
+    """What every rank's writer takes (procs/rank_snapshot.py ``save``): one new partial folder of ``parent``, the names, the time;
+    ``background``: the ranks go on once each has copied its share, a thread of each writes it."""
     partial = os.path.join(os.path.abspath(parent), S.PARTIAL + secrets.token_hex(4))
-    return {"partial": partial, "names": list(names), "time": time.time(), "step": step}
+    return {"partial": partial, "names": list(names), "time": time.time(), "step": step, "background": background, "typed": parent}
 
 
-def save_source(parent: str, names: Sequence[str], step: Optional[int]) -> Tuple[str, str]:
+def save_source(parent: str, names: Sequence[str], step: Optional[int], background: bool = False) -> Tuple[str, str]:
     """The cell every rank runs for ``%ddp save``: its share written into one new partial folder of ``parent`` (returned too)."""
-    args = save_args(parent, names, step)
+    args = save_args(parent, names, step, background)
     return _call("save", args), args["partial"]
+
+
+WRITTEN_SOURCE = "__import__('ddp_magic.procs.rank_snapshot', fromlist=['written']).written()"  # waits for a background save
+
+
+def finish_writes(pool: Any, run: Callable[[str], Any]) -> str:
+    """Before a pool's ranks go: a background save of theirs still being written is waited for (a cell on every rank), and said."""
+    parent = pool.recovery.writing if pool is not None and pool.alive else None
+    if not parent:
+        return ""
+    pool.recovery.writing = None
+    result = run(WRITTEN_SOURCE)
+    return written_text(result.outcome.values if result.ok else [], parent) if result.ok else "the wait for the background save failed"
+
+
+def written_text(outcomes: Sequence[Optional[Dict[str, Any]]], typed: str) -> str:
+    """What the wait for a background save says: the snapshot whole, or the ranks it failed on."""
+    failed: Dict[int, str] = {}
+    for r in outcomes:
+        failed.update({int(k): v for k, v in ((r or {}).get("failed") or {}).items()})
+    if failed:
+        first = min(failed)
+        return f"the background save failed on rank {first}: {failed[first]}; it is left partial, the snapshots before it are whole"
+    done = next((r for r in outcomes if r and r.get("path")), None)
+    if done is None:
+        return ""
+    return f"{shown(typed, done['path'])} is whole: {fmt_bytes(done['bytes'])} written in the background"
 
 
 def unfinished(partial: str) -> str:
@@ -64,8 +92,12 @@ class Saved:
     def text(self) -> str:
         r = self.report
         step = f"step {r['step']}" if r.get("step") is not None else "a snapshot"
-        lines = [f"saved {step} to {shown(self.typed, r['path'])}{self.where}: {plural(len(r['names']), 'name')}, {fmt_bytes(r['bytes'])}",
-                 "  " + _kinds(r["names"])]
+        if r.get("background"):  # the ranks went on after copying their shares: rank 0 says when it is whole
+            head = (f"saving {step} to {shown(self.typed, r['path'])}{self.where}: {plural(len(r['names']), 'name')}; "
+                    f"the ranks went on after {r['paused']:.2f} s, their threads write it (rank 0 says when it is whole)")
+        else:
+            head = f"saved {step} to {shown(self.typed, r['path'])}{self.where}: {plural(len(r['names']), 'name')}, {fmt_bytes(r['bytes'])}"
+        lines = [head, "  " + _kinds(r["names"])]
         for name, why in sorted(r["unsaved"].items()):
             lines.append(f"  not saved: {name}: {why}")
         return "\n".join(lines)

@@ -14,6 +14,7 @@ import importlib
 import os
 import pickle
 import sys
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -25,6 +26,7 @@ from ..wire import snapshot as S
 from ..words import ranks_phrase
 from ..wire.snapshot import Kind, Sharing
 from . import rank_rng
+from . import rank_snapshot_bg as bg
 from . import rank_snapshot_objects as O
 
 
@@ -61,9 +63,12 @@ def _tree(found: O.Sorted, rank: int) -> Tuple[Dict[str, Any], Dict[str, Dict[st
 
 def save(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     """Write this rank's share of the snapshot into ``args['partial']``; rank 0 renames it once every rank has written.
-    Returns what the kernel says: the folder, the names by kind, what could not be saved."""
+    Returns what the kernel says: the folder, the names by kind, what could not be saved. ``args['background']``:
+    only the copy of the rank's share is taken here; a thread writes it (procs/rank_snapshot_bg.py)."""
+    t0 = time.monotonic()
+    bg.wait()  # a background save still being written goes first: one at a time
     rank, world = dist.get_rank(), dist.get_world_size()
-    partial = args["partial"]
+    partial, background = args["partial"], bool(args.get("background"))
     _shared_folder(partial, rank)
     found = O.sort_names(ns, list(args["names"]))
     blob, problems = O.skeletons(found.modules, found.optimizers)
@@ -71,26 +76,51 @@ def save(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
         found.unsaved[name] = why
         del found.optimizers[name]
     tree, info = _tree(found, rank)
-    dcp.save(tree, checkpoint_id=os.path.join(partial, S.DCP_DIR))
+    replicated = {n for n, e in info.items() if e["sharing"] == Sharing.REPLICATED.value}
+    staged = bg.share(tree, replicated, rank, world) if background else None
+    if staged is None:
+        dcp.save(tree, checkpoint_id=os.path.join(partial, S.DCP_DIR))
     values, sizes, unpicklable = O.pickle_values(found.values, O.references(found.modules, found.optimizers), ns)
     found.unsaved.update(unpicklable)
     record = {"skeletons": blob, "values": values, "rng": rank_rng.rng_state(), "imports": found.imports}
     data = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
-    with open(os.path.join(partial, S.rank_file(rank)), "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    if staged is None:
+        _write_record(partial, rank, data)
     step = ns.get("step") if isinstance(ns.get("step"), int) and not isinstance(ns.get("step"), bool) else args.get("step")
     step = args.get("at", step)  # at a safe point (procs/rank_safepoint.py): that point's step
     mine = {"info": info, "sizes": {n: b for n, (b, _h) in sizes.items()}, "hashes": {n: h for n, (_b, h) in sizes.items()},
             "imports": found.imports, "unsaved": found.unsaved, "step": step}
     reports: List[Any] = [None] * world
-    dist.all_gather_object(reports, mine)  # every rank has written: the only way past this line
-    if rank != 0:
-        return {"rank": rank, "unsaved": found.unsaved}
+    dist.all_gather_object(reports, mine)  # a foreground save: every rank has written, the only way past this line
     final = os.path.join(os.path.dirname(partial.rstrip("/")), S.snapshot_name(reports[0]["step"], args["time"]))
     meta = S.Meta(world_size=world, time=args["time"], step=reports[0]["step"], names=_names(reports),
-                  unsaved=_unsaved(reports), files=S.file_table(partial), versions=_versions())
+                  unsaved=_unsaved(reports), files={}, versions=_versions())
+    if staged is not None:
+        label = os.path.join(args.get("typed") or os.path.dirname(final), os.path.basename(final))
+        bg.start(staged, data, partial, rank, lambda: _finish(partial, final, meta), _write_record, label)
+        if rank:
+            return {"rank": rank, "unsaved": found.unsaved}
+        return {"rank": 0, "path": final, "names": meta.names, "unsaved": meta.unsaved, "step": meta.step, "background": True,
+                "paused": time.monotonic() - t0}
+    return _finish(partial, final, meta) if rank == 0 else {"rank": rank, "unsaved": found.unsaved}
+
+
+def written() -> Optional[Dict[str, Any]]:
+    """The kernel's wait for a background save (before a stop): its outcome on this rank, None when none was written."""
+    return bg.wait()
+
+
+def _write_record(partial: str, rank: int, data: bytes) -> None:
+    """This rank's file (skeletons, values, RNG, imports), on disk before the rank says it has written."""
+    with open(os.path.join(partial, S.rank_file(rank)), "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _finish(partial: str, final: str, meta: S.Meta) -> Dict[str, Any]:
+    """Rank 0, once every rank has written: meta.json with every file's size and hash, then the rename that makes it whole."""
+    meta.files = S.file_table(partial)
     meta.write(partial)
     os.rename(partial, final)
     return {"rank": 0, "path": final, "names": meta.names, "unsaved": meta.unsaved, "bytes": meta.bytes, "step": meta.step}
@@ -136,6 +166,7 @@ def _unsaved(reports: List[Dict[str, Any]]) -> Dict[str, str]:
 def load(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     """Rebuild the snapshot's names here (``args['into']``: take these objects from the namespace and fill them).
     Returns the names set and what could not be mapped, with why."""
+    bg.wait()  # a background save still being written is whole (or failed) before anything is read
     path, into = args["path"], set(args.get("into") or ())
     rank, world = dist.get_rank(), dist.get_world_size()
     meta = S.Meta.read(path)
@@ -216,5 +247,5 @@ def _mappable(values: Dict[str, Any], meta: S.Meta, notes: List[str]) -> Dict[st
 
 
 def entry(op: str, ns: Dict[str, Any], args: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """What the kernel's cell calls: ``save`` or ``load`` in this rank's namespace."""
-    return save(ns, args) if op == "save" else load(ns, args)
+    """What the kernel's cell calls: ``save``, ``load`` or ``written`` in this rank's namespace."""
+    return save(ns, args) if op == "save" else load(ns, args) if op == "load" else written()

@@ -56,7 +56,8 @@ def _loop(session: Session, ticket: Ticket, seconds: float, every: Optional[List
         if preempt:
             preempting.arm(session, preempt)
         while every and not stop.wait(seconds):
-            out, saved = at_safe_point(session, ticket, every[1], (), lambda: None, f" at a safe point (--save-every {every[0]})")
+            out, saved = at_safe_point(session, ticket, every[1], (), lambda: None, f" at a safe point (--save-every {every[0]})",
+                                       background=True)  # the training waits only while each rank copies its share
             if saved is not None:
                 print(saved.text().splitlines()[0], flush=True)
             elif out.outcome == safe_save.Outcome.ENDED:

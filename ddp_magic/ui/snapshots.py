@@ -26,6 +26,8 @@ RETRY_S = 0.2  # a save asked for while the running cell starts or ends on some 
 
 def command(session: Session, args: argparse.Namespace, request: Dict[str, Any]) -> None:
     """%ddp save / load / snapshots, parsed (magic_options.py ``SNAPSHOT_ARGUMENTS``); prints what the user reads."""
+    if args.bg and args.action != "save":
+        raise UsageError(f"%ddp {args.action}: --bg goes with save (write in the background), e.g. %ddp save ckpt/ --bg")
     if args.action not in ACTIONS:
         raise UsageError("%ddp: names and --into go with save and load, e.g. %ddp save ckpt/ model opt")
     if not args.target:
@@ -37,9 +39,9 @@ def command(session: Session, args: argparse.Namespace, request: Dict[str, Any])
     if args.action == "save":
         if request or args.into:
             raise UsageError("%ddp save: pool options and --into go with load, e.g. %ddp load ckpt/ -n 2 --into model,opt")
-        if during_a_cell(session, args.target, args.names):
+        if during_a_cell(session, args.target, args.names, args.bg):
             return None
-        result, done = save(session, args.target, args.names, listener)
+        result, done = save(session, args.target, args.names, listener, args.bg)
     else:
         if args.names:
             raise UsageError(f"%ddp load: one folder; the objects to fill go with --into, e.g. %ddp load {args.target} --into model,opt")
@@ -54,24 +56,26 @@ def command(session: Session, args: argparse.Namespace, request: Dict[str, Any])
     print(done.text())
 
 
-def save(session: Session, parent: str, names: Sequence[str] = (), listener: Optional[MagicListener] = None) -> Tuple[CellResult, Optional[snapshots.Saved]]:
-    """The names the ranks own (or ``names``) as a new snapshot in ``parent``, at this cell boundary."""
+def save(session: Session, parent: str, names: Sequence[str] = (), listener: Optional[MagicListener] = None,
+         background: bool = False) -> Tuple[CellResult, Optional[snapshots.Saved]]:
+    """The names the ranks own (or ``names``) as a new snapshot in ``parent``, at this cell boundary (``background``:
+    the ranks go on once each has copied its share; %ddp stop waits for the write, procs/rank_snapshot_bg.py)."""
     if session.pool is None or not session.pool.alive:
         raise UsageError("%ddp save: no pool is running; there is nothing on the ranks to save")
     chosen = list(names) or sorted(session.owned)
     if not chosen:
         raise UsageError("%ddp save: the ranks own no names yet (what a %%ddp cell assigns lives there); name some, e.g. %ddp save ckpt/ model")
     step = session.metrics.last_step() if session.metrics else None  # ddp_magic.log's step, unless the ranks hold a `step`
-    source, partial = snapshots.save_source(parent, chosen, step)
+    source, partial = snapshots.save_source(parent, chosen, step, background)
     result = session.run(source, {}, CellOptions(internal=True), listener)
     if not result.ok:
         result.outcome.notes.append(snapshots.unfinished(snapshots.shown(parent, partial)))
     if result.ok and session.pool is not None:
-        session.pool.recovery.snapshot = result.outcome.values[0]["path"]  # a rank healed later takes its own names from it
+        _saved(session, result.outcome.values[0], parent)
     return result, (snapshots.Saved(result.outcome.values[0], parent) if result.ok else None)
 
 
-def during_a_cell(session: Session, parent: str, names: Sequence[str]) -> bool:
+def during_a_cell(session: Session, parent: str, names: Sequence[str], background: bool = False) -> bool:
     """%ddp save while a cell runs on the pool (a --bg job): taken at its next safe point, said here. False when the cell
     ended before one: the save then waits its turn, as a cell, at the boundary."""
     holder = session.turns.holder
@@ -85,7 +89,7 @@ def during_a_cell(session: Session, parent: str, names: Sequence[str]) -> bool:
         if not said:
             said.append(print(waits, flush=True))
 
-    out, saved = at_safe_point(session, holder, parent, names, say, " at a safe point (the job goes on)")
+    out, saved = at_safe_point(session, holder, parent, names, say, " at a safe point (the job goes on)", background)
     if saved is not None:
         print(saved.text())
         return True
@@ -96,13 +100,13 @@ def during_a_cell(session: Session, parent: str, names: Sequence[str]) -> bool:
 
 
 def at_safe_point(session: Session, holder: Ticket, parent: str, names: Sequence[str], on_wait: Callable[[], None],
-                  where: str) -> Tuple[safe_save.SafeSave, Optional[snapshots.Saved]]:
+                  where: str, background: bool = False) -> Tuple[safe_save.SafeSave, Optional[snapshots.Saved]]:
     """The names the ranks own and the running cell assigns (or ``names``), saved at the cell's next safe point."""
     chosen = list(names) or sorted(session.owned | holder.assigns)
     if not chosen:
         raise UsageError("%ddp save: the ranks own no names yet; name some, e.g. %ddp save ckpt/ model")
     assert session.pool is not None
-    args = snapshots.save_args(parent, chosen, None)
+    args = snapshots.save_args(parent, chosen, None, background)
     out = safe_save.save_at_safe_point(session.pool, session.turns, args, on_wait)
     while out.outcome == safe_save.Outcome.ENDED and session.turns.holder is holder and holder.ran_for is None and session.pool.alive:
         time.sleep(RETRY_S)  # its cell has not reached every rank yet, or is ending on some: ask again until it runs or has ended
@@ -111,8 +115,15 @@ def at_safe_point(session: Session, holder: Ticket, parent: str, names: Sequence
         out.why += "; " + snapshots.unfinished(snapshots.shown(parent, args["partial"]))
     if out.outcome != safe_save.Outcome.SAVED or out.report is None:
         return out, None
-    session.pool.recovery.snapshot = out.report["path"]  # a rank healed later takes its own names from it
+    _saved(session, out.report, parent)
     return out, snapshots.Saved(out.report, parent, where)
+
+
+def _saved(session: Session, report: Dict[str, Any], parent: str) -> None:
+    """The pool's last snapshot (a rank healed later takes its own names from it), and one still being written (its stop waits)."""
+    assert session.pool is not None
+    session.pool.recovery.snapshot = report["path"]
+    session.pool.recovery.writing = parent if report.get("background") else session.pool.recovery.writing
 
 
 def load(session: Session, path: str, into: Sequence[str] = (), spec: Optional[PoolSpec] = None,

@@ -53,6 +53,50 @@ SAME_STATE = (
 )
 
 
+HOLD_WRITES = (  # the ranks' writer threads wait for a file before they write: the training provably goes on meanwhile
+    "import os, time, ddp_magic.procs.rank_snapshot_bg as _writer\n"
+    "def _held(*args, _save=_writer.dcp.save, **kwargs):\n"
+    "    while not os.path.exists({gate!r}):\n"
+    "        time.sleep(0.01)\n"
+    "    return _save(*args, **kwargs)\n"
+    "_writer.dcp = type(_writer.dcp)('held')\n"
+    "_writer.dcp.save = _held\n"
+)
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_a_background_save_lets_the_training_go_on_and_holds_its_step(kernel, tmp_path, run):
+    """%ddp save --bg: the ranks go on once each copied its share and train on while their threads write; the snapshot
+    holds the step it was asked at (a resumed training equals an uninterrupted one to the bit), %ddp stop waits for it."""
+    kernel.run("%ddp stop").ok()
+    kernel.run("%%ddp -n 2\n" + SETUP, timeout=180).ok()
+    kernel.run("%%ddp --out whole\ntrain(100)", timeout=300).ok()
+    kernel.run("%ddp stop").ok()
+    kernel.run("%%ddp -n 2\n" + SETUP, timeout=180).ok()
+    gate = tmp_path / "gate"
+    kernel.run(f"%%ddp\ntrain(50);\n{HOLD_WRITES.format(gate=str(gate))}", timeout=300).ok()
+    saved = kernel.run(f"%ddp save {tmp_path} --bg", timeout=180).ok()
+    assert re.search(r"saving step 50 to \S+: \d+ names; the ranks went on after [\d.]+ s, their threads write it", saved.stdout), saved.stdout
+    assert "model (module, replicated)" in saved.stdout, saved.stdout
+    kernel.run("%%ddp\ntrain(80);", timeout=300).ok()  # the state moves on while the threads wait to write step 50's
+    assert [p.name[:9] for p in tmp_path.iterdir() if p.name != "gate"] == [".partial-"], "still being written as the training went on"
+    gate.write_text("")
+    again = kernel.run(f"%ddp save {tmp_path / 'later'} --bg", timeout=180).ok()  # a second one waits for the first
+    assert "saving step 80 to" in again.stdout, again.stdout
+    stopped = kernel.run("%ddp stop", timeout=180).ok()
+    assert re.search(r"step-000000080-\S+ is whole: [\d.]+ \w+ written in the background\nstopped the pool", stopped.stdout), stopped.stdout
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".partial")] == [], "every write finished and was renamed"
+    loaded = kernel.run(f"%ddp load {tmp_path}", timeout=180).ok()
+    assert "(step 50, saved by 2 ranks) into 2 ranks: " in loaded.stdout, loaded.stdout
+    kernel.run("%%ddp --out rest\ntrain(100)", timeout=300).ok()
+    assert kernel.value("[list(w[50:]) == list(r) for w, r in zip(whole, rest)]") == [True, True]
+    kernel.run("%ddp stop").ok()
+    loaded = kernel.run(f"%ddp load {tmp_path / 'later'}", timeout=180).ok()
+    assert "(step 80, saved by 2 ranks)" in loaded.stdout, loaded.stdout
+    kernel.run("%%ddp --out rest\ntrain(100)", timeout=300).ok()
+    assert kernel.value("[list(w[80:]) == list(r) for w, r in zip(whole, rest)]") == [True, True]
+
+
 @pytest.mark.parametrize("run", [1, 2])
 def test_a_resumed_training_gives_the_same_losses_to_the_bit(kernel, tmp_path, run):
     """Steps 51-100 after save at 50, %ddp stop, a new pool and %ddp load equal an uninterrupted run's, bit for bit."""
@@ -75,7 +119,7 @@ def test_a_resumed_training_gives_the_same_losses_to_the_bit(kernel, tmp_path, r
     assert kernel.value("whole[0][50:] != whole[1][50:]") is True  # the ranks' data differ: the RNG came back per rank
     kernel.run(f"%ddp_export {tmp_path}/train.py", timeout=120).ok()
     script = (tmp_path / "train.py").read_text()
-    assert "train(100)" in script and "rank_snapshot" not in script, "the export writes the user's cells, not ddp_magic's save and load"
+    assert "train(100)" in script and ".entry('save'" not in script and ".entry('load'" not in script, "the export writes the user's cells, not ddp_magic's save and load"
 
 
 @pytest.mark.parametrize("run", [1, 2])

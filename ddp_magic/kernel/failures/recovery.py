@@ -86,6 +86,7 @@ class Recovery:
         self.fresh: List[int] = []  # ranks started again before this cell, not yet healed (heal.py)
         self.started_line = ""  # "rank 1 (pid 4121) was killed by SIGKILL: started it again in 42 ms (rank 1 is pid 4188)"
         self.snapshot: Optional[str] = None  # the last snapshot this kernel saved or loaded: a healed rank's own names (heal.py)
+        self.writing: Optional[str] = None  # the folder of a background save not yet waited for: a stop waits for it first
         self._store: Optional[str] = None  # the FileStore the ranks' group uses now (None: the pool's first)
 
     def reset(self) -> None:
