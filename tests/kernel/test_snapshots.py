@@ -146,13 +146,13 @@ def test_a_new_kernel_loads_what_the_last_one_saved_and_trains_on(kernel, tmp_pa
         fresh.shutdown()
 
 
-@pytest.mark.parametrize("run", [1, 2])
-def test_a_snapshot_of_4_ranks_loads_into_2_with_the_same_weights_and_optimizer_state(kernel, tmp_path, run):
+@pytest.mark.parametrize("how", ["", " --bg"], ids=["foreground", "background"])  # twice: the second a --bg save
+def test_a_snapshot_of_4_ranks_loads_into_2_with_the_same_weights_and_optimizer_state(kernel, tmp_path, how):
     kernel.run("%ddp stop").ok()
     kernel.run("%%ddp -n 4\n" + SETUP, timeout=240).ok()
     kernel.run("%%ddp\ntrain(5);\nfrom torch.distributed.device_mesh import init_device_mesh\ndp_mesh = init_device_mesh('cpu', (4,))", timeout=300).ok()
     kernel.run(STATE.replace("%%ddp", "%%ddp --out before"), timeout=180).ok()
-    kernel.run(f"%ddp save {tmp_path}", timeout=180).ok()
+    kernel.run(f"%ddp save {tmp_path}{how}", timeout=180).ok()
     kernel.run("%ddp stop").ok()
     loaded = kernel.run(f"%ddp load {tmp_path} -n 2", timeout=240).ok()
     assert "saved by 4 ranks) into 2 ranks" in loaded.stdout, loaded.stdout
@@ -271,8 +271,8 @@ FULL = "%%ddp\n{k: v.full_tensor() for k, v in model.state_dict().items()}"
 MOMENTS = "%%ddp\n{n: opt.state[p]['exp_avg'].full_tensor() for n, p in model.named_parameters()}"
 
 
-@pytest.mark.parametrize("run", [1, 2])
-def test_fsdp2_at_4_ranks_loads_into_2_with_the_same_full_weights(kernel, tmp_path, run):
+@pytest.mark.parametrize("how", ["", " --bg"], ids=["foreground", "background"])  # twice: the second a --bg save
+def test_fsdp2_at_4_ranks_loads_into_2_with_the_same_full_weights(kernel, tmp_path, how):
     """FSDP2 state stays sharded on disk; a pool of 2 rebuilds the module (fully_shard again on its 2 ranks) with the
     same full weights and Adam moments, and trains on; a pool whose setup cell sharded the model again takes it with --into."""
     kernel.run("%ddp stop").ok()
@@ -281,7 +281,7 @@ def test_fsdp2_at_4_ranks_loads_into_2_with_the_same_full_weights(kernel, tmp_pa
                timeout=240).ok()
     kernel.run(FULL.replace("%%ddp", "%%ddp --out before"), timeout=180).ok()
     kernel.run(MOMENTS.replace("%%ddp", "%%ddp --out moments"), timeout=180).ok()
-    saved = kernel.run(f"%ddp save {tmp_path}", timeout=180).ok().stdout
+    saved = kernel.run(f"%ddp save {tmp_path}{how}", timeout=180).ok().stdout
     assert "model (module, sharded), opt (optimizer, sharded)" in saved, saved
     kernel.run("%ddp stop").ok()
     plain = kernel.run(f"%ddp load {tmp_path} -n 2", timeout=240).ok().stdout
