@@ -13,7 +13,8 @@ notebook). Each way in turn, within one repeat, so a slow moment of the machine 
   (the cell: the training's pause; then the wait until its threads have written it); ``torch.save`` of
   ``{"model": ..., "opt": ...}`` on rank 0 then a barrier; DCP written by hand (``dcp.save`` of
   ``get_model_state_dict``/``get_optimizer_state_dict``), each as a cell; the floor: every rank copies its share of
-  the replicated state (state bytes ÷ n) into fresh memory at once, the slowest rank's time;
+  the replicated state (state bytes ÷ n) into fresh memory at once, the slowest rank's time (and, for scale, its whole
+  replica);
 - **bytes on disk** of each;
 - **load**: into a new pool already started (its start is not the load's): every rank ``torch.load``s rank 0's
   ``torch.save`` file at once (each rank needs the whole replica), the value dropped; then ``%ddp load``. Files just
@@ -153,6 +154,8 @@ class Bench:
         self.add("bytes.dcp", du(path))
         got = self.run(MEMCPY.format(elems=self.state_bytes // self.n // 4))
         self.add("save.memcpy", max(got.outcome.values))
+        got = self.run(MEMCPY.format(elems=self.state_bytes // 4))
+        self.add("save.memcpy.all", max(got.outcome.values))
 
     def save_bg(self) -> None:
         """``%ddp save --bg``: the cell's time is the training's pause; then the wait until the threads have written it."""
@@ -213,6 +216,8 @@ def report(b: Bench, repeats: int) -> str:
         "| | time | ÷ floor | on disk |",
         "|---|---|---|---|",
         f"| floor: every rank copies its share ({b.state_bytes / b.n / MIB:,.0f} MiB) into fresh memory, the slowest | {s('save.memcpy', 's', 3)} | 1.00 | |",
+        f"| every rank copies its whole replica ({b.state_bytes / MIB:,.0f} MiB) at once, the slowest | {s('save.memcpy.all', 's', 3)} "
+        f"| {med('save.memcpy.all') / med('save.memcpy'):.1f} | |",
         f"| `%ddp save` (sync; training paused the whole time) | {s('save.ddp')} | {med('save.ddp') / med('save.memcpy'):.1f} | {mb('bytes.ddp')} |",
         f"| `%ddp save --bg`: the training's pause (the cell) | {s('save.bg')} | {med('save.bg') / med('save.memcpy'):.1f} | {mb('bytes.bg')} |",
         f"| … of which rank 0's own (fingerprints, its share copied, the names pickled) | {s('save.bg.ranks')} "
