@@ -145,7 +145,7 @@ def entries(parent: str) -> List[Entry]:
         if not os.path.isdir(path):
             continue
         if name.startswith(PARTIAL):
-            out.append(Entry(path, None, "partial: a save that did not finish (every rank had not written); never loaded"))
+            out.append(Entry(path, None, "partial: a save not finished (being written in the background, or stopped before every rank had written); never loaded"))
             continue
         if not os.path.exists(os.path.join(path, META)):
             continue

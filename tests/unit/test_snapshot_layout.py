@@ -31,7 +31,7 @@ def test_the_newest_whole_snapshot_is_loaded_and_a_partial_one_never(tmp_path):
     text = listing(str(tmp_path))
     assert text.splitlines()[0].startswith("2 snapshots in ")
     assert "step 10  1970-01-01 00:16:40 UTC  2 ranks" in text and "model (not saved: gen)" in text
-    assert ".partial-abcd  partial: a save that did not finish" in text
+    assert ".partial-abcd  partial: a save not finished" in text
 
 
 def test_a_changed_or_missing_file_is_named(tmp_path):
