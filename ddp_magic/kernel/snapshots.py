@@ -98,6 +98,8 @@ class Saved:
         else:
             head = f"saved {step} to {shown(self.typed, r['path'])}{self.where}: {plural(len(r['names']), 'name')}, {fmt_bytes(r['bytes'])}"
         lines = [head, "  " + _kinds(r["names"])]
+        if r.get("earlier"):  # the background save before this one, waited for first
+            lines.append(f"  the background save before it {r['earlier']}")
         for name, why in sorted(r["unsaved"].items()):
             lines.append(f"  not saved: {name}: {why}")
         return "\n".join(lines)

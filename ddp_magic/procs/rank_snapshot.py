@@ -66,7 +66,7 @@ def save(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     Returns what the kernel says: the folder, the names by kind, what could not be saved. ``args['background']``:
     only the copy of the rank's share is taken here; a thread writes it (procs/rank_snapshot_bg.py)."""
     t0 = time.monotonic()
-    bg.wait()  # a background save still being written goes first: one at a time
+    earlier = bg.failure(bg.wait())  # a background save still being written goes first: one at a time
     rank, world = dist.get_rank(), dist.get_world_size()
     partial, background = args["partial"], bool(args.get("background"))
     _shared_folder(partial, rank)
@@ -101,8 +101,8 @@ def save(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
         if rank:
             return {"rank": rank, "unsaved": found.unsaved}
         return {"rank": 0, "path": final, "names": meta.names, "unsaved": meta.unsaved, "step": meta.step, "background": True,
-                "paused": time.monotonic() - t0}
-    return _finish(partial, final, meta) if rank == 0 else {"rank": rank, "unsaved": found.unsaved}
+                "paused": time.monotonic() - t0, "earlier": earlier}
+    return dict(_finish(partial, final, meta), earlier=earlier) if rank == 0 else {"rank": rank, "unsaved": found.unsaved}
 
 
 def written() -> Optional[Dict[str, Any]]:

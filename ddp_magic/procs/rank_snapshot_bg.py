@@ -129,11 +129,17 @@ def _write(staged: Dict[str, Any], record: bytes, partial: str, rank: int, group
         print(said(WRITER.result, label), flush=True)
 
 
+def failure(result: Optional[Dict[str, Any]]) -> str:
+    """Why a background save failed ('' when it did not, or there was none): the next save says it too."""
+    if not result or not result.get("failed"):
+        return ""
+    first = min(result["failed"])
+    return f"failed on rank {first}: {result['failed'][first]}; it is left partial, the snapshots before it are whole"
+
+
 def said(result: Dict[str, Any], label: str) -> str:
     """Rank 0's line once the background save is whole, or why it is not."""
     if result.get("failed"):
-        first = min(result["failed"])
-        return (f"ddp_magic: the background save of {label} failed on rank {first}: {result['failed'][first]}; "
-                f"it is left partial, the snapshots before it are whole")
+        return f"ddp_magic: the background save of {label} {failure(result)}"
     return (f"ddp_magic: {label} is whole: {fmt_bytes(result['bytes'])} written in "
             f"{result['seconds']:.2f} s in the background")

@@ -99,6 +99,8 @@ def _tensor_print(value: torch.Tensor) -> bytes:
     several GB/s where sha256 of the bytes is under 1 (a 1 GiB model's replicas compared in a save or a heal). Two
     replicas that differ anywhere differ in a sum unless their changes cancel within 256 KiB: not what training does."""
     raw = value.detach().contiguous().reshape(-1).view(torch.uint8)
+    if raw.storage_offset() % 8:  # a view at an odd offset (a healed rank's tensors sit in its received buckets) cannot be read as words
+        raw = raw.clone()
     words = raw[: raw.numel() - raw.numel() % 8].view(torch.int64)
     full = words.numel() - words.numel() % PRINT_WORDS
     sums = words[:full].view(-1, PRINT_WORDS).sum(1)  # int64 sums wrap: fine for a fingerprint

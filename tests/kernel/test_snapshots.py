@@ -98,6 +98,28 @@ def test_a_background_save_lets_the_training_go_on_and_holds_its_step(kernel, tm
 
 
 @pytest.mark.parametrize("run", [1, 2])
+def test_a_rank_killed_while_a_background_save_is_written_leaves_it_partial_and_the_next_save_says_so(kernel, tmp_path, run):
+    """Rank 1 SIGKILLed while the threads write: the others' writer ends with the group's abort, the folder stays
+    partial, the next save names the failure, and that save (its healed rank fingerprinted from its received buckets) is whole."""
+    gate = tmp_path / "gate"
+    kernel.run("%ddp stop").ok()
+    kernel.run("%%ddp -n 2\n" + SETUP, timeout=180).ok()
+    kernel.run(f"%%ddp --out pids\ntrain(5);\n{HOLD_WRITES.format(gate=str(gate))}os.getpid()", timeout=300).ok()
+    kernel.run(f"%ddp save {tmp_path} --bg", timeout=180).ok()
+    os.kill(kernel.value("pids[1]"), signal.SIGKILL)
+    assert wait_until(lambda: not os.path.exists(f"/proc/{kernel.value('pids[1]')}"), timeout=30)
+    gate.write_text("")
+    healed = kernel.run("%%ddp\n1", timeout=180).ok()
+    assert "rank 1 (pid" in healed.stdout + healed.stderr and "healed in" in healed.stdout + healed.stderr, healed.stdout + healed.stderr
+    again = kernel.run(f"%ddp save {tmp_path} --bg", timeout=180).ok()
+    assert re.search(r"the background save before it failed on rank \d: .+; it is left partial", again.stdout), again.stdout
+    stopped = kernel.run("%ddp stop", timeout=180).ok()
+    assert " is whole: " in stopped.stdout, stopped.stdout
+    names = sorted(p.name[:9] for p in tmp_path.iterdir() if p.name != "gate")
+    assert names == [".partial-", "step-0000"], names
+
+
+@pytest.mark.parametrize("run", [1, 2])
 def test_a_resumed_training_gives_the_same_losses_to_the_bit(kernel, tmp_path, run):
     """Steps 51-100 after save at 50, %ddp stop, a new pool and %ddp load equal an uninterrupted run's, bit for bit."""
     kernel.run("%ddp stop").ok()
