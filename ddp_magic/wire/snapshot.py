@@ -145,7 +145,8 @@ def entries(parent: str) -> List[Entry]:
         if not os.path.isdir(path):
             continue
         if name.startswith(PARTIAL):
-            out.append(Entry(path, None, "partial: a save not finished (being written in the background, or stopped before every rank had written); never loaded"))
+            why = "partial: a save not finished (being written in the background, or stopped before every rank had written); never loaded"
+            out.append(Entry(path, None, why))
             continue
         if not os.path.exists(os.path.join(path, META)):
             continue
