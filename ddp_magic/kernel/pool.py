@@ -1,8 +1,8 @@
 """The kernel side of a pool: start, run cells on, and stop N worker processes.
 
-Plain Python with no IPython and no torch import: the magics, the session, the benchmarks and the tests all drive it
-through ``Pool.run``. The lifecycle only: the hub (``hub.py``) holds the sockets, ``cell.py`` and ``failures/`` handle a
-running cell's failures (the pool is their ``RankOps``), ``results/`` its values, ``launchers/`` make the ranks.
+Plain Python with no IPython and no torch import: the magics, the session, the benchmarks and the tests all drive it through
+``Pool.run``. The lifecycle only: the hub (``hub.py``) holds the sockets, ``cell.py`` and ``failures/`` handle a running cell's
+failures (the pool is their ``RankOps``), ``results/`` its values, ``launchers/`` make the ranks.
 """
 from __future__ import annotations
 
@@ -293,7 +293,8 @@ class Pool:
         """
         guarded = GuardedListener(listener or Listener())
         with self._bound(guarded):
-            healing.after_start(self, guarded, owned, self.ensure_started(guarded, owned), heal)  # a rank started again: whole first
+            if (cut := healing.after_start(self, guarded, owned, self.ensure_started(guarded, owned), heal)) is not None:
+                return cut  # a rank started again is made whole first (heal.py); a Ctrl-C that stopped that: the cell is not sent
             t0 = self._send_cell(source, names or {}, gather, argv, label, owned, reload)
             cell = CellRun(self, FailurePolicy(timeout, self.grace, t0, remote=self.launcher.remote_ranks), stdin=stdin, cancel=cancel, sent=True)
             cell.drive()
@@ -324,7 +325,8 @@ class Pool:
             notes.append(texts.restarts_next_note(self.broken))
         recovered = bool(failures) and self.recovery.ready_again(self)  # whole again: every rank READY
         return CellOutcome(values, failures, notes, time.monotonic() - t0, stacks=cell.stacks, state_lost=lost, recovered=recovered,
-                           cancelled=cell.job_cancelled, restarted=tuple(self.recovery.restarted()))
+                           cancelled=cell.job_cancelled, restarted=tuple(self.recovery.restarted()),
+                           interrupted=cell.policy.user_interrupted and not cell.job_cancelled)
 
     def ask(self, op: str, timeout: float = 5.0, listener: Optional[Listener] = None, ranks: Optional[Sequence[int]] = None,
             fields: Optional[dict] = None) -> Dict[int, dict]:

@@ -82,6 +82,7 @@ class CellOutcome:
     state_lost: bool = False
     recovered: bool = False  # it failed, and the pool is whole again: every rank READY, the workers' variables kept
     cancelled: bool = False  # a background job's cancel() interrupted it (kernel/cell.py), not a Ctrl-C nor a failure
+    interrupted: bool = False  # the user's Ctrl-C interrupted it (not a job's cancel)
     cancel_text: str = ""  # then what every view says of it (texts.cancelled_text; the session knows the step)
     restarted: Tuple[int, ...] = ()  # ranks started again alone that still lack names the others have (Recovery.restarted)
     combined: Any = field(init=False, default=None)  # one value for all ranks when they returned pieces of the same DTensors

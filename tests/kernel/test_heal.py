@@ -139,3 +139,29 @@ def test_a_name_that_differs_by_rank_comes_from_the_last_snapshot(k: Kernel, tmp
     assert re.search(r"copied from rank 0 \([^)]*\), 2 from the snapshot of \d\d:\d\d:\d\d \(rank, RNG states\)", ex.stdout), ex.stdout
     assert "pending: a generator" in ex.stdout and "rank: it differs" not in ex.stdout, ex.stdout
     assert k.value("[tuple(v) for v in _]") == [(0, 5, True), (1, 5, False), (2, 5, True)]  # step: the others' (5), not the snapshot's (3)
+
+
+HOLD_HEAL = """%%ddp
+import ddp_magic.procs.rank_heal as _rank_heal, time as _time
+def _held_heal(ns, args, _heal=_rank_heal.heal):
+    while not os.path.exists({gate!r}):  # the survivors' part of the heal waits: a Ctrl-C comes meanwhile
+        _time.sleep(0.01)
+    return _heal(ns, args)
+_rank_heal.heal = _held_heal
+os.getpid()"""
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_ctrl_c_during_a_heal_stops_the_cell_before_it_runs(k: Kernel, tmp_path, run: int) -> None:
+    """A Ctrl-C while a restarted rank is healed ends the cell there: the cell does not run on a rank left empty (it used
+    to run on, and fail there with NameErrors); the next cell runs on every rank."""
+    ran = tmp_path / "ran"
+    k.run(SETUP.replace("%%ddp -n 3", "%%ddp -n 3 --restart"), timeout=180).ok()
+    k.run(HOLD_HEAL.format(gate=str(tmp_path / "gate")), timeout=120).ok()
+    kill_rank(k, 1)
+    ex = k.run(f"%%ddp\nopen({str(ran)!r}, 'a').write('ran')", timeout=180, interrupt_after=3.0)
+    said = ex.stdout + ex.stderr + str(ex.error)
+    assert ex.error is not None and "the heal of rank 1 was interrupted: the cell did not run; run it again" in said, said
+    assert not ran.exists(), "the cell ran after the interrupted heal"
+    k.run("%%ddp\nimport torch.distributed as d\nt = __import__('torch').ones(1)\nd.all_reduce(t)\nint(t.item())", timeout=120).ok()
+    assert k.value("list(_)") == [3, 3, 3]  # every rank in the one group

@@ -17,6 +17,7 @@ from ..ranks import Listener
 
 if TYPE_CHECKING:
     from ..pool import Pool
+    from ..ranks import CellOutcome
 
 NAMES_SHOWN = 8  # names a heal notice lists; the others are counted
 
@@ -27,23 +28,28 @@ def source(fresh: Sequence[int], names: Sequence[str], snapshot: Optional[str] =
     return f"__import__('ddp_magic.procs.rank_heal', fromlist=['heal']).heal(globals(), {args!r})"
 
 
-def after_start(pool: "Pool", listener: Listener, owned: Sequence[str], notice: Optional[str], on: bool = True) -> None:
-    """Heal the ranks the recovery just started again, and say so; or pass the start's notice on as it is."""
+def after_start(pool: "Pool", listener: Listener, owned: Sequence[str], notice: Optional[str], on: bool = True) -> Optional["CellOutcome"]:
+    """Heal the ranks the recovery just started again, and say so; or pass the start's notice on as it is. Returns the
+    heal's outcome when a Ctrl-C stopped it: the user's cell is then not run (it would run on a rank left empty)."""
     fresh, pool.recovery.fresh = pool.recovery.fresh, []
     if not (fresh and on and owned and pool.alive) or len(fresh) >= pool.nproc:  # every rank new: no one to copy from
         if notice:
             listener.on_notice(notice)
-        return
+        return None
     t0 = time.monotonic()
     outcome = pool.run(source(fresh, owned, pool.recovery.snapshot), listener=Listener(), owned=owned, label="heal", heal=False)
     if outcome.failures:
         listener.on_notice(f"{notice}\ncould not heal {ranks_phrase(fresh)} ({outcome.failures[0].headline()}): its variables are gone")
-        return
+        if outcome.interrupted:
+            outcome.notes.append(f"the heal of {ranks_phrase(fresh)} was interrupted: the cell did not run; run it again")
+            return outcome
+        return None
     reports = [v for v in outcome.values if isinstance(v, dict) and "names" in v]
     for report in reports:
         pool.recovery.assigned(report["names"], but=set())  # the rank has them again (Recovery.restarted, the views)
     rest = (notice or "").split("\n", 1)[1:]  # what the re-form said of the survivors' objects
     listener.on_notice("\n".join([healed_line(pool.recovery.started_line, reports, time.monotonic() - t0)] + rest))
+    return None
 
 
 def _some(names: Sequence[str]) -> str:
