@@ -133,7 +133,7 @@ class Session:
         """Restart the pool (fresh port, the names on the workers are gone), with ``spec``'s options if given."""
         listener = listener or Listener()
         self.turns.check_idle("no restart")
-        written = self._wait_for_writes()
+        written = self.wait_for_writes()
         if written:
             listener.on_notice(written)
         pool = self._pool_for(spec, listener, NEED_N_FOR_RESTART)
@@ -152,7 +152,7 @@ class Session:
         A cell holding the turn (a background job) refuses it, unless ``force`` (the kernel goes away)."""
         if not force:
             self.turns.check_idle("the pool was not stopped")
-        written = "" if force else self._wait_for_writes()
+        written = "" if force else self.wait_for_writes()
         pool, self.pool = self.pool, None
         self.owned.clear()
         self.last = None
@@ -164,7 +164,7 @@ class Session:
         stopped = STOPPED + unreached + getattr(pool.launcher, "released", "")  # a Slurm pool: its job released (or the kernel's own kept)
         return f"{written}\n{stopped}" if written else stopped
 
-    def _wait_for_writes(self) -> str:
+    def wait_for_writes(self) -> str:
         """A background save (%ddp save --bg, --save-every) still being written is waited for before its ranks go."""
         return snapshots.finish_writes(self.pool, lambda source: self.run(source, {}, CellOptions(internal=True)))
 

@@ -129,6 +129,9 @@ def _saved(session: Session, report: Dict[str, Any], parent: str) -> None:
 def load(session: Session, path: str, into: Sequence[str] = (), spec: Optional[PoolSpec] = None,
          listener: Optional[MagicListener] = None) -> Tuple[CellResult, Optional[snapshots.Loaded]]:
     """The newest snapshot in ``path`` (or ``path`` itself) into this pool, or into a new one of its world size."""
+    written = session.wait_for_writes()  # a background save still being written may be the newest: whole before it is chosen
+    if written:
+        print(written, flush=True)
     try:
         chosen = S.resolve(path)
         saved_world = S.Meta.read(chosen).world_size

@@ -95,6 +95,12 @@ def test_a_background_save_lets_the_training_go_on_and_holds_its_step(kernel, tm
     assert "(step 80, saved by 2 ranks)" in loaded.stdout, loaded.stdout
     kernel.run("%%ddp --out rest\ntrain(100)", timeout=300).ok()
     assert kernel.value("[list(w[80:]) == list(r) for w, r in zip(whole, rest)]") == [True, True]
+    third, gate = tmp_path / "third", tmp_path / "gate3"
+    kernel.run(f"%%ddp\n{HOLD_WRITES.format(gate=str(gate))}", timeout=120).ok()
+    kernel.run(f"%ddp save {third} --bg", timeout=180).ok()
+    threading.Timer(1.0, gate.write_text, ("",)).start()  # the load asked at once waits for the write, then takes it
+    loaded = kernel.run(f"%ddp load {third}", timeout=180).ok()
+    assert re.search(r"step-000000100-\S+ is whole: .*\nloaded \S+ \(step 100, saved by 2 ranks\)", loaded.stdout), loaded.stdout
 
 
 @pytest.mark.parametrize("run", [1, 2])
