@@ -108,6 +108,17 @@ class PoolSnapshots:
         out.update(planned=not status.started)  # no rank exists yet: MASTER and the env are the plan's, not facts (a queued Slurm job)
         return jsonable(out)
 
+    def ended_dict(self) -> Optional[Dict[str, Any]]:
+        """How the last pool ended, while no pool runs since: a preemption (ui/preempt.py ``ended``), else None."""
+        try:
+            from .preempt import ended
+
+            found = ended(self.session)
+            return jsonable(found) if found is not None else None
+        except Exception:  # a snapshot must never fail for this
+            log.debug("labcomm: could not tell how the last pool ended", exc_info=True)
+            return None
+
     def kept_dicts(self) -> List[Dict[str, Any]]:
         """With no pool here: this notebook's kept pools (after a kernel restart), which the panel offers to attach."""
         if self.session.pool is not None:
