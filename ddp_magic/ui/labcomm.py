@@ -10,7 +10,7 @@ Kernel → front end, on every open comm:
 - ``{"type": "snapshot", "session", "seq", "version", "protocol", "pool", "notices", "final", "cells", "ended"}``:
   ``pool`` is None or the session's pool (ui/labsnap.py builds it: ranks, the last cell, the env checks); ``cells``:
   the kept background cells (ui/transcripts.py); ``ended``: how the last pool ended while none runs since (a
-  preemption, ui/preempt.py). While a cell runs, snapshots follow the pool's events, at most one per
+  preemption, ui/labsnap.py ``pool_ended``). While a cell runs, snapshots follow the pool's events, at most one per
   ``MIN_INTERVAL`` (a trailing timer sends a burst's last change), and a watcher looks every ``MIN_INTERVAL`` for
   changes no event announces (a pool starting, a restart). When a cell ends one more is sent if anything changed.
   ``notices`` are forgotten when the next ``%%ddp`` cell runs.

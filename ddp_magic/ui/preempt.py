@@ -6,7 +6,7 @@ pumps the hub itself while no cell does), then saves: at the running cell's next
 (ui/snapshots.py ``at_safe_point``), or between cells as ``%ddp save`` does. It then ends the pool
 (the ranks exit, their template with them; the next cell starts a new one) and says, in that cell:
 ``preempted: saved step 4210 to ckpt/step-… (3.1 s); %ddp load ckpt/ on the next allocation``. The JupyterLab panel
-and status bar say it too while no pool runs (``ended``: the snapshot's field, ui/labsnap.py), as a cell's words
+and status bar say it too while no pool runs (``ended``: the snapshot's field, ui/labsnap.py ``pool_ended``), as a cell's words
 are not on screen when the page was closed or scrolled away.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import contextvars
 import threading
 import time
 import weakref
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional
 
 from ..kernel import snapshots
 from ..kernel.jobs import safe_save
@@ -24,22 +24,12 @@ from ..logs import log
 from ..session import Session
 from ..wire import protocol as P
 from ..wire.safe_point import Say
-from . import labcomm
+from . import labcomm, labsnap
 from .snapshots import at_safe_point, save
 
 SLICE_S = 0.2  # while no cell pumps the hub: how long the watcher pumps it at a time
 ALL_WITHIN_S = 10.0  # after the first rank's report, the others get this long (a rank stuck in C code reports late)
 _ARMED: "weakref.WeakKeyDictionary[Any, Watcher]" = weakref.WeakKeyDictionary()  # pool -> its watcher
-_ENDED: Dict[int, Tuple["weakref.ref[Session]", Dict[str, Any]]] = {}  # id(session) -> it, its last preemption (a Session is unhashable)
-
-
-def ended(session: Session) -> Optional[Dict[str, Any]]:
-    """The session's last pool's end by preemption, while no pool runs since (the next pool is the news then): ``why``
-    (``preempted``), ``text`` (the line the cell said), ``step`` (None when nothing was saved), ``folder``, ``seconds``."""
-    found = _ENDED.get(id(session))
-    if session.pool is not None or found is None or found[0]() is not session:
-        return None
-    return found[1]
 
 
 class Watcher:
@@ -67,7 +57,7 @@ class Watcher:
 
     def _await_reports(self) -> Optional[str]:
         """The signal's name once every connected rank reported it (or ALL_WITHIN_S after the first); None if the pool ended."""
-        hub, turns, me, first = self.pool.hub, self.session.turns, Ticket("--save-on-preempt"), 0.0
+        hub, turns, me, first = self.pool.hub, self.session.turns, Ticket("--save-on-preempt", passing=True), 0.0
         while self.pool.alive and self.session.pool is self.pool and not self.stopped:
             got = hub.peeks.answers(self.desk)
             live = [r for r in hub.conns]
@@ -105,9 +95,9 @@ class Watcher:
         with self.session.turns.turn(Ticket("--save-on-preempt")):  # once the running cell has seen its ranks go
             if self.session.pool is self.pool:
                 self.session.stop(force=True)  # the next cell starts a new pool (and template): %ddp load goes on there
-            _ENDED[id(self.session)] = weakref.ref(self.session), {
+            labsnap.pool_ended(self.session, {
                 "why": "preempted", "text": self.text, "step": saved.report.get("step") if saved is not None else None,
-                "folder": self.parent, "seconds": round(took, 3), "saved": saved is not None}
+                "folder": self.parent, "seconds": round(took, 3), "saved": saved is not None})
         labcomm.changed()  # the panel says it (a snapshot with ``ended``)
 
 
