@@ -8,6 +8,9 @@ its actor does not end with the kernel (the pool's driver outlives the kernel un
 procs/ray_keep.py), and a template must never outlive its actor. So after every keep, follow or unkeep it asks
 for the signal again. Its stdin closing while kept (the driver's word that no kernel is there) is the kernel's
 leaving, as a kept SSH template's session closing is.
+
+``--save-on-preempt`` is the SSH template's (docs/snapshots.md "Preemption"): a SIGTERM while its actor lives (a node's
+shutdown, a ``kill``) saves armed ranks first; its parent-death signal (the actor gone) ends everything at once.
 """
 from __future__ import annotations
 

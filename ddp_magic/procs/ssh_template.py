@@ -25,6 +25,13 @@ ssh client is one more process there per host that must itself be ended with the
 kernel's host's network for nothing (an attached kernel reaches the templates through the lease, not ssh), and a
 host lost meanwhile would leave its client hanging until ssh's own keepalive; a detached template needs nothing of
 its session. ``keep --off`` ties it to its session and the beat again.
+
+``--save-on-preempt`` (docs/snapshots.md "Preemption"): SIGTERM is two things here. As our parent-death signal (sshd's
+session gone: the kernel's side of it, or the kernel) it ends everything at once, as before; Linux re-parents us before
+it sends that signal, so the handler tells it by our parent no longer being the session. From outside while the
+session lives (a ``kill``, a preemptible machine's agent) it is a Slurm node's: armed ranks get SIGUSR1 and save while
+the kernel lives, and the template goes once they have gone (the kernel ends them after saving), at the session's end,
+or after PREEMPT_GRACE_S. SIGUSR1 to the template is passed on to armed ranks, as on Slurm.
 """
 from __future__ import annotations
 
@@ -39,7 +46,7 @@ from typing import Dict, Optional
 
 from ..logs import log
 from ..wire import node_hello
-from .forkserver import _read_line, _warm_imports
+from .forkserver import PREEMPT_GRACE_S, _read_line, _warm_imports
 from .node_template import NodeTemplate
 from .lease import release_from_parent
 from .parent import die_with_parent
@@ -54,6 +61,7 @@ class SshTemplate(NodeTemplate):
         self.silence = silence
         self.heard = time.monotonic()
         self.session = os.getppid()  # sshd's session process: we die with it, unless kept
+        self.preempt_until = 0.0  # armed ranks save after a SIGTERM from outside: we go once they have, or then
 
     def read_commands(self) -> None:
         self.heard = time.monotonic()
@@ -62,6 +70,9 @@ class SshTemplate(NodeTemplate):
     def reap(self) -> None:
         """Every turn of the loop (a second at most): exited ranks, then whether the kernel went silent."""
         super().reap()
+        if self.preempt_until and (not self.children or time.monotonic() > self.preempt_until):
+            log.info("preempted: %s", "this host's ranks are gone" if not self.children else "the grace ran out")
+            self.kernel_gone()
         if self.follows_lease and self.upstream is None and self.kernel_fd < 0:
             log.warning("no kernel and no connection to the kept pool's lease: ending this host's ranks")
             self.kernel_gone(dead=False)
@@ -71,6 +82,19 @@ class SshTemplate(NodeTemplate):
             log.debug("no beat from the kernel for %.0fs: ending the ranks", self.silence)
             emit({"event": "silent", "node": self.node, "seconds": self.silence})
             self.kernel_gone()
+
+    def terminated(self, *_: object) -> None:
+        """SIGTERM: our parent-death signal ends everything at once; one from outside while the session lives and a kernel
+        hears us saves armed ranks first (the module's docstring). A second one while they save changes nothing."""
+        if os.getppid() != self.session:  # re-parented: sshd's session (a Ray template's actor) is gone
+            self.kernel_gone()
+        if self.preempt_until:
+            return
+        if self.kernel_fd >= 0 and self.warned():
+            self.preempt_until = time.monotonic() + PREEMPT_GRACE_S
+            log.info("SIGTERM: this host's armed ranks save before they go (at most %.0f s)", PREEMPT_GRACE_S)
+            return
+        self.kernel_gone()
 
     def kept_or_following(self) -> bool:
         return self.lease is not None or self.follows_lease
@@ -85,6 +109,7 @@ class SshTemplate(NodeTemplate):
         elif was and not now:
             self.heard = time.monotonic()  # the kernel beats on: its silence counts from here
             die_with_parent(self.session, signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self.terminated)  # a kept holder's SIGTERM ended its lease (procs/template_keep.py)
 
     def kernel_left(self) -> None:
         """As a template's; a kept one whose session just closed sends its stdout and stderr to /dev/null from now on: a
@@ -128,7 +153,8 @@ def main(argv: Optional[list] = None, kind: type = SshTemplate) -> None:
         os._exit(0)
     os.environ.update(init.get("env") or {})
     template = kind(args.node, bytes.fromhex(init["secret"]), dict(os.environ), float(init.get("silence") or node_hello.SILENCE_S))
-    signal.signal(signal.SIGTERM, template.kernel_gone)  # sshd's session ended (our parent-death signal) or a kill
+    signal.signal(signal.SIGTERM, template.terminated)  # sshd's session ended (our parent-death signal), or a kill
+    signal.signal(signal.SIGUSR1, template.warned)  # --save-on-preempt: passed on to armed ranks
     signal.signal(signal.SIGHUP, template.hangup)
     die_with_parent(os.getppid(), signal.SIGTERM)
     try:

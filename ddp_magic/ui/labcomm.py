@@ -7,9 +7,10 @@ that target once a ``comm_info_request`` shows the target, so this module keeps 
 
 Kernel → front end, on every open comm:
 
-- ``{"type": "snapshot", "session", "seq", "version", "protocol", "pool", "notices", "final", "cells"}``: ``pool`` is
-  None or the session's pool (ui/labsnap.py builds it: ranks, the last cell, the env checks); ``cells``: the kept
-  background cells (ui/transcripts.py). While a cell runs, snapshots follow the pool's events, at most one per
+- ``{"type": "snapshot", "session", "seq", "version", "protocol", "pool", "notices", "final", "cells", "ended"}``:
+  ``pool`` is None or the session's pool (ui/labsnap.py builds it: ranks, the last cell, the env checks); ``cells``:
+  the kept background cells (ui/transcripts.py); ``ended``: how the last pool ended while none runs since (a
+  preemption, ui/labsnap.py ``pool_ended``). While a cell runs, snapshots follow the pool's events, at most one per
   ``MIN_INTERVAL`` (a trailing timer sends a burst's last change), and a watcher looks every ``MIN_INTERVAL`` for
   changes no event announces (a pool starting, a restart). When a cell ends one more is sent if anything changed.
   ``notices`` are forgotten when the next ``%%ddp`` cell runs.
@@ -372,7 +373,7 @@ class LabBridge:
 
         return {"type": "snapshot", "session": self.session_id, "seq": seq, "version": __version__, "protocol": PROTOCOL,
                 "pool": self.pools.pool_dict(), "kept": self.pools.kept_dicts(), "notices": list(self.notices), "final": final,
-                "cells": RECORDER.briefs()}
+                "cells": RECORDER.briefs(), "ended": self.pools.ended_dict()}
 
 
 def _main_loop() -> Optional[asyncio.AbstractEventLoop]:

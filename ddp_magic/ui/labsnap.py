@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..logs import log
@@ -37,6 +38,15 @@ from .status_tables import planned_checks
 LAUNCHER_NAMES = {"forkserver": "fork"}  # a launcher's name -> the start method a user names (--start-method)
 BAD_STATES = (RankState.FAILED, RankState.DEAD, RankState.INTERRUPTED)
 STARTING_STATES = (RankState.QUEUED, RankState.STARTING, RankState.CONNECTING)
+
+
+_ENDED: Dict[int, Tuple["weakref.ref[Session]", Dict[str, Any]]] = {}  # id(session) -> it, its last pool's end (unhashable)
+
+
+def pool_ended(session: Session, end: Dict[str, Any]) -> None:
+    """The session's pool was ended by a preemption (ui/preempt.py): ``why`` (``preempted``), ``text`` (the line its cell
+    said), ``step`` (None: nothing saved), ``folder``, ``seconds``, ``saved``; the snapshots' ``ended`` until a pool runs."""
+    _ENDED[id(session)] = weakref.ref(session), end
 
 
 def jsonable(value: Any) -> Any:
@@ -107,6 +117,13 @@ class PoolSnapshots:
         out.update(kept_id=kept_state.id if kept_state is not None else None)
         out.update(planned=not status.started)  # no rank exists yet: MASTER and the env are the plan's, not facts (a queued Slurm job)
         return jsonable(out)
+
+    def ended_dict(self) -> Optional[Dict[str, Any]]:
+        """How the last pool ended, while no pool runs since (the next pool is the news then): a preemption, else None."""
+        found = _ENDED.get(id(self.session))
+        if self.session.pool is not None or found is None or found[0]() is not self.session:
+            return None
+        return jsonable(found[1])
 
     def kept_dicts(self) -> List[Dict[str, Any]]:
         """With no pool here: this notebook's kept pools (after a kernel restart), which the panel offers to attach."""

@@ -5,7 +5,9 @@ SIGUSR1 instead of dying. A watcher thread, in the arming cell's context, waits 
 pumps the hub itself while no cell does), then saves: at the running cell's next safe point
 (ui/snapshots.py ``at_safe_point``), or between cells as ``%ddp save`` does. It then ends the pool
 (the ranks exit, their template with them; the next cell starts a new one) and says, in that cell:
-``preempted: saved step 4210 to ckpt/step-… (3.1 s); %ddp load ckpt/ on the next allocation``.
+``preempted: saved step 4210 to ckpt/step-… (3.1 s); %ddp load ckpt/ on the next allocation``. The JupyterLab panel
+and status bar say it too while no pool runs (``ended``: the snapshot's field, ui/labsnap.py ``pool_ended``), as a cell's words
+are not on screen when the page was closed or scrolled away.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from ..logs import log
 from ..session import Session
 from ..wire import protocol as P
 from ..wire.safe_point import Say
+from . import labcomm, labsnap
 from .snapshots import at_safe_point, save
 
 SLICE_S = 0.2  # while no cell pumps the hub: how long the watcher pumps it at a time
@@ -54,7 +57,7 @@ class Watcher:
 
     def _await_reports(self) -> Optional[str]:
         """The signal's name once every connected rank reported it (or ALL_WITHIN_S after the first); None if the pool ended."""
-        hub, turns, me, first = self.pool.hub, self.session.turns, Ticket("--save-on-preempt"), 0.0
+        hub, turns, me, first = self.pool.hub, self.session.turns, Ticket("--save-on-preempt", passing=True), 0.0
         while self.pool.alive and self.session.pool is self.pool and not self.stopped:
             got = hub.peeks.answers(self.desk)
             live = [r for r in hub.conns]
@@ -92,6 +95,10 @@ class Watcher:
         with self.session.turns.turn(Ticket("--save-on-preempt")):  # once the running cell has seen its ranks go
             if self.session.pool is self.pool:
                 self.session.stop(force=True)  # the next cell starts a new pool (and template): %ddp load goes on there
+            labsnap.pool_ended(self.session, {
+                "why": "preempted", "text": self.text, "step": saved.report.get("step") if saved is not None else None,
+                "folder": self.parent, "seconds": round(took, 3), "saved": saved is not None})
+        labcomm.changed()  # the panel says it (a snapshot with ``ended``)
 
 
 def arm(session: Session, parent: str) -> Optional[Watcher]:

@@ -23,6 +23,7 @@ from . import preempt as preempting
 from .snapshots import at_safe_point
 
 SLICE_S = 0.2  # how often the timer looks whether the run has ended
+ARM_WAIT_S = 5.0  # at a cell's end, how long it waits for --save-on-preempt's arming (a broadcast: milliseconds)
 
 
 @contextlib.contextmanager
@@ -45,16 +46,19 @@ def saving(session: Session, args: Any, ticket: Optional[Ticket]) -> Iterator[No
         yield
     finally:
         stop.set()
+        if not every:
+            timer.join(ARM_WAIT_S)  # armed before the next cell: it runs no save, only the arming's broadcast
 
 
 def _loop(session: Session, ticket: Ticket, seconds: float, every: Optional[List[str]], preempt: Optional[str], stop: threading.Event) -> None:
     """Wait for the cell to reach the ranks, arm the pool (--save-on-preempt), then save after each interval until it ends."""
     try:
-        while ticket.ran is None:
-            if stop.wait(SLICE_S):
-                return
-        if preempt:
+        while ticket.ran is None and not stop.wait(SLICE_S):
+            pass
+        if preempt and ticket.ran is not None:  # a cell over before the first look (a setup cell) arms the pool all the same
             preempting.arm(session, preempt)
+        if stop.is_set():
+            return
         while every and not stop.wait(seconds):
             out, saved = at_safe_point(session, ticket, every[1], (), lambda: None, f" at a safe point (--save-every {every[0]})",
                                        background=True)  # the training waits only while each rank copies its share

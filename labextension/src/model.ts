@@ -154,6 +154,18 @@ export interface ISnapshotMsg {
   final: boolean;
   /** The background cells whose outputs the kernel keeps (ddp_magic/ui/transcripts.py): a page that did not run one follows it. */
   cells?: ICellBrief[];
+  /** How the last pool ended, while no pool runs since: a preemption (ddp_magic/ui/preempt.py ``ended``). */
+  ended?: IPoolEnd | null;
+}
+
+/** The last pool's end by preemption (--save-on-preempt): the line its cell said, and the step it saved. */
+export interface IPoolEnd {
+  why: 'preempted';
+  text: string; // "preempted: saved step 4210 to ckpt/step-… (3.1 s); %ddp load ckpt/ on the next allocation"
+  step: number | null; // null: nothing was saved (or a snapshot with no step)
+  folder: string;
+  seconds: number;
+  saved: boolean;
 }
 
 /** A background cell the kernel keeps the outputs of (ddp_magic/ui/transcripts.py Transcript.brief). */

@@ -9,7 +9,7 @@ import { CommandRegistry } from '@lumino/commands';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { poolPhase, rankRows, statusText } from './ranks';
+import { endedSummary, poolEnd, poolPhase, rankRows, statusText } from './ranks';
 import { initialState } from './state';
 import { commandPolicy, OP_LABEL, replyText } from './commands';
 import { el, withCommands, words } from './dom';
@@ -115,7 +115,8 @@ export class PoolPanel extends Widget {
     this._where.textContent = '';
     this._where.appendChild(words(panel ? `${panel.context.localPath} · kernel ${state.kernelStatus === 'none' ? 'none' : state.kernelStatus}` : 'no notebook'));
 
-    const text = statusText(state, now);
+    const end = poolEnd(state); // no pool since a preemption ended the last: the cell's line, not the status bar's short word
+    const text = end ? endedSummary(end) : statusText(state, now);
     const kept = state.connected ? keptPools(state.snapshot) : conn ? conn.keptWithoutMagic : [];
     withCommands(
       this._summary,
@@ -128,7 +129,7 @@ export class PoolPanel extends Widget {
             ? 'ddp_magic is not loaded in this kernel. Run `%load_ext ddp_magic`, then a `%%ddp -n N` cell.'
             : 'No pool is running. A `%%ddp -n N` cell starts one.')
     );
-    this._summary.dataset.phase = pool ? poolPhase(pool, state.receivedAt, now).phase : 'none';
+    this._summary.dataset.phase = pool ? poolPhase(pool, state.receivedAt, now).phase : end ? 'preempted' : 'none';
     const last = pool && pool.last_cell && !pool.last_cell.ok ? pool.last_cell : null;
     this._lastCell.textContent = '';
     this._lastCell.appendChild(words(last ? last.text : ''));

@@ -2,7 +2,7 @@
  * What the panel and the status bar say of the ranks: state words, root causes, the pool's phase, the rows.
  */
 
-import type { Cause, FailureKind, ILastCell, IPoolSnapshot, IRankSnapshot, IUIState, RankState } from './model';
+import type { Cause, FailureKind, ILastCell, IPoolEnd, IPoolSnapshot, IRankSnapshot, IUIState, RankState } from './model';
 import { cellName, cleanLine, fmtSeconds, formatBytes, jobText, ranksBrief } from './format';
 
 const SIGNALS: Record<number, string> = {
@@ -158,7 +158,7 @@ export function lastCellNote(pool: IPoolSnapshot): string | null {
 export function statusText(state: IUIState, now: number): string | null {
   const pool = state.connected && state.snapshot ? state.snapshot.pool : null;
   if (!pool) {
-    return null;
+    return endedText(state);
   }
   const head = `DDP ${pool.world_size}×${pool.backend}`;
   const p = poolPhase(pool, state.receivedAt, now);
@@ -199,11 +199,34 @@ export function statusText(state: IUIState, now: number): string | null {
   return `${head} · ${tail}`;
 }
 
+/** The last pool's end by preemption while no pool runs: the kernel's snapshot says it (IPoolEnd), or null. */
+export function poolEnd(state: IUIState): IPoolEnd | null {
+  const snap = state.connected ? state.snapshot : null;
+  return snap && !snap.pool && snap.ended ? snap.ended : null;
+}
+
+/** The status bar's word for a preempted pool: "DDP preempted · step 4210 saved to ckpt/", or null. */
+function endedText(state: IUIState): string | null {
+  const end = poolEnd(state);
+  if (!end) {
+    return null;
+  }
+  const saved = !end.saved ? 'nothing saved' : end.step !== null ? `step ${end.step} saved to ${end.folder}` : `saved to ${end.folder}`;
+  return `DDP preempted · ${saved}`;
+}
+
+/** The panel's summary for a preempted pool: the cell's line, its `%ddp load` as a command (between backticks). */
+export function endedSummary(end: IPoolEnd): string {
+  const load = `%ddp load ${end.folder}`;
+  return `The last pool was ${end.text.replace(load, '`' + load + '`')}`;
+}
+
 /** A longer explanation for the status bar's tooltip. */
 export function statusTooltip(state: IUIState, now: number): string {
   const pool = state.snapshot ? state.snapshot.pool : null;
   if (!pool) {
-    return '';
+    const end = poolEnd(state);
+    return end ? `${end.text}\nClick to open the DDP panel.` : '';
   }
   const p = poolPhase(pool, state.receivedAt, now);
   const last = pool.last_cell && !pool.last_cell.ok ? pool.last_cell.text : '';

@@ -1,11 +1,12 @@
 /**
  * The status-bar item: nothing when the current notebook's kernel has no pool,
- * else "DDP 4×gloo · running 0:12" / "DDP 2×gloo · rank 1 failed". Clicking it
- * opens the DDP panel.
+ * else "DDP 4×gloo · running 0:12" / "DDP 2×gloo · rank 1 failed"; "DDP preempted ·
+ * step 4210 saved to ckpt/" while no pool runs since a preemption ended the last.
+ * Clicking it opens the DDP panel.
  */
 import { Widget } from '@lumino/widgets';
 
-import { poolPhase, statusText, statusTooltip } from './ranks';
+import { poolEnd, poolPhase, statusText, statusTooltip } from './ranks';
 import { ConnectionTracker } from './tracker';
 
 export class PoolStatusItem extends Widget {
@@ -32,7 +33,7 @@ export class PoolStatusItem extends Widget {
     this.node.textContent = text ?? '';
     this.node.title = conn && text ? statusTooltip(conn.state, now) : '';
     const pool = conn?.state.snapshot?.pool;
-    this.node.dataset.phase = pool && conn ? poolPhase(pool, conn.state.receivedAt, now).phase : 'none';
+    this.node.dataset.phase = pool && conn ? poolPhase(pool, conn.state.receivedAt, now).phase : conn && poolEnd(conn.state) ? 'preempted' : 'none';
   }
 
   private _tracker: ConnectionTracker;

@@ -321,3 +321,36 @@ def _kept_actor_killed(cluster: box_ray.Cluster, runtime: str) -> None:
     finally:
         k.kc.stop_channels()
         k.km.shutdown_kernel(now=True)
+
+
+def test_sigterm_to_a_ray_template_saves_at_a_safe_point_and_a_new_pool_goes_on(cluster: box_ray.Cluster, rk: Kernel, tmp_path: Path) -> None:
+    """--save-on-preempt (docs/snapshots.md "Preemption"): SIGTERM to a Ray node's template while its actor lives (a
+    node's shutdown, a ``kill``; not its parent-death signal, the actor's end) saves the armed ranks at their next safe
+    point, the job's cell says the step, and a new Ray pool loads that step with its values."""
+    from test_snapshots import JOB, SETUP
+
+    folder = tmp_path / "ckpt"
+    try:
+        rk.run("%%ddp --ray -n 2\n" + SETUP, timeout=300).ok()
+        since = len(rk.elsewhere)
+        job = JOB.format(every="", stop=str(tmp_path / "never")).replace("--save-every 1s \n", f"--save-on-preempt {folder}\n")
+        rk.run(job, timeout=60).ok()
+        assert wait_until(lambda: len(rk.value("job.metrics['step']")) > 20, timeout=120)
+        procs = ours(cluster)
+        template = next(p for p in procs if _ppid(p) not in procs)
+        t0 = time.monotonic()
+        os.kill(template, signal.SIGTERM)
+        rk.run("job.wait()", timeout=300).ok()
+        said = "".join(m["content"].get("text", "") for m in rk.elsewhere[since:] if m["msg_type"] == "stream")
+        where = re.escape(str(folder))
+        preempted = re.search(rf"preempted: saved step (\d+) to {where}/step-\S+ \([\d.]+ s\); %ddp load {where} on the next allocation", said)
+        assert preempted, said[-3000:]
+        print(f"SIGTERM to a Ray template -> the job ended with the line said after {time.monotonic() - t0:.1f} s")
+        step = int(preempted.group(1))
+        loaded = rk.run(f"%ddp load {folder} --ray -n 2", timeout=300).ok()
+        assert f"(step {step}, saved by 2 ranks) into 2 ranks" in loaded.stdout, loaded.stdout
+        rk.run("%%ddp --out after\n(step, max(seen))", timeout=120).ok()
+        assert rk.value("list(after)") == [(step, step), (step, step)]
+    finally:
+        rk.run("%ddp stop", timeout=60)
+    assert gone(cluster, 30) == {"actors": [], "pgs": [], "procs": []}

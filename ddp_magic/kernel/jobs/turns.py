@@ -22,6 +22,8 @@ from .. import interrupts
 
 ANSWERS = "%ddp_debug answers"  # how a background cell's question is answered (docs/background.md)
 WAIT_SLICE_S = 0.1  # a waiting cell looks at its cancel flag this often (a Ctrl-C lands at once anyway)
+PASSING_WAIT_S = 2.0  # how long check_idle waits for a passing holder (a watcher's slice of pumping) to give the turn back
+PASSING_PAUSE_S = 30.0  # then passing takers stay away this long, or until a cell's turn comes and goes
 
 
 def clock_text(seconds: float) -> str:
@@ -42,6 +44,7 @@ class Ticket:
     progress: Callable[[], Optional[int]] = field(default=lambda: None)  # the last step its ranks logged (ddp_magic.log)
     waiting: Callable[[], Optional[str]] = field(default=lambda: None)  # what its ranks wait on the notebook for (kernel/stdin.Mailbox)
     assigns: FrozenSet[str] = frozenset()  # the names its cell assigns: a save at its safe point takes them too (kernel/jobs/safe_save.py)
+    passing: bool = False  # no cell: a watcher's moment of pumping the hub between cells (ui/preempt.py), which yields
 
     def text(self, now: Optional[float] = None) -> str:
         """``background: cell [12] running 1:02:11, step 4,120`` (the step once one was logged), and what a rank waits
@@ -117,6 +120,7 @@ class Turns:
         self._cond = threading.Condition()
         self.holder: Optional[Ticket] = None
         self.line: List[Ticket] = []
+        self.paused_until = 0.0  # passing tickets (check_idle) are refused until then
 
     def take(self, ticket: Ticket, wait: bool = True, on_queued: Optional[Callable[[Ticket], None]] = None,
              cancelled: Optional[threading.Event] = None) -> float:
@@ -168,7 +172,7 @@ class Turns:
     def try_take(self, ticket: Ticket) -> bool:
         """Take the turn only if nobody holds it and nobody waits (a peek that pumps the hub itself)."""
         with self._cond:
-            if self.holder is None and not self.line:
+            if self.holder is None and not self.line and not (ticket.passing and time.monotonic() < self.paused_until):
                 self._grant(ticket)
                 return True
             return False
@@ -177,6 +181,8 @@ class Turns:
         with self._cond:
             if self.holder is ticket:
                 self.holder = None
+            if not ticket.passing:
+                self.paused_until = 0.0  # a cell came and went: the watchers may pump between cells again
             self._cond.notify_all()
 
     @contextlib.contextmanager
@@ -190,8 +196,16 @@ class Turns:
             self.give_back(ticket)
 
     def check_idle(self, what: str) -> None:
-        """Raise UsageError (naming the running cell) when a cell holds the turn: ``what`` needs the pool to itself."""
-        holder = self.holder
+        """Raise UsageError (naming the running cell) when a cell holds the turn: ``what`` needs the pool to itself. A
+        passing holder (an armed pool's watcher, between cells) is no cell: we wait for its slice to end, and passing
+        takers stay away while ``what`` runs (until a cell's turn ends, or PASSING_PAUSE_S)."""
+        with self._cond:
+            deadline = time.monotonic() + PASSING_WAIT_S
+            if self.holder is not None and self.holder.passing:
+                self.paused_until = time.monotonic() + PASSING_PAUSE_S
+            while self.holder is not None and self.holder.passing and time.monotonic() < deadline:
+                self._cond.wait(WAIT_SLICE_S)
+            holder = self.holder
         if holder is not None:
             raise UsageError(busy_text(holder, what))
 

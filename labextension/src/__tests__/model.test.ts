@@ -7,9 +7,9 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 
-import { type ICheck, type IJobSnapshot, type ILastCell, type IMetricsMsg, type IPoolSnapshot, type IRankSnapshot, type IReplyMsg, type ISnapshotMsg, type IUIState, type KernelStatus, type Op, PROTOCOL } from '../model';
+import { type ICheck, type IJobSnapshot, type IPoolEnd, type ILastCell, type IMetricsMsg, type IPoolSnapshot, type IRankSnapshot, type IReplyMsg, type ISnapshotMsg, type IUIState, type KernelStatus, type Op, PROTOCOL } from '../model';
 import { cellName, cleanLine, fmtSeconds, formatBytes, jobText, ranksPhrase } from '../format';
-import { poolPhase, queueLine, rankRows, rankStateLabel, statusText, statusTooltip } from '../ranks';
+import { endedSummary, poolEnd, poolPhase, queueLine, rankRows, rankStateLabel, statusText, statusTooltip } from '../ranks';
 import { applyMessage, disconnected, initialState, withKernelStatus, withRequest } from '../state';
 import { commandPolicy, envHeadline, envSummary, replyText, reportColumns, TOAST_CHARS, toastText } from '../commands';
 import { CHART, chartBounds, estimateWidth, fmtValue, metricChart, metricRows, metricsHeadline, parseMetrics, RANK_PALETTE, rankColour } from '../metrics';
@@ -87,6 +87,30 @@ describe('formatting', () => {
   it('cleans the last output line', () => {
     assert.equal(cleanLine('\x1b[31mred\x1b[0m\tline  '), 'red line');
     assert.equal(cleanLine('x'.repeat(200)).length, 160);
+  });
+});
+
+describe('a preempted pool', () => {
+  const text = 'preempted: saved step 4210 to ckpt/step-000004210-20261206T142651413 (3.1 s); %ddp load ckpt/ on the next allocation';
+  const ended: IPoolEnd = { why: 'preempted', text, step: 4210, folder: 'ckpt/', seconds: 3.1, saved: true };
+  const after = (p: IPoolSnapshot | null, end: IPoolEnd | null = ended) => applyMessage(initialState(), { ...snapshot(p), ended: end }, 1000);
+
+  it('says the step saved in the status bar and the whole line in the panel while no pool runs', () => {
+    const s = after(null);
+    assert.deepEqual(poolEnd(s), ended);
+    assert.equal(statusText(s, 0), 'DDP preempted · step 4210 saved to ckpt/');
+    assert.equal(statusTooltip(s, 0), `${text}\nClick to open the DDP panel.`);
+    assert.equal(endedSummary(ended), 'The last pool was preempted: saved step 4210 to ckpt/step-000004210-20261206T142651413 (3.1 s); `%ddp load ckpt/` on the next allocation');
+  });
+
+  it('says that nothing was saved, and nothing once a pool runs again or the kernel is gone', () => {
+    const none = { ...ended, text: 'preempted (SIGTERM): nothing was saved: x', step: null, saved: false };
+    assert.equal(statusText(after(null, none), 0), 'DDP preempted · nothing saved');
+    const running = after(pool([rank(0)]));
+    assert.equal(poolEnd(running), null);
+    assert.match(statusText(running, 0) || '', /^DDP 1×gloo/);
+    assert.equal(poolEnd(disconnected(after(null))), null);
+    assert.equal(statusText(after(null, null), 0), null);
   });
 });
 
