@@ -224,7 +224,8 @@ class Driver:
             return
         if op == "ray_place":
             self.again[i] = threading.Event()
-            threading.Thread(target=self.place_again, args=(i, float(cmd.get("timeout") or 0), self.again[i]), name="ddp-ray-again", daemon=True).start()
+            args = (i, float(cmd.get("timeout") or 0), self.again[i], cmd.get("id"))
+            threading.Thread(target=self.place_again, args=args, name="ddp-ray-again", daemon=True).start()
         elif op == "ray_cancel" and i in self.again:
             self.again[i].set()
         elif op == "ray_admit":
@@ -253,20 +254,21 @@ class Driver:
         asked = {k: sum(bundles[b].get(k, 0) for b in held.bundles) for k in bundles[0]}
         return {"state": placement_group_table(self.pg).get("state"), "asked": asked, "free": free_per_node(self.ray, list(asked))}
 
-    def place_again(self, i: int, timeout: float, cancel: threading.Event) -> None:
+    def place_again(self, i: int, timeout: float, cancel: threading.Event, asked: Any = None) -> None:
         """Node ``i``'s bundles placed again by Ray (waited for: ``waiting_again`` each second), a new actor and template on them;
-        ``placed_again`` with the node, or ``not_placed`` (Ctrl-C, --start-timeout, the bundles over several nodes, Ray's error)."""
+        ``placed_again`` with the node, or ``not_placed`` (Ctrl-C, --start-timeout, the bundles over several nodes, Ray's error);
+        each event carries the kernel's ``id`` of this request (an interrupted one's last word must not answer the next)."""
         try:
-            self._place_again(i, timeout, cancel)
+            self._place_again(i, timeout, cancel, asked)
         except Exception as e:  # never a silent end: the kernel waits for our word
             log.debug("placing node %d again failed", i, exc_info=True)
-            emit({"event": "not_placed", "index": i, "why": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"})
+            emit({"event": "not_placed", "index": i, "id": asked, "why": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"})
 
-    def _place_again(self, i: int, timeout: float, cancel: threading.Event) -> None:
+    def _place_again(self, i: int, timeout: float, cancel: threading.Event, asked: Any) -> None:
         old = self.held[i]
         self._supersede(old)
         t0 = time.monotonic()
-        actor, where = self._pinned_again(i, old, timeout, cancel, t0)
+        actor, where = self._pinned_again(i, old, timeout, cancel, t0, asked)
         if actor is None:
             return
         try:
@@ -281,16 +283,16 @@ class Driver:
             pid = self.ray.get(actor.start.remote(name, os.getcwd(), os.environ.get("PYTHONPATH", ""), gpus))
         except Exception as e:  # its node went again meanwhile, or the bundles are split: said, and the next cell tries again
             log.debug("placing node %d again failed", i, exc_info=True)
-            self._not_placed(i, actor, old, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}", time.monotonic() - t0)
+            self._not_placed(i, actor, old, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}", time.monotonic() - t0, asked)
             return
         info = dict(where, name=name, template_pid=pid, gpus=gpus, bundles=old.bundles)
         held = Held(old.bundles, actor, name, str(where["node_id"]), admitted=False, info=info)
         with self._lock:
             self.held[i] = held
         threading.Thread(target=self.relay_out, args=(held,), name="ddp-ray-out", daemon=True).start()
-        emit({"event": "placed_again", "index": i, "node": info, "waited": time.monotonic() - t0})
+        emit({"event": "placed_again", "index": i, "id": asked, "node": info, "waited": time.monotonic() - t0})
 
-    def _pinned_again(self, i: int, old: Held, timeout: float, cancel: threading.Event, t0: float) -> "tuple[Any, Dict[str, Any]]":
+    def _pinned_again(self, i: int, old: Held, timeout: float, cancel: threading.Event, t0: float, asked: Any) -> "tuple[Any, Dict[str, Any]]":
         """A new actor on the node's first bundle, once Ray placed it again: (actor, where it is), or (None, {}) once
         ``not_placed`` was said. An actor that died pending (Ray leased it to the lost node before counting it out) is made again."""
         from ray.exceptions import ActorDiedError
@@ -308,16 +310,16 @@ class Driver:
                     ref = actor.where.remote()
             waited = time.monotonic() - t0
             if cancel.is_set() or self.ending.is_set() or (timeout and waited > timeout):
-                self._not_placed(i, actor, old, "cancelled" if cancel.is_set() else "timeout", waited)
+                self._not_placed(i, actor, old, "cancelled" if cancel.is_set() else "timeout", waited, asked)
                 return None, {}
-            emit(dict(self.room(old), event="waiting_again", index=i, waited=waited))
+            emit(dict(self.room(old), event="waiting_again", index=i, id=asked, waited=waited))
 
-    def _not_placed(self, i: int, actor: Any, old: Held, why: str, waited: float) -> None:
+    def _not_placed(self, i: int, actor: Any, old: Held, why: str, waited: float, asked: Any) -> None:
         try:
             self.ray.kill(actor, no_restart=True)
         except Exception:
             log.debug("the pending actor was gone already", exc_info=True)
-        emit(dict(self.room(old), event="not_placed", index=i, why=why, waited=waited))
+        emit(dict(self.room(old), event="not_placed", index=i, id=asked, why=why, waited=waited))
 
     def end(self, *_: object) -> None:
         """Remove the placement group and kill the actors (their templates follow), then exit."""

@@ -64,6 +64,7 @@ class RayLauncher(HostLauncher):
         self.hellos: Dict[str, dict] = {}
         self.released = ""
         self.gcs = ""  # the cluster's GCS address, as a node joins it (ray start --address ...)
+        self._asked = 0  # the last request to place a lost node again (its id)
 
     def start(self, timeout: float = 0) -> str:
         return "ray (a template a node, each the child of an actor on its bundle)"
@@ -166,8 +167,8 @@ class RayLauncher(HostLauncher):
         assert self.request is not None
         i, t0 = self.nodes().index(node), time.monotonic()
         hint, timeout = self.request.restart_hint(len(ranks)), self.request.queue_timeout or 0
-        step.take_starter()  # nothing older is about this
-        step.send({"op": "ray_place", "index": i, "timeout": timeout})
+        self._asked += 1  # the driver's answers carry it: an interrupted request's last word is not this one's
+        step.send({"op": "ray_place", "index": i, "timeout": timeout, "id": self._asked})
         try:
             ev = self._await_again(step, i, lambda said: progress(again_text(node, ranks, said, self.gcs, hint)))
         except BaseException:  # Ctrl-C: the driver stops waiting and kills what it started
@@ -193,7 +194,7 @@ class RayLauncher(HostLauncher):
         while True:
             step.wait_until(lambda: bool(step.starter), time.monotonic() + 1.0)
             for ev in step.take_starter():
-                if ev.get("index") != i:
+                if ev.get("index") != i or ev.get("id") != self._asked:
                     continue
                 heard = time.monotonic()
                 if ev.get("event") in ("placed_again", "not_placed"):
