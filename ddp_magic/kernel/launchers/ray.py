@@ -20,7 +20,7 @@ secret; then its ranks are forked and join the others' group as a Slurm node's d
 missing, until --start-timeout (then the cell fails, nothing ran, the others keep their state).
 
 The env is torchrun's: MASTER_ADDR is the first node's Ray address, each node's
-CUDA_VISIBLE_DEVICES the GPU ids Ray gave its actor (local rank i on cuda:i), the node's
+CUDA_VISIBLE_DEVICES the GPU ids of its bundles (local rank i on cuda:i), the node's
 hostname in the output prefix ``[rank 3 n2]``. Nothing is detached: the driver's end (the
 kernel's) makes Ray end the actors and the placement group, and each template its ranks.
 """
@@ -60,7 +60,7 @@ class RayLauncher(HostLauncher):
     def __init__(self, secret: bytes, python: str = sys.executable) -> None:
         super().__init__(secret, python)
         self.request: Optional[RayRequest] = None
-        self.placed_nodes: List[dict] = []  # the driver's "placed": name, ip, gpus, node_id, a node a bundle in order
+        self.placed_nodes: List[dict] = []  # the driver's "placed": name, ip, gpus, node_id, bundles; a node each, in rank order
         self.hellos: Dict[str, dict] = {}
         self.released = ""
         self.gcs = ""  # the cluster's GCS address, as a node joins it (ray start --address ...)
