@@ -10,7 +10,10 @@ of its own:
 - **floor**: a bare driver: ``ray.init``, a placement group of N bundles, N actors that each ``import torch``, their answers;
 - **TorchTrainer.fit()** (when ``ray[train]`` is installed): init and one all_reduce a call, a first and a second call;
 - **%%ddp --ray**: ``Pool(ray=...)`` and its first cell (init, one all_reduce) to the result in hand, then the warm cell
-  (one all_reduce) over 30 runs, median; the kernel's RSS and every Ray process's RSS while idle.
+  (one all_reduce) over 30 runs, median; the kernel's RSS and every Ray process's RSS while idle;
+- on the box also: a 256 MiB result from a rank on n2 (``--ray`` and ``--slurm`` on the same hosts, the median of 3 a
+  repeat) against the floor of 256 MiB sent from n2 to login over Python's ``ssl`` (bench/cluster_wire.py), and the
+  warm cell of a ``--slurm`` pool on the same hosts.
 
 Writes bench/results/ray.md (docs/bench/ray.md holds a run).
 """
@@ -31,6 +34,7 @@ from harness import spread  # noqa: E402
 PY = sys.executable
 REPEATS = 3
 N_WARM = 30
+RESULT_MIB = 256
 CELL = "import torch, torch.distributed as dist\nx = torch.ones(1)\ndist.all_reduce(x)\nx.item()"
 FLOOR = """
 import sys, time, ray
@@ -70,8 +74,9 @@ print("BENCHJSON", '{"fit1_s": %f, "fit2_s": %f}' % tuple(times), flush=True)
 
 
 def inner_ddp(nodes: int, per_node: int) -> dict:
-    """A new Ray pool and its first cell, to the result in hand; its warm cell; the kernel's idle RSS."""
-    from cluster_pool import warm_ms
+    """A new Ray pool and its first cell, to the result in hand; its warm cell; the kernel's idle RSS; on the box, a
+    RESULT_MIB result from a rank on n2 (the median of 3)."""
+    from cluster_pool import results, warm_ms
     from ddp_magic.kernel.pool import Pool
 
     t0 = time.monotonic()
@@ -80,10 +85,19 @@ def inner_ddp(nodes: int, per_node: int) -> dict:
         out = pool.run(CELL)
         first = time.monotonic() - t0
         assert out.ok and out.values == [float(nodes * per_node)] * (nodes * per_node), out
-        warm = warm_ms(pool, N_WARM)
-        return {"first_s": first, "warm_ms": warm, "kernel_mib": _rss(os.getpid()), "tls": pool.tls_key is not None}
+        got = {"first_s": first, "warm_ms": warm_ms(pool, N_WARM), "kernel_mib": _rss(os.getpid()), "tls": pool.tls_key is not None}
+        if nodes > 1:
+            got["result_s"] = statistics.median(results(pool, RESULT_MIB, 3))
+        return got
     finally:
         pool.stop()
+
+
+def inner_slurm() -> dict:
+    """The box's Slurm on the same two hosts: the warm cell (2 x 2), and a RESULT_MIB result from its rank on n2 (1 x 2)."""
+    from cluster_pool import result_slurm, warm
+
+    return {"warm_ms": warm(2, 2, N_WARM, "--exclude=n3")["ms"], "result_s": statistics.median(result_slurm(RESULT_MIB, 3)["seconds"])}
 
 
 def _rss(pid: int) -> float:
@@ -127,8 +141,9 @@ def main(box_mode: bool) -> int:
         cluster = box_ray.in_box(box) if box is not None else box_ray.local(num_cpus=4, num_gpus=0)
         nodes, per_node = (2, 2) if box is not None else (1, 4)
         prefix = box.enter("login", cwd=REPO) if box is not None else []
-        env = dict(os.environ, PYTHONPATH=REPO, **cluster.env)
-        rows: Dict[str, List[float]] = {"floor": [], "fit1": [], "fit2": [], "ddp": [], "ddp_warm": [], "kernel_mib": []}
+        env = dict(os.environ, PYTHONPATH=REPO, **cluster.env, **(box.env() if box is not None else {}))  # the box's Slurm too
+        rows: Dict[str, List[float]] = {"floor": [], "fit1": [], "fit2": [], "ddp": [], "ddp_warm": [], "kernel_mib": [],
+                                        "ddp_result": [], "slurm_warm": [], "slurm_result": [], "wire": []}
         try:
             trains = subprocess.run([PY, "-c", "import ray.train.torch"], capture_output=True).returncode == 0
             args = [cluster.address, str(nodes * per_node), str(nodes)]
@@ -142,6 +157,14 @@ def main(box_mode: bool) -> int:
                 rows["ddp"].append(got["first_s"])
                 rows["ddp_warm"].append(got["warm_ms"])
                 rows["kernel_mib"].append(got["kernel_mib"])
+                if box is not None:
+                    import bench_cluster
+
+                    rows["ddp_result"].append(got["result_s"])
+                    slurm = _run(prefix, [PY, __file__, "--inner-slurm"], env)
+                    rows["slurm_warm"].append(slurm["warm_ms"])
+                    rows["slurm_result"].append(slurm["result_s"])
+                    rows["wire"].append(bench_cluster.wire(box, "ssl", REPO)[0])
                 print(f"repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in rows.items() if v), flush=True)
             _report(rows, _ray_memory(cluster), "the cluster in a box (head on login, n1, n2)" if box else "a one-host head", nodes, per_node)
         finally:
@@ -158,6 +181,22 @@ def _med(values: List[float], unit: str = "s", digits: int = 2) -> str:
     return spread(values, digits, f" {unit}")
 
 
+def _box_rows(rows: Dict[str, List[float]]) -> List[str]:
+    """The box's rows: a warm Slurm pool on the same hosts, and a RESULT_MIB result from n2 against Python's TLS floor."""
+    if not rows["wire"]:
+        return []
+    def rate(k: str) -> str:
+        return f"{RESULT_MIB / statistics.median(rows[k]):.0f} MiB/s, {statistics.median(rows['wire']) / statistics.median(rows[k]):.2f}× the floor"
+
+    return [
+        f"| `%%ddp --slurm` on the same hosts: the same warm cell | {_med(rows['slurm_warm'], 'ms', 1)} | |",
+        f"| floor: {RESULT_MIB} MiB from n2 to login over Python's `ssl` (TLS 1.3), one thread a side | {_med(rows['wire'])} "
+        f"| {RESULT_MIB / statistics.median(rows['wire']):.0f} MiB/s |",
+        f"| a {RESULT_MIB} MiB result from a rank on n2, `--ray` (TLS) | {_med(rows['ddp_result'])} | {rate('ddp_result')} |",
+        f"| a {RESULT_MIB} MiB result from a rank on n2, `--slurm` (TLS) | {_med(rows['slurm_result'])} | {rate('slurm_result')} |",
+    ]
+
+
 def _report(rows: Dict[str, List[float]], memory: Dict[str, float], where: str, nodes: int, per_node: int) -> None:
     floor = statistics.median(rows["floor"])
     ratio = (lambda k: f"{statistics.median(rows[k]) / floor:.2f}" if rows[k] else "")  # noqa: E731
@@ -172,6 +211,7 @@ def _report(rows: Dict[str, List[float]], memory: Dict[str, float], where: str, 
         f"| second `TorchTrainer.fit()` | {_med(rows['fit2'])} | {ratio('fit2')} |",
         f"| `%%ddp --ray`: second cell (one all_reduce, warm pool) | {_med(rows['ddp_warm'], 'ms', 1)} | |",
         f"| the kernel's RSS, pool up and idle | {_med(rows['kernel_mib'], 'MiB', 0)} | |",
+        *_box_rows(rows),
         "",
         "Idle Ray processes after the runs (RSS, MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(memory.items(), key=lambda kv: -kv[1])),
     ]
@@ -183,6 +223,9 @@ def _report(rows: Dict[str, List[float]], memory: Dict[str, float], where: str, 
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--inner-slurm"]:
+        print("BENCHJSON " + json.dumps(inner_slurm()), flush=True)
+        sys.exit(0)
     if len(sys.argv) > 3 and sys.argv[1] == "--inner":
         print("BENCHJSON " + json.dumps(inner_ddp(int(sys.argv[2]), int(sys.argv[3]))), flush=True)
         sys.exit(0)

@@ -11,6 +11,9 @@ On 2 hosts (n1, n2 behind a ProxyJump over n1) x 2 ranks, gloo, from login, each
   on both at once, the script doing init_process_group and one all_reduce; the wall time until both exit;
 - **%%ddp --hosts**: ``Pool(hosts=n1,n2)`` and its first cell (init and one all_reduce) to the result in hand,
   then the warm cell (one all_reduce) over 30 runs, median;
+- **%%ddp --nnodes 2 by hand**: ``Pool(nnodes=2)`` on login (its node 0: 2 ranks there) and the printed torchrun
+  command run on n2 over ssh the moment it is printed (a user who pastes with no delay, the secret file already
+  there: the box's hosts share a file system, so no scp is timed); its first cell to the result in hand;
 - **%%ddp --slurm** on the same hosts (the box's Slurm, n1 and n2): the same warm cell.
 
 Writes bench/results/ssh.md (docs/bench/ssh.md holds a run).
@@ -25,7 +28,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -36,7 +39,8 @@ TORCHRUN = os.path.join(os.path.dirname(PY), "torchrun")
 REPEATS = 3
 N_WARM = 30
 CELL = "import torch, torch.distributed as dist\nx = torch.ones(1)\ndist.all_reduce(x)\nx.item()"
-SCRIPT = "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\nx = torch.ones(1)\ndist.all_reduce(x)\nprint(x.item())\n"
+SCRIPT = ("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\nx = torch.ones(1)\ndist.all_reduce(x)\nprint(x.item())\n"
+          "dist.destroy_process_group()\n")
 
 
 # ------------------------------------------------------------ inside login (a process of its own per measurement)
@@ -54,6 +58,25 @@ def inner_first() -> dict:
         return {"first_s": first, "warm_ms": warm_ms(pool, N_WARM), "tls": pool.tls_key is not None}
     finally:
         pool.stop()
+
+
+def inner_manual(login_addr: str, prefix: List[str]) -> dict:
+    """The by-hand ``--nnodes 2``: node 0 on login, node 1's command pasted on n2 at once; its first cell."""
+    from cluster_pool import NodeAgent
+    from ddp_magic.kernel.pool import Pool
+
+    t0 = time.monotonic()
+    pool = Pool(4, nnodes=2, master_addr=login_addr)  # 4 ranks in all, 2 a node
+    agent = NodeAgent(pool, prefix)
+    try:
+        pool.start(listener=agent)
+        out = pool.run(CELL)
+        first = time.monotonic() - t0
+        assert out.ok and out.values == [4.0] * 4, out
+        return {"first_s": first, "hosts": sorted({i.host for i in pool.ranks.values()})}
+    finally:
+        pool.stop()
+        agent.end()
 
 
 def inner_slurm() -> dict:
@@ -93,7 +116,8 @@ def main() -> int:
         script = os.path.join(where, "allreduce.py")
         with open(script, "w") as f:
             f.write(SCRIPT)
-        rows: Dict[str, List[float]] = {"floor": [], "torchrun": [], "ddp": [], "ddp_warm": [], "slurm_warm": []}
+        rows: Dict[str, List[float]] = {"floor": [], "torchrun": [], "manual": [], "ddp": [], "ddp_warm": [], "slurm_warm": []}
+        to_n2 = json.dumps(["ssh", "-F", login.config, "n2", "--", "cd", REPO, "&&"])
         master = box.host("n1").mgmt
         for rep in range(REPEATS):
             rows["floor"].append(_both([ssh(h, f"{PY} -c 'import torch'") for h in ("n1", "n2")], env))
@@ -101,6 +125,7 @@ def main() -> int:
             rows["torchrun"].append(_both([ssh(h, f"cd {REPO} && {TORCHRUN} --nnodes 2 --nproc-per-node 2 --node-rank {i} "
                                                   f"--master-addr {master} --master-port {port} {script}")
                                            for i, h in enumerate(("n1", "n2"))], env))
+            rows["manual"].append(_inner(box, "manual", env, (box.host("login").mgmt, to_n2))["first_s"])
             got = _inner(box, "first", env)
             rows["ddp"].append(got["first_s"])
             rows["ddp_warm"].append(got["warm_ms"])
@@ -112,8 +137,8 @@ def main() -> int:
     return 0
 
 
-def _inner(box, what: str, env: Dict[str, str]) -> dict:  # type: ignore[no-untyped-def]
-    done = subprocess.run(box.enter("login", cwd=REPO) + [PY, __file__, "--inner", what], capture_output=True, text=True, env=env, timeout=600)
+def _inner(box, what: str, env: Dict[str, str], args: Tuple[str, ...] = ()) -> dict:  # type: ignore[no-untyped-def]
+    done = subprocess.run(box.enter("login", cwd=REPO) + [PY, __file__, "--inner", what, *args], capture_output=True, text=True, env=env, timeout=600)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("BENCHJSON ")), None)
     assert line is not None, (done.stdout[-1500:], done.stderr[-3000:])
     return json.loads(line[len("BENCHJSON "):])
@@ -132,6 +157,8 @@ def _report(rows: Dict[str, List[float]]) -> None:
         "|---|---|---|",
         f"| floor: `ssh HOST python -c 'import torch'` on both at once | {_med(rows['floor'])} | 1.00 |",
         f"| ssh + torchrun by hand (init, one all_reduce), both at once | {_med(rows['torchrun'])} | {statistics.median(rows['torchrun']) / floor:.2f} |",
+        f"| `%%ddp --nnodes 2` by hand (login + n2, its command pasted on n2 over ssh at once): first cell to result "
+        f"| {_med(rows['manual'])} | {statistics.median(rows['manual']) / floor:.2f} |",
         f"| `%%ddp --hosts n1,n2 --ntasks-per-node 2`: first cell (init, one all_reduce) to result | {_med(rows['ddp'])} | {ddp / floor:.2f} |",
         f"| warm cell (one all_reduce), `--hosts` | {_med(rows['ddp_warm'], 'ms', 1)} | |",
         f"| warm cell (one all_reduce), `--slurm` on the same hosts | {_med(rows['slurm_warm'], 'ms', 1)} | |",
@@ -145,6 +172,7 @@ def _report(rows: Dict[str, List[float]]) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--inner":
-        print("BENCHJSON " + json.dumps(inner_first() if sys.argv[2] == "first" else inner_slurm()), flush=True)
+        ways = {"first": inner_first, "slurm": inner_slurm, "manual": lambda: inner_manual(sys.argv[3], json.loads(sys.argv[4]))}
+        print("BENCHJSON " + json.dumps(ways[sys.argv[2]]()), flush=True)
         sys.exit(0)
     sys.exit(main())

@@ -14,6 +14,7 @@ value is dropped (its memory unmapped by an untimed cell) before the next.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -28,10 +29,11 @@ from ddp_magic.kernel.ranks import Listener
 
 BOX = "--exclude=n3"  # the box's pools: n1 and n2 (n3 is spare)
 WARM = "x = torch.ones(1)\ndist.all_reduce(x)\nx.item()"
-SETUP = "import socket, torch, torch.distributed as dist\nt = torch.ones({n}) if socket.gethostname() == 'n2' else None"
+SETUP = ("import os, socket, torch, torch.distributed as dist\n"  # one rank on n2 holds it: its local rank 0
+         "t = torch.ones({n}) if socket.gethostname() == 'n2' and os.environ['LOCAL_RANK'] == '0' else None")
 
 
-def _results(pool: Pool, mib: int, repeats: int) -> List[float]:
+def results(pool: Pool, mib: int, repeats: int) -> List[float]:
     out = pool.run(SETUP.format(n=(mib << 20) // 4))
     assert out.ok, out
     pool.run("torch.ones(1)")  # the kernel imports torch at its first tensor result: untimed, as a kernel that had one before
@@ -50,42 +52,49 @@ def _results(pool: Pool, mib: int, repeats: int) -> List[float]:
 def result_slurm(mib: int, repeats: int) -> dict:
     pool = Pool(None, slurm=dict(nodes=2, ntasks_per_node=1, extra=BOX))
     try:
-        seconds = _results(pool, mib, repeats)
+        seconds = results(pool, mib, repeats)
         hosts = [pool.ranks[r].host for r in (0, 1)]
         return {"seconds": seconds, "hosts": hosts, "tls": pool.tls_key is not None}
     finally:
         pool.stop()
 
 
-class _Agent(Listener):
-    """Starts the other node's torchrun agent (in n2) as soon as the pool prints the command for it."""
+class NodeAgent(Listener):
+    """Starts the other node's torchrun agent as soon as the pool prints the command for it: a user who pastes it
+    with no delay. ``prefix`` enters that node (nsenter, or ``ssh HOST --``: then the command is one quoted line)."""
 
     def __init__(self, pool: Pool, prefix: List[str]) -> None:
         self.pool, self.prefix, self.proc = pool, prefix, None
 
     def on_notice(self, text: str) -> None:
         if self.proc is None and self.pool.node_command:
-            argv = shlex.split(self.pool.node_command)
-            self.proc = subprocess.Popen(self.prefix + [sys.executable, "-m", "torch.distributed.run"] + argv[1:],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            argv = [sys.executable, "-m", "torch.distributed.run"] + shlex.split(self.pool.node_command)[1:]
+            if os.path.basename(self.prefix[0]) == "ssh":
+                argv = [shlex.join(argv)]
+            self.proc = subprocess.Popen(self.prefix + argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def end(self) -> None:
+        """Wait for the agent (the pool's stop ends its ranks); kill it if it lingers."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def result_manual(mib: int, repeats: int, prefix: List[str], addr: str) -> dict:
     pool = Pool(2, nnodes=2, master_addr=addr)
-    agent = _Agent(pool, prefix)
+    agent = NodeAgent(pool, prefix)
     try:
         pool.start(listener=agent)
-        seconds = _results(pool, mib, repeats)
+        seconds = results(pool, mib, repeats)
         hosts = [pool.ranks[r].host for r in (0, 1)]
         return {"seconds": seconds, "hosts": hosts, "tls": pool.tls_key is not None}
     finally:
         pool.stop()
-        if agent.proc is not None:
-            try:
-                agent.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                agent.proc.kill()
-                agent.proc.wait()
+        agent.end()
 
 
 def warm(nodes: int, tasks: int, n_warm: int, box: str) -> dict:

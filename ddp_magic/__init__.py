@@ -25,7 +25,7 @@ from typing import Any, Dict, List
 
 from ._version import __version__
 
-__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", "Pool", "save", "scatter", "log"]
+__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", "Pool", "save", "scatter", "log", "safe_point"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -69,6 +69,11 @@ def __getattr__(name: str) -> Any:
 
         globals()["log"] = log  # found directly from now on: a call per training step pays no lookup here
         return log
+    if name == "safe_point":  # ddp_magic.safe_point(step) in a %%ddp cell: a save asked for meanwhile is taken here (docs/snapshots.md)
+        from .procs.rank_safepoint import safe_point
+
+        globals()["safe_point"] = safe_point
+        return safe_point
     if name == "scatter":  # ddp_magic.scatter(x, dim=0) in the notebook: rank r of a %%ddp cell gets only its shard of x
         from .session import scatter
 

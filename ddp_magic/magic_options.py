@@ -34,6 +34,7 @@ examples:
   %%ddp --scatter x          rank r gets only its shard of the notebook tensor x (ddp_magic.scatter(x, dim=1) for another dim)
   %%ddp --profile trace.json torch.profiler on every rank, one merged trace, a straggler table (docs/metrics.md)
   %%ddp --bg --out job       run in the background; job.wait(), job.result(), job.cancel() (docs/background.md)
+  %%ddp --bg --save-every 10m ckpt/   a snapshot in ckpt/ at the first safe point (ddp_magic.log(step=…)) after each 10 min
   %%ddp --peek [--ranks 0]   look into the running ranks: step, model.weight.norm() (no collectives)
 """
 LINE_EXAMPLES = """
@@ -97,6 +98,7 @@ POOL_ARGUMENTS = (
 SSH_KEYS = ("hosts", "hostfile", "remote_python")
 RAY_KEYS = ("nodes", "ntasks_per_node", "address", "gpus_per_rank", "cpus_per_rank", "queue_timeout")
 SLURM_KEYS = ("nodes", "ntasks_per_node", "partition", "time", "gpus_per_node", "account", "slurm_args", "queue_timeout")
+PREEMPT_SIGNAL = "--signal=USR1@120"  # what --save-on-preempt asks salloc for: SIGUSR1 to every step two minutes before the time limit
 HELP_ARGUMENT = argument("-h", "--help", action="store_true", help="show this help")
 
 
@@ -155,6 +157,8 @@ def where_request(args: Any) -> Dict[str, Any]:
     if args.slurm or slurm:  # any Slurm option means --slurm
         if "slurm_args" in slurm:
             slurm["extra"] = tuple(option_words(slurm.pop("slurm_args")))
+        if getattr(args, "save_on_preempt", None):  # Slurm's warning before the time limit (ui/preempt.py)
+            slurm["extra"] = (*slurm.get("extra", ()), PREEMPT_SIGNAL)
         return {"slurm": slurm}
     return {}
 

@@ -40,8 +40,7 @@ from .ui.report import env_report
 from .ui.output import RankPrinter, parse_ranks, show_output
 from .ui.results import CellNumbers, RankResults, running_cell
 from .ui.metrics_view import metrics_data
-from .ui import debugging, transcripts
-from .ui import keep as keeping
+from .ui import debugging, keep as keeping, save_every, transcripts
 from .ui import snapshots as snapshotting
 from .words import plural
 
@@ -172,6 +171,8 @@ class DDPMagics(Magics):
     @argument("--no-heal", action="store_true", help="a rank started again after a crash stays empty (default: it gets the others' names first)")
     @argument("--no-queue", action="store_true", help="while another cell runs on the pool, fail at once instead of waiting for it")
     @argument("--peek", action="store_true", help="a short read-only cell on the ranks beside the running cell (--ranks: only these ranks)")
+    @argument("--save-every", nargs=2, metavar=("DURATION", "DIR"), help="a snapshot in DIR at the first safe point after each DURATION (10m) while it runs")
+    @argument("--save-on-preempt", metavar="DIR", help="on SIGTERM to the template or SIGUSR1 (Slurm: --signal=USR1@120): a snapshot in DIR; the pool ends")
     @HELP_ARGUMENT
     def ddp(self, line: str, cell: Optional[str] = None) -> Any:
         """Run the cell on N worker processes (ranks) with torch.distributed ready.
@@ -233,7 +234,8 @@ class DDPMagics(Magics):
         """Run the cell on the session and turn its outcome into what the cell gives: RankResults, or a CellError raised."""
         try:
             try:
-                result = self.session.run(cell, self.user_ns, options, listener)
+                with save_every.saving(self.session, args, options.ticket):  # --save-every: at safe points (ui/save_every.py)
+                    result = self.session.run(cell, self.user_ns, options, listener)
             finally:
                 printer.flush()
         except BaseException as e:

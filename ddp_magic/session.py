@@ -289,7 +289,7 @@ class Session:
         label = str(self.cells)
         self.numbers[label] = options.number  # Cell In[12] in tracebacks and stacks, while it runs too
         metrics = CellMetrics(label if options.number is None else str(options.number))  # outermost listener: ddp_magic.log rows
-        ticket.progress = metrics.last_step  # "step 4,120" in %ddp status and the panel
+        ticket.progress, ticket.assigns = metrics.last_step, frozenset(namespace.assigned_globals(source, CELL_FILENAME))  # "step 4,120"; a safe point's save
         profile = ProfileRun.arm(pool, listener, options.profile) if options.profile is not None else None
         self.last = None  # this cell is the news now
         kept = self.outputs.tap(listener, label if options.number is None else str(options.number))  # %ddp output --rank N

@@ -57,3 +57,20 @@ def kept_record(runtime: str) -> dict:
     assert len(names) == 1, os.listdir(runtime)
     with open(os.path.join(runtime, names[0])) as f:
         return json.load(f)
+
+
+def runtime_processes(runtime: str, *programs: bytes) -> List[int]:
+    """The processes of ``programs`` (module names as in their command line) whose env names this test's runtime
+    directory: a kept pool's own on this host (its templates, lease keeper or Ray driver), none of another test's."""
+    out = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                mine = f"JUPYTER_RUNTIME_DIR={runtime}".encode() in f.read().split(b"\0")
+        except OSError:
+            continue
+        if mine and any(program in cmd for program in programs):
+            out.append(pid)
+    return out

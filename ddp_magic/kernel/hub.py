@@ -343,7 +343,7 @@ class Hub(OutputStreams):
         elif op == P.DEBUG:
             self.stdin.debugger(rank, bool(msg.get("on")))
             self.debug_changed(rank)
-        elif op == P.PEEK:
+        elif op in (P.PEEK, P.SAFE_POINT):  # filed by id: a peek's answer, a save's at a safe point (kernel/jobs/safe_save.py)
             self.peeks.put(rank, msg)
         elif op == P.METRICS:  # ddp_magic.log rows: the cell's store (kernel/results/metrics.py) and the views hear them
             self.listener.on_metrics(rank, msg.get("rows") or [])

@@ -19,11 +19,16 @@ from ..words import fmt_bytes, plural
 INTO_HINT = "where a rebuild is not exact: rebuild those objects in a setup cell, then %ddp load {path} --into NAME,NAME"
 
 
+def save_args(parent: str, names: Sequence[str], step: Optional[int]) -> Dict[str, Any]:
+    """What every rank's writer takes (procs/rank_snapshot.py ``save``): one new partial folder of ``parent``, the names, the time."""
+    partial = os.path.join(os.path.abspath(parent), S.PARTIAL + secrets.token_hex(4))
+    return {"partial": partial, "names": list(names), "time": time.time(), "step": step}
+
+
 def save_source(parent: str, names: Sequence[str], step: Optional[int]) -> Tuple[str, str]:
     """The cell every rank runs for ``%ddp save``: its share written into one new partial folder of ``parent`` (returned too)."""
-    partial = os.path.join(os.path.abspath(parent), S.PARTIAL + secrets.token_hex(4))
-    args = {"partial": partial, "names": list(names), "time": time.time(), "step": step}
-    return _call("save", args), partial
+    args = save_args(parent, names, step)
+    return _call("save", args), args["partial"]
 
 
 def unfinished(partial: str) -> str:
@@ -54,11 +59,12 @@ class Saved:
 
     report: Dict[str, Any]
     typed: str = ""  # the folder as the user wrote it: the text names the snapshot so
+    where: str = ""  # " at a safe point (the job goes on)": taken while a cell ran (kernel/jobs/safe_save.py)
 
     def text(self) -> str:
         r = self.report
         step = f"step {r['step']}" if r.get("step") is not None else "a snapshot"
-        lines = [f"saved {step} to {shown(self.typed, r['path'])}: {plural(len(r['names']), 'name')}, {fmt_bytes(r['bytes'])}",
+        lines = [f"saved {step} to {shown(self.typed, r['path'])}{self.where}: {plural(len(r['names']), 'name')}, {fmt_bytes(r['bytes'])}",
                  "  " + _kinds(r["names"])]
         for name, why in sorted(r["unsaved"].items()):
             lines.append(f"  not saved: {name}: {why}")

@@ -102,6 +102,7 @@ def _child(cmd: dict, secret: bytes, wake_r: int, wake_w: int) -> None:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the template's cleanup handler is not ours
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # nor its warning's: the worker takes it (procs/rank_preempt.py)
         # A session of its own, as torchrun gives each rank: Linux's autogroup scheduler
         # then shares the cores per rank, not per pool. With one session for all ranks,
         # 8 ranks on 2 cores got the CPU share of one process (bench/README.md, section 5).
@@ -127,6 +128,7 @@ def _child(cmd: dict, secret: bytes, wake_r: int, wake_w: int) -> None:
 
 SPARE_IDLE_S = 2.0  # spare ranks are forked only after this long without a command: never while a pool starts
 MAX_SPARES = 16
+PREEMPT_GRACE_S = 120.0  # after our SIGTERM, armed ranks get this long to save (Slurm's SIGKILL after KillWait comes first)
 
 
 def _spare(pipe_r: int, inherited: List[int], wake_r: int, wake_w: int) -> None:
@@ -204,6 +206,28 @@ class Template(KeptTemplate):
                 shm.remove_kernel_files(self.kernel_pid)
             os._exit(0)
 
+
+    def terminated(self, *_: object) -> None:
+        """SIGTERM. Ranks armed with ``--save-on-preempt`` (their marker in /dev/shm, procs/rank_preempt.py) get SIGUSR1 and
+        time to save, while their kernel lives: it ends them once saved (or the scheduler's SIGKILL does). Then, or at
+        once without them, as ``kernel_gone``."""
+        kernel_lives = not self.kernel_pid or os.getppid() == self.kernel_pid  # a node template's kernel is on another host
+        if kernel_lives and self.warned():
+            deadline = time.monotonic() + PREEMPT_GRACE_S
+            while self.children and time.monotonic() < deadline:
+                self.reap()
+                time.sleep(0.05)
+        self.kernel_gone()
+
+    def warned(self, *_: object) -> bool:
+        """SIGUSR1 (Slurm's warning before the time limit), or our SIGTERM: passed on to armed ranks; whether there were any."""
+        armed = bool(self.children) and any(os.path.exists(shm.armed_file(p)) for p in self.prefixes)
+        for pid in list(self.children) if armed else ():
+            try:
+                os.kill(pid, signal.SIGUSR1)  # Slurm may signal every process of the step; a plain kill of us reached only us
+            except ProcessLookupError:
+                pass
+        return armed
 
     def watch_children(self) -> None:
         """SIGCHLD wakes the select loop through a pipe (signal.set_wakeup_fd)."""
@@ -298,7 +322,8 @@ def main() -> None:
     kernel_pid = os.getppid()
     template = Template(kernel_pid)
     # SIGTERM (not SIGKILL) when the kernel dies, so the ranks and their files go with us.
-    signal.signal(signal.SIGTERM, template.kernel_gone)
+    signal.signal(signal.SIGTERM, template.terminated)  # --save-on-preempt: armed ranks save first
+    signal.signal(signal.SIGUSR1, template.warned)
     die_with_parent(kernel_pid, signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     first = json.loads(_read_line())

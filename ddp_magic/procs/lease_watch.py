@@ -16,7 +16,7 @@ import shutil
 import socket
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from ..logs import log
 from ..wire import kept
@@ -37,13 +37,15 @@ class LeaseWatch:
         self.failed = False  # never reached the lease: the kernel's keep fails, the allocation follows the kernel again
         self.over = threading.Event()  # the lease ended (its lock here is free)
         self.stopping = False
+        self.on_end: Optional[Callable[[], None]] = None  # what the lease's end (a stop's too) ends here before the lock goes (a Ray pool's driver)
+        self.unwatched = False  # stop() was called: keep --off, the pool goes on
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="ddp-lease-watch", daemon=True).start()
 
     def stop(self) -> None:
         """``keep --off``: the pool is its kernel's again; nothing of it here any more."""
-        self.stopping = True
+        self.stopping = self.unwatched = True
         sock = self.sock
         if sock is not None:
             try:
@@ -78,6 +80,8 @@ class LeaseWatch:
                 self._ended(f"this host lost its connection to the lease on {self.node}")
         finally:
             self._remove(files=self.stopping)
+            if fd is not None and not self.unwatched and self.on_end is not None:  # its lock free means all of it is gone
+                self.on_end()
             if fd is not None:
                 os.close(fd)
             self.over.set()

@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..logs import log as logger
 from ..wire import protocol as P
+from . import rank_safepoint
 
 INTERVAL = 0.25  # seconds between two sends of one rank: at most four a second
 Row = Tuple[int, float, Dict[str, Any]]  # (step, wall time in s, {name: value})
@@ -51,16 +52,19 @@ STATE = _State()
 def install(send: Callable[..., None], rank: int) -> None:
     """The worker's channel (``Channel.send``): from now on ``log`` sends rows to the kernel."""
     STATE.send, STATE.rank, STATE.pid = send, rank, os.getpid()
+    rank_safepoint.install(send, rank)  # log(step=…) is a safe point: from the same (main) thread
 
 
 def begin_cell(cell: int) -> None:
     """A new cell: steps count from 0 again, rows belong to this cell."""
     with STATE.lock:
         STATE.cell, STATE.next_step, STATE.rows = cell, 0, []
+    rank_safepoint.begin_cell()
 
 
 def end_cell() -> None:
     """Send what is left (the worker calls it before DONE, outside user code)."""
+    rank_safepoint.end_cell()  # a save still waiting for a safe point: the kernel takes it after the cell
     with STATE.lock:
         _flush_locked()
 
@@ -71,6 +75,7 @@ def log(step: Optional[int] = None, **scalars: Any) -> None:
     ``step`` defaults to the previous step + 1 (0 first, per cell). Values are numbers
     or one-element tensors. The notebook shows them live, one line per rank, and gives
     them back as data (``%ddp metrics``). No collective; outside a %%ddp cell it does nothing.
+    It is a safe point (``ddp_magic.safe_point``): a save asked for while the cell runs may be taken here.
     """
     s = STATE
     if s.send is None or os.getpid() != s.pid:  # not a rank, or a DataLoader worker forked from one
@@ -90,6 +95,7 @@ def log(step: Optional[int] = None, **scalars: Any) -> None:
             s.thread = threading.Thread(target=_flusher, name="ddp-metrics", daemon=True)
             s.thread.start()
         s.wake.set()
+    rank_safepoint.reached(n)  # every rank's log at a step is a safe point: a save asked for meanwhile is taken here
 
 
 def _step(step: Any) -> int:

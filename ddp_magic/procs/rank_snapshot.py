@@ -24,6 +24,7 @@ from torch.distributed.checkpoint import state_dict as sd
 from ..wire import snapshot as S
 from ..words import ranks_phrase
 from ..wire.snapshot import Kind, Sharing
+from . import rank_rng
 from . import rank_snapshot_objects as O
 
 
@@ -73,13 +74,14 @@ def save(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     dcp.save(tree, checkpoint_id=os.path.join(partial, S.DCP_DIR))
     values, sizes, unpicklable = O.pickle_values(found.values, O.references(found.modules, found.optimizers), ns)
     found.unsaved.update(unpicklable)
-    record = {"skeletons": blob, "values": values, "rng": O.rng_state(), "imports": found.imports}
+    record = {"skeletons": blob, "values": values, "rng": rank_rng.rng_state(), "imports": found.imports}
     data = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
     with open(os.path.join(partial, S.rank_file(rank)), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
     step = ns.get("step") if isinstance(ns.get("step"), int) and not isinstance(ns.get("step"), bool) else args.get("step")
+    step = args.get("at", step)  # at a safe point (procs/rank_safepoint.py): that point's step
     mine = {"info": info, "sizes": {n: b for n, (b, _h) in sizes.items()}, "hashes": {n: h for n, (_b, h) in sizes.items()},
             "imports": found.imports, "unsaved": found.unsaved, "step": step}
     reports: List[Any] = [None] * world
@@ -160,7 +162,7 @@ def load(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     ns.update(objects)
     ns.update(values)
     if same:
-        O.set_rng_state(record["rng"])
+        rank_rng.set_rng_state(record["rng"])
     else:
         notes.append(f"RNG states are per rank: saved at world size {meta.world_size}, not restored at {world}")
     return {"rank": rank, "names": sorted([*imports, *objects, *values]), "notes": notes, "step": meta.step, "path": path}
@@ -174,7 +176,8 @@ def _objects(ns: Dict[str, Any], record: Dict[str, Any], into: set, meta: S.Meta
     stateful = {n for n, e in meta.names.items() if e.get("kind") in (Kind.MODULE.value, Kind.OPTIMIZER.value)}
     for name in sorted(into - stateful):
         notes.append(f"--into {name}: the snapshot holds no module or optimizer {name}; it is left as it is")
-    return O.rebuild_modules(record["skeletons"], {n: ns[n] for n in into & stateful}, notes)
+    filled = {n for n, e in meta.names.items() if e.get("sharing") != Sharing.PER_RANK.value or meta.world_size == dist.get_world_size()}
+    return O.rebuild_modules(record["skeletons"], {n: ns[n] for n in into & stateful}, notes, filled)
 
 
 def _fill(path: str, meta: S.Meta, modules: Dict[str, Any], optimizers: Dict[str, Any], rank: int, same: bool, notes: List[str]) -> None:

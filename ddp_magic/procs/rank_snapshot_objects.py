@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import io
 import pickle
-import random
-import sys
 import types
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Collection, Dict, List, Optional, Tuple
 
 import cloudpickle
 import torch
 
 from ..logs import log
 from ..wire.snapshot import Kind
+from . import rank_snapshot_fsdp as F
 
 DDP = torch.nn.parallel.DistributedDataParallel
 DDP_OPTIONS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph", "forward_sync_buffers", "dim",
@@ -91,8 +91,23 @@ def ddp_options(module: torch.nn.Module) -> Optional[Dict[str, Any]]:
     return options
 
 
+PRINT_WORDS = 1 << 15  # 8-byte words a sum covers in a tensor's fingerprint (256 KiB)
+
+
+def _tensor_print(value: torch.Tensor) -> bytes:
+    """A tensor's content as sums of its 8-byte words, one sum each 256 KiB, and its tail as bytes: on its own device,
+    several GB/s where sha256 of the bytes is under 1 (a 1 GiB model's replicas compared in a save or a heal). Two
+    replicas that differ anywhere differ in a sum unless their changes cancel within 256 KiB: not what training does."""
+    raw = value.detach().contiguous().reshape(-1).view(torch.uint8)
+    words = raw[: raw.numel() - raw.numel() % 8].view(torch.int64)
+    full = words.numel() - words.numel() % PRINT_WORDS
+    sums = words[:full].view(-1, PRINT_WORDS).sum(1)  # int64 sums wrap: fine for a fingerprint
+    return sums.cpu().numpy().tobytes() + raw[full * 8:].cpu().numpy().tobytes()
+
+
 def digest(state: Any) -> Tuple[str, bool]:
-    """The state's content hash, and whether it holds DTensors (sharded: DCP keeps each shard)."""
+    """The state's content fingerprint (sha256 over each tensor's shape, dtype and word sums, _tensor_print), and
+    whether it holds DTensors (sharded: DCP keeps each shard)."""
     h, sharded = hashlib.sha256(), False
     leaves: List[Tuple[str, Any]] = []
 
@@ -112,7 +127,7 @@ def digest(state: Any) -> Tuple[str, bool]:
         if isinstance(value, torch.Tensor):
             if type(value).__name__ == "DTensor":
                 sharded, value = True, value.to_local()  # type: ignore[attr-defined]
-            h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            h.update(repr((tuple(value.shape), value.dtype)).encode() + _tensor_print(value))
         else:
             h.update(repr(value).encode())
     return h.hexdigest(), sharded
@@ -127,6 +142,8 @@ def _placeholder(shape: Tuple[int, ...], dtype: torch.dtype, requires_grad: bool
 
 
 def _device(device_type: str) -> torch.device:
+    if device_type == "meta":
+        return torch.device("meta")
     if device_type == "cuda" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -137,8 +154,10 @@ class _SkeletonPickler(cloudpickle.CloudPickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor) and not isinstance(obj, torch.nn.parameter.UninitializedTensorMixin):  # type: ignore[attr-defined]
-            args = (tuple(obj.shape), obj.dtype, obj.requires_grad, isinstance(obj, torch.nn.Parameter), obj.device.type)
-            return _placeholder, args
+            device = "meta" if F.is_dtensor(obj) else obj.device.type  # a shard's full shape: allocated once sharded again
+            return _placeholder, (tuple(obj.shape), obj.dtype, obj.requires_grad, isinstance(obj, torch.nn.Parameter), device)
+        if F.managed(obj):
+            return F.plain_reduce(obj)
         return super().reducer_override(obj)
 
 
@@ -158,22 +177,17 @@ def skeletons(modules: Dict[str, torch.nn.Module], optimizers: Dict[str, torch.o
     return buf.getvalue(), problems
 
 
-def _fully_sharded(module: torch.nn.Module) -> bool:
-    """FSDP2's fully_shard marked it (torch >= 2.6). Only a rank that imported torch.distributed.fsdp can hold one, so
-    it is not imported here: that import costs 1.5 s, on a rank being healed too (procs/rank_heal.py)."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    return isinstance(module, getattr(fsdp, "FSDPModule", ())) if fsdp is not None else False
-
-
 def _module_skeleton(module: torch.nn.Module) -> Dict[str, Any]:
-    if _fully_sharded(module):
-        return {"module": None, "ddp": None, "why": "an FSDP2 (fully_shard) module: its state is saved sharded, but it is not rebuilt yet"}
+    try:
+        steps = F.plan(module) if F.is_sharded(module) else None  # FSDP2 (fully_shard): sharded again at the load
+    except ValueError as e:
+        return {"module": None, "ddp": None, "why": f"an FSDP2 (fully_shard) module whose sharding is not made again: {e}"}
     try:
         _SkeletonPickler(io.BytesIO()).dump(inner(module))
     except Exception as e:  # its state is still saved (DCP); only the rebuild needs the user's setup cell
         log.debug("no skeleton for a %s", type(module).__name__, exc_info=True)
         return {"module": None, "ddp": None, "why": f"its structure cannot be pickled ({type(e).__name__}: {e})"}
-    return {"module": inner(module), "ddp": ddp_options(module)}
+    return {"module": inner(module), "ddp": ddp_options(module), "fsdp": steps}
 
 
 def owner_of(opt: torch.optim.Optimizer, modules: Dict[str, torch.nn.Module]) -> str:
@@ -189,12 +203,46 @@ def optimizer_skeleton(opt: torch.optim.Optimizer, modules: Dict[str, torch.nn.M
     owner = owner_of(opt, modules)
     names = {id(p): fqn for fqn, p in inner(modules[owner]).named_parameters(remove_duplicate=False)}
     groups = [{"params": [names[id(p)] for p in g["params"]], **{k: v for k, v in g.items() if k != "params"}} for g in opt.param_groups]
-    return {"cls": type(opt), "defaults": dict(opt.defaults), "groups": groups, "module": owner}
+    return {"cls": type(opt), "defaults": dict(opt.defaults), "groups": groups, "module": owner, "state": _state_shapes(opt, names)}
 
 
-def rebuild_modules(blob: bytes, into: Dict[str, Any], notes: List[str]) -> Tuple[Dict[str, torch.nn.Module], Dict[str, Dict[str, Any]]]:
+def _state_shapes(opt: torch.optim.Optimizer, names: Dict[int, str]) -> Optional[Dict[str, Dict[str, Any]]]:
+    """Each parameter's optimizer state as shapes (a tensor: shape, dtype, device type; else the value), so a load
+    allocates it instead of DCP's zero-gradient step (0.8 s for 512 MiB of SGD momentum). None where a state tensor is
+    a DTensor (FSDP2: DCP makes those)."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for param, state in opt.state.items():
+        entry: Dict[str, Any] = {}
+        for key, value in state.items():
+            if F.is_dtensor(value) or (isinstance(value, torch.Tensor) and value.is_sparse):
+                return None
+            entry[key] = ("tensor", tuple(value.shape), value.dtype, value.device.type) if isinstance(value, torch.Tensor) else ("value", value)
+        out[names[id(param)]] = entry
+    return out
+
+
+def _allocate_state(opt: torch.optim.Optimizer, params: Dict[str, torch.nn.Parameter], shapes: Optional[Dict[str, Dict[str, Any]]]) -> None:
+    """The optimizer's state allocated from its shapes (DCP fills it next): a tensor on its parameter's device where it
+    was on one of that type (Adam's step stays on the CPU)."""
+    for fqn, entry in (shapes or {}).items():
+        param = params[fqn]
+        state = {}
+        for key, spec in entry.items():
+            if spec[0] == "value":
+                state[key] = spec[1]
+                continue
+            _kind, shape, dtype, device_type = spec
+            device = param.device if param.device.type == device_type else _device(device_type)
+            state[key] = torch.empty(shape, dtype=dtype, device=device)
+        opt.state[param] = state
+
+
+def rebuild_modules(blob: bytes, into: Dict[str, Any], notes: List[str],
+                    filled: Collection[str] = ()) -> Tuple[Dict[str, torch.nn.Module], Dict[str, Dict[str, Any]]]:
     """The modules from their skeletons, DDP-wrapped again on the pool's process group with their own options (those in
-    ``into``: the user's own, filled instead); the optimizers' skeletons whose module is there."""
+    ``into``: the user's own, filled instead); the optimizers' skeletons whose module is there. A DDP wrapper of a
+    module in ``filled`` (DCP loads its state on every rank next) is made without DDP's broadcast of rank 0's weights:
+    they would be overwritten (0.8 s of a 512 MiB load here)."""
     data = pickle.loads(blob)
     modules: Dict[str, torch.nn.Module] = {}
     for name, item in data["modules"].items():
@@ -213,7 +261,10 @@ def rebuild_modules(blob: bytes, into: Dict[str, Any], notes: List[str]) -> Tupl
                          f"rebuild {name} in a setup cell and use --into {name}")
         if options is not None:
             device_ids = [torch.cuda.current_device()] if next(module.parameters(), torch.empty(0)).is_cuda else None
-            module = DDP(module, device_ids=device_ids, **options)
+            no_sync: Dict[str, Any] = {"init_sync": False} if name in filled and "init_sync" in inspect.signature(DDP.__init__).parameters else {}
+            module = DDP(module, device_ids=device_ids, **options, **no_sync)
+        if item.get("fsdp"):
+            module = F.shard_again(module, item["fsdp"])
         modules[name] = module
     optimizers = {}
     for name, skeleton in data["optimizers"].items():
@@ -230,10 +281,12 @@ def rebuild_optimizer(skeleton: Dict[str, Any], modules: Dict[str, torch.nn.Modu
     groups = [{**g, "params": [params[n] for n in g["params"]]} for g in skeleton["groups"]]
     cls = skeleton["cls"]
     try:
-        return cls(groups, **skeleton["defaults"])
+        opt = cls(groups, **skeleton["defaults"])
     except TypeError:  # a default its constructor does not take (one torch added to .defaults): the groups carry them all
         log.debug("%s(**defaults) refused; rebuilding from the groups alone", cls.__name__, exc_info=True)
-        return cls(groups, lr=skeleton["defaults"].get("lr", 1e-3))
+        opt = cls(groups, lr=skeleton["defaults"].get("lr", 1e-3))
+    _allocate_state(opt, params, skeleton.get("state"))
+    return opt
 
 
 def follow_schedulers(values: Dict[str, Any]) -> None:
@@ -333,29 +386,3 @@ def reason(value: Any, error: BaseException) -> str:
     if name.endswith("DataLoaderIter") or "DataLoaderIter" in name:
         return "a DataLoader's live iterator: make a new one with iter(loader) after the load"
     return f"{type(value).__module__}.{name} cannot be pickled ({type(error).__name__}: {error})"
-
-
-# ------------------------------------------------------------ RNG
-def rng_state() -> Dict[str, Any]:
-    """This rank's random states: torch (CPU, and CUDA where initialised), numpy's global one, ``random``'s."""
-    state: Dict[str, Any] = {"torch": torch.get_rng_state(), "random": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy
-
-        state["numpy"] = numpy.random.get_state()
-    except ImportError:
-        log.debug("numpy is not installed: no numpy RNG state to save")
-    return state
-
-
-def set_rng_state(state: Dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["random"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy
-
-        numpy.random.set_state(state["numpy"])

@@ -1,7 +1,7 @@
 """One Ray actor a node of a Ray pool, pinned to its (first) placement-group bundle: it starts that node's template and relays its lines, nothing else.
 
-Created by procs/ray_group.py, never detached: when the driver (the kernel's child) ends,
-Ray ends the actor, and its template follows it. The template is procs/ssh_template.py's
+Created by procs/ray_group.py, never detached: when the driver (the kernel's child, or a kept pool's under its
+lease: procs/ray_keep.py) ends, Ray ends the actor, and its template follows it. The template is procs/ray_template.py's
 (node_template's, watched by a beat): it is this actor's child with the actor as its parent
 for the parent-death signal, so a SIGKILLed actor still ends it and, through theirs, its
 ranks. The template gets the GPUs of the node's bundles (CUDA_VISIBLE_DEVICES: local rank i
@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 
 from ..logs import log
 
-TEMPLATE = ["-m", "ddp_magic.procs.ssh_template"]  # a beat-watched node template (procs/node_template.py's)
+TEMPLATE = ["-m", "ddp_magic.procs.ray_template"]  # a beat-watched node template that dies with this actor, kept or not
 
 
 class NodeActor:
@@ -104,6 +104,15 @@ class NodeActor:
             self.proc.stdin.flush()
         except (OSError, ValueError):  # the template ended: read says so
             log.debug("the node's template no longer reads commands", exc_info=True)
+
+    def close_stdin(self) -> None:
+        """A kept pool's driver says no kernel is there any more (procs/ray_keep.py): the template's stdin ends, as a kept
+        SSH template's session does, and its lease counts the idle time from now."""
+        if self.proc is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                log.debug("the node's template's stdin was closed already", exc_info=True)
 
     def code(self) -> Optional[int]:
         return self.proc.poll() if self.proc is not None else None

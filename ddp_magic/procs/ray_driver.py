@@ -11,7 +11,9 @@ goes to every template, every template's line comes out on its stdout, and a nod
 actor or template ended is a ``lost`` event naming it; the kernel may ask for a lost node to
 be placed again. Its stdin closing or SIGTERM removes the placement group and the actors;
 its death without that (SIGKILL) leaves Ray to end the job's non-detached actors and
-placement group, whose templates follow their actors.
+placement group, whose templates follow their actors. A kept pool's driver outlives the
+kernel under the lease instead (procs/ray_keep.py: its stdin's end no longer ends it, the
+lease's end does).
 """
 from __future__ import annotations
 

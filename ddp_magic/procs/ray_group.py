@@ -17,6 +17,10 @@ the node asked for and what each node has free; once placed, its template says i
 the kernel admits it (``ray_admit``: its first line, and from then on every line) or drops it
 (``ray_drop``: other code there). ``ray_cancel`` (Ctrl-C) or the request's --start-timeout
 ends the wait (``not_placed``), and the old actor is never fed again nor said lost twice.
+
+A kept pool (procs/ray_keep.py): the driver takes the kernel's ``watch`` line for itself, its
+stdin's end then closes each template's stdin instead of ending the pool, and the lease's end
+calls ``end`` (the actors killed, the group removed, then the exit frees the lease's lock).
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
 from ..logs import log
+from .ray_keep import DriverKeep
 from .ray_place import by_node, free_nodes, unique
 
 _out = threading.Lock()
@@ -108,6 +113,7 @@ class Driver:
         self.ending = threading.Event()
         self._lock = threading.Lock()
         self._remote: Any = None
+        self.keeping = DriverKeep(self.end)  # a kept pool: this driver outlives the kernel under the lease (procs/ray_keep.py)
 
     # ------------------------------------------------------------ the group
     def bundles(self) -> List[Dict[str, float]]:
@@ -205,6 +211,8 @@ class Driver:
         """Every line of our stdin to every node's template, until it closes (the kernel is gone, or ends the pool); the
         kernel's ``ray_*`` commands are ours."""
         for line in iter(sys.stdin.readline, ""):
+            if self.keeping.take(line):  # the lease watched (%ddp keep) or no more (--off)
+                continue
             if line.startswith(OP_PREFIX):
                 self.command(json.loads(line))
                 continue
@@ -214,8 +222,12 @@ class Driver:
                 actor.write.remote(line)
 
     def relay_then_end(self) -> None:
+        """The kernel's pipe to its end, then ours; kept, the lease's end is ours instead (DriverKeep's watch calls ``end``)."""
         self.relay_in()
-        self.end()
+        with self._lock:
+            live = [h.actor for h in self.held if not h.superseded]
+        if not self.keeping.kernel_left(live):
+            self.end()
 
     def command(self, cmd: Dict[str, Any]) -> None:
         """The kernel's word on a lost node (``index``: its node rank): place it again, admit or drop what was placed, stop waiting."""

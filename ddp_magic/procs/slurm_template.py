@@ -48,7 +48,8 @@ def main() -> None:
         raise SystemExit(f"{slurm_env.SECRET_ENV} is not in the env: this task was not started by ddp_magic's Slurm launcher")
     node = env.get(NODE_ENV, "")
     template = NodeTemplate(node, secret, env, f"its Slurm job {env.get('SLURM_JOB_ID', '')} ended (its time limit came, or it was cancelled)")
-    signal.signal(signal.SIGTERM, template.kernel_gone)  # the step cancelled: the ranks go with us
+    signal.signal(signal.SIGTERM, template.terminated)  # the step cancelled or preempted: the ranks go with us (armed: after saving)
+    signal.signal(signal.SIGUSR1, template.warned)  # --save-on-preempt's --signal=USR1@120: armed ranks save
     die_with_parent(os.getppid(), signal.SIGTERM)  # slurmstepd gone
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:

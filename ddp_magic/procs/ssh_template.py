@@ -111,8 +111,9 @@ def _init() -> Optional[dict]:
     return json.loads(line)
 
 
-def main(argv: Optional[list] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m ddp_magic.procs.ssh_template")
+def main(argv: Optional[list] = None, kind: type = SshTemplate) -> None:
+    """``kind``: SshTemplate, or procs/ray_template.py's (a Ray actor's child)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {kind.__module__}")
     parser.add_argument("--node", required=True, help="the host's name as the kernel calls it (its ssh alias)")
     parser.add_argument("--port", type=int, default=0, help="MASTER_PORT, to say whether it is free here")
     parser.add_argument("--probe", action="store_true", help="say hello and exit (%%ddp_env's checks)")
@@ -126,7 +127,7 @@ def main(argv: Optional[list] = None) -> None:
     if init is None:
         os._exit(0)
     os.environ.update(init.get("env") or {})
-    template = SshTemplate(args.node, bytes.fromhex(init["secret"]), dict(os.environ), float(init.get("silence") or node_hello.SILENCE_S))
+    template = kind(args.node, bytes.fromhex(init["secret"]), dict(os.environ), float(init.get("silence") or node_hello.SILENCE_S))
     signal.signal(signal.SIGTERM, template.kernel_gone)  # sshd's session ended (our parent-death signal) or a kill
     signal.signal(signal.SIGHUP, template.hangup)
     die_with_parent(os.getppid(), signal.SIGTERM)

@@ -34,7 +34,7 @@ from ..wire.execution import error_data, format_user_traceback, run_source
 from ..wire.namespace import adopt
 from ..wire.protocol import CellStatus
 from . import mesh, rank_keep, rank_argv, rank_collectives, rank_debug, rank_group, rank_memory, rank_metrics, rank_net, rank_peek
-from . import rank_profile, rank_recover, rank_stacks, rank_torch
+from . import rank_profile, rank_recover, rank_safepoint, rank_stacks, rank_torch
 from . import rank_cli
 from .parent import die_with_parent
 from .rank_channel import Channel
@@ -192,6 +192,8 @@ class Worker:
                     rank_debug.on_message(msg)
                 elif op == P.PEEK:  # a short read-only cell beside the running one, on the peek thread
                     rank_peek.submit(msg)
+                elif op == P.SAFE_POINT:  # a save at the next safe point the ranks agree on (procs/rank_safepoint.py)
+                    rank_safepoint.on_message(msg)
                 elif op == P.VERSIONS:  # autoreload: this rank's versions of the modules named, read between cells
                     self.chan.send(P.VERSIONS, rank=self.rank, modules=RELOADER.versions(msg.get("names", ())))
                 elif op == P.PROFILE:  # the next cell runs under torch.profiler (it comes before that cell's RUN)

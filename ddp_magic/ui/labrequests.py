@@ -48,9 +48,11 @@ def handle(session: Session, op: str, args: Dict[str, Any], notice: Callable[[st
             return {"ok": True, "message": message, "output": "\n".join(heard.lines + [message])}
         if op == "stacks":
             ranks = args.get("ranks")
+            holder = session.turns.holder  # the cell the stacks show: the panel marks them stale once it has ended
             stacks = session.stacks([int(r) for r in ranks] if ranks is not None else None, bool(args.get("all_threads")))
             lines = stacks.lines()
-            return {"ok": True, "message": lines[0], "output": "\n".join(lines), "groups": stacks.groups}
+            return {"ok": True, "message": lines[0], "output": "\n".join(lines), "groups": stacks.groups,
+                    "job": holder.name if holder is not None else None}
         text = session.status().text()
         return {"ok": True, "message": text.splitlines()[0], "output": text}
     except (Exception, KeyboardInterrupt) as e:  # a kernel interrupt while a request runs ends the request, not the kernel's loop

@@ -7,10 +7,13 @@ CellError as a cell's would be), and a load's names become the workers' (``sessi
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, Optional, Sequence, Tuple
+import time
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..errors import CellError, UsageError
 from ..kernel import snapshots
+from ..kernel.jobs import safe_save
+from ..kernel.jobs.turns import Ticket
 from ..plan.spec import PoolSpec
 from ..session import CellOptions, CellResult, Session
 from ..wire import snapshot as S
@@ -18,6 +21,7 @@ from .cell_listener import MagicListener
 from .output import RankPrinter
 
 ACTIONS = ("save", "load", "snapshots")
+RETRY_S = 0.2  # a save asked for while the running cell starts or ends on some ranks: asked again this often
 
 
 def command(session: Session, args: argparse.Namespace, request: Dict[str, Any]) -> None:
@@ -33,6 +37,8 @@ def command(session: Session, args: argparse.Namespace, request: Dict[str, Any])
     if args.action == "save":
         if request or args.into:
             raise UsageError("%ddp save: pool options and --into go with load, e.g. %ddp load ckpt/ -n 2 --into model,opt")
+        if during_a_cell(session, args.target, args.names):
+            return None
         result, done = save(session, args.target, args.names, listener)
     else:
         if args.names:
@@ -63,6 +69,50 @@ def save(session: Session, parent: str, names: Sequence[str] = (), listener: Opt
     if result.ok and session.pool is not None:
         session.pool.recovery.snapshot = result.outcome.values[0]["path"]  # a rank healed later takes its own names from it
     return result, (snapshots.Saved(result.outcome.values[0], parent) if result.ok else None)
+
+
+def during_a_cell(session: Session, parent: str, names: Sequence[str]) -> bool:
+    """%ddp save while a cell runs on the pool (a --bg job): taken at its next safe point, said here. False when the cell
+    ended before one: the save then waits its turn, as a cell, at the boundary."""
+    holder = session.turns.holder
+    if holder is None or session.pool is None or not session.pool.alive:
+        return False
+    waits = (f"%ddp save: {holder.name} runs on the pool: the save waits for its next safe point "
+             f"(ddp_magic.log(step=…) or ddp_magic.safe_point() on every rank), or for its end")
+    said: list = []  # the wait is said once, however often the save is asked again
+
+    def say() -> None:
+        if not said:
+            said.append(print(waits, flush=True))
+
+    out, saved = at_safe_point(session, holder, parent, names, say, " at a safe point (the job goes on)")
+    if saved is not None:
+        print(saved.text())
+        return True
+    if out.outcome == safe_save.Outcome.ENDED:
+        print(f"{holder.name} ended before a safe point: saving at the cell boundary", flush=True)
+        return False
+    raise UsageError(f"%ddp save: {out.why}; nothing was saved; {holder.name} goes on")
+
+
+def at_safe_point(session: Session, holder: Ticket, parent: str, names: Sequence[str], on_wait: Callable[[], None],
+                  where: str) -> Tuple[safe_save.SafeSave, Optional[snapshots.Saved]]:
+    """The names the ranks own and the running cell assigns (or ``names``), saved at the cell's next safe point."""
+    chosen = list(names) or sorted(session.owned | holder.assigns)
+    if not chosen:
+        raise UsageError("%ddp save: the ranks own no names yet; name some, e.g. %ddp save ckpt/ model")
+    assert session.pool is not None
+    args = snapshots.save_args(parent, chosen, None)
+    out = safe_save.save_at_safe_point(session.pool, session.turns, args, on_wait)
+    while out.outcome == safe_save.Outcome.ENDED and session.turns.holder is holder and holder.ran_for is None and session.pool.alive:
+        time.sleep(RETRY_S)  # its cell has not reached every rank yet, or is ending on some: ask again until it runs or has ended
+        out = safe_save.save_at_safe_point(session.pool, session.turns, args, on_wait)
+    if out.outcome == safe_save.Outcome.FAILED:
+        out.why += "; " + snapshots.unfinished(snapshots.shown(parent, args["partial"]))
+    if out.outcome != safe_save.Outcome.SAVED or out.report is None:
+        return out, None
+    session.pool.recovery.snapshot = out.report["path"]  # a rank healed later takes its own names from it
+    return out, snapshots.Saved(out.report, parent, where)
 
 
 def load(session: Session, path: str, into: Sequence[str] = (), spec: Optional[PoolSpec] = None,

@@ -64,6 +64,7 @@ MEMORY = "memory"        # worker -> kernel: the rank's memory now (procs/rank_m
 PEEK = "peek"            # kernel -> worker: run a short read-only cell on the peek thread (id, source); worker -> kernel: its answer
 VERSIONS = "versions"    # kernel -> worker: the versions of these modules (names; None: all); worker -> kernel: name -> [file, sha(, sha run)] (autoreload)
 KEEP = "keep"            # kernel -> worker: outlive the kernel (on, socket, dir: procs/rank_keep.py) or not; worker -> kernel: done
+SAFE_POINT = "safe_point"  # both ways: a save at the ranks' next safe point while a cell runs (wire/safe_point.py says each message)
 
 # The cell %ddp_debug runs on every rank: pdb on ``rank``'s kept traceback, nothing on the others (procs/rank_debug.py).
 POST_MORTEM_SOURCE = '__import__("ddp_magic.procs.rank_debug", fromlist=["post_mortem"]).post_mortem({rank})'

@@ -59,6 +59,12 @@ def rank_prefix(pool: str, rank: int) -> str:
     return pool + f"r{rank}-"
 
 
+def armed_file(pool: str, shm_dir: str = SHM_DIR) -> str:
+    """The marker of a pool armed with ``--save-on-preempt`` on this host: its ranks write it, its template reads it on
+    SIGTERM and lets them save before they end (procs/rank_preempt.py, procs/forkserver.py)."""
+    return os.path.join(shm_dir, pool + "preempt-armed")
+
+
 def create_private(path: str, fresh: bool = False) -> None:
     """Make ``path`` exist with mode 0600 (``fresh``: empty, whatever was there before).
 

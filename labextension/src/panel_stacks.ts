@@ -60,11 +60,17 @@ export class StacksSection {
     const pool = conn.state.snapshot ? conn.state.snapshot.pool : null;
     const job = pool && pool.job ? pool.job.name : null;
     try {
-      const reply = (await conn.request('stacks')) as { ok: boolean; message: string; error?: string; output?: string };
+      const reply = (await conn.request('stacks')) as {
+        ok: boolean;
+        message: string;
+        error?: string;
+        output?: string;
+        job?: string | null; // the cell the kernel read them in: the panel's snapshot may not have caught up with it yet
+      };
       this._text.textContent = reply.ok ? reply.output || reply.message : reply.error || 'the kernel could not read the stacks';
       this.node.dataset.state = reply.ok ? 'shown' : 'error';
       this._takenAt = reply.ok ? Date.now() : 0;
-      this._takenJob = job;
+      this._takenJob = reply.job !== undefined ? reply.job : job;
     } catch (e) {
       this._text.textContent = `the stacks did not come: ${e}`;
       this.node.dataset.state = 'error';

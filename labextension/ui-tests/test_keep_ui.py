@@ -276,6 +276,7 @@ def sigkill_rounds(page: Any, server: Server, reloads: bool = False) -> Iterator
         quiet_403(page, refused)
         if reloads:
             quiet_reload(page)
+        quiet_killed(page)
         no_errors(page)
     finally:
         page.remove_listener("response", on_response)
@@ -292,6 +293,13 @@ def attached_once(page: Any, server: Server, said: str, pool_id: str, gate: str,
     page.evaluate("(b) => { const m = window.jupyterapp.shell.currentWidget.content.model.sharedModel;"
                   " m.deleteCellRange(b + 1, b + 3); m.deleteCellRange(1, 2); }", base)  # ticks, stop, then the attach cell
     assert cells(page) == base
+
+
+def quiet_killed(page: Any) -> None:
+    """A kernel SIGKILLed (or restarted) while comms open cancels JupyterLab's own comm-subshell requests, whose
+    rejections JupyterLab leaves unhandled (RESTART_CANCELED): every test in sigkill_rounds kills its kernel. Seen in a
+    full run under load, ten at once in each of the four JupyterLab tests of this frame; never with this file alone."""
+    page.ddp_watch.lines[:] = [line for line in page.ddp_watch.lines if not RESTART_CANCELED.match(line)]
 
 
 def quiet_reload(page: Any) -> None:

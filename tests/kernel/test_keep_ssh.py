@@ -20,7 +20,7 @@ from typing import Iterator, List
 import pytest
 from conftest import pid_alive, wait_until
 from kernel_helper import Kernel, drop_runtime_dir, own_runtime_dir
-from keep_helper import TICKS, cell_texts, ticks
+from keep_helper import TICKS, cell_texts, runtime_processes, ticks
 
 pytestmark = pytest.mark.kernel
 
@@ -52,19 +52,8 @@ def _kernel(runtime: str, bin_dir: Path) -> Kernel:
 
 
 def _ours(runtime: str) -> List[int]:
-    """Our templates, ranks and lease keeper: processes whose env names this test's runtime directory."""
-    out = []
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                mine = f"JUPYTER_RUNTIME_DIR={runtime}".encode() in f.read().split(b"\0")
-        except OSError:
-            continue
-        if mine and (b"ddp_magic.procs.ssh_template" in cmd or b"ddp_magic.procs.lease_keeper" in cmd):
-            out.append(pid)
-    return out
+    """Our templates and lease keeper."""
+    return runtime_processes(runtime, b"ddp_magic.procs.ssh_template", b"ddp_magic.procs.lease_keeper")
 
 
 def _sigkill(k: Kernel) -> None:

@@ -349,6 +349,8 @@ def test_over_a_subshell_stacks_and_status_are_answered_while_a_ddp_cell_runs(fr
             assert stacks["message"].startswith("2 ranks in 2 stacks"), stacks["output"]
             assert "--- rank 0 ---" in stacks["output"] and "time.sleep(4)" in stacks["output"] and " in barrier" in stacks["output"]
             assert stacks["groups"] == [[0], [1]]
+            running = [s["pool"]["job"]["name"] for s in front.snapshots() if s["pool"] and s["pool"].get("job")]
+            assert running and stacks["job"] == running[-1], (stacks.get("job"), running)  # the panel's stale mark goes by it
             assert front.arrival(stacks["id"]) < front.wait_idle(mid), "answered while the cell runs, not after it"
     finally:
         front.subshell = None

@@ -2,7 +2,8 @@
 own pids: scripts/box_ray.py): ranks placed by a placement group, their env torchrun's with Ray's GPU ids, output only
 through our channel; the checks before placing (resources that never fit, a wrong token, ray://); waiting for Ray shown
 and ended by Ctrl-C or --start-timeout with the placement group removed; %ddp stop and a SIGKILLed kernel leave no
-actor, no placement group and no process of ours. Each twice, as a notebook user runs a cell again."""
+actor, no placement group and no process of ours; a kept pool outlives a SIGKILLed kernel, is attached by the next, and
+its lease's end or %ddp stop leaves nothing. Each twice, as a notebook user runs a cell again."""
 from __future__ import annotations
 
 import os
@@ -15,13 +16,16 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
+from conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests" / "slurm"))
 
 import box_ray  # noqa: E402
-from kernel_helper import Kernel, alive  # noqa: E402
+from ddp_magic.wire import kept  # noqa: E402
+from kernel_helper import Kernel, alive, drop_runtime_dir, own_runtime_dir  # noqa: E402
+from keep_helper import TICKS, cell_texts, runtime_processes, sigkill_kept, ticks  # noqa: E402
 from slurm_helpers import run_interrupting, says  # noqa: E402
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
@@ -211,3 +215,109 @@ def test_an_interrupt_ends_the_cell_and_the_ranks_keep_their_state(cluster: box_
             assert rk.run("%%ddp\nkept", timeout=120).ok().result == "RankResults(2 ranks):\n  [0] 0\n  [1] 10"
     finally:
         rk.run("%ddp stop", timeout=60)
+
+
+KEEP_START = "%%ddp --ray -n 2\nimport os, torch.distributed as dist\nkept = 100 + dist.get_rank()\nos.getpid()"
+N, AT = 20, 10
+
+
+def _drivers(runtime: str) -> List[int]:
+    """The kept pool's driver and its anchor on this host."""
+    return runtime_processes(runtime, b"ddp_magic.procs.ray_driver")
+
+
+def _nothing_left(cluster: box_ray.Cluster, runtime: str, seconds: float) -> dict:
+    deadline = time.monotonic() + seconds
+    while True:
+        locks = [os.path.join(runtime, n) for n in os.listdir(runtime) if n.startswith("ddp-kept-") and n.endswith(".lock")]
+        left = dict(gone(cluster, 0), drivers=_drivers(runtime), held=[p for p in locks if kept.is_held(p)])
+        if not any(left.values()) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def test_a_kept_ray_pool_outlives_its_kernel_and_ends_with_its_lease_or_stop(cluster: box_ray.Cluster) -> None:
+    """keep (a ticking --bg --keep job), SIGKILL the kernel, attach from the next (its state, every tick), then the lease's
+    --idle (after a SIGKILL of the attached kernel) or %ddp stop: no actor, no placement group, no template, rank or driver."""
+    runtime = own_runtime_dir()
+    try:
+        for end in ("idle", "stop"):
+            _kept_round(cluster, runtime, end)
+        _kept_actor_killed(cluster, runtime)
+    finally:
+        drop_runtime_dir(runtime)
+
+
+def _kernel(cluster: box_ray.Cluster, runtime: str) -> Kernel:
+    k = Kernel(extra_env=dict(cluster.env, PYTHONPATH=str(ROOT), JUPYTER_RUNTIME_DIR=runtime, JPY_SESSION_NAME="ray.ipynb"))
+    k.run("%load_ext ddp_magic").ok()
+    return k
+
+
+def _kept_round(cluster: box_ray.Cluster, runtime: str, end: str) -> None:
+    k = _kernel(cluster, runtime)
+    try:
+        ranks = [int(p) for p in re.findall(r"\[\d\] (\d+)", k.run(KEEP_START, timeout=300).ok().result or "")]
+        assert len(ranks) == 2, ranks
+        gate = os.path.join(runtime, "gate")
+        open(gate, "w").close()
+        ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
+        assert "kept pool" in ex.stdout, ex.stdout
+        kept_id = re.findall(r"kept pool ([0-9a-f]{8})", ex.stdout)[0]
+        assert wait_until(lambda: all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(2)), 60)
+        first = sigkill_kept(k, ex)
+        state = cluster.state()
+        assert all(alive(p) for p in ranks) and state["actors"].count("NodeActor") == 1, f"kept through a SIGKILL: {state}"
+        assert len([p for p in state["pgs"] if p.startswith("ddp_magic")]) == 1 and _drivers(runtime), state
+        k = _kernel(cluster, runtime)
+        t0 = time.monotonic()
+        att = k.run("%ddp attach --out job", timeout=120).ok()
+        assert "attached the kept pool" in att.stdout and "2 ranks alive" in att.stdout, att.stdout
+        print(f"attach: {time.monotonic() - t0:.2f} s the cell, {re.findall(r'in [0-9.]+ s', att.stdout)} said")
+        os.unlink(gate)
+        assert k.value("job.wait(60)") is True
+        shown, second = ticks(first), ticks(cell_texts(k, att))
+        assert all(set(shown.get(r, []) + second.get(r, [])) == set(range(N)) for r in range(2)), (shown, second)
+        assert k.run("%%ddp\nkept", timeout=120).ok().result == "RankResults(2 ranks):\n  [0] 100\n  [1] 101"
+        off = k.run("%ddp keep --off", timeout=60)
+        assert off.error is not None and "this kernel attached a kept Ray pool" in off.error[1], off.error
+        if end == "idle":
+            k.run("%ddp keep --idle 5s", timeout=60).ok()
+            sigkill_kept(k)
+            t0 = time.monotonic()
+        else:
+            t0 = time.monotonic()
+            said = k.run("%ddp stop", timeout=60).ok().stdout
+            assert "its Ray actors" in said and "placement group were removed with the lease" in said, said
+        left = _nothing_left(cluster, runtime, 60)
+        print(f"{end}: nothing left {time.monotonic() - t0:.1f} s after the {'SIGKILL' if end == 'idle' else 'stop'}")
+        assert left == {"actors": [], "pgs": [], "procs": [], "drivers": [], "held": []}, f"left after the lease's end ({end}): {left}"
+        assert not [p for p in ranks if alive(p)]
+        if end == "idle":  # from a terminal: why it ended
+            said = subprocess.run([sys.executable, "-m", "ddp_magic", "stop", kept_id], capture_output=True, text=True,
+                                  env=dict(os.environ, JUPYTER_RUNTIME_DIR=runtime))
+            assert "its lease's --idle" in said.stdout + said.stderr, said
+    finally:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)
+
+
+def _kept_actor_killed(cluster: box_ray.Cluster, runtime: str) -> None:
+    """A kept pool's actor SIGKILLed (its kernel alive): its template goes with it, kept or not, its ranks with that, and
+    the driver, hearing its lease holder gone, removes the placement group and ends."""
+    k = _kernel(cluster, runtime)
+    try:
+        k.run(KEEP_START, timeout=300).ok()
+        assert "kept pool" in k.run("%ddp keep", timeout=60).ok().stdout
+        procs = ours(cluster)
+        template = next(p for p in procs if _ppid(p) not in procs)
+        os.kill(_ppid(template), signal.SIGKILL)
+        t0 = time.monotonic()
+        left = _nothing_left(cluster, runtime, 60)
+        print(f"actor: nothing left {time.monotonic() - t0:.1f} s after its SIGKILL")
+        assert left == {"actors": [], "pgs": [], "procs": [], "drivers": [], "held": []}, f"left after the actor's SIGKILL: {left}"
+        assert not [p for p in procs if alive(p)]
+        k.run("%ddp stop", timeout=60)
+    finally:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)

@@ -3,6 +3,7 @@ a -n 4 snapshot loads into -n 2, a rank killed mid-save leaves the previous snap
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 
@@ -223,23 +224,104 @@ FSDP_SETUP = (
     "opt = torch.optim.Adam(model.parameters(), lr=0.01)\n"
 )
 FULL = "%%ddp\n{k: v.full_tensor() for k, v in model.state_dict().items()}"
+MOMENTS = "%%ddp\n{n: opt.state[p]['exp_avg'].full_tensor() for n, p in model.named_parameters()}"
 
 
 @pytest.mark.parametrize("run", [1, 2])
 def test_fsdp2_at_4_ranks_loads_into_2_with_the_same_full_weights(kernel, tmp_path, run):
-    """FSDP2 state stays sharded on disk; a pool of 2 whose setup cell sharded the model again takes it with --into."""
+    """FSDP2 state stays sharded on disk; a pool of 2 rebuilds the module (fully_shard again on its 2 ranks) with the
+    same full weights and Adam moments, and trains on; a pool whose setup cell sharded the model again takes it with --into."""
     kernel.run("%ddp stop").ok()
     kernel.run("%%ddp -n 4\n" + FSDP_SETUP, timeout=240).ok()
     kernel.run("%%ddp\nfor _ in range(3):\n    loss = model(torch.randn(4, 8)).sum()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n",
                timeout=240).ok()
     kernel.run(FULL.replace("%%ddp", "%%ddp --out before"), timeout=180).ok()
+    kernel.run(MOMENTS.replace("%%ddp", "%%ddp --out moments"), timeout=180).ok()
     saved = kernel.run(f"%ddp save {tmp_path}", timeout=180).ok().stdout
     assert "model (module, sharded), opt (optimizer, sharded)" in saved, saved
     kernel.run("%ddp stop").ok()
     plain = kernel.run(f"%ddp load {tmp_path} -n 2", timeout=240).ok().stdout
-    assert "model: an FSDP2 (fully_shard) module: its state is saved sharded, but it is not rebuilt yet" in plain, plain
-    assert f"%ddp load {tmp_path} --into model,opt" in plain
+    assert "model, opt" in plain.splitlines()[0] and "  model:" not in plain and "  opt:" not in plain, plain  # rebuilt, no note
+    kernel.run(FULL.replace("%%ddp", "%%ddp --out rebuilt"), timeout=180).ok()
+    kernel.run(MOMENTS.replace("%%ddp", "%%ddp --out moments2"), timeout=180).ok()
+    assert kernel.value("import torch\n[all(torch.equal(before[0][k], a[k]) for k in before[0]) for a in rebuilt]") == [True, True]
+    assert kernel.value("[all(torch.equal(moments[0][k], a[k]) for k in moments[0]) for a in moments2]") == [True, True]
+    stepped = kernel.run("%%ddp\nloss = model(torch.randn(4, 8)).sum()\nopt.zero_grad()\nloss.backward()\nopt.step()\n"
+                         "(type(model).__name__, type(model[0]).__name__, model[0].weight.to_local().shape[0])", timeout=180).ok()
+    assert kernel.value("list(_)") == [("FSDPSequential", "FSDPLinear", 8)] * 2, stepped.stdout  # 16 rows, a half a rank
     kernel.run("%%ddp\n" + FSDP_SETUP, timeout=180).ok()
     kernel.run(f"%ddp load {tmp_path} --into model,opt", timeout=180).ok()
     kernel.run(FULL.replace("%%ddp", "%%ddp --out after"), timeout=180).ok()
     assert kernel.value("import torch\n[all(torch.equal(before[0][k], a[k]) for k in before[0]) for a in after]") == [True, True]
+
+
+JOB = (
+    "%%ddp --bg --out job --save-every 1s {every}\n"
+    "import os, time, ddp_magic\n"
+    "seen = {{}}  # the weights after each step\n"
+    "while True:  # SETUP's train(), with a safe point a step and an end every rank agrees on\n"
+    "    step += 1\n"
+    "    x = torch.randn(16, 4)\n"
+    "    loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()\n"
+    "    opt.zero_grad()\n"
+    "    loss.backward()\n"
+    "    opt.step()\n"
+    "    sched.step()\n"
+    "    seen[step] = [p.detach().clone() for p in model.parameters()]\n"
+    "    ddp_magic.log(step=step, loss=loss.item())\n"
+    "    time.sleep(0.005)\n"
+    "    done = torch.tensor([float(os.path.exists({stop!r}))])\n"
+    "    dist.all_reduce(done)\n"
+    "    if done.item():\n"
+    "        break\n"
+)
+
+
+def test_a_background_job_is_saved_at_its_safe_points(kernel, tmp_path):
+    """--save-every 1s and a %ddp save while the --bg job runs are taken at ddp_magic.log steps; the job goes on, and a
+    snapshot loads into a new pool with the step and the weights the job had at that step."""
+    every, now, stop = tmp_path / "every", tmp_path / "now", tmp_path / "stop"
+    kernel.run("%ddp stop").ok()
+    kernel.run("%%ddp -n 2\n" + SETUP, timeout=180).ok()
+    kernel.run(JOB.format(every=every, stop=str(stop)), timeout=60).ok()
+    saved = kernel.run(f"%ddp save {now}", timeout=300).ok().stdout
+    taken = re.search(r"saved step (\d+) to \S+ at a safe point \(the job goes on\): ", saved)
+    assert taken, saved
+    assert kernel.value("job.done()") is False, "the job goes on after the save"
+    assert wait_until(lambda: every.exists() and len([p for p in every.iterdir() if p.name.startswith("step-")]) >= 2, timeout=300)
+    stop.write_text("")
+    kernel.run("job.wait()", timeout=300).ok()
+    assert kernel.value("job.state.value") == "done", kernel.value("repr(job)")
+    assert f"step {taken.group(1)} " in kernel.run(f"%ddp snapshots {now}").ok().stdout
+    first = sorted(p.name for p in every.iterdir() if p.name.startswith("step-"))[0]
+    k = int(first.split("-")[1])
+    kernel.run(f"%%ddp --out before\nseen[{k}]", timeout=120).ok()
+    kernel.run("%ddp stop").ok()
+    loaded = kernel.run(f"%ddp load {every / first}", timeout=180).ok()
+    assert f"(step {k}, saved by 2 ranks) into 2 ranks" in loaded.stdout, loaded.stdout
+    kernel.run("%%ddp --out after\n(step, max(seen), [p.detach().clone() for p in model.parameters()])", timeout=120).ok()
+    assert kernel.value("[a[:2] for a in after]") == [(k, k), (k, k)], "every name was written at the one step"
+    assert kernel.value("import torch\n[all(torch.equal(x, y) for x, y in zip(b, a[2])) for b, a in zip(before, after)]") == [True, True]
+
+
+def test_sigterm_to_the_template_saves_at_a_safe_point_and_a_new_pool_goes_on(kernel, tmp_path):
+    """--save-on-preempt: SIGTERM to the pool's template (what a machine's shutdown or a scheduler sends) reaches the
+    ranks as a save at their next safe point; the job's cell says the step, and %ddp load in a new pool goes on from it."""
+    folder = tmp_path / "ckpt"
+    kernel.run("%ddp stop").ok()
+    kernel.run("%%ddp -n 2\n" + SETUP, timeout=180).ok()
+    job = JOB.format(every="", stop=str(tmp_path / "never")).replace("--save-every 1s \n", f"--save-on-preempt {folder}\n")
+    kernel.run(job, timeout=60).ok()
+    assert wait_until(lambda: len(kernel.value("job.metrics['step']")) > 20, timeout=120)
+    template = kernel.value("get_ipython().magics_manager.registry['DDPMagics'].pool.launcher.proc.pid")
+    os.kill(template, signal.SIGTERM)
+    kernel.run("job.wait()", timeout=300).ok()
+    said = "".join(m["content"].get("text", "") for m in kernel.elsewhere if m["msg_type"] == "stream")
+    where = re.escape(str(folder))
+    preempted = re.search(rf"preempted: saved step (\d+) to {where}/step-\S+ \([\d.]+ s\); %ddp load {where} on the next allocation", said)
+    assert preempted, said[-3000:]
+    k = int(preempted.group(1))
+    loaded = kernel.run(f"%ddp load {folder}", timeout=180).ok()
+    assert f"(step {k}, saved by 2 ranks) into 2 ranks" in loaded.stdout, loaded.stdout
+    kernel.run("%%ddp --out after\n(step, max(seen))", timeout=120).ok()
+    assert kernel.value("list(after)") == [(k, k), (k, k)]

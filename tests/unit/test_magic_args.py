@@ -121,3 +121,11 @@ def test_a_syntax_error_or_an_unpicklable_name_starts_nothing(magics: DDPMagics)
     with pytest.raises(ShipError, match="'my_lock'"):
         magics.ddp("-n 2", "print(my_lock)")
     assert magics.session.pool is None
+
+
+def test_save_on_preempt_asks_slurm_for_its_warning(magics: DDPMagics) -> None:
+    """--save-on-preempt with --slurm: salloc gets --signal=USR1@120 after the user's own --slurm-args (docs/snapshots.md)."""
+    args = _parse(magics.ddp, '--slurm --nodes 2 --slurm-args "--qos=high" --save-on-preempt ckpt/', "%%ddp")
+    assert _pool_request(args)["slurm"]["extra"] == ("--qos=high", "--signal=USR1@120")
+    assert "extra" not in _pool_request(_parse(magics.ddp, "--slurm --nodes 2", "%%ddp"))["slurm"]
+    assert _pool_request(_parse(magics.ddp, "--save-on-preempt ckpt/", "%%ddp")) == {}, "a local pool: nothing to ask"

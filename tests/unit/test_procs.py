@@ -62,6 +62,7 @@ def test_only_rank_torch_calls_torch_distributed():
     allowed |= {"procs/rank_debug.py"}  # dist.breakpoint replaced; the watchdog reads the default group's sequence number
     allowed |= {"procs/rank_recover.py", "procs/rank_collectives.py"}  # abort and re-form the group; the collectives' record
     allowed |= {"procs/rank_snapshot.py", "procs/rank_snapshot_objects.py"}  # %ddp save / load: DCP, its state dicts, DDP rebuilt
+    allowed |= {"procs/rank_snapshot_fsdp.py"}  # an FSDP2 module sharded again at a load: fully_shard on a mesh of the ranks
     allowed |= {"procs/rank_heal.py"}  # a rank started again: the others' names sent to it, its DDP's buckets aligned
     users = set()
     for path in sorted(pkg.glob("procs/*.py")) + sorted(pkg.glob("wire/*.py")):

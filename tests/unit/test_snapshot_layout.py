@@ -42,6 +42,9 @@ def test_a_changed_or_missing_file_is_named(tmp_path):
         f.write(b"rank 9")  # same size, other content
     os.remove(os.path.join(path, S.DCP_DIR, "__0_0.distcp"))
     assert S.damaged(path, meta) == ["dcp/__0_0.distcp (missing)", "rank-1.pkl (its content hash differs)"]
+    with open(os.path.join(path, S.rank_file(0)), "ab") as f:
+        f.write(b"!")
+    assert "rank-0.pkl (its size differs)" in S.damaged(path, meta)
 
 
 def test_no_snapshot_says_how_to_make_one(tmp_path):
@@ -57,3 +60,19 @@ def test_a_newer_format_is_refused_with_the_fix(tmp_path):
     meta.write(path)
     with pytest.raises(ValueError, match="upgrade ddp_magic"):
         S.Meta.read(path)
+
+
+def test_a_save_at_a_safe_point_goes_only_where_every_rank_arrived_at_one_step():
+    """kernel/jobs/safe_save.py's verdict: GO (None) at one step; otherwise the ranks named, and the cell goes on."""
+    from ddp_magic.kernel.jobs.safe_save import Outcome, _verdict
+
+    assert _verdict([0, 1], {0: {"step": 12}, 1: {"step": 12}}) is None
+    apart = _verdict([0, 1], {0: {"step": 12}, 1: {"step": 13}})
+    assert apart is not None and apart.outcome == Outcome.CANCELLED and "(rank 0 at step 12, rank 1 at step 13)" in apart.why
+    alone = _verdict([0, 1, 2], {0: {"step": 19}})
+    assert alone is not None and alone.outcome == Outcome.CANCELLED
+    assert "(rank 0 at step 19 reached one; ranks 1-2 never reached one): call ddp_magic.log(step=…)" in alone.why, alone.why
+    ended = _verdict([0, 1], {0: {"ended": True}, 1: {"ended": True}})
+    assert ended is not None and ended.outcome == Outcome.ENDED
+    half = _verdict([0, 1], {0: {"step": 3}, 1: {"ended": True}})
+    assert half is not None and half.outcome == Outcome.CANCELLED and "rank 1 ended the cell" in half.why

@@ -58,6 +58,11 @@ class PeekDesk:
         with self._cond:
             self._cond.wait_for(lambda: all(r in self._open.get(pid, {}) for r in ranks), max(0.0, until - time.monotonic()))
 
+    def answers(self, pid: int) -> Dict[int, dict]:
+        """The answers so far, the request still open."""
+        with self._cond:
+            return dict(self._open.get(pid, {}))
+
     def close(self, pid: int) -> Dict[int, dict]:
         with self._cond:
             return self._open.pop(pid, {})

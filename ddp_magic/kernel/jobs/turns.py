@@ -13,7 +13,7 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
 from ...errors import Dequeued, UsageError
 from ...states import RankState
@@ -41,6 +41,7 @@ class Ticket:
     ran_for: Optional[float] = None  # once it ended: its seconds on the ranks, the cell's own figure (CellOutcome.elapsed)
     progress: Callable[[], Optional[int]] = field(default=lambda: None)  # the last step its ranks logged (ddp_magic.log)
     waiting: Callable[[], Optional[str]] = field(default=lambda: None)  # what its ranks wait on the notebook for (kernel/stdin.Mailbox)
+    assigns: FrozenSet[str] = frozenset()  # the names its cell assigns: a save at its safe point takes them too (kernel/jobs/safe_save.py)
 
     def text(self, now: Optional[float] = None) -> str:
         """``background: cell [12] running 1:02:11, step 4,120`` (the step once one was logged), and what a rank waits

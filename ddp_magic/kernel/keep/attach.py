@@ -26,7 +26,7 @@ from ..ranks import Listener, RankInfo
 from . import front, replay
 from .clocks import RankClocks
 from .keeping import KeptState, detach_at_exit, notebook_name, spool_cap
-from .launcher import KeptLauncher, KeptSlurmLauncher, KeptSshLauncher
+from .launcher import KeptLauncher, kept_kind
 from .terms import Terms, span
 
 if TYPE_CHECKING:
@@ -213,9 +213,8 @@ def attach(found: Found, force: bool) -> Attached:
         raise
     pids = {int(pid): int(rank) for rank, pid in report["ranks"].items()}
     lock = kept.lock_path(found.id, os.path.dirname(found.path))
-    if pool.plan is not None and (pool.plan.slurm is not None or pool.plan.ssh is not None) and nodes is not None:  # its node templates fork a rank again
-        kind = KeptSlurmLauncher if pool.plan.slurm is not None else KeptSshLauncher
-        pool.hub.launcher = kind(pool.secret, sock, pids, lock, pool.plan, nodes)
+    if pool.plan is not None and nodes is not None:  # a pool across nodes (Slurm, SSH, Ray): its node templates fork a rank again
+        pool.hub.launcher = kept_kind(pool.plan)(pool.secret, sock, pids, lock, pool.plan, nodes)
         pool.hub.launcher.tls_fp = pool.tls_key.fingerprint if pool.tls_key is not None else None
     else:
         pool.hub.launcher = KeptLauncher(pool.secret, sock, pids, lock)
@@ -251,7 +250,7 @@ def attach(found: Found, force: bool) -> Attached:
 
 def _pool_from(data: Dict[str, Any]) -> "Tuple[Pool, Optional[Dict[str, Any]]]":
     """A Pool object for the kept ranks: their spec, plan, secret and files, no process of its own; on Slurm, what
-    forks a rank again there (SlurmLauncher.kept_blob), over SSH the same (SshLauncher.kept_blob)."""
+    forks a rank again there (SlurmLauncher.kept_blob), over SSH and on Ray the same (SshLauncher's, RayKeep's kept_blob)."""
     from ..pool import Pool
 
     blob = pickle.loads(base64.b64decode(data["pool"]))  # our own 0600 file, written by our own template
@@ -266,7 +265,7 @@ def _pool_from(data: Dict[str, Any]) -> "Tuple[Pool, Optional[Dict[str, Any]]]":
     pool.tls_key = tls.ServerKey() if blob.get("tls") else None  # its ranks dial us over TLS, pinned to this key (told on the lease)
     pool.ranks = {r: RankInfo(rank=r) for r in range(pool.nproc)}
     raise_fd_limit(3 * pool.nproc + 64)
-    return pool, blob.get("slurm") or blob.get("ssh")
+    return pool, blob.get("slurm") or blob.get("ssh") or blob.get("ray")
 
 
 def lease_at(found: Found) -> kept.LeaseAt:

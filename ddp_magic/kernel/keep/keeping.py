@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Union
 from ...logs import log
 from ...wire import kept
 from ...wire import protocol as P
-from ..launchers import ForkServerLauncher, SlurmLauncher, SshLauncher
+from ..launchers import ForkServerLauncher, RayLauncher, SlurmLauncher, SshLauncher
 from ..failures.recovery import stop_quietly
 from ..output.fold import setting
 from ..output.kept_output import KeptOutput
 from .launcher import KeptLauncher, KeptSlurmLauncher
 from .terms import Terms
 
-NodesKept = Union[SlurmLauncher, SshLauncher]  # pools across nodes that can be kept: a template a node, one holds the lease
+NodesKept = Union[SlurmLauncher, SshLauncher, RayLauncher]  # pools across nodes that can be kept: a template a node, one holds the lease
+NODES = (SlurmLauncher, SshLauncher, RayLauncher)
 
 SPOOL_MIB = 64.0  # the default of spool_cap()
 
@@ -67,8 +68,8 @@ def pool_blob(pool: "Pool") -> str:
     blob = {"spec": pool.spec, "plan": pool.plan, "shm_prefix": pool.shm_prefix, "store_path": pool.store_path,
             "launch_env": getattr(pool, "launch_env", None), "cell": pool._cell, "generation": pool.generation,
             "listen_addr": pool.listen_addr, "tls": pool.tls_key is not None, "start_seconds": pool.start_seconds}
-    if isinstance(pool.launcher, (SlurmLauncher, SshLauncher, KeptSlurmLauncher)) and pool.plan is not None:  # what forks a rank again there
-        blob["ssh" if pool.plan.ssh is not None else "slurm"] = pool.launcher.kept_blob()
+    if isinstance(pool.launcher, (*NODES, KeptSlurmLauncher)) and pool.plan is not None:  # what forks a rank again there
+        blob["ssh" if pool.plan.ssh is not None else "ray" if pool.plan.ray is not None else "slurm"] = pool.launcher.kept_blob()
     return base64.b64encode(pickle.dumps(blob)).decode()
 
 
@@ -84,15 +85,15 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
     job = job or (state.job if state is not None else "")
     info = {"notebook": notebook, "nproc": pool.nproc, "job": job, "kernel_pid": os.getpid(), "pool": pool_blob(pool),
             "shm_prefix": pool.shm_prefix, "user": os.getuid()}
-    bind = launcher.lease_bind() if isinstance(launcher, (SlurmLauncher, SshLauncher)) and state is None else ""  # its holder is another host
+    bind = launcher.lease_bind() if isinstance(launcher, NODES) and state is None else ""  # its holder is another host
     launcher.notes.clear()
-    launcher._write({"op": "keep", "id": pool_id, "node": launcher.lease_node if isinstance(launcher, (SlurmLauncher, SshLauncher)) else "",
+    launcher._write({"op": "keep", "id": pool_id, "node": launcher.lease_node if isinstance(launcher, NODES) else "",
                      "where": "" if bind else where, "bind": bind, "idle": terms.idle, "max": terms.max, "secret": pool.secret.hex(),
                      "kernel": os.environ.get("JPY_SESSION_NAME", "") or f"pid {os.getpid()}", "pid": os.getpid(), "info": info})
     note = _await_note(pool, "kept")
     spools = str(note.get("dir") or kept.pool_dir(pool_id, where))  # where the ranks' output logs are (on their nodes)
     directory = kept.make_pool_dir(pool_id, where) if bind else spools  # this host's: the count of what this kernel showed
-    if state is None and isinstance(launcher, (SlurmLauncher, SshLauncher)):  # the other nodes and this host follow the lease from now on
+    if state is None and isinstance(launcher, NODES):  # the other nodes and this host follow the lease from now on
         _follow_lease(pool, launcher, pool_id, where, note, spools)
     if state is None:
         pool.hub.shown = KeptOutput(pool_id, kept.ShownOffsets(os.path.join(directory, "shown"), pool.nproc))  # KEEP replies start it
@@ -111,8 +112,8 @@ def keep(pool: "Pool", terms: Terms, job: str = "") -> KeptState:
 
 def _follow_lease(pool: "Pool", launcher: NodesKept, pool_id: str, where: str, note: Dict[str, Any], spools: str) -> None:
     """The other nodes' templates follow the holder's lease, and this host follows it instead of this kernel: its lock
-    here, or, for a lease on another host, a watch of it (procs/lease_watch.py) in our Slurm allocation's holder or, over
-    SSH, in a process of its own (procs/lease_keeper.py)."""
+    here, or, for a lease on another host, a watch of it (procs/lease_watch.py) in our Slurm allocation's holder, over
+    SSH in a process of its own (procs/lease_keeper.py), on Ray in the pool's driver (procs/ray_keep.py)."""
     lock = kept.lock_path(pool_id, where)
     at = note.get("lease") or {"path": kept.socket_path(pool_id, where)}
     launcher.follow_lease(pool_id, at, spools, pool.secret)
@@ -138,14 +139,15 @@ def spool_cap() -> int:
 def _keepable(pool: "Pool") -> "Union[ForkServerLauncher, NodesKept]":
     """The pool's launcher, if its pool can be kept; else KeepError says why."""
     launcher = pool.launcher
-    if isinstance(launcher, (SlurmLauncher, SshLauncher)):
+    if isinstance(launcher, NODES):
         why = launcher.keepable()
         if why:
-            raise KeepError(f"%ddp keep: this {'Slurm' if isinstance(launcher, SlurmLauncher) else 'SSH'} pool cannot be kept: {why}")
+            kind = 'Slurm' if isinstance(launcher, SlurmLauncher) else 'SSH' if isinstance(launcher, SshLauncher) else 'Ray'
+            raise KeepError(f"%ddp keep: this {kind} pool cannot be kept: {why}")
         return launcher
     if not isinstance(launcher, ForkServerLauncher) or launcher.remote_ranks and not isinstance(launcher, KeptLauncher):
         raise KeepError(f"%ddp keep: a pool started with {pool.spec.launcher_method!r} cannot be kept yet; kept pools are "
-                        "fork-server pools on this host (the default --start-method auto), Slurm pools and SSH pools (--hosts)")
+                        "fork-server pools on this host (the default --start-method auto), Slurm pools, SSH pools (--hosts) and Ray pools (--ray)")
     return launcher
 
 
@@ -155,17 +157,17 @@ def unkeep(pool: "Pool", ending: bool = False) -> bool:
     if pool.kept is None:
         return False
     launcher = pool.launcher
-    across = pool.plan is not None and (pool.plan.slurm is not None or pool.plan.ssh is not None)
-    attached_nodes = across and not isinstance(launcher, (SlurmLauncher, SshLauncher))
+    across = pool.plan is not None and (pool.plan.slurm is not None or pool.plan.ssh is not None or pool.plan.ray is not None)
+    attached_nodes = across and not isinstance(launcher, NODES)
     if attached_nodes and not ending:
         raise KeepError(_unkeep_refused(pool))
     if ending and (attached_nodes or not launcher.alive()):  # its stop ends the lease (or it is gone already: Slurm revoked its job)
         pool.hub.shown, pool.hub.keep_msg, pool.kept = None, None, None
         _set_finalizer(pool, stop_quietly, pool.hub, pool.shm_prefix)
         return True
-    if isinstance(launcher, (SlurmLauncher, SshLauncher)):
+    if isinstance(launcher, NODES):
         launcher.outlive_kernel("")  # this host follows us again before the lease's lock goes
-    if isinstance(launcher, (ForkServerLauncher, SlurmLauncher, SshLauncher)):
+    if isinstance(launcher, (ForkServerLauncher, *NODES)):
         launcher.notes.clear()
         launcher._write({"op": "unkeep"})
         _await_note(pool, "unkept")
@@ -180,6 +182,9 @@ def unkeep(pool: "Pool", ending: bool = False) -> bool:
 
 def _unkeep_refused(pool: "Pool") -> str:
     """Why an attached kept pool across nodes cannot be tied to this kernel again, and what to do."""
+    if pool.plan is not None and pool.plan.ray is not None:
+        return ("%ddp keep --off: this kernel attached a kept Ray pool; its driver, which holds the actors and the placement "
+                "group, follows the lease and cannot be tied to this kernel again. %ddp stop ends the pool and removes them")
     if pool.plan is not None and pool.plan.ssh is not None:
         return ("%ddp keep --off: this kernel attached a kept SSH pool; its hosts' templates left the first kernel's ssh sessions and "
                 "follow the lease, so they cannot be tied to this kernel again. %ddp stop ends the pool on every host")
@@ -189,9 +194,9 @@ def _unkeep_refused(pool: "Pool") -> str:
 
 def _await_note(pool: "Pool", event: str) -> Dict[str, Any]:
     launcher = pool.launcher
-    assert isinstance(launcher, (ForkServerLauncher, SlurmLauncher, SshLauncher))
+    assert isinstance(launcher, (ForkServerLauncher, *NODES))
     found = lambda: next((n for n in launcher.notes if n.get("event") == event), None)  # noqa: E731
-    if isinstance(launcher, (SlurmLauncher, SshLauncher)):
+    if isinstance(launcher, NODES):
         gone = lambda: not launcher.alive()  # noqa: E731
     else:
         gone = lambda: launcher.proc is not None and not launcher.alive()  # noqa: E731

@@ -11,7 +11,8 @@ lease socket since the keep (procs/template_keep.py), since srun's stdin, the wa
 first kernel's. As on Slurm, a joined rank's exit is its lost connection.
 
 A kept SSH pool (``KeptSshLauncher``) is reached the same way: the first host's template holds the lease and hands a
-spawn for another host to that host's template (its ssh session was the first kernel's, and is gone).
+spawn for another host to that host's template (its ssh session was the first kernel's, and is gone). So is a kept Ray
+pool (``KeptRayLauncher``): the first node's template holds it, the pool's driver on the first kernel's host follows it.
 """
 from __future__ import annotations
 
@@ -184,3 +185,20 @@ class KeptSshLauncher(KeptSlurmLauncher):
 
     def node_of(self, rank: int) -> str:
         return self.nodes[self.plan.node_local(rank)[0]]
+
+
+class KeptRayLauncher(KeptSshLauncher):
+    """KeptSshLauncher for a kept Ray pool: its nodes' templates as an SSH pool's hosts'; the lease's end ends them, and
+    the first kernel's driver, which follows the lease, kills the actors and removes the placement group before its lock
+    goes (procs/ray_keep.py)."""
+
+    def close(self) -> None:
+        ended = self.sock is not None
+        KeptLauncher.close(self)
+        if ended and not (self.lock and kept.is_held(self.lock)):
+            self.released = f"; its Ray actors ({', '.join(self.nodes)}) and placement group were removed with the lease"
+
+
+def kept_kind(plan: "Plan") -> "type[KeptSlurmLauncher]":
+    """The attached kernel's launcher for a kept pool across nodes (Slurm, SSH or Ray)."""
+    return KeptSlurmLauncher if plan.slurm is not None else KeptRayLauncher if plan.ray is not None else KeptSshLauncher

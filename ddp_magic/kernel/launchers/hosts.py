@@ -13,6 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
+from ...logs import log
 from ...wire.node_hello import BEAT_S, SILENCE_S
 from .nodes import NodeLauncher
 from .slurm_steps import TemplateStep
@@ -92,3 +93,18 @@ class HostLauncher(NodeLauncher):
 
     def stop_beat(self) -> None:
         self._beats.clear()
+
+    def let_go_of_steps(self, what: str) -> None:
+        """A kept pool no longer this kernel's (its exit, or another kernel took it): each starter's stdin closed (its
+        far end follows the lease; nothing is signalled), and this launcher's hold on it dropped."""
+        self.stop_beat()
+        steps, self.steps = self.steps, []
+        for step in steps:
+            if step.proc.stdin is not None:
+                try:
+                    step.proc.stdin.close()
+                except OSError:
+                    log.debug("%s was closed already", what, exc_info=True)
+        self.lease_lock, self.tls_key = "", None
+        self._pids.clear()
+        self._pending.clear()

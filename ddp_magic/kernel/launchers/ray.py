@@ -22,7 +22,8 @@ missing, until --start-timeout (then the cell fails, nothing ran, the others kee
 The env is torchrun's: MASTER_ADDR is the first node's Ray address, each node's
 CUDA_VISIBLE_DEVICES the GPU ids of its bundles (local rank i on cuda:i), the node's
 hostname in the output prefix ``[rank 3 n2]``. Nothing is detached: the driver's end (the
-kernel's) makes Ray end the actors and the placement group, and each template its ranks.
+kernel's) makes Ray end the actors and the placement group, and each template its ranks. A kept
+pool's driver outlives the kernel under the lease (ray_keep.py).
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ from ...plan.net import address_family, is_local_ip, master_port, route_source
 from ...plan.ray import AUTO_REASON, RayRequest
 from ...wire import node_hello, tls
 from .base import LaunchError
-from .hosts import HostLauncher, forwarded
+from .hosts import forwarded
+from .ray_keep import RayKeep
 from .ray_words import again_text, not_placed_text, pack_text, placed_again_text
 from .slurm_steps import TemplateStep
 
@@ -51,7 +53,7 @@ HELLO_WAIT_S = 60.0  # from the placement to every template's hello (an actor's 
 PING_S = 5.0  # a node whose ranks were lost: its template answers a ping within this, or the node is placed again
 
 
-class RayLauncher(HostLauncher):
+class RayLauncher(RayKeep):
     """Ranks forked by one template a Ray node (the child of an actor pinned to the node's bundle); the placement group
     and the templates are held across restarts (a new -n in the same shape forks from them) and ended by ``close``."""
 

@@ -251,18 +251,9 @@ class SshLauncher(HostLauncher):
         """The kept pool is no more this kernel's (its exit, or another kernel took it): our sessions' stdin closes, their
         templates go on (detached since the keep); the ssh clients end with this kernel, as on Slurm nothing is signalled
         here (a signal to a session's group could reach more than its ssh client)."""
-        self.stop_beat()
-        steps, self.steps = self.steps, []
-        for step in steps:
-            if step.proc.stdin is not None:
-                try:
-                    step.proc.stdin.close()
-                except OSError:
-                    log.debug("a kept pool's ssh session was closed already", exc_info=True)
-        self.request, self.lease_lock, self.tls_key = None, "", None
+        self.let_go_of_steps("a kept pool's ssh session")
+        self.request = None
         self.hellos.clear()
-        self._pids.clear()
-        self._pending.clear()
 
     def _release(self) -> None:
         self._end_steps()
