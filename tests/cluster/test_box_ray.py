@@ -29,6 +29,7 @@ from slurm_helpers import run_interrupting, says  # noqa: E402
 
 box = box_fixtures.box  # the fixtures, by name in this module
 box_kernel = box_fixtures.box_kernel
+ray_box = box_fixtures.ray_box
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
@@ -36,18 +37,6 @@ POOL = "%%ddp --ray --nodes 2 --ntasks-per-node 2 --gpus-per-rank 1 --backend gl
 TRAIN = box_fixtures.DDP_TRAIN + """print(f"trained {dist.get_rank()}")
 (socket.gethostname(), os.environ.get('GLOO_SOCKET_IFNAME'), w.tolist(), os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ['MASTER_ADDR'])
 """
-
-
-@pytest.fixture(scope="module")
-def ray_box(box: cluster_box.Box) -> Iterator[box_ray.Cluster]:
-    why = box_ray.missing()
-    if why:
-        pytest.skip(f"no Ray here: {why}")
-    cluster = box_ray.in_box(box)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture
