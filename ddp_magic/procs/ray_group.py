@@ -14,7 +14,8 @@ reschedules the bundles of a dead node). The kernel asks for it at the next cell
 (``ray_place``, kernel/launchers/ray.py): a new actor is pinned to the node's first bundle,
 pending until Ray placed it again, with a ``waiting_again`` event each second saying what
 the node asked for and what each node has free; once placed, its template says its hello and
-the kernel admits it (``ray_admit``: its first line, and from then on every line) or drops it
+the kernel admits it (``ray_admit``: its first line, a kept pool's keep and follow lines,
+and from then on every line) or drops it
 (``ray_drop``: other code there). ``ray_cancel`` (Ctrl-C) or the request's --start-timeout
 ends the wait (``not_placed``), and the old actor is never fed again nor said lost twice.
 
@@ -243,6 +244,8 @@ class Driver:
         elif op == "ray_admit":
             held = self.held[i]
             held.actor.write.remote(json.dumps(cmd.get("first")) + "\n")  # its first line, before any other (one caller: in order)
+            for line in cmd.get("then") or []:  # a kept pool's keep and follow, for this template alone
+                held.actor.write.remote(json.dumps(line) + "\n")
             held.admitted = True
         elif op == "ray_drop":
             self._supersede(self.held[i])

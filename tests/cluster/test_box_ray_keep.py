@@ -7,7 +7,8 @@ stops ending with the kernel and watches the lease instead (procs/ray_keep.py). 
 SIGKILL of its kernel: a new kernel on login attaches over the network, every tick shown once, the result and the
 variables kept. Then either ``--idle 5s`` and a SIGKILL of the attached kernel, or ``%ddp stop`` in it: no actor and no
 placement group of ours in Ray, no template or rank on n1 or n2, no driver on login and no lease lock held there. Twice
-in a row.
+in a row. And a kept pool's second node lost (its raylet killed, the kernel alive) and placed again by the next cell
+once it joined again: its new template follows the lease, so the next kernel attaches all four ranks.
 """
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ import re
 import shutil
 import tempfile
 import time
+from signal import SIGKILL
 from typing import Any, List
 
 import box_fixtures
 import box_ray
 import cluster_box
 import pytest
+import test_box_ray
 from kernel_helper import Kernel, alive
 from keep_helper import TICKS, cell_texts, kept_record, runtime_processes, sigkill_kept, ticks
 
@@ -142,3 +145,47 @@ def test_a_kept_ray_pool_on_n1_and_n2_outlives_its_kernel_and_ends_with_its_leas
     a SIGKILL of the attached kernel), then again with %ddp stop: each time nothing of the pool left anywhere."""
     for end in ("idle", "stop"):
         _kept_round(box, ray_box, end)
+
+
+def _lost_and_placed_again(b: cluster_box.Box, cluster: box_ray.Cluster) -> None:
+    runtime = tempfile.mkdtemp(prefix="k-ray-", dir="/tmp")
+    env = dict(cluster.env, JUPYTER_RUNTIME_DIR=runtime, JPY_SESSION_NAME="box.ipynb")
+    k = box_fixtures.login_kernel(b, **env)
+    joined = True
+    try:
+        k.run(START, timeout=300).ok()
+        node = k.value("[v[0] for v in _]")[3]  # ranks 2-3's node: not the lease holder's
+        assert "kept pool" in k.run("%ddp keep", timeout=60).ok().stdout
+        os.kill(test_box_ray._raylet(b, cluster, node), SIGKILL)
+        joined = False
+        test_box_ray._counted_out(cluster, node)
+        box_ray.join(b, cluster, node)
+        joined = True
+        t0 = time.monotonic()
+        ex = k.run("%%ddp\nimport os\nos.getpid()", timeout=300)
+        assert ex.error is None, f"{ex.error}\n{ex.stdout[-3000:]}"
+        assert re.search(rf"{node}'s ranks placed again on {node} ", ex.stdout), ex.stdout
+        print(f"a kept pool's {node} placed again: the cell {time.monotonic() - t0:.1f} s")
+        ranks = [int(p) for p in re.findall(r"\[\d\] (\d+)", ex.result or "")]
+        sigkill_kept(k)
+        assert all(alive(p) for p in ranks), "all four ranks outlive the kernel, the placed-again node's too"
+        k = box_fixtures.login_kernel(b, **env)
+        assert "4 ranks alive" in k.run("%ddp attach", timeout=120).ok().stdout
+        reduced = k.run("%%ddp\nimport torch, torch.distributed as dist\nt = torch.ones(1); dist.all_reduce(t); t.item()", timeout=120)
+        assert reduced.ok().result == "RankResults(4 ranks):\n  [0] 4.0\n  [1] 4.0\n  [2] 4.0\n  [3] 4.0", reduced.result
+        assert "removed with the lease" in k.run("%ddp stop", timeout=60).ok().stdout
+        assert _left(b, cluster, runtime, 90) == GONE
+    finally:
+        if not joined:
+            box_ray.join(b, cluster, node)
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_a_kept_pools_lost_node_placed_again_follows_the_lease(box: cluster_box.Box, ray_box: box_ray.Cluster) -> None:
+    """n1's or n2's raylet killed under a kept pool, its kernel alive; the node joins again and the next cell places its
+    ranks there again. The new template heard the keep: through a SIGKILL of the kernel all four ranks live, the next
+    kernel attaches them and runs an all_reduce on all four, and %ddp stop leaves nothing. Twice."""
+    for _attempt in range(2):
+        _lost_and_placed_again(box, ray_box)

@@ -186,7 +186,8 @@ class RayLauncher(RayKeep):
             step.send({"op": "ray_drop", "index": i})
             step.mark_lost(str(new["name"]), problem)
             raise LaunchError(f"Ray placed {node}'s ranks again, but {problem}")
-        step.send({"op": "ray_admit", "index": i, "first": self.first_line(step.env)})
+        then = self.kept_again(step, i)  # a kept pool: the new template follows the lease as the others do
+        step.send({"op": "ray_admit", "index": i, "first": self.first_line(step.env), "then": then})
         return placed_again_text(node, new, time.monotonic() - t0)
 
     def _await_again(self, step: TemplateStep, i: int, say: Callable[[dict], None]) -> dict:
@@ -252,7 +253,7 @@ class RayLauncher(RayKeep):
         self.stop_beat()
         self._end_steps()
         self.released = "; its Ray placement group was removed" if self.request is not None else ""
-        self.request, self.placed_nodes, self.tls_key, self.gcs = None, [], None, ""
+        self.request, self.placed_nodes, self.tls_key, self.gcs, self.kept_lines = None, [], None, "", []
         self.hellos.clear()
 
     def close(self) -> None:

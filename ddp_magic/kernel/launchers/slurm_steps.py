@@ -210,8 +210,12 @@ class TemplateStep:
 
     def command(self, cmd: dict) -> None:
         """One command to every template of the step (keep, unkeep: procs/template_keep.py); a pool's secret in it sealed."""
+        self._write(self.wire_form(cmd))
+
+    def wire_form(self, cmd: dict) -> dict:
+        """``cmd`` as ``command`` writes it: its pool's secret sealed (or dropped when it is the step's own)."""
         secret = cmd.pop("secret", None)
-        self._write(self._sealed(cmd, bytes.fromhex(secret)) if secret else cmd)
+        return self._sealed(cmd, bytes.fromhex(secret)) if secret else cmd
 
     def outlive_kernel(self, keep: bool) -> None:
         """A kept pool: srun outlives this kernel (its anchor's parent-death signal lifted); ``keep=False``: no more."""
