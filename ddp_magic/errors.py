@@ -42,6 +42,10 @@ class NodeUnreachable(DDPError):
     """A cell did not run: a node whose ranks were unreachable still does not answer; the other ranks keep their state."""
 
 
+class NodeLost(DDPError):
+    """A cell did not run: a lost node's ranks could not be placed again (no room for them yet); the other ranks keep their state."""
+
+
 class PlanError(ValueError):
     """A request that cannot become a valid pool; the message says what to do."""
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from cluster_box import Box
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout: what the nodes' Ray workers import
 START_S = 240.0  # a loaded machine starts a raylet slowly (its agents register late)
 QUIET = ["--include-dashboard=false", "--disable-usage-stats"]
 STATE = """
@@ -83,7 +84,7 @@ class Cluster:
         quiet = QUIET if "--head" in args else QUIET[1:]  # --include-dashboard is the head's alone
         argv = [*prefix, RAY, "start", *args, *self.ports(), f"--temp-dir={temp}", *quiet]
         for attempt in range(tries):
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=START_S + 30, env=dict(os.environ, **self.env))
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=START_S + 30, env=self.node_env())
             if not done.returncode:
                 return
             said = (done.stderr + done.stdout).strip()
@@ -91,6 +92,12 @@ class Cluster:
             if "timed out during startup" not in said or attempt == tries - 1:
                 self.stop()
                 raise RuntimeError(f"ray start on {name} failed: {said[-1500:]}")
+
+    def node_env(self) -> Dict[str, str]:
+        """A node's env: the cluster's, and this checkout first on its workers' path (a node actor is this checkout's
+        procs/ray_actor.py, as its template is: the kernel's PYTHONPATH reaches the template, not Ray's workers)."""
+        path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+        return dict(os.environ, **self.env, PYTHONPATH=path)
 
     def ports(self) -> List[str]:
         """The agents' ports, given (a raylet waits for an agent's port file otherwise, and gives up on a loaded machine)."""

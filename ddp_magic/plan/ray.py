@@ -1,9 +1,11 @@
 """What ``--ray`` asked for: a frozen RayRequest (the cluster's address, nodes, ranks a node, each rank's GPUs and CPUs), pure and unit-tested.
 
-Nothing here imports Ray. ``-n N`` alone is one node's N ranks (PACK: one bundle of the
-node's resources); ``--nodes K --ntasks-per-node M`` is K bundles of M ranks, each on a
-node of its own (STRICT_SPREAD). A ``ray://`` address (Ray Client) is refused here: ranks
-started through it could not dial a kernel outside the cluster.
+Nothing here imports Ray. ``-n N`` alone is N bundles of one rank each, PACKed by Ray (one
+node's ranks together, as few nodes as fit): once placed, the bundles are grouped by node,
+one template a node, the ranks numbered node by node (procs/ray_place.py ``by_node``).
+``--nodes K --ntasks-per-node M`` is K bundles of M ranks, each on a node of its own
+(STRICT_SPREAD). A ``ray://`` address (Ray Client) is refused here: ranks started through
+it could not dial a kernel outside the cluster.
 """
 from __future__ import annotations
 
@@ -31,7 +33,9 @@ class Strategy(str, Enum):
 
 @dataclass(frozen=True)
 class RayRequest:
-    """The ranks' placement on a Ray cluster: ``nodes`` bundles of ``ntasks_per_node`` ranks, each rank's resources."""
+    """The ranks' placement on a Ray cluster: ``nodes`` bundles of ``ntasks_per_node`` ranks, each rank's resources; or,
+    ``packed`` (-n N alone), N bundles of one rank each that Ray packs onto as few nodes as fit (``nodes`` is then 1 and
+    ``ntasks_per_node`` N: the nodes are known once placed)."""
 
     nodes: int = 1
     ntasks_per_node: int = 1
@@ -39,6 +43,7 @@ class RayRequest:
     gpus_per_rank: float = 0.0
     cpus_per_rank: float = 1.0
     queue_timeout: Optional[float] = None  # --start-timeout: remove the placement group still pending after this long
+    packed: bool = False  # -n N alone: a bundle a rank, PACK; the nodes are Ray's choice
 
     @property
     def world_size(self) -> int:
@@ -48,18 +53,24 @@ class RayRequest:
     def strategy(self) -> Strategy:
         return Strategy.STRICT_SPREAD if self.nodes > 1 else Strategy.PACK
 
+    @property
+    def ranks_a_bundle(self) -> int:
+        return 1 if self.packed else self.ntasks_per_node
+
     def bundle(self) -> Dict[str, float]:
-        """One node's bundle: its ranks' CPUs and GPUs together (its one actor holds them all)."""
-        out = {"CPU": self.cpus_per_rank * self.ntasks_per_node}
+        """One bundle: its ranks' CPUs and GPUs together (a rank's when packed, else a node's)."""
+        out = {"CPU": self.cpus_per_rank * self.ranks_a_bundle}
         if self.gpus_per_rank:
-            out["GPU"] = self.gpus_per_rank * self.ntasks_per_node
+            out["GPU"] = self.gpus_per_rank * self.ranks_a_bundle
         return out
 
     def bundles(self) -> List[Dict[str, float]]:
-        return [self.bundle() for _ in range(self.nodes)]
+        return [self.bundle() for _ in range(self.world_size if self.packed else self.nodes)]
 
     def shape_text(self) -> str:
         gpus = f", {self.gpus_per_rank:g} GPU a rank" if self.gpus_per_rank else ""
+        if self.packed:
+            return f"Ray {plural(self.world_size, 'rank')}{gpus}"
         return f"Ray {plural(self.nodes, 'node')} × {self.ntasks_per_node}{gpus}"
 
     def describe(self) -> str:
@@ -69,7 +80,17 @@ class RayRequest:
         """The arguments of procs/ray_driver.py: what it places and waits for."""
         argv = ["--address", self.address or "auto", "--nodes", str(self.nodes), "--per-node", str(self.ntasks_per_node),
                 "--gpus", repr(self.gpus_per_rank), "--cpus", repr(self.cpus_per_rank)]
-        return argv + (["--timeout", repr(self.queue_timeout)] if self.queue_timeout else [])
+        return argv + (["--timeout", repr(self.queue_timeout)] if self.queue_timeout else []) + (["--pack"] if self.packed else [])
+
+    def restart_hint(self, lost_ranks: int) -> str:
+        """The pool the other nodes can hold, as the user types it: '%ddp restart -n 2' (packed), else one node fewer with
+        this request's other options (Ray options given are the whole new request)."""
+        left = self.world_size - lost_ranks
+        if self.packed or self.nodes <= 1 or left <= 0:
+            return f"%ddp restart -n {left}" if left > 0 else "%ddp restart"
+        extra = (f" --gpus-per-rank {self.gpus_per_rank:g}" if self.gpus_per_rank else "") \
+            + (f" --cpus-per-rank {self.cpus_per_rank:g}" if self.cpus_per_rank != 1 else "") + (f" --address {self.address}" if self.address else "")
+        return f"%ddp restart --ray --nodes {self.nodes - 1} --ntasks-per-node {self.ntasks_per_node}{extra}"
 
 
 def check_address(address: str) -> str:
@@ -82,6 +103,7 @@ def check_address(address: str) -> str:
 def resolve(nproc: Optional[int], options: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Tuple[int, RayRequest]:
     """The magic's Ray options (nodes, ntasks_per_node, address, gpus_per_rank, cpus_per_rank, queue_timeout) as a request."""
     nodes, per_node = options.get("nodes"), options.get("ntasks_per_node")
+    packed = nodes is None and per_node is None and nproc is not None  # -n N alone: a bundle a rank, where Ray packs them
     if nodes is None:
         nodes = 1 if per_node is None or nproc is None else max(1, nproc // per_node)
     if per_node is None:
@@ -98,6 +120,6 @@ def resolve(nproc: Optional[int], options: Mapping[str, Any], environ: Mapping[s
         raise PlanError("--gpus-per-rank and --cpus-per-rank are 0 or more")
     address = check_address(str(options.get("address") or environ.get(ADDRESS_ENV) or ""))
     request = RayRequest(nodes=nodes, ntasks_per_node=per_node, address=address, gpus_per_rank=gpus, cpus_per_rank=cpus,
-                         queue_timeout=options.get("queue_timeout"))
+                         queue_timeout=options.get("queue_timeout"), packed=packed)
     return request.world_size, request
 

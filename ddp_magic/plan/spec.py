@@ -197,7 +197,7 @@ class PoolSpec:
 
     def _ray_options(self, nproc: Optional[int], given: Dict[str, Any], environ: Mapping[str, str]) -> Optional[int]:
         """Ray options given are the whole new request; on a Ray pool a new -n alone keeps its address and each rank's
-        resources, -n over its nodes; --slurm or --hosts drop Ray. The world size, when it changed."""
+        resources, -n over its nodes (packed again where -n alone made it); --slurm or --hosts drop Ray. The world size, when it changed."""
         ray = given.get("ray")
         if isinstance(ray, Mapping):
             nproc, given["ray"] = resolve_ray(nproc, ray, environ)
@@ -209,7 +209,7 @@ class PoolSpec:
         elif self.ray is not None and nproc is not None and nproc != self.nproc:
             r = self.ray
             asked = {"address": r.address, "gpus_per_rank": r.gpus_per_rank, "cpus_per_rank": r.cpus_per_rank, "queue_timeout": r.queue_timeout,
-                     **({"nodes": r.nodes} if nproc % r.nodes == 0 else {})}
+                     **({"nodes": r.nodes} if nproc % r.nodes == 0 and not r.packed else {})}
             nproc, given["ray"] = resolve_ray(nproc, asked, environ)
             given["nnodes"] = given["ray"].nodes
         return nproc

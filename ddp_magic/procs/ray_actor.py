@@ -1,11 +1,12 @@
-"""One Ray actor a node of a Ray pool, pinned to its placement-group bundle: it starts that node's template and relays its lines, nothing else.
+"""One Ray actor a node of a Ray pool, pinned to its (first) placement-group bundle: it starts that node's template and relays its lines, nothing else.
 
-Created by procs/ray_driver.py, never detached: when the driver (the kernel's child, or a kept pool's under its
+Created by procs/ray_group.py, never detached: when the driver (the kernel's child, or a kept pool's under its
 lease: procs/ray_keep.py) ends, Ray ends the actor, and its template follows it. The template is procs/ray_template.py's
 (node_template's, watched by a beat): it is this actor's child with the actor as its parent
 for the parent-death signal, so a SIGKILLed actor still ends it and, through theirs, its
-ranks. The template inherits the GPUs Ray gave this actor (CUDA_VISIBLE_DEVICES: local rank
-i uses cuda:i). Rank output never passes here: the ranks dial the kernel themselves; what
+ranks. The template gets the GPUs of the node's bundles (CUDA_VISIBLE_DEVICES: local rank i
+uses cuda:i): those Ray gave this actor, and those of the node's other bundles when it has
+several (a bundle a rank). Rank output never passes here: the ranks dial the kernel themselves; what
 passes is the template's events (ready, spawned, exited, pong) and its last-resort words.
 """
 from __future__ import annotations
@@ -39,12 +40,13 @@ class NodeActor:
         return {"host": socket.gethostname(), "ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(),
                 "gpus": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid()}
 
-    def start(self, node: str, cwd: str, pythonpath: str) -> int:
-        """The node's template, this actor's child (it dies with us: procs/parent.py's parent-death signal); its pid."""
+    def start(self, node: str, cwd: str, pythonpath: str, gpus: Optional[List[str]] = None) -> int:
+        """The node's template, this actor's child (it dies with us: procs/parent.py's parent-death signal); its pid.
+        ``gpus``: every GPU id of the node's bundles (this actor's bundle's and the others'), else this actor's."""
         import ray
 
         env = dict(os.environ)
-        gpus = [str(g) for g in ray.get_gpu_ids()]
+        gpus = [str(g) for g in ray.get_gpu_ids()] if gpus is None else list(gpus)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus) if gpus else env.get("CUDA_VISIBLE_DEVICES", "")
         if not env["CUDA_VISIBLE_DEVICES"]:
             env.pop("CUDA_VISIBLE_DEVICES")

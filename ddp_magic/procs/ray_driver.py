@@ -4,38 +4,29 @@ Started by kernel/launchers/ray.py under procs/anchor.py, so it ends with the ke
 SIGKILLed one. It connects to the cluster (``ray.init``; Ray's own log path off: nothing of
 the ranks passes through Ray), checks before anything is placed (the versions, the token,
 resources that can never fit: one line each, an ``refused`` event), asks for a placement
-group (one bundle a node) and says ``waiting`` each second while it is pending, then
-starts one procs/ray_actor.py actor pinned to each bundle, which starts that node's
-template. From there it is srun's part: every line on its stdin goes to every template,
-every template's line comes out on its stdout, and a node whose actor or template ended is
-a ``lost`` event naming it. Its stdin closing or SIGTERM removes the placement group and
-the actors; its death without that (SIGKILL) leaves Ray to end the job's non-detached
-actors and placement group, whose templates follow their actors.
+group (one bundle a node, or one a rank that Ray packs) and says ``waiting`` each second
+while it is pending, then starts one procs/ray_actor.py actor a node, which starts that
+node's template (procs/ray_group.py). From there it is srun's part: every line on its stdin
+goes to every template, every template's line comes out on its stdout, and a node whose
+actor or template ended is a ``lost`` event naming it; the kernel may ask for a lost node to
+be placed again. Its stdin closing or SIGTERM removes the placement group and the actors;
+its death without that (SIGKILL) leaves Ray to end the job's non-detached actors and
+placement group, whose templates follow their actors. A kept pool's driver outlives the
+kernel under the lease instead (procs/ray_keep.py: its stdin's end no longer ends it, the
+lease's end does).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import signal
 import sys
 import threading
-import time
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from ..logs import log
-from .ray_keep import DriverKeep
-
-_out = threading.Lock()
-READ_S = 1.0  # an actor's read waits this long for its template's first line
-
-
-def emit(event: Dict[str, Any]) -> None:
-    """One event line to the kernel ("event" first: slurm_steps.py reads it as one)."""
-    with _out:
-        sys.stdout.write(json.dumps(event) + "\n")
-        sys.stdout.flush()
+from .ray_group import Driver, cluster_nodes, emit, free_per_node, free_text
+from .ray_place import never_fits, pack_preview
 
 
 def said(error: BaseException) -> str:
@@ -56,157 +47,6 @@ def said(error: BaseException) -> str:
     return f"could not connect to a cluster: {first}"
 
 
-def cluster_nodes(ray: Any) -> List[Dict[str, Any]]:
-    """The live nodes with their totals: [{"name", "ip", "CPU", "GPU"}] (a head started with --num-cpus 0 has none)."""
-    out = []
-    for n in ray.nodes():
-        if n.get("Alive"):
-            res = n.get("Resources") or {}
-            out.append({"name": n.get("NodeManagerHostname") or n.get("NodeManagerAddress"), "ip": n.get("NodeManagerAddress"),
-                        "CPU": res.get("CPU", 0), "GPU": res.get("GPU", 0)})
-    return out
-
-
-def free_text(ray: Any, bundles: List[Dict[str, float]]) -> str:
-    """'4 of 8 GPUs free' (GPUs when asked, else CPUs)."""
-    kind = "GPU" if any("GPU" in b for b in bundles) else "CPU"
-    asked = sum(b.get(kind, 0) for b in bundles)
-    free = ray.available_resources().get(kind, 0)
-    return f"{min(free, asked):g} of {asked:g} {kind}s free"
-
-
-def never_fits(bundles: List[Dict[str, float]], per_node: int, nodes: List[Dict[str, Any]]) -> str:
-    """Why ``bundles`` (one a node, the same each) can never be placed on a cluster of ``nodes`` ({"name", "CPU", "GPU"}
-    totals), "" when they can: "8 GPUs asked, the cluster has 4: 2 on n1, 2 on n2"."""
-    bundle, count = bundles[0], len(bundles)
-    for kind in ("GPU", "CPU"):
-        asked = bundle.get(kind, 0) * count
-        if not asked:
-            continue
-        have = [(str(n.get("name")), float(n.get(kind) or 0)) for n in nodes]
-        total = sum(v for _, v in have)
-        each = ", ".join(f"{v:g} on {name}" for name, v in have if v) or "none on any node"
-        if asked > total:
-            return f"{asked:g} {kind}s asked, the cluster has {total:g}: {each}"
-        fit = [name for name, v in have if v >= bundle[kind]]
-        if len(fit) < count:
-            return (f"{count} nodes with {bundle[kind]:g} {kind}s each asked ({per_node} ranks a node), "
-                    f"{len(fit)} such in the cluster: {each}")
-    return ""
-
-
-class Driver:
-    """The placement group, the actors on its bundles, and the relay between them and the kernel."""
-
-    def __init__(self, ray: Any, args: argparse.Namespace) -> None:
-        self.ray, self.args = ray, args
-        self.pg: Any = None
-        self.actors: List[Any] = []
-        self.names: List[str] = []
-        self.ending = threading.Event()
-        self.keeping = DriverKeep(self.end)  # a kept pool: this driver outlives the kernel under the lease (procs/ray_keep.py)
-
-    def bundles(self) -> List[Dict[str, float]]:
-        bundle = {"CPU": self.args.cpus * self.args.per_node}
-        if self.args.gpus:
-            bundle["GPU"] = self.args.gpus * self.args.per_node
-        return [dict(bundle) for _ in range(self.args.nodes)]
-
-    def place(self) -> bool:
-        """The placement group, waited for (a ``waiting`` event each second); False when --start-timeout passed."""
-        from ray.util.placement_group import placement_group
-
-        strategy = "STRICT_SPREAD" if self.args.nodes > 1 else "PACK"
-        self.pg = placement_group(self.bundles(), strategy=strategy, name=f"ddp_magic-{os.getpid()}")
-        t0 = time.monotonic()
-        while not self.ray.wait([self.pg.ready()], timeout=1.0)[0]:
-            waited = time.monotonic() - t0
-            if self.args.timeout and waited > self.args.timeout:
-                return False
-            emit({"event": "waiting", "text": f"waiting for Ray: {free_text(self.ray, self.bundles())}", "waited": waited})
-        return True
-
-    def start_actors(self) -> List[Dict[str, Any]]:
-        """One actor a bundle, each starting its node's template; the nodes in bundle order."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from .ray_actor import NodeActor
-
-        remote = self.ray.remote(concurrency_groups={"read": 1})(NodeActor)
-        for i, bundle in enumerate(self.bundles()):
-            strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=i)
-            self.actors.append(remote.options(scheduling_strategy=strategy, num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
-                                              max_restarts=0).remote())
-        wheres = self.ray.get([a.where.remote() for a in self.actors])
-        addrs = {n.get("NodeID"): n.get("NodeManagerAddress") for n in self.ray.nodes()}
-        for w in wheres:  # the node's address as Ray knows it (--node-ip-address), not whatever the host routes by
-            w["ip"] = addrs.get(w["node_id"]) or w["ip"]
-        self.names = unique([str(w["host"]) for w in wheres])
-        cwd, pythonpath = os.getcwd(), os.environ.get("PYTHONPATH", "")
-        pids = self.ray.get([a.start.remote(n, cwd, pythonpath) for a, n in zip(self.actors, self.names)])
-        return [dict(w, name=n, template_pid=p) for w, n, p in zip(wheres, self.names, pids)]
-
-    def relay_out(self, actor: Any, node: str) -> None:
-        """The template's lines to our stdout; its end or its actor's (a node lost) said as ``lost``."""
-        while not self.ending.is_set():
-            try:
-                lines = self.ray.get(actor.read.options(concurrency_group="read").remote(READ_S))
-            except Exception as e:  # the actor died: its node (raylet) went, or it was killed
-                log.debug("the actor of %s is gone", node, exc_info=True)
-                if not self.ending.is_set():
-                    emit({"event": "lost", "node": node, "why": f"its Ray actor died ({type(e).__name__}: {str(e).splitlines()[0][:200]})"})
-                return
-            if lines is None:
-                if not self.ending.is_set():
-                    emit({"event": "lost", "node": node, "why": f"its template ended (code {self.ray.get(actor.code.remote())})"})
-                return
-            with _out:
-                sys.stdout.write("".join(lines))
-                sys.stdout.flush()
-
-    def relay_in(self) -> None:
-        """Every line of our stdin to every template, until it closes (the kernel is gone, or ends the pool)."""
-        for line in iter(sys.stdin.readline, ""):
-            if self.keeping.take(line):
-                continue
-            for actor in self.actors:
-                actor.write.remote(line)
-
-    def relay_then_end(self) -> None:
-        self.relay_in()
-        if not self.keeping.kernel_left(self.actors):  # kept: the lease ends us
-            self.end()
-
-    def end(self, *_: object) -> None:
-        """Remove the placement group and kill the actors (their templates follow), then exit."""
-        self.ending.set()
-        for actor in self.actors:
-            try:
-                self.ray.kill(actor, no_restart=True)
-            except Exception:  # gone already
-                log.debug("an actor was gone already", exc_info=True)
-        if self.pg is not None:
-            try:
-                from ray.util.placement_group import remove_placement_group
-
-                remove_placement_group(self.pg)
-            except Exception:  # the cluster is gone: so is the group
-                log.debug("the placement group could not be removed", exc_info=True)
-        os._exit(0)
-
-
-def unique(hosts: List[str]) -> List[str]:
-    """Each node's name: its hostname, with -2, -3 on a second and third bundle on the same host."""
-    out: List[str] = []
-    for h in hosts:
-        name, i = h, 1
-        while name in out:
-            i += 1
-            name = f"{h}-{i}"
-        out.append(name)
-    return out
-
-
 def connect(args: argparse.Namespace) -> Optional[Any]:
     """``ray`` connected to the cluster, or None once the refusal was said."""
     try:
@@ -224,6 +64,15 @@ def connect(args: argparse.Namespace) -> Optional[Any]:
     return ray
 
 
+def gcs_address(ray: Any) -> str:
+    """The cluster's GCS address as a node joins it (``ray start --address ...``), "" when Ray does not say."""
+    try:
+        return str(ray.get_runtime_context().gcs_address or "")
+    except Exception:  # another Ray
+        log.debug("the GCS address could not be read", exc_info=True)
+        return ""
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ddp_magic.procs.ray_driver")
     parser.add_argument("--address", default="auto")
@@ -232,6 +81,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--gpus", type=float, default=0.0)
     parser.add_argument("--cpus", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=0.0)
+    parser.add_argument("--pack", action="store_true", help="a bundle a rank (nodes x per-node of them), PACK: -n N alone")
     parser.add_argument("--plan-only", action="store_true", help="the cluster's nodes and versions, nothing placed (%%ddp_env)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the kernel's: it ends us by closing our stdin
@@ -240,9 +90,12 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     driver = Driver(ray, args)
     nodes = cluster_nodes(ray)
-    why = never_fits(driver.bundles(), args.per_node, nodes)
-    info = {"ray": ray.__version__, "python": sys.version.split()[0], "cluster": nodes, "free": free_text(ray, driver.bundles())}
+    bundles = driver.bundles()
+    why = never_fits(bundles, args.per_node, nodes, packed=args.pack)
+    info = {"ray": ray.__version__, "python": sys.version.split()[0], "cluster": nodes, "free": free_text(ray, bundles), "gcs": gcs_address(ray)}
     if why or args.plan_only:
+        if args.pack and not why:  # where Ray would pack them with what is free now (it decides at placement)
+            info["would"] = pack_preview(bundles[0], len(bundles), free_per_node(ray, list(bundles[0])))
         emit(dict({"event": "refused", "why": why} if why else {"event": "plan"}, **info))
         return
     signal.signal(signal.SIGTERM, driver.end)
@@ -253,9 +106,6 @@ def main(argv: Optional[List[str]] = None) -> None:
         driver.end()
     placed = driver.start_actors()
     emit({"event": "placed", "nodes": placed, "pg": driver.pg.id.hex(), **info})
-    readers = [threading.Thread(target=driver.relay_out, args=(a, n), daemon=True) for a, n in zip(driver.actors, driver.names)]
-    for t in readers:
-        t.start()
     driver.ending.wait()
 
 

@@ -37,6 +37,7 @@ w = torch.cat([p.detach().flatten() for p in m.parameters()])
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import box_ray  # noqa: E402
 import box_ssh  # noqa: E402
 import cluster_box  # noqa: E402
 from kernel_helper import Kernel  # noqa: E402
@@ -129,6 +130,20 @@ def _end_kernel() -> None:
     k = _SHARED.pop("kernel", None)
     if k is not None:
         k.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_box(box: cluster_box.Box) -> Iterator[box_ray.Cluster]:
+    """A Ray cluster in the box (a head on login with no CPU, n1 and n2 with 2 CPUs and 2 fake GPUs each, token
+    authentication on), for one module's tests, stopped by its own pids (never ``ray stop``: scripts/box_ray.py)."""
+    why = box_ray.missing()
+    if why:
+        pytest.skip(f"no Ray here: {why}")
+    cluster = box_ray.in_box(box)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from collections import deque
 import weakref
 from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple
 
-from ...errors import describe_exit
+from ...errors import NodeLost, describe_exit
 from ...logs import log
 from ...plan.plan import Plan
 from ...plan.spec import PoolSpec
@@ -41,9 +41,9 @@ from ..cell import CellRun
 from .deaths import cuda_oom_notes, why_killed
 from ...words import fmt_seconds, ranks_phrase
 from ..hub import Hub
-from ..launchers import Launcher
+from ..launchers import LaunchError, Launcher
 from ..ranks import Listener, RankInfo, variables_kept
-from .unreachable import node_key, raise_if_still_silent
+from .unreachable import held_text, node_key, raise_if_still_silent
 
 REFORM_WAIT_S = 10.0  # how long live ranks get to form the new group
 _GONE = (RankState.DEAD, RankState.STOPPED)
@@ -214,13 +214,15 @@ class Recovery:
     def before_cell(self, pool: Pool, listener: Listener, owned: Iterable[str]) -> Optional[str]:
         """Deaths while idle are noticed; dead ranks are started again and join the survivors' new group.
         Returns a notice for the user, or None; a replacement that fails marks the pool broken. Raises NodeUnreachable
-        (nothing ran, nothing changed) while a node whose ranks were unreachable still does not answer."""
+        (nothing ran, nothing changed) while a node whose ranks were unreachable still does not answer, and NodeLost (the
+        same) while a lost node cannot be placed again (a Ray cluster with no room for its ranks)."""
         pool.hub.reap()  # exits, and connections lost while idle (ranks on other hosts report no exit code)
         if not self.lost or pool.broken:
             return None
         gone, how = sorted(self.lost), dict(self.lost)
         raise_if_still_silent(pool.launcher, pool.ranks, gone)  # a node still silent: say so now, run nothing
         t0 = time.monotonic()
+        placed = place_lost_nodes(pool, listener, gone)  # a node that went with its allocation (a Ray node's bundles) first
         error, replies = self._replace(pool, listener, gone)
         if error:
             pool.mark_broken(f"{ranks_phrase(gone)} could not be started again ({error})")
@@ -233,7 +235,8 @@ class Recovery:
         died = "; ".join(f"rank {r} {how[r]}" for r in gone)
         new = ", ".join(f"rank {r} is pid {pool.ranks[r].pid}" for r in gone)
         survivors = [r for r in sorted(pool.ranks) if r not in gone]
-        self.fresh, self.started_line = list(gone), f"{died}: started it again in {fmt_seconds(time.monotonic() - t0)} ({new})"
+        again = f"{placed}; " if placed else ""
+        self.fresh, self.started_line = list(gone), f"{died}: {again}started it again in {fmt_seconds(time.monotonic() - t0)} ({new})"
         return (
             f"{self.started_line}. "
             f"{ranks_phrase(gone)}'s variables are gone" + (f" ({names})" if names else "")
@@ -275,6 +278,38 @@ class Recovery:
             info.state, info.finished = RankState.READY, time.monotonic()
             listener.on_state(info)
         return None, replies
+
+
+def place_lost_nodes(pool: Pool, listener: Listener, gone: Sequence[int]) -> str:
+    """Before ``gone`` are started again: the launcher places again the nodes they were lost with, where their allocation
+    went with them (a Ray node's bundles: kernel/launchers/ray.py ``place_again``); meanwhile they wait QUEUED with its words.
+    Returns what it said ("" for a launcher that has nothing to place); NodeLost when it could not (nothing ran, nothing
+    changed: the next cell asks again), and an interrupt leaves everything as it was."""
+    by_node: Dict[str, List[int]] = {}
+    for r in gone:
+        node = pool.launcher.node_of(r)
+        if node:
+            by_node.setdefault(node, []).append(r)
+    if not by_node:
+        return ""
+    before = {r: (pool.ranks[r].state, pool.ranks[r].last_line) for r in gone}
+
+    def waiting(text: str) -> None:
+        for r in gone:
+            info = pool.ranks[r]
+            info.state, info.last_line = RankState.QUEUED, text
+            listener.on_state(info)
+
+    try:
+        return pool.launcher.place_again(by_node, waiting)
+    except BaseException as e:
+        for r, (state, line) in before.items():
+            pool.ranks[r].state, pool.ranks[r].last_line = state, line
+            listener.on_state(pool.ranks[r])
+        if not isinstance(e, LaunchError):
+            raise
+        kept = [r for r, info in sorted(pool.ranks.items()) if r not in gone and info.state not in _GONE]
+        raise NodeLost(f"{e}: nothing ran, {held_text(kept)}") from None
 
 
 def swap_notes(replies: Dict[int, dict]) -> List[str]:

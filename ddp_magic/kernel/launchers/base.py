@@ -199,6 +199,13 @@ class Launcher(ABC):
         share this host, or nothing of ours runs there between ranks)."""
         return []
 
+    def place_again(self, lost: Dict[str, List[int]], progress: Callable[[str], None]) -> str:
+        """Before ranks lost with their nodes (``lost``: node -> its ranks) are started again alone: a launcher whose
+        allocation of a node went with it (a Ray node's bundles) places the node again, saying ``progress(text)`` while it
+        waits; what it did, for the notice ("" for the others: a new rank's own start makes a new template where needed).
+        LaunchError in one line when it cannot (no room, Ctrl-C raises as it is): nothing else changed."""
+        return ""
+
     def placement(self, plan: Plan) -> Dict[int, str]:
         """rank -> the node each rank of ``plan`` starts on, for a launcher that places ranks on named nodes ({} otherwise)."""
         return {}

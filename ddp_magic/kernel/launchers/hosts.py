@@ -56,9 +56,13 @@ class HostLauncher(NodeLauncher):
         return host_rank_env(self.plan, self.nodes(), rank, env)
 
     def hand_over(self, step: TemplateStep, env: Dict[str, str]) -> None:
-        """A template's first line: the pool's secret, the env its ranks share, and how long it waits for a beat."""
-        step.send({"secret": self.secret.hex(), "env": env, "silence": SILENCE_S})
+        """A template's first line to every template of ``step``; its env kept as theirs."""
+        step.send(self.first_line(env))
         step.env = dict(env)
+
+    def first_line(self, env: Dict[str, str]) -> dict:
+        """A template's first line: the pool's secret, the env its ranks share, and how long it waits for a beat."""
+        return {"secret": self.secret.hex(), "env": env, "silence": SILENCE_S}
 
     def launch(self, plan: Plan, base_env: Dict[str, str], control_addr: str, control_port: int, store_path: Optional[str] = None) -> Optional[str]:
         """Every rank, forked by its host's template. ``store_path`` is unused: ranks meet at rank 0's TCP store."""

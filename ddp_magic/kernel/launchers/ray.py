@@ -5,13 +5,22 @@ procs/anchor.py: it ends with the kernel). The driver connects to the cluster wi
 log path off, checks before anything is placed (Ray or Python versions, the token,
 resources that can never fit), asks for a placement group and says ``waiting for Ray: 4 of
 8 GPUs free`` while it is pending (the ranks QUEUED, Ctrl-C or ``--start-timeout`` removes
-it), then starts one actor pinned to each bundle, whose child is that node's template
-(procs/ray_actor.py). From there it is nodes.py's machinery, as on Slurm and SSH: the
-driver's stdin reaches every template, their events come back on its stdout, ranks dial
-the kernel (TLS across hosts), a template that hears no beat ends its ranks.
+it), then starts one actor a node, whose child is that node's template (procs/ray_group.py,
+procs/ray_actor.py). ``-n N`` alone is a bundle a rank that Ray packs: the ranks are numbered
+node by node as Ray placed them (the plan's ``slots``). From there it is nodes.py's
+machinery, as on Slurm and SSH: the driver's stdin reaches every template, their events
+come back on its stdout, ranks dial the kernel (TLS across hosts), a template that hears no
+beat ends its ranks.
+
+A lost node (its raylet killed, its link down): before the next cell starts its ranks again,
+``place_again`` asks the driver to place the node's bundles again (Ray reschedules a dead
+node's bundles where there is room), checks the new template's hello and hands it the pool's
+secret; then its ranks are forked and join the others' group as a Slurm node's do
+(kernel/failures/recovery.py). No room: the ranks wait QUEUED with one line saying what is
+missing, until --start-timeout (then the cell fails, nothing ran, the others keep their state).
 
 The env is torchrun's: MASTER_ADDR is the first node's Ray address, each node's
-CUDA_VISIBLE_DEVICES the GPU ids Ray gave its actor (local rank i on cuda:i), the node's
+CUDA_VISIBLE_DEVICES the GPU ids of its bundles (local rank i on cuda:i), the node's
 hostname in the output prefix ``[rank 3 n2]``. Nothing is detached: the driver's end (the
 kernel's) makes Ray end the actors and the placement group, and each template its ranks. A kept
 pool's driver outlives the kernel under the lease (ray_keep.py).
@@ -32,6 +41,7 @@ from ...wire import node_hello, tls
 from .base import LaunchError
 from .hosts import forwarded
 from .ray_keep import RayKeep
+from .ray_words import again_text, not_placed_text, pack_text, placed_again_text
 from .slurm_steps import TemplateStep
 
 if TYPE_CHECKING:
@@ -40,6 +50,7 @@ if TYPE_CHECKING:
 DRIVER = ["-m", "ddp_magic.procs.ray_driver"]
 CONNECT_WAIT_S = 120.0  # ray.init and the checks; placement has --start-timeout (default: wait, Ctrl-C removes it)
 HELLO_WAIT_S = 60.0  # from the placement to every template's hello (an actor's start, python's)
+PING_S = 5.0  # a node whose ranks were lost: its template answers a ping within this, or the node is placed again
 
 
 class RayLauncher(RayKeep):
@@ -51,9 +62,11 @@ class RayLauncher(RayKeep):
     def __init__(self, secret: bytes, python: str = sys.executable) -> None:
         super().__init__(secret, python)
         self.request: Optional[RayRequest] = None
-        self.placed_nodes: List[dict] = []  # the driver's "placed": name, ip, gpus, node_id, a node a bundle in order
+        self.placed_nodes: List[dict] = []  # the driver's "placed": name, ip, gpus, node_id, bundles; a node each, in rank order
         self.hellos: Dict[str, dict] = {}
         self.released = ""
+        self.gcs = ""  # the cluster's GCS address, as a node joins it (ray start --address ...)
+        self._asked = 0  # the last request to place a lost node again (its id)
 
     def start(self, timeout: float = 0) -> str:
         return "ray (a template a node, each the child of an actor on its bundle)"
@@ -77,6 +90,7 @@ class RayLauncher(RayKeep):
         try:
             placed = self._await_placed(step, progress)
             self.request, self.placed_nodes = request, placed["nodes"]
+            self.gcs = request.address or str(placed.get("gcs") or "")  # as the user reaches it, else as Ray says it
             step.nodes = self.nodes()
             self._check_hellos(step)
         except BaseException:  # refused, or Ctrl-C while pending: the driver removes the placement group as it ends
@@ -85,7 +99,8 @@ class RayLauncher(RayKeep):
         self.hand_over(step, forwarded(dict(os.environ)))
         self.start_beat()
         self.tls_key = tls.ServerKey() if self._needs_tls() else None
-        where = ", ".join(f"{n['name']} ({n['ip']}{', GPUs ' + ','.join(n['gpus']) if n.get('gpus') else ''})" for n in self.placed_nodes)
+        where = ", ".join(f"{n['name']} ({n['ip']}{self._ranks_there(n)}{', GPUs ' + ','.join(n['gpus']) if n.get('gpus') else ''})"
+                          for n in self.placed_nodes)
         return (f"{request.describe()}: placed on {where} in {time.monotonic() - t0:.1f}s"
                 + (" (control channel: TLS)" if self.tls_key else ""))
 
@@ -93,8 +108,8 @@ class RayLauncher(RayKeep):
         """The driver's ``placed`` event; its ``waiting`` ones shown on the way; a ``refused`` or its end raises."""
         deadline = time.monotonic() + CONNECT_WAIT_S
         while True:
-            step.wait_until(lambda: bool(step.events), deadline)
-            for ev in step.take_events():
+            step.wait_until(lambda: bool(step.starter), deadline)
+            for ev in step.take_starter():
                 kind = ev.get("event")
                 if kind == "placed":
                     return ev
@@ -103,7 +118,7 @@ class RayLauncher(RayKeep):
                 if kind == "waiting":
                     progress(str(ev.get("text")))
                     deadline = time.monotonic() + CONNECT_WAIT_S  # placement waits as long as --start-timeout says
-            if step.proc.poll() is not None and not step.events:
+            if step.proc.poll() is not None and not step.starter:
                 said = "; ".join(step.said[-3:]) or f"code {step.proc.returncode}"
                 raise LaunchError(f"Ray: the driver ended before placing anything ({said})")
             if time.monotonic() > deadline:
@@ -112,25 +127,86 @@ class RayLauncher(RayKeep):
     def _check_hellos(self, step: TemplateStep) -> None:
         """Every node's template says who it is: other code there is refused by name, nothing runs."""
         deadline = time.monotonic() + HELLO_WAIT_S
-        mine, problems = node_hello.identity(), []
-        for node in self.nodes():
-            if not step.wait_until(lambda n=node: n in step.hello or n in step.lost, deadline):  # type: ignore[misc]
-                problems.append(f"{node}: its template said nothing within {HELLO_WAIT_S:.0f}s")
-                continue
-            if node in step.lost:
-                problems.append(f"{node}: {step.lost[node]}")
-                continue
-            self.hellos[node] = step.hello[node]
-            differs = node_hello.mismatch(mine, step.hello[node])
-            if differs:
-                problems.append(f"{node}: other code: {differs}")
+        problems = [p for p in (self._hello_problem(step, node, deadline) for node in self.nodes()) if p]
         if problems:
             raise LaunchError("Ray: nothing was started; " + "; ".join(problems))
 
+    def _hello_problem(self, step: TemplateStep, node: str, deadline: float) -> str:
+        """Why ``node``'s template may not run ranks ("" when it may): silent, ended, or other code."""
+        if not step.wait_until(lambda: node in step.hello or node in step.lost, deadline):
+            return f"{node}: its template said nothing within {HELLO_WAIT_S:.0f}s"
+        if node in step.lost:
+            return f"{node}: {step.lost[node]}"
+        self.hellos[node] = step.hello[node]
+        differs = node_hello.mismatch(node_hello.identity(), step.hello[node])
+        return f"{node}: other code: {differs}" if differs else ""
+
+    def _ranks_there(self, node: dict) -> str:
+        """', 2 ranks' for a node of a packed pool (a bundle a rank), "" otherwise."""
+        return f", {len(node['bundles'])} ranks" if self.request is not None and self.request.packed and node.get("bundles") else ""
+
     def _start_step(self, nodes: List[str], env: Dict[str, str]) -> TemplateStep:
-        """A node whose template is gone: its bundle went with it (the node lost); the next start places the pool again."""
-        raise LaunchError(f"the Ray node {', '.join(nodes)} is lost (its template ended); %ddp restart places the pool again"
+        """A node whose template went while its ranks were being started: ``place_again`` places it, at the next cell."""
+        raise LaunchError(f"the Ray node {', '.join(nodes)} is lost (its template ended); the next cell places its ranks again"
                           " if the cluster has room")
+
+    # ------------------------------------------------------------ a lost node placed again
+    def place_again(self, lost: Dict[str, List[int]], progress: Callable[[str], None]) -> str:
+        """Before ranks lost with their nodes are started again (``lost``: node -> its ranks): each node whose template is gone
+        (or does not answer a ping) is placed again by Ray, a new template there, its hello checked, the secret handed over.
+        ``progress(text)`` while Ray has no room; LaunchError (one line) past --start-timeout, nothing else changed."""
+        out = []
+        for node, ranks in lost.items():
+            if node not in self.nodes() or (self._step_for(node) is not None and not self.unanswered([node], PING_S)):
+                continue  # its template answers: it forks them again
+            step = self.steps[0] if self.steps else None
+            if step is None or step.proc.poll() is not None:
+                raise LaunchError("the Ray driver is gone: %ddp restart places the pool again")
+            out.append(self._place_node(step, node, ranks, progress))
+        return "; ".join(out)
+
+    def _place_node(self, step: TemplateStep, node: str, ranks: List[int], progress: Callable[[str], None]) -> str:
+        assert self.request is not None
+        i, t0 = self.nodes().index(node), time.monotonic()
+        hint, timeout = self.request.restart_hint(len(ranks)), self.request.queue_timeout or 0
+        self._asked += 1  # the driver's answers carry it: an interrupted request's last word is not this one's
+        step.send({"op": "ray_place", "index": i, "timeout": timeout, "id": self._asked})
+        try:
+            ev = self._await_again(step, i, lambda said: progress(again_text(node, ranks, said, self.gcs, hint)))
+        except BaseException:  # Ctrl-C: the driver stops waiting and kills what it started
+            step.send({"op": "ray_cancel", "index": i})
+            raise
+        if ev.get("event") != "placed_again":
+            raise LaunchError(not_placed_text(node, ranks, ev, self.gcs, hint, timeout))
+        new = dict(ev["node"])
+        step.serve_again(node, str(new["name"]))
+        self.placed_nodes[i] = new
+        problem = self._hello_problem(step, str(new["name"]), time.monotonic() + HELLO_WAIT_S)
+        if problem:
+            step.send({"op": "ray_drop", "index": i})
+            step.mark_lost(str(new["name"]), problem)
+            raise LaunchError(f"Ray placed {node}'s ranks again, but {problem}")
+        then = self.kept_again(step, i)  # a kept pool: the new template follows the lease as the others do
+        step.send({"op": "ray_admit", "index": i, "first": self.first_line(step.env), "then": then})
+        return placed_again_text(node, new, time.monotonic() - t0)
+
+    def _await_again(self, step: TemplateStep, i: int, say: Callable[[dict], None]) -> dict:
+        """The driver's ``placed_again`` or ``not_placed`` for node ``i``; its ``waiting_again`` said on the way (each second:
+        a driver silent for ``CONNECT_WAIT_S`` is given up on)."""
+        heard = time.monotonic()
+        while True:
+            step.wait_until(lambda: bool(step.starter), time.monotonic() + 1.0)
+            for ev in step.take_starter():
+                if ev.get("index") != i or ev.get("id") != self._asked:
+                    continue
+                heard = time.monotonic()
+                if ev.get("event") in ("placed_again", "not_placed"):
+                    return ev
+                if ev.get("event") == "waiting_again":
+                    say(ev)
+            if step.proc.poll() is not None or time.monotonic() - heard > CONNECT_WAIT_S:
+                ended = "ended" if step.proc.poll() is not None else f"said nothing for {CONNECT_WAIT_S:.0f}s"
+                raise LaunchError(f"Ray: the driver {ended} while placing node {i} again ({'; '.join(step.said[-3:])})")
 
     def serves(self, plan: Plan) -> bool:
         return (plan.ray is not None and self.request == plan.ray and bool(self.steps)
@@ -144,6 +220,8 @@ class RayLauncher(RayKeep):
         addr = str(self.placed_nodes[0]["ip"])
         port = plan.master_port if plan.port_was_given else master_port(addr, avoid, local=is_local_ip(address_family(addr), addr))
         out = replace(plan, master_addr=addr, master_port=port)
+        if plan.ray is not None and plan.ray.packed:  # as Ray packed them: a node's ranks are its bundles, numbered node by node
+            out = replace(out, nnodes=len(self.placed_nodes), slots=tuple(len(n.get("bundles") or ()) for n in self.placed_nodes))
         if plan.backend_reason == AUTO_REASON and plan.ray is not None and plan.ray.gpus_per_rank >= 1 and plan.init:
             out = replace(out, backend="nccl", backend_reason="a GPU a rank from Ray")
         return out
@@ -162,8 +240,8 @@ class RayLauncher(RayKeep):
         """'Ray 2 nodes × 2 (STRICT_SPREAD) at 198.51.100.10:6379: n1 (198.51.100.11), n2 (198.51.100.12, its template gone)'."""
         if self.request is None:
             return ""
-        nodes = ", ".join(f"{n['name']} ({n['ip']}" + ("" if self._step_for(str(n["name"])) is not None else ", its template gone") + ")"
-                          for n in self.placed_nodes)
+        nodes = ", ".join(f"{n['name']} ({n['ip']}{self._ranks_there(n)}"
+                          + ("" if self._step_for(str(n["name"])) is not None else ", its template gone") + ")" for n in self.placed_nodes)
         return f"{self.request.describe()}: {nodes}"
 
     def give_up(self) -> str:
@@ -175,7 +253,7 @@ class RayLauncher(RayKeep):
         self.stop_beat()
         self._end_steps()
         self.released = "; its Ray placement group was removed" if self.request is not None else ""
-        self.request, self.placed_nodes, self.tls_key = None, [], None
+        self.request, self.placed_nodes, self.tls_key, self.gcs, self.kept_lines = None, [], None, "", []
         self.hellos.clear()
 
     def close(self) -> None:
@@ -209,5 +287,8 @@ def preview(plan: Plan) -> "tuple[Plan, List[Check]]":
     if ev.get("event") == "refused":
         checks.append(Check("Ray takes the request", False, str(ev.get("why"))))
     else:
-        checks.append(Check("Ray takes the request", True, f"{request.describe()}: fits ({ev.get('free')} now; nothing was placed)"))
+        packed = f"; {pack_text(ev.get('would') or [])}" if request.packed else ""
+        checks.append(Check("Ray takes the request", True, f"{request.describe()}: fits ({ev.get('free')} now; nothing was placed){packed}"))
+        if request.packed and ev.get("would"):  # the env each rank would get, numbered node by node as they would pack
+            plan = replace(plan, nnodes=len(ev["would"]), slots=tuple(int(k) for _, k in ev["would"]))
     return replace(plan, master_addr="(the first node's Ray address, once placed)"), checks

@@ -6,6 +6,10 @@ placement group and the actors, and at ``%ddp keep`` it stops ending with the ke
 signal lifted, as a kept srun's) and watches the lease instead (procs/ray_keep.py says why the actors and the group
 are not made detached). The kernel's pipe to the driver then only carries what the driver takes for itself (the
 watch) besides the templates' commands; the kernel's exit closes it, and the pool goes on.
+
+A node lost while the pool is kept and placed again by the keeping kernel (kernel/launchers/ray.py ``place_again``)
+gets a new template that never heard the keep: the keep and follow lines this kernel wrote are remembered, and the
+driver gives them to that template right after its first line (``ray_admit``), so it follows the lease as the others.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import Dict, List, Optional
 from ...logs import log
 from ...plan.ray import RayRequest
 from .hosts import HostLauncher
+from .slurm_steps import TemplateStep
 
 WATCH_OP, UNWATCH_OP = "watch", "unwatch"  # lines the driver takes for itself (procs/ray_keep.py)
 
@@ -21,9 +26,32 @@ WATCH_OP, UNWATCH_OP = "watch", "unwatch"  # lines the driver takes for itself (
 class RayKeep(HostLauncher):
     """A Ray launcher's kept-pool half: the lease's place, what an attaching kernel needs, the driver's outliving."""
 
-    placed_nodes: List[dict]  # RayLauncher's: name, ip, gpus, node_id, a node a bundle in order
+    placed_nodes: List[dict]  # RayLauncher's: name, ip, gpus, node_id, bundles; a node each, in rank order
     hellos: Dict[str, dict]
     request: Optional[RayRequest]
+
+    def __init__(self, secret: bytes, python: str) -> None:
+        super().__init__(secret, python)
+        self.kept_lines: List[dict] = []  # the keep and follow commands of the keep in force, as this kernel wrote them
+
+    def _write(self, cmd: dict) -> None:
+        """A command to every template, the keep's and follow's remembered for a node's template placed again later."""
+        op = cmd.get("op")
+        if op == "keep":  # a keep again (new timers) keeps the follow it had
+            self.kept_lines = [dict(cmd)] + [c for c in self.kept_lines if c.get("op") == "follow"]
+        elif op == "follow":
+            self.kept_lines.append(dict(cmd))
+        elif op in ("unkeep", "exit"):
+            self.kept_lines = []
+        super()._write(cmd)
+
+    def kept_again(self, step: TemplateStep, index: int) -> List[dict]:
+        """What the template of node ``index`` placed again hears right after its first line to follow a kept pool's lease:
+        the keep and follow lines, as ``step`` writes them; none when the pool is not kept (or for node 0, the lease's
+        holder: its loss ended the lease)."""
+        if not self.lease_lock or index == 0:
+            return []
+        return [step.wire_form(dict(cmd)) for cmd in self.kept_lines]
 
     def keepable(self) -> str:
         """Why this pool cannot outlive its kernel ("" when it can): every node must still have its template."""
@@ -62,6 +90,7 @@ class RayKeep(HostLauncher):
         """The kept pool is no more this kernel's (its exit, or another kernel took it): the driver's stdin closes (it tells
         the templates no kernel is there), nothing is signalled; the driver, the actors and the group follow the lease."""
         self.let_go_of_steps("a kept Ray pool's driver pipe")
+        self.kept_lines = []
         self.request, self.placed_nodes = None, []
         self.hellos.clear()
 

@@ -31,6 +31,8 @@ END_WAIT_S = 5.0  # an srun asked to end (SIGTERM) cancels its step within momen
 _TASK_ENDED = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): ")  # a task (a template) ended abnormally
 Event = Tuple[str, dict]  # (node, event)
 KEEP_EVENTS = ("kept", "unkept", "fenced")
+# a starter's own words, not a template's (procs/ray_driver.py: its placement, a lost node's placing again); read by its launcher
+STARTER_EVENTS = ("placed", "refused", "waiting", "plan", "placed_again", "waiting_again", "not_placed")
 SAID_LINES = 20  # how many of srun's (ssh's) own last lines a step keeps, for a start that failed  # a template's answers to %ddp keep (procs/template_keep.py)
 
 
@@ -52,6 +54,7 @@ class TemplateStep:
         self.notes: List[dict] = []  # a kept pool's template answers (kept, unkept, fenced): kernel/keep/keeping.py
         self.hello: Dict[str, dict] = {}  # node -> what its template said of itself before anything (an ssh template's)
         self.said: List[str] = []  # the last lines that were no event (ssh's or srun's own words: why a start failed)
+        self.starter: List[dict] = []  # the starter's own events (STARTER_EVENTS), for its launcher alone
         self._lock = threading.Lock()
         self._heard = threading.Condition(self._lock)
         self._log = log_file
@@ -99,6 +102,9 @@ class TemplateStep:
             elif event.get("event") == "hello":
                 self.hello[str(event.get("node"))] = event
                 self._heard.notify_all()
+            elif event.get("event") in STARTER_EVENTS:
+                self.starter.append(event)
+                self._heard.notify_all()
             elif event.get("event") == "lost":  # a starter that outlives its node's template says so (procs/ray_driver.py)
                 self.lost.setdefault(str(event.get("node")), str(event.get("why") or "its template ended"))
                 self._heard.notify_all()
@@ -121,10 +127,31 @@ class TemplateStep:
             out, self.events = self.events, []
             return out
 
+    def take_starter(self) -> List[dict]:
+        """The starter's own events since the last take (a Ray driver's: placed, waiting, placed_again, ...)."""
+        with self._lock:
+            out, self.starter = self.starter, []
+            return out
+
+    def serve_again(self, old: str, new: str) -> None:
+        """A starter placed the lost node ``old``'s template again, as ``new`` (a Ray node's bundles placed again, perhaps on
+        another host): the step serves ``new`` once its template says its hello, with nothing of ``old``'s kept."""
+        with self._lock:
+            self.nodes = [new if n == old else n for n in self.nodes]
+            for said in (self.lost, self.hello, self.ready, self.pongs):
+                said.pop(old, None)
+                said.pop(new, None)
+
     def serves(self, node: str) -> bool:
         """Whether this step's template on ``node`` is (as far as srun has said) still there."""
         with self._lock:
             return node in self.nodes and node not in self.lost and self.proc.poll() is None
+
+    def mark_lost(self, node: str, why: str) -> None:
+        """``node``'s template is not ours to use (its starter said so, or the kernel refused it): no longer served."""
+        with self._lock:
+            self.lost.setdefault(node, why)
+            self._heard.notify_all()
 
     def lost_nodes(self) -> Dict[str, str]:
         with self._lock:
@@ -183,8 +210,12 @@ class TemplateStep:
 
     def command(self, cmd: dict) -> None:
         """One command to every template of the step (keep, unkeep: procs/template_keep.py); a pool's secret in it sealed."""
+        self._write(self.wire_form(cmd))
+
+    def wire_form(self, cmd: dict) -> dict:
+        """``cmd`` as ``command`` writes it: its pool's secret sealed (or dropped when it is the step's own)."""
         secret = cmd.pop("secret", None)
-        self._write(self._sealed(cmd, bytes.fromhex(secret)) if secret else cmd)
+        return self._sealed(cmd, bytes.fromhex(secret)) if secret else cmd
 
     def outlive_kernel(self, keep: bool) -> None:
         """A kept pool: srun outlives this kernel (its anchor's parent-death signal lifted); ``keep=False``: no more."""
