@@ -28,7 +28,8 @@ from . import labcomm, labsnap
 from .snapshots import at_safe_point, save
 
 SLICE_S = 0.2  # while no cell pumps the hub: how long the watcher pumps it at a time
-ALL_WITHIN_S = 10.0  # after the first rank's report, the others get this long (a rank stuck in C code reports late)
+ALL_WITHIN_S = 1.0  # after the first report, the others get this long: a signal every node gets (Slurm's) is one event; one spot
+# host preempted alone saves at once (its notice may be 30 s), not after waiting for hosts that never get a signal
 _ARMED: "weakref.WeakKeyDictionary[Any, Watcher]" = weakref.WeakKeyDictionary()  # pool -> its watcher
 
 
