@@ -37,6 +37,16 @@ def ticks(text: str) -> Dict[int, List[int]]:
     return out
 
 
+def ticked(k: Kernel, ex: Execution, ranks: int, tick: int = 5, timeout: float = 60) -> bool:
+    """Whether every one of ``ranks`` ranks has shown ``tick`` of the running TICKS job within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not all(tick in ticks(cell_texts(k, ex)).get(r, []) for r in range(ranks)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def sigkill_kept(k: Kernel, ex: Optional[Execution] = None) -> str:
     """SIGKILL the kernel of a kept pool; what it had shown of ``ex``. A second after its death, what would end a pool
     that is not kept (its srun or ssh sessions' end) has had its moment."""

@@ -25,7 +25,7 @@ import cluster_box
 import pytest
 
 from kernel_helper import Kernel, alive
-from keep_helper import TICKS, cell_texts, kept_record, sigkill_kept, ticks
+from keep_helper import TICKS, cell_texts, ticked, kept_record, sigkill_kept, ticks
 
 box = box_fixtures.box  # the fixtures, by name in this module
 
@@ -121,9 +121,7 @@ def test_a_kept_pool_on_other_hosts_outlives_its_kernel(box: cluster_box.Box) ->
                 open(gate, "w").close()
                 ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
                 assert "kept pool" in ex.stdout, (ex.stdout, ex.stderr)
-                deadline = time.monotonic() + 60
-                while time.monotonic() < deadline and not all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(4)):
-                    time.sleep(0.1)
+                ticked(k, ex, 4)
                 record = kept_record(runtime)
                 at = record["lease"]
                 assert at.get("host") == box.host("n1").mgmt and at.get("fp") and record.get("holder") == "n1", record.get("lease")

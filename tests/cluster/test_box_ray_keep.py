@@ -26,7 +26,7 @@ import cluster_box
 import pytest
 import test_box_ray
 from kernel_helper import Kernel, alive
-from keep_helper import TICKS, cell_texts, kept_record, runtime_processes, sigkill_kept, ticks
+from keep_helper import TICKS, cell_texts, ticked, kept_record, runtime_processes, sigkill_kept, ticks
 
 from ddp_magic.wire import kept
 
@@ -79,9 +79,7 @@ def _kept_ticking(b: cluster_box.Box, k: Kernel, runtime: str) -> "tuple[List[in
     open(gate, "w").close()
     ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
     assert "kept pool" in ex.stdout, (ex.stdout, ex.stderr)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(4)):
-        time.sleep(0.1)
+    ticked(k, ex, 4)
     record = kept_record(runtime)
     holder = values[0][0]  # the first node's template holds the lease, at the node's Ray address
     assert record.get("holder") == holder and record["lease"].get("host") == b.host(holder).mgmt, record

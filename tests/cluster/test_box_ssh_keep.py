@@ -27,7 +27,7 @@ import pytest
 import test_faults
 
 from kernel_helper import Execution, Kernel, alive
-from keep_helper import TICKS, cell_texts, kept_record, sigkill_kept, ticks
+from keep_helper import TICKS, cell_texts, ticked, kept_record, sigkill_kept, ticks
 
 box = box_fixtures.box  # the fixtures, by name in this module
 ssh_login = box_fixtures.ssh_login
@@ -88,9 +88,7 @@ def _start(b: cluster_box.Box, k: Kernel, runtime: str) -> "tuple[List[int], str
     open(gate, "w").close()
     ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
     assert "kept pool" in ex.stdout, (ex.stdout, ex.stderr)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(4)):
-        time.sleep(0.1)
+    ticked(k, ex, 4)
     record = kept_record(runtime)
     assert record["lease"].get("host") == b.host("n1").mgmt and record["lease"].get("fp") and record.get("holder") == "n1", record
     assert _keeper_running(b), "a lease keeper runs on login"

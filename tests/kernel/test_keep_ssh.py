@@ -20,7 +20,7 @@ from typing import Iterator, List
 import pytest
 from conftest import pid_alive, wait_until
 from kernel_helper import Kernel, drop_runtime_dir, own_runtime_dir
-from keep_helper import TICKS, cell_texts, runtime_processes, ticks
+from keep_helper import TICKS, cell_texts, ticked, runtime_processes, ticks
 
 pytestmark = pytest.mark.kernel
 
@@ -78,7 +78,7 @@ def _round(runtime: str, bin_dir: Path, end: str) -> None:
         open(gate, "w").close()
         ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
         assert "kept pool" in ex.stdout, ex.stdout
-        assert wait_until(lambda: all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(2)), 60)
+        assert ticked(k, ex, 2)
         if end == "sigkill":
             _sigkill(k)
         else:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "tests" / "slurm"))
 import box_ray  # noqa: E402
 from ddp_magic.wire import kept  # noqa: E402
 from kernel_helper import Kernel, alive, drop_runtime_dir, own_runtime_dir  # noqa: E402
-from keep_helper import TICKS, cell_texts, runtime_processes, sigkill_kept, ticks  # noqa: E402
+from keep_helper import TICKS, cell_texts, ticked, runtime_processes, sigkill_kept, ticks  # noqa: E402
 from slurm_helpers import run_interrupting, says  # noqa: E402
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
@@ -264,7 +264,7 @@ def _kept_round(cluster: box_ray.Cluster, runtime: str, end: str) -> None:
         ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
         assert "kept pool" in ex.stdout, ex.stdout
         kept_id = re.findall(r"kept pool ([0-9a-f]{8})", ex.stdout)[0]
-        assert wait_until(lambda: all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(2)), 60)
+        assert ticked(k, ex, 2)
         first = sigkill_kept(k, ex)
         state = cluster.state()
         assert all(alive(p) for p in ranks) and state["actors"].count("NodeActor") == 1, f"kept through a SIGKILL: {state}"

@@ -22,7 +22,7 @@ import pytest
 
 import slurm_fixtures
 from kernel_helper import Execution
-from keep_helper import TICKS, cell_texts, ticks
+from keep_helper import TICKS, cell_texts, ticked, ticks
 from slurm_helpers import Kernel, alive, cmdline, env_of, parent_of, squeue
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, pytest.mark.slurm]
@@ -65,9 +65,7 @@ def _ticking(k: Kernel, gate: str, ranks: int) -> Execution:
     """A kept background job that ticks and waits at the gate; returns once the kernel showed tick 5 of every rank."""
     ex = k.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
     assert "kept pool" in ex.stdout, ex.stdout
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not all(5 in ticks(cell_texts(k, ex)).get(r, []) for r in range(ranks)):
-        pass
+    ticked(k, ex, ranks)
     return ex
 
 
