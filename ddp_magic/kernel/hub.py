@@ -360,14 +360,15 @@ class Hub(OutputStreams):
 
     def _finish_rank(self, rank: int, msg: dict) -> None:
         self.done[rank] = msg
+        if self.keep_msg is not None:  # a kept pool: the rank stops holding this DONE for a next kernel (procs/rank_channel.py)
+            self.broadcast(P.message(P.DONE_SEEN, cell=msg["cell"]), [rank])
         info = self.ranks.get(rank)
         if not self.stdin.idle or (info is not None and info.debugging != Waiting.NO):  # the usual DONE: nothing to settle
             self.stdin.forget(rank)
             self.debug_changed(rank)
         if info is not None:
             info.state = _DONE_STATES.get(msg["status"], RankState.FAILED)
-            info.finished = time.monotonic()
-            info.memory = msg.get("memory")
+            info.finished, info.memory = time.monotonic(), msg.get("memory")
             info.mem = Memory.of(msg["mem"], info.mem) if msg.get("mem") else info.mem
             self.version += 1
             self.failed += info.state != RankState.DONE

@@ -310,8 +310,8 @@ class Pool:
         for info in self.ranks.values():
             info.state, info.started, info.finished, info.last_line = RankState.RUNNING, t0, None, ""
             info.tail.clear()
-        self.hub.listener.on_states(list(self.ranks.values()))  # one call down the views' chain, not one per rank
         send_run(self.hub, self.ranks, self.nproc, run_fields(self._cell, source, filename, names, owned, gather, argv, reload))
+        self.hub.listener.on_states(list(self.ranks.values()))  # then the views: a ticket's clock starts once the ranks hold it
         return t0
 
     def _outcome(self, cell: CellRun, guarded: GuardedListener, t0: float) -> CellOutcome:

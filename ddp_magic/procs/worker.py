@@ -160,6 +160,7 @@ class Worker:
                     source = tls.reading(sock)  # over TLS this thread decrypts what comes (no hand-off to the relay's)
                 msg = P.recv(source)
                 op = msg["op"]
+                self.chan.heard(op, msg)  # a kept pool's DONE, once counted by the kernel (or a new cell came): not sent again
                 if op == P.RUN:
                     self.cell = msg["cell"]
                     self.keeper.set_busy(True)

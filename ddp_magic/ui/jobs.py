@@ -31,6 +31,7 @@ from .output import RankPrinter
 from .results import RankResults
 
 WAIT_SLICE_S = 0.2  # wait() wakes this often (a Ctrl-C lands at once anyway)
+HELD_SLICE_S = 0.005  # start(held=True) looks this often whether the cell reached the ranks (a few ms after the start)
 PEEK_ONLY = "the peek failed on these ranks only; the running cell goes on (a peek's error costs only the peek)"
 
 
@@ -53,11 +54,15 @@ class Job:
         self.final_metrics: Optional[Dict[str, List[Any]]] = None
         self.thread: Optional[threading.Thread] = None
 
-    def start(self) -> "Job":
-        """Run the work on its own thread, in a copy of this (the starting cell's) context."""
+    def start(self, held: bool = False) -> "Job":
+        """Run the work on its own thread, in a copy of this (the starting cell's) context. ``held`` (``--keep``): return
+        once the cell has reached the ranks (or the job ended), so that a kernel killed right after its cell returned
+        leaves the job running on the kept pool, not lost with the kernel's thread before it sent it."""
         ctx = contextvars.copy_context()
         self.thread = threading.Thread(target=ctx.run, args=(self._run,), name=f"ddp-job {self.ticket.name}", daemon=True)
         self.thread.start()
+        while held and self.ticket.ran is None and not self.wait(HELD_SLICE_S):
+            pass  # a Ctrl-C stops the waiting (wait() says so), not the job
         return self
 
     def _run(self) -> None:

@@ -46,6 +46,7 @@ READY = "ready"          # worker -> kernel: process group initialised (or skipp
 INIT_FAILED = "init_failed"
 RUN = "run"              # kernel -> worker: execute a cell; "named_marks": DONE may name its quiet streams' earlier markers
 DONE = "done"            # worker -> kernel: the cell finished on this rank; "sync": stream -> the marker it follows (wire/capture.py)
+DONE_SEEN = "done_seen"  # kernel -> worker: a kept pool's DONE of this cell is counted; until then a kernel's death leaves it for the next
 DECIDE = "decide"        # kernel -> worker: how to return a pending result
 RESULT = "result"        # worker -> kernel: a result sent after DECIDE
 INTERRUPT = "interrupt"  # kernel -> worker: stop the running cell

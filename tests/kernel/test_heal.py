@@ -79,7 +79,7 @@ def k() -> Iterator[Kernel]:
 def kill_rank(k: Kernel, rank: int) -> int:
     pid = k.value("list(_)")[rank]
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not pid_alive(pid), 10)
+    assert wait_until(lambda: not pid_alive(pid), 10)
     # the kernel has heard of it (the template's exit event): else the next cell meets the death mid-run instead
     assert wait_until(lambda: re.search(rf"rank {rank}: pid {pid} +dead", k.run("%ddp status").ok().stdout) is not None, 30)
     return pid

@@ -51,7 +51,7 @@ def kernel(runtime: str, notebook: str = "keep.ipynb", **env: str) -> Kernel:
 def kill(k: Kernel) -> None:
     """SIGKILL the kernel, as the OOM killer would; what it sent before is read (a notebook showed it)."""
     os.kill(k.pid, signal.SIGKILL)
-    wait_until(lambda: not pid_alive(k.pid), 10)
+    assert wait_until(lambda: not pid_alive(k.pid), 10)
     k.collect(1.0)
 
 
@@ -156,7 +156,7 @@ def stop_and_check(k: Kernel, runtime: str) -> None:
     facts = pool_facts(k)
     template = discovery(runtime, facts["id"])["template_pid"]
     assert "stopped the pool" in k.run("%ddp stop").ok().stdout
-    wait_until(lambda: nothing_left(runtime, facts, template), 15)
+    assert wait_until(lambda: nothing_left(runtime, facts, template), 15)
     assert not [n for n in os.listdir(runtime) if n.startswith("ddp-kept-")]
 
 
@@ -262,7 +262,7 @@ def test_idle_lease_ends_the_pool(runtime: str) -> None:
         template = discovery(runtime, facts["id"])["template_pid"]
         kill(k)
         assert pid_alive(template) and all(pid_alive(p) for p in facts["pids"])
-        wait_until(lambda f=facts, t=template: nothing_left(runtime, f, t), 15)
+        assert wait_until(lambda f=facts, t=template: nothing_left(runtime, f, t), 15)
         assert discovery(runtime, facts["id"])["state"] == "ended"
         k2 = kernel(runtime)
         try:
@@ -282,7 +282,7 @@ def test_max_ends_a_running_job_and_attach_says_so(runtime: str) -> None:
         facts = pool_facts(k)
         template = discovery(runtime, facts["id"])["template_pid"]
         kill(k)
-        wait_until(lambda f=facts, t=template: nothing_left(runtime, f, t), 30)
+        assert wait_until(lambda f=facts, t=template: nothing_left(runtime, f, t), 30)
         k2 = kernel(runtime)
         try:
             out = k2.run("%ddp attach").ok().stdout
@@ -344,7 +344,7 @@ def test_a_capped_spool_says_what_it_dropped(runtime: str, tmp_path) -> None:
             kill(k1)
             os.unlink(gate)
             spools = [os.path.join(runtime, f"ddp-kept-{discovery_id(runtime)}", f"r{r}.out") for r in (0, 1)]
-            wait_until(lambda spools=spools: all(os.path.exists(p) and "line 1999" in open(p).read() for p in spools), 60)
+            assert wait_until(lambda spools=spools: all(os.path.exists(p) and "line 1999" in open(p).read() for p in spools), 60)
             assert all(os.path.getsize(p) <= 10485 for p in spools)  # 0.01 MiB
             k2 = kernel(runtime, DDP_MAGIC_SPOOL_MIB="0.01")
             ex = k2.run("%ddp attach --out job", timeout=120).ok()
@@ -365,6 +365,36 @@ def test_a_capped_spool_says_what_it_dropped(runtime: str, tmp_path) -> None:
                     k.shutdown()
 
 
+SENT = """%%ddp --bg --out job --keep
+open({mark!r} + str(dist.get_rank()), 'w').write(str(len(blob)))
+'done'"""
+
+
+def test_a_kernel_killed_as_its_kept_cell_returns_loses_nothing(runtime: str, tmp_path) -> None:
+    """``%%ddp --bg --keep`` returns once the ranks hold the job: a kernel SIGKILLed the moment the cell returned (its
+    64 MiB notebook name makes the send take a while) leaves the job to run, and the next kernel gets its end."""
+    for round_ in range(2):
+        mark = str(tmp_path / f"ran{round_}-")
+        k1, k2 = kernel(runtime), None
+        try:
+            k1.run(START, timeout=180).ok()
+            k1.run("blob = bytes(64 << 20)").ok()
+            k1.run(SENT.format(mark=mark), timeout=120).ok()
+            kill(k1)
+            assert wait_until(lambda mark=mark: all(os.path.exists(f"{mark}{r}") for r in (0, 1)), 60), "the job ran on both ranks"
+            assert [open(f"{mark}{r}").read() for r in (0, 1)] == [str(64 << 20)] * 2
+            k2 = kernel(runtime)
+            ex = k2.run("%ddp attach --out job", timeout=120).ok()
+            assert "ended while no kernel was attached: its output and result follow." in ex.stdout, ex.stdout
+            assert k2.value("job.wait(60)") is True
+            assert k2.value("str(job.result())").splitlines()[1:] == ["  [0] 'done'", "  [1] 'done'"], "each rank's result, none lost with k1"
+            stop_and_check(k2, runtime)
+        finally:
+            for k in (k1, k2):
+                if k is not None:
+                    k.shutdown()
+
+
 def test_a_rank_that_died_meanwhile_is_reported_and_replaced(runtime: str) -> None:
     for _ in range(2):
         k = kernel(runtime)
@@ -373,7 +403,7 @@ def test_a_rank_that_died_meanwhile_is_reported_and_replaced(runtime: str) -> No
         facts = pool_facts(k)
         kill(k)
         os.kill(facts["pids"][1], signal.SIGKILL)
-        wait_until(lambda p=facts["pids"][1]: not pid_alive(p), 10)
+        assert wait_until(lambda p=facts["pids"][1]: not pid_alive(p), 10)
         k2 = kernel(runtime)
         try:
             out = k2.run("%ddp attach", timeout=120).ok().stdout
@@ -403,7 +433,7 @@ def test_terminal_lists_and_stops(runtime: str) -> None:
         kill(k)
         out = subprocess.run([sys.executable, "-m", "ddp_magic", "stop", pool_id], env=env, capture_output=True, text=True, timeout=60)
         assert f"stopped the kept pool {pool_id}" in out.stdout, out
-        wait_until(lambda: not any(pid_alive(p) for p in facts["pids"]), 15)
+        assert wait_until(lambda: not any(pid_alive(p) for p in facts["pids"]), 15)
     finally:
         k.shutdown()
 
@@ -456,7 +486,7 @@ def test_keep_off_is_the_default_again(runtime: str) -> None:
         assert not [n for n in os.listdir(runtime) if n.startswith("ddp-kept-")]
     kill(k)
     k.shutdown()
-    wait_until(lambda: not any(pid_alive(p) for p in facts["pids"]), 15)
+    assert wait_until(lambda: not any(pid_alive(p) for p in facts["pids"]), 15)
 
 
 def test_other_options_end_the_lease(runtime: str) -> None:
@@ -472,7 +502,7 @@ def test_other_options_end_the_lease(runtime: str) -> None:
     facts = pool_facts(k)
     kill(k)
     k.shutdown()
-    wait_until(lambda: not any(pid_alive(p) for p in facts["pids"]), 15)
+    assert wait_until(lambda: not any(pid_alive(p) for p in facts["pids"]), 15)
 
 
 def test_keep_off_after_attach(runtime: str) -> None:
@@ -490,7 +520,7 @@ def test_keep_off_after_attach(runtime: str) -> None:
         facts = pool_facts(k2)
         kill(k2)
         k2.shutdown()
-        wait_until(lambda f=facts: not any(pid_alive(p) for p in f["pids"]), 15)
+        assert wait_until(lambda f=facts: not any(pid_alive(p) for p in f["pids"]), 15)
         assert not [n for n in os.listdir(runtime) if n.startswith("ddp-kept-")]
 
 
@@ -522,7 +552,7 @@ def test_an_attached_job_keeps_the_ranks_clock(runtime: str, tmp_path, end: str)
         started_in = k1.value(f"{SESSION}.pool.start_seconds")
         sent = time.monotonic()
         ex1 = k1.run(TICKS.format(n=N, at=AT, gate=gate), timeout=120).ok()
-        wait_until(lambda: all(ticks(texts(k1, ex1.msg_id, ex1)).get(r) for r in (0, 1)), 60)
+        assert wait_until(lambda: all(ticks(texts(k1, ex1.msg_id, ex1)).get(r) for r in (0, 1)), 60)
         seen = time.monotonic()  # the job runs (it ran before this)
         time.sleep(2.0)  # it waits at its gate meanwhile: a run of seconds, not of the attach's milliseconds
         if end == "restart":
@@ -534,8 +564,8 @@ def test_an_attached_job_keeps_the_ranks_clock(runtime: str, tmp_path, end: str)
             os.unlink(gate)
             freed = time.monotonic()
             spools = [os.path.join(runtime, f"ddp-kept-{discovery_id(runtime)}", f"r{r}.out") for r in (0, 1)]
-            wait_until(lambda: all(f"tick {N - 1}\n" in open(p).read() for p in spools), 60)
-            wait_until(lambda: not discovery(runtime, discovery_id(runtime)).get("busy"), 60)  # both ranks' cells ended
+            assert wait_until(lambda: all(f"tick {N - 1}\n" in open(p).read() for p in spools), 60)
+            assert wait_until(lambda: not discovery(runtime, discovery_id(runtime)).get("busy"), 60)  # both ranks' cells ended
             ended = time.monotonic()
             k2 = kernel(runtime)
         ex = k2.run("%ddp attach --out job", timeout=120).ok()
@@ -593,11 +623,11 @@ def test_a_replay_shows_the_ranks_lines_in_the_order_they_were_printed(runtime: 
         try:
             k1.run(START, timeout=180).ok()
             ex1 = k1.run(IN_STEP.format(n=40, at=30, gate=gate), timeout=120).ok()
-            wait_until(lambda k=k1, ex=ex1: all(3 in ticks(texts(k, ex.msg_id, ex)).get(r, []) for r in (0, 1)), 60)
+            assert wait_until(lambda k=k1, ex=ex1: all(3 in ticks(texts(k, ex.msg_id, ex)).get(r, []) for r in (0, 1)), 60)
             kill(k1)
             first = texts(k1, ex1.msg_id, ex1)
             spools = [os.path.join(runtime, f"ddp-kept-{discovery_id(runtime)}", f"r{r}.out") for r in (0, 1)]
-            wait_until(lambda spools=spools: all("tick 30\n" in open(p).read() for p in spools), 60)  # to tick 30 with no kernel
+            assert wait_until(lambda spools=spools: all("tick 30\n" in open(p).read() for p in spools), 60)  # to tick 30 with no kernel
             k2 = kernel(runtime)
             ex = k2.run("%ddp attach --out job", timeout=120).ok()
             os.unlink(gate)

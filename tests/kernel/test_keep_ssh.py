@@ -58,7 +58,7 @@ def _ours(runtime: str) -> List[int]:
 
 def _sigkill(k: Kernel) -> None:
     os.kill(k.pid, signal.SIGKILL)
-    wait_until(lambda: not pid_alive(k.pid), 10)
+    assert wait_until(lambda: not pid_alive(k.pid), 10)
     k.collect(1.0)
 
 

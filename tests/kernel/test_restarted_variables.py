@@ -40,7 +40,7 @@ def test_a_restarted_rank_is_not_said_to_keep_its_variables(k: Kernel) -> None:
     for round_ in range(2):
         pid = k.value("list(_)")[1]
         os.kill(pid, signal.SIGKILL)
-        wait_until(lambda pid=pid: not pid_alive(pid), 10)
+        assert wait_until(lambda pid=pid: not pid_alive(pid), 10)
         # the kernel has heard of it (the template's exit event): else the next cell meets the death mid-run instead
         assert wait_until(lambda pid=pid: re.search(rf"rank 1: pid {pid} +dead", k.run("%ddp status").ok().stdout) is not None, 30)
         ex = k.run(UNHEALED if round_ == 0 else USE, timeout=180)  # healed, rank 1 still lacks x: it differs by rank
