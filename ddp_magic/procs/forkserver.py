@@ -34,6 +34,7 @@ from ..logs import log
 from ..wire import shm
 from .lease import Lease
 from .template_keep import KeptTemplate, emit as _emit
+from .template_preempt import PreemptibleTemplate
 from .parent import die_with_parent
 
 
@@ -128,7 +129,6 @@ def _child(cmd: dict, secret: bytes, wake_r: int, wake_w: int) -> None:
 
 SPARE_IDLE_S = 2.0  # spare ranks are forked only after this long without a command: never while a pool starts
 MAX_SPARES = 16
-PREEMPT_GRACE_S = 120.0  # after our SIGTERM, armed ranks get this long to save (Slurm's SIGKILL after KillWait comes first)
 
 
 def _spare(pipe_r: int, inherited: List[int], wake_r: int, wake_w: int) -> None:
@@ -159,7 +159,7 @@ def _spare(pipe_r: int, inherited: List[int], wake_r: int, wake_w: int) -> None:
     _child(cmd, bytes.fromhex(cmd["secret"]), wake_r, wake_w)
 
 
-class Template(KeptTemplate):
+class Template(KeptTemplate, PreemptibleTemplate):
     """The template's state: its children (ranks), spare ranks, their pools' file prefixes, and the SIGCHLD wake-up pipe."""
 
     def __init__(self, kernel_pid: int = 0) -> None:
@@ -206,28 +206,6 @@ class Template(KeptTemplate):
                 shm.remove_kernel_files(self.kernel_pid)
             os._exit(0)
 
-
-    def terminated(self, *_: object) -> None:
-        """SIGTERM. Ranks armed with ``--save-on-preempt`` (their marker in /dev/shm, procs/rank_preempt.py) get SIGUSR1 and
-        time to save, while their kernel lives: it ends them once saved (or the scheduler's SIGKILL does). Then, or at
-        once without them, as ``kernel_gone``."""
-        kernel_lives = not self.kernel_pid or os.getppid() == self.kernel_pid  # a node template's kernel is on another host
-        if kernel_lives and self.warned():
-            deadline = time.monotonic() + PREEMPT_GRACE_S
-            while self.children and time.monotonic() < deadline:
-                self.reap()
-                time.sleep(0.05)
-        self.kernel_gone()
-
-    def warned(self, *_: object) -> bool:
-        """SIGUSR1 (Slurm's warning before the time limit), or our SIGTERM: passed on to armed ranks; whether there were any."""
-        armed = bool(self.children) and any(os.path.exists(shm.armed_file(p)) for p in self.prefixes)
-        for pid in list(self.children) if armed else ():
-            try:
-                os.kill(pid, signal.SIGUSR1)  # Slurm may signal every process of the step; a plain kill of us reached only us
-            except ProcessLookupError:
-                pass
-        return armed
 
     def watch_children(self) -> None:
         """SIGCHLD wakes the select loop through a pipe (signal.set_wakeup_fd)."""
@@ -297,6 +275,7 @@ class Template(KeptTemplate):
                 except BlockingIOError:
                     pass  # drained
             self.reap()
+            self.preempt_due()
             if self.kernel_fd >= 0 and self.kernel_fd in ready:
                 self.read_commands()
             self.serve_kept(ready)

@@ -5,7 +5,7 @@ first SIGUSR1 is reported once, by a thread (the handler runs between two byteco
 thread, which may hold the channel), and the rank goes on: the kernel saves at the next safe point
 (or between cells) and then ends the pool, or the scheduler's SIGKILL (Slurm's KillWait) does.
 SIGTERM is ignored while armed: Slurm sends it to every process of the step, and the template, which
-gets it too, passes it on as SIGUSR1 once (procs/forkserver.py ``terminated``; a marker file in
+gets it too, passes it on as SIGUSR1 once (procs/template_preempt.py ``terminated``; a marker file in
 /dev/shm tells it that its ranks are armed). So the failure policy's SIGTERM to a rank that ignores
 an interrupt is no preemption either; its SIGKILL follows as before. Unarmed, SIGTERM ends the rank as
 before and SIGUSR1 is ignored. SIGTERM's disposition is set from the main thread (the reader asks it

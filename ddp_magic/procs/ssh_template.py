@@ -46,7 +46,7 @@ from typing import Dict, Optional
 
 from ..logs import log
 from ..wire import node_hello
-from .forkserver import PREEMPT_GRACE_S, _read_line, _warm_imports
+from .forkserver import _read_line, _warm_imports
 from .node_template import NodeTemplate
 from .lease import release_from_parent
 from .parent import die_with_parent
@@ -61,7 +61,6 @@ class SshTemplate(NodeTemplate):
         self.silence = silence
         self.heard = time.monotonic()
         self.session = os.getppid()  # sshd's session process: we die with it, unless kept
-        self.preempt_until = 0.0  # armed ranks save after a SIGTERM from outside: we go once they have, or then
 
     def read_commands(self) -> None:
         self.heard = time.monotonic()
@@ -70,9 +69,6 @@ class SshTemplate(NodeTemplate):
     def reap(self) -> None:
         """Every turn of the loop (a second at most): exited ranks, then whether the kernel went silent."""
         super().reap()
-        if self.preempt_until and (not self.children or time.monotonic() > self.preempt_until):
-            log.info("preempted: %s", "this host's ranks are gone" if not self.children else "the grace ran out")
-            self.kernel_gone()
         if self.follows_lease and self.upstream is None and self.kernel_fd < 0:
             log.warning("no kernel and no connection to the kept pool's lease: ending this host's ranks")
             self.kernel_gone(dead=False)
@@ -85,16 +81,8 @@ class SshTemplate(NodeTemplate):
 
     def terminated(self, *_: object) -> None:
         """SIGTERM: our parent-death signal ends everything at once; one from outside while the session lives and a kernel
-        hears us saves armed ranks first (the module's docstring). A second one while they save changes nothing."""
-        if os.getppid() != self.session:  # re-parented: sshd's session (a Ray template's actor) is gone
-            self.kernel_gone()
-        if self.preempt_until:
-            return
-        if self.kernel_fd >= 0 and self.warned():
-            self.preempt_until = time.monotonic() + PREEMPT_GRACE_S
-            log.info("SIGTERM: this host's armed ranks save before they go (at most %.0f s)", PREEMPT_GRACE_S)
-            return
-        self.kernel_gone()
+        hears us saves armed ranks first (the module's docstring; procs/template_preempt.py)."""
+        self.preempt_or_end(os.getppid() == self.session and self.kernel_fd >= 0)  # re-parented: the session is gone
 
     def kept_or_following(self) -> bool:
         return self.lease is not None or self.follows_lease
@@ -106,6 +94,7 @@ class SshTemplate(NodeTemplate):
         now = self.kept_or_following()
         if now and not was:
             release_from_parent()
+            signal.signal(signal.SIGTERM, self.kept_terminated)  # from outside now: armed ranks save while a kernel is attached
         elif was and not now:
             self.heard = time.monotonic()  # the kernel beats on: its silence counts from here
             die_with_parent(self.session, signal.SIGTERM)

@@ -48,6 +48,7 @@ class KeptTemplate:
     kernel_pid: int
     spawn: Callable[[dict], None]  # the Template's (procs/forkserver.py)
     kernel_gone: Callable[..., None]  # the Template's: end the pool when its kernel goes (dead=False: it asked)
+    kept_terminated: Callable[..., None]  # procs/template_preempt.py: a SIGTERM to a kept pool's template
 
     def command(self, cmd: dict) -> None:
         op = cmd["op"]
@@ -73,7 +74,7 @@ class KeptTemplate:
             self.lease.write()
         else:
             release_from_parent()
-            signal.signal(signal.SIGTERM, self.kernel_gone)
+            signal.signal(signal.SIGTERM, self.kept_terminated)  # no parent-death signal now: a SIGTERM is from outside
             self.lease = Lease(cmd, bytes.fromhex(cmd["secret"]), lambda: dict(self.children))
             self.lease.fence_old = self.fence
             self.lease.relay = emit  # a following node template's events (procs/slurm_template.py): on to the attached kernel

@@ -20,6 +20,7 @@ from ..kernel.results.metrics import CellMetrics
 from ..kernel.jobs.turns import Ticket
 from ..session import Session
 from . import lab_hello
+from . import preempt as preempting
 from .cell_listener import MagicListener
 from .jobs import Job
 from .output import RankPrinter
@@ -58,13 +59,18 @@ def kept_line(state: keeping.KeptState) -> str:
 def _keep(session: Session, lease: Terms, job: str = "") -> keeping.KeptState:
     assert session.pool is not None
     try:
-        return keeping.keep(session.pool, lease, job)
+        state = keeping.keep(session.pool, lease, job)
     except keeping.KeepError as e:
         raise UsageError(str(e)) from None
+    folder = preempting.armed_folder(session.pool)  # armed before the keep: the next kernel arms it again too
+    if folder:
+        keeping.set_armed(state, folder)
+    return state
 
 
-def keep_cell(session: Session, spec: Any, listener: Any, job: str) -> None:
-    """``%%ddp --keep``: the pool started (if it was not) and kept before the cell is sent, so the job outlives the kernel."""
+def keep_cell(session: Session, spec: Any, listener: Any, job: str, armed: Optional[str] = None) -> None:
+    """``%%ddp --keep``: the pool started (if it was not) and kept before the cell is sent, so the job outlives the kernel
+    (``armed``: its ``--save-on-preempt`` folder, recorded now for the next kernel, before the cell arms the ranks)."""
     session.turns.check_idle("%%ddp --keep waits for the running cell")
     pool = session.pool
     if spec is not None or pool is None or not pool.alive:
@@ -72,6 +78,8 @@ def keep_cell(session: Session, spec: Any, listener: Any, job: str) -> None:
     pool = session.pool
     assert pool is not None
     state = _keep(session, pool.kept.terms if pool.kept is not None else Terms.parse(None, None), job)
+    if armed:
+        keeping.set_armed(state, armed)
     listener.on_notice(kept_line(state))
 
 
@@ -104,17 +112,28 @@ def attach(magics: Any, args: argparse.Namespace) -> Optional[Job]:
         listener.on_pool(pool)
         done.replay(listener)
         printer.flush()
+        _rearm(session)
         return None
     ticket = Ticket(f"{attaching.previous(done.job) or 'the kept cell'} (attached in {name})", background=True)
     label = str(number) if isinstance(number, int) else "attach"
     job = Job(ticket, functools.partial(_finish, session, pool, listener, printer, ticket, label, done), live=lambda: listener.metrics.data)
     job.outputs = functools.partial(session.output, cell=label)
     magics.jobs = [j for j in magics.jobs if not j.done()] + [job]
-    job.start()
+    job.start(held=True)
+    _rearm(session)  # once the job holds the turn: the watcher never pumps the hub in its place
     if args.out:
         magics.user_ns[args.out] = job
         return None
     return job
+
+
+def _rearm(session: Session) -> None:
+    """``--save-on-preempt`` on the kept pool: armed again by this kernel, whose cell then says a preemption's line."""
+    pool = session.pool
+    folder = keeping.armed_folder(pool.kept) if pool is not None and pool.kept is not None else ""
+    if folder:
+        preempting.arm(session, folder)
+        print(f"armed: a preemption saves to {folder} (--save-on-preempt)", flush=True)
 
 
 def _finish(session: Session, pool: Any, listener: MagicListener, printer: RankPrinter, ticket: Ticket, label: str,

@@ -20,6 +20,7 @@ from typing import Any, Optional
 from ..kernel import snapshots
 from ..kernel.jobs import safe_save
 from ..kernel.jobs.turns import Ticket
+from ..kernel.keep import keeping
 from ..logs import log
 from ..session import Session
 from ..wire import protocol as P
@@ -30,6 +31,7 @@ from .snapshots import at_safe_point, save
 SLICE_S = 0.2  # while no cell pumps the hub: how long the watcher pumps it at a time
 ALL_WITHIN_S = 1.0  # after the first report, the others get this long: a signal every node gets (Slurm's) is one event; one spot
 # host preempted alone saves at once (its notice may be 30 s), not after waiting for hosts that never get a signal
+SETTLE_S = 2.0  # at most this long for a queued cell to take the turn we gave back (its thread: milliseconds)
 _ARMED: "weakref.WeakKeyDictionary[Any, Watcher]" = weakref.WeakKeyDictionary()  # pool -> its watcher
 
 
@@ -56,6 +58,14 @@ class Watcher:
             log.debug("--save-on-preempt's watcher stopped", exc_info=True)
             print(f"ddp_magic: --save-on-preempt stopped: {type(e).__name__}: {e}", flush=True)
 
+    def _holder(self) -> Optional[Ticket]:
+        """The cell that holds the turn, once a cell queued behind our own moment of pumping has taken it: its thread
+        may not have run yet when we gave the turn back, and a save between cells would then wait behind it."""
+        turns, deadline = self.session.turns, time.monotonic() + SETTLE_S
+        while turns.holder is None and turns.line and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return turns.holder
+
     def _await_reports(self) -> Optional[str]:
         """The signal's name once every connected rank reported it (or ALL_WITHIN_S after the first); None if the pool ended."""
         hub, turns, me, first = self.pool.hub, self.session.turns, Ticket("--save-on-preempt", passing=True), 0.0
@@ -76,7 +86,7 @@ class Watcher:
 
     def _save(self, signal_name: str) -> None:
         t0 = time.monotonic()
-        holder, saved, why = self.session.turns.holder, None, ""
+        holder, saved, why = self._holder(), None, ""
         if holder is not None:
             out, saved = at_safe_point(self.session, holder, self.parent, (), lambda: None, "")
             why = "" if out.outcome == safe_save.Outcome.ENDED else out.why
@@ -114,5 +124,13 @@ def arm(session: Session, parent: str) -> Optional[Watcher]:
         watcher = _ARMED[pool] = Watcher(session, pool, parent)
         watcher.thread.start()
     watcher.arm()
+    if pool.kept is not None:  # the kernel that attaches it next arms it again (ui/keep.py)
+        keeping.set_armed(pool.kept, parent)
     return watcher
+
+
+def armed_folder(pool: Any) -> str:
+    """The folder ``pool`` is armed to save to (its watcher's), or "" when none watches it."""
+    watcher = _ARMED.get(pool)
+    return watcher.parent if watcher is not None and watcher.thread.is_alive() and not watcher.stopped else ""
 

@@ -280,7 +280,11 @@ def test_a_host_lost_mid_collective_is_named_and_its_ranks_come_back(box: cluste
             finally:
                 test_faults._link(box, "n2", True)
             assert text.splitlines()[0] == f"CellError: ranks 2-3 on n2 are unreachable: {LOST_LINK}", text
-            assert "rank 0" not in text and "rank 1 " not in text, text
+            # n1's ranks are never blamed: they appear only where the forensics say where each rank was when released
+            # (under load they may be one all_reduce apart: "rank 0 was in all_reduce #305, rank 1 in … #304, and were released")
+            blamed = [ln for ln in text.splitlines() if re.search(r"\branks? [01]\b", ln) and not ln.startswith("  ")  # a table row
+                      and not ln.rstrip().endswith("and were released")]
+            assert not blamed, text
             assert took < 45, f"n2 was named {took:.1f}s after its link went down"  # promise: within about 15 s (docs/multinode.md); 3x
             print(f"n2's link down: named after {took:.1f} s")
             again = box_kernel.run(test_faults.AGAIN, timeout=240).ok()

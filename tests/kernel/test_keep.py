@@ -395,6 +395,49 @@ def test_a_kernel_killed_as_its_kept_cell_returns_loses_nothing(runtime: str, tm
                     k.shutdown()
 
 
+PREEMPT_SETUP = "%%ddp -n 2\nimport os, time, torch, torch.distributed as dist, ddp_magic\nstep = 0"
+PREEMPT_JOB = """%%ddp --bg --out job --keep --save-on-preempt {folder}
+while not os.path.exists({stop!r}):
+    step += 1
+    dist.all_reduce(torch.ones(1))
+    ddp_magic.log(step=step, loss=1.0 / step)
+    time.sleep(0.02)
+step"""
+
+
+def test_a_kept_pool_preempted_while_attached_saves_and_a_new_pool_goes_on(runtime: str, tmp_path) -> None:
+    """--save-on-preempt on a kept job survives its kernel: the kernel that attaches arms the pool again, so a SIGTERM
+    to the template while it is attached saves at a safe point, the attach cell says the step, nothing of the pool is
+    left, and ``%ddp load`` goes on from that step in a new pool."""
+    for round_ in range(2):
+        folder, stop = str(tmp_path / f"ckpt{round_}"), str(tmp_path / f"never{round_}")
+        k1, k2 = kernel(runtime), None
+        try:
+            k1.run(PREEMPT_SETUP, timeout=180).ok()
+            k1.run(PREEMPT_JOB.format(folder=folder, stop=stop), timeout=120).ok()
+            assert wait_until(lambda k=k1: len(k.value("job.metrics['step']")) > 10, 60)
+            facts = pool_facts(k1)
+            template = discovery(runtime, facts["id"])["template_pid"]
+            kill(k1)
+            k2 = kernel(runtime)
+            ex = k2.run("%ddp attach --out job", timeout=120).ok()
+            assert "is still running" in ex.stdout and f"armed: a preemption saves to {folder}" in texts(k2, ex.msg_id, ex), texts(k2, ex.msg_id, ex)
+            os.kill(template, signal.SIGTERM)
+            said = re.escape(folder)
+            line = rf"preempted: saved step (\d+) to {said}/step-\S+ \([\d.]+ s\); %ddp load {said} on the next allocation"
+            assert wait_until(lambda k=k2, e=ex, pat=line: re.search(pat, texts(k, e.msg_id, e)) is not None, 120), texts(k2, ex.msg_id, ex)[-2000:]
+            step = int(re.search(line, texts(k2, ex.msg_id, ex)).group(1))  # type: ignore[union-attr]
+            assert wait_until(lambda f=facts, t=template: nothing_left(runtime, f, t), 30), "the preempted pool ended, lease and all"
+            loaded = k2.run(f"%ddp load {folder}", timeout=180).ok()
+            assert f"(step {step}, saved by 2 ranks) into 2 ranks" in loaded.stdout, loaded.stdout
+            assert k2.run("%%ddp\nstep", timeout=120).ok().result == f"RankResults(2 ranks):\n  [0] {step}\n  [1] {step}"
+            k2.run("%ddp stop").ok()
+        finally:
+            for k in (k1, k2):
+                if k is not None:
+                    k.shutdown()
+
+
 def test_a_rank_that_died_meanwhile_is_reported_and_replaced(runtime: str) -> None:
     for _ in range(2):
         k = kernel(runtime)

@@ -1,9 +1,9 @@
 """Which tests may run at the same time under ``pytest -n 3`` (scripts/test.sh): a pytest plugin.
 
-Three workers cut the suite's wall time on CI's two cores, because most of a test's time is spent waiting on kernels,
-ranks, browsers, daemons and the timers under test (a lease's idle, a node's silence), not on a CPU (the suite's
-processes used about 35% of two cores on two workers). What must not overlap shares a group; a group runs on one
-worker, in order:
+Three workers cut the suite's wall time on CI's two cores, because much of a test's time is spent waiting on kernels,
+ranks, browsers, daemons and the timers under test (a lease's idle, a node's silence): on this 2-core VM the suite
+took 31:47 on two workers and 27:57 on three, the CPUs 89% busy (/proc/stat over the run; 2026-12-06). A fourth
+would find no CPU free. What must not overlap shares a group; a group runs on one worker, in order:
 
 - a file's tests share its module-scoped kernel and pool (a notebook's cells, nbval's kernel): one group per file;
 - the cluster-in-a-box tests share its network namespaces, its Slurm, sshd and Ray, and /tmp/ddp_box.lock: one group,

@@ -58,6 +58,27 @@ class KeptState:
         return self.terms.text()
 
 
+ARMED = "armed"  # in a kept pool's directory here: the folder --save-on-preempt saves to, for the kernel that attaches next
+
+
+def set_armed(state: KeptState, folder: str) -> None:
+    """``--save-on-preempt`` on a kept pool: a kernel that attaches it arms it again (ui/keep.py), so a preemption while
+    it is attached saves as one would while this kernel is."""
+    path = os.path.join(state.dir, ARMED)
+    with open(os.open(path + ".tmp", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w") as f:
+        f.write(folder)
+    os.replace(path + ".tmp", path)
+
+
+def armed_folder(state: KeptState) -> str:
+    """The folder a kept pool was armed to save to (``set_armed``), or "" when it was not."""
+    try:
+        with open(os.path.join(state.dir, ARMED)) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
 def notebook_name() -> str:
     """The notebook this kernel runs (Jupyter server sets JPY_SESSION_NAME), or "" where none says."""
     return os.environ.get("JPY_SESSION_NAME", "")
