@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import functools
 import time
-from typing import Any, Optional
+import types
+from typing import Any, List, Optional
 
 from ..errors import CellError, UsageError
 from ..kernel.keep import attach as attaching
@@ -21,6 +22,7 @@ from ..kernel.jobs.turns import Ticket
 from ..session import Session
 from . import lab_hello
 from . import preempt as preempting
+from . import save_every
 from .cell_listener import MagicListener
 from .jobs import Job
 from .output import RankPrinter
@@ -62,15 +64,13 @@ def _keep(session: Session, lease: Terms, job: str = "") -> keeping.KeptState:
         state = keeping.keep(session.pool, lease, job)
     except keeping.KeepError as e:
         raise UsageError(str(e)) from None
-    folder = preempting.armed_folder(session.pool)  # armed before the keep: the next kernel arms it again too
-    if folder:
-        keeping.set_armed(state, folder)
+    keeping.record_saves(state, armed=preempting.armed_folder(session.pool) or None)  # armed before the keep: the next kernel arms it too
     return state
 
 
-def keep_cell(session: Session, spec: Any, listener: Any, job: str, armed: Optional[str] = None) -> None:
+def keep_cell(session: Session, spec: Any, listener: Any, job: str, armed: Optional[str] = None, every: Optional[List[str]] = None) -> None:
     """``%%ddp --keep``: the pool started (if it was not) and kept before the cell is sent, so the job outlives the kernel
-    (``armed``: its ``--save-on-preempt`` folder, recorded now for the next kernel, before the cell arms the ranks)."""
+    (``armed``, ``every``: its ``--save-on-preempt`` and ``--save-every``, recorded now for the kernel that attaches next)."""
     session.turns.check_idle("%%ddp --keep waits for the running cell")
     pool = session.pool
     if spec is not None or pool is None or not pool.alive:
@@ -78,8 +78,7 @@ def keep_cell(session: Session, spec: Any, listener: Any, job: str, armed: Optio
     pool = session.pool
     assert pool is not None
     state = _keep(session, pool.kept.terms if pool.kept is not None else Terms.parse(None, None), job)
-    if armed:
-        keeping.set_armed(state, armed)
+    keeping.record_saves(state, armed=armed, every=list(every) if every else None)
     listener.on_notice(kept_line(state))
 
 
@@ -130,7 +129,7 @@ def attach(magics: Any, args: argparse.Namespace) -> Optional[Job]:
 def _rearm(session: Session) -> None:
     """``--save-on-preempt`` on the kept pool: armed again by this kernel, whose cell then says a preemption's line."""
     pool = session.pool
-    folder = keeping.armed_folder(pool.kept) if pool is not None and pool.kept is not None else ""
+    folder = keeping.recorded_saves(pool.kept).get("armed") if pool is not None and pool.kept is not None else None
     if folder:
         preempting.arm(session, folder)
         print(f"armed: a preemption saves to {folder} (--save-on-preempt)", flush=True)
@@ -152,7 +151,9 @@ def _finish(session: Session, pool: Any, listener: MagicListener, printer: RankP
             listener.on_states([info for _, info in sorted(pool.ranks.items())])  # the view's run clock starts where theirs did
             heard = metrics.tee(session.outputs.tap(listener, label), listener)
             done.replay(heard)
-            outcome = resume(pool, heard, job.cancel_event, done.clocks)
+            every = keeping.recorded_saves(pool.kept).get("every") if pool.kept is not None else None
+            with save_every.saving(session, types.SimpleNamespace(save_every=every, save_on_preempt=None), ticket):  # its --save-every goes on
+                outcome = resume(pool, heard, job.cancel_event, done.clocks)
     except BaseException as e:
         printer.flush()
         listener.finish(None, e)

@@ -125,7 +125,7 @@ def arm(session: Session, parent: str) -> Optional[Watcher]:
         watcher.thread.start()
     watcher.arm()
     if pool.kept is not None:  # the kernel that attaches it next arms it again (ui/keep.py)
-        keeping.set_armed(pool.kept, parent)
+        keeping.record_saves(pool.kept, armed=parent)
     return watcher
 
 

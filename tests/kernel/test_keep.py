@@ -396,7 +396,7 @@ def test_a_kernel_killed_as_its_kept_cell_returns_loses_nothing(runtime: str, tm
 
 
 PREEMPT_SETUP = "%%ddp -n 2\nimport os, time, torch, torch.distributed as dist, ddp_magic\nstep = 0"
-PREEMPT_JOB = """%%ddp --bg --out job --keep --save-on-preempt {folder}
+PREEMPT_JOB = """%%ddp --bg --out job --keep --save-on-preempt {folder} --save-every 1s {every}
 while not os.path.exists({stop!r}):
     step += 1
     dist.all_reduce(torch.ones(1))
@@ -406,15 +406,15 @@ step"""
 
 
 def test_a_kept_pool_preempted_while_attached_saves_and_a_new_pool_goes_on(runtime: str, tmp_path) -> None:
-    """--save-on-preempt on a kept job survives its kernel: the kernel that attaches arms the pool again, so a SIGTERM
-    to the template while it is attached saves at a safe point, the attach cell says the step, nothing of the pool is
-    left, and ``%ddp load`` goes on from that step in a new pool."""
+    """--save-on-preempt and --save-every on a kept job survive its kernel: the kernel that attaches arms the pool again
+    and takes the job's saves on, so a SIGTERM to the template while it is attached saves at a safe point, the attach
+    cell says the step, nothing of the pool is left, and ``%ddp load`` goes on from that step in a new pool."""
     for round_ in range(2):
-        folder, stop = str(tmp_path / f"ckpt{round_}"), str(tmp_path / f"never{round_}")
+        folder, stop, every = str(tmp_path / f"ckpt{round_}"), str(tmp_path / f"never{round_}"), str(tmp_path / f"every{round_}")
         k1, k2 = kernel(runtime), None
         try:
             k1.run(PREEMPT_SETUP, timeout=180).ok()
-            k1.run(PREEMPT_JOB.format(folder=folder, stop=stop), timeout=120).ok()
+            k1.run(PREEMPT_JOB.format(folder=folder, stop=stop, every=every), timeout=120).ok()
             assert wait_until(lambda k=k1: len(k.value("job.metrics['step']")) > 10, 60)
             facts = pool_facts(k1)
             template = discovery(runtime, facts["id"])["template_pid"]
@@ -422,6 +422,8 @@ def test_a_kept_pool_preempted_while_attached_saves_and_a_new_pool_goes_on(runti
             k2 = kernel(runtime)
             ex = k2.run("%ddp attach --out job", timeout=120).ok()
             assert "is still running" in ex.stdout and f"armed: a preemption saves to {folder}" in texts(k2, ex.msg_id, ex), texts(k2, ex.msg_id, ex)
+            saving = rf"saving step \d+ to {re.escape(every)}/step-\S+ at a safe point \(--save-every 1s\)"  # this kernel's, in the attach cell
+            assert wait_until(lambda k=k2, e=ex, pat=saving: re.search(pat, texts(k, e.msg_id, e)) is not None, 60), texts(k2, ex.msg_id, ex)[-2000:]
             os.kill(template, signal.SIGTERM)
             said = re.escape(folder)
             line = rf"preempted: saved step (\d+) to {said}/step-\S+ \([\d.]+ s\); %ddp load {said} on the next allocation"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import json
 import os
 import pickle
 import secrets
@@ -58,25 +59,27 @@ class KeptState:
         return self.terms.text()
 
 
-ARMED = "armed"  # in a kept pool's directory here: the folder --save-on-preempt saves to, for the kernel that attaches next
+SAVES = "saves.json"  # in a kept pool's directory here: its saves a kernel that attaches takes on (``record_saves``)
 
 
-def set_armed(state: KeptState, folder: str) -> None:
-    """``--save-on-preempt`` on a kept pool: a kernel that attaches it arms it again (ui/keep.py), so a preemption while
-    it is attached saves as one would while this kernel is."""
-    path = os.path.join(state.dir, ARMED)
+def record_saves(state: KeptState, **saves: Any) -> None:
+    """What a kernel that attaches the kept pool takes on: ``armed`` (the ``--save-on-preempt`` folder: it arms the ranks
+    again, so a preemption while it is attached saves) and ``every`` (``--save-every [interval, folder]`` of the kept
+    job: its saves go on at safe points while it is attached). None leaves a value as it was."""
+    path = os.path.join(state.dir, SAVES)
+    merged = dict(recorded_saves(state), **{k: v for k, v in saves.items() if v is not None})
     with open(os.open(path + ".tmp", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w") as f:
-        f.write(folder)
+        json.dump(merged, f)
     os.replace(path + ".tmp", path)
 
 
-def armed_folder(state: KeptState) -> str:
-    """The folder a kept pool was armed to save to (``set_armed``), or "" when it was not."""
+def recorded_saves(state: KeptState) -> Dict[str, Any]:
+    """``record_saves``' values ({} when none were recorded)."""
     try:
-        with open(os.path.join(state.dir, ARMED)) as f:
-            return f.read()
+        with open(os.path.join(state.dir, SAVES)) as f:
+            return dict(json.load(f))
     except FileNotFoundError:
-        return ""
+        return {}
 
 
 def notebook_name() -> str:
