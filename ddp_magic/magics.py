@@ -211,7 +211,7 @@ class DDPMagics(Magics):
         )
         keeping.lost(self.session)
         if args.keep:  # the pool (and this cell's job) outlive the kernel: kept before the cell is sent
-            keeping.keep_cell(self.session, spec, listener, ticket.name, args.save_on_preempt, args.save_every)
+            keeping.keep_cell(self.session, spec, listener, ticket.name, args.save_on_preempt)
             options = dataclasses.replace(options, spec=None)
         if not args.bg:
             return self._cell_value(args, cell, printer, listener, options, self.shell)

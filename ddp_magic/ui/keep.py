@@ -10,7 +10,7 @@ import argparse
 import functools
 import time
 import types
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 from ..errors import CellError, UsageError
 from ..kernel.keep import attach as attaching
@@ -68,9 +68,10 @@ def _keep(session: Session, lease: Terms, job: str = "") -> keeping.KeptState:
     return state
 
 
-def keep_cell(session: Session, spec: Any, listener: Any, job: str, armed: Optional[str] = None, every: Optional[List[str]] = None) -> None:
+def keep_cell(session: Session, spec: Any, listener: Any, job: str, armed: Optional[str] = None) -> None:
     """``%%ddp --keep``: the pool started (if it was not) and kept before the cell is sent, so the job outlives the kernel
-    (``armed``, ``every``: its ``--save-on-preempt`` and ``--save-every``, recorded now for the kernel that attaches next)."""
+    (``armed``: its ``--save-on-preempt`` folder, recorded for the kernel that attaches next; its ``--save-every`` is
+    recorded as every cell's is, by ui/save_every.py)."""
     session.turns.check_idle("%%ddp --keep waits for the running cell")
     pool = session.pool
     if spec is not None or pool is None or not pool.alive:
@@ -78,7 +79,7 @@ def keep_cell(session: Session, spec: Any, listener: Any, job: str, armed: Optio
     pool = session.pool
     assert pool is not None
     state = _keep(session, pool.kept.terms if pool.kept is not None else Terms.parse(None, None), job)
-    keeping.record_saves(state, armed=armed, every=list(every) if every else None)
+    keeping.record_saves(state, armed=armed)  # now: a kernel killed before the cell armed the ranks leaves it for the next
     listener.on_notice(kept_line(state))
 
 
@@ -151,7 +152,7 @@ def _finish(session: Session, pool: Any, listener: MagicListener, printer: RankP
             listener.on_states([info for _, info in sorted(pool.ranks.items())])  # the view's run clock starts where theirs did
             heard = metrics.tee(session.outputs.tap(listener, label), listener)
             done.replay(heard)
-            every = keeping.recorded_saves(pool.kept).get("every") if pool.kept is not None else None
+            every = (keeping.recorded_saves(pool.kept).get("every") or None) if pool.kept is not None else None
             with save_every.saving(session, types.SimpleNamespace(save_every=every, save_on_preempt=None), ticket):  # its --save-every goes on
                 outcome = resume(pool, heard, job.cancel_event, done.clocks)
     except BaseException as e:

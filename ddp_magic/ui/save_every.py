@@ -16,6 +16,7 @@ from typing import Any, Iterator, List, Optional
 from ..errors import UsageError
 from ..kernel.jobs import safe_save
 from ..kernel.jobs.turns import Ticket
+from ..kernel.keep import keeping
 from ..kernel.keep.terms import TermsError, duration
 from ..logs import log
 from ..session import Session
@@ -31,6 +32,9 @@ def saving(session: Session, args: Any, ticket: Optional[Ticket]) -> Iterator[No
     """Around a cell's run: with ``--save-every DURATION DIR`` a timer thread saves at safe points until the run ends;
     with ``--save-on-preempt DIR`` the pool is armed once the cell reaches the ranks (ui/preempt.py)."""
     every, preempt = getattr(args, "save_every", None), getattr(args, "save_on_preempt", None)
+    pool = session.pool
+    if pool is not None and pool.kept is not None:  # a kernel that attaches the kept pool takes this cell's saves on (ui/keep.py)
+        keeping.record_saves(pool.kept, every=list(every) if every else [])
     if not (every or preempt) or ticket is None:
         yield
         return

@@ -65,7 +65,7 @@ SAVES = "saves.json"  # in a kept pool's directory here: its saves a kernel that
 def record_saves(state: KeptState, **saves: Any) -> None:
     """What a kernel that attaches the kept pool takes on: ``armed`` (the ``--save-on-preempt`` folder: it arms the ranks
     again, so a preemption while it is attached saves) and ``every`` (``--save-every [interval, folder]`` of the kept
-    job: its saves go on at safe points while it is attached). None leaves a value as it was."""
+    job, [] for none: its saves go on at safe points while it is attached). None leaves a value as it was."""
     path = os.path.join(state.dir, SAVES)
     merged = dict(recorded_saves(state), **{k: v for k, v in saves.items() if v is not None})
     with open(os.open(path + ".tmp", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w") as f:
