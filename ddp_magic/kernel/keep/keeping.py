@@ -68,9 +68,12 @@ def record_saves(state: KeptState, **saves: Any) -> None:
     job, [] for none: its saves go on at safe points while it is attached). None leaves a value as it was."""
     path = os.path.join(state.dir, SAVES)
     merged = dict(recorded_saves(state), **{k: v for k, v in saves.items() if v is not None})
-    with open(os.open(path + ".tmp", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(merged, f)
-    os.replace(path + ".tmp", path)
+    try:
+        with open(os.open(path + ".tmp", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w") as f:
+            json.dump(merged, f)
+        os.replace(path + ".tmp", path)
+    except OSError:  # the pool's directory went with its lease: nothing to take on
+        log.warning("the kept pool's saves could not be recorded in %s; a kernel that attaches it will not take them on", path, exc_info=True)
 
 
 def recorded_saves(state: KeptState) -> Dict[str, Any]:
@@ -78,7 +81,7 @@ def recorded_saves(state: KeptState) -> Dict[str, Any]:
     try:
         with open(os.path.join(state.dir, SAVES)) as f:
             return dict(json.load(f))
-    except FileNotFoundError:
+    except (OSError, ValueError):  # none recorded (or the directory went with the lease)
         return {}
 
 
