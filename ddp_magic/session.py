@@ -93,6 +93,14 @@ class Session:
     outputs: OutputLog = field(default_factory=OutputLog)  # every rank's whole output of the recent cells: %ddp output --rank N
     autoreload: Autoreload = field(default_factory=Autoreload)  # %ddp autoreload: edited modules reach the ranks (kernel/reload.py)
     numbers: Dict[str, Optional[int]] = field(default_factory=dict)  # cell label -> its prompt number (In [n]): Cell In[n]
+    later_imports: bool = False  # snapshots were saved or loaded: every pool's template imports what they need (import_later)
+
+    def import_later(self) -> None:
+        """Snapshots are in use: the templates import what a load, a save and DDP's constructor import, once, so that
+        the ranks forked after (this pool's started again and healed, the next pool's) have them: about 1 s of CPU a rank."""
+        self.later_imports = True
+        if self.pool is not None:
+            self.pool.launcher.import_later()
 
     # ------------------------------------------------------------ specs
     def spec_for(self, nproc: Optional[int] = None, extra_env: Optional[Mapping[str, str]] = None, **options: Any) -> Optional[PoolSpec]:
@@ -176,7 +184,7 @@ class Session:
                 raise UsageError(missing)
             self.pool, self.last = _new_pool(spec), None
             self.template.give(self.pool)  # the template %load_ext started, torch imported already
-            return self.pool
+            return self._later(self.pool)
         changes = self.changes(spec) if spec is not None else []
         if not changes:
             return pool
@@ -185,7 +193,12 @@ class Session:
         templates.hand_over(pool, new, changes)  # the new ranks fork from the same template where they can; start_replaced says so
         self.pool, self.last = new, None
         self.owned.clear()
-        return new
+        return self._later(new)
+
+    def _later(self, pool: Pool) -> Pool:
+        if self.later_imports:
+            pool.launcher.import_later()  # before its ranks fork: they have the imports already
+        return pool
 
     # ------------------------------------------------------------ reading
     def refresh(self) -> None:

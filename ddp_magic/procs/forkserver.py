@@ -7,7 +7,7 @@ single-threaded on purpose: forking a process with threads can leave locks held
 in the child.
 
 Protocol, one JSON object a line: the kernel writes commands on our stdin
-(``spawn``, ``exit``); we write events on stdout (``ready``, ``spawned``,
+(``spawn``, ``exit``, ``warm``: procs/template_later.py); we write events on stdout (``ready``, ``spawned``,
 ``exited``, ``error``). Our stdin closing means the kernel is gone: every child
 is killed, the pool's files in /dev/shm are removed (wire/shm.py) and we exit;
 Linux's parent-death signal (SIGTERM) covers a SIGKILLed kernel too.
@@ -34,6 +34,7 @@ from ..logs import log
 from ..wire import shm
 from .lease import Lease
 from .template_keep import KeptTemplate, emit as _emit
+from .template_later import LaterImports
 from .template_preempt import PreemptibleTemplate
 from .parent import die_with_parent
 
@@ -159,7 +160,7 @@ def _spare(pipe_r: int, inherited: List[int], wake_r: int, wake_w: int) -> None:
     _child(cmd, bytes.fromhex(cmd["secret"]), wake_r, wake_w)
 
 
-class Template(KeptTemplate, PreemptibleTemplate):
+class Template(KeptTemplate, PreemptibleTemplate, LaterImports):
     """The template's state: its children (ranks), spare ranks, their pools' file prefixes, and the SIGCHLD wake-up pipe."""
 
     def __init__(self, kernel_pid: int = 0) -> None:
@@ -169,6 +170,7 @@ class Template(KeptTemplate, PreemptibleTemplate):
         self.prefixes: Set[str] = set()  # the pools whose files in /dev/shm our ranks make (wire/shm.py)
         self.wake_r = self.wake_w = -1
         self.spares: Dict[int, int] = {}  # pid -> the write end of its command pipe
+        self.retired: Set[int] = set()  # spares let go (procs/template_later.py)
         self.want = 0  # spares to keep: the most ranks one pool asked for (MAX_SPARES at most)
         self.burst = 0  # spawns since the template was last idle
         self.kernel_fd = 0  # where the kernel's commands come from: stdin, or an attached kernel's lease connection
@@ -190,8 +192,9 @@ class Template(KeptTemplate, PreemptibleTemplate):
             else:
                 lease.off()
         try:
-            self.children.update(dict.fromkeys(self.spares, -1))  # the live dict: a nested call (SIGTERM) sees what is reaped
+            self.children.update(dict.fromkeys([*self.spares, *self.retired], -1))  # the live dict: a nested call (SIGTERM) sees what is reaped
             self.spares.clear()
+            self.retired.clear()
             _kill_all(self.children)
         finally:
             for prefix in self.prefixes:
@@ -256,7 +259,7 @@ class Template(KeptTemplate, PreemptibleTemplate):
 
     def reap(self) -> None:
         """Every exited child: a rank's exit is an event for the kernel, a spare's is not."""
-        _reap(self.children, self.spares, self.lease.on_exit if self.lease is not None else None)
+        _reap(self.children, self.spares, self.lease.on_exit if self.lease is not None else None, self.retired)
 
     def serve(self) -> None:
         """Reap exited ranks and run the kernel's commands until the kernel goes (a kept pool: until its lease ends)."""
@@ -297,6 +300,12 @@ class Template(KeptTemplate, PreemptibleTemplate):
             line, self.cmd_buf = self.cmd_buf.split(b"\n", 1)
             self.command(json.loads(line))
 
+    def command(self, cmd: dict) -> None:
+        if cmd.get("op") == "warm":
+            self.import_later()
+        else:
+            super().command(cmd)
+
 def main() -> None:
     kernel_pid = os.getppid()
     template = Template(kernel_pid)
@@ -329,9 +338,10 @@ def readable(fds: List[int], seconds: float) -> List[int]:
         return []
 
 
-def _reap(children: Dict[int, int], spares: Optional[Dict[int, int]] = None, on_exit: Optional[Callable[[Optional[int], int, int], None]] = None) -> None:
+def _reap(children: Dict[int, int], spares: Optional[Dict[int, int]] = None, on_exit: Optional[Callable[[Optional[int], int, int], None]] = None,
+          retired: Optional[Set[int]] = None) -> None:
     """Every exited child: a rank's exit (``children``: pid -> rank) is an event for the kernel (and for a kept pool's
-    lease, ``on_exit``), a waiting spare's (``spares``: pid -> its command pipe) is not."""
+    lease, ``on_exit``), a waiting spare's (``spares``: pid -> its command pipe; ``retired``: one let go) is not."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -341,6 +351,9 @@ def _reap(children: Dict[int, int], spares: Optional[Dict[int, int]] = None, on_
             return
         if spares and pid in spares:
             os.close(spares.pop(pid))
+            continue
+        if retired and pid in retired:
+            retired.discard(pid)
             continue
         rank, code = children.pop(pid, None), os.waitstatus_to_exitcode(status)
         if on_exit is not None:

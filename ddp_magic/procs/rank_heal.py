@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
-import math
 import os
 import pickle
 import sys
@@ -32,7 +31,7 @@ import torch.distributed as dist
 
 from ..logs import log
 from ..wire import snapshot as S
-from . import rank_rng
+from . import rank_heal_send, rank_rng
 from . import rank_snapshot_objects as O
 
 DDP = torch.nn.parallel.DistributedDataParallel
@@ -210,91 +209,6 @@ def _align_buckets(ns: Dict[str, Any], copy: Sequence[str]) -> None:
             module._has_rebuilt_buckets = True
 
 
-BUCKET = 64 << 20  # bytes of tensors a broadcast carries: the donor's extra memory while it sends
-
-
-class _Slot:
-    """A state tensor's place in the payload as broadcast: its bucket's tensors are sent as tensors, not pickled."""
-
-    def __init__(self, index: int, tensor: torch.Tensor) -> None:
-        self.index, self.shape, self.dtype = index, tuple(tensor.shape), tensor.dtype
-
-
-def _slots(tree: Any, found: List[torch.Tensor]) -> Any:
-    """``tree`` with each tensor replaced by a _Slot, the tensors appended to ``found`` in order."""
-    if isinstance(tree, torch.Tensor):
-        found.append(tree)
-        return _Slot(len(found) - 1, tree)
-    if isinstance(tree, dict):
-        return {k: _slots(v, found) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_slots(v, found) for v in tree)
-    return tree
-
-
-def _fill(tree: Any, tensors: List[torch.Tensor]) -> Any:
-    if isinstance(tree, _Slot):
-        return tensors[tree.index]
-    if isinstance(tree, dict):
-        return {k: _fill(v, tensors) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_fill(v, tensors) for v in tree)
-    return tree
-
-
-def _buckets(slots: List[_Slot]) -> List[List[int]]:
-    """The tensors' indices grouped by dtype into buckets of about BUCKET bytes: one broadcast each."""
-    out: List[List[int]] = []
-    filling: Dict[torch.dtype, List[int]] = {}
-    size: Dict[torch.dtype, int] = {}
-    for slot in slots:
-        nbytes = math.prod(slot.shape) * torch.empty((), dtype=slot.dtype).element_size()
-        if filling.get(slot.dtype) and size[slot.dtype] + nbytes > BUCKET:
-            out.append(filling.pop(slot.dtype))
-            size[slot.dtype] = 0
-        filling.setdefault(slot.dtype, []).append(slot.index)
-        size[slot.dtype] = size.get(slot.dtype, 0) + nbytes
-    return out + list(filling.values())
-
-
-def _send(got: Any, donor: int, fresh: List[int]) -> Any:
-    """The donor's payload on each new rank: its small part by one broadcast on every rank, its states' tensors by
-    broadcasts on a group of the donor and the new ranks only (the survivors neither receive nor unpickle the model).
-    Broadcasts, not send/recv: point-to-point ops advance only their own ranks' sequence numbers, and the collectives'
-    record (hang forensics) would then read every later wait as a mismatched collective."""
-    rank = dist.get_rank()
-    tensors: List[torch.Tensor] = []
-    box: List[Any] = [None]
-    if rank == donor:
-        box = [dict(got, states=_slots(got["states"], tensors))]
-        box[0]["slots"] = [_Slot(i, t) for i, t in enumerate(tensors)]
-    dist.broadcast_object_list(box, src=donor)
-    if not box[0]["slots"]:  # no module or optimizer copied: every rank knows it from the small part
-        return None if rank == donor else box[0]
-    group = dist.new_group([donor, *fresh])  # every rank takes part in making a group
-    try:
-        if rank != donor and rank not in fresh:
-            return None
-        nccl = "nccl" in str(dist.get_backend()) and torch.cuda.is_available()
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-        slots: List[_Slot] = box[0]["slots"]
-        received: List[Any] = [None] * len(slots)
-        for bucket in _buckets(slots):
-            if rank == donor:
-                flat = torch.cat([tensors[i].detach().reshape(-1) for i in bucket]).to(device)
-            else:
-                flat = torch.empty(sum(math.prod(slots[i].shape) for i in bucket), dtype=slots[bucket[0]].dtype, device=device)
-            dist.broadcast(flat, src=donor, group=group)
-            offset, flat = 0, flat.cpu()  # the new rank's take() puts each tensor on its own device
-            for i in bucket:
-                numel = math.prod(slots[i].shape)
-                received[i] = flat[offset:offset + numel].view(slots[i].shape)
-                offset += numel
-        return None if rank == donor else dict(box[0], states=_fill(box[0]["states"], received))
-    finally:
-        dist.destroy_process_group(group)
-
-
 def _warm_ddp(prints: Sequence[str]) -> Optional[threading.Thread]:
     """Where a DDP module is copied, the new rank imports torch._dynamo (DDP's constructor does: about 1 s of CPU in a
     process that never made one) on a thread while the donor's state is on its way, not after it."""
@@ -318,7 +232,7 @@ def heal(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     copy, lost = verdict(everyone, healthy, [n for n in args["names"] if n not in own])
     donor = healthy[0]
     warming = _warm_ddp([everyone[donor].get(n, "") for n in copy]) if rank in fresh else None
-    got = _send(payload(ns, copy) if rank == donor else None, donor, sorted(fresh))
+    got = rank_heal_send.send(payload(ns, copy) if rank == donor else None, donor, sorted(fresh))
     report: Dict[str, Any] = {"rank": rank}
     if rank in fresh:
         if warming is not None:
@@ -326,6 +240,7 @@ def heal(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
         names, unset = take(ns, got)
         lost = {**lost, **unset}
         restored = from_snapshot(ns, args.get("snapshot"), lost, rank, world)
-        report = {"rank": rank, "donor": donor, "names": names, "imports": sorted(got["imports"]), "lost": lost, "restored": restored}
+        report = {"rank": rank, "donor": donor, "names": names, "imports": sorted(got["imports"]), "lost": lost, "restored": restored,
+                  "moved": got.get("moved")}
     _align_buckets(ns, copy)
     return report

@@ -72,6 +72,7 @@ def save(session: Session, parent: str, names: Sequence[str] = (), listener: Opt
         result.outcome.notes.append(snapshots.unfinished(snapshots.shown(parent, partial)))
     if result.ok and session.pool is not None:
         _saved(session, result.outcome.values[0], parent)
+        session.import_later()  # the next pool's ranks (or one started again) have what a load or a heal imports
     return result, (snapshots.Saved(result.outcome.values[0], parent) if result.ok else None)
 
 
@@ -91,6 +92,7 @@ def during_a_cell(session: Session, parent: str, names: Sequence[str], backgroun
 
     out, saved = at_safe_point(session, holder, parent, names, say, " at a safe point (the job goes on)", background)
     if saved is not None:
+        session.import_later()
         print(saved.text())
         return True
     if out.outcome == safe_save.Outcome.ENDED:
@@ -139,6 +141,7 @@ def load(session: Session, path: str, into: Sequence[str] = (), spec: Optional[P
         raise UsageError(f"%ddp load: {e}") from None
     if spec is None and (session.pool is None or not session.pool.alive):
         spec = session.spec_for(nproc=saved_world)
+    session.import_later()  # a new pool's template imports DCP and DDP's torch._dynamo once, before it forks the ranks
     result = session.run(snapshots.load_source(chosen, into), {}, CellOptions(spec=spec, internal=True), listener)
     if not result.ok:
         return result, None

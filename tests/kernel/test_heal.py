@@ -99,6 +99,7 @@ def test_a_killed_rank_is_healed_bitwise_and_trains_on(k: Kernel, run: int) -> N
     notice = ex.stdout
     healed = r"rank 1 \(pid \d+\) was killed by SIGKILL[^\n]*: started it again in [^;]+; healed in [^:]+: \d+ names copied from rank 0 \("
     assert re.search(healed, notice), notice
+    assert re.search(r"healed in [^(:]+\([\d.]+ [KM]iB of state through /dev/shm\)", notice), notice  # one host: not gloo's TCP
     assert re.search(r"\d+ names copied from rank 0 \(DDP, ToyModel, digest, dist, hashlib, loss_fn, model, nn, … 6 more\)", notice), notice
     assert "rank: it differs by rank" in notice and "pending: a generator" in notice, notice  # named, never dropped
     got = k.value("[tuple(v) for v in _]")

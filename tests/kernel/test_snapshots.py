@@ -175,6 +175,32 @@ def test_a_new_kernel_loads_what_the_last_one_saved_and_trains_on(kernel, tmp_pa
         fresh.shutdown()
 
 
+def test_after_a_save_the_ranks_forked_next_have_what_a_load_imports(tmp_path):
+    """A save tells the template to import torch.distributed.checkpoint and DDP's torch._dynamo once
+    (procs/template_later.py): the next pool's ranks, forked from it, have them at their start (a load pays no import a
+    rank), and so does a rank started again; a pool of a kernel that never saved does not pay for them."""
+    probe = "%%ddp --out had\nimport sys\n[m in sys.modules for m in ('torch.distributed.checkpoint', 'torch._dynamo')]"
+    k = Kernel()
+    try:
+        k.run("%load_ext ddp_magic").ok()
+        k.run("%%ddp -n 2\nx = 1", timeout=180).ok()
+        k.run(probe).ok()
+        assert k.value("list(had)") == [[False, False]] * 2
+        k.run(f"%ddp save {tmp_path} x", timeout=180).ok()
+        k.run("%%ddp -n 3\nx = 2", timeout=180).ok()  # a new pool, its ranks forked from the same template
+        k.run(probe).ok()
+        assert k.value("list(had)") == [[True, True]] * 3
+        k.run("%%ddp --out pids\nimport os\nos.getpid()").ok()
+        os.kill(k.value("pids[1]"), signal.SIGKILL)
+        k.run("%%ddp\n1", timeout=180)  # its death is said in this cell, or it is started again before it
+        k.run(probe.replace("\n[m", "\nimport os\nos.getpid(), [m"), timeout=180).ok()
+        assert k.value("[h[1] for h in had]") == [[True, True]] * 3
+        assert k.value("had[1][0] != pids[1]"), "rank 1 is a new process"
+        k.run("%ddp stop").ok()
+    finally:
+        k.shutdown()
+
+
 @pytest.mark.parametrize("how", ["", " --bg"], ids=["foreground", "background"])  # twice: the second a --bg save
 def test_a_snapshot_of_4_ranks_loads_into_2_with_the_same_weights_and_optimizer_state(kernel, tmp_path, how):
     kernel.run("%ddp stop").ok()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
-from ...words import fmt_seconds, ranks_phrase
+from ...words import fmt_bytes, fmt_seconds, ranks_phrase
 from ..ranks import Listener
 
 if TYPE_CHECKING:
@@ -70,4 +70,6 @@ def healed_line(started: str, reports: List[Dict[str, Any]], seconds: float) -> 
     missing = "; ".join(f"{n}: {why}" for n, why in sorted(lost.items())[:NAMES_SHOWN])
     more = f", … {len(lost) - NAMES_SHOWN} more" if len(lost) > NAMES_SHOWN else ""
     tail = f", {len(lost)} lost ({missing}{more}); run the cells that set {'it' if len(lost) == 1 else 'them'}" if lost else "; nothing lost"
-    return f"{started}; healed in {fmt_seconds(seconds)}: {copied}{tail}"
+    moved = first.get("moved") or {}
+    way = f" ({fmt_bytes(moved['bytes'])} of state {moved['via']})" if moved.get("bytes") else ""
+    return f"{started}; healed in {fmt_seconds(seconds)}{way}: {copied}{tail}"

@@ -132,6 +132,14 @@ class Launcher(ABC):
         """Warm up (e.g. import torch once in a template); returns a line describing it."""
         return f"{self.name}: no template"
 
+    later_imports = False  # import_later was asked: the launcher's templates import before their next forks
+
+    def import_later(self) -> None:
+        """This pool will save or load snapshots: where ranks are forked from a template, it imports what DDP and
+        torch.distributed.checkpoint need once (procs/template_later.py), so the ranks it forks next need not. A
+        launcher without a template has nothing to warm."""
+        self.later_imports = True
+
     def acquire(self, plan: Plan, progress: Callable[[str], None]) -> Optional[str]:
         """Wait for what the ranks run on (a scheduler's allocation), saying ``progress(text)`` while queued; a line for the user, or None."""
         return None

@@ -39,6 +39,7 @@ class ForkServerLauncher(LocalLauncher):
         self._pids: Dict[int, int] = {}  # pid -> rank, live children
         self.import_env: Tuple[Tuple[str, str], ...] = ()  # what the template's imports read (import_env)
         self.ready_info = ""  # the template's "ready" line, once read
+        self.later_sent = False
         self.nice = 0  # the template imports at this nice value (a warm one, kernel/templates.py)
         self.notes: List[dict] = []  # a kept pool's events (kept, unkept, fenced: kernel/keep/)
         self.fenced: Optional[dict] = None  # another kernel attached our kept pool with --force (kernel/keep/)
@@ -50,6 +51,7 @@ class ForkServerLauncher(LocalLauncher):
         self.close()  # a template that died: its pipes go
         env = worker_env()
         self.import_env, self.ready_info, self.nice = import_env(env), "", nice
+        self.later_sent = False  # this template has not been told to import later (import_later)
         self.proc = popen(
             [self.python, "-m", "ddp_magic.procs.forkserver"],
             stdin=subprocess.PIPE,
@@ -131,7 +133,18 @@ class ForkServerLauncher(LocalLauncher):
         return events
 
     def spawn(self, rank: int, config: dict) -> None:
+        self._send_later()  # before the fork: this rank has the imports too
         self._write({"op": "spawn", "rank": rank, "config": config, "secret": self.secret.hex()})
+
+    def import_later(self) -> None:
+        super().import_later()
+        if self.alive() and self.ready_info:  # before its ready line a template reads any line as "hurry": it goes with the next spawn
+            self._send_later()
+
+    def _send_later(self) -> None:
+        if self.later_imports and not self.later_sent:
+            self._write({"op": "warm"})
+            self.later_sent = True
 
     def live_pids(self) -> Dict[int, int]:
         return dict(self._pids)

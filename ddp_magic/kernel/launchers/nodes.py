@@ -15,6 +15,7 @@ from abc import abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
+from ...logs import log
 from ...wire import tls
 from ...wire.kept import is_held
 from .base import Exit, Launcher
@@ -52,6 +53,7 @@ class NodeLauncher(Launcher):
         self.tls_key: Optional[tls.ServerKey] = None
         self.plan: Optional[Plan] = None
         self._pids: Dict[int, int] = {}  # pid -> rank, as the ranks said in their HELLO (not ours to signal)
+        self._told_later: List[TemplateStep] = []  # the steps whose templates were told to import later (import_later)
 
     # ------------------------------------------------------------ what a sibling says
     @abstractmethod
@@ -89,7 +91,21 @@ class NodeLauncher(Launcher):
             step = self._start_step([node], first)
         config = spawn_config(step.env, wanted, control_addr, control_port, self.tls_key.fingerprint if self.tls_key is not None else None)
         self._pending[rank] = Pending(node, step, (env, control_addr, control_port))
+        self._tell_later(step)  # before the fork: this rank has the imports too
         step.spawn(rank, node, config, self.secret)
+
+    def import_later(self) -> None:
+        super().import_later()
+        for step in list(self.steps):
+            self._tell_later(step)
+
+    def _tell_later(self, step: TemplateStep) -> None:
+        if self.later_imports and step not in self._told_later:
+            self._told_later.append(step)
+            try:
+                step.command({"op": "warm"})
+            except OSError:  # its templates are gone: a rank asked of them is reported lost as it would be
+                log.debug("could not tell a step to import later", exc_info=True)
 
     def spawn(self, rank: int, config: dict) -> None:
         """Start one rank again, alone: its node's template forks it (recovery.py); a new template only if that one is gone."""
