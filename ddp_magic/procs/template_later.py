@@ -1,11 +1,11 @@
 """A template's later imports: ``torch._dynamo`` (DDP's constructor) and ``torch.distributed.checkpoint``, once, when the kernel says snapshots are in use.
 
 The kernel says so (``warm``) once a snapshot was saved, or before the ranks of a pool that loads one fork
-(kernel/launchers/base.py ``import_later``). Every rank forked after that (the next pool, a rank started again and healed, a spare) has them already, through
-fork: about 1 s of CPU a rank otherwise, 4 s at -n 4 (docs/bench/snapshots.md). Not at every template's start: most
-pools never save, and a first cell must not wait for them. Imported on the template's own thread, between commands,
-so no fork can happen while an import holds its lock (a child would inherit it held). Spares forked before lack
-them: they are let go, and the next idle moment forks others.
+(kernel/launchers/base.py ``import_later``). Every rank forked after that (the next pool, a rank started again and
+healed, a spare) has them already, through fork: about 1 s of CPU a rank otherwise, 4 s at -n 4
+(docs/bench/snapshots.md). Not at every template's start: most pools never save, and a first cell must not wait for
+them. Imported on the template's own thread, between commands, so no fork can happen while an import holds its lock (a
+child would inherit it held). Spares forked before lack them: they are let go, and the next idle moment forks others.
 
 A mixin of procs/forkserver.py's ``Template``.
 """
