@@ -170,11 +170,11 @@ def load(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     path, into = args["path"], set(args.get("into") or ())
     rank, world = dist.get_rank(), dist.get_world_size()
     meta = S.Meta.read(path)
-    bad = S.damaged(path, meta) if rank == 0 else []
     flags: List[Any] = [None] * world
-    dist.all_gather_object(flags, bad)
-    if flags[0]:
-        raise S.Refused(f"the snapshot {path} is damaged: {', '.join(flags[0])}; load another (%ddp snapshots {os.path.dirname(path)})")
+    dist.all_gather_object(flags, S.damaged(path, meta, share=(rank, world)))  # each rank hashes its share of the bytes
+    bad = sorted(f for part in flags for f in part)
+    if bad:
+        raise S.Refused(f"the snapshot {path} is damaged: {', '.join(bad)}; load another (%ddp snapshots {os.path.dirname(path)})")
     same = meta.world_size == world
     notes = [f"saved with {k} {v}, loaded with {_versions().get(k)}" for k, v in sorted(meta.versions.items())
              if k in ("torch", "python") and _versions().get(k) != v]

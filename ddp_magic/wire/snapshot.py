@@ -16,7 +16,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 FORMAT = 1  # meta.json's "format": a load refuses a newer one
 META = "meta.json"
@@ -112,10 +112,24 @@ def file_table(folder: str) -> Dict[str, Dict[str, Any]]:
     return {os.path.relpath(p, folder): {"bytes": os.path.getsize(p), "sha256": hashes[p]} for p in paths}
 
 
-def damaged(folder: str, meta: Meta) -> List[str]:
-    """The files whose size or content differ from what the save recorded (empty: the snapshot is whole)."""
+def shares(meta: Meta, count: int) -> List[List[str]]:
+    """The recorded files dealt to ``count`` checkers by size, the largest first to the least loaded: the same on every
+    rank, so the ranks of a load hash about 1/count of the bytes each instead of one rank all of them."""
+    out: List[List[str]] = [[] for _ in range(max(1, count))]
+    load = [0] * len(out)
+    for rel, want in sorted(meta.files.items(), key=lambda item: (-int(item[1]["bytes"]), item[0])):
+        least = load.index(min(load))
+        out[least].append(rel)
+        load[least] += int(want["bytes"])
+    return out
+
+
+def damaged(folder: str, meta: Meta, share: Tuple[int, int] = (0, 1)) -> List[str]:
+    """The files whose size or content differ from what the save recorded (empty: the snapshot is whole); ``share``
+    (index, count): only that share of the files (``shares``), the others' checkers check theirs."""
+    mine = set(shares(meta, share[1])[share[0]])
     bad, whole = [], []
-    for rel, want in sorted(meta.files.items()):
+    for rel, want in sorted((rel, want) for rel, want in meta.files.items() if rel in mine):
         path = os.path.join(folder, rel)
         if not os.path.exists(path):
             bad.append(f"{rel} (missing)")

@@ -45,6 +45,17 @@ def test_a_changed_or_missing_file_is_named(tmp_path):
     with open(os.path.join(path, S.rank_file(0)), "ab") as f:
         f.write(b"!")
     assert "rank-0.pkl (its size differs)" in S.damaged(path, meta)
+    for count in (1, 2, 3, 7):  # a load's ranks each check a share: together every file, each once
+        parts = S.shares(meta, count)
+        assert sorted(f for p in parts for f in p) == sorted(meta.files) and len(parts) == count
+        found = sorted(f for i in range(count) for f in S.damaged(path, meta, share=(i, count)))
+        assert found == sorted(S.damaged(path, meta)), count
+
+
+def test_the_shares_balance_the_bytes():
+    meta = S.Meta(world_size=2, time=0.0, files={f"f{i}": {"bytes": b, "sha256": ""} for i, b in enumerate([100, 90, 60, 50, 10, 5])})
+    loads = [sum(int(meta.files[f]["bytes"]) for f in part) for part in S.shares(meta, 2)]
+    assert sorted(loads) == [155, 160]
 
 
 def test_no_snapshot_says_how_to_make_one(tmp_path):
