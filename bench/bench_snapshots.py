@@ -178,7 +178,7 @@ class Bench:
         from ddp_magic.ui import snapshots as ui
 
         self.s.stop()  # both loads into a new pool, one after the other: two copies of the state a rank at most
-        self.s.start(self.s.spec_for(self.n))
+        self.add("load.start", timed(lambda: self.s.start(self.s.spec_for(self.n))))
         self.run("import time, torch")
         got = self.run(TORCH_LOAD.format(path=self.torch_file))
         self.add("load.torch", max(got.outcome.values))
@@ -226,6 +226,7 @@ def report(b: Bench, repeats: int) -> str:
         f"| `torch.save` on rank 0, then a barrier | {s('save.torch')} | {med('save.torch') / med('save.memcpy'):.1f} | {mb('bytes.torch')} |",
         f"| DCP by hand (`dcp.save` of the model's and optimizer's state dicts) | {s('save.dcp')} "
         f"| {med('save.dcp') / med('save.memcpy'):.1f} | {mb('bytes.dcp')} |",
+        f"| a new pool's start, before both loads before the loads (its template imports DCP and torch._dynamo once, then forks) | {s('load.start')} | | |",
         f"| load floor: every rank `torch.load`s rank 0's file at once, the slowest | {s('load.torch')} | 1.00 | |",
         f"| `%ddp load` into a started pool of {b.n} | {s('load.ddp')} | {med('load.ddp') / med('load.torch'):.2f} | |",
         f"| heal floor: rank 1's model and optimizer state sent to the kernel (a cell) | {s('heal.send')} | 1.00 | |",

@@ -22,7 +22,8 @@ import base64
 import json
 import os
 import re
-from typing import Any, Dict, Iterator, List
+import time
+from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 from ui_pages import is_dark, keep_shot, open_notebook, prompt_number, run_cell, set_theme, shut_down, wait_prompt
@@ -39,7 +40,10 @@ rank = dist.get_rank()
 for step in range({STEPS}):
     time.sleep(0.25)
     print(f"r{{rank}} step {{step}}", flush=True)
-    ddp_magic.log(step=step, loss=1.0 / (step + 1))"""
+    ddp_magic.log(step=step, loss=1.0 / (step + 1))
+dist.barrier()
+if rank == 0:
+    open(DONE, "w").close()  # the test waits for the job's end, not a guess of it"""
 ROUNDS = 2
 DARK = 1  # the round run in JupyterLab Dark
 CELL_JS = """(i) => {
@@ -59,10 +63,26 @@ def steps_shown(text: str, rank: int) -> List[int]:
     return [int(s) for s in re.findall(rf"\br{rank} step (\d+)\b", text)]
 
 
-def settled(page: Any, watch: ConsoleWatch, seen: int) -> Dict[str, Any]:
-    """What the reopened notebook's bg cell shows once the widget manager, our comm and the kernel's copy are in."""
-    page.wait_for_timeout(6000)
+SETTLE_MS = 2500  # after the cell shows its end: what a late render or console error would add in the meantime
+SETTLE_LIMIT_S = 30.0
+
+
+def settled(page: Any, watch: ConsoleWatch, seen: int, shown: Callable[[Dict[str, Any]], bool]) -> Dict[str, Any]:
+    """What the reopened notebook's bg cell shows once the widget manager, our comm and the kernel's copy are in: once
+    it ``shown`` its end (or SETTLE_LIMIT_S passed: the assertions then say what it lacks), and SETTLE_MS more."""
+    deadline = time.monotonic() + SETTLE_LIMIT_S
+    while time.monotonic() < deadline and not shown(page.evaluate(CELL_JS, 1)):
+        page.wait_for_timeout(250)
+    page.wait_for_timeout(SETTLE_MS)
     return {"cell": page.evaluate(CELL_JS, 1), "sample": page.evaluate(SAMPLE_JS, 1), "errors": watch.errors()[seen:], "dark": is_dark(page)}
+
+
+def the_jobs_end(cell: Dict[str, Any]) -> bool:
+    return cell["views"] == ["finished"] and bool(cell["charts"]) and all(steps_shown(cell["text"], r)[-1:] == [STEPS - 1] for r in (0, 1))
+
+
+def the_saved_view(cell: Dict[str, Any]) -> bool:
+    return len(cell["views"]) == 1 and "saved while the cell ran" in cell["text"]
 
 
 def shoot(page: Any, kind: str, case: str, dark: bool) -> None:
@@ -84,7 +104,9 @@ def svgs(pictures: List[str]) -> List[str]:
 def one_round(server: Server, browser: Any, kind: str, n: int) -> Dict[str, Any]:
     dark = n == DARK
     name = f"saved_bg_{kind}_{n}.ipynb"
-    server.write_notebook(name, [code_cell("%load_ext ddp_magic"), code_cell(BG)])
+    done = os.path.join(server.nbdir, name + ".done")
+    bg = BG.replace("DONE", repr(name + ".done"))  # the kernel and its ranks run in the notebook's folder
+    server.write_notebook(name, [code_cell("%load_ext ddp_magic"), code_cell(bg)])
     rec: Dict[str, Any] = {}
     context = browser.new_context(viewport={"width": 1300, "height": 900}, device_scale_factor=1)
     try:
@@ -106,9 +128,12 @@ def one_round(server: Server, browser: Any, kind: str, n: int) -> Dict[str, Any]
         page.close()  # the page goes; the kernel and its job go on
         page = context.new_page()
         watch = page.ddp_watch = ConsoleWatch(page)
-        page.wait_for_timeout(STEPS * 250 + 3000)  # the job ends meanwhile
+        deadline = time.monotonic() + 120
+        while not os.path.exists(done) and time.monotonic() < deadline:  # the job ends meanwhile
+            time.sleep(0.2)
+        assert os.path.exists(done), "the job did not end within 120 s"
         open_notebook(page, watch, server, kind, name)  # the same kernel session
-        rec["same_kernel"] = settled(page, watch, 0)
+        rec["same_kernel"] = settled(page, watch, 0, the_jobs_end)
         shoot(page, kind, "", dark)
         shut_down(page)
         page.wait_for_timeout(1500)
@@ -119,7 +144,7 @@ def one_round(server: Server, browser: Any, kind: str, n: int) -> Dict[str, Any]
         page = context.new_page()
         watch = page.ddp_watch = ConsoleWatch(page)
         open_notebook(page, watch, server, kind, name)  # a new kernel
-        rec["new_kernel"] = settled(page, watch, 0)
+        rec["new_kernel"] = settled(page, watch, 0, the_saved_view)
         shoot(page, kind, "-untrusted", dark)
         shut_down(page)
     finally:
