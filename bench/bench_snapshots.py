@@ -226,7 +226,7 @@ def report(b: Bench, repeats: int) -> str:
         f"| `torch.save` on rank 0, then a barrier | {s('save.torch')} | {med('save.torch') / med('save.memcpy'):.1f} | {mb('bytes.torch')} |",
         f"| DCP by hand (`dcp.save` of the model's and optimizer's state dicts) | {s('save.dcp')} "
         f"| {med('save.dcp') / med('save.memcpy'):.1f} | {mb('bytes.dcp')} |",
-        f"| a new pool's start, before both loads before the loads (its template imports DCP and torch._dynamo once, then forks) | {s('load.start')} | | |",
+        f"| a new pool's start, before both loads (its template imports DCP and torch._dynamo once, then forks) | {s('load.start')} | | |",
         f"| load floor: every rank `torch.load`s rank 0's file at once, the slowest | {s('load.torch')} | 1.00 | |",
         f"| `%ddp load` into a started pool of {b.n} | {s('load.ddp')} | {med('load.ddp') / med('load.torch'):.2f} | |",
         f"| heal floor: rank 1's model and optimizer state sent to the kernel (a cell) | {s('heal.send')} | 1.00 | |",
