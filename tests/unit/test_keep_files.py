@@ -160,3 +160,24 @@ def test_a_spool_says_when_the_lines_of_a_replay_were_printed(tmp_path) -> None:
         os.close(fd2)  # the pipe's last writer: its pump ends
     finally:
         os.close(fd)
+
+
+def test_the_saves_a_kept_pool_records_are_merged_and_written_only_when_they_change(tmp_path) -> None:
+    """``saves.json`` beside a kept pool's lease (what an attaching kernel takes on): a value given replaces its own, None
+    leaves it, and the same values again (every cell on a kept pool records its --save-every) write nothing."""
+    from ddp_magic.kernel.keep.keeping import SAVES, KeptState, record_saves, recorded_saves
+
+    state = KeptState("ab12cd34", str(tmp_path), "here", Terms(60, 600, time.time()))
+    assert recorded_saves(state) == {}
+    record_saves(state, every=None)
+    assert not (tmp_path / SAVES).exists(), "nothing to record: no file"
+    record_saves(state, armed="ckpt/")
+    record_saves(state, every=[600.0, "ckpt/"])
+    assert recorded_saves(state) == {"armed": "ckpt/", "every": [600.0, "ckpt/"]}
+    assert oct((tmp_path / SAVES).stat().st_mode & 0o777) == "0o600"
+    inode = (tmp_path / SAVES).stat().st_ino  # a write replaces the file (a new inode)
+    record_saves(state, armed="ckpt/", every=[600.0, "ckpt/"])
+    record_saves(state, armed=None, every=None)
+    assert (tmp_path / SAVES).stat().st_ino == inode, "the same values: not written again"
+    record_saves(state, every=[])
+    assert recorded_saves(state) == {"armed": "ckpt/", "every": []} and (tmp_path / SAVES).stat().st_ino != inode

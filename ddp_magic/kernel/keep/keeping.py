@@ -67,7 +67,10 @@ def record_saves(state: KeptState, **saves: Any) -> None:
     again, so a preemption while it is attached saves) and ``every`` (``--save-every [interval, folder]`` of the kept
     job, [] for none: its saves go on at safe points while it is attached). None leaves a value as it was."""
     path = os.path.join(state.dir, SAVES)
-    merged = dict(recorded_saves(state), **{k: v for k, v in saves.items() if v is not None})
+    before = recorded_saves(state)
+    merged = dict(before, **{k: v for k, v in saves.items() if v is not None})
+    if json.loads(json.dumps(merged)) == before:  # every cell on a kept pool records its --save-every: no write when it is the same
+        return
     try:
         with open(os.open(path + ".tmp", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600), "w") as f:
             json.dump(merged, f)
