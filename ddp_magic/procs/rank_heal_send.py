@@ -5,8 +5,9 @@ two ways, on a group of the donor and the new ranks only (the survivors neither 
 
 - **through a file in /dev/shm** where every new rank sees the donor's (one host, CPU tensors): the donor writes each
   tensor once into a private file of its pool (wire/shm.py names it, so a rank killed mid-heal leaves nothing the pool's
-  end does not remove), each new rank copies it out of a private mapping, and the donor removes it. Two memory copies,
-  as the control channel's shared memory costs (docs/bench/snapshots.md: gloo's TCP on loopback was 3× that);
+  end does not remove), and removes it once the new ranks have it. The only new rank maps its pages as its own (one
+  copy in all, as a result's way to the kernel); several copy it out of private mappings (docs/bench/snapshots.md:
+  gloo's TCP on loopback cost 3× that);
 - **by broadcasts** in buckets of BUCKET bytes otherwise: across hosts, and NCCL's between devices.
 
 Broadcasts, not send/recv: point-to-point ops advance only their own ranks' sequence numbers, and the collectives'
@@ -107,13 +108,12 @@ def write_file(tensors: List[torch.Tensor], slots: List[Slot], rank: int) -> Opt
         log.debug("heal: no file in %s; broadcasting", shm.SHM_DIR, exc_info=True)
         return None
     try:
-        os.posix_fallocate(fd, 0, max(offsets[-1], 1))  # no room is an error here, not a SIGBUS while copying
-        with mmap.mmap(fd, max(offsets[-1], 1)) as mm:
-            for slot, at, tensor in zip(slots, offsets, tensors):
-                if slot.nbytes:
-                    out = torch.frombuffer(mm, dtype=torch.uint8, count=slot.nbytes, offset=at)
-                    out.copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
-                    del out
+        os.ftruncate(fd, offsets[-1])  # the size first (no pages yet): a reader maps all of it
+        for slot, at, tensor in zip(slots, offsets, tensors):
+            data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data if slot.nbytes else memoryview(b"")
+            done = 0
+            while done < slot.nbytes:  # written, not mapped: /dev/shm full is an error here, never a SIGBUS
+                done += os.pwrite(fd, data[done:], at + done)
         return path
     except (OSError, ValueError, RuntimeError):  # /dev/shm full: the broadcasts carry it
         log.info("heal: could not write the state to %s; broadcasting it", path, exc_info=True)
@@ -123,22 +123,26 @@ def write_file(tensors: List[torch.Tensor], slots: List[Slot], rank: int) -> Opt
         os.close(fd)
 
 
-def read_file(path: str, slots: List[Slot]) -> List[torch.Tensor]:
-    """Each tensor copied out of a private mapping of the donor's file: this rank's own memory."""
+def read_file(path: str, slots: List[Slot], alone: bool = False) -> List[torch.Tensor]:
+    """The tensors of the donor's file. ``alone`` (the only new rank): its pages themselves, mapped shared, the file
+    then removed by the donor (the rank's memory from now on, no copy). Otherwise each tensor copied out of a private
+    mapping: several new ranks must not share what each of them steps in place."""
     offsets = _offsets(slots)
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDWR if alone else os.O_RDONLY)
     try:
-        mm = mmap.mmap(fd, max(offsets[-1], 1), flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        flags = mmap.MAP_SHARED if alone else mmap.MAP_PRIVATE
+        mm = mmap.mmap(fd, max(offsets[-1], 1), flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
-    with mm:
-        out = []
-        for slot, at in zip(slots, offsets):
-            numel = math.prod(slot.shape)
-            view = torch.frombuffer(mm, dtype=slot.dtype, count=numel, offset=at) if numel else torch.empty(0, dtype=slot.dtype)
-            out.append(view.clone().view(slot.shape))
-            del view
-        return out
+    out = []
+    for slot, at in zip(slots, offsets):
+        numel = math.prod(slot.shape)
+        view = torch.frombuffer(mm, dtype=slot.dtype, count=numel, offset=at) if numel else torch.empty(0, dtype=slot.dtype)
+        out.append(view.view(slot.shape) if alone else view.clone().view(slot.shape))
+        del view
+    if not alone:
+        mm.close()
+    return out
 
 
 def _device() -> torch.device:
@@ -159,7 +163,7 @@ def _by_file(tensors: List[torch.Tensor], slots: List[Slot], donor: int, group: 
         dist.all_reduce(seen, op=dist.ReduceOp.MIN, group=group)  # on another host a new rank sees no such file
         if not seen.item():
             return False, None
-        got = None if rank == donor else read_file(path, slots)
+        got = None if rank == donor else read_file(path, slots, alone=dist.get_world_size(group) == 2)
         dist.barrier(group=group)  # every new rank has its copy: the file may go
         return True, got
     finally:

@@ -81,6 +81,12 @@ def test_a_state_written_to_the_pools_file_comes_back_equal_private_and_the_file
             assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
         first[2].add_(1)
         assert torch.equal(second[2], tensors[2]) and torch.equal(H.read_file(path, slots)[2], tensors[2])
+        alone = H.read_file(path, slots, alone=True)  # the only new rank: the file's pages themselves
+        os.unlink(path)  # as the donor does once it has them
+        for got, want in zip(alone, tensors):
+            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+        alone[3].mul_(2)  # its own memory now, written in place as an optimizer would
+        assert torch.equal(alone[3], tensors[3] * 2)
     finally:
         shm.remove_pool_files(pool)
     assert shm.pool_files(pool) == []
