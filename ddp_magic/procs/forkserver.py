@@ -7,8 +7,8 @@ single-threaded on purpose: forking a process with threads can leave locks held
 in the child.
 
 Protocol, one JSON object a line: the kernel writes commands on our stdin
-(``spawn``, ``exit``, ``warm``: procs/template_later.py); we write events on stdout (``ready``, ``spawned``,
-``exited``, ``error``). Our stdin closing means the kernel is gone: every child
+(``spawn``, ``exit``, ``warm``: procs/template_later.py); we write events on
+stdout (``ready``, ``spawned``, ``exited``, ``error``). Our stdin closing means the kernel is gone: every child
 is killed, the pool's files in /dev/shm are removed (wire/shm.py) and we exit;
 Linux's parent-death signal (SIGTERM) covers a SIGKILLed kernel too.
 
@@ -305,6 +305,7 @@ class Template(KeptTemplate, PreemptibleTemplate, LaterImports):
             self.import_later()
         else:
             super().command(cmd)
+
 
 def main() -> None:
     kernel_pid = os.getppid()

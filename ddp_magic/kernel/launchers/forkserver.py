@@ -39,7 +39,7 @@ class ForkServerLauncher(LocalLauncher):
         self._pids: Dict[int, int] = {}  # pid -> rank, live children
         self.import_env: Tuple[Tuple[str, str], ...] = ()  # what the template's imports read (import_env)
         self.ready_info = ""  # the template's "ready" line, once read
-        self.later_sent = False
+        self.later_sent = False  # this template was told to import later (import_later)
         self.nice = 0  # the template imports at this nice value (a warm one, kernel/templates.py)
         self.notes: List[dict] = []  # a kept pool's events (kept, unkept, fenced: kernel/keep/)
         self.fenced: Optional[dict] = None  # another kernel attached our kept pool with --force (kernel/keep/)
@@ -51,7 +51,7 @@ class ForkServerLauncher(LocalLauncher):
         self.close()  # a template that died: its pipes go
         env = worker_env()
         self.import_env, self.ready_info, self.nice = import_env(env), "", nice
-        self.later_sent = False  # this template has not been told to import later (import_later)
+        self.later_sent = False
         self.proc = popen(
             [self.python, "-m", "ddp_magic.procs.forkserver"],
             stdin=subprocess.PIPE,
