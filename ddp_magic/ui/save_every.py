@@ -38,6 +38,7 @@ def saving(session: Session, args: Any, ticket: Optional[Ticket]) -> Iterator[No
     if not (every or preempt) or ticket is None:
         yield
         return
+    session.import_later()  # ranks forked from now on have DCP already: a preemption's save has no import to wait for
     try:
         seconds = duration(every[0], "--save-every") if every else 0.0
     except TermsError as e:
