@@ -28,6 +28,7 @@ from ..wire.snapshot import Kind, Sharing
 from . import rank_rng
 from . import rank_snapshot_bg as bg
 from . import rank_snapshot_objects as O
+from .rank_snapshot_reader import DirectReader
 
 
 def _versions() -> Dict[str, str]:
@@ -223,7 +224,7 @@ def _fill(path: str, meta: S.Meta, modules: Dict[str, Any], optimizers: Dict[str
             continue
         keys[name] = name if sharing != Sharing.PER_RANK.value else f"{name}@rank{rank}"
         states[keys[name]] = sd.get_optimizer_state_dict(modules[O.owner_of(obj, modules)], obj) if name in optimizers else sd.get_model_state_dict(obj)
-    dcp.load(states, checkpoint_id=os.path.join(path, S.DCP_DIR))
+    dcp.load(states, storage_reader=DirectReader(os.path.join(path, S.DCP_DIR)))  # whole tensors read straight into place
     for name, key in keys.items():
         if name in optimizers:
             opt = optimizers[name]
