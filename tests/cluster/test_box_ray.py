@@ -212,7 +212,7 @@ HEALED = ("%%ddp\nt = torch.ones(1) * (dist.get_rank() + 1)\ndist.all_reduce(t)\
 
 
 def _counted_out(cluster: box_ray.Cluster, node: str, seconds: float = 90) -> None:
-    """Wait until Ray counts ``node`` out (its health check: about 15 s after its raylet died)."""
+    """Wait until Ray counts ``node`` out (its health check: about 5 s after its raylet died on the test bed, box_ray.HEALTH)."""
     deadline = time.monotonic() + seconds
     while node in cluster.state()["nodes"] and time.monotonic() < deadline:
         time.sleep(1)
