@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from ..logs import log
 from ..wire import shm
+from . import rank_snapshot_objects as O
 
 class Via(str, Enum):
     """The way a heal's tensors went, as its notice says it."""
@@ -47,7 +48,7 @@ class Slot:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def slots_of(tree: Any, found: List[torch.Tensor]) -> Any:
@@ -147,8 +148,7 @@ def read_file(path: str, slots: List[Slot], alone: bool = False) -> List[torch.T
 
 def _device() -> torch.device:
     """Where this group's collectives take their tensors: NCCL's on this rank's device, gloo's on the CPU."""
-    nccl = "nccl" in str(dist.get_backend()) and torch.cuda.is_available()
-    return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    return O.rank_device("cuda" if "nccl" in str(dist.get_backend()) else "cpu")
 
 
 def _by_file(tensors: List[torch.Tensor], slots: List[Slot], donor: int, group: Any) -> Tuple[bool, Optional[List[Any]]]:

@@ -138,12 +138,13 @@ def digest(state: Any) -> Tuple[str, bool]:
 # ------------------------------------------------------------ skeletons
 def _placeholder(shape: Tuple[int, ...], dtype: torch.dtype, requires_grad: bool, parameter: bool, device_type: str) -> torch.Tensor:
     """An uninitialised tensor where a saved one was (DCP fills it), on this rank's device of the same type."""
-    device = _device(device_type)
+    device = rank_device(device_type)
     tensor = torch.empty(shape, dtype=dtype, device=device)
     return torch.nn.Parameter(tensor, requires_grad=requires_grad) if parameter else tensor
 
 
-def _device(device_type: str) -> torch.device:
+def rank_device(device_type: str) -> torch.device:
+    """This rank's device of ``device_type`` (its current CUDA device; the CPU where there is none)."""
     if device_type == "meta":
         return torch.device("meta")
     if device_type == "cuda" and torch.cuda.is_available():
@@ -234,7 +235,7 @@ def _allocate_state(opt: torch.optim.Optimizer, params: Dict[str, torch.nn.Param
                 state[key] = spec[1]
                 continue
             _kind, shape, dtype, device_type = spec
-            device = param.device if param.device.type == device_type else _device(device_type)
+            device = param.device if param.device.type == device_type else rank_device(device_type)
             state[key] = torch.empty(shape, dtype=dtype, device=device)
         opt.state[param] = state
 
