@@ -181,6 +181,20 @@ class Kernel:
         assert ex.result is not None, f"no value for {expr!r}"
         return ast.literal_eval(ex.result)
 
+    def armed(self, timeout: float = 30.0, exists: Callable[[str], bool] = os.path.exists) -> bool:
+        """Wait until the ranks of the session's pool are armed by ``--save-on-preempt`` (their marker in /dev/shm: what
+        their template looks for on SIGTERM, wire/shm.py ``armed_file``; ``exists``: looked for on another host). A signal
+        before that ends the pool unsaved, so a test that signals once some steps were logged only may signal in that moment."""
+        from ddp_magic.wire import shm
+
+        marker = shm.armed_file(self.value("get_ipython().magics_manager.registry['DDPMagics'].pool.shm_prefix"))
+        deadline = time.monotonic() + timeout
+        while not exists(marker):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def shutdown(self) -> None:
         try:
             self.kc.stop_channels()

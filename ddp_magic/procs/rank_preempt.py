@@ -9,7 +9,9 @@ gets it too, passes it on as SIGUSR1 once (procs/template_preempt.py ``terminate
 /dev/shm tells it that its ranks are armed). So the failure policy's SIGTERM to a rank that ignores
 an interrupt is no preemption either; its SIGKILL follows as before. Unarmed, SIGTERM ends the rank as
 before and SIGUSR1 is ignored. SIGTERM's disposition is set from the main thread (the reader asks it
-with a SIGUSR1 of its own): signal.signal works there only.
+with a SIGUSR1 of its own): signal.signal works there only. The marker is written once the main thread has done so:
+before, the template's SIGUSR1 could merge with that poke (two pending signals are one) and the rank's preemption
+would go untold.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class _State:
         self.ident = 0
         self.armed: Optional[int] = None  # the desk id the kernel files reports under
         self.arming = False  # the reader asked the main thread to set the SIGTERM handler
+        self.set = threading.Event()  # the main thread set it: the marker may tell the template
         self.reported = False
 
 
@@ -45,14 +48,23 @@ def install(send: Callable[..., None], rank: int) -> None:
 
 def arm(msg: dict) -> None:
     """The reader thread got ARM: reports go under ``msg['id']``; the main thread sets the SIGTERM handler at its next bytecode."""
+    if STATE.set.is_set():  # armed before (a later cell's ARM): SIGTERM is ignored already, and a poke could swallow a preemption
+        STATE.armed, STATE.reported = int(msg["id"]), False
+        return
     STATE.armed, STATE.reported, STATE.arming = int(msg["id"]), False, True
+    signal.pthread_kill(STATE.ident, signal.SIGUSR1)
+    threading.Thread(target=_mark, name="ddp-preempt-arm", daemon=True).start()  # the reader reads on meanwhile
+
+
+def _mark() -> None:
+    """Once the main thread ignores SIGTERM, the marker: from then on the template's SIGUSR1 is a preemption's."""
+    STATE.set.wait()  # a main thread inside a long C call sets it when the call returns
     prefix = os.environ.get(shm.ENV)
     if prefix:
         try:
             shm.create_private(shm.armed_file(prefix))
         except OSError:
             log.debug("rank %d: the preemption marker could not be written", STATE.rank, exc_info=True)
-    signal.pthread_kill(STATE.ident, signal.SIGUSR1)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -60,6 +72,7 @@ def _on_signal(signum: int, frame: Any) -> None:
     if s.arming:  # our own poke: SIGTERM is the template's to pass on from now on
         s.arming = False
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        s.set.set()
         return
     if s.armed is not None and not s.reported:
         s.reported = True

@@ -64,6 +64,7 @@ def _preempt_n2(b: cluster_box.Box, k: Kernel, folder: Path) -> int:
     since = len(k.elsewhere)
     k.run(JOB.format(folder=folder), timeout=60).ok()
     assert wait_until(lambda: len(k.value("job.metrics['step']")) > 20, timeout=180)
+    assert k.armed(exists=lambda path: b.run("n2", ["test", "-e", path]).returncode == 0), "n2's ranks heard the arming"
     template = next(p for p in _ours(b, "n2") if p in _templates(b))
     ranks = [p for p in _ours(b, "n1") + _ours(b, "n2")]
     t0 = time.monotonic()

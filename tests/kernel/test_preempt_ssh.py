@@ -60,6 +60,7 @@ def test_sigterm_to_an_ssh_hosts_template_saves_at_a_safe_point_and_a_new_pool_g
     job = JOB.format(every="", stop=str(tmp_path / "never")).replace("--save-every 1s \n", f"--save-on-preempt {folder}\n")
     k.run(job, timeout=60).ok()
     assert wait_until(lambda: len(k.value("job.metrics['step']")) > 20, timeout=120)
+    assert k.armed(), "the ranks heard the arming (a SIGTERM before it ends the pool unsaved)"
     template = _template_of(k.runtime, "hb")  # type: ignore[attr-defined]
     t0 = time.monotonic()
     os.kill(template, signal.SIGTERM)

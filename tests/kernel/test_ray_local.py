@@ -336,6 +336,7 @@ def test_sigterm_to_a_ray_template_saves_at_a_safe_point_and_a_new_pool_goes_on(
         job = JOB.format(every="", stop=str(tmp_path / "never")).replace("--save-every 1s \n", f"--save-on-preempt {folder}\n")
         rk.run(job, timeout=60).ok()
         assert wait_until(lambda: len(rk.value("job.metrics['step']")) > 20, timeout=120)
+        assert rk.armed(), "the ranks heard the arming (a SIGTERM before it ends the pool unsaved)"
         procs = ours(cluster)
         template = next(p for p in procs if _ppid(p) not in procs)
         t0 = time.monotonic()

@@ -416,6 +416,7 @@ def test_sigterm_to_the_template_saves_at_a_safe_point_and_a_new_pool_goes_on(ke
     job = JOB.format(every="", stop=str(tmp_path / "never")).replace("--save-every 1s \n", f"--save-on-preempt {folder}\n")
     kernel.run(job, timeout=60).ok()
     assert wait_until(lambda: len(kernel.value("job.metrics['step']")) > 20, timeout=120)
+    assert kernel.armed(), "the ranks heard the arming (a SIGTERM before it ends the pool unsaved)"
     template = kernel.value("get_ipython().magics_manager.registry['DDPMagics'].pool.launcher.proc.pid")
     os.kill(template, signal.SIGTERM)
     kernel.run("job.wait()", timeout=300).ok()

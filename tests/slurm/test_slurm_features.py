@@ -194,6 +194,7 @@ def test_a_slurm_warning_saves_at_a_safe_point_and_the_next_allocation_goes_on(f
            "    ddp_magic.log(step=step, w=seen[step])\n    time.sleep(0.01)\n", timeout=60).ok()
     running = wait_until(lambda: len(fk.value("job.metrics['step']")) > 40, timeout=120)
     assert running, (fk.value("repr(job)"), "".join(m["content"].get("text", "") for m in fk.elsewhere if m["msg_type"] == "stream")[-3000:])
+    assert fk.armed(), "the ranks heard the arming (a signal before it ends the pool unsaved)"
     (job_id,) = [line.split()[0] for line in our_jobs()]
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=20)
     fk.run("job.wait()", timeout=300).ok()
