@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout: what the nodes' Ray workers import
 START_S = 240.0  # a loaded machine starts a raylet slowly (its agents register late)
-QUIET = ["--include-dashboard=false", "--disable-usage-stats"]
+# No dashboard, no usage stats, no log monitor (it tails the workers' logs for drivers that print them: ddp_magic's
+# and ours start with log_to_driver=False, the ranks' output goes through ddp_magic's channel): CPU the suite needs.
+QUIET = ["--include-dashboard=false", "--disable-usage-stats", "--include-log-monitor=false"]
 STATE = """
 import json, logging, sys, ray
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level=logging.ERROR)

@@ -1,35 +1,45 @@
-"""Which tests may run at the same time under ``pytest -n 2`` (scripts/test.sh): a pytest plugin.
+"""Which tests may run at the same time under ``pytest -n 3`` (scripts/test.sh): a pytest plugin.
 
-Two workers cut the suite's wall time on CI's two cores, because most of a test's time is spent waiting on kernels,
-ranks, browsers and daemons. What must not overlap shares a group; a group runs on one worker, in order:
+Three workers cut the suite's wall time on CI's two cores, because much of a test's time is spent waiting on kernels,
+ranks, browsers, daemons and the timers under test (a lease's idle, a node's silence): on this 2-core VM the suite
+took 31:47 on two workers and 27:57 on three, the CPUs 89% busy (/proc/stat over the run; 2026-12-06). A fourth
+would find no CPU free. What must not overlap shares a group; a group runs on one worker, in order:
 
 - a file's tests share its module-scoped kernel and pool (a notebook's cells, nbval's kernel): one group per file;
-- the Slurm and cluster-in-a-box tests share machine-wide daemons, locks, network namespaces and a view of every
-  ``slurm_template`` on the machine: one group, ``hosts``;
+- the cluster-in-a-box tests share its network namespaces, its Slurm, sshd and Ray, and /tmp/ddp_box.lock: one group,
+  ``box``;
+- the one-host Slurm tests share its daemons and its queue: one group, ``slurm``. The two coexist (the box's Slurm
+  has its own conf, munged and paths; a one-host test counts only processes in this host's network namespace or
+  under its own runtime directory: tests/slurm/slurm_helpers.py ``on_this_host``);
 - the browser tests share one JupyterLab server and one Chromium (session fixtures; a process may run one Playwright
-  only): one group, ``browser``.
+  only): one group, ``browser``. The Slurm start's UI test is a ``slurm`` one (its worker starts a Playwright of its own).
 
 The groups are xdist scopes (``pytest_xdist_make_scheduler``: xdist's own ``xdist_group`` mark rewrites a nodeid, which
 pytest 9 no longer allows). The longest groups are collected first, and ``--no-loadscope-reorder`` keeps that order,
-so that neither worker is left with one of them at the end. Without xdist this plugin only reorders."""
+so that no worker is left with one of them at the end. Without xdist this plugin only reorders."""
 from __future__ import annotations
 
 from typing import Any, List, Optional
 
 import pytest
 
-HOSTS = ("tests/cluster/", "tests/slurm/", "labextension/ui-tests/test_slurm_start_ui.py")
-HOSTS_FIXTURES = frozenset({"slurm_cluster", "box", "box_kernel", "ssh_login"})  # tests/slurm/slurm_fixtures.py, tests/cluster/box_fixtures.py
+BOX = ("tests/cluster/",)
+BOX_FIXTURES = frozenset({"box", "box_kernel", "ssh_login"})  # tests/cluster/box_fixtures.py
+SLURM = ("tests/slurm/", "labextension/ui-tests/test_slurm_start_ui.py")
+SLURM_FIXTURES = frozenset({"slurm_cluster"})  # tests/slurm/slurm_fixtures.py
 BROWSER = ("labextension/ui-tests/", "tests/kernel/test_debugging.py::test_input_box_in_jupyterlab")
 BROWSER_FIXTURES = frozenset({"server", "browser"})  # labextension/ui-tests/ui_fixtures.py: one Playwright a process
-FIRST = ("hosts", "browser")
+FIRST = ("box", "browser", "slurm")
+OWN_PLAYWRIGHT = ("slurm",)  # groups whose worker may start a Playwright of its own (never beside the browser group's)
 
 
 def group_of(nodeid: str) -> str:
-    """A test's group: ``hosts``, ``browser`` or its file's path."""
+    """A test's group: ``box``, ``slurm``, ``browser`` or its file's path."""
     path = nodeid.split("::", 1)[0]
-    if path.startswith(HOSTS):
-        return "hosts"
+    if path.startswith(BOX):
+        return "box"
+    if path.startswith(SLURM):
+        return "slurm"
     if nodeid.startswith(BROWSER):
         return "browser"
     return path
@@ -37,10 +47,11 @@ def group_of(nodeid: str) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
-    for fixtures, group, where in ((HOSTS_FIXTURES, "hosts", "HOSTS"), (BROWSER_FIXTURES, "browser", "BROWSER")):
-        strays = [i.nodeid for i in items if fixtures & set(getattr(i, "fixturenames", ())) and group_of(i.nodeid) not in (group, "hosts")]
+    checks = ((BOX_FIXTURES, ("box",), "BOX"), (SLURM_FIXTURES, ("slurm",), "SLURM"), (BROWSER_FIXTURES, ("browser",) + OWN_PLAYWRIGHT, "BROWSER"))
+    for fixtures, groups, where in checks:
+        strays = [i.nodeid for i in items if fixtures & set(getattr(i, "fixturenames", ())) and group_of(i.nodeid) not in groups]
         if strays:
-            raise pytest.UsageError(f"{strays[0]} uses the {group} fixtures: add it to {where} in {__file__}")
+            raise pytest.UsageError(f"{strays[0]} uses the {groups[0]} fixtures: add it to {where} in {__file__}")
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(FIRST)))  # stable: each group keeps its order
 
