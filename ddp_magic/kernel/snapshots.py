@@ -19,16 +19,18 @@ from ..words import fmt_bytes, plural
 INTO_HINT = "where a rebuild is not exact: rebuild those objects in a setup cell, then %ddp load {path} --into NAME,NAME"
 
 
-def save_args(parent: str, names: Sequence[str], step: Optional[int], background: bool = False) -> Dict[str, Any]:
+def save_args(parent: str, names: Sequence[str], step: Optional[int], background: bool = False, typed: bool = False) -> Dict[str, Any]:
     """What every rank's writer takes (procs/rank_snapshot.py ``save``): one new partial folder of ``parent``, the names, the time;
-    ``background``: the ranks go on once each has copied its share, a thread of each writes it."""
+    ``background``: the ranks go on once each has copied its share, a thread of each writes it; ``typed``: the user named
+    them (one no rank defines refuses the save; the names a session owns may have been deleted since)."""
     partial = os.path.join(os.path.abspath(parent), S.PARTIAL + secrets.token_hex(4))
-    return {"partial": partial, "names": list(names), "time": time.time(), "step": step, "background": background, "typed": parent}
+    return {"partial": partial, "names": list(names), "time": time.time(), "step": step, "background": background, "typed": parent,
+            "typed_names": typed}
 
 
-def save_source(parent: str, names: Sequence[str], step: Optional[int], background: bool = False) -> Tuple[str, str]:
+def save_source(parent: str, names: Sequence[str], step: Optional[int], background: bool = False, typed: bool = False) -> Tuple[str, str]:
     """The cell every rank runs for ``%ddp save``: its share written into one new partial folder of ``parent`` (returned too)."""
-    args = save_args(parent, names, step, background)
+    args = save_args(parent, names, step, background, typed)
     return _call("save", args), args["partial"]
 
 

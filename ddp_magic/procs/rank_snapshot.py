@@ -10,6 +10,7 @@ has reported its files, so a rank that dies mid-save leaves the previous snapsho
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import pickle
@@ -70,6 +71,8 @@ def save(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     earlier = bg.failure(bg.wait())  # a background save still being written goes first: one at a time
     rank, world = dist.get_rank(), dist.get_world_size()
     partial, background = args["partial"], bool(args.get("background"))
+    if args.get("typed_names"):
+        _refuse_unknown(ns, list(args["names"]), world)
     _shared_folder(partial, rank)
     found = O.sort_names(ns, list(args["names"]))
     blob, problems = O.skeletons(found.modules, found.optimizers)
@@ -125,6 +128,20 @@ def _finish(partial: str, final: str, meta: S.Meta) -> Dict[str, Any]:
     meta.write(partial)
     os.rename(partial, final)
     return {"rank": 0, "path": final, "names": meta.names, "unsaved": meta.unsaved, "bytes": meta.bytes, "step": meta.step}
+
+
+def _refuse_unknown(ns: Dict[str, Any], names: List[str], world: int) -> None:
+    """Names the user typed that no rank defines (a typo: ``%ddp save ckpt/ modle``) refuse the save before anything is
+    written, on every rank alike (what each lacks is gathered first: a rank that refused alone would leave the others
+    in the save's collectives)."""
+    lacking: List[Any] = [None] * world
+    dist.all_gather_object(lacking, [n for n in names if n not in ns])
+    nowhere = [n for n in names if all(n in mine for mine in lacking)]
+    if nowhere:
+        near = {n: difflib.get_close_matches(n, [k for k in ns if not k.startswith("_")], 1) for n in nowhere}
+        hints = "".join(f" (did you mean {near[n][0]}?)" if near[n] else "" for n in nowhere[:1])
+        raise S.Refused(f"{', '.join(nowhere)}: not defined on any rank{hints}; nothing was written. "
+                        "Name what the ranks hold, or leave the names out to save every name the ranks own")
 
 
 def _shared_folder(partial: str, rank: int) -> None:

@@ -7,6 +7,7 @@ CellError as a cell's would be), and a load's names become the workers' (``sessi
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -66,9 +67,9 @@ def save(session: Session, parent: str, names: Sequence[str] = (), listener: Opt
     if not chosen:
         raise UsageError("%ddp save: the ranks own no names yet (what a %%ddp cell assigns lives there); name some, e.g. %ddp save ckpt/ model")
     step = session.metrics.last_step() if session.metrics else None  # ddp_magic.log's step, unless the ranks hold a `step`
-    source, partial = snapshots.save_source(parent, chosen, step, background)
+    source, partial = snapshots.save_source(parent, chosen, step, background, typed=bool(names))
     result = session.run(source, {}, CellOptions(internal=True), listener)
-    if not result.ok:
+    if not result.ok and not _refused_first([f.type for f in result.outcome.failures], partial):
         result.outcome.notes.append(snapshots.unfinished(snapshots.shown(parent, partial)))
     if result.ok and session.pool is not None:
         _saved(session, result.outcome.values[0], parent)
@@ -108,17 +109,24 @@ def at_safe_point(session: Session, holder: Ticket, parent: str, names: Sequence
     if not chosen:
         raise UsageError("%ddp save: the ranks own no names yet; name some, e.g. %ddp save ckpt/ model")
     assert session.pool is not None
-    args = snapshots.save_args(parent, chosen, None, background)
+    args = snapshots.save_args(parent, chosen, None, background, typed=bool(names))
     out = safe_save.save_at_safe_point(session.pool, session.turns, args, on_wait)
     while out.outcome == safe_save.Outcome.ENDED and session.turns.holder is holder and holder.ran_for is None and session.pool.alive:
         time.sleep(RETRY_S)  # its cell has not reached every rank yet, or is ending on some: ask again until it runs or has ended
         out = safe_save.save_at_safe_point(session.pool, session.turns, args, on_wait)
-    if out.outcome == safe_save.Outcome.FAILED:
+    if out.outcome == safe_save.Outcome.FAILED and _refused_first([e.get("type") for e in out.errors.values()], args["partial"]):
+        out.why = out.errors[min(out.errors)].get("message") or out.why  # the ranks' words alone
+    elif out.outcome == safe_save.Outcome.FAILED:
         out.why += "; " + snapshots.unfinished(snapshots.shown(parent, args["partial"]))
     if out.outcome != safe_save.Outcome.SAVED or out.report is None:
         return out, None
     _saved(session, out.report, parent)
     return out, snapshots.Saved(out.report, parent, where)
+
+
+def _refused_first(kinds: Sequence[Any], partial: str) -> bool:
+    """The ranks refused before any made the partial folder (a name typed wrong): no unfinished snapshot to name."""
+    return bool(kinds) and all(k == S.Refused.__name__ for k in kinds) and not os.path.lexists(partial)
 
 
 def _saved(session: Session, report: Dict[str, Any], parent: str) -> None:

@@ -296,7 +296,7 @@ def test_unpicklable_names_are_named_and_nothing_else_is_lost(kernel, tmp_path, 
 
 
 @pytest.mark.parametrize("run", [1, 2])
-def test_a_damaged_snapshot_is_refused_naming_its_file(kernel, tmp_path, run):
+def test_a_damaged_snapshot_or_a_name_typed_wrong_is_refused(kernel, tmp_path, run):
     kernel.run("%ddp stop").ok()
     kernel.run("%%ddp -n 2\nimport torch\nmodel = torch.nn.Linear(2, 2)\nstep = 7", timeout=180).ok()
     kernel.run(f"%ddp save {tmp_path}", timeout=180).ok()
@@ -314,6 +314,15 @@ def test_a_damaged_snapshot_is_refused_naming_its_file(kernel, tmp_path, run):
     typo = kernel.run(f"%ddp load {tmp_path} --into modle", timeout=180)
     assert typo.error is not None
     assert tuple(typo.error[:2]) == ("UsageError", "%ddp load: --into modle: not defined on the ranks; run the cell that builds it first"), typo.error
+    before = sorted(p.name for p in tmp_path.iterdir())
+    typo = kernel.run(f"%ddp save {tmp_path} model modle", timeout=180)  # a name typed wrong: refused, nothing written
+    assert typo.error is not None and typo.error[0] == "UsageError", typo.error
+    assert typo.error[1] == ("%ddp save: modle: not defined on any rank (did you mean model?); nothing was written. Name what the ranks "
+                             "hold, or leave the names out to save every name the ranks own"), typo.error
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "no snapshot, no partial folder"
+    kernel.run("%%ddp\nw = torch.ones(2)\ndel model").ok()
+    saved = kernel.run(f"%ddp save {tmp_path}", timeout=180).ok().stdout  # the names the ranks own, one deleted since: not refused
+    assert "saved a snapshot to" in saved and "w (pickled" in saved and "not saved: model: not defined on this rank" in saved, saved
 
 
 FSDP_SETUP = (
@@ -387,6 +396,10 @@ def test_a_background_job_is_saved_at_its_safe_points(kernel, tmp_path):
     kernel.run("%ddp stop").ok()
     kernel.run("%%ddp -n 2\n" + SETUP, timeout=180).ok()
     kernel.run(JOB.format(every=every, stop=str(stop)), timeout=60).ok()
+    typo = kernel.run(f"%ddp save {now} model modle", timeout=300)
+    assert typo.error is not None and typo.error[1].startswith("%ddp save: modle: not defined on any rank (did you mean model?); nothing was "
+                                                               "written."), typo.error
+    assert typo.error[1].endswith(f"; nothing was saved; {kernel.value('job.ticket.name')} goes on") and ".partial" not in typo.error[1]
     saved = kernel.run(f"%ddp save {now}", timeout=300).ok().stdout
     taken = re.search(r"saved step (\d+) to \S+ at a safe point \(the job goes on\): ", saved)
     assert taken, saved
