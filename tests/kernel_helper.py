@@ -1,6 +1,7 @@
 """Drive a real Jupyter kernel (jupyter_client) and collect what a notebook would show."""
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import shutil
@@ -49,10 +50,20 @@ class _PrefixedKernelManager(KernelManager):
         return [*self.prefix, *super().format_kernel_cmd(extra_arguments)]
 
 
+IPC_FOLDERS: List[str] = []  # the ipc sockets' folders of this process's prefixed kernels: gone at its exit, a killed kernel's too
+
+
+@atexit.register
+def _remove_ipc_folders() -> None:
+    for folder in IPC_FOLDERS:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _start_prefixed(prefix: List[str], env: dict) -> Tuple[KernelManager, Any]:
     import tempfile
 
     folder = tempfile.mkdtemp(prefix="ddp-kernel-ipc-")
+    IPC_FOLDERS.append(folder)
     km = _PrefixedKernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(folder, "k"))
     km.prefix = list(prefix)
     km.start_kernel(env=env)
