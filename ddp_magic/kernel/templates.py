@@ -198,7 +198,7 @@ def warm_torch_import() -> None:
             try:
                 # Linux nice is per thread: on few cores the template's own import of torch,
                 # which every rank waits for, goes first.
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(os.getpriority(os.PRIO_PROCESS, 0), 10))
             except OSError:
                 log.debug("could not lower the priority of the torch import", exc_info=True)
         try:

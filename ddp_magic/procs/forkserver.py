@@ -40,12 +40,14 @@ from .parent import die_with_parent
 
 
 def _warm_imports_nice(nice: int) -> str:
-    """The imports at lower priority, in a thread; joined before any fork, so the template is single-threaded again."""
+    """The imports at lower priority, in a thread; joined before any fork, so the template is single-threaded again. A
+    "hurry" gives the thread the kernel's own priority back (the template's at its start: never above what it was given)."""
     out: Dict[str, str] = {}
+    base = os.getpriority(os.PRIO_PROCESS, 0)
 
     def run() -> None:
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(base, nice))
         except OSError:
             log.debug("could not lower the priority of the template's imports", exc_info=True)
         try:
@@ -62,7 +64,7 @@ def _warm_imports_nice(nice: int) -> str:
             if cmd.get("op") == "exit":
                 os._exit(0)
             try:
-                os.setpriority(os.PRIO_PROCESS, thread.native_id or 0, 0)
+                os.setpriority(os.PRIO_PROCESS, thread.native_id or 0, base)
             except OSError:  # raising a priority again takes a privilege: the import goes on at low priority
                 log.debug("could not raise the priority of the template's imports", exc_info=True)
     if "error" in out:

@@ -62,18 +62,26 @@ KNOWN_NOISE: List[Pattern[str]] = [
 
 # Kernel output that belongs to no cell (JupyterLab puts it in its log console, with a red badge in the status bar):
 # a comm message's error, "No such comm", a warning from a thread. Recorded in the page, with whether the comm it
-# names is one this extension opened (connection.ts commIds).
+# names is one this extension opened (connection.ts commIds), and the target the page opened it to (its comm_open).
 ORPHAN_OUTPUT_JS = """() => {
   const w = window.jupyterapp.shell.currentWidget;
   if (!w || !w.sessionContext || w.__ddpOrphans) { return; }
   w.__ddpOrphans = [];
+  const targets = {};
+  const follow = kernel => kernel && kernel.anyMessage.connect((_, a) => {
+    if (a.direction === 'send' && a.msg.header.msg_type === 'comm_open') { targets[a.msg.content.comm_id] = a.msg.content.target_name; }
+  });
+  follow(w.sessionContext.session && w.sessionContext.session.kernel);
+  w.sessionContext.kernelChanged.connect((_, change) => follow(change.newValue));
   w.sessionContext.iopubMessage.connect((_, m) => {
     const parent = m.parent_header || {};
     if ((m.header.msg_type === 'stream' || m.header.msg_type === 'error') && parent.msg_type !== 'execute_request') {
       const text = m.content.text || m.content.evalue || '';
       const named = /No such comm: (\\S+)/.exec(text);
       const ours = !!named && window.jupyterapp.ddpMagic.tracker.connections.some(c => c.commIds.includes(named[1]));
-      w.__ddpOrphans.push({parent: parent.msg_type || '', text, ours});
+      const kernel = w.sessionContext.session && w.sessionContext.session.kernel;
+      const live = named && kernel && kernel._comms && kernel._comms.get(named[1]);  // one opened before we followed
+      w.__ddpOrphans.push({parent: parent.msg_type || '', text, ours, target: named ? (targets[named[1]] || (live && live.targetName) || '') : ''});
     }
   });
 }"""
@@ -81,6 +89,8 @@ ORPHAN_OUTPUT_JS = """() => {
 # Such output that is no fault of ours. ipywidgets' page opens a "jupyter.widget.control" comm to every kernel it
 # meets (to restore widgets); a kernel that has not imported ipywidgets yet refuses it, and then the page's first
 # message on it: a comm the page opened (a dashed uuid; a widget model's id, made by the kernel, has none), not ours.
+# A kernel that has ipywidgets may answer that first message "No such comm" too, when it reads it before the comm_open
+# (ipykernel 7 reads comm messages on a subshell of their own): the comm's target, seen in the page's comm_open, says so.
 WIDGET_CONTROL = re.compile(r"^No such comm target registered: jupyter\.widget\.control\n?$")
 NOT_OUR_COMM = re.compile(r"^No such comm: [0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\n?$")
 
@@ -88,6 +98,8 @@ NOT_OUR_COMM = re.compile(r"^No such comm: [0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[
 def known_kernel_noise(orphan: Dict[str, Any], seen: List[Dict[str, Any]]) -> bool:
     text = orphan.get("text", "")
     if WIDGET_CONTROL.match(text):
+        return True
+    if orphan.get("target") == "jupyter.widget.control" and not orphan.get("ours") and NOT_OUR_COMM.match(text):
         return True
     refused = any(WIDGET_CONTROL.match(o.get("text", "")) for o in seen)
     return refused and not orphan.get("ours") and NOT_OUR_COMM.match(text) is not None

@@ -42,6 +42,8 @@ import box_ssh  # noqa: E402
 import cluster_box  # noqa: E402
 from kernel_helper import Kernel  # noqa: E402
 
+from ddp_magic.kernel.templates import WARM_ENV  # noqa: E402
+
 TIMINGS: dict = {}  # up_s, down_s of this session's box (the report reads them)
 
 
@@ -95,6 +97,7 @@ def box() -> Iterator[cluster_box.Box]:
 def kernel_env(b: cluster_box.Box, **extra: str) -> dict:
     """A box kernel's env: the box's Slurm, this checkout first on the path of the kernel and of every rank it starts."""
     env = dict(b.env(), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])))
+    env[WARM_ENV] = "0"  # its pools are the box's hosts': a local template warmed at %load_ext would cost each kernel CPU for nothing
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     env.update(extra)
     return env

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests" / "slurm"))
 
 import box_ray  # noqa: E402
+from ddp_magic.kernel.templates import WARM_ENV  # noqa: E402
 from ddp_magic.wire import kept  # noqa: E402
 from kernel_helper import Kernel, alive, drop_runtime_dir, own_runtime_dir  # noqa: E402
 from keep_helper import TICKS, cell_texts, ticked, runtime_processes, sigkill_kept, ticks  # noqa: E402
@@ -42,6 +43,7 @@ print(f"trained {dist.get_rank()}")
 e = os.environ
 (e['LOCAL_RANK'], e.get('CUDA_VISIBLE_DEVICES'), e['MASTER_ADDR'], e['DDP_MAGIC_NODE_NAME'], [p.detach().flatten().tolist() for p in m.parameters()])
 """
+NO_WARM = {WARM_ENV: "0"}  # the pools are Ray's: a local template warmed at %load_ext would cost each kernel CPU for nothing
 HOLD = """
 import sys, time, ray
 from ray.util.placement_group import placement_group
@@ -67,7 +69,7 @@ def cluster() -> Iterator[box_ray.Cluster]:
 
 @pytest.fixture(scope="module")
 def rk(cluster: box_ray.Cluster) -> Iterator[Kernel]:
-    k = Kernel(extra_env=dict(cluster.env, PYTHONPATH=str(ROOT)))
+    k = Kernel(extra_env=dict(cluster.env, PYTHONPATH=str(ROOT), **NO_WARM))
     try:
         k.run("%load_ext ddp_magic").ok()
         yield k
@@ -170,7 +172,7 @@ def test_waiting_for_ray_is_shown_and_ctrl_c_or_start_timeout_removes_the_group(
 
 def test_a_sigkilled_kernel_leaves_no_actor_group_or_process(cluster: box_ray.Cluster) -> None:
     for _attempt in range(2):
-        k = Kernel(extra_env=dict(cluster.env, PYTHONPATH=str(ROOT)))
+        k = Kernel(extra_env=dict(cluster.env, PYTHONPATH=str(ROOT), **NO_WARM))
         try:
             k.run("%load_ext ddp_magic").ok()
             k.run("%%ddp --ray -n 2\nimport os\nos.getpid()", timeout=300).ok()
@@ -249,7 +251,7 @@ def test_a_kept_ray_pool_outlives_its_kernel_and_ends_with_its_lease_or_stop(clu
 
 
 def _kernel(cluster: box_ray.Cluster, runtime: str) -> Kernel:
-    k = Kernel(extra_env=dict(cluster.env, PYTHONPATH=str(ROOT), JUPYTER_RUNTIME_DIR=runtime, JPY_SESSION_NAME="ray.ipynb"))
+    k = Kernel(extra_env=dict(cluster.env, PYTHONPATH=str(ROOT), **NO_WARM, JUPYTER_RUNTIME_DIR=runtime, JPY_SESSION_NAME="ray.ipynb"))
     k.run("%load_ext ddp_magic").ok()
     return k
 

@@ -14,15 +14,22 @@ would find no CPU free. What must not overlap shares a group; a group runs on on
 - the browser tests share one JupyterLab server and one Chromium (session fixtures; a process may run one Playwright
   only): one group, ``browser``. The Slurm start's UI test is a ``slurm`` one (its worker starts a Playwright of its own).
 
+The box group is the longest (about 27 minutes on three workers, 20 alone) and what it runs is the box's own hosts, so
+its worker keeps the CPU's first claim: under xdist, every other test runs at nice ``OTHERS_NICE`` (its worker, and what
+it starts: kernels, ranks, browsers), and fills the time the box waits. Wall time only: no test's order changes.
+
 The groups are xdist scopes (``pytest_xdist_make_scheduler``: xdist's own ``xdist_group`` mark rewrites a nodeid, which
 pytest 9 no longer allows). The longest groups are collected first, and ``--no-loadscope-reorder`` keeps that order,
 so that no worker is left with one of them at the end. Without xdist this plugin only reorders."""
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any, List, Optional
 
 import pytest
 
+log = logging.getLogger(__name__)
 BOX = ("tests/cluster/",)
 BOX_FIXTURES = frozenset({"box", "box_kernel", "ssh_login"})  # tests/cluster/box_fixtures.py
 SLURM = ("tests/slurm/", "labextension/ui-tests/test_slurm_start_ui.py")
@@ -30,6 +37,8 @@ SLURM_FIXTURES = frozenset({"slurm_cluster"})  # tests/slurm/slurm_fixtures.py
 BROWSER = ("labextension/ui-tests/", "tests/kernel/test_debugging.py::test_input_box_in_jupyterlab")
 BROWSER_FIXTURES = frozenset({"server", "browser"})  # labextension/ui-tests/ui_fixtures.py: one Playwright a process
 FIRST = ("box", "browser", "slurm")
+CRITICAL = ("box",)  # the longest group: its tests keep nice 0 (the others: OTHERS_NICE)
+OTHERS_NICE = 4  # CFS weights 1024 against 423: the box's hosts get about 70% of a core they contend for
 OWN_PLAYWRIGHT = ("slurm",)  # groups whose worker may start a Playwright of its own (never beside the browser group's)
 
 
@@ -54,6 +63,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
             raise pytest.UsageError(f"{strays[0]} uses the {groups[0]} fixtures: add it to {where} in {__file__}")
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(FIRST)))  # stable: each group keeps its order
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under xdist: the critical group's tests at nice 0, the others at OTHERS_NICE (what they start inherits it)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or not hasattr(os, "setpriority"):
+        return
+    want = 0 if group_of(item.nodeid) in CRITICAL else OTHERS_NICE
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) != want:
+            os.setpriority(os.PRIO_PROCESS, 0, want)
+    except OSError:  # back to a lower nice takes root (CI is root): the test runs as it is
+        log.debug("could not set this worker's nice to %d", want, exc_info=True)
 
 
 @pytest.hookimpl(optionalhook=True)
