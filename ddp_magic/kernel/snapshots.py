@@ -19,18 +19,18 @@ from ..words import fmt_bytes, plural
 INTO_HINT = "where a rebuild is not exact: rebuild those objects in a setup cell, then %ddp load {path} --into NAME,NAME"
 
 
-def save_args(parent: str, names: Sequence[str], step: Optional[int], background: bool = False, typed: bool = False) -> Dict[str, Any]:
+def save_args(parent: str, names: Sequence[str], step: Optional[int], background: bool = False, user_named: bool = False) -> Dict[str, Any]:
     """What every rank's writer takes (procs/rank_snapshot.py ``save``): one new partial folder of ``parent``, the names, the time;
-    ``background``: the ranks go on once each has copied its share, a thread of each writes it; ``typed``: the user named
-    them (one no rank defines refuses the save; the names a session owns may have been deleted since)."""
+    ``background``: the ranks go on once each has copied its share, a thread of each writes it; ``user_named``: the user
+    named them (one no rank defines refuses the save; the names a session owns may have been deleted since)."""
     partial = os.path.join(os.path.abspath(parent), S.PARTIAL + secrets.token_hex(4))
     return {"partial": partial, "names": list(names), "time": time.time(), "step": step, "background": background, "typed": parent,
-            "typed_names": typed}
+            "user_named": user_named}
 
 
-def save_source(parent: str, names: Sequence[str], step: Optional[int], background: bool = False, typed: bool = False) -> Tuple[str, str]:
+def save_source(parent: str, names: Sequence[str], step: Optional[int], background: bool = False, user_named: bool = False) -> Tuple[str, str]:
     """The cell every rank runs for ``%ddp save``: its share written into one new partial folder of ``parent`` (returned too)."""
-    args = save_args(parent, names, step, background, typed)
+    args = save_args(parent, names, step, background, user_named)
     return _call("save", args), args["partial"]
 
 

@@ -159,7 +159,7 @@ def _save(req: _Request, step: int) -> None:
 
     try:
         # names the running cell has not set yet are not there; one the user typed that no rank has refuses (rank_snapshot.py)
-        names = [n for n in req.args["names"] if n in STATE.ns or req.args.get("typed_names")]
+        names = [n for n in req.args["names"] if n in STATE.ns or req.args.get("user_named")]
         report = rank_snapshot.save(STATE.ns, dict(req.args, names=names, at=step))
         _send(req, Say.RESULT, report=report)
     except BaseException as e:  # the save's failure is the save's: the kernel says it, the cell goes on (a Ctrl-C still stops it)

@@ -71,7 +71,7 @@ def save(ns: Dict[str, Any], args: Dict[str, Any]) -> Dict[str, Any]:
     earlier = bg.failure(bg.wait())  # a background save still being written goes first: one at a time
     rank, world = dist.get_rank(), dist.get_world_size()
     partial, background = args["partial"], bool(args.get("background"))
-    if args.get("typed_names"):
+    if args.get("user_named"):
         _refuse_unknown(ns, list(args["names"]), world)
     _shared_folder(partial, rank)
     found = O.sort_names(ns, list(args["names"]))
@@ -138,9 +138,9 @@ def _refuse_unknown(ns: Dict[str, Any], names: List[str], world: int) -> None:
     dist.all_gather_object(lacking, [n for n in names if n not in ns])
     nowhere = [n for n in names if all(n in mine for mine in lacking)]
     if nowhere:
-        near = {n: difflib.get_close_matches(n, [k for k in ns if not k.startswith("_")], 1) for n in nowhere}
-        hints = "".join(f" (did you mean {near[n][0]}?)" if near[n] else "" for n in nowhere[:1])
-        raise S.Refused(f"{', '.join(nowhere)}: not defined on any rank{hints}; nothing was written. "
+        near = difflib.get_close_matches(nowhere[0], [k for k in ns if not k.startswith("_")], 1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise S.Refused(f"{', '.join(nowhere)}: not defined on any rank{hint}; nothing was written. "
                         "Name what the ranks hold, or leave the names out to save every name the ranks own")
 
 

@@ -67,7 +67,7 @@ def save(session: Session, parent: str, names: Sequence[str] = (), listener: Opt
     if not chosen:
         raise UsageError("%ddp save: the ranks own no names yet (what a %%ddp cell assigns lives there); name some, e.g. %ddp save ckpt/ model")
     step = session.metrics.last_step() if session.metrics else None  # ddp_magic.log's step, unless the ranks hold a `step`
-    source, partial = snapshots.save_source(parent, chosen, step, background, typed=bool(names))
+    source, partial = snapshots.save_source(parent, chosen, step, background, user_named=bool(names))
     result = session.run(source, {}, CellOptions(internal=True), listener)
     if not result.ok and not _refused_first([f.type for f in result.outcome.failures], partial):
         result.outcome.notes.append(snapshots.unfinished(snapshots.shown(parent, partial)))
@@ -109,7 +109,7 @@ def at_safe_point(session: Session, holder: Ticket, parent: str, names: Sequence
     if not chosen:
         raise UsageError("%ddp save: the ranks own no names yet; name some, e.g. %ddp save ckpt/ model")
     assert session.pool is not None
-    args = snapshots.save_args(parent, chosen, None, background, typed=bool(names))
+    args = snapshots.save_args(parent, chosen, None, background, user_named=bool(names))
     out = safe_save.save_at_safe_point(session.pool, session.turns, args, on_wait)
     while out.outcome == safe_save.Outcome.ENDED and session.turns.holder is holder and holder.ran_for is None and session.pool.alive:
         time.sleep(RETRY_S)  # its cell has not reached every rank yet, or is ending on some: ask again until it runs or has ended

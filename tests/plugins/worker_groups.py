@@ -2,8 +2,8 @@
 
 Three workers cut the suite's wall time on CI's two cores, because much of a test's time is spent waiting on kernels,
 ranks, browsers, daemons and the timers under test (a lease's idle, a node's silence): on this 2-core VM the suite
-took 31:47 on two workers and 27:57 on three, the CPUs 89% busy (/proc/stat over the run; 2026-12-06). A fourth
-would find no CPU free. What must not overlap shares a group; a group runs on one worker, in order:
+took 34:16 on two workers (the CPUs 74% busy) and 29:30 on three (86% busy; top over the run, 2026-12-07). A fourth
+would find little CPU free. What must not overlap shares a group; a group runs on one worker, in order:
 
 - a file's tests share its module-scoped kernel and pool (a notebook's cells, nbval's kernel): one group per file;
 - the cluster-in-a-box tests share its network namespaces, its Slurm, sshd and Ray, and /tmp/ddp_box.lock: one group,
@@ -14,7 +14,7 @@ would find no CPU free. What must not overlap shares a group; a group runs on on
 - the browser tests share one JupyterLab server and one Chromium (session fixtures; a process may run one Playwright
   only): one group, ``browser``. The Slurm start's UI test is a ``slurm`` one (its worker starts a Playwright of its own).
 
-The box group is the longest (about 27 minutes on three workers, 20 alone) and what it runs is the box's own hosts, so
+The box group is the longest (26 minutes of the 29:30 on three workers) and what it runs is the box's own hosts, so
 its worker keeps the CPU's first claim: under xdist, every other test runs at nice ``OTHERS_NICE`` (its worker, and what
 it starts: kernels, ranks, browsers), and fills the time the box waits. Wall time only: no test's order changes.
 
