@@ -156,7 +156,7 @@ class Hub(OutputStreams):
         return [r for r, info in self.ranks.items() if info.state == RankState.DEAD]
 
     def death_failure(self, rank: int) -> RankFailure:
-        return deaths.death_failure(rank, self.ranks[rank])
+        return deaths.death_failure(rank, self.ranks[rank], self.launcher.death_cause(rank))
 
     def any_peer_open(self) -> bool:
         """Whether some rank still holds its control connection open (ranks on other hosts exit late)."""

@@ -20,8 +20,7 @@ from ..errors import RankFailure, StartError
 from ..plan.plan import Plan, make_plan
 from ..plan.spec import PoolSpec
 from ..states import FailureKind, RankState
-from ..wire import protocol as P
-from ..wire import liveness, shm
+from ..wire import liveness, protocol as P, shm
 from ..wire.tls import ServerKey
 from . import placement, texts
 from .failures import heal as healing, unreachable
@@ -257,8 +256,9 @@ class Pool:
             notice = self.recovery.before_cell(self, listener, owned)
             if not self.broken:
                 return notice
-        why = (lost := self.launcher.lost()) or self.broken  # lost (revoked): a new allocation, no node to ask
         if self.started:
+            self.hub.reap()  # a template gone: what it said last (why it ended its ranks), and their exits
+            why = (lost := self.launcher.lost()) or self.broken  # lost (revoked, or the template gone): no node to ask
             self.restart(listener, who=None if lost else "")
             return texts.restarted_notice(why)
         self.start(listener)

@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional, Set
 from ..logs import log
 from ..wire import shm
 from .lease import Lease
+from .template_end import TemplateEnd, tell
 from .template_keep import KeptTemplate, emit as _emit
 from .template_later import LaterImports
 from .template_preempt import PreemptibleTemplate
@@ -294,6 +295,7 @@ class Template(KeptTemplate, PreemptibleTemplate, LaterImports):
             data = b""
         if not data:  # no "exit": the kernel is going
             if self.lease is None and not self.follows_lease:
+                tell(str(getattr(self, "node", "")), self.children, TemplateEnd.COMMANDS_CLOSED)
                 self.kernel_gone()
             self.kernel_left()
             return

@@ -46,10 +46,11 @@ from typing import Dict, Optional
 
 from ..logs import log
 from ..wire import node_hello
-from .forkserver import _read_line, _warm_imports
+from .forkserver import _read_line, _warm_imports, readable
 from .node_template import NodeTemplate
 from .lease import release_from_parent
 from .parent import die_with_parent
+from .template_end import TemplateEnd, tell
 from .template_keep import emit
 
 
@@ -71,18 +72,24 @@ class SshTemplate(NodeTemplate):
         super().reap()
         if self.follows_lease and self.upstream is None and self.kernel_fd < 0:
             log.warning("no kernel and no connection to the kept pool's lease: ending this host's ranks")
+            tell(self.node, self.children, TemplateEnd.NO_LEASE)
             self.kernel_gone(dead=False)
         if self.kept_or_following():
             return
         if self.kernel_fd == 0 and time.monotonic() - self.heard > self.silence:
+            if readable([0], 0):  # beats waiting unread: this loop was held up (a starved machine), not the kernel
+                self.read_commands()
+                return
             log.debug("no beat from the kernel for %.0fs: ending the ranks", self.silence)
-            emit({"event": "silent", "node": self.node, "seconds": self.silence})
+            tell(self.node, self.children, TemplateEnd.SILENT, seconds=self.silence)
             self.kernel_gone()
 
     def terminated(self, *_: object) -> None:
         """SIGTERM: our parent-death signal ends everything at once; one from outside while the session lives and a kernel
         hears us saves armed ranks first (the module's docstring; procs/template_preempt.py)."""
-        self.preempt_or_end(os.getppid() == self.session and self.kernel_fd >= 0)  # re-parented: the session is gone
+        parent_gone = os.getppid() != self.session  # re-parented: the session is gone
+        self.preempt_or_end(not parent_gone and self.kernel_fd >= 0, (TemplateEnd.PARENT_GONE, {"parent": self.terminated_why})
+                            if parent_gone else (TemplateEnd.SIGTERM, {}))
 
     def kept_or_following(self) -> bool:
         return self.lease is not None or self.follows_lease
@@ -114,6 +121,7 @@ class SshTemplate(NodeTemplate):
     def hangup(self, *_: object) -> None:
         """SIGHUP (the session's end): as its stdin closing, unless the pool is kept."""
         if not self.kept_or_following():
+            tell(self.node, self.children, TemplateEnd.HANGUP)
             self.kernel_gone()
 
 

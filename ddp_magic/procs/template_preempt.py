@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Callable, Dict, Set
+from typing import Callable, Dict, Set, Tuple
 
 from ..logs import log
 from ..wire import shm
+from .template_end import TemplateEnd, tell
 
 PREEMPT_GRACE_S = 120.0  # after our SIGTERM, armed ranks get this long to save (Slurm's SIGKILL after KillWait comes first)
 
@@ -39,14 +40,16 @@ class PreemptibleTemplate:
         """SIGTERM to a kept pool's template: the kernel that hears it is the one attached now (stdin, or the lease)."""
         self.preempt_or_end(self.kernel_fd >= 0)
 
-    def preempt_or_end(self, kernel_hears: bool) -> None:
-        """Armed ranks save first where a kernel hears them; else, and on a SIGTERM with no kernel, everything ends now."""
+    def preempt_or_end(self, kernel_hears: bool, end: "Tuple[TemplateEnd, Dict[str, object]]" = (TemplateEnd.SIGTERM, {})) -> None:
+        """Armed ranks save first where a kernel hears them; else, and on a SIGTERM with no kernel, everything ends now
+        (``end``: why, told to a kernel that may still hear it)."""
         if kernel_hears and self.preempt_until:
             return  # a second SIGTERM while they save changes nothing
         if kernel_hears and self.warned():
             self.preempt_until = time.monotonic() + PREEMPT_GRACE_S
             log.info("SIGTERM: the armed ranks save before they go (at most %.0f s)", PREEMPT_GRACE_S)
             return
+        tell(str(getattr(self, "node", "")), self.children, end[0], **end[1])
         self.kernel_gone()
 
     def preempt_due(self) -> None:

@@ -17,10 +17,12 @@ from typing import Iterator
 
 import pytest
 from conftest import wait_until
-from kernel_helper import Kernel, drop_runtime_dir, own_runtime_dir
+from kernel_helper import Kernel, alive, drop_runtime_dir, own_runtime_dir
 from keep_helper import runtime_processes
 from test_keep_ssh import FAKE_SSH
 from test_snapshots import JOB, SETUP
+
+from ddp_magic.wire.node_hello import BEAT_S, SILENCE_S
 
 pytestmark = pytest.mark.kernel
 
@@ -76,3 +78,25 @@ def test_sigterm_to_an_ssh_hosts_template_saves_at_a_safe_point_and_a_new_pool_g
     assert f"(step {step}, saved by 2 ranks) into 2 ranks" in loaded.stdout, loaded.stdout
     k.run("%%ddp --out after\n(step, max(seen))", timeout=120).ok()
     assert k.value("list(after)") == [(step, step), (step, step)]
+
+
+def test_a_template_held_up_past_its_silence_reads_the_waiting_beats_and_a_sigterm_unarmed_is_named(ssh_kernel: Kernel) -> None:
+    """A host's template stopped for longer than its silence (a starved machine: SIGSTOP here) while the kernel beats on
+    into its pipe reads those beats before it judges the kernel silent: its ranks live on with their variables. A
+    SIGTERM to it with no rank armed ends its ranks at once, and their death names why, as the template said it first."""
+    k = ssh_kernel
+    k.run("%%ddp --hosts ha,hb --ntasks-per-node 1\nimport os\nx = int(os.environ['RANK']) * 10", timeout=240).ok()
+    template = _template_of(k.runtime, "hb")  # type: ignore[attr-defined]
+    os.kill(template, signal.SIGSTOP)
+    time.sleep(SILENCE_S + 3)
+    os.kill(template, signal.SIGCONT)
+    time.sleep(2 * BEAT_S)  # a few turns of its loop: the old one ended the ranks on its first
+    assert alive(template), "the template ended after its stop, though the kernel's beats waited in its pipe"
+    k.run("%%ddp --out xs\nx", timeout=60).ok()
+    assert k.value("list(xs)") == [0, 10], "both ranks kept their variables"
+
+    os.kill(template, signal.SIGTERM)
+    assert wait_until(lambda: not alive(template), 30)
+    ex = k.run("%%ddp\nimport os\nos.environ['RANK']", timeout=240)
+    said = ex.stdout + "".join(ex.error[2] if ex.error else [])
+    assert re.search(r"rank 1 \(pid \d+\) [^:\n]+: hb's template ended its ranks: it was sent SIGTERM", said), said[-3000:]

@@ -104,3 +104,17 @@ def test_a_kernel_that_never_runs_a_cell_leaves_no_template() -> None:
         assert wait_until(lambda: not pid_alive(template), 15), "the template dies with its kernel"
     finally:
         k.shutdown()
+
+
+def test_a_sigterm_to_the_template_names_itself_in_its_ranks_deaths(kernel: Kernel) -> None:
+    """SIGTERM to the pool's template (a ``kill``, no rank armed for a save) ends its ranks at once; the cell after says
+    that is how they died, not only "killed by SIGKILL", which the OOM killer would say too. Twice: a new template
+    serves the next pool."""
+    for _attempt in range(2):
+        template = parents(kernel, "-n 2")[0]
+        os.kill(template, signal.SIGTERM)
+        assert wait_until(lambda t=template: not pid_alive(t), 30)
+        ex = kernel.run("%%ddp\n1", timeout=180)
+        said = ex.stdout + "".join(ex.error[2] if ex.error else [])
+        assert "its template ended its ranks: it was sent SIGTERM" in said, said[-3000:]
+        kernel.run("%ddp stop", timeout=60).ok()

@@ -61,6 +61,9 @@ class FakeLauncher:
     def adopt(self, pid: int, rank: int, host: str) -> None:
         self.adopted.append(pid)
 
+    def death_cause(self, rank: int) -> str:
+        return ""
+
 
 class Recorder(Listener):
     def __init__(self) -> None:

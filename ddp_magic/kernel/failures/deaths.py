@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional
 
-from ...errors import RankFailure
-from ...states import FailureKind
+from ...errors import RankFailure, describe_exit
+from ...states import FailureKind, RankState
 from ...words import fmt_bytes, fmt_seconds, ranks_phrase
 from ...wire import liveness, memcg
 from ..memory import Memory, cuda_text
@@ -146,8 +146,12 @@ def cuda_oom_notes(done: Mapping[int, dict]) -> List[str]:
             f"{'it' if len(hit) == 1 else 'them'}, and every rank keeps its variables"]
 
 
-def death_failure(rank: int, info: "RankInfo") -> RankFailure:
-    """How a dead rank died (exit code, last lines, the evidence), as a failure; a rank whose node went silent is unreachable."""
+def death_failure(rank: int, info: "RankInfo", cause: str = "") -> RankFailure:
+    """How a dead rank died (exit code, last lines, the evidence), as a failure; a rank whose node went silent is unreachable.
+    ``cause``: its template's word on why it ended the rank (the launcher's ``death_cause``), added when it came after
+    the rank's end was seen (a joined rank's lost connection is often faster than its template's event)."""
+    if cause and info.state == RankState.DEAD and cause not in (info.death or ""):
+        info.death = f"{info.death or describe_exit(info.exit_code)}: {cause}"
     if info.silent:
         return RankFailure(rank=rank, kind=FailureKind.DIED, pid=info.pid, message=liveness.silence_words(), node=node_key(info))
     crash = crash_traceback(info.crash.splitlines()) + f"\n(faulthandler's whole report: %ddp output --rank {rank})" if info.crash else ""

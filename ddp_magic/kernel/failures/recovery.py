@@ -107,9 +107,11 @@ class Recovery:
     def on_death(self, pool: Pool, rank: int, code: Optional[int], how: str) -> Optional[str]:
         """A rank's process ended. Returns why the pool is broken, or None when the rank can be replaced alone."""
         info = pool.ranks[rank]
-        info.death = why_killed(code, info.mem, info.host in ("", socket.gethostname()))  # the OOM killer only with evidence
-        how = info.death or how
         launcher = pool.launcher
+        cause = launcher.death_cause(rank)  # its template ended it, and said why first
+        local = info.host == socket.gethostname() if info.host else not launcher.remote_ranks  # not joined: where it was asked
+        info.death = f"{how}: {cause}" if cause else why_killed(code, info.mem, local)  # the OOM killer only with evidence
+        how = info.death or how
         if info.silent:  # the check found it after its window of silence: every start on that node asks it first
             launcher.silent_since.setdefault(node_key(info), time.time() - liveness.SILENCE_S)
         if not launcher.replaces_ranks or not (pool.store_path or launcher.remote_ranks):

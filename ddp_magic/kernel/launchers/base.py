@@ -234,6 +234,10 @@ class Launcher(ABC):
         """The node a rank was asked to run on, when the launcher places ranks on nodes ("" otherwise)."""
         return ""
 
+    def death_cause(self, rank: int) -> str:
+        """Why ``rank``'s template ended it, as the template said before it did (procs/template_end.py); "" when none did."""
+        return ""
+
     def log_text(self, limit: int = 4000) -> str:
         """The last ``limit`` characters the launched processes printed outside cells."""
         try:

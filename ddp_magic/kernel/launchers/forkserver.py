@@ -37,6 +37,7 @@ class ForkServerLauncher(LocalLauncher):
         self._buf = b""
         self._exits: List[Exit] = []
         self._pids: Dict[int, int] = {}  # pid -> rank, live children
+        self._ending: Dict[int, str] = {}  # rank -> why its template ended it (an "ending" event), until it is spawned again
         self.import_env: Tuple[Tuple[str, str], ...] = ()  # what the template's imports read (import_env)
         self.ready_info = ""  # the template's "ready" line, once read
         self.later_sent = False  # this template was told to import later (import_later)
@@ -130,9 +131,16 @@ class ForkServerLauncher(LocalLauncher):
             elif ev["event"] == "exited":
                 self._pids.pop(ev["pid"], None)
                 self._exits.append((ev["rank"], ev["pid"], ev["code"]))
+            elif ev["event"] == "ending":  # it ends its ranks on its own (a SIGTERM to it): why, before their exits
+                self._ending.update(dict.fromkeys(ev.get("ranks") or [], str(ev.get("why"))))
         return events
 
+    def death_cause(self, rank: int) -> str:
+        why = self._ending.get(rank)
+        return f"its template ended its ranks: {why}" if why else ""
+
     def spawn(self, rank: int, config: dict) -> None:
+        self._ending.pop(rank, None)
         self._send_later()  # before the fork: this rank has the imports too
         self._write({"op": "spawn", "rank": rank, "config": config, "secret": self.secret.hex()})
 
@@ -161,6 +169,13 @@ class ForkServerLauncher(LocalLauncher):
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def lost(self) -> str:
+        """The template ended under a started pool (a ``kill``), its ranks with it: why, as it said, else its exit code."""
+        if self.proc is None or self.proc.poll() is None:
+            return ""
+        why = next(iter(self._ending.values()), "")
+        return f"its template ended its ranks: {why}" if why else f"its template ended (code {self.proc.returncode})"
 
     def detach(self) -> None:
         """A kept pool's kernel goes (or lost it): our pipes close, the template and its ranks go on (kernel/keep/)."""

@@ -120,6 +120,13 @@ class NodeLauncher(Launcher):
             return ""
         return nodes[self.plan.node_local(rank)[0]]
 
+    def death_cause(self, rank: int) -> str:
+        """What the template on ``rank``'s node said as it ended its ranks (the newest step there: a new one says anew)."""
+        node = self.node_of(rank)
+        step = next((s for s in reversed(self.steps) if node in s.nodes), None)
+        why = step.ending.get(node) if step is not None and node else None
+        return f"{node}'s template ended its ranks: {why}" if why else ""
+
     def placement(self, plan: Plan) -> Dict[int, str]:
         """The block distribution over the nodes held."""
         nodes = self.nodes()

@@ -47,6 +47,7 @@ class TemplateStep:
         self.secret = secret  # the one in the step's env: a later pool's is sealed with it
         self.env = {k: v for k, v in env.items() if k not in (slurm_env.SECRET_ENV, slurm_env.MUNGED_ENV)}  # the templates' env (less Slurm's)
         self.lost: Dict[str, str] = {}  # node -> how its template ended
+        self.ending: Dict[str, str] = {}  # node -> why its template ended its ranks on its own (procs/template_end.py)
         self.ready: Dict[str, str] = {}  # node -> the template's import line
         self.events: List[dict] = []  # spawned / exited, for the launcher's poll
         self.unreachable: List[dict] = []  # ranks that could not reach the kernel's control port (procs/worker.py)
@@ -108,6 +109,10 @@ class TemplateStep:
             elif event.get("event") == "lost":  # a starter that outlives its node's template says so (procs/ray_driver.py)
                 self.lost.setdefault(str(event.get("node")), str(event.get("why") or "its template ended"))
                 self._heard.notify_all()
+            elif event.get("event") == "ending":  # before its ranks' exits: why they end
+                node = str(event.get("node"))
+                self.ending[node] = str(event.get("why"))
+                self._to_log(f"{node}: its template ends its ranks: {self.ending[node]}\n".encode())
             elif event.get("event") == "error":
                 self.lost.setdefault(str(event.get("node")), f"the template could not start: {event.get('message')}")
                 self._to_log((str(event.get("traceback", "")) + "\n").encode())
@@ -138,7 +143,7 @@ class TemplateStep:
         another host): the step serves ``new`` once its template says its hello, with nothing of ``old``'s kept."""
         with self._lock:
             self.nodes = [new if n == old else n for n in self.nodes]
-            for said in (self.lost, self.hello, self.ready, self.pongs):
+            for said in (self.lost, self.ending, self.hello, self.ready, self.pongs):
                 said.pop(old, None)
                 said.pop(new, None)
 
