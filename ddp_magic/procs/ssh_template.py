@@ -77,8 +77,7 @@ class SshTemplate(NodeTemplate):
         if self.kept_or_following():
             return
         if self.kernel_fd == 0 and time.monotonic() - self.heard > self.silence:
-            if readable([0], 0):  # beats waiting unread: this loop was held up (a starved machine), not the kernel
-                self.read_commands()
+            if readable([0], 0):  # beats waiting unread: this loop was held up (a starved machine), not the kernel; read next
                 return
             log.debug("no beat from the kernel for %.0fs: ending the ranks", self.silence)
             tell(self.node, self.children, TemplateEnd.SILENT, seconds=self.silence)

@@ -4,9 +4,9 @@
  * Pure functions (no JupyterLab imports): unit-tested in node (src/__tests__/model.test.ts).
  */
 
-import type { IPending, IPoolSnapshot, IQueuedMsg, IReplyMsg, ISnapshotMsg, IUIState, KernelStatus } from './model';
+import type { IPending, IPoolSnapshot, IQueuedMsg, IRankSnapshot, IReplyMsg, ISnapshotMsg, IUIState, KernelStatus } from './model';
 import { parseMetrics, takesOver } from './metrics';
-import { isActive } from './ranks';
+import { isActive, rankElapsed } from './ranks';
 
 export function initialState(): IUIState {
   return {
@@ -44,6 +44,27 @@ function chartAfter(state: IUIState, pool: IPoolSnapshot | null): Pick<IUIState,
   return { metrics: state.metrics, metricsPids: [...new Set([...state.metricsPids, ...pids])] };
 }
 
+const START_STATES = ['queued', 'starting', 'connecting'];
+const JITTER_S = 1; // a clock that reads less than what was shown by up to this much: a later snapshot's longer trip, not a new clock
+
+/**
+ * The ranks of ``next`` with no clock behind what the page showed of ``prev`` at ``now``. A snapshot's elapsed times are
+ * the kernel's as it sent it; the page advances them from their arrival, so one that took longer on its way than the one
+ * before reads a few ms behind what was on screen. The same clock: the same rank in its start (queued, starting,
+ * connecting: one start clock) or in the same state with the same process. A new cell's clock starts from 0 anew.
+ */
+function steadyClocks(prev: IPoolSnapshot | null, next: IPoolSnapshot, shownAt: number, now: number): IPoolSnapshot {
+  const before = new Map((prev && prev.ranks ? prev.ranks : []).map(r => [r.rank, r]));
+  const same = (a: IRankSnapshot, b: IRankSnapshot) =>
+    (START_STATES.includes(a.state) && START_STATES.includes(b.state)) || (a.state === b.state && a.pid === b.pid);
+  const ranks = (next.ranks || []).map(r => {
+    const p = before.get(r.rank);
+    const shown = p && isActive(p) && isActive(r) && same(p, r) ? rankElapsed(p, shownAt, now) : null;
+    return shown !== null && r.elapsed < shown && shown - r.elapsed < JITTER_S ? { ...r, elapsed: shown } : r;
+  });
+  return { ...next, ranks };
+}
+
 // ------------------------------------------------------------------ reducers
 
 /** Apply one message from the kernel's comm. Unknown messages leave the state as it is. */
@@ -63,7 +84,8 @@ export function applyMessage(state: IUIState, data: unknown, now: number): IUISt
     const running = !!snap.pool && (snap.pool.ranks || []).some(isActive);
     const lastReply = running ? null : state.lastReply;
     const cellSinceMetrics = state.cellSinceMetrics || running;
-    return { ...state, connected: true, snapshot: snap, receivedAt: now, notices, lastReply, cellSinceMetrics, ...chartAfter(state, snap.pool) };
+    const steady = prev && prev.session === snap.session && snap.pool ? { ...snap, pool: steadyClocks(prev.pool, snap.pool, state.receivedAt, now) } : snap;
+    return { ...state, connected: true, snapshot: steady, receivedAt: now, notices, lastReply, cellSinceMetrics, ...chartAfter(state, snap.pool) };
   }
   if (msg.type === 'queued') {
     const q = data as IQueuedMsg;

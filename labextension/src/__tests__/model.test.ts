@@ -161,6 +161,23 @@ describe('status bar text', () => {
     assert.equal(statusText(s, 3500), 'DDP 4×gloo · running 12.50 s');
   });
 
+  it('never shows a clock go back when a later snapshot took longer on its way, and starts a new cell from 0', () => {
+    const at = (ranks: IRankSnapshot[], seq: number, now: number, before: IUIState) => applyMessage(before, snapshot(pool(ranks), seq), now);
+    const starting = (elapsed: number) => [rank(0, { state: 'starting', pid: null, elapsed }), rank(1, { state: 'queued', pid: null, elapsed })];
+    let s = at(starting(9.1), 1, 1000, { ...initialState(), kernelStatus: 'busy' });
+    assert.equal(statusText(s, 2040), 'DDP 2×gloo · queued · waited 10.14 s'); // advanced from its arrival
+    s = at(starting(10.1), 2, 2040, s); // sent 1.00 s after the first, arrived 1.04 s after it
+    assert.equal(statusText(s, 2040), 'DDP 2×gloo · queued · waited 10.14 s');
+    assert.equal(statusText(s, 2290), 'DDP 2×gloo · queued · waited 10.39 s');
+    s = at([rank(0, { state: 'connecting', elapsed: 10.5 }), rank(1, { state: 'connecting', elapsed: 10.5 })], 3, 2390, s); // one start clock
+    assert.equal(statusText(s, 2390), 'DDP 2×gloo · starting 10.50 s');
+    s = at([rank(0, { state: 'running', elapsed: 0.02 }), rank(1, { state: 'running', elapsed: 0.02 })], 4, 2500, s); // the cell's own clock
+    assert.equal(statusText(s, 2500), 'DDP 2×gloo · running 20 ms');
+    s = at([rank(0, { state: 'running', elapsed: 3 }), rank(1, { state: 'running', elapsed: 3 })], 5, 5500, s);
+    s = at([rank(0, { state: 'running', elapsed: 0.1, pid: 77 }), rank(1, { state: 'running', elapsed: 0.1, pid: 78 })], 6, 5600, s); // started again
+    assert.equal(statusText(s, 5600), 'DDP 2×gloo · running 100 ms');
+  });
+
   it('says which rank failed', () => {
     const s = connected(pool([rank(0, { state: 'done' }), rank(1, { state: 'failed' })]));
     assert.equal(statusText(s, 0), 'DDP 2×gloo · rank 1 failed');
