@@ -53,16 +53,30 @@ class NodeActor:
         if pythonpath:
             env["PYTHONPATH"] = pythonpath
         env["PYTHONUNBUFFERED"] = "1"
+        started: "queue.Queue[object]" = queue.Queue()
+        argv = [sys.executable, *TEMPLATE, "--node", node]
+        threading.Thread(target=self._run, args=(argv, env, cwd if os.path.isdir(cwd) else None, started), name="ddp-ray-pump", daemon=True).start()
+        got = started.get()
+        if isinstance(got, BaseException):
+            raise got
+        return int(got)  # type: ignore[call-overload]
+
+    def _run(self, argv: List[str], env: Dict[str, str], cwd: Optional[str], started: "queue.Queue[object]") -> None:
+        """Start the template, then relay its lines, in one thread that lives as long as the template does: Linux sends a
+        parent-death signal when the *thread* that forked the child ends, and a Ray executor thread is not ours to keep."""
         # Ray's threads block SIGINT, and a child inherits its forking thread's mask: the ranks would never hear an
         # interrupt (the kernel's INTERRUPT raises SIGINT in the rank). The template starts with nothing blocked.
         blocked = signal.pthread_sigmask(signal.SIG_SETMASK, set())
         try:
-            self.proc = subprocess.Popen([sys.executable, *TEMPLATE, "--node", node], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, env=env, cwd=cwd if os.path.isdir(cwd) else None, close_fds=True)
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                         close_fds=True)
+        except BaseException as e:  # said in start(), the actor's call
+            started.put(e)
+            return
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        threading.Thread(target=self._pump, name="ddp-ray-pump", daemon=True).start()
-        return self.proc.pid
+        started.put(self.proc.pid)
+        self._pump()
 
     def _pump(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None

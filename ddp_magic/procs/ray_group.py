@@ -40,6 +40,9 @@ from .ray_place import by_node, free_nodes, unique
 
 _out = threading.Lock()
 READ_S = 1.0  # an actor's read waits this long for its template's first line
+# a lost node's actor placed again starts within this once Ray placed its bundle (--start-timeout bounds the wait for room
+# only: a node that just joined starts its first Python worker slowly on a busy machine)
+ACTOR_START_S = 120.0
 OP_PREFIX = '{"op": "ray_'  # a line of the kernel's meant for the driver itself, never for a template
 
 
@@ -314,6 +317,7 @@ class Driver:
 
         actor = self._actor(old.bundles[0])
         ref = actor.where.remote()
+        placed = 0.0  # when Ray placed the bundle on a live node: from then on the actor starts, the wait for room is over
         while True:
             if self.ray.wait([ref], timeout=1.0)[0]:
                 try:
@@ -324,10 +328,19 @@ class Driver:
                     actor = self._actor(old.bundles[0])
                     ref = actor.where.remote()
             waited = time.monotonic() - t0
-            if cancel.is_set() or self.ending.is_set() or (timeout and waited > timeout):
-                self._not_placed(i, actor, old, "cancelled" if cancel.is_set() else "timeout", waited, asked)
+            placed = placed or (time.monotonic() if self._on_live_node(old.bundles[0]) else 0.0)
+            why = ("cancelled" if cancel.is_set() or self.ending.is_set() else "timeout" if timeout and not placed and waited > timeout
+                   else f"its actor did not start within {ACTOR_START_S:.0f}s of Ray placing it" if placed and time.monotonic() - placed > ACTOR_START_S
+                   else "")
+            if why:
+                self._not_placed(i, actor, old, why, waited, asked)
                 return None, {}
             emit(dict(self.room(old), event="waiting_again", index=i, id=asked, waited=waited))
+
+    def _on_live_node(self, bundle: int) -> bool:
+        """Whether Ray has placed ``bundle`` on a node it counts alive (a lost node's keeps it until Ray counts it out)."""
+        node = self.bundle_nodes().get(bundle)
+        return bool(node) and any(n.get("NodeID") == node and n.get("Alive") for n in self.ray.nodes())
 
     def _not_placed(self, i: int, actor: Any, old: Held, why: str, waited: float, asked: Any) -> None:
         try:

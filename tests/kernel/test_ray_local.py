@@ -246,6 +246,7 @@ def test_a_kept_ray_pool_outlives_its_kernel_and_ends_with_its_lease_or_stop(clu
         for end in ("idle", "stop"):
             _kept_round(cluster, runtime, end)
         _kept_actor_killed(cluster, runtime)
+        _kept_stopped_from_a_terminal(cluster, runtime)
     finally:
         drop_runtime_dir(runtime)
 
@@ -320,6 +321,28 @@ def _kept_actor_killed(cluster: box_ray.Cluster, runtime: str) -> None:
         assert left == {"actors": [], "pgs": [], "procs": [], "drivers": [], "held": []}, f"left after the actor's SIGKILL: {left}"
         assert not [p for p in procs if alive(p)]
         k.run("%ddp stop", timeout=60)
+    finally:
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)
+
+
+def _kept_stopped_from_a_terminal(cluster: box_ray.Cluster, runtime: str) -> None:
+    """A kept Ray pool whose kernel was SIGKILLed, ended with ``python -m ddp_magic stop ID`` (no kernel): its lease ends,
+    its driver hears it and removes the placement group and the actors; nothing of it is left."""
+    k = _kernel(cluster, runtime)
+    try:
+        ranks = [int(p) for p in re.findall(r"\[\d\] (\d+)", k.run(KEEP_START, timeout=300).ok().result or "")]
+        kept_id = re.findall(r"kept pool ([0-9a-f]{8})", k.run("%ddp keep", timeout=60).ok().stdout)[0]
+        sigkill_kept(k)
+        assert all(alive(p) for p in ranks) and cluster.state()["actors"].count("NodeActor") == 1
+        t0 = time.monotonic()
+        said = subprocess.run([sys.executable, "-m", "ddp_magic", "stop", kept_id], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, JUPYTER_RUNTIME_DIR=runtime))
+        assert f"stopped the kept pool {kept_id}" in said.stdout, (said.stdout, said.stderr)
+        left = _nothing_left(cluster, runtime, 60)
+        print(f"python -m ddp_magic stop: nothing left {time.monotonic() - t0:.1f} s after it began")
+        assert left == {"actors": [], "pgs": [], "procs": [], "drivers": [], "held": []}, f"left after the stop from a terminal: {left}"
+        assert not [p for p in ranks if alive(p)]
     finally:
         k.kc.stop_channels()
         k.km.shutdown_kernel(now=True)
