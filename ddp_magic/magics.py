@@ -224,7 +224,8 @@ class DDPMagics(Magics):
         self.session.history.begin_late(ticket)  # %ddp_export: its run goes to this cell's record, whenever it ends
         self.jobs = [j for j in self.jobs if not j.done()] + [job]
         transcripts.begin(self.shell, ticket.name, job.done)  # its outputs are kept: a page that reloads gets them back
-        job.start(held=args.keep)
+        self.session.turns.reserve(ticket)  # its place in line is this cell's: the next cell runs after it (given up at its end)
+        job.start(held=args.keep, on_end=functools.partial(self.session.turns.withdraw, ticket))
         if args.out:
             self.user_ns[args.out] = job
             return None

@@ -71,6 +71,7 @@ class NodeActor:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                          close_fds=True)
         except BaseException as e:  # said in start(), the actor's call
+            log.debug("the node's template could not start", exc_info=True)
             started.put(e)
             return
         finally:

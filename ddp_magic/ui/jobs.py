@@ -53,11 +53,14 @@ class Job:
         self._cancelled = False
         self.final_metrics: Optional[Dict[str, List[Any]]] = None
         self.thread: Optional[threading.Thread] = None
+        self._on_end: Optional[Callable[[], None]] = None
 
-    def start(self, held: bool = False) -> "Job":
+    def start(self, held: bool = False, on_end: Optional[Callable[[], None]] = None) -> "Job":
         """Run the work on its own thread, in a copy of this (the starting cell's) context. ``held`` (``--keep``): return
         once the cell has reached the ranks (or the job ended), so that a kernel killed right after its cell returned
-        leaves the job running on the kept pool, not lost with the kernel's thread before it sent it."""
+        leaves the job running on the kept pool, not lost with the kernel's thread before it sent it. ``on_end``: called
+        on that thread as the job ends, however (its reserved place in the pool's line given up: kernel/jobs/turns.py)."""
+        self._on_end = on_end
         ctx = contextvars.copy_context()
         self.thread = threading.Thread(target=ctx.run, args=(self._run,), name=f"ddp-job {self.ticket.name}", daemon=True)
         self.thread.start()
@@ -75,6 +78,8 @@ class Job:
             self._state = JobState.CANCELLED if self._cancelled and isinstance(e, (CellError, Dequeued)) else JobState.FAILED
             show_error(e)
         finally:
+            if self._on_end is not None:
+                self._on_end()
             self.mailbox.close()
             if self.ticket.ran_for is None:  # it ended before its cell's outcome gave the figure (a start that failed)
                 self.ticket.ran_for = self.ticket.on_ranks()

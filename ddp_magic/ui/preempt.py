@@ -61,10 +61,7 @@ class Watcher:
     def _holder(self) -> Optional[Ticket]:
         """The cell that holds the turn, once a cell queued behind our own moment of pumping has taken it: its thread
         may not have run yet when we gave the turn back, and a save between cells would then wait behind it."""
-        turns, deadline = self.session.turns, time.monotonic() + SETTLE_S
-        while turns.holder is None and turns.line and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return turns.holder
+        return self.session.turns.settled(SETTLE_S)
 
     def _await_reports(self) -> Optional[str]:
         """The signal's name once every connected rank reported it (or ALL_WITHIN_S after the first); None if the pool ended."""

@@ -23,6 +23,7 @@ from .output import RankPrinter
 
 ACTIONS = ("save", "load", "snapshots")
 RETRY_S = 0.2  # a save asked for while the running cell starts or ends on some ranks: asked again this often
+HOLDER_SETTLE_S = 30.0  # a --bg cell's job next in line with the pool free takes its turn within this (its thread: ms, loaded: s)
 
 
 def command(session: Session, args: argparse.Namespace, request: Dict[str, Any]) -> None:
@@ -80,7 +81,7 @@ def save(session: Session, parent: str, names: Sequence[str] = (), listener: Opt
 def during_a_cell(session: Session, parent: str, names: Sequence[str], background: bool = False) -> bool:
     """%ddp save while a cell runs on the pool (a --bg job): taken at its next safe point, said here. False when the cell
     ended before one: the save then waits its turn, as a cell, at the boundary."""
-    holder = session.turns.holder
+    holder = session.turns.settled(HOLDER_SETTLE_S)  # a --bg cell run just before: its job's turn, once its thread took it
     if holder is None or session.pool is None or not session.pool.alive:
         return False
     waits = (f"%ddp save: {holder.name} runs on the pool: the save waits for its next safe point "

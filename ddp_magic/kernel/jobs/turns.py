@@ -130,13 +130,19 @@ class Turns:
         ``on_queued(holder)`` is told once when the ticket has to wait. A Ctrl-C, or ``cancelled``
         being set, takes the ticket out of the line and raises ``Dequeued``."""
         with self._cond:
-            if self.holder is None and not self.line:
+            reserved = ticket in self.line  # its place was kept when its cell ran (``reserve``)
+            if self.holder is None and (not self.line or self.line[0] is ticket):
+                if reserved:
+                    self.line.pop(0)
                 self._grant(ticket)
                 return 0.0
-            ahead = self.holder or self.line[-1]
+            ahead = self.holder or (self.line[self.line.index(ticket) - 1] if reserved else self.line[-1])
             if not wait:
+                if reserved:
+                    self.line.remove(ticket)
                 raise UsageError(busy_text(ahead, f"%%ddp --no-queue: {ticket.name} did not run"))
-            self.line.append(ticket)
+            if not reserved:
+                self.line.append(ticket)
         t0 = time.monotonic()
         try:
             if on_queued is not None:
@@ -149,6 +155,26 @@ class Turns:
             self._leave(ticket)
             raise
         return time.monotonic() - t0
+
+    def reserve(self, ticket: Ticket) -> None:
+        """Keep ``ticket``'s place in line now, for a thread that takes its turn later (a --bg job): a cell run right after
+        its cell waits behind it, as the notebook's order says, however late that thread runs. ``withdraw`` gives it up."""
+        with self._cond:
+            if ticket not in self.line and self.holder is not ticket:
+                self.line.append(ticket)
+
+    def settled(self, seconds: float) -> Optional[Ticket]:
+        """The cell that holds the turn, once one next in line while nobody holds it has taken it (up to ``seconds``): its
+        thread may not have run yet (a --bg job's reserved turn, a cell queued behind a moment of pumping)."""
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            while self.holder is None and self.line and time.monotonic() < deadline:
+                self._cond.wait(0.01)
+            return self.holder
+
+    def withdraw(self, ticket: Ticket) -> None:
+        """``ticket`` out of the line if it is still there (a job that ended before it took its reserved turn)."""
+        self._leave(ticket)
 
     def _wait(self, ticket: Ticket, cancelled: Optional[threading.Event]) -> None:
         with self._cond:
@@ -199,6 +225,7 @@ class Turns:
         """Raise UsageError (naming the running cell) when a cell holds the turn: ``what`` needs the pool to itself. A
         passing holder (an armed pool's watcher, between cells) is no cell: we wait for its slice to end, and passing
         takers stay away while ``what`` runs (until a cell's turn ends, or PASSING_PAUSE_S)."""
+        self.settled(PASSING_WAIT_S)  # a --bg cell run just before: its job holds the pool, once its thread took its turn
         with self._cond:
             deadline = time.monotonic() + PASSING_WAIT_S
             if self.holder is not None and self.holder.passing:
