@@ -68,9 +68,13 @@ ORPHAN_OUTPUT_JS = """() => {
   if (!w || !w.sessionContext || w.__ddpOrphans) { return; }
   w.__ddpOrphans = [];
   const targets = {};
-  const follow = kernel => kernel && kernel.anyMessage.connect((_, a) => {
-    if (a.direction === 'send' && a.msg.header.msg_type === 'comm_open') { targets[a.msg.content.comm_id] = a.msg.content.target_name; }
-  });
+  const follow = kernel => {
+    if (!kernel) { return; }
+    for (const [id, c] of (kernel._comms || new Map())) { targets[id] = c.targetName; }  // opened before we followed
+    kernel.anyMessage.connect((_, a) => {
+      if (a.direction === 'send' && a.msg.header.msg_type === 'comm_open') { targets[a.msg.content.comm_id] = a.msg.content.target_name; }
+    });
+  };
   follow(w.sessionContext.session && w.sessionContext.session.kernel);
   w.sessionContext.kernelChanged.connect((_, change) => follow(change.newValue));
   w.sessionContext.iopubMessage.connect((_, m) => {
@@ -91,6 +95,9 @@ ORPHAN_OUTPUT_JS = """() => {
 # message on it: a comm the page opened (a dashed uuid; a widget model's id, made by the kernel, has none), not ours.
 # A kernel that has ipywidgets may answer that first message "No such comm" too, when it reads it before the comm_open
 # (ipykernel 7 reads comm messages on a subshell of their own): the comm's target, seen in the page's comm_open, says so.
+# The control comm may be opened before the probe follows the kernel and closed before that answer comes (fc21: its
+# target unknown, ''): a comm that is not ours and was open at neither moment is such a comm. Ours are known by id, and
+# by target whenever they were open as the probe began or opened after.
 WIDGET_CONTROL = re.compile(r"^No such comm target registered: jupyter\.widget\.control\n?$")
 NOT_OUR_COMM = re.compile(r"^No such comm: [0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\n?$")
 
@@ -99,7 +106,7 @@ def known_kernel_noise(orphan: Dict[str, Any], seen: List[Dict[str, Any]]) -> bo
     text = orphan.get("text", "")
     if WIDGET_CONTROL.match(text):
         return True
-    if orphan.get("target") == "jupyter.widget.control" and not orphan.get("ours") and NOT_OUR_COMM.match(text):
+    if orphan.get("target") in ("jupyter.widget.control", "") and not orphan.get("ours") and NOT_OUR_COMM.match(text):
         return True
     refused = any(WIDGET_CONTROL.match(o.get("text", "")) for o in seen)
     return refused and not orphan.get("ours") and NOT_OUR_COMM.match(text) is not None
