@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ..logs import log
 from ..wire import snapshot as S
@@ -44,13 +45,31 @@ WRITER = _Writer()
 
 
 def wait() -> Optional[Dict[str, Any]]:
-    """Wait for the background save this rank is writing, if any: its outcome (None: there was none)."""
+    """Wait for the background save this rank is writing, if any: its outcome (None: there was none). A writer that
+    ended with no outcome failed: the folder it left is partial, and the next save must say so, not call it whole."""
     thread = WRITER.thread
     if thread is None:
         return None
     thread.join()
     WRITER.thread = None
+    if WRITER.result is None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        WRITER.result = {"rank": rank, "error": NO_OUTCOME, "failed": {rank: NO_OUTCOME}}
     return WRITER.result
+
+
+NO_OUTCOME = "its writer thread ended with no outcome (%ddp log shows why)"
+FAILURES = (Exception, CheckpointException)  # DCP's CheckpointException is a BaseException: a writer must catch it too
+
+
+def why(e: BaseException) -> str:
+    """An exception in one line. DCP's CheckpointException holds every rank's traceback in its text: its first
+    rank's own exception is the one said."""
+    if isinstance(e, CheckpointException) and e.failures:
+        rank = min(e.failures)
+        inner = e.failures[rank][0]
+        return f"{type(inner).__name__}: {inner} (in DCP, on rank {rank})"
+    return f"{type(e).__name__}: {e}"
 
 
 def share(tree: Dict[str, Any], replicated: Set[str], rank: int, world: int) -> Dict[str, Any]:
@@ -109,9 +128,9 @@ def _write(staged: Dict[str, Any], record: bytes, partial: str, rank: int, group
     try:
         dcp.save(staged, checkpoint_id=os.path.join(partial, S.DCP_DIR), process_group=group)
         write_record(partial, rank, record)
-    except Exception as e:  # said by rank 0 for every rank, and by the next save or load here
+    except FAILURES as e:  # said by rank 0 for every rank, and by the next save or load here
         log.debug("rank %d: the background save into %s failed", rank, partial, exc_info=True)
-        error = f"{type(e).__name__}: {e}"
+        error = why(e)
     staged.clear()  # the copy's memory goes back before the others are waited for
     try:
         errors: List[Any] = [None] * dist.get_world_size(group)
@@ -121,9 +140,9 @@ def _write(staged: Dict[str, Any], record: bytes, partial: str, rank: int, group
             WRITER.result = {"rank": rank, "error": error, "failed": failed}
         else:
             WRITER.result = dict(finish(), seconds=time.monotonic() - t0)
-    except Exception as e:  # a rank gone mid-write: the folder stays partial, the snapshots before it whole
+    except FAILURES as e:  # a rank gone mid-write: the folder stays partial, the snapshots before it whole
         log.debug("rank %d: the background save's agreement failed", rank, exc_info=True)
-        failed = {rank: f"{type(e).__name__}: {e}"}
+        failed = {rank: why(e)}
         WRITER.result = {"rank": rank, "error": failed[rank], "failed": failed}
     if rank == 0:
         print(said(WRITER.result, label), flush=True)

@@ -119,14 +119,45 @@ def test_a_rank_killed_while_a_background_save_is_written_leaves_it_partial_and_
     assert "rank 1 (pid" in healed.stdout + healed.stderr and "healed in" in healed.stdout + healed.stderr, healed.stdout + healed.stderr
     again = kernel.run(f"%ddp save {tmp_path} --bg", timeout=180).ok()
     said = healed.stdout + again.stdout + "".join(m["content"].get("text", "") for m in kernel.elsewhere if m["msg_type"] == "stream")
-    # rank 0's writer says its failure when it comes (in the heal's cell, or between cells), and the next save again;
-    # the next save was seen not to say it in 2 of 4 module runs (a race not yet understood, docs/snapshots.md "Not
-    # built yet"): either place counts; the folders left (one partial, one whole) are asserted below as before
-    assert re.search(rf"the background save (before it|of {re.escape(str(tmp_path))}/\S+) failed on rank \d: .+; it is left partial", said), said[-3000:]
+    # rank 0's writer says its failure when it comes (in the heal's cell, or between cells), and the next save again.
+    # When the heal's re-formed group was what the writer met, DCP raised its CheckpointException, a BaseException:
+    # the writer's thread died with no outcome, said nowhere (half of the runs, before it was caught)
+    assert re.search(rf"the background save of {re.escape(str(tmp_path))}/\S+ failed on rank \d: .+; it is left partial", said), said[-3000:]
+    assert re.search(r"the background save before it failed on rank \d: .+; it is left partial", again.stdout), again.stdout
     stopped = kernel.run("%ddp stop", timeout=180).ok()
     assert " is whole: " in stopped.stdout, stopped.stdout
     names = sorted(p.name[:9] for p in tmp_path.iterdir() if p.name != "gate")
     assert names == [".partial-", "step-0000"], names
+
+
+FAIL_IN_DCP = (  # DCP's own failure, as it raises it: a CheckpointException (a BaseException) with rank 0's error inside
+    "import ddp_magic.procs.rank_snapshot_bg as _writer, traceback\n"
+    "from torch.distributed.checkpoint.api import CheckpointException\n"
+    "def _failing(*args, **kwargs):\n"
+    "    e = ValueError('the disk is full')\n"
+    "    raise CheckpointException('save failed', {0: (e, traceback.StackSummary())})\n"
+    "_writer.dcp = type(_writer.dcp)('failing')\n"
+    "_writer.dcp.save = _failing\n"
+)
+
+
+def test_a_background_save_that_dcp_fails_is_said_and_left_partial(kernel, tmp_path):
+    """DCP's CheckpointException is not an Exception: the writer catches it all the same, rank 0 says it in a line, the
+    next save says it again, and the folder stays partial."""
+    kernel.run("%ddp stop").ok()
+    kernel.run("%%ddp -n 2\n" + SETUP + FAIL_IN_DCP, timeout=180).ok()
+    kernel.run("%%ddp\ntrain(3);", timeout=300).ok()
+    first = kernel.run(f"%ddp save {tmp_path} --bg", timeout=180).ok()
+    between = kernel.run("%%ddp\n_writer.dcp = __import__('torch.distributed.checkpoint', fromlist=['save'])", timeout=120).ok()
+    again = kernel.run(f"%ddp save {tmp_path} --bg", timeout=180).ok()
+    failed = "failed on rank 0: ValueError: the disk is full (in DCP, on rank 0); it is left partial"
+    said = first.stdout + between.stdout + again.stdout + "".join(m["content"].get("text", "") for m in kernel.elsewhere if m["msg_type"] == "stream")
+    assert f"ddp_magic: the background save of {tmp_path}/step-" in said and failed in said, said[-3000:]
+    assert f"the background save before it {failed}" in again.stdout, again.stdout
+    assert "Traceback" not in said, "one line, not every rank's traceback"
+    stopped = kernel.run("%ddp stop", timeout=180).ok()
+    assert " is whole: " in stopped.stdout, stopped.stdout
+    assert sorted(p.name[:9] for p in tmp_path.iterdir()) == [".partial-", "step-0000"]
 
 
 @pytest.mark.parametrize("run", [1, 2])

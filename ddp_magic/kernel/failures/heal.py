@@ -22,6 +22,17 @@ if TYPE_CHECKING:
 NAMES_SHOWN = 8  # names a heal notice lists; the others are counted
 
 
+class OutputOnly(Listener):
+    """The heal's cell is ours: its states and notices are not the user's cell's. What a rank prints meanwhile is the
+    user's (a thread of theirs, a background save's writer failing as the group is re-formed): it is said."""
+
+    def __init__(self, inner: Listener) -> None:
+        self.inner = inner
+
+    def on_output(self, rank: int, stream: str, text: str) -> None:
+        self.inner.on_output(rank, stream, text)
+
+
 def source(fresh: Sequence[int], names: Sequence[str], snapshot: Optional[str] = None) -> str:
     """The cell every rank runs to heal ``fresh`` (``snapshot``: where a new rank finds its own names that differ by rank)."""
     args = {"fresh": sorted(fresh), "names": sorted(names), "snapshot": snapshot}
@@ -37,7 +48,7 @@ def after_start(pool: "Pool", listener: Listener, owned: Sequence[str], notice: 
             listener.on_notice(notice)
         return None
     t0 = time.monotonic()
-    outcome = pool.run(source(fresh, owned, pool.recovery.snapshot), listener=Listener(), owned=owned, label="heal", heal=False)
+    outcome = pool.run(source(fresh, owned, pool.recovery.snapshot), listener=OutputOnly(listener), owned=owned, label="heal", heal=False)
     if outcome.failures:
         listener.on_notice(f"{notice}\ncould not heal {ranks_phrase(fresh)} ({outcome.failures[0].headline()}): its variables are gone")
         if outcome.interrupted:
