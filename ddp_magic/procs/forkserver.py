@@ -295,7 +295,7 @@ class Template(KeptTemplate, PreemptibleTemplate, LaterImports):
             data = b""
         if not data:  # no "exit": the kernel is going
             if self.lease is None and not self.follows_lease:
-                tell(str(getattr(self, "node", "")), self.children, TemplateEnd.COMMANDS_CLOSED)
+                tell(self.node, self.children, TemplateEnd.COMMANDS_CLOSED)
                 self.kernel_gone()
             self.kernel_left()
             return

@@ -33,6 +33,7 @@ from ..logs import log
 from ..wire import snapshot as S
 from . import rank_heal_send, rank_rng
 from . import rank_snapshot_objects as O
+from .rank_snapshot_digest import digest
 
 DDP = torch.nn.parallel.DistributedDataParallel
 
@@ -49,20 +50,20 @@ def fingerprints(ns: Dict[str, Any], names: Sequence[str]) -> Dict[str, str]:
     synced = {id(m) for m in found.modules.values() if _ddp_kind(m) == "yes"}
     for name, module in found.modules.items():
         sure = SURE if id(module) in synced else ""
-        out[name] = f"{sure}module {type(O.inner(module)).__qualname__} ddp={_ddp_kind(module)} {O.digest(O.inner(module).state_dict())[0]}"
+        out[name] = f"{sure}module {type(O.inner(module)).__qualname__} ddp={_ddp_kind(module)} {digest(O.inner(module).state_dict())[0]}"
     stepped = set()
     for name, opt in found.optimizers.items():
         owner = next((m for m in found.modules.values() if {id(p) for g in opt.param_groups for p in g["params"]} <= {id(p) for p in m.parameters()}), None)
         sure = SURE if owner is not None and id(owner) in synced else ""
         stepped |= {id(opt)} if sure else set()
-        out[name] = f"{sure}optimizer {type(opt).__qualname__} {O.digest(opt.state_dict())[0]}"
+        out[name] = f"{sure}optimizer {type(opt).__qualname__} {digest(opt.state_dict())[0]}"
     _, sizes, unpicklable = O.pickle_values(found.values, O.references(found.modules, found.optimizers), ns)
-    for name, (_size, digest) in sizes.items():
+    for name, (_size, value_print) in sizes.items():
         value = found.values[name]
         if isinstance(value, (types.FunctionType, type)):  # its pickle differs by process (cloudpickle's class ids)
             out[name] = f"{SURE}code {_code_digest(value)}"
         else:
-            out[name] = f"{SURE if id(getattr(value, 'optimizer', None)) in stepped else ''}value {digest}"
+            out[name] = f"{SURE if id(getattr(value, 'optimizer', None)) in stepped else ''}value {value_print}"
     out.update({n: f"unpicklable {why}" for n, why in unpicklable.items()})
     return out
 

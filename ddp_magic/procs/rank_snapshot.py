@@ -29,6 +29,7 @@ from ..wire.snapshot import Kind, Sharing
 from . import rank_rng
 from . import rank_snapshot_bg as bg
 from . import rank_snapshot_objects as O
+from .rank_snapshot_digest import digest
 from .rank_snapshot_reader import DirectReader
 
 
@@ -51,7 +52,7 @@ def _tree(found: O.Sorted, rank: int) -> Tuple[Dict[str, Any], Dict[str, Dict[st
     """The DCP state tree (one key per name, or one per rank where ranks differ) and each name's entry for meta.json."""
     stateful = {**found.modules, **found.optimizers}
     states = {n: _state(n, o, found, found.modules) for n, o in stateful.items()}
-    digests = {n: O.digest(s) for n, s in states.items()}
+    digests = {n: digest(s) for n, s in states.items()}
     everyone: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, {n: d[0] for n, d in digests.items()})
     tree, info = {}, {}

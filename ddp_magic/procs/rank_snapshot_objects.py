@@ -18,7 +18,7 @@ import pickle
 import types
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Collection, Dict, List, Optional, Tuple
+from typing import Any, Collection, Dict, Iterable, List, Optional, Set, Tuple
 
 import cloudpickle
 import torch
@@ -91,50 +91,6 @@ def ddp_options(module: torch.nn.Module) -> Optional[Dict[str, Any]]:
     return options
 
 
-PRINT_WORDS = 1 << 15  # 8-byte words a sum covers in a tensor's fingerprint (256 KiB)
-
-
-def _tensor_print(value: torch.Tensor) -> bytes:
-    """A tensor's content as sums of its 8-byte words, one sum each 256 KiB, and its tail as bytes: on its own device,
-    several GB/s where sha256 of the bytes is under 1 (a 1 GiB model's replicas compared in a save or a heal). Two
-    replicas that differ anywhere differ in a sum unless their changes cancel within 256 KiB: not what training does."""
-    raw = value.detach().contiguous().reshape(-1).view(torch.uint8)
-    if raw.storage_offset() % 8:  # a view at an odd offset (a healed rank's tensors sit in its received buckets) cannot be read as words
-        raw = raw.clone()
-    words = raw[: raw.numel() - raw.numel() % 8].view(torch.int64)
-    full = words.numel() - words.numel() % PRINT_WORDS
-    sums = words[:full].view(-1, PRINT_WORDS).sum(1)  # int64 sums wrap: fine for a fingerprint
-    return sums.cpu().numpy().tobytes() + raw[full * 8:].cpu().numpy().tobytes()
-
-
-def digest(state: Any) -> Tuple[str, bool]:
-    """The state's content fingerprint (sha256 over each tensor's shape, dtype and word sums, _tensor_print), and
-    whether it holds DTensors (sharded: DCP keeps each shard)."""
-    h, sharded = hashlib.sha256(), False
-    leaves: List[Tuple[str, Any]] = []
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for k in sorted(value, key=str):
-                walk(f"{prefix}/{k}", value[k])
-        elif isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
-                walk(f"{prefix}/{i}", v)
-        else:
-            leaves.append((prefix, value))
-
-    walk("", state)
-    for key, value in leaves:
-        h.update(key.encode())
-        if isinstance(value, torch.Tensor):
-            if type(value).__name__ == "DTensor":
-                sharded, value = True, value.to_local()  # type: ignore[attr-defined]
-            h.update(repr((tuple(value.shape), value.dtype)).encode() + _tensor_print(value))
-        else:
-            h.update(repr(value).encode())
-    return h.hexdigest(), sharded
-
-
 # ------------------------------------------------------------ skeletons
 def _placeholder(shape: Tuple[int, ...], dtype: torch.dtype, requires_grad: bool, parameter: bool, device_type: str) -> torch.Tensor:
     """An uninitialised tensor where a saved one was (DCP fills it), on this rank's device of the same type."""
@@ -152,16 +108,41 @@ def rank_device(device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
+def _valued(value: torch.Tensor, requires_grad: bool, parameter: bool, device_type: str) -> torch.Tensor:
+    """A tensor the state does not hold (a non-persistent buffer, a plain tensor attribute), as it was, on this rank's
+    device of the same type."""
+    tensor = value.to(rank_device(device_type))
+    return torch.nn.Parameter(tensor, requires_grad=requires_grad) if parameter else tensor.requires_grad_(requires_grad)
+
+
 class _SkeletonPickler(cloudpickle.CloudPickler):
-    """Modules without their weights: each tensor a placeholder; identity kept (tied weights stay tied)."""
+    """Modules without their weights: each tensor of their state a placeholder (DCP or a heal fills it); identity kept
+    (tied weights stay tied). A tensor outside the state (``register_buffer(..., persistent=False)``: a positional
+    table, a mask) goes by value: nothing else would fill it."""
+
+    def __init__(self, file: Any, filled: Set[int]) -> None:
+        super().__init__(file)
+        self.filled = filled  # ids of the tensors the modules' state dicts hold
+        self.copies: Dict[int, torch.Tensor] = {}  # the CPU copies sent by value, pickled as torch pickles them
 
     def reducer_override(self, obj: Any) -> Any:
+        if id(obj) in self.copies:
+            return NotImplemented
         if isinstance(obj, torch.Tensor) and not isinstance(obj, torch.nn.parameter.UninitializedTensorMixin):  # type: ignore[attr-defined]
             device = "meta" if F.is_dtensor(obj) else obj.device.type  # a shard's full shape: allocated once sharded again
+            if id(obj) not in self.filled and device != "meta":
+                copy = obj.detach().to("cpu", copy=True)
+                self.copies[id(copy)] = copy
+                return _valued, (copy, obj.requires_grad, isinstance(obj, torch.nn.Parameter), device)
             return _placeholder, (tuple(obj.shape), obj.dtype, obj.requires_grad, isinstance(obj, torch.nn.Parameter), device)
         if F.managed(obj):
             return F.plain_reduce(obj)
         return super().reducer_override(obj)
+
+
+def _state_ids(modules: Iterable[torch.nn.Module]) -> Set[int]:
+    """The tensors the modules' state dicts hold (parameters, persistent buffers): what is saved or sent apart."""
+    return {id(t) for m in modules for t in inner(m).state_dict(keep_vars=True).values() if isinstance(t, torch.Tensor)}
 
 
 def skeletons(modules: Dict[str, torch.nn.Module], optimizers: Dict[str, torch.optim.Optimizer]) -> Tuple[bytes, Dict[str, str]]:
@@ -176,7 +157,7 @@ def skeletons(modules: Dict[str, torch.nn.Module], optimizers: Dict[str, torch.o
         except LookupError as e:
             problems[name] = str(e)
     buf = io.BytesIO()
-    _SkeletonPickler(buf).dump({"modules": plain, "optimizers": opts})
+    _SkeletonPickler(buf, _state_ids(modules.values())).dump({"modules": plain, "optimizers": opts})
     return buf.getvalue(), problems
 
 
@@ -186,7 +167,7 @@ def _module_skeleton(module: torch.nn.Module) -> Dict[str, Any]:
     except ValueError as e:
         return {"module": None, "ddp": None, "why": f"an FSDP2 (fully_shard) module whose sharding is not made again: {e}"}
     try:
-        _SkeletonPickler(io.BytesIO()).dump(inner(module))
+        _SkeletonPickler(io.BytesIO(), _state_ids([module])).dump(inner(module))
     except Exception as e:  # its state is still saved (DCP); only the rebuild needs the user's setup cell
         log.debug("no skeleton for a %s", type(module).__name__, exc_info=True)
         return {"module": None, "ddp": None, "why": f"its structure cannot be pickled ({type(e).__name__}: {e})"}

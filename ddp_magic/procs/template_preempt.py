@@ -29,6 +29,7 @@ class PreemptibleTemplate:
     kernel_fd: int
     kernel_pid: int
     kernel_gone: Callable[..., None]
+    node = ""  # a node template's name (procs/node_template.py); the local template has none
     preempt_until = 0.0  # a SIGTERM found armed ranks: they save, and we go once they have gone (or then)
 
     def terminated(self, *_: object) -> None:
@@ -49,7 +50,7 @@ class PreemptibleTemplate:
             self.preempt_until = time.monotonic() + PREEMPT_GRACE_S
             log.info("SIGTERM: the armed ranks save before they go (at most %.0f s)", PREEMPT_GRACE_S)
             return
-        tell(str(getattr(self, "node", "")), self.children, end[0], **end[1])
+        tell(self.node, self.children, end[0], **end[1])
         self.kernel_gone()
 
     def preempt_due(self) -> None:

@@ -160,6 +160,42 @@ def test_a_background_save_that_dcp_fails_is_said_and_left_partial(kernel, tmp_p
     assert sorted(p.name[:9] for p in tmp_path.iterdir()) == [".partial-", "step-0000"]
 
 
+TABLE = (  # the official transformer tutorial's PositionalEncoding: its table a buffer that is not saved
+    "import math, os, torch\n"
+    "class PositionalEncoding(torch.nn.Module):\n"
+    "    def __init__(self, d_model, max_len=64):\n"
+    "        super().__init__()\n"
+    "        position = torch.arange(max_len).unsqueeze(1)\n"
+    "        div_term = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))\n"
+    "        pe = torch.zeros(max_len, 1, d_model)\n"
+    "        pe[:, 0, 0::2] = torch.sin(position * div_term)\n"
+    "        pe[:, 0, 1::2] = torch.cos(position * div_term)\n"
+    "        self.register_buffer('pe', pe, persistent=False)\n"
+    "        self.proj = torch.nn.Linear(d_model, d_model)\n"
+    "    def forward(self, x):\n"
+    "        return self.proj(x + self.pe[:x.size(0)])\n"
+    "model = torch.nn.parallel.DistributedDataParallel(PositionalEncoding(8))\n"
+)
+
+
+def test_a_buffer_the_state_dict_leaves_out_comes_back_from_a_heal_and_a_load(kernel, tmp_path):
+    """A non-persistent buffer is in no state dict, so neither DCP nor a heal's state carries it: it travels in the
+    module's skeleton. A healed rank's and a loaded pool's table equal the original (it was uninitialised memory)."""
+    kernel.run("%ddp stop").ok()
+    kernel.run("%%ddp -n 2\n" + TABLE, timeout=180).ok()
+    kernel.run(f"%ddp save {tmp_path}", timeout=180).ok()
+    kernel.run("%%ddp --out pids\nos.getpid()").ok()
+    os.kill(kernel.value("pids[1]"), signal.SIGKILL)
+    assert wait_until(lambda: not os.path.exists(f"/proc/{kernel.value('pids[1]')}"), timeout=30)
+    healed = kernel.run("%%ddp --out same\ntorch.equal(model.module.pe, PositionalEncoding(8).pe)", timeout=180).ok()
+    assert "healed in" in healed.stdout + healed.stderr, healed.stdout + healed.stderr
+    assert kernel.value("list(same)") == [True, True]
+    kernel.run("%ddp stop").ok()
+    kernel.run(f"%ddp load {tmp_path} -n 2", timeout=180).ok()
+    kernel.run("%%ddp --out same\nimport torch\ntorch.equal(model.module.pe, PositionalEncoding(8).pe)", timeout=180).ok()
+    assert kernel.value("list(same)") == [True, True]
+
+
 @pytest.mark.parametrize("run", [1, 2])
 def test_a_resumed_training_gives_the_same_losses_to_the_bit(kernel, tmp_path, run):
     """Steps 51-100 after save at 50, %ddp stop, a new pool and %ddp load equal an uninterrupted run's, bit for bit."""

@@ -53,7 +53,7 @@ def _leaves(tree):
 def test_a_tensor_at_an_odd_offset_of_its_bucket_has_the_fingerprint_of_its_copy():
     """A healed rank's tensors are views into the buckets it received, at any byte offset: a save's and a heal's
     fingerprint read them as 8-byte words, which an odd offset cannot be viewed as (a save after a heal failed so)."""
-    from ddp_magic.procs.rank_snapshot_objects import _tensor_print
+    from ddp_magic.procs.rank_snapshot_digest import _tensor_print
 
     bucket = torch.arange(2 * 65536 + 7, dtype=torch.float32)
     view = bucket[1:]  # 4 bytes in

@@ -52,8 +52,35 @@ def test_a_changed_or_missing_file_is_named(tmp_path):
         assert found == sorted(S.damaged(path, meta)), count
 
 
+def test_a_format_1_snapshot_is_checked_by_its_sha256(tmp_path):
+    """Snapshots saved before crc32 (format 1) record sha256: a load checks those, and names a changed file the same."""
+    import hashlib
+    import zlib
+
+    path = _snapshot(str(tmp_path), 5, 1000.0)
+    meta = S.Meta.read(path)
+    rel = S.rank_file(1)
+    with open(os.path.join(path, rel), "rb") as f:
+        data = f.read()
+    assert meta.format == 2 and meta.files[rel] == {"bytes": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(S.BLOCK * 2 + 12345))  # more than one block: the digest runs on
+    assert S.file_digest(str(big)) == f"{zlib.crc32(big.read_bytes()):08x}"
+    assert S.file_digest(str(big), S.Digest.SHA256) == hashlib.sha256(big.read_bytes()).hexdigest()
+    for entry in meta.files.values():
+        entry["sha256"] = S.file_digest(os.path.join(path, [k for k, v in meta.files.items() if v is entry][0]), S.Digest.SHA256)
+        del entry["crc32"]
+    meta.format = 1
+    meta.write(path)
+    old = S.Meta.read(path)
+    assert S.damaged(path, old) == []
+    with open(os.path.join(path, rel), "wb") as f:
+        f.write(b"rank 9")
+    assert S.damaged(path, old) == ["rank-1.pkl (its content hash differs)"]
+
+
 def test_the_shares_balance_the_bytes():
-    meta = S.Meta(world_size=2, time=0.0, files={f"f{i}": {"bytes": b, "sha256": ""} for i, b in enumerate([100, 90, 60, 50, 10, 5])})
+    meta = S.Meta(world_size=2, time=0.0, files={f"f{i}": {"bytes": b, "crc32": ""} for i, b in enumerate([100, 90, 60, 50, 10, 5])})
     loads = [sum(int(meta.files[f]["bytes"]) for f in part) for part in S.shares(meta, 2)]
     assert sorted(loads) == [155, 160]
 
