@@ -136,6 +136,30 @@ def _wrap(module: torch.nn.Module, options: Dict[str, Any]) -> torch.nn.Module:
     return DDP(module, device_ids=device_ids, init_sync=False, **options)
 
 
+def adopt_state(module: torch.nn.Module, state: Dict[str, Any]) -> None:
+    """The received tensors become the module's own (``load_state_dict(assign=True)``): no copy of the state into fresh
+    memory, the heal's largest cost (on one host they are the pages of the donor's file, mapped). A tensor the module
+    holds under two names (tied weights) is one tensor again after. Where they must move to another device (a GPU
+    model), they are copied into the module's own tensors instead: a second copy on the GPU could not fit."""
+    held = module.state_dict(keep_vars=True)
+    if any(isinstance(v, torch.Tensor) and isinstance(held.get(k), torch.Tensor) and v.device != held[k].device for k, v in state.items()):
+        module.load_state_dict(state)
+        return
+    first: Dict[int, str] = {}
+    ties = []
+    for key, value in held.items():
+        if isinstance(value, torch.Tensor):
+            if id(value) in first:
+                ties.append((key, first[id(value)]))
+            else:
+                first[id(value)] = key
+    module.load_state_dict(state, assign=True)
+    for key, same_as in ties:
+        owner, _, attr = key.rpartition(".")
+        source, _, source_attr = same_as.rpartition(".")
+        setattr(module.get_submodule(owner), attr, getattr(module.get_submodule(source), source_attr))
+
+
 def take(ns: Dict[str, Any], got: Dict[str, Any]) -> Tuple[List[str], Dict[str, str]]:
     """Rebuild what the donor sent in this rank's namespace: the names set, and what could not be, with why."""
     lost: Dict[str, str] = dict(got["lost"])
@@ -145,7 +169,7 @@ def take(ns: Dict[str, Any], got: Dict[str, Any]) -> Tuple[List[str], Dict[str, 
         if item["module"] is None:
             lost[name] = item["why"]
             continue
-        item["module"].load_state_dict(got["states"][name])
+        adopt_state(item["module"], got["states"][name])
         modules[name] = _wrap(item["module"], dict(item["ddp"])) if item["ddp"] is not None else item["module"]
     optimizers = {}
     for name, skeleton in data["optimizers"].items():

@@ -39,6 +39,7 @@ class _Writer:
         self.result: Optional[Dict[str, Any]] = None
         self.group: Any = None
         self.world_group: Any = None  # the default group the writer's group was made beside (a re-formed one needs a new one)
+        self.pinned = 0  # bytes the last share staged in pinned memory (GPU tensors)
 
 
 WRITER = _Writer()
@@ -83,20 +84,52 @@ def share(tree: Dict[str, Any], replicated: Set[str], rank: int, world: int) -> 
         owner[key] = min(range(world), key=lambda r: (loads[r], r))
         loads[owner[key]] += sizes[key]
     mine = {k: v for k, v in flat.items() if k.split(".", 1)[0] not in replicated or owner.get(k, 0) == rank}
-    return {k: _copy(v) for k, v in mine.items()}
+    staging = Staging()
+    copied = {k: staging.copy(v) for k, v in mine.items()}
+    staging.wait()
+    WRITER.pinned = staging.pinned
+    return copied
 
 
-def _copy(value: Any) -> Any:
-    """A leaf as it is now, in CPU memory (a DTensor keeps its placements: DCP writes its local shard)."""
-    if not isinstance(value, torch.Tensor):
-        return copy.deepcopy(value)
-    if type(value).__name__ == "DTensor":
-        from torch.distributed.tensor import DTensor
+class Staging:
+    """The copy of a rank's share, as it is now. A GPU tensor goes to pinned host memory, all of them asynchronously
+    and waited for once (DMA at the link's full rate, where pageable memory goes through a bounce buffer; torch's
+    pinned cache gives the next save the blocks this one freed)."""
 
-        local = value.to_local().detach().to("cpu", copy=True)  # type: ignore[attr-defined]
-        return DTensor.from_local(local, value.device_mesh, value.placements, run_check=False,  # type: ignore[attr-defined]
-                                  shape=value.shape, stride=value.stride())
-    return value.detach().to("cpu", copy=True)
+    def __init__(self) -> None:
+        self.pinned = 0  # bytes staged in pinned memory
+        self.devices: Set[torch.device] = set()
+
+    def copy(self, value: Any) -> Any:
+        """A leaf in CPU memory (a DTensor keeps its placements: DCP writes its local shard)."""
+        if not isinstance(value, torch.Tensor):
+            return copy.deepcopy(value)
+        if type(value).__name__ == "DTensor":
+            from torch.distributed.tensor import DTensor
+
+            local = self.host(value.to_local().detach())  # type: ignore[attr-defined]
+            return DTensor.from_local(local, value.device_mesh, value.placements, run_check=False,  # type: ignore[attr-defined]
+                                      shape=value.shape, stride=value.stride())
+        return self.host(value.detach())
+
+    def host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A copy of ``tensor`` in host memory (a GPU one's copy may still be on its way until ``wait``)."""
+        if tensor.device.type != "cuda":
+            return tensor.to("cpu", copy=True)
+        try:
+            out = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        except RuntimeError:  # no pinned memory to be had (a locked-memory limit): pageable, synchronously
+            log.debug("no pinned memory for %s bytes; copied to pageable memory", tensor.nbytes, exc_info=True)
+            return tensor.to("cpu", copy=True)
+        out.copy_(tensor, non_blocking=True)
+        self.pinned += out.nbytes
+        self.devices.add(tensor.device)
+        return out
+
+    def wait(self) -> None:
+        """Every asynchronous copy done: the share is that step's before the training goes on."""
+        for device in self.devices:
+            torch.cuda.synchronize(device)
 
 
 def _group() -> Any:

@@ -4,7 +4,7 @@
  * Pure functions (no JupyterLab imports): unit-tested in node (src/__tests__/model.test.ts).
  */
 
-import type { IPending, IPoolSnapshot, IQueuedMsg, IRankSnapshot, IReplyMsg, ISnapshotMsg, IUIState, KernelStatus } from './model';
+import type { IJobSnapshot, IPending, IPoolSnapshot, IQueuedMsg, IRankSnapshot, IReplyMsg, ISnapshotMsg, IUIState, KernelStatus } from './model';
 import { parseMetrics, takesOver } from './metrics';
 import { isActive, rankElapsed } from './ranks';
 
@@ -62,7 +62,18 @@ function steadyClocks(prev: IPoolSnapshot | null, next: IPoolSnapshot, shownAt: 
     const shown = p && isActive(p) && isActive(r) && same(p, r) ? rankElapsed(p, shownAt, now) : null;
     return shown !== null && r.elapsed < shown && shown - r.elapsed < JITTER_S ? { ...r, elapsed: shown } : r;
   });
-  return { ...next, ranks };
+  const job = steadyJob(prev ? prev.job : null, next.job, shownAt, now);
+  return job === next.job ? { ...next, ranks } : { ...next, ranks, job };
+}
+
+/** A background job's run clock (the status bar's "running 1:02:11") as ``steadyClocks`` keeps a rank's: the same job
+ * (its cell's name) running in both snapshots never reads less than what was shown. */
+function steadyJob(prev: IJobSnapshot | null | undefined, next: IJobSnapshot | null | undefined, shownAt: number, now: number) {
+  if (!prev || !next || prev.name !== next.name || typeof prev.elapsed !== 'number' || typeof next.elapsed !== 'number') {
+    return next;
+  }
+  const shown = prev.elapsed + Math.max(0, now - shownAt) / 1000;
+  return next.elapsed < shown && shown - next.elapsed < JITTER_S ? { ...next, elapsed: shown } : next;
 }
 
 // ------------------------------------------------------------------ reducers

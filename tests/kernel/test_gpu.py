@@ -114,3 +114,24 @@ def test_gpu_logic_ddp_env_shows_the_device_of_each_rank():
     report = plan_report(plan, environ={"CUDA_VISIBLE_DEVICES": "2,3"})
     assert "rank 0 → cuda:0 (physical GPU 2), rank 1 → cuda:1 (physical GPU 3)" in repr(report)
     assert report.to_dict()["devices"] == {0: "cuda:0 (physical GPU 2)", 1: "cuda:1 (physical GPU 3)"}
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_a_background_save_of_a_cuda_model_stages_it_in_pinned_memory_and_loads_back(gpu_kernel, tmp_path):
+    """%ddp save --bg copies a GPU model's share to pinned host memory (one wait for every asynchronous copy), the
+    threads write it, and %ddp load puts the same weights back on each rank's GPU."""
+    n = min(GPUS.count, 2)
+    gpu_kernel.run("%ddp stop").ok()
+    gpu_kernel.run(f"%%ddp -n {n}\nimport torch, torch.distributed as dist\ntorch.manual_seed(0)\n"
+                   "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1024, 1024).cuda())\n"
+                   "opt = torch.optim.Adam(model.parameters())\nmodel(torch.ones(4, 1024, device='cuda')).sum().backward()\nopt.step()",
+                   timeout=240).ok()
+    gpu_kernel.run(f"%ddp save {tmp_path} --bg", timeout=240).ok()
+    gpu_kernel.run("%%ddp --out staged\nimport ddp_magic.procs.rank_snapshot_bg as _bg\n_bg.WRITER.pinned", timeout=60).ok()
+    assert sum(gpu_kernel.value("list(staged)")) >= 1024 * 1024 * 4, "the weights went through pinned memory"
+    gpu_kernel.run("%%ddp --out before\nmodel.module.weight.sum().item()", timeout=60).ok()
+    gpu_kernel.run("%ddp stop", timeout=120).ok()
+    gpu_kernel.run(f"%ddp load {tmp_path} -n {n}", timeout=240).ok()
+    gpu_kernel.run("%%ddp --out after\n(model.module.weight.device.type, model.module.weight.sum().item())", timeout=60).ok()
+    assert gpu_kernel.value("[tuple(v) for v in after]") == [("cuda", v) for v in gpu_kernel.value("list(before)")]

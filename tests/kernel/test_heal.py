@@ -166,3 +166,46 @@ def test_ctrl_c_during_a_heal_stops_the_cell_before_it_runs(k: Kernel, tmp_path,
     assert not ran.exists(), "the cell ran after the interrupted heal"
     k.run("%%ddp\nimport torch.distributed as d\nt = __import__('torch').ones(1)\nd.all_reduce(t)\nint(t.item())", timeout=120).ok()
     assert k.value("list(_)") == [3, 3, 3]  # every rank in the one group
+
+
+TIED = """%%ddp -n 2 --restart
+import os, torch, torch.nn as nn, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+class RNNModel(nn.Module):  # the official word_language_model's shape, with its tie_weights
+    def __init__(self, ntoken=50, ninp=16):
+        super().__init__()
+        self.encoder = nn.Embedding(ntoken, ninp)
+        self.rnn = nn.LSTM(ninp, ninp)
+        self.decoder = nn.Linear(ninp, ntoken)
+        self.decoder.weight = self.encoder.weight
+
+    def forward(self, x):
+        out, _ = self.rnn(self.encoder(x))
+        return self.decoder(out)
+
+torch.manual_seed(0)
+lm = DDP(RNNModel())
+opt = torch.optim.SGD(lm.parameters(), lr=0.1, momentum=0.9)
+
+def lm_step():
+    g = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randint(0, 50, (5, 2), generator=g)
+    opt.zero_grad()
+    nn.functional.cross_entropy(lm(x).view(-1, 50), x.view(-1)).backward()
+    opt.step()
+
+lm_step()
+os.getpid()"""
+
+
+def test_tied_weights_stay_one_tensor_on_a_healed_rank_and_train_alike(k: Kernel) -> None:
+    """The healed rank takes the received tensors as its module's own (no copy); the encoder's and decoder's weight
+    are one Parameter there too, so a step moves both alike on every rank."""
+    k.run(TIED, timeout=180).ok()
+    kill_rank(k, 1)
+    ex = k.run("%%ddp\nlm_step()\nm = lm.module\n(m.decoder.weight is m.encoder.weight, len(list(m.parameters())), "
+               "m.encoder.weight.sum().item(), len(opt.state))", timeout=180).ok()
+    assert "healed in" in ex.stdout, ex.stdout
+    got = k.value("[tuple(v) for v in _]")
+    assert got[0] == got[1] and got[0][0] is True and got[0][3] == got[0][1], got

@@ -95,3 +95,34 @@ def test_a_state_written_to_the_pools_file_comes_back_equal_private_and_the_file
 def test_without_a_pool_prefix_nothing_is_written_and_the_broadcasts_carry_it(monkeypatch):
     monkeypatch.delenv(shm.ENV, raising=False)
     assert H.write_file([torch.ones(3)], [H.Slot(0, torch.ones(3))], rank=0) is None
+
+
+def test_a_healed_module_takes_the_received_tensors_as_its_own_and_stays_tied():
+    """procs/rank_heal.py adopt_state: no copy of the state (the heal's largest cost was the 512 MiB copy into fresh
+    parameters); the official word_language_model's tie_weights (decoder.weight = encoder.weight) stays one tensor."""
+    from ddp_magic.procs.rank_heal import adopt_state
+
+    class RNNModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = torch.nn.Embedding(10, 4)
+            self.rnn = torch.nn.LSTM(4, 4)
+            self.decoder = torch.nn.Linear(4, 10)
+            self.decoder.weight = self.encoder.weight
+            self.register_buffer("seen", torch.zeros(1))
+
+    donor = RNNModel()
+    donor.seen += 3
+    received = {k: v.detach().clone() for k, v in donor.state_dict().items()}
+    healed = RNNModel()
+    adopt_state(healed, received)
+    assert healed.decoder.weight is healed.encoder.weight and isinstance(healed.encoder.weight, torch.nn.Parameter)
+    assert healed.encoder.weight.data_ptr() == received["encoder.weight"].data_ptr(), "the received tensor, not a copy"
+    assert len(list(healed.parameters())) == len(list(donor.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(healed.state_dict().values(), donor.state_dict().values()))
+    assert healed.seen.item() == 3 and healed.encoder.weight.requires_grad
+    opt = torch.optim.SGD(healed.parameters(), lr=0.1)
+    out, _ = healed.rnn(healed.encoder(torch.tensor([[1, 2]])))
+    healed.decoder(out).sum().backward()
+    opt.step()
+    assert torch.equal(healed.decoder.weight, healed.encoder.weight)

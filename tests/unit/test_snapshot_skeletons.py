@@ -53,3 +53,16 @@ def test_a_skeleton_of_a_ddp_module_keeps_its_inner_modules_buffer(tmp_path):
         assert item["ddp"] is not None and torch.equal(item["module"].pe, ddp.module.pe)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_background_saves_share_is_a_copy_and_nothing_is_pinned_without_a_gpu():
+    """procs/rank_snapshot_bg.py's staging on CPUs: every tensor a copy of its own (the training goes on writing the
+    original), values deep-copied, nothing counted as pinned."""
+    from ddp_magic.procs import rank_snapshot_bg as bg
+
+    weight = torch.ones(4, 4)
+    tree = {"model": {"w": weight, "cfg": {"lr": [0.1]}}}
+    got = bg.share(tree, {"model"}, rank=0, world=1)
+    weight.add_(1)
+    assert torch.equal(got["model.w"], torch.ones(4, 4)) and got["model.w"].data_ptr() != weight.data_ptr()
+    assert bg.WRITER.pinned == 0

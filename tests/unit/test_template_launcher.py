@@ -45,3 +45,44 @@ def test_no_warm_template_when_turned_off(monkeypatch: pytest.MonkeyPatch) -> No
     warm = templates.WarmTemplate()
     warm.begin()
     assert warm.launcher is None and warm.pid is None and warm.close() is False
+
+
+class _Template:
+    """The template process as the launcher sees it: its event lines on a pipe, a stdin that takes commands."""
+
+    def __init__(self) -> None:
+        import os
+
+        self.r, self.w = os.pipe()
+        self.stdout = os.fdopen(self.r, "rb", buffering=0)
+        self.stdin = open(os.devnull, "wb")
+
+    def say(self, *events: dict) -> None:
+        import json
+        import os
+
+        os.write(self.w, b"".join(json.dumps(e).encode() + b"\n" for e in events))
+
+    def poll(self) -> None:
+        return None
+
+
+def test_an_exit_of_the_pool_before_read_late_is_not_the_new_pools() -> None:
+    """fc24: the 2-rank pool before was stopped, its rank 0's exit (code 0) read only once a 3-rank pool had started on
+    the same template: "rank 0 (pid 1213) exited with code 0" failed the new pool's start. Its exit is dropped now; the
+    new rank 0's own exit still counts, and so does a rank started again by the recovery (spawn, not a new pool)."""
+    from ddp_magic.plan.plan import make_plan
+    from ddp_magic.plan.spec import PoolSpec
+
+    launcher = ForkServerLauncher(b"s")
+    fake = _Template()
+    launcher.proc = fake  # type: ignore[assignment]
+    fake.say({"event": "spawned", "rank": 0, "pid": 1213}, {"event": "spawned", "rank": 1, "pid": 1214},
+             {"event": "exited", "rank": 1, "pid": 1214, "code": 0})
+    assert launcher.poll(0.2) == [(1, 1214, 0)]
+    launcher.launch(make_plan(PoolSpec(nproc=3)), {}, "127.0.0.1", 1)  # the new pool
+    fake.say({"event": "spawned", "rank": 0, "pid": 2000}, {"event": "exited", "rank": 0, "pid": 1213, "code": 0})
+    assert launcher.poll(0.2) == [] and launcher.live_pids() == {2000: 0}
+    launcher.spawn(0, {"env": {}, "kernel_addr": "127.0.0.1", "kernel_port": 1})
+    fake.say({"event": "exited", "rank": 0, "pid": 2000, "code": -9})
+    assert launcher.poll(0.2) == [(0, 2000, -9)]

@@ -17,10 +17,13 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 from ...logs import log
 from .base import Exit, LaunchError, LocalLauncher, popen, signal_pid, worker_env
+
+if TYPE_CHECKING:
+    from ...plan.plan import Plan
 
 
 class ForkServerLauncher(LocalLauncher):
@@ -37,6 +40,7 @@ class ForkServerLauncher(LocalLauncher):
         self._buf = b""
         self._exits: List[Exit] = []
         self._pids: Dict[int, int] = {}  # pid -> rank, live children
+        self._before: Set[int] = set()  # the pool before's ranks not yet heard to exit: their exits are not this pool's
         self._ending: Dict[int, str] = {}  # rank -> why its template ended it (an "ending" event), until it is spawned again
         self.import_env: Tuple[Tuple[str, str], ...] = ()  # what the template's imports read (import_env)
         self.ready_info = ""  # the template's "ready" line, once read
@@ -130,6 +134,9 @@ class ForkServerLauncher(LocalLauncher):
                 self._pids[ev["pid"]] = ev["rank"]
             elif ev["event"] == "exited":
                 self._pids.pop(ev["pid"], None)
+                if ev["pid"] in self._before:  # a rank of the pool before, its exit read after that pool stopped waiting
+                    self._before.discard(ev["pid"])
+                    continue
                 self._exits.append((ev["rank"], ev["pid"], ev["code"]))
             elif ev["event"] == "ending":  # it ends its ranks on its own (a SIGTERM to it): why, before their exits
                 self._ending.update(dict.fromkeys(ev.get("ranks") or [], str(ev.get("why"))))
@@ -138,6 +145,13 @@ class ForkServerLauncher(LocalLauncher):
     def death_cause(self, rank: int) -> str:
         why = self._ending.get(rank)
         return f"its template ended its ranks: {why}" if why else ""
+
+    def launch(self, plan: "Plan", base_env: Dict[str, str], control_addr: str, control_port: int, store_path: Optional[str] = None) -> Optional[str]:
+        """A new pool on this template: a rank of the one before that has not been heard to exit yet (a loaded machine
+        reaps late) is no rank of this one. Its exit, "rank 0 exited with code 0" with that pool's pid, once failed the
+        new pool's start (fc24)."""
+        self._before |= set(self._pids)
+        return super().launch(plan, base_env, control_addr, control_port, store_path)
 
     def spawn(self, rank: int, config: dict) -> None:
         self._ending.pop(rank, None)

@@ -178,6 +178,20 @@ describe('status bar text', () => {
     assert.equal(statusText(s, 5600), 'DDP 2×gloo · running 100 ms');
   });
 
+  it('never shows a background job\'s clock go back either, and a new job starts from its own', () => {
+    const ranks = [rank(0, { state: 'running', elapsed: 5 }), rank(1, { state: 'running', elapsed: 5 })];
+    const job = (name: string, elapsed: number): IJobSnapshot => ({ name, background: true, phase: 'running', elapsed, step: 40, text: '' });
+    const at = (j: IJobSnapshot, seq: number, now: number, before: IUIState) => applyMessage(before, snapshot(pool(ranks, { job: j }), seq), now);
+    let s = at(job('cell [16]', 9.1), 1, 1000, { ...initialState(), kernelStatus: 'idle' });
+    assert.equal(statusText(s, 2040), 'DDP 2×gloo · background: cell [16] running 0:00:10, step 40'); // 10.14 s
+    s = at(job('cell [16]', 10.1), 2, 2040, s); // sent 1.00 s after the first, arrived 1.04 s after it
+    assert.equal(s.snapshot!.pool!.job!.elapsed, 10.14);
+    s = at(job('cell [16]', 40), 3, 3000, s); // far ahead (the job ran on): its own
+    assert.equal(s.snapshot!.pool!.job!.elapsed, 40);
+    s = at(job('cell [17]', 0.5), 4, 3100, s); // another job: from its own clock
+    assert.equal(statusText(s, 3100), 'DDP 2×gloo · background: cell [17] running 0:00:00, step 40');
+  });
+
   it('says which rank failed', () => {
     const s = connected(pool([rank(0, { state: 'done' }), rank(1, { state: 'failed' })]));
     assert.equal(statusText(s, 0), 'DDP 2×gloo · rank 1 failed');
