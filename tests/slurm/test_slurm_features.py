@@ -182,57 +182,45 @@ def test_ddp_magic_log_rows_come_from_every_node_complete(fk):
             assert rows == [(s, float(rank * 1000 + s)) for s in range(50)], (rank, rows[:3])
 
 
-def test_a_slurm_warning_saves_at_a_safe_point_and_the_next_allocation_goes_on(fk, tmp_path):
-    """--save-on-preempt: scancel --signal=USR1 (what --signal=USR1@120 sends before the time limit) reaches the node
-    templates, which pass it to their ranks; the job is saved at its next safe point, its allocation released, and a new
-    allocation goes on from the snapshot with one %ddp load. It ends the module's first allocation."""
-    folder = tmp_path / "ckpt"
-    fk.run("%%ddp\nmodel = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))\n"
-           "opt = torch.optim.SGD(model.parameters(), lr=0.01)\nstep = 0", timeout=120).ok()
-    fk.run(f"%%ddp --bg --out job --save-on-preempt {folder}\nimport time, ddp_magic\nseen = {{}}\nwhile True:\n    step += 1\n"
-           "    opt.zero_grad()\n    model(torch.randn(8, 4)).pow(2).mean().backward()\n    opt.step()\n    seen[step] = model.module.weight.sum().item()\n"
-           "    ddp_magic.log(step=step, w=seen[step])\n    time.sleep(0.01)\n", timeout=60).ok()
+TRAIN_ON = ("import time, ddp_magic\nseen = {}\nwhile True:\n    step += 1\n    opt.zero_grad()\n"
+            "    model(torch.randn(8, 4)).pow(2).mean().backward()\n    opt.step()\n    seen[step] = model.module.weight.sum().item()\n"
+            "    ddp_magic.log(step=step, w=seen[step])\n    time.sleep(0.01)\n")
+
+
+def _preempted_then_loaded(fk, folder, scancel) -> None:
+    """A --bg training armed with --save-on-preempt ``folder``; ``scancel *scancel`` of its allocation; the step the
+    cell says is saved, nothing of the allocation is left, and a new allocation loads that step's weights."""
+    fk.run(START + "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=0.01)\nstep = 0", timeout=240).ok()
+    fk.elsewhere.clear()
+    fk.run(f"%%ddp --bg --out job --save-on-preempt {folder}\n" + TRAIN_ON, timeout=60).ok()
     running = wait_until(lambda: len(fk.value("job.metrics['step']")) > 40, timeout=120)
     assert running, (fk.value("repr(job)"), "".join(m["content"].get("text", "") for m in fk.elsewhere if m["msg_type"] == "stream")[-3000:])
     assert fk.armed(), "the ranks heard the arming (a signal before it ends the pool unsaved)"
     (job_id,) = [line.split()[0] for line in our_jobs()]
-    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=20)
+    subprocess.run(["scancel", *scancel, job_id], check=True, timeout=20)
     fk.run("job.wait()", timeout=300).ok()
     said = "".join(m["content"].get("text", "") for m in fk.elsewhere if m["msg_type"] == "stream")
     where = re.escape(str(folder))
     preempted = re.search(rf"preempted: saved step (\d+) to {where}/step-\S+ \([\d.]+ s\); %ddp load {where} on the next allocation", said)
     assert preempted, said[-3000:]
-    assert wait_no_jobs(10) == [], "the preempted pool's allocation was released"
+    assert wait_no_jobs(10) == [], "nothing of the preempted allocation is left"
     k = int(preempted.group(1))
     loaded = fk.run(f"%ddp load {folder} --slurm --nodes 2 --ntasks-per-node 2", timeout=240).ok()
     assert f"(step {k}, saved by 4 ranks) into 4 ranks" in loaded.stdout, loaded.stdout
     fk.run("%%ddp --out after\n(step, max(seen), model.module.weight.sum().item() == seen[step])", timeout=120).ok()
     assert fk.value("list(after)") == [(k, k, True)] * 4
+
+
+def test_a_slurm_warning_saves_at_a_safe_point_and_the_next_allocation_goes_on(fk, tmp_path):
+    """--save-on-preempt: scancel --signal=USR1 (what --signal=USR1@120 sends before the time limit) reaches the node
+    templates, which pass it to their ranks; the job is saved at its next safe point, its allocation released, and a new
+    allocation goes on from the snapshot with one %ddp load."""
+    _preempted_then_loaded(fk, tmp_path / "ckpt", ["--signal=USR1"])
 
 
 def test_a_slurm_cancel_is_saved_between_its_sigterm_and_the_sigkill_after_killwait(fk, tmp_path):
     """What a preemption or the time limit does to a job's steps: SIGCONT and SIGTERM, then SIGKILL after KillWait
     (2 s on this Slurm: scripts/local_slurm.py). A plain scancel does the same. The armed pool's templates pass the
     SIGTERM on, the job is saved at its next safe point inside those 2 s, and a new allocation goes on from it."""
-    folder = tmp_path / "ckpt"
-    fk.run(START + "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))\n"
-           "opt = torch.optim.SGD(model.parameters(), lr=0.01)\nstep = 0", timeout=240).ok()
-    fk.elsewhere.clear()
-    fk.run(f"%%ddp --bg --out job --save-on-preempt {folder}\nimport time, ddp_magic\nseen = {{}}\nwhile True:\n    step += 1\n"
-           "    opt.zero_grad()\n    model(torch.randn(8, 4)).pow(2).mean().backward()\n    opt.step()\n    seen[step] = model.module.weight.sum().item()\n"
-           "    ddp_magic.log(step=step, w=seen[step])\n    time.sleep(0.01)\n", timeout=60).ok()
-    assert wait_until(lambda: len(fk.value("job.metrics['step']")) > 40, timeout=120), fk.value("repr(job)")
-    assert fk.armed()
-    (job_id,) = [line.split()[0] for line in our_jobs()]
-    subprocess.run(["scancel", job_id], check=True, timeout=20)  # no --signal: the cancel itself, SIGTERM then SIGKILL
-    fk.run("job.wait()", timeout=300).ok()
-    said = "".join(m["content"].get("text", "") for m in fk.elsewhere if m["msg_type"] == "stream")
-    where = re.escape(str(folder))
-    preempted = re.search(rf"preempted: saved step (\d+) to {where}/step-\S+ \(([\d.]+) s\); %ddp load {where} on the next allocation", said)
-    assert preempted, said[-3000:]
-    assert wait_no_jobs(10) == [], "nothing of the cancelled allocation is left"
-    k = int(preempted.group(1))
-    loaded = fk.run(f"%ddp load {folder} --slurm --nodes 2 --ntasks-per-node 2", timeout=240).ok()
-    assert f"(step {k}, saved by 4 ranks) into 4 ranks" in loaded.stdout, loaded.stdout
-    fk.run("%%ddp --out after\n(step, max(seen), model.module.weight.sum().item() == seen[step])", timeout=120).ok()
-    assert fk.value("list(after)") == [(k, k, True)] * 4
+    _preempted_then_loaded(fk, tmp_path / "ckpt", [])  # no --signal: the cancel itself
