@@ -59,7 +59,7 @@ def wait() -> Optional[Dict[str, Any]]:
     return WRITER.result
 
 
-NO_OUTCOME = "its writer thread ended with no outcome (%ddp log shows why)"
+NO_OUTCOME = "its writer thread ended with no outcome (the exception that ended it is in that rank's stderr)"
 FAILURES = (Exception, CheckpointException)  # DCP's CheckpointException is a BaseException: a writer must catch it too
 
 
