@@ -4,7 +4,7 @@ procs/forkserver.py's Template (fork, spares, reaping, killing every child when 
 goes) with what a node of several adds: commands may name another node (srun broadcasts its
 stdin to every task), so a template acts only on the spawns and pings for its own; a rank's env
 is this template's env with the kernel's per-rank changes applied (``env_set`` / ``env_unset``);
-a later pool's secret arrives sealed with the first one's (wire/slurm_env.py ``seal``); and a kept
+a later pool's secret arrives sealed with the first one's (wire/seal.py); and a kept
 pool's lease is held by the first node's template, the others following it (procs/template_keep.py).
 Started by procs/slurm_template.py (a task of an srun step) and procs/ssh_template.py (an ssh
 session), which differ only in how the secret arrives and what they watch.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ..wire import slurm_env
+from ..wire import seal
 from .forkserver import Template
 from .template_keep import emit as _emit
 
@@ -41,9 +41,9 @@ class NodeTemplate(Template):
         super().spawn(self._unsealed(cmd))
 
     def _unsealed(self, cmd: dict) -> dict:
-        """The pool's secret in ``cmd``: sealed with the template's when it is another (wire/slurm_env.py), else the template's."""
+        """The pool's secret in ``cmd``: sealed with the template's when it is another (wire/seal.py), else the template's."""
         if cmd.get("sealed"):
-            cmd["secret"] = slurm_env.unseal(self.secret, cmd.pop("sealed"), bytes.fromhex(cmd.pop("nonce"))).hex()
+            cmd["secret"] = seal.unseal(self.secret, cmd.pop("sealed"), bytes.fromhex(cmd.pop("nonce"))).hex()
         return cmd
 
     def command(self, cmd: dict) -> None:

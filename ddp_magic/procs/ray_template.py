@@ -9,6 +9,10 @@ procs/ray_keep.py), and a template must never outlive its actor. So after every 
 for the signal again. Its stdin closing while kept (the driver's word that no kernel is there) is the kernel's
 leaving, as a kept SSH template's session closing is.
 
+Its lines cross Ray's RPC (the actor's ``write``), which is not encrypted unless the cluster turned on Ray's TLS. So
+its hello carries the public half of a key it just made, and the kernel's first line holds the pool's secret sealed to
+that key (wire/seal.py); a later pool's secret or a kept pool's comes sealed with that secret, as on Slurm.
+
 ``--save-on-preempt`` is the SSH template's (docs/snapshots.md "Preemption"): a SIGTERM while its actor lives (a node's
 shutdown, a ``kill``) saves armed ranks first; its parent-death signal (the actor gone) ends everything at once.
 """
@@ -23,7 +27,9 @@ from .ssh_template import SshTemplate, main as ssh_main
 
 
 class RayTemplate(SshTemplate):
-    """SshTemplate that dies with its actor, kept or not."""
+    """SshTemplate that dies with its actor, kept or not, and takes the pool's secret sealed to its own key."""
+
+    sealed_secret = True  # its first line crosses Ray's RPC, clear unless the cluster turned on Ray's TLS (wire/seal.py)
 
     def __init__(self, node: str, secret: bytes, env: Dict[str, str], silence: float) -> None:
         super().__init__(node, secret, env, silence)

@@ -45,7 +45,7 @@ import traceback
 from typing import Dict, Optional
 
 from ..logs import log
-from ..wire import node_hello
+from ..wire import node_hello, seal
 from .forkserver import _read_line, _warm_imports, readable
 from .node_template import NodeTemplate
 from .lease import release_from_parent
@@ -56,6 +56,8 @@ from .template_keep import emit
 
 class SshTemplate(NodeTemplate):
     """NodeTemplate that also ends when the kernel has not been heard for ``silence`` seconds (unless kept)."""
+
+    sealed_secret = False  # the secret comes as it is: ssh encrypts the session (a Ray template's comes sealed to its key)
 
     def __init__(self, node: str, secret: bytes, env: Dict[str, str], silence: float) -> None:
         super().__init__(node, secret, env, "its ssh session ended")
@@ -132,7 +134,18 @@ def _init() -> Optional[dict]:
     return json.loads(line)
 
 
-def main(argv: Optional[list] = None, kind: type = SshTemplate) -> None:
+def init_secret(init: dict, node: str, key: Optional[seal.Ephemeral]) -> bytes:
+    """The pool's secret from the kernel's first line: as it is (an ssh session), or sealed to this template's ``key``
+    (wire/seal.py: a Ray node's, whose first line crosses Ray's RPC), which then is the only form taken."""
+    if key is None:
+        return bytes.fromhex(init["secret"])
+    entry = (init.get("sealed_to") or {}).get(node)
+    if not isinstance(entry, dict):
+        raise ValueError(f"the kernel's first line holds no secret sealed to {node}'s key")
+    return seal.opened(key, entry)
+
+
+def main(argv: Optional[list] = None, kind: "type[SshTemplate]" = SshTemplate) -> None:
     """``kind``: SshTemplate, or procs/ray_template.py's (a Ray actor's child)."""
     parser = argparse.ArgumentParser(prog=f"python -m {kind.__module__}")
     parser.add_argument("--node", required=True, help="the host's name as the kernel calls it (its ssh alias)")
@@ -141,14 +154,20 @@ def main(argv: Optional[list] = None, kind: type = SshTemplate) -> None:
     parser.add_argument("--dial", default="", help="HOST:PORT of the kernel, to say whether it is reached from here")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    emit(node_hello.hello(args.node, args.port, args.dial))
+    key = seal.Ephemeral() if kind.sealed_secret and not args.probe else None
+    emit(dict(node_hello.hello(args.node, args.port, args.dial), **({"key": key.public} if key else {})))
     if args.probe:
         return
     init = _init()
     if init is None:
         os._exit(0)
     os.environ.update(init.get("env") or {})
-    template = kind(args.node, bytes.fromhex(init["secret"]), dict(os.environ), float(init.get("silence") or node_hello.SILENCE_S))
+    try:
+        secret = init_secret(init, args.node, key)
+    except (KeyError, ValueError) as e:  # not the kernel's line, or not for us: nothing runs here
+        emit({"event": "error", "node": args.node, "message": f"no pool secret: {e}"})
+        os._exit(1)
+    template = kind(args.node, secret, dict(os.environ), float(init.get("silence") or node_hello.SILENCE_S))
     signal.signal(signal.SIGTERM, template.terminated)  # sshd's session ended (our parent-death signal), or a kill
     signal.signal(signal.SIGUSR1, template.warned)  # --save-on-preempt: passed on to armed ranks
     signal.signal(signal.SIGHUP, template.hangup)

@@ -15,8 +15,6 @@ leaves ``os.environ`` once read, so the cells never see it.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 from typing import Dict, Mapping, MutableMapping, Tuple
 
@@ -78,26 +76,6 @@ def task_vars(rank: int, local_rank: int, node: int, world: int, per_node: int) 
         "SLURM_NTASKS": str(world), "SLURM_NPROCS": str(world), "SLURM_STEP_NUM_TASKS": str(world),
         "SLURM_NTASKS_PER_NODE": str(per_node), "SLURM_TASKS_PER_NODE": str(per_node),
     }
-
-
-def _pad(key: bytes, nonce: bytes, size: int) -> bytes:
-    out, block = b"", 0
-    while len(out) < size:
-        out += hmac.new(key, nonce + block.to_bytes(4, "big"), hashlib.sha256).digest()
-        block += 1
-    return out[:size]
-
-
-def seal(key: bytes, secret: bytes, nonce: bytes) -> str:
-    """A new pool's secret for a template that holds ``key`` (the secret its step's env carried): the secret crosses
-    srun's stdin only masked by a pad only that key makes (hex). Never the same ``nonce`` twice for one key."""
-    return bytes(a ^ b for a, b in zip(secret, _pad(key, nonce, len(secret)))).hex()
-
-
-def unseal(key: bytes, sealed: str, nonce: bytes) -> bytes:
-    """``seal``'s inverse, in the template."""
-    data = bytes.fromhex(sealed)
-    return bytes(a ^ b for a, b in zip(data, _pad(key, nonce, len(data))))
 
 
 def secret_env(secret: bytes, nodes: int, env: Mapping[str, str]) -> Dict[str, str]:

@@ -6,6 +6,7 @@ actor, no placement group and no process of ours; a kept pool outlives a SIGKILL
 its lease's end or %ddp stop leaves nothing. Each twice, as a notebook user runs a cell again."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -53,6 +54,17 @@ ray.get(pg.ready())
 print("held", flush=True)
 sys.stdin.read()
 """
+# every line the kernel writes to the Ray driver, which sends all but its own ("watch") over Ray's RPC to the templates
+TAP = """
+import json
+from ddp_magic.kernel.launchers.slurm_steps import TemplateStep
+SENT, _untapped = [], TemplateStep._write
+def _tapped(self, cmd):
+    SENT.append(json.dumps(cmd))
+    _untapped(self, cmd)
+TemplateStep._write = _tapped
+"""
+SECRET = "get_ipython().magics_manager.registry['DDPMagics'].pool.secret.hex()"
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +120,14 @@ def gone(cluster: box_ray.Cluster, seconds: float) -> dict:
 
 
 def test_ddp_on_a_ray_head_with_rays_gpus_then_stop_leaves_nothing(cluster: box_ray.Cluster, rk: Kernel) -> None:
+    rk.run(TAP).ok()
+    secrets = set()
     try:
         for _attempt in range(2):
             ex = rk.run(TRAIN, timeout=300)
             assert ex.error is None, f"{ex.error}\n{ex.stdout[-3000:]}\n{ex.stderr[-3000:]}"
             values = rk.value("[list(v) for v in _]")
+            secrets.add(rk.value(SECRET))
             assert [v[0] for v in values] == ["0", "1"], values
             gpus = values[0][1]
             assert re.fullmatch(r"\d,\d", gpus) and values[1][1] == gpus, f"each rank sees its node's 2 Ray GPUs: {values}"
@@ -128,7 +143,12 @@ def test_ddp_on_a_ray_head_with_rays_gpus_then_stop_leaves_nothing(cluster: box_
             assert len(templates) == 1 and len(procs) >= 3, f"one template a node, its ranks forked from it: {procs}"
         env = rk.run("%ddp_env", timeout=60).ok().result or ""
         assert f"MASTER_ADDR={addr}" in env.replace("'", "").replace(": ", "="), env
+        sent = [json.loads(line) for line in rk.value("SENT")]
+        assert [c for c in sent if "sealed_to" in c], f"the templates' first line, its secret sealed to their keys: {sent}"
+        to_ray = [json.dumps(c) for c in sent if c.get("op") != "watch"]
+        assert not [c for c in to_ray for s in secrets if s in c], "the pool's secret crossed Ray's RPC as it is"
     finally:
+        rk.run("TemplateStep._write = _untapped")
         stop = rk.run("%ddp stop", timeout=60)
     assert "its Ray placement group was removed" in stop.stdout, stop.stdout
     assert gone(cluster, 30) == {"actors": [], "pgs": [], "procs": []}

@@ -220,18 +220,6 @@ def test_a_forked_rank_gets_the_slurm_task_variables_it_would_have_as_a_task():
     assert slurm_env.torch_env(got)["RANK"] == "5" and slurm_env.torch_env(got)["NODE_RANK"] == "2", "the --slurm worker reads them alike"
 
 
-def test_a_later_pools_secret_crosses_srun_stdin_sealed_with_the_steps():
-    key, secret = bytes(range(32)), bytes(range(100, 132))
-    nonce_a, nonce_b = b"a" * 16, b"b" * 16
-    sealed = slurm_env.seal(key, secret, nonce_a)
-    assert secret.hex() not in sealed and len(bytes.fromhex(sealed)) == len(secret)
-    assert slurm_env.unseal(key, sealed, nonce_a) == secret
-    assert slurm_env.seal(key, secret, nonce_b) != sealed, "another nonce, another pad"
-    assert slurm_env.unseal(bytes(32), sealed, nonce_a) != secret, "only the step's key opens it"
-    long = bytes(range(70))
-    assert slurm_env.unseal(key, slurm_env.seal(key, long, nonce_a), nonce_a) == long, "longer than one HMAC block"
-
-
 def test_a_ranks_env_travels_as_changes_to_its_templates():
     from ddp_magic.kernel.launchers.slurm_steps import env_changes
 

@@ -10,7 +10,8 @@ procs/ray_actor.py). ``-n N`` alone is a bundle a rank that Ray packs: the ranks
 node by node as Ray placed them (the plan's ``slots``). From there it is nodes.py's
 machinery, as on Slurm and SSH: the driver's stdin reaches every template, their events
 come back on its stdout, ranks dial the kernel (TLS across hosts), a template that hears no
-beat ends its ranks.
+beat ends its ranks. What the kernel tells a template crosses Ray's RPC, clear unless the cluster runs Ray's TLS: the
+pool's secret goes sealed to a key the template made (its hello's; wire/seal.py), never as it is.
 
 A lost node (its raylet killed, its link down): before the next cell starts its ranks again,
 ``place_again`` asks the driver to place the node's bundles again (Ray reschedules a dead
@@ -37,7 +38,7 @@ from ...logs import log
 from ...plan.check import Check
 from ...plan.net import address_family, is_local_ip, master_port, route_source
 from ...plan.ray import AUTO_REASON, RayRequest
-from ...wire import node_hello, tls
+from ...wire import node_hello, seal, tls
 from .base import LaunchError
 from .hosts import forwarded
 from .ray_keep import RayKeep
@@ -139,7 +140,17 @@ class RayLauncher(RayKeep):
             return f"{node}: {step.lost[node]}"
         self.hellos[node] = step.hello[node]
         differs = node_hello.mismatch(node_hello.identity(), step.hello[node])
-        return f"{node}: other code: {differs}" if differs else ""
+        if differs:
+            return f"{node}: other code: {differs}"
+        return "" if step.hello[node].get("key") else f"{node}: its template offered no key to seal the pool's secret to"
+
+    def first_line(self, env: Dict[str, str], only: Optional[str] = None) -> dict:
+        """A host template's first line, the pool's secret sealed to each node's key (its hello's), never as it is: the
+        line crosses Ray's RPC (wire/seal.py). ``only``: that node's alone (one placed again)."""
+        line = super().first_line(env)
+        del line["secret"]
+        line["sealed_to"] = {n: seal.sealed_for(str(self.hellos[n]["key"]), self.secret) for n in ([only] if only else self.nodes())}
+        return line
 
     def _ranks_there(self, node: dict) -> str:
         """', 2 ranks' for a node of a packed pool (a bundle a rank), "" otherwise."""
@@ -187,7 +198,7 @@ class RayLauncher(RayKeep):
             step.mark_lost(str(new["name"]), problem)
             raise LaunchError(f"Ray placed {node}'s ranks again, but {problem}")
         then = self.kept_again(step, i)  # a kept pool: the new template follows the lease as the others do
-        step.send({"op": "ray_admit", "index": i, "first": self.first_line(step.env), "then": then})
+        step.send({"op": "ray_admit", "index": i, "first": self.first_line(step.env, only=str(new["name"])), "then": then})
         return placed_again_text(node, new, time.monotonic() - t0)
 
     def _await_again(self, step: TemplateStep, i: int, say: Callable[[dict], None]) -> dict:

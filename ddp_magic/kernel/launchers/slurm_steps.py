@@ -19,7 +19,7 @@ import time
 from typing import IO, TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ...logs import log
-from ...wire import slurm_env
+from ...wire import seal, slurm_env
 from ...wire.kept import ANCHOR_KEEP, ANCHOR_UNKEEP
 from .base import popen
 from .slurm_alloc import anchored
@@ -172,7 +172,7 @@ class TemplateStep:
         if secret != self.secret:
             self._nonce += 1
             nonce = os.urandom(8) + self._nonce.to_bytes(8, "big")
-            cmd.update(sealed=slurm_env.seal(self.secret, secret, nonce), nonce=nonce.hex())
+            cmd.update(sealed=seal.seal(self.secret, secret, nonce), nonce=nonce.hex())
         return cmd
 
     def ping(self, node: str) -> int:
