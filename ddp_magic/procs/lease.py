@@ -132,6 +132,7 @@ class Lease:
             log.debug("closing a lease peer failed", exc_info=True)
         if peer.node is not None and self.templates.get(peer.node) is peer:
             del self.templates[peer.node]
+            self._node_note(f"{peer.node}'s template left the lease (its node lost, or it ended)", peer.node)
         if peer is self.kernel_peer:
             self.kernel_left()
         elif peer.rank is not None and peer.pid not in self.children() and self.kernel is None:
@@ -146,7 +147,7 @@ class Lease:
         elif op == "template":
             peer.node, peer.pid = str(msg["node"]), int(msg.get("pid") or 0)
             self.templates[peer.node] = peer
-            self.write()
+            self._node_note(f"{peer.node}'s template joined the lease again (its node placed again)", peer.node)
         elif op == "rank":
             peer.rank, peer.busy, peer.pid = int(msg["rank"]), bool(msg.get("busy")), int(msg.get("pid") or 0)
         elif op == "busy":
@@ -208,6 +209,14 @@ class Lease:
             return
         self.kernel, self.kernel_peer, self.left_at = None, None, time.time()
         self.write()
+
+    def _node_note(self, text: str, node: str) -> None:
+        """A following template came or went: the discovery file says so at once (``templates``), and the next attach
+        tells it when it happened with no kernel here (a Ray node placed again by the pool's driver: procs/ray_unattended.py)."""
+        if self.kernel is None:
+            self.note(text, node=node, kind="node")
+        else:
+            self.write()
 
     def note(self, text: str, **fields: Any) -> None:
         """Something happened while no kernel was attached: the next attach reports it."""

@@ -32,11 +32,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Set
 
 from ..logs import log
 from .ray_keep import DriverKeep
 from .ray_place import by_node, free_nodes, unique
+from .ray_unattended import Unattended
 
 _out = threading.Lock()
 READ_S = 1.0  # an actor's read waits this long for its template's first line
@@ -48,10 +49,17 @@ OP_PREFIX = '{"op": "ray_'  # a line of the kernel's meant for the driver itself
 
 def emit(event: Dict[str, Any]) -> None:
     """One event line to the kernel ("event" first: slurm_steps.py reads it as one)."""
-    line = json.dumps({"event": event.get("event"), **event})  # "event" first, whatever order it was built in
+    _say(json.dumps({"event": event.get("event"), **event}) + "\n")  # "event" first, whatever order it was built in
+
+
+def _say(text: str) -> None:
+    """``text`` on our stdout, the kernel's pipe; a kept pool's kernel may be gone (nobody reads it: dropped)."""
     with _out:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            log.debug("no kernel reads the driver's stdout", exc_info=True)
 
 
 def cluster_nodes(ray: Any) -> List[Dict[str, Any]]:
@@ -105,7 +113,7 @@ class Held:
     info: Dict[str, Any] = field(default_factory=dict)
 
 
-class Driver:
+class Driver(Unattended):
     """The placement group, the actors on its bundles, and the relay between them and the kernel."""
 
     def __init__(self, ray: Any, args: argparse.Namespace) -> None:
@@ -114,6 +122,8 @@ class Driver:
         self.held: List[Held] = []  # a node each, in node order (node rank i is held[i])
         self.dropped: List[Any] = []  # actors superseded: killed again at the end
         self.again: Dict[int, threading.Event] = {}  # node index -> the cancel of its placing again
+        self.lost: Set[int] = set()  # node indexes whose actor or template ended, not yet placed again
+        self.placing: Set[int] = set()  # those being placed again with no kernel here (procs/ray_unattended.py)
         self.ending = threading.Event()
         self._lock = threading.Lock()
         self._remote: Any = None
@@ -201,15 +211,25 @@ class Driver:
             except Exception as e:  # the actor died: its node (raylet) went, or it was killed
                 log.debug("the actor of %s is gone", held.name, exc_info=True)
                 if not self.ending.is_set() and not held.superseded:
-                    emit({"event": "lost", "node": held.name, "why": f"its Ray actor died ({type(e).__name__}: {str(e).splitlines()[0][:200]})"})
+                    self._lost(held, f"its Ray actor died ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
                 return
             if lines is None:
                 if not self.ending.is_set() and not held.superseded:
-                    emit({"event": "lost", "node": held.name, "why": f"its template ended (code {self.ray.get(held.actor.code.remote())})"})
+                    self._lost(held, f"its template ended (code {self.ray.get(held.actor.code.remote())})")
                 return
-            with _out:
-                sys.stdout.write("".join(lines))
-                sys.stdout.flush()
+            if not held.admitted and self.keeping.alone:
+                self.admit_alone(held, lines)
+            _say("".join(lines))
+
+    def _lost(self, held: Held, why: str) -> None:
+        """``held``'s node is lost: said to the kernel; a kept pool with no kernel here places it again itself."""
+        emit({"event": "lost", "node": held.name, "why": why})
+        with self._lock:
+            if held not in self.held:
+                return
+            i = self.held.index(held)
+            self.lost.add(i)
+        self.on_lost(i)
 
     def relay_in(self) -> None:
         """Every line of our stdin to every node's template, until it closes (the kernel is gone, or ends the pool); the
@@ -232,6 +252,7 @@ class Driver:
             live = [h.actor for h in self.held if not h.superseded]
         if not self.keeping.kernel_left(live):
             self.end()
+        self.after_kernel_left()
 
     def command(self, cmd: Dict[str, Any]) -> None:
         """The kernel's word on a lost node (``index``: its node rank): place it again, admit or drop what was placed, stop waiting."""
@@ -250,6 +271,8 @@ class Driver:
             for line in cmd.get("then") or []:  # a kept pool's keep and follow, for this template alone
                 held.actor.write.remote(json.dumps(line) + "\n")
             held.admitted = True
+            with self._lock:
+                self.lost.discard(i)
         elif op == "ray_drop":
             self._supersede(self.held[i])
 
@@ -272,23 +295,24 @@ class Driver:
         asked = {k: sum(bundles[b].get(k, 0) for b in held.bundles) for k in bundles[0]}
         return {"state": placement_group_table(self.pg).get("state"), "asked": asked, "free": free_per_node(self.ray, list(asked))}
 
-    def place_again(self, i: int, timeout: float, cancel: threading.Event, asked: Any = None) -> None:
+    def place_again(self, i: int, timeout: float, cancel: threading.Event, asked: Any = None) -> bool:
         """Node ``i``'s bundles placed again by Ray (waited for: ``waiting_again`` each second), a new actor and template on them;
         ``placed_again`` with the node, or ``not_placed`` (Ctrl-C, --start-timeout, the bundles over several nodes, Ray's error);
         each event carries the kernel's ``id`` of this request (an interrupted one's last word must not answer the next)."""
         try:
-            self._place_again(i, timeout, cancel, asked)
+            return self._place_again(i, timeout, cancel, asked)
         except Exception as e:  # never a silent end: the kernel waits for our word
             log.debug("placing node %d again failed", i, exc_info=True)
             emit({"event": "not_placed", "index": i, "id": asked, "why": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"})
+            return False
 
-    def _place_again(self, i: int, timeout: float, cancel: threading.Event, asked: Any) -> None:
+    def _place_again(self, i: int, timeout: float, cancel: threading.Event, asked: Any) -> bool:
         old = self.held[i]
         self._supersede(old)
         t0 = time.monotonic()
         actor, where = self._pinned_again(i, old, timeout, cancel, t0, asked)
         if actor is None:
-            return
+            return False
         try:
             on = {self.bundle_nodes().get(b) for b in old.bundles}
             if on != {where["node_id"]}:
@@ -297,18 +321,19 @@ class Driver:
             where["ip"] = {n.get("NodeID"): n.get("NodeManagerAddress") for n in self.ray.nodes()}.get(where["node_id"]) or where["ip"]
             gpus = self._gpus([old.bundles], [where])[0]
             others = [h.name for j, h in enumerate(self.held) if j != i]
-            name = unique(others + [str(where["host"])])[-1]
+            name = old.name if self.keeping.alone else unique(others + [str(where["host"])])[-1]  # kept: the names the pool has
             pid = self.ray.get(actor.start.remote(name, os.getcwd(), os.environ.get("PYTHONPATH", ""), gpus))
         except Exception as e:  # its node went again meanwhile, or the bundles are split: said, and the next cell tries again
             log.debug("placing node %d again failed", i, exc_info=True)
             self._not_placed(i, actor, old, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}", time.monotonic() - t0, asked)
-            return
+            return False
         info = dict(where, name=name, template_pid=pid, gpus=gpus, bundles=old.bundles)
         held = Held(old.bundles, actor, name, str(where["node_id"]), admitted=False, info=info)
         with self._lock:
             self.held[i] = held
         threading.Thread(target=self.relay_out, args=(held,), name="ddp-ray-out", daemon=True).start()
         emit({"event": "placed_again", "index": i, "id": asked, "node": info, "waited": time.monotonic() - t0})
+        return True
 
     def _pinned_again(self, i: int, old: Held, timeout: float, cancel: threading.Event, t0: float, asked: Any) -> "tuple[Any, Dict[str, Any]]":
         """A new actor on the node's first bundle, once Ray placed it again: (actor, where it is), or (None, {}) once

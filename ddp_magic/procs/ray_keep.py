@@ -17,13 +17,16 @@ templates follow it, and every template still dies with its actor (procs/ray_tem
   driver kills the actors and removes the placement group, then exits; its lock goes last, so a free lock means no
   actor, no group, no template and no rank is left.
 - ``keep --off``: the watch stops, the driver is its kernel's again (its anchor's signal asked for again).
+- A node lost once the kernel has gone is placed again by the driver itself (procs/ray_unattended.py), with what the
+  watch line handed over for it (``admit``: the templates' env, the keep and follow lines).
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ..logs import log
+from ..wire import node_hello
 from .lease_watch import LeaseWatch
 
 WATCH, UNWATCH = '{"op": "watch"', '{"op": "unwatch"'  # the kernel's lines for the driver alone (kernel/launchers/ray_keep.py)
@@ -35,6 +38,8 @@ class DriverKeep:
     def __init__(self, end: Callable[[], None]) -> None:
         self.end = end  # the driver's: kill the actors, remove the placement group, exit
         self.watch: Optional[LeaseWatch] = None
+        self.alone = False  # the kernel's pipe ended while kept: a lost node is ours to place again (procs/ray_unattended.py)
+        self.admit: Dict[str, Any] = {}  # the watch's: the env the templates share, the keep and follow lines for a follower
 
     def take(self, line: str) -> bool:
         """Whether ``line`` (from the kernel) was the driver's own: a watch of the lease (``%ddp keep``), or its end (``--off``)."""
@@ -53,6 +58,7 @@ class DriverKeep:
             return
         self.watch = LeaseWatch(spec)
         self.watch.on_end = self.end
+        self.admit = dict(spec.get("admit") or {})
         self.watch.start()
 
     @property
@@ -64,6 +70,22 @@ class DriverKeep:
         if not self.kept:
             return False
         log.info("the kernel left a kept pool: it goes on under its lease")
+        self.alone = True
         for actor in actors:
             actor.close_stdin.remote()
         return True
+
+    def places_alone(self, index: int) -> bool:
+        """Whether node ``index``, lost, is ours to place again: kept, its kernel gone, not the lease holder's node (its
+        loss ended the lease), and the keeping kernel said how to admit it."""
+        return self.alone and self.kept and index > 0 and bool(self.admit)
+
+    def first_words(self, node: str, hello: dict) -> List[str]:
+        """What ``node``'s template placed again by us hears first (its first line, the pool's secret sealed to its key,
+        then the keep and follow lines), as the keeping kernel would have said them; [] when it is not our code."""
+        differs = node_hello.mismatch(node_hello.identity(), hello)
+        if differs or not hello.get("key") or self.watch is None:
+            log.warning("%s placed again runs other code (%s): dropped", node, differs or "no key in its hello")
+            return []
+        first = node_hello.first_line(self.watch.secret, dict(self.admit.get("env") or {}), {node: str(hello["key"])})
+        return [json.dumps(first)] + [json.dumps(line) for line in self.admit.get("then") or []]

@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..logs import log
+from . import seal
 
 GPU_ROOT = "/proc/driver/nvidia/gpus"
 BEAT_S = 3.0  # the kernel beats every host template this often (kernel/launchers/hosts.py)
@@ -147,6 +148,18 @@ def hello(node: str, port: int = 0, kernel: str = "", environ: Mapping[str, str]
     if kernel:
         out.update(kernel=kernel, dial=dial(kernel))
     return out
+
+
+def first_line(secret: bytes, env: Dict[str, str], keys: Optional[Dict[str, str]] = None) -> Dict[str, object]:
+    """The kernel's first line to a host's template: the pool's secret, the env its ranks share, how long it waits for a
+    beat. ``keys`` (node -> the public key its hello said): the secret sealed to each (wire/seal.py), never as it is:
+    a Ray template's line crosses Ray's RPC (procs/ssh_template.py ``init_secret`` reads either form)."""
+    line: Dict[str, object] = {"env": env, "silence": SILENCE_S}
+    if keys is None:
+        line["secret"] = secret.hex()
+    else:
+        line["sealed_to"] = {node: seal.sealed_for(key, secret) for node, key in keys.items()}
+    return line
 
 
 def _addrs(hello: Mapping[str, object]) -> List[str]:

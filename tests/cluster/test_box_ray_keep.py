@@ -35,7 +35,7 @@ ray_box = box_fixtures.ray_box
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
-START = ("%%ddp --ray -n 4 --gpus-per-rank 1 --backend gloo\nimport os, socket, torch.distributed as dist\n"
+START = ("%%ddp --ray -n 4 --gpus-per-rank 1 --backend gloo\nimport os, socket, torch, torch.distributed as dist\n"
          "kept = 100 + dist.get_rank()\n(socket.gethostname(), os.getpid())")
 N, AT = 30, 15
 GONE = {"actors": [], "pgs": [], "procs": [], "drivers": [], "held": []}
@@ -167,10 +167,27 @@ def _lost_and_placed_again(b: cluster_box.Box, cluster: box_ray.Cluster) -> None
         ranks = [int(p) for p in re.findall(r"\[\d\] (\d+)", ex.result or "")]
         sigkill_kept(k)
         assert all(alive(p) for p in ranks), "all four ranks outlive the kernel, the placed-again node's too"
+        # lost again with no kernel at all: the pool's driver places it again itself and admits its template
+        os.kill(test_box_ray._raylet(b, cluster, node), SIGKILL)
+        joined = False
+        test_box_ray._counted_out(cluster, node)
+        assert node not in kept_record(runtime).get("templates", []), "its template went with its raylet"
+        box_ray.join(b, cluster, node)
+        joined = True
+        t0 = time.monotonic()
+        deadline = t0 + 180
+        while node not in kept_record(runtime).get("templates", []) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert node in kept_record(runtime).get("templates", []), f"no kernel: the driver placed {node} again ({kept_record(runtime)})"
+        print(f"a kept pool's {node} placed again by its driver, no kernel: its template follows the lease {time.monotonic() - t0:.1f} s after it joined")
+        assert all(alive(p) for p in ranks[:2]) and not any(alive(p) for p in ranks[2:]), "ranks 2-3 went with their node"
         k = box_fixtures.login_kernel(b, **env)
-        assert "4 ranks alive" in k.run("%ddp attach", timeout=120).ok().stdout
-        reduced = k.run("%%ddp\nimport torch, torch.distributed as dist\nt = torch.ones(1); dist.all_reduce(t); t.item()", timeout=120)
-        assert reduced.ok().result == "RankResults(4 ranks):\n  [0] 4.0\n  [1] 4.0\n  [2] 4.0\n  [3] 4.0", reduced.result
+        att = k.run("%ddp attach", timeout=120).ok().stdout
+        assert "attached the kept pool" in att and f"{node}'s template joined the lease again" in att, att
+        reduced = k.run("%%ddp\nt = torch.ones(1); dist.all_reduce(t); t.item()", timeout=180)
+        assert reduced.ok().result == "RankResults(4 ranks):\n  [0] 4.0\n  [1] 4.0\n  [2] 4.0\n  [3] 4.0", (reduced.result, reduced.stdout)
+        assert re.search(r"started it again in .* \(rank 2 is pid \d+, rank 3 is pid \d+\); healed in .*copied from rank 0 \(dist, os, socket, torch\)",
+                         reduced.stdout), reduced.stdout
         assert "removed with the lease" in k.run("%ddp stop", timeout=60).ok().stdout
         assert _left(b, cluster, runtime, 90) == GONE
     finally:
@@ -183,7 +200,9 @@ def _lost_and_placed_again(b: cluster_box.Box, cluster: box_ray.Cluster) -> None
 
 def test_a_kept_pools_lost_node_placed_again_follows_the_lease(box: cluster_box.Box, ray_box: box_ray.Cluster) -> None:
     """n1's or n2's raylet killed under a kept pool, its kernel alive; the node joins again and the next cell places its
-    ranks there again. The new template heard the keep: through a SIGKILL of the kernel all four ranks live, the next
-    kernel attaches them and runs an all_reduce on all four, and %ddp stop leaves nothing. Once: a node lost and placed
-    again twice in a row is test_box_ray.py's (the suite's time: this round is 65 s of the box's critical path)."""
+    ranks there again. The new template heard the keep: all four ranks live through a SIGKILL of the kernel. Then the
+    node's raylet killed again, with no kernel at all: once it joined again the pool's driver places it again itself and
+    its template follows the lease; the next kernel attaches, its first cell starts ranks 2-3 again there, heals them
+    (torch and dist copied: no import in the cell) and runs an all_reduce on all four; %ddp stop leaves nothing. Once:
+    a node lost and placed again twice in a row is test_box_ray.py's (the suite's time: the box's critical path)."""
     _lost_and_placed_again(box, ray_box)

@@ -348,7 +348,7 @@ def _dead_meanwhile(pool: "Pool", live: Set[int], meanwhile: List[Dict[str, Any]
 
 
 def _meanwhile(events: List[Dict[str, Any]]) -> str:
-    lines = [f"\n  {_clock(e.get('at'))} {e.get('text')}" for e in events if e.get("kind") == "died"]
+    lines = [f"\n  {_clock(e.get('at'))} {e.get('text')}" for e in events if e.get("kind") in ("died", "node")]
     ended = [e for e in events if e.get("kind") == "cell_ended"]
     if ended:
         lines.append(f"\n  {_clock(ended[-1].get('at'))} the running cell ended on {ranks_phrase(sorted({int(e['rank']) for e in ended}))}")

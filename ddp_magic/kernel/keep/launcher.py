@@ -198,6 +198,14 @@ class KeptRayLauncher(KeptSshLauncher):
         if ended and not (self.lock and kept.is_held(self.lock)):
             self.released = f"; its Ray actors ({', '.join(self.nodes)}) and placement group were removed with the lease"
 
+    def spawn(self, rank: int, config: dict) -> None:
+        """As over SSH; a node whose template is gone is the pool's driver's to place again (procs/ray_unattended.py)."""
+        try:
+            super().spawn(rank, config)
+        except LaunchError as e:
+            raise LaunchError(f"{e}; the pool's driver places a lost Ray node again by itself once the cluster has room for it "
+                              "(ray status): run the cell again then, or %ddp stop and start a new pool") from None
+
 
 def kept_kind(plan: "Plan") -> "type[KeptSlurmLauncher]":
     """The attached kernel's launcher for a kept pool across nodes (Slurm, SSH or Ray)."""

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ...logs import log
+from ...wire import node_hello
 from ...wire.node_hello import BEAT_S, SILENCE_S
 from .nodes import NodeLauncher
 from .slurm_steps import TemplateStep
@@ -62,7 +63,7 @@ class HostLauncher(NodeLauncher):
 
     def first_line(self, env: Dict[str, str]) -> dict:
         """A template's first line: the pool's secret, the env its ranks share, and how long it waits for a beat."""
-        return {"secret": self.secret.hex(), "env": env, "silence": SILENCE_S}
+        return node_hello.first_line(self.secret, env)
 
     def launch(self, plan: Plan, base_env: Dict[str, str], control_addr: str, control_port: int, store_path: Optional[str] = None) -> Optional[str]:
         """Every rank, forked by its host's template. ``store_path`` is unused: ranks meet at rank 0's TCP store."""

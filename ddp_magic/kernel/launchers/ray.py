@@ -38,7 +38,7 @@ from ...logs import log
 from ...plan.check import Check
 from ...plan.net import address_family, is_local_ip, master_port, route_source
 from ...plan.ray import AUTO_REASON, RayRequest
-from ...wire import node_hello, seal, tls
+from ...wire import node_hello, tls
 from .base import LaunchError
 from .hosts import forwarded
 from .ray_keep import RayKeep
@@ -147,10 +147,7 @@ class RayLauncher(RayKeep):
     def first_line(self, env: Dict[str, str], only: Optional[str] = None) -> dict:
         """A host template's first line, the pool's secret sealed to each node's key (its hello's), never as it is: the
         line crosses Ray's RPC (wire/seal.py). ``only``: that node's alone (one placed again)."""
-        line = super().first_line(env)
-        del line["secret"]
-        line["sealed_to"] = {n: seal.sealed_for(str(self.hellos[n]["key"]), self.secret) for n in ([only] if only else self.nodes())}
-        return line
+        return node_hello.first_line(self.secret, env, {n: str(self.hellos[n]["key"]) for n in ([only] if only else self.nodes())})
 
     def _ranks_there(self, node: dict) -> str:
         """', 2 ranks' for a node of a packed pool (a bundle a rank), "" otherwise."""

@@ -10,6 +10,8 @@ watch) besides the templates' commands; the kernel's exit closes it, and the poo
 A node lost while the pool is kept and placed again by the keeping kernel (kernel/launchers/ray.py ``place_again``)
 gets a new template that never heard the keep: the keep and follow lines this kernel wrote are remembered, and the
 driver gives them to that template right after its first line (``ray_admit``), so it follows the lease as the others.
+A node lost once this kernel is gone is the driver's to place again (procs/ray_unattended.py): the watch line hands it
+what it needs to admit the new template as this kernel would (the templates' env, the keep and follow lines).
 """
 from __future__ import annotations
 
@@ -77,7 +79,8 @@ class RayKeep(HostLauncher):
         self.lease_lock = lock
         for step in self.steps:
             if lock and watch is not None:
-                step.send({"op": WATCH_OP, "watch": watch})  # the secret on the driver's stdin only
+                admit = {"env": dict(step.env), "then": self.kept_again(step, 1)}  # for a node lost once this kernel is gone
+                step.send({"op": WATCH_OP, "watch": dict(watch, admit=admit)})  # the secret on the driver's stdin only
                 step.outlive_kernel(True)
             elif not lock:
                 step.send({"op": UNWATCH_OP})
