@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any, Dict, List, Set
 
 from ..logs import log
@@ -102,4 +101,4 @@ class Unattended:
         with self._lock:
             if held in self.held:
                 self.lost.discard(self.held.index(held))
-        log.info("%s placed again and admitted with no kernel here (%.0f)", held.name, time.time())
+        log.info("%s placed again and admitted with no kernel here", held.name)
