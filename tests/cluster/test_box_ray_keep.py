@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from signal import SIGKILL
@@ -25,6 +27,7 @@ import box_ray
 import cluster_box
 import pytest
 import test_box_ray
+from conftest import wait_until
 from kernel_helper import Kernel, alive
 from keep_helper import TICKS, cell_texts, ticked, kept_record, runtime_processes, sigkill_kept, ticks
 
@@ -171,14 +174,12 @@ def _lost_and_placed_again(b: cluster_box.Box, cluster: box_ray.Cluster) -> None
         os.kill(test_box_ray._raylet(b, cluster, node), SIGKILL)
         joined = False
         test_box_ray._counted_out(cluster, node)
-        assert node not in kept_record(runtime).get("templates", []), "its template went with its raylet"
+        assert wait_until(lambda: node not in kept_record(runtime).get("templates", []), 30), "its template went with its raylet"
         box_ray.join(b, cluster, node)
         joined = True
         t0 = time.monotonic()
-        deadline = t0 + 180
-        while node not in kept_record(runtime).get("templates", []) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert node in kept_record(runtime).get("templates", []), f"no kernel: the driver placed {node} again ({kept_record(runtime)})"
+        placed = wait_until(lambda: node in kept_record(runtime).get("templates", []), 180, 0.5)
+        assert placed, f"no kernel: the driver placed {node} again ({kept_record(runtime)})"
         print(f"a kept pool's {node} placed again by its driver, no kernel: its template follows the lease {time.monotonic() - t0:.1f} s after it joined")
         assert all(alive(p) for p in ranks[:2]) and not any(alive(p) for p in ranks[2:]), "ranks 2-3 went with their node"
         k = box_fixtures.login_kernel(b, **env)
@@ -206,3 +207,39 @@ def test_a_kept_pools_lost_node_placed_again_follows_the_lease(box: cluster_box.
     (torch and dist copied: no import in the cell) and runs an all_reduce on all four; %ddp stop leaves nothing. Once:
     a node lost and placed again twice in a row is test_box_ray.py's (the suite's time: the box's critical path)."""
     _lost_and_placed_again(box, ray_box)
+
+
+def test_a_kept_pools_lease_holder_node_lost_with_no_kernel_ends_the_pool_everywhere(box: cluster_box.Box, ray_box: box_ray.Cluster) -> None:
+    """The kernel SIGKILLed, then the raylet of the node whose template holds the lease killed: nothing can hold the pool
+    now (the lease, its lock and the ranks' meeting point went with that node), so the driver on login, which watched the
+    lease, ends the rest: the other node's actor and template, its ranks, the placement group, itself and its lock. A
+    terminal then says why the pool ended. Once: the suite's time (the box's critical path)."""
+    runtime = tempfile.mkdtemp(prefix="k-ray-", dir="/tmp")
+    env = dict(ray_box.env, JUPYTER_RUNTIME_DIR=runtime, JPY_SESSION_NAME="box.ipynb")
+    k = box_fixtures.login_kernel(box, **env)
+    holder, joined = "", True
+    try:
+        k.run(START, timeout=300).ok()
+        values = k.value("[tuple(v) for v in _]")
+        holder = values[0][0]
+        said = k.run("%ddp keep --max 1h", timeout=60).ok().stdout
+        kept_id = re.findall(r"kept pool ([0-9a-f]{8})", said)[0]
+        sigkill_kept(k)
+        assert all(alive(v[1]) for v in values), "kept through the SIGKILL"
+        os.kill(test_box_ray._raylet(box, ray_box, holder), SIGKILL)
+        joined = False
+        t0 = time.monotonic()
+        left = _left(box, ray_box, runtime, 90)
+        print(f"the lease holder's node {holder} lost, no kernel: nothing left {time.monotonic() - t0:.1f} s later")
+        assert left == GONE, f"left after the lease holder's node was lost: {left}"
+        assert not [v for v in values if alive(v[1])]
+        stopped = subprocess.run([sys.executable, "-m", "ddp_magic", "stop", kept_id], capture_output=True, text=True,
+                                 env=dict(os.environ, JUPYTER_RUNTIME_DIR=runtime))
+        assert f"its lease holder on {holder} went away" in stopped.stdout + stopped.stderr, stopped
+    finally:
+        if not joined:
+            test_box_ray._counted_out(ray_box, holder)
+            box_ray.join(box, ray_box, holder)
+        k.kc.stop_channels()
+        k.km.shutdown_kernel(now=True)
+        shutil.rmtree(runtime, ignore_errors=True)
