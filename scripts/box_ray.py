@@ -58,9 +58,25 @@ def missing() -> Optional[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int, avoid: Sequence[int] = ()) -> List[int]:
+    """``count`` distinct free ports, none of ``avoid``: every socket stays bound until all are chosen (one bound and
+    closed at a time, the kernel may hand the same port out twice, and ray start refuses two components on one port)."""
+    held: List[socket.socket] = []
+    try:
+        while len(held) < count:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            if s.getsockname()[1] in avoid:
+                s.close()
+                continue
+            held.append(s)
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 # The GCS's health check of each raylet every second, not every 3 s: a killed raylet is counted out after 5 failed
@@ -85,18 +101,21 @@ class Cluster:
 
     def start(self, prefix: Sequence[str], args: Sequence[str], name: str, tries: int = 3) -> None:
         """``ray start`` through ``prefix`` (a box host's nsenter, or nothing) with a temp dir and agent ports of its own.
-        A loaded machine may start a raylet past ray's fixed 30 s ("timed out during startup"): that node's processes
-        end and it starts again, up to ``tries`` times."""
+        A loaded machine may start a raylet past ray's fixed 30 s ("timed out during startup"), and another process may
+        take an agent's port before ray binds it: that node's processes end and it starts again with new agent ports, up
+        to ``tries`` times."""
         temp = os.path.join(self.folder, name)
         quiet = QUIET if "--head" in args else QUIET[1:]  # --include-dashboard is the head's alone
-        argv = [*prefix, RAY, "start", *args, *self.ports(), f"--temp-dir={temp}", *quiet]
+        gcs = [int(args[i + 1]) for i, a in enumerate(args[:-1]) if a == "--port"]
         for attempt in range(tries):
+            argv = [*prefix, RAY, "start", *args, *self.ports(gcs), f"--temp-dir={temp}", *quiet]
             done = subprocess.run(argv, capture_output=True, text=True, timeout=START_S + 30, env=self.node_env())
             if not done.returncode:
                 return
             said = (done.stderr + done.stdout).strip()
             self.stop(temp)
-            if "timed out during startup" not in said or attempt == tries - 1:
+            again = "timed out during startup" in said or "used by other components" in said  # a port taken meanwhile: others
+            if not again or attempt == tries - 1:
                 self.stop()
                 raise RuntimeError(f"ray start on {name} failed: {said[-1500:]}")
 
@@ -106,10 +125,12 @@ class Cluster:
         path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
         return dict(os.environ, **self.env, **HEALTH, PYTHONPATH=path)
 
-    def ports(self) -> List[str]:
-        """The agents' ports, given (a raylet waits for an agent's port file otherwise, and gives up on a loaded machine)."""
-        return ["--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-                "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port())]
+    def ports(self, avoid: Sequence[int] = ()) -> List[str]:
+        """The agents' ports, given (a raylet waits for an agent's port file otherwise, and gives up on a loaded machine):
+        four distinct ones, none the GCS's (``avoid``)."""
+        listen, grpc, metrics, runtime_env = free_ports(4, avoid)
+        return ["--dashboard-agent-listen-port", str(listen), "--dashboard-agent-grpc-port", str(grpc),
+                "--metrics-export-port", str(metrics), "--runtime-env-agent-port", str(runtime_env)]
 
     def pids(self, marker: str = "") -> List[int]:
         """Every process of this cluster (``marker``: of one node's temp dir): its command line names our folder, or it

@@ -81,7 +81,9 @@ def hand_over(old: "Pool", new: "Pool", changes: List[str]) -> bool:
         old.hub.launcher = spare  # the old pool's finalizer closes a launcher that never started, not the template
     else:
         old.stop()
-    _REPLACED[new] = (changes, kept, time.monotonic() - since)
+    if old.start_seconds is not None:  # its ranks came up once; else (a start refused, failed or interrupted) no ranks and
+        # no names were there, and the new pool's start is a first start, said as one
+        _REPLACED[new] = (changes, kept, time.monotonic() - since)
     return kept
 
 

@@ -113,7 +113,7 @@ class Held:
     info: Dict[str, Any] = field(default_factory=dict)
 
 
-class Driver(Unattended):
+class Driver:
     """The placement group, the actors on its bundles, and the relay between them and the kernel."""
 
     def __init__(self, ray: Any, args: argparse.Namespace) -> None:
@@ -123,11 +123,11 @@ class Driver(Unattended):
         self.dropped: List[Any] = []  # actors superseded: killed again at the end
         self.again: Dict[int, threading.Event] = {}  # node index -> the cancel of its placing again
         self.lost: Set[int] = set()  # node indexes whose actor or template ended, not yet placed again
-        self.placing: Set[int] = set()  # those being placed again with no kernel here (procs/ray_unattended.py)
         self.ending = threading.Event()
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._remote: Any = None
         self.keeping = DriverKeep(self.end)  # a kept pool: this driver outlives the kernel under the lease (procs/ray_keep.py)
+        self.unattended = Unattended(self)  # kept, no kernel here: a lost node placed again by us (procs/ray_unattended.py)
 
     # ------------------------------------------------------------ the group
     def bundles(self) -> List[Dict[str, float]]:
@@ -218,18 +218,18 @@ class Driver(Unattended):
                     self._lost(held, f"its template ended (code {self.ray.get(held.actor.code.remote())})")
                 return
             if not held.admitted and self.keeping.alone:
-                self.admit_alone(held, lines)
+                self.unattended.admit(held, lines)
             _say("".join(lines))
 
     def _lost(self, held: Held, why: str) -> None:
         """``held``'s node is lost: said to the kernel; a kept pool with no kernel here places it again itself."""
         emit({"event": "lost", "node": held.name, "why": why})
-        with self._lock:
+        with self.lock:
             if held not in self.held:
                 return
             i = self.held.index(held)
             self.lost.add(i)
-        self.on_lost(i)
+        self.unattended.on_lost(i)
 
     def relay_in(self) -> None:
         """Every line of our stdin to every node's template, until it closes (the kernel is gone, or ends the pool); the
@@ -240,7 +240,7 @@ class Driver(Unattended):
             if line.startswith(OP_PREFIX):
                 self.command(json.loads(line))
                 continue
-            with self._lock:
+            with self.lock:
                 fed = [h.actor for h in self.held if h.admitted and not h.superseded]
             for actor in fed:
                 actor.write.remote(line)
@@ -248,11 +248,11 @@ class Driver(Unattended):
     def relay_then_end(self) -> None:
         """The kernel's pipe to its end, then ours; kept, the lease's end is ours instead (DriverKeep's watch calls ``end``)."""
         self.relay_in()
-        with self._lock:
+        with self.lock:
             live = [h.actor for h in self.held if not h.superseded]
         if not self.keeping.kernel_left(live):
             self.end()
-        self.after_kernel_left()
+        self.unattended.after_kernel_left()
 
     def command(self, cmd: Dict[str, Any]) -> None:
         """The kernel's word on a lost node (``index``: its node rank): place it again, admit or drop what was placed, stop waiting."""
@@ -271,14 +271,14 @@ class Driver(Unattended):
             for line in cmd.get("then") or []:  # a kept pool's keep and follow, for this template alone
                 held.actor.write.remote(json.dumps(line) + "\n")
             held.admitted = True
-            with self._lock:
+            with self.lock:
                 self.lost.discard(i)
         elif op == "ray_drop":
-            self._supersede(self.held[i])
+            self.supersede(self.held[i])
 
-    def _supersede(self, held: Held) -> None:
+    def supersede(self, held: Held) -> None:
         """``held`` is no longer the node's: never fed again, its end not said; its actor killed (its template follows)."""
-        with self._lock:
+        with self.lock:
             held.superseded = True
             self.dropped.append(held.actor)
         try:
@@ -308,7 +308,7 @@ class Driver(Unattended):
 
     def _place_again(self, i: int, timeout: float, cancel: threading.Event, asked: Any) -> bool:
         old = self.held[i]
-        self._supersede(old)
+        self.supersede(old)
         t0 = time.monotonic()
         actor, where = self._pinned_again(i, old, timeout, cancel, t0, asked)
         if actor is None:
@@ -329,7 +329,7 @@ class Driver(Unattended):
             return False
         info = dict(where, name=name, template_pid=pid, gpus=gpus, bundles=old.bundles)
         held = Held(old.bundles, actor, name, str(where["node_id"]), admitted=False, info=info)
-        with self._lock:
+        with self.lock:
             self.held[i] = held
         threading.Thread(target=self.relay_out, args=(held,), name="ddp-ray-out", daemon=True).start()
         emit({"event": "placed_again", "index": i, "id": asked, "node": info, "waited": time.monotonic() - t0})

@@ -83,9 +83,9 @@ class DriverKeep:
     def first_words(self, node: str, hello: dict) -> List[str]:
         """What ``node``'s template placed again by us hears first (its first line, the pool's secret sealed to its key,
         then the keep and follow lines), as the keeping kernel would have said them; [] when it is not our code."""
-        differs = node_hello.mismatch(node_hello.identity(), hello)
-        if differs or not hello.get("key") or self.watch is None:
-            log.warning("%s placed again runs other code (%s): dropped", node, differs or "no key in its hello")
+        why = node_hello.sealed_refusal(hello)
+        if why or self.watch is None:
+            log.warning("%s placed again is dropped: %s", node, why or "the pool is not kept")
             return []
         first = node_hello.first_line(self.watch.secret, dict(self.admit.get("env") or {}), {node: str(hello["key"])})
         return [json.dumps(first)] + [json.dumps(line) for line in self.admit.get("then") or []]

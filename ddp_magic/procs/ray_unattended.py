@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List, Protocol, Set
 
 from ..logs import log
 from .ray_keep import DriverKeep
@@ -26,79 +26,87 @@ from .ray_keep import DriverKeep
 RETRY_S = 5.0
 
 
-class Unattended:
-    """The Driver's part while kept with no kernel here (procs/ray_group.py's Driver mixes it in)."""
+class Placer(Protocol):
+    """What this needs of procs/ray_group.py's Driver: its nodes, its kept-pool part, and its way to place a node again."""
 
-    held: List[Any]  # procs/ray_group.py's Held, a node each (its actor, name, admitted)
+    held: List[Any]  # the Driver's Held, a node each (its actor, name, admitted, superseded)
     keeping: DriverKeep
     ending: threading.Event
-    lost: Set[int]
-    placing: Set[int]
+    lost: Set[int]  # node indexes whose actor or template ended, not yet placed again
     again: Dict[int, threading.Event]  # the kernel's placings (node index -> its cancel)
-    _lock: threading.Lock
+    lock: threading.Lock
 
-    def place_again(self, i: int, timeout: float, cancel: threading.Event, asked: Any = None) -> bool:
-        raise NotImplementedError  # the Driver's
+    def place_again(self, i: int, timeout: float, cancel: threading.Event, asked: Any = None) -> bool: ...
 
-    def _supersede(self, held: Any) -> None:
-        raise NotImplementedError  # the Driver's
+    def supersede(self, held: Any) -> None: ...
+
+
+class Unattended:
+    """The Driver's part while kept with no kernel here."""
+
+    def __init__(self, driver: Placer) -> None:
+        self.driver = driver
+        self.placing: Set[int] = set()  # nodes being placed again by us
 
     def on_lost(self, i: int) -> None:
         """Node ``i`` was lost: placed again by us when nobody else will (``DriverKeep.places_alone``)."""
-        if self.keeping.places_alone(i):
-            self.place_alone(i)
+        if self.driver.keeping.places_alone(i):
+            self.place(i)
 
     def after_kernel_left(self) -> None:
         """The kernel's pipe ended: the nodes lost while it was here, and not yet placed again by it, are ours to place. A
         placing it had asked for is stopped, and a template placed for it but never admitted (its hello went to a kernel
         that is gone) is dropped: we place those nodes again ourselves."""
-        if not self.keeping.alone:
+        d = self.driver
+        if not d.keeping.alone:
             return
-        for cancel in list(self.again.values()):
+        for cancel in list(d.again.values()):
             cancel.set()
-        with self._lock:
-            half = [h for h in self.held if not h.admitted and not h.superseded]
+        with d.lock:
+            half = [h for h in d.held if not h.admitted and not h.superseded]
         for held in half:
-            self._supersede(held)
-            with self._lock:
-                self.lost.add(self.held.index(held))
-        with self._lock:
-            lost = sorted(self.lost)
+            d.supersede(held)
+            with d.lock:
+                d.lost.add(d.held.index(held))
+        with d.lock:
+            lost = sorted(d.lost)
         for i in lost:
             self.on_lost(i)
 
-    def place_alone(self, i: int) -> None:
-        with self._lock:
+    def place(self, i: int) -> None:
+        with self.driver.lock:
             if i in self.placing:
                 return
             self.placing.add(i)
-        threading.Thread(target=self._place_alone, args=(i,), name="ddp-ray-alone", daemon=True).start()
+        threading.Thread(target=self._place, args=(i,), name="ddp-ray-alone", daemon=True).start()
 
-    def _place_alone(self, i: int) -> None:
-        """Until node ``i`` is placed again (then its template's hello admits it: ``admit_alone``) or the pool ends."""
+    def _place(self, i: int) -> None:
+        """Until node ``i`` is placed again (then its template's hello admits it: ``admit``) or the pool ends."""
+        d = self.driver
         log.info("node %d of a kept pool was lost with no kernel here: placing it again", i)
         cancel = threading.Event()
         try:
-            while not self.ending.is_set() and not self.place_again(i, 0.0, cancel, "alone"):
-                if self.ending.wait(RETRY_S):
+            while not d.ending.is_set() and not d.place_again(i, 0.0, cancel, "alone"):
+                if d.ending.wait(RETRY_S):
                     return
         finally:
-            with self._lock:
+            with d.lock:
                 self.placing.discard(i)
 
-    def admit_alone(self, held: Any, lines: List[str]) -> None:
+    def admit(self, held: Any, lines: List[str]) -> None:
         """A template placed again while no kernel is here: its hello checked and its first lines given by us, or dropped."""
+        d = self.driver
         hello = next((json.loads(ln) for ln in lines if ln.startswith('{"event": "hello"')), None)
         if hello is None:
             return
-        words = self.keeping.first_words(held.name, hello)
+        words = d.keeping.first_words(held.name, hello)
         if not words:
-            self._supersede(held)
+            d.supersede(held)
             return
         for line in words:
             held.actor.write.remote(line + "\n")
         held.admitted = True
-        with self._lock:
-            if held in self.held:
-                self.lost.discard(self.held.index(held))
+        with d.lock:
+            if held in d.held:
+                d.lost.discard(d.held.index(held))
         log.info("%s placed again and admitted with no kernel here", held.name)

@@ -150,6 +150,15 @@ def hello(node: str, port: int = 0, kernel: str = "", environ: Mapping[str, str]
     return out
 
 
+def sealed_refusal(hello: Mapping[str, object]) -> str:
+    """Why a template whose secret comes sealed (a Ray node's) may not run ranks ("" when it may): other code than this
+    process's, or no key in its hello. The kernel's check and a kept pool's driver's (procs/ray_keep.py) alike."""
+    differs = mismatch(identity(), hello)
+    if differs:
+        return f"other code: {differs}"
+    return "" if hello.get("key") else "its template offered no key to seal the pool's secret to"
+
+
 def first_line(secret: bytes, env: Dict[str, str], keys: Optional[Dict[str, str]] = None) -> Dict[str, object]:
     """The kernel's first line to a host's template: the pool's secret, the env its ranks share, how long it waits for a
     beat. ``keys`` (node -> the public key its hello said): the secret sealed to each (wire/seal.py), never as it is:

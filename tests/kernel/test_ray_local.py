@@ -169,6 +169,10 @@ def test_checks_before_anything_is_placed(cluster: box_ray.Cluster, rk: Kernel) 
         rk.run("%ddp_env --ray -n 2", timeout=180).ok()
         said = rk.value("_.full_text()")
         assert "Ray 2.60.0, Python" in said and "fits" in said and "nothing was placed" in said, said
+        assert rk.run("%%ddp --ray -n 2 --gpus-per-rank 5\n1", timeout=120).error is not None  # refused: never fits
+        ex = rk.run("%%ddp --ray -n 2\n1", timeout=300).ok()  # the pools refused above never ran: this is a first start
+        assert "restarting the pool" not in ex.stdout and "variables defined in earlier" not in ex.stdout, ex.stdout
+        rk.run("%ddp stop", timeout=60).ok()
     assert gone(cluster, 30) == {"actors": [], "pgs": [], "procs": []}
 
 

@@ -139,10 +139,8 @@ class RayLauncher(RayKeep):
         if node in step.lost:
             return f"{node}: {step.lost[node]}"
         self.hellos[node] = step.hello[node]
-        differs = node_hello.mismatch(node_hello.identity(), step.hello[node])
-        if differs:
-            return f"{node}: other code: {differs}"
-        return "" if step.hello[node].get("key") else f"{node}: its template offered no key to seal the pool's secret to"
+        why = node_hello.sealed_refusal(step.hello[node])
+        return f"{node}: {why}" if why else ""
 
     def first_line(self, env: Dict[str, str], only: Optional[str] = None) -> dict:
         """A host template's first line, the pool's secret sealed to each node's key (its hello's), never as it is: the
